@@ -1,0 +1,108 @@
+"""aiqsim: schedule AI API calls safely, and prove the settings in simulation first.
+
+The pure rules (task states, token buckets, backoff, failure classes, idempotency keys)
+live in :mod:`aiqsim.core`; the one scheduler in :mod:`aiqsim.scheduler`; the two
+runtimes that drive it in :mod:`aiqsim.runtime`; task stores in :mod:`aiqsim.stores`;
+the simulation lab in :mod:`aiqsim.sim`.
+"""
+
+from aiqsim.core.backoff import (
+    BackoffStrategy,
+    ConstantBackoff,
+    DecorrelatedJitter,
+    EqualJitter,
+    ExponentialBackoff,
+    FullJitter,
+    NoBackoff,
+    backoff_from_name,
+    retry_delay,
+)
+from aiqsim.core.failures import (
+    FailureClass,
+    InvalidRequestError,
+    PoisonInputError,
+    ProviderError,
+    ProviderTimeoutError,
+    QuotaExhaustedError,
+    RateLimitError,
+    SchemaViolationError,
+    ServerError,
+    TaskInterruptedError,
+    classify_failure,
+)
+from aiqsim.core.fingerprint import canonical_json, fingerprint
+from aiqsim.core.retry_after import parse_retry_after
+from aiqsim.core.states import TRANSITIONS, IllegalTransitionError, transition
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation, TokenBucket
+from aiqsim.runtime import AsyncioRuntime, Cancelled, SimPyRuntime
+from aiqsim.scheduler import (
+    AgingShortestJobFirstPolicy,
+    FifoPolicy,
+    ProviderRequest,
+    ProviderResponse,
+    QueueFullError,
+    RetryPolicy,
+    Scheduler,
+    ShortestJobFirstPolicy,
+    Submission,
+    TaskCancelledError,
+    TaskFailedError,
+)
+from aiqsim.stores import MemoryStore, TaskStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TRANSITIONS",
+    "AgingShortestJobFirstPolicy",
+    "AsyncioRuntime",
+    "BackoffStrategy",
+    "Cancelled",
+    "ConstantBackoff",
+    "DecorrelatedJitter",
+    "EqualJitter",
+    "ExponentialBackoff",
+    "FailureClass",
+    "FifoPolicy",
+    "FullJitter",
+    "IllegalTransitionError",
+    "InvalidRequestError",
+    "MemoryStore",
+    "MultiQuota",
+    "NoBackoff",
+    "PoisonInputError",
+    "Priority",
+    "ProviderError",
+    "ProviderRequest",
+    "ProviderResponse",
+    "ProviderTimeoutError",
+    "QueueFullError",
+    "QuotaConfigError",
+    "QuotaExhaustedError",
+    "QuotaLimits",
+    "RateLimitError",
+    "Reservation",
+    "RetryPolicy",
+    "Scheduler",
+    "SchemaViolationError",
+    "ServerError",
+    "ShortestJobFirstPolicy",
+    "SimPyRuntime",
+    "Submission",
+    "TaskCancelledError",
+    "TaskFailedError",
+    "TaskInterruptedError",
+    "TaskRecord",
+    "TaskStatus",
+    "TaskStore",
+    "TokenBucket",
+    "__version__",
+    "backoff_from_name",
+    "canonical_json",
+    "classify_failure",
+    "fingerprint",
+    "parse_retry_after",
+    "retry_delay",
+    "transition",
+]

@@ -1,0 +1,93 @@
+"""The failure taxonomy: what went wrong with a provider call and whether to try again.
+
+Providers (simulated, HTTP or SDK-wrapped) raise these errors; :func:`classify_failure`
+turns any exception into retryable, fatal or poison.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ProviderError(Exception):
+    """Base of every failure a provider adapter reports."""
+
+
+class RateLimitError(ProviderError):
+    """HTTP 429: the provider throttled us; ``retry_after_s`` is its requested pause, if any."""
+
+    def __init__(self, message: str = "rate limited", retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ProviderTimeoutError(ProviderError, TimeoutError):
+    """No response in time. The server may still have done (and billed) the work."""
+
+
+class ServerError(ProviderError):
+    """HTTP 5xx or a broken connection: the provider failed on its side."""
+
+    def __init__(self, message: str = "server error", status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class QuotaExhaustedError(ProviderError):
+    """The account's hard quota or credit is used up: retrying cannot help."""
+
+
+class InvalidRequestError(ProviderError):
+    """HTTP 400/422: the request itself is wrong."""
+
+
+class SchemaViolationError(ProviderError):
+    """The provider answered, but not in the expected shape (possibly because of this input)."""
+
+
+class PoisonInputError(ProviderError):
+    """Raised for a key that was recorded as poison: it is not sent to the provider again."""
+
+
+class TaskInterruptedError(ProviderError):
+    """The process running this task stopped before the outcome was recorded."""
+
+
+class FailureClass(enum.StrEnum):
+    """What to do about a failure."""
+
+    RETRYABLE = "retryable"
+    FATAL = "fatal"
+    POISON = "poison"
+
+
+POISON_AFTER_ATTEMPTS = 3
+"""A schema violation that survives this many attempts marks the input as poison."""
+
+
+def classify_failure(
+    err: BaseException, attempts: int, *, poison_after: int = POISON_AFTER_ATTEMPTS
+) -> FailureClass:
+    """Classify ``err`` seen on attempt number ``attempts`` (1-based).
+
+    429, timeouts and 5xx are retryable; quota exhausted and invalid requests are fatal;
+    a schema violation is retried until ``poison_after`` attempts, then poison; anything
+    unknown is fatal (retrying a bug multiplies it).
+    """
+    if isinstance(err, RateLimitError | TimeoutError | ServerError):
+        return FailureClass.RETRYABLE
+    if isinstance(err, SchemaViolationError):
+        return FailureClass.POISON if attempts >= poison_after else FailureClass.RETRYABLE
+    if isinstance(err, PoisonInputError):
+        return FailureClass.POISON
+    return FailureClass.FATAL
+
+
+def describe_error(err: BaseException) -> str:
+    """``"TypeName: message"``, the form stored on task records."""
+    text = str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+class AttemptRejectedError(ProviderError):
+    """A client-side guard (retry budget, circuit breaker, throttle) refused to send an attempt."""

@@ -1,0 +1,70 @@
+"""The task state machine: the one place that knows which status may follow which.
+
+Like h11's ``_state.py``, every status change in aiqsim goes through :func:`transition`,
+and the table below is the whole rule set. Tests drive the table without any I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+from aiqsim.core.task import TaskRecord, TaskStatus
+
+_S = TaskStatus
+
+TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = MappingProxyType(
+    {
+        _S.QUEUED: frozenset({_S.RUNNING, _S.CANCELLED, _S.DEDUPED}),
+        _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED}),
+        # failed -> queued is a *manual* retry; the scheduler retries inside ``running``.
+        _S.FAILED: frozenset({_S.QUEUED}),
+        _S.SUCCEEDED: frozenset(),
+        _S.CANCELLED: frozenset(),
+        _S.DEDUPED: frozenset(),
+    }
+)
+"""Legal next states for each state. Anything not listed raises :class:`IllegalTransitionError`."""
+
+
+class IllegalTransitionError(Exception):
+    """A status change that the transition table forbids. The record is left unchanged."""
+
+    def __init__(self, task_id: str, current: TaskStatus, requested: TaskStatus) -> None:
+        self.task_id = task_id
+        self.current = current
+        self.requested = requested
+        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[current])) or "none (terminal)"
+        super().__init__(
+            f"task {task_id!r}: illegal transition {current.value} -> {requested.value} (allowed: {allowed})"
+        )
+
+
+def is_legal(current: TaskStatus, requested: TaskStatus) -> bool:
+    """True when ``current -> requested`` is in :data:`TRANSITIONS`."""
+    return requested in TRANSITIONS[current]
+
+
+def transition(task: TaskRecord, next_status: TaskStatus, now: float, **changes: Any) -> TaskRecord:
+    """Return ``task`` moved to ``next_status`` at time ``now``, with optional field ``changes``.
+
+    Sets ``updated_at``; sets ``started_at`` on entering running (first time only) and
+    ``finished_at`` on entering a terminal state (cleared again by a manual retry).
+    Raises :class:`IllegalTransitionError` naming both states and the task id.
+    """
+    next_status = TaskStatus(next_status)
+    if not is_legal(task.status, next_status):
+        raise IllegalTransitionError(task.id, task.status, next_status)
+    if "status" in changes:
+        raise ValueError("pass the new status as next_status, not in changes")
+    fields: dict[str, Any] = {"updated_at": now, **changes}
+    if next_status is TaskStatus.RUNNING and task.started_at is None:
+        fields.setdefault("started_at", now)
+    if next_status.is_terminal:
+        fields.setdefault("finished_at", now)
+    elif next_status is TaskStatus.QUEUED:
+        fields.setdefault("finished_at", None)
+        fields.setdefault("error", None)
+    return replace(task, status=next_status, **fields)

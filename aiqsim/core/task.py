@@ -1,0 +1,112 @@
+"""The task record: one flat, immutable row per task, as stored and as reported."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class TaskStatus(enum.StrEnum):
+    """The six states a task can be in. Transitions are owned by :mod:`aiqsim.core.states`."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DEDUPED = "deduped"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for states the scheduler never leaves on its own (failed may be retried by hand)."""
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.DEDUPED})
+
+
+class Priority(enum.IntEnum):
+    """Dispatch class. Lower value is served first; interactive always overtakes background."""
+
+    INTERACTIVE = 0
+    BACKGROUND = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """Everything the scheduler and the stores know about one task.
+
+    Records are values: every change goes through :func:`aiqsim.core.states.transition`
+    (for status) or :meth:`evolve` (for bookkeeping fields) and yields a new record.
+
+    ``payload`` and ``result`` must be JSON-serialisable so durable stores can keep them.
+    ``error`` is a short ``"ErrorType: message"`` string, never an exception object.
+    """
+
+    id: str
+    key: str
+    kind: str
+    provider: str
+    priority: Priority = Priority.BACKGROUND
+    status: TaskStatus = TaskStatus.QUEUED
+    cost_estimate: float = 0.0
+    attempts: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    payload: Any = None
+    result: Any = None
+    error: str | None = None
+    deduped_from: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def evolve(self, **changes: Any) -> TaskRecord:
+        """Return a copy with bookkeeping fields changed; status changes must use ``transition``."""
+        if "status" in changes:
+            raise ValueError("change status with aiqsim.core.states.transition(), not evolve()")
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (enums as their values) for stores and DataFrames."""
+        return {
+            "id": self.id,
+            "key": self.key,
+            "kind": self.kind,
+            "provider": self.provider,
+            "priority": int(self.priority),
+            "status": self.status.value,
+            "cost_estimate": self.cost_estimate,
+            "attempts": self.attempts,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "payload": self.payload,
+            "result": self.result,
+            "error": self.error,
+            "deduped_from": self.deduped_from,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskRecord:
+        """Inverse of :meth:`to_dict`; raises ``KeyError``/``ValueError`` on malformed rows."""
+        return cls(
+            id=str(data["id"]),
+            key=str(data["key"]),
+            kind=str(data["kind"]),
+            provider=str(data["provider"]),
+            priority=Priority(int(data["priority"])),
+            status=TaskStatus(data["status"]),
+            cost_estimate=float(data["cost_estimate"]),
+            attempts=int(data["attempts"]),
+            created_at=float(data["created_at"]),
+            updated_at=float(data["updated_at"]),
+            started_at=None if data.get("started_at") is None else float(data["started_at"]),
+            finished_at=None if data.get("finished_at") is None else float(data["finished_at"]),
+            payload=data.get("payload"),
+            result=data.get("result"),
+            error=data.get("error"),
+            deduped_from=data.get("deduped_from"),
+        )

@@ -1,0 +1,242 @@
+"""Token buckets and the multi-dimension quota reservation built from them.
+
+The arithmetic is pure: every method takes ``now`` and nothing reads a clock. A bucket
+holds ``level`` tokens up to ``capacity`` and refills at ``rate`` tokens per second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+class QuotaConfigError(ValueError):
+    """A request that no amount of waiting could satisfy (e.g. cost above capacity)."""
+
+
+def refilled_level(level: float, capacity: float, rate: float, elapsed: float) -> float:
+    """The level after ``elapsed`` seconds of refill, capped at ``capacity``."""
+    if elapsed <= 0:
+        return level
+    return min(capacity, level + rate * elapsed)
+
+
+def seconds_until(level: float, cost: float, rate: float) -> float:
+    """Seconds of refill needed for ``level`` to reach ``cost`` (0 if it already has)."""
+    deficit = cost - level
+    if deficit <= 0:
+        return 0.0
+    if rate <= 0:
+        return math.inf
+    return deficit / rate
+
+
+class TokenBucket:
+    """A cost-weighted token bucket.
+
+    ``try_acquire`` never takes the level below zero and ``refund`` never lifts it above
+    capacity. ``charge`` (used to reconcile an estimate with the actual usage) may leave a
+    debt, i.e. a negative level, because the provider has already counted that usage.
+    """
+
+    __slots__ = ("_level", "_updated", "capacity", "rate")
+
+    def __init__(self, capacity: float, rate: float, *, now: float = 0.0, level: float | None = None) -> None:
+        if capacity <= 0 or not math.isfinite(capacity):
+            raise QuotaConfigError(f"bucket capacity must be a positive finite number, got {capacity!r}")
+        if rate < 0 or not math.isfinite(rate):
+            raise QuotaConfigError(f"bucket refill rate must be >= 0 and finite, got {rate!r}")
+        self.capacity = float(capacity)
+        self.rate = float(rate)
+        self._level = self.capacity if level is None else min(float(level), self.capacity)
+        self._updated = now
+
+    def _check_cost(self, cost: float) -> None:
+        if cost < 0 or math.isnan(cost):
+            raise QuotaConfigError(f"cost must be >= 0, got {cost!r}")
+        if cost > self.capacity:
+            raise QuotaConfigError(
+                f"cost {cost:g} exceeds bucket capacity {self.capacity:g}: it could never be granted"
+            )
+
+    def level(self, now: float) -> float:
+        """Tokens available at ``now`` (refill applied)."""
+        self._refill(now)
+        return self._level
+
+    def _refill(self, now: float) -> None:
+        if now > self._updated:
+            self._level = refilled_level(self._level, self.capacity, self.rate, now - self._updated)
+            self._updated = now
+
+    def can_acquire(self, cost: float, now: float) -> bool:
+        """Whether ``try_acquire(cost, now)`` would succeed, without taking anything."""
+        self._check_cost(cost)
+        self._refill(now)
+        return self._level >= cost
+
+    def try_acquire(self, cost: float, now: float) -> bool:
+        """Take ``cost`` tokens if available; return whether it did. Raises if cost > capacity."""
+        if not self.can_acquire(cost, now):
+            return False
+        self._level -= cost
+        return True
+
+    def time_until(self, cost: float, now: float) -> float:
+        """Seconds from ``now`` until ``cost`` tokens will be available (0 if now)."""
+        self._check_cost(cost)
+        self._refill(now)
+        return seconds_until(self._level, cost, self.rate)
+
+    def refund(self, amount: float, now: float) -> None:
+        """Give back ``amount`` tokens (never above capacity)."""
+        if amount < 0:
+            raise ValueError(f"refund amount must be >= 0, got {amount!r}")
+        self._refill(now)
+        self._level = min(self.capacity, self._level + amount)
+
+    def charge(self, amount: float, now: float) -> None:
+        """Take ``amount`` tokens unconditionally (may go into debt); used by reconcile."""
+        if amount < 0:
+            raise ValueError(f"charge amount must be >= 0, got {amount!r}")
+        self._refill(now)
+        self._level -= amount
+
+    def drain(self, now: float) -> None:
+        """Empty the bucket, e.g. when the server says our view of its quota was too generous."""
+        self._refill(now)
+        self._level = min(self._level, 0.0)
+
+    def set_level(self, level: float, now: float) -> None:
+        """Overwrite the level (the server's view wins), clamped to capacity."""
+        self._refill(now)
+        self._level = min(float(level), self.capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What one attempt took from a :class:`MultiQuota`: give it back with ``release``/``reconcile``."""
+
+    requests: float
+    tokens: float
+    slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLimits:
+    """Per-provider client-side limits. ``None`` means unlimited in that dimension.
+
+    Rates are per minute as providers publish them; bursts default to one minute's worth.
+    """
+
+    requests_per_min: float | None = None
+    tokens_per_min: float | None = None
+    concurrency: int | None = None
+    request_burst: float | None = None
+    token_burst: float | None = None
+
+
+class MultiQuota:
+    """Requests, tokens and a concurrency slot, reserved all together or not at all.
+
+    One ``try_reserve`` either takes from every dimension or from none, so two tasks can
+    never each hold half of what they need. ``reconcile`` charges or refunds the difference
+    between the estimated and the actual token count after the call.
+    """
+
+    def __init__(self, limits: QuotaLimits, *, now: float = 0.0) -> None:
+        self.limits = limits
+        self.requests = _bucket(limits.requests_per_min, limits.request_burst, now)
+        self.tokens = _bucket(limits.tokens_per_min, limits.token_burst, now)
+        if limits.concurrency is not None and limits.concurrency < 1:
+            raise QuotaConfigError(f"concurrency must be >= 1, got {limits.concurrency}")
+        self.concurrency = limits.concurrency
+        self.in_flight = 0
+        self.paused_until = -math.inf
+
+    def check_cost(self, tokens: float) -> None:
+        """Raise :class:`QuotaConfigError` now if ``tokens`` could never be reserved."""
+        if self.tokens is not None:
+            self.tokens._check_cost(tokens)
+
+    def can_reserve(self, tokens: float, now: float) -> bool:
+        """Whether every dimension could grant one request of ``tokens`` at ``now``."""
+        if now < self.paused_until:
+            return False
+        if self.concurrency is not None and self.in_flight >= self.concurrency:
+            return False
+        if self.requests is not None and not self.requests.can_acquire(1.0, now):
+            return False
+        return self.tokens is None or self.tokens.can_acquire(tokens, now)
+
+    def try_reserve(self, tokens: float, now: float) -> Reservation | None:
+        """Take one request, ``tokens`` tokens and one slot, or nothing; None when not possible now."""
+        if not self.can_reserve(tokens, now):
+            return None
+        if self.requests is not None:
+            self.requests.try_acquire(1.0, now)
+        if self.tokens is not None:
+            self.tokens.try_acquire(tokens, now)
+        self.in_flight += 1
+        return Reservation(
+            requests=1.0 if self.requests is not None else 0.0,
+            tokens=tokens if self.tokens is not None else 0.0,
+            slots=1,
+        )
+
+    def time_until(self, tokens: float, now: float) -> float:
+        """Seconds until a reservation of ``tokens`` could succeed; ``inf`` while all slots are busy.
+
+        A full concurrency pool only frees on a release, which the caller must wait for.
+        """
+        if self.concurrency is not None and self.in_flight >= self.concurrency:
+            return math.inf
+        wait = max(0.0, self.paused_until - now)
+        if self.requests is not None:
+            wait = max(wait, self.requests.time_until(1.0, now))
+        if self.tokens is not None:
+            wait = max(wait, self.tokens.time_until(tokens, now))
+        return wait
+
+    def release(self, reservation: Reservation, now: float) -> None:
+        """Free the concurrency slot of a finished attempt (buckets keep what was spent)."""
+        if reservation.slots:
+            self.in_flight -= reservation.slots
+            if self.in_flight < 0:
+                raise RuntimeError("MultiQuota released more slots than it reserved")
+
+    def cancel(self, reservation: Reservation, now: float) -> None:
+        """Undo a reservation that was never used: slot freed, request and tokens refunded."""
+        self.release(reservation, now)
+        if self.requests is not None:
+            self.requests.refund(reservation.requests, now)
+        if self.tokens is not None:
+            self.tokens.refund(reservation.tokens, now)
+
+    def reconcile(self, reservation: Reservation, actual_tokens: float, now: float) -> float:
+        """Settle the token estimate against the actual usage; returns actual - estimate."""
+        difference = actual_tokens - reservation.tokens
+        if self.tokens is not None:
+            if difference > 0:
+                self.tokens.charge(difference, now)
+            elif difference < 0:
+                self.tokens.refund(-difference, now)
+        return difference
+
+    def pause_until(self, until: float) -> None:
+        """Let no reservation through before ``until`` (a 429's Retry-After applies to everyone)."""
+        self.paused_until = max(self.paused_until, until)
+
+    def levels(self, now: float) -> tuple[float, float, int]:
+        """(request tokens, token tokens, in-flight) for observability; ``nan`` for unlimited buckets."""
+        req = self.requests.level(now) if self.requests is not None else math.nan
+        tok = self.tokens.level(now) if self.tokens is not None else math.nan
+        return req, tok, self.in_flight
+
+
+def _bucket(per_min: float | None, burst: float | None, now: float) -> TokenBucket | None:
+    if per_min is None:
+        return None
+    if per_min <= 0:
+        raise QuotaConfigError(f"a per-minute limit must be > 0, got {per_min!r}")
+    return TokenBucket(capacity=burst if burst is not None else per_min, rate=per_min / 60.0, now=now)

@@ -1,0 +1,63 @@
+"""The production runtime: asyncio in real (optionally scaled) time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class AsyncioRuntime:
+    """Runs the scheduler on the running asyncio loop.
+
+    ``time_scale`` maps scheduler seconds to wall seconds: with 0.01, a 30 s backoff
+    sleeps 0.3 s of wall time, and :meth:`now` reports scheduler seconds. This lets a
+    scenario written in provider time run live against a real server in a short test.
+    Use 1.0 (the default) in production.
+    """
+
+    def __init__(self, *, time_scale: float = 1.0, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+        self.time_scale = float(time_scale)
+        self._loop = loop
+        self._origin: float | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def now(self) -> float:
+        t = self.loop.time()
+        if self._origin is None:
+            self._origin = t
+        return (t - self._origin) / self.time_scale
+
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        return asyncio.sleep(max(0.0, seconds) * self.time_scale)
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return self.loop.create_future()
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        return self.loop.create_task(coro, name=name)
+
+    async def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
+        if timeout is None:
+            return await awaitable
+        return await asyncio.wait_for(awaitable, max(0.0, timeout) * self.time_scale)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` to completion on a fresh event loop (convenience for scripts and tests)."""
+
+        async def _main() -> T:
+            self._loop = asyncio.get_running_loop()
+            self._origin = None
+            self.now()
+            return await coro
+
+        return asyncio.run(_main())

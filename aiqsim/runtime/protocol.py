@@ -1,0 +1,69 @@
+"""The runtime protocol: the only things scheduler code may ask of its event loop.
+
+The scheduler is ``async def`` code written against :class:`Runtime`. Two
+implementations exist: :class:`aiqsim.runtime.AsyncioRuntime` (real time) and
+:class:`aiqsim.runtime.SimPyRuntime` (virtual time on a ``simpy.Environment``). Both
+are single-threaded, so the portable primitives in :mod:`aiqsim.runtime.sync` need no
+locking of their own.
+
+Cancellation is delivered as :class:`Cancelled` on both runtimes (it *is*
+``asyncio.CancelledError``, a ``BaseException``, so ``except Exception`` never swallows it).
+"""
+
+from __future__ import annotations
+
+from asyncio import CancelledError as Cancelled
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
+
+__all__ = ["Cancelled", "Future", "Runtime", "TaskHandle"]
+
+
+@runtime_checkable
+class Future(Protocol[T]):
+    """A one-shot result slot that coroutines can await."""
+
+    def done(self) -> bool: ...
+    def set_result(self, value: T) -> None: ...
+    def set_exception(self, exc: BaseException) -> None: ...
+    def result(self) -> T: ...
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+    def __await__(self) -> Generator[Any, None, T]: ...
+
+
+@runtime_checkable
+class TaskHandle(Protocol[T]):
+    """A spawned coroutine: awaitable for its result, cancellable."""
+
+    def cancel(self) -> bool: ...
+    def done(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def result(self) -> T: ...
+    def __await__(self) -> Generator[Any, None, T]: ...
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """Clock, sleep, futures, tasks and timeouts: everything the scheduler needs from a loop."""
+
+    def now(self) -> float:
+        """Seconds on this runtime's clock (virtual under SimPy)."""
+        ...
+
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        """Suspend the calling coroutine for ``seconds``."""
+        ...
+
+    def create_future(self) -> Future[Any]:
+        """A new pending one-shot future."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> TaskHandle[T]:
+        """Start ``coro`` concurrently; it first runs after the caller yields."""
+        ...
+
+    def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> Awaitable[T]:
+        """Await ``awaitable`` for at most ``timeout`` seconds, else cancel it and raise ``TimeoutError``."""
+        ...

@@ -1,0 +1,284 @@
+"""The simulation runtime: the scheduler's coroutines driven on a ``simpy.Environment``.
+
+Each spawned coroutine gets one small driver (:class:`SimTask`) that steps it with
+``send``/``throw``; an ``await`` yields a SimPy event and the driver resumes the
+coroutine from that event's callback. No SimPy ``Process`` is created per await (that
+costs 1.5-4.5x), and exceptions are thrown back as the original objects (SimPy's
+``Process`` would re-create them as ``type(e)(*e.args)``).
+
+Virtual time only advances when SimPy pops an event, so a simulation of hours runs
+in milliseconds, and equal-time events run in scheduling order: the same inputs and
+seed always give the same event sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, TypeVar
+
+import simpy
+from simpy.events import PENDING
+
+from aiqsim.runtime.protocol import Cancelled
+
+T = TypeVar("T")
+
+
+class InvalidStateError(RuntimeError):
+    """A future was resolved twice, or its result was read before it had one."""
+
+
+class SimulationDeadlock(RuntimeError):
+    """The main coroutine is still waiting but nothing is left to happen."""
+
+
+class SimFuture(simpy.Event):
+    """A one-shot future that is also a SimPy event (so awaiting it costs no extra object)."""
+
+    def done(self) -> bool:
+        return self._value is not PENDING
+
+    def cancelled(self) -> bool:
+        return self._value is not PENDING and not self._ok and isinstance(self._value, Cancelled)
+
+    def set_result(self, value: Any) -> None:
+        if self._value is not PENDING:
+            raise InvalidStateError("future already resolved")
+        self._ok = True
+        self._value = value
+        self.env.schedule(self)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._value is not PENDING:
+            raise InvalidStateError("future already resolved")
+        self._defused = True  # failures are delivered to awaiters, never crash the environment
+        self._ok = False
+        self._value = exc
+        self.env.schedule(self)
+
+    def cancel(self) -> bool:
+        if self._value is not PENDING:
+            return False
+        self.set_exception(Cancelled())
+        return True
+
+    def result(self) -> Any:
+        if self._value is PENDING:
+            raise InvalidStateError("result is not ready")
+        if self._ok:
+            return self._value
+        raise self._value
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        if self.callbacks is not None:
+            self.callbacks.append(fn)
+        else:
+            soon = simpy.Event(self.env)
+            soon.callbacks.append(lambda _ev: fn(self))
+            soon.succeed()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if self._value is PENDING:
+            return (yield self)
+        if self._ok:
+            return self._value
+        raise self._value
+
+
+class _Sleep(simpy.Timeout):
+    """A SimPy timeout that a coroutine can await directly."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield self
+
+
+class SimTask:
+    """Drives one coroutine on the environment; awaitable and cancellable like an asyncio Task."""
+
+    __slots__ = ("_cancel_pending", "_coro", "_done", "_rt", "_waiting", "name")
+
+    def __init__(self, rt: SimPyRuntime, coro: Coroutine[Any, Any, Any], name: str | None) -> None:
+        self._rt = rt
+        self._coro = coro
+        self.name = name
+        self._done = SimFuture(rt.env)
+        self._cancel_pending = False
+        start = simpy.Event(rt.env)
+        self._waiting: simpy.Event | None = start
+        start.callbacks.append(self._resume)
+        start._ok = True
+        start._value = None
+        rt.env.schedule(start)
+
+    # -- driving -------------------------------------------------------------------------
+    def _resume(self, event: simpy.Event) -> None:
+        if event is not self._waiting:
+            return  # stale wake-up from an await that was abandoned by cancellation
+        self._waiting = None
+        if event._ok:
+            self._step(event._value, None)
+        else:
+            event._defused = True
+            self._step(None, event._value)
+
+    def _step(self, value: Any, exc: BaseException | None) -> None:
+        try:
+            yielded = self._coro.send(value) if exc is None else self._coro.throw(exc)
+        except StopIteration as stop:
+            self._done.set_result(stop.value)
+            return
+        except Cancelled as cancelled:
+            self._done.set_exception(cancelled)
+            return
+        except BaseException as error:
+            self._rt.task_errors.append((self.name, error))
+            self._done.set_exception(error)
+            return
+        if not isinstance(yielded, simpy.Event):
+            self._coro.close()
+            error = TypeError(f"SimPy runtime cannot await {yielded!r}; await runtime primitives only")
+            self._rt.task_errors.append((self.name, error))
+            self._done.set_exception(error)
+            return
+        self._waiting = yielded
+        if yielded.callbacks is not None:
+            yielded.callbacks.append(self._resume)
+        else:  # already processed: resume in a fresh event at the current time
+            again = simpy.Event(self._rt.env)
+            self._waiting = again
+            again.callbacks.append(self._resume)
+            again._ok = yielded._ok
+            again._value = yielded._value
+            if not yielded._ok:
+                again._defused = True
+            self._rt.env.schedule(again)
+
+    def _deliver_cancel(self, _event: simpy.Event) -> None:
+        if self._done._value is not PENDING or not self._cancel_pending:
+            return
+        self._cancel_pending = False
+        self._waiting = None
+        self._step(None, Cancelled())
+
+    # -- public API ----------------------------------------------------------------------
+    def cancel(self) -> bool:
+        """Ask the coroutine to stop: :class:`Cancelled` is thrown at its current await."""
+        if self._done._value is not PENDING:
+            return False
+        if not self._cancel_pending:
+            self._cancel_pending = True
+            self._waiting = None  # whatever it awaited stays pending (SimPy cannot unschedule it)
+            soon = simpy.Event(self._rt.env)
+            soon.callbacks.append(self._deliver_cancel)
+            soon._ok = True
+            soon._value = None
+            self._rt.env.schedule(soon)
+        return True
+
+    def done(self) -> bool:
+        return self._done._value is not PENDING
+
+    def cancelled(self) -> bool:
+        return self._done.cancelled()
+
+    def result(self) -> Any:
+        return self._done.result()
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self._done.add_done_callback(lambda _ev: fn(self))
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._done.__await__()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<SimTask {self.name or ''} {state}>"
+
+
+class SimPyRuntime:
+    """Runs scheduler coroutines in virtual time on a ``simpy.Environment``."""
+
+    def __init__(self, env: simpy.Environment | None = None) -> None:
+        self.env = env if env is not None else simpy.Environment()
+        self.task_errors: list[tuple[str | None, BaseException]] = []
+        """Exceptions that ended spawned tasks (other than cancellation), for tests and reports."""
+
+    def now(self) -> float:
+        return self.env._now
+
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        return _Sleep(self.env, seconds if seconds > 0 else 0)
+
+    def create_future(self) -> SimFuture:
+        return SimFuture(self.env)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> SimTask:
+        return SimTask(self, coro, name)
+
+    async def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
+        """Like ``asyncio.wait_for``: on timeout the inner work is cancelled and ``TimeoutError`` raised."""
+        if timeout is None:
+            return await awaitable
+        child: SimTask | None = None
+        if isinstance(awaitable, SimFuture):
+            target = awaitable
+        elif isinstance(awaitable, SimTask):
+            child, target = awaitable, awaitable._done
+        else:
+            child = self.spawn(awaitable, name="wait_for")  # type: ignore[arg-type]
+            target = child._done
+        if target._value is not PENDING:
+            return target.result()
+        gate = SimFuture(self.env)
+
+        def _open(finished: bool) -> Callable[[Any], None]:
+            def callback(_event: Any) -> None:
+                if gate._value is PENDING:
+                    gate.set_result(finished)
+
+            return callback
+
+        target.callbacks.append(_open(True))
+        _Sleep(self.env, timeout if timeout > 0 else 0).callbacks.append(_open(False))
+        try:
+            finished = await gate
+        except Cancelled:
+            if child is not None:
+                child.cancel()
+            raise
+        if finished:
+            return target.result()
+        if child is not None:
+            child.cancel()
+            try:
+                await child
+            except BaseException:  # the child's own outcome is superseded by the timeout
+                pass
+        else:
+            target.cancel()
+        raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
+
+    def run(self, coro: Coroutine[Any, Any, T], *, until: float | None = None) -> T:
+        """Run ``coro`` as the main task until it finishes and return its result.
+
+        Stops when the main task is done, not when the event heap is empty (timers that
+        nobody awaits any more may still be scheduled). With ``until``, stops at that
+        virtual time at the latest and cancels the main task.
+        """
+        main = self.spawn(coro, name="main")
+        env = self.env
+        queue = env._queue
+        step = env.step
+        done = main._done
+        while done._value is PENDING:
+            if not queue:
+                raise SimulationDeadlock(
+                    f"main task still waiting at t={env.now:g} but no event is scheduled"
+                )
+            if until is not None and queue[0][0] > until:
+                env._now = max(env._now, until)
+                main.cancel()
+                until = None
+                continue
+            step()
+        return main.result()

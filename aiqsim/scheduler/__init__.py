@@ -1,0 +1,46 @@
+"""The production scheduler, written once against the runtime protocol."""
+
+from aiqsim.scheduler.dispatch import (
+    AgingShortestJobFirstPolicy,
+    DispatchPolicy,
+    FifoPolicy,
+    ShortestJobFirstPolicy,
+    dispatch_policy_from_name,
+)
+from aiqsim.scheduler.events import AttemptRecord, QuotaSample, SchedulerEvent, TaskTransition
+from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
+from aiqsim.scheduler.retry import AttemptGate, RetryPolicy
+from aiqsim.scheduler.scheduler import (
+    QueueFullError,
+    RecoveryReport,
+    Scheduler,
+    SchedulerClosedError,
+    Submission,
+    TaskCancelledError,
+    TaskFailedError,
+)
+
+__all__ = [
+    "AgingShortestJobFirstPolicy",
+    "AttemptGate",
+    "AttemptRecord",
+    "DispatchPolicy",
+    "FifoPolicy",
+    "Provider",
+    "ProviderRequest",
+    "ProviderResponse",
+    "QueueFullError",
+    "QuotaSample",
+    "RecoveryReport",
+    "RetryPolicy",
+    "Scheduler",
+    "SchedulerClosedError",
+    "SchedulerEvent",
+    "ShortestJobFirstPolicy",
+    "Submission",
+    "SupportsLookup",
+    "TaskCancelledError",
+    "TaskFailedError",
+    "TaskTransition",
+    "dispatch_policy_from_name",
+]

@@ -1,0 +1,177 @@
+"""Dispatch policies: which queued task of a priority class starts next.
+
+A policy builds the queue structure it needs. The scheduler peeks the policy's choice,
+starts it if the provider's quota can cover it now, and otherwise waits (it never skips
+the choice, which is what makes FIFO block behind a large task and SJF not).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(slots=True, eq=False)
+class QueueItem:
+    """A task waiting in a dispatch queue."""
+
+    task_id: str
+    cost: float
+    enqueued_at: float
+    seq: int
+    removed: bool = False
+
+
+class TaskQueue(Protocol):
+    """One priority class's waiting tasks, ordered by a policy. Removal is lazy."""
+
+    def push(self, item: QueueItem) -> None: ...
+    def peek(self, now: float) -> QueueItem | None: ...
+    def pop(self, item: QueueItem) -> None: ...
+    def __len__(self) -> int: ...
+    def next_change(self, now: float) -> float:
+        """Virtual time at which ``peek`` may change without a push/pop (aging), else ``inf``."""
+        ...
+
+
+class DispatchPolicy(Protocol):
+    """A named factory of task queues."""
+
+    name: str
+
+    def new_queue(self) -> TaskQueue: ...
+
+
+class _FifoQueue:
+    __slots__ = ("_items", "_size")
+
+    def __init__(self) -> None:
+        self._items: deque[QueueItem] = deque()
+        self._size = 0
+
+    def push(self, item: QueueItem) -> None:
+        self._items.append(item)
+        self._size += 1
+
+    def peek(self, now: float) -> QueueItem | None:
+        items = self._items
+        while items and items[0].removed:
+            items.popleft()
+        return items[0] if items else None
+
+    def pop(self, item: QueueItem) -> None:
+        if not item.removed:
+            item.removed = True
+            self._size -= 1
+
+    def __len__(self) -> int:
+        return self._size
+
+    def next_change(self, now: float) -> float:
+        return math.inf
+
+
+class _CostHeapQueue:
+    """Smallest cost first; ties by arrival. Optionally the oldest task goes first once it is overdue."""
+
+    __slots__ = ("_arrivals", "_heap", "_max_wait", "_size")
+
+    def __init__(self, max_wait_s: float | None) -> None:
+        self._heap: list[tuple[float, int, QueueItem]] = []
+        self._arrivals: deque[QueueItem] = deque()
+        self._max_wait = max_wait_s
+        self._size = 0
+
+    def push(self, item: QueueItem) -> None:
+        heapq.heappush(self._heap, (item.cost, item.seq, item))
+        if self._max_wait is not None:
+            self._arrivals.append(item)
+        self._size += 1
+
+    def _oldest(self) -> QueueItem | None:
+        arrivals = self._arrivals
+        while arrivals and arrivals[0].removed:
+            arrivals.popleft()
+        return arrivals[0] if arrivals else None
+
+    def peek(self, now: float) -> QueueItem | None:
+        if self._max_wait is not None:
+            oldest = self._oldest()
+            if oldest is not None and now - oldest.enqueued_at >= self._max_wait:
+                return oldest
+        heap = self._heap
+        while heap and heap[0][2].removed:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def pop(self, item: QueueItem) -> None:
+        if not item.removed:
+            item.removed = True
+            self._size -= 1
+
+    def __len__(self) -> int:
+        return self._size
+
+    def next_change(self, now: float) -> float:
+        if self._max_wait is None:
+            return math.inf
+        oldest = self._oldest()
+        if oldest is None:
+            return math.inf
+        due = oldest.enqueued_at + self._max_wait
+        return due if due > now else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class FifoPolicy:
+    """First come, first served: the head waits for its quota even if smaller tasks could go."""
+
+    name: str = "fifo"
+
+    def new_queue(self) -> TaskQueue:
+        return _FifoQueue()
+
+
+@dataclass(frozen=True, slots=True)
+class ShortestJobFirstPolicy:
+    """Quota-aware shortest job first: the cheapest queued task starts whenever quota covers it,
+    so one 100k-token job does not hold thirty small ones behind it (but may itself starve)."""
+
+    name: str = "sjf"
+
+    def new_queue(self) -> TaskQueue:
+        return _CostHeapQueue(None)
+
+
+@dataclass(frozen=True, slots=True)
+class AgingShortestJobFirstPolicy:
+    """SJF, except that a task waiting ``max_wait_s`` or longer goes next (oldest first), and the
+    quota accumulates for it: a large task's wait is bounded by ``max_wait_s`` plus its refill time."""
+
+    max_wait_s: float = 30.0
+    name: str = "sjf_aging"
+
+    def __post_init__(self) -> None:
+        if not self.max_wait_s >= 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s!r}")
+
+    def new_queue(self) -> TaskQueue:
+        return _CostHeapQueue(self.max_wait_s)
+
+
+DISPATCH_POLICIES = ("fifo", "sjf", "sjf_aging")
+"""Policy names accepted by :func:`dispatch_policy_from_name` and scenario files."""
+
+
+def dispatch_policy_from_name(name: str, *, max_wait_s: float = 30.0) -> DispatchPolicy:
+    """Build a policy from its scenario-file name."""
+    if name == "fifo":
+        return FifoPolicy()
+    if name == "sjf":
+        return ShortestJobFirstPolicy()
+    if name == "sjf_aging":
+        return AgingShortestJobFirstPolicy(max_wait_s=max_wait_s)
+    raise ValueError(f"unknown dispatch policy {name!r}; expected one of {list(DISPATCH_POLICIES)}")

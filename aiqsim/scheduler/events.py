@@ -1,0 +1,65 @@
+"""The scheduler's observability stream: flat, frozen records (DataFrames only at the edge).
+
+Pass any ``Callable[[SchedulerEvent], None]`` as ``Scheduler(events=...)``; ``list.append``
+is the cheapest sink. The simulator turns these records into its ``tasks``, ``calls``
+and ``timeline`` DataFrames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTransition:
+    """A task changed status (``old`` is ``None`` when it was submitted)."""
+
+    time: float
+    task_id: str
+    key: str
+    provider: str
+    priority: int
+    old: str | None
+    new: str
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One provider call: when, how it ended and what it reported.
+
+    ``outcome`` is ``"ok"`` or the error type name (``"RateLimitError"``, ``"ProviderTimeoutError"``...).
+    Whether the provider *billed* the call is known only to the provider; simulated providers
+    keep that record themselves.
+    """
+
+    task_id: str
+    key: str
+    provider: str
+    attempt: int
+    start: float
+    end: float
+    outcome: str
+    decision: str
+    cost_estimate: float
+    usage: float | None
+    retry_after_s: float | None
+    delay_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSample:
+    """A provider's client-side quota at the moment an attempt was granted."""
+
+    time: float
+    provider: str
+    requests_level: float
+    tokens_level: float
+    in_flight: int
+    queued_interactive: int
+    queued_background: int
+
+
+SchedulerEvent = TaskTransition | AttemptRecord | QuotaSample
+EventSink = Callable[[SchedulerEvent], None]

@@ -1,0 +1,54 @@
+"""What the scheduler asks of a provider adapter (simulated, HTTP or SDK-wrapped)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from aiqsim.core.task import Priority
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderRequest:
+    """One attempt at one task, as handed to :meth:`Provider.call`.
+
+    ``idempotency_key`` is the task's key; adapters should send it to providers that
+    honour one (e.g. as an ``Idempotency-Key`` header) so a retried call is not billed twice.
+    """
+
+    task_id: str
+    idempotency_key: str
+    kind: str
+    payload: Any
+    cost_estimate: float
+    attempt: int
+    priority: Priority
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderResponse:
+    """A successful call. ``usage`` is the actual cost in the quota's unit (tokens, characters);
+    ``None`` means the estimate was right."""
+
+    result: Any
+    usage: float | None = None
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """An async callable service with a name. Failures are raised as :mod:`aiqsim.core.failures` errors."""
+
+    name: str
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse: ...
+
+
+@runtime_checkable
+class SupportsLookup(Protocol):
+    """A provider that can say whether it already did the work for an idempotency key.
+
+    Used by crash recovery: a task found ``running`` after a restart is completed from the
+    provider's record instead of being called (and billed) again.
+    """
+
+    async def lookup(self, idempotency_key: str) -> ProviderResponse | None: ...

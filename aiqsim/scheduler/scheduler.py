@@ -1,0 +1,796 @@
+"""The scheduler: one implementation of every scheduling rule, on any :class:`Runtime`.
+
+This module never imports asyncio, simpy or time and never touches the global
+``random``: time comes from ``runtime.now()``, waiting from the runtime's futures, and
+randomness from the injected ``rng``. The same object runs production traffic on
+:class:`~aiqsim.runtime.AsyncioRuntime` and simulations on
+:class:`~aiqsim.runtime.SimPyRuntime`.
+
+Flow of a task: ``submit`` fingerprints it and claims its idempotency key in the store.
+A duplicate of a finished task ends ``deduped`` at once; a duplicate of a task in flight
+waits for that run's outcome. An owner goes into its provider's dispatch queue
+(interactive before background, order by the dispatch policy). Each provider lane has one
+dispatcher that starts the chosen task as soon as the provider's multi-dimension quota
+can cover it. The task then runs its attempts inside ``running``: failures are classified,
+retries back off (honouring Retry-After, which also pauses the lane for everyone) and
+re-enter the lane ahead of new work of the same priority.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiqsim.core.backoff import retry_delay
+from aiqsim.core.failures import (
+    AttemptRejectedError,
+    FailureClass,
+    PoisonInputError,
+    RateLimitError,
+    TaskInterruptedError,
+    classify_failure,
+    describe_error,
+)
+from aiqsim.core.fingerprint import fingerprint
+from aiqsim.core.states import transition
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.core.token_bucket import MultiQuota, QuotaLimits, Reservation
+from aiqsim.runtime.protocol import Cancelled, Future, Runtime, TaskHandle
+from aiqsim.runtime.sync import Signal
+from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy, QueueItem, TaskQueue
+from aiqsim.scheduler.events import AttemptRecord, EventSink, QuotaSample, TaskTransition
+from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
+from aiqsim.scheduler.retry import AttemptGate, RetryPolicy
+from aiqsim.stores.base import TaskStore
+from aiqsim.stores.memory import MemoryStore
+
+DEFAULT_INTERACTIVE_LIMIT = 5
+
+
+class QueueFullError(RuntimeError):
+    """Too many queued requests of one priority: the submission was refused and nothing enqueued."""
+
+
+class SchedulerClosedError(RuntimeError):
+    """The scheduler was closed (or crashed) and takes no more work."""
+
+
+class TaskFailedError(Exception):
+    """Raised by :meth:`Submission.result` for a task that failed (or shared a failed run)."""
+
+    def __init__(self, record: TaskRecord) -> None:
+        super().__init__(f"task {record.id!r} failed: {record.error}")
+        self.record = record
+
+
+class TaskCancelledError(Exception):
+    """Raised by :meth:`Submission.result` for a cancelled task."""
+
+    def __init__(self, record: TaskRecord) -> None:
+        super().__init__(f"task {record.id!r} was cancelled")
+        self.record = record
+
+
+class Submission:
+    """The handle ``submit`` returns. ``await submission`` gives the result or raises."""
+
+    __slots__ = ("_future", "id", "key")
+
+    def __init__(self, task_id: str, key: str, future: Future[TaskRecord]) -> None:
+        self.id = task_id
+        self.key = key
+        self._future = future
+
+    def done(self) -> bool:
+        """True once the task reached a terminal state in this scheduler."""
+        return self._future.done()
+
+    async def wait(self) -> TaskRecord:
+        """The final task record (never raises for task failures)."""
+        return await self._future
+
+    async def result(self) -> Any:
+        """The task's result; raises :class:`TaskFailedError` or :class:`TaskCancelledError`."""
+        record = await self._future
+        if record.status is TaskStatus.CANCELLED:
+            raise TaskCancelledError(record)
+        if record.status is TaskStatus.FAILED or record.error is not None:
+            raise TaskFailedError(record)
+        return record.result
+
+    def __await__(self) -> Any:
+        return self.result().__await__()
+
+    def __repr__(self) -> str:
+        return f"<Submission {self.id} {'done' if self.done() else 'pending'}>"
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What :meth:`Scheduler.recover` found in the store after a restart."""
+
+    orphans_completed: int
+    orphans_failed: int
+    orphans_requeued: int
+    queued_resumed: int
+    duplicates_reattached: int
+
+
+@dataclass(eq=False, slots=True)
+class _Ticket:
+    """A running task's request for quota for its next attempt."""
+
+    task_id: str
+    cost: float
+    future: Future[Reservation]
+    removed: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _Live:
+    """In-process state of a task that is not yet terminal here."""
+
+    record: TaskRecord
+    future: Future[TaskRecord]
+    queue_item: QueueItem | None = None
+    runner: TaskHandle[None] | None = None
+    started: bool = False
+    cancel_requested: bool = False
+    waiting_on: str | None = None
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One provider: its quota, its queues and its dispatcher."""
+
+    name: str
+    provider: Provider
+    quota: MultiQuota
+    queues: dict[Priority, TaskQueue]
+    signal: Signal
+    retries: dict[Priority, deque[_Ticket]] = field(default_factory=lambda: {p: deque() for p in Priority})
+    dispatcher: TaskHandle[None] | None = None
+
+
+class Scheduler:
+    """Schedules provider calls under quotas, with retries, idempotency and cancellation.
+
+    Parameters:
+        runtime: where the coroutines run (asyncio for production, SimPy for simulation).
+        providers: provider adapters by name; a task goes to ``provider=`` or, by default,
+            the provider named like its ``kind``.
+        quotas: client-side limits per provider name (unlimited when absent).
+        store: task store; an in-memory one by default.
+        dispatch: dispatch policy for every lane (FIFO by default).
+        retry: retry policy (full jitter, 5 attempts, 60 s attempt timeout by default).
+        interactive_limit: queued interactive tasks allowed at once; one more raises
+            :class:`QueueFullError`. ``background_limit`` likewise (unbounded by default).
+        rng: the only source of randomness (jitter, task ids). Seed it for reproducible runs.
+        events: a sink for :mod:`aiqsim.scheduler.events` records (e.g. ``list.append``).
+        gates: overload guards consulted before each attempt (retry budgets, breakers...).
+        poison_fallback: called with the record of a task whose input proved poison; its
+            return value becomes the task's result (the task still records the poison).
+        duplicate_poll_s: how often to check a key owned by *another process* sharing the store.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        providers: Mapping[str, Provider] | Iterable[Provider],
+        *,
+        quotas: Mapping[str, QuotaLimits] | None = None,
+        store: TaskStore | None = None,
+        dispatch: DispatchPolicy | None = None,
+        retry: RetryPolicy | None = None,
+        interactive_limit: int | None = DEFAULT_INTERACTIVE_LIMIT,
+        background_limit: int | None = None,
+        rng: random.Random | None = None,
+        events: EventSink | None = None,
+        gates: Iterable[AttemptGate] = (),
+        poison_fallback: Callable[[TaskRecord], Awaitable[Any]] | None = None,
+        duplicate_poll_s: float = 0.5,
+    ) -> None:
+        self.runtime = runtime
+        self.store: TaskStore = store if store is not None else MemoryStore()
+        self.dispatch = dispatch if dispatch is not None else FifoPolicy()
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.rng = rng if rng is not None else random.Random()
+        self.events = events
+        self.gates = tuple(gates)
+        self.poison_fallback = poison_fallback
+        self.duplicate_poll_s = duplicate_poll_s
+        self._limits = {Priority.INTERACTIVE: interactive_limit, Priority.BACKGROUND: background_limit}
+        self._queued = dict.fromkeys(Priority, 0)
+        if not isinstance(providers, Mapping):
+            providers = {p.name: p for p in providers}
+        quotas = dict(quotas or {})
+        unknown = set(quotas) - set(providers)
+        if unknown:
+            raise ValueError(f"quotas given for unknown providers: {sorted(unknown)}")
+        now = runtime.now()
+        self._lanes: dict[str, _Lane] = {
+            name: _Lane(
+                name=name,
+                provider=provider,
+                quota=MultiQuota(quotas.get(name, QuotaLimits()), now=now),
+                queues={p: self.dispatch.new_queue() for p in Priority},
+                signal=Signal(runtime),
+            )
+            for name, provider in providers.items()
+        }
+        self._live: dict[str, _Live] = {}
+        self._waiters: dict[str, list[str]] = {}
+        self._watchers: dict[str, TaskHandle[None]] = {}
+        self._idle = Signal(runtime)
+        self._seq = 0
+        self._started = False
+        self._closed = False
+        self._crashed = False
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def providers(self) -> list[str]:
+        """Provider (lane) names."""
+        return list(self._lanes)
+
+    def quota(self, provider: str) -> MultiQuota:
+        """The live client-side quota of ``provider`` (for inspection and header corrections)."""
+        return self._lanes[provider].quota
+
+    def queued(self, priority: Priority | None = None) -> int:
+        """Tasks waiting in dispatch queues (of one priority, or all)."""
+        if priority is None:
+            return sum(self._queued.values())
+        return self._queued[priority]
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks submitted to this scheduler that have not reached a terminal state."""
+        return len(self._live)
+
+    def submit(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        provider: str | None = None,
+        priority: Priority = Priority.BACKGROUND,
+        cost_estimate: float | None = None,
+        key: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        version: str = "",
+        task_id: str | None = None,
+    ) -> Submission:
+        """Queue one call and return its :class:`Submission` handle.
+
+        The idempotency ``key`` defaults to the fingerprint of (kind, version, params,
+        payload). Raises :class:`QueueFullError` when the priority's queue is at its depth
+        limit, ``ValueError`` for an unknown provider, and
+        :class:`~aiqsim.core.token_bucket.QuotaConfigError` for a cost the quota could never grant.
+        """
+        if self._closed:
+            raise SchedulerClosedError("scheduler is closed")
+        lane_name = provider if provider is not None else kind
+        lane = self._lanes.get(lane_name)
+        if lane is None:
+            raise ValueError(f"no provider named {lane_name!r}; known: {sorted(self._lanes)}")
+        priority = Priority(priority)
+        if cost_estimate is None:
+            estimate = getattr(lane.provider, "estimate_cost", None)
+            cost_estimate = float(estimate(kind, payload)) if callable(estimate) else 0.0
+        lane.quota.check_cost(cost_estimate)
+        if key is None:
+            key = fingerprint(kind, payload, params=params, version=version)
+        existing = self.store.owner_of(key)
+        is_duplicate = existing is not None and existing.status in (
+            TaskStatus.QUEUED,
+            TaskStatus.RUNNING,
+            TaskStatus.SUCCEEDED,
+        )
+        limit = self._limits[priority]
+        if not is_duplicate and limit is not None and self._queued[priority] >= limit:
+            raise QueueFullError(
+                f"too many {priority.name.lower()} requests: {self._queued[priority]} already queued "
+                f"(limit {limit}); try again later"
+            )
+        now = self.runtime.now()
+        record = TaskRecord(
+            id=task_id if task_id is not None else f"{self.rng.getrandbits(64):016x}",
+            key=key,
+            kind=kind,
+            provider=lane_name,
+            priority=priority,
+            cost_estimate=float(cost_estimate),
+            created_at=now,
+            updated_at=now,
+            payload=payload,
+        )
+        owner = self.store.insert_and_claim(record)
+        live = _Live(record=record, future=self.runtime.create_future())
+        self._live[record.id] = live
+        self._emit_transition(None, record)
+        self._ensure_started()
+        self._follow_owner(live, owner)
+        return Submission(record.id, key, live.future)
+
+    def cancel(self, task_id: str) -> bool:
+        """Cancel a queued or running task of this scheduler; False if it is not live here.
+
+        A queued task ends ``cancelled`` at once; a running one receives a cancellation at
+        its current await (an in-flight provider call is abandoned) and ends ``cancelled``.
+        """
+        live = self._live.get(task_id)
+        if live is None or live.cancel_requested:
+            return False
+        live.cancel_requested = True
+        if live.queue_item is not None:
+            lane = self._lanes[live.record.provider]
+            lane.queues[live.record.priority].pop(live.queue_item)
+            self._queued[live.record.priority] -= 1
+            live.queue_item = None
+            lane.signal.notify()
+            self._finish(live, TaskStatus.CANCELLED)
+        elif live.waiting_on is not None:
+            waiters = self._waiters.get(live.waiting_on)
+            if waiters and task_id in waiters:
+                waiters.remove(task_id)
+            live.waiting_on = None
+            self._finish(live, TaskStatus.CANCELLED)
+        elif live.runner is not None and live.started:
+            live.runner.cancel()
+        return True
+
+    def retry_failed(self, task_id: str) -> Submission:
+        """Manually retry a failed task: it moves failed -> queued and runs again (new attempts)."""
+        if self._closed:
+            raise SchedulerClosedError("scheduler is closed")
+        record = self.store.get(task_id)
+        if record is None:
+            raise KeyError(f"unknown task id {task_id!r}")
+        record = transition(record, TaskStatus.QUEUED, self.runtime.now())
+        self.store.update(record)
+        self._emit_transition(TaskStatus.FAILED, record)
+        live = _Live(record=record, future=self.runtime.create_future())
+        self._live[record.id] = live
+        self._ensure_started()
+        self._follow_owner(live, self.store.claim(record))
+        return Submission(record.id, record.key, live.future)
+
+    async def join(self) -> None:
+        """Wait until every task submitted here is terminal."""
+        while self._live:
+            await self._idle.wait()
+
+    async def close(self, *, cancel_pending: bool = True) -> None:
+        """Stop taking work; cancel what is still live (or wait for it) and stop the dispatchers."""
+        if cancel_pending:
+            for task_id in list(self._live):
+                self.cancel(task_id)
+        await self.join()
+        self._closed = True
+        self._stop_background()
+
+    async def __aenter__(self) -> Scheduler:
+        self._ensure_started()
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        await self.close(cancel_pending=exc_type is not None)
+
+    def crash(self) -> None:
+        """Simulate the process dying: every coroutine stops where it is, nothing more is written.
+
+        Handles stay unresolved, exactly as they would be for a killed process. A new
+        Scheduler on the same store then calls :meth:`recover`.
+        """
+        self._crashed = True
+        self._closed = True
+        for live in self._live.values():
+            if live.runner is not None:
+                live.runner.cancel()
+        self._stop_background()
+
+    async def recover(self, *, requeue_interrupted: bool = False) -> RecoveryReport:
+        """Reconcile the store after a restart; call once before submitting new work.
+
+        Tasks found ``running`` are orphans of the dead process. If their provider can look
+        up the idempotency key and already did the work, the task is completed from the
+        provider's record (no second call, no second bill); otherwise it fails with
+        :class:`~aiqsim.core.failures.TaskInterruptedError`, or is requeued when
+        ``requeue_interrupted``. Queued tasks resume: owners go back to their queues and
+        duplicates wait for their owner again.
+        """
+        completed = failed = requeued = resumed = reattached = 0
+        for orphan in self.store.list_by_status(TaskStatus.RUNNING):
+            lane = self._lanes.get(orphan.provider)
+            response: ProviderResponse | None = None
+            if lane is not None and isinstance(lane.provider, SupportsLookup):
+                response = await lane.provider.lookup(orphan.key)
+            now = self.runtime.now()
+            if response is not None:
+                done = transition(orphan, TaskStatus.SUCCEEDED, now, result=response.result)
+                self._write(done)
+                self._emit_transition(TaskStatus.RUNNING, done)
+                completed += 1
+                continue
+            error = describe_error(TaskInterruptedError("process stopped while the task was running"))
+            done = transition(orphan, TaskStatus.FAILED, now, error=error)
+            self._write(done)
+            self._emit_transition(TaskStatus.RUNNING, done)
+            if requeue_interrupted:
+                again = transition(done, TaskStatus.QUEUED, now)
+                self._write(again)
+                self._emit_transition(TaskStatus.FAILED, again)
+                requeued += 1
+            else:
+                failed += 1
+        for queued in self.store.list_by_status(TaskStatus.QUEUED):
+            if queued.id in self._live:
+                continue
+            live = _Live(record=queued, future=self.runtime.create_future())
+            self._live[queued.id] = live
+            owner = self.store.claim(queued)
+            if owner.id == queued.id:
+                resumed += 1
+            else:
+                reattached += 1
+            self._follow_owner(live, owner)
+        if self._live:
+            self._ensure_started()
+        return RecoveryReport(completed, failed, requeued, resumed, reattached)
+
+    def submission(self, task_id: str) -> Submission | None:
+        """A handle for a task that is live in this scheduler (e.g. one resumed by ``recover``)."""
+        live = self._live.get(task_id)
+        if live is None:
+            return None
+        return Submission(task_id, live.record.key, live.future)
+
+    # ------------------------------------------------------------------ claims and duplicates
+    def _follow_owner(self, live: _Live, owner: TaskRecord) -> None:
+        record = live.record
+        if owner.id == record.id:
+            self._enqueue(live)
+        elif owner.status is TaskStatus.SUCCEEDED:
+            self._finish(live, TaskStatus.DEDUPED, result=owner.result, deduped_from=owner.id)
+        else:
+            live.waiting_on = owner.id
+            self._waiters.setdefault(owner.id, []).append(record.id)
+            if owner.id not in self._live and owner.id not in self._watchers:
+                self._watchers[owner.id] = self.runtime.spawn(
+                    self._watch_foreign_owner(owner.id), name=f"watch-{owner.id}"
+                )
+
+    def _enqueue(self, live: _Live) -> None:
+        record = live.record
+        lane = self._lanes[record.provider]
+        self._seq += 1
+        item = QueueItem(record.id, record.cost_estimate, self.runtime.now(), self._seq)
+        live.queue_item = item
+        lane.queues[record.priority].push(item)
+        self._queued[record.priority] += 1
+        lane.signal.notify()
+
+    def _resolve_waiters(self, owner: TaskRecord) -> None:
+        waiter_ids = self._waiters.pop(owner.id, ())
+        for waiter_id in waiter_ids:
+            waiter = self._live.get(waiter_id)
+            if waiter is None or waiter.waiting_on != owner.id:
+                continue
+            waiter.waiting_on = None
+            if owner.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
+                self._finish(
+                    waiter,
+                    TaskStatus.DEDUPED,
+                    result=owner.result,
+                    error=owner.error,
+                    deduped_from=owner.id,
+                )
+            else:  # the owner was cancelled: the first waiter takes over the key
+                self._follow_owner(waiter, self.store.claim(waiter.record))
+
+    async def _watch_foreign_owner(self, owner_id: str) -> None:
+        """Poll the store for a key owned by another process until that run is terminal."""
+        try:
+            while True:
+                await self.runtime.sleep(self.duplicate_poll_s)
+                owner = self.store.get(owner_id)
+                if owner is None or owner.status.is_terminal:
+                    break
+        finally:
+            self._watchers.pop(owner_id, None)
+        if owner is not None:
+            self._resolve_waiters(owner)
+
+    # ------------------------------------------------------------------ dispatch
+    def _ensure_started(self) -> None:
+        if self._started or self._closed:
+            return
+        self._started = True
+        for lane in self._lanes.values():
+            lane.dispatcher = self.runtime.spawn(self._dispatch_loop(lane), name=f"dispatch-{lane.name}")
+
+    def _stop_background(self) -> None:
+        for lane in self._lanes.values():
+            if lane.dispatcher is not None:
+                lane.dispatcher.cancel()
+                lane.dispatcher = None
+        for watcher in list(self._watchers.values()):
+            watcher.cancel()
+        self._watchers.clear()
+
+    def _next_candidate(self, lane: _Lane, now: float) -> tuple[_Ticket | QueueItem, Priority] | None:
+        for priority in Priority:
+            tickets = lane.retries[priority]
+            while tickets and (tickets[0].removed or tickets[0].future.done()):
+                tickets.popleft()
+            if tickets:
+                return tickets[0], priority
+            item = lane.queues[priority].peek(now)
+            if item is not None:
+                return item, priority
+        return None
+
+    async def _dispatch_loop(self, lane: _Lane) -> None:
+        runtime = self.runtime
+        quota = lane.quota
+        while True:
+            now = runtime.now()
+            choice = self._next_candidate(lane, now)
+            if choice is None:
+                await lane.signal.wait()
+                continue
+            candidate, priority = choice
+            reservation = quota.try_reserve(candidate.cost, now)
+            if reservation is None:
+                wait = quota.time_until(candidate.cost, now)
+                if isinstance(candidate, QueueItem):
+                    wait = min(wait, lane.queues[priority].next_change(now) - now)
+                await lane.signal.wait(None if math.isinf(wait) else max(wait, 0.0))
+                continue
+            if self.events is not None:
+                self._emit_quota(lane, now)
+            if isinstance(candidate, _Ticket):
+                lane.retries[priority].popleft()
+                candidate.future.set_result(reservation)
+                continue
+            lane.queues[priority].pop(candidate)
+            self._queued[priority] -= 1
+            live = self._live[candidate.task_id]
+            live.queue_item = None
+            live.runner = runtime.spawn(self._run(lane, live, reservation), name=f"task-{candidate.task_id}")
+
+    async def _await_ticket(self, lane: _Lane, live: _Live) -> Reservation:
+        ticket = _Ticket(live.record.id, live.record.cost_estimate, self.runtime.create_future())
+        lane.retries[live.record.priority].append(ticket)
+        lane.signal.notify()
+        try:
+            return await ticket.future
+        except Cancelled:
+            ticket.removed = True
+            future = ticket.future
+            if future.done() and not getattr(future, "cancelled", lambda: False)():
+                lane.quota.cancel(future.result(), self.runtime.now())
+            lane.signal.notify()
+            raise
+
+    # ------------------------------------------------------------------ running a task
+    async def _run(self, lane: _Lane, live: _Live, reservation: Reservation | None) -> None:
+        live.started = True
+        runtime = self.runtime
+        policy = self.retry
+        if live.cancel_requested:
+            assert reservation is not None
+            lane.quota.cancel(reservation, runtime.now())
+            lane.signal.notify()
+            self._finish(live, TaskStatus.CANCELLED)
+            return
+        self._move(live, TaskStatus.RUNNING)
+        record = live.record
+        attempts = record.attempts
+        tries = 0
+        previous_delay: float | None = None
+        try:
+            poison = self.store.poison_error(record.key)
+            if poison is not None:
+                assert reservation is not None
+                lane.quota.cancel(reservation, runtime.now())
+                reservation = None
+                lane.signal.notify()
+                await self._fail_poison(
+                    live, attempts, PoisonInputError(f"input recorded as poison ({poison})")
+                )
+                return
+            while True:
+                if reservation is None:
+                    reservation = await self._await_ticket(lane, live)
+                attempts += 1
+                tries += 1
+                is_retry = tries > 1
+                refusal = self._gate_refusal(lane.name, is_retry)
+                if refusal is not None:
+                    lane.quota.cancel(reservation, runtime.now())
+                    reservation = None
+                    lane.signal.notify()
+                    error = AttemptRejectedError(refusal)
+                    self._emit_attempt(
+                        live, attempts, runtime.now(), runtime.now(), error, "rejected", None, None
+                    )
+                    self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+                    return
+                request = ProviderRequest(
+                    task_id=record.id,
+                    idempotency_key=record.key,
+                    kind=record.kind,
+                    payload=record.payload,
+                    cost_estimate=record.cost_estimate,
+                    attempt=attempts,
+                    priority=record.priority,
+                )
+                start = runtime.now()
+                try:
+                    call = lane.provider.call(request)
+                    if policy.attempt_timeout_s is None:
+                        response = await call
+                    else:
+                        response = await runtime.wait_for(call, policy.attempt_timeout_s)
+                except Exception as error:
+                    now = runtime.now()
+                    lane.quota.release(reservation, now)
+                    reservation = None
+                    lane.signal.notify()
+                    failure = classify_failure(error, tries, poison_after=policy.poison_after)
+                    retry_after = error.retry_after_s if isinstance(error, RateLimitError) else None
+                    if retry_after is not None and policy.honour_retry_after:
+                        lane.quota.pause_until(now + retry_after)
+                    for gate in self.gates:
+                        gate.after_attempt(lane.name, is_retry, failure, error, now)
+                    if failure is FailureClass.RETRYABLE and tries < policy.max_attempts:
+                        delay = retry_delay(
+                            policy.backoff,
+                            tries - 1,
+                            self.rng,
+                            previous=previous_delay,
+                            retry_after_s=retry_after if policy.honour_retry_after else None,
+                        )
+                        self._emit_attempt(live, attempts, start, now, error, "retry", retry_after, delay)
+                        previous_delay = delay
+                        await runtime.sleep(delay)
+                        continue
+                    decision = "exhausted" if failure is FailureClass.RETRYABLE else failure.value
+                    self._emit_attempt(live, attempts, start, now, error, decision, retry_after, None)
+                    if failure is FailureClass.POISON:
+                        await self._fail_poison(live, attempts, error)
+                        return
+                    self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+                    return
+                now = runtime.now()
+                usage = response.usage if response.usage is not None else record.cost_estimate
+                lane.quota.reconcile(reservation, usage, now)
+                lane.quota.release(reservation, now)
+                reservation = None
+                lane.signal.notify()
+                for gate in self.gates:
+                    gate.after_attempt(lane.name, is_retry, None, None, now)
+                self._emit_attempt(live, attempts, start, now, None, "done", None, None, usage)
+                self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
+                return
+        except Cancelled:
+            if reservation is not None:
+                lane.quota.release(reservation, runtime.now())
+                lane.signal.notify()
+            if self._crashed:
+                raise
+            self._finish(live, TaskStatus.CANCELLED, attempts=attempts)
+
+    async def _fail_poison(self, live: _Live, attempts: int, error: BaseException) -> None:
+        record = live.record
+        now = self.runtime.now()
+        self.store.record_poison(record.key, describe_error(error), now)
+        if self.poison_fallback is not None:
+            try:
+                result = await self.poison_fallback(record)
+            except Exception as fallback_error:
+                message = f"{describe_error(error)}; fallback failed: {describe_error(fallback_error)}"
+                self._finish(live, TaskStatus.FAILED, attempts=attempts, error=message)
+                return
+            self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=result)
+            return
+        self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+
+    def _gate_refusal(self, provider: str, is_retry: bool) -> str | None:
+        now = self.runtime.now()
+        for gate in self.gates:
+            reason = gate.before_attempt(provider, is_retry, now, self.rng)
+            if reason is not None:
+                return reason
+        return None
+
+    # ------------------------------------------------------------------ transitions
+    def _write(self, record: TaskRecord) -> None:
+        if self._crashed:
+            raise Cancelled()
+        self.store.update(record)
+
+    def _move(self, live: _Live, status: TaskStatus, **changes: Any) -> TaskRecord:
+        old = live.record
+        record = transition(old, status, self.runtime.now(), **changes)
+        self._write(record)
+        live.record = record
+        self._emit_transition(old.status, record)
+        return record
+
+    def _finish(self, live: _Live, status: TaskStatus, **changes: Any) -> None:
+        record = self._move(live, status, **changes)
+        del self._live[record.id]
+        live.future.set_result(record)
+        if record.id in self._waiters:
+            self._resolve_waiters(record)
+        if not self._live:
+            self._idle.notify()
+
+    # ------------------------------------------------------------------ observability
+    def _emit_transition(self, old: TaskStatus | None, record: TaskRecord) -> None:
+        if self.events is not None:
+            self.events(
+                TaskTransition(
+                    time=record.updated_at,
+                    task_id=record.id,
+                    key=record.key,
+                    provider=record.provider,
+                    priority=int(record.priority),
+                    old=None if old is None else old.value,
+                    new=record.status.value,
+                    attempts=record.attempts,
+                )
+            )
+
+    def _emit_attempt(
+        self,
+        live: _Live,
+        attempt: int,
+        start: float,
+        end: float,
+        error: BaseException | None,
+        decision: str,
+        retry_after: float | None,
+        delay: float | None,
+        usage: float | None = None,
+    ) -> None:
+        if self.events is not None:
+            record = live.record
+            self.events(
+                AttemptRecord(
+                    task_id=record.id,
+                    key=record.key,
+                    provider=record.provider,
+                    attempt=attempt,
+                    start=start,
+                    end=end,
+                    outcome="ok" if error is None else type(error).__name__,
+                    decision=decision,
+                    cost_estimate=record.cost_estimate,
+                    usage=usage,
+                    retry_after_s=retry_after,
+                    delay_s=delay,
+                )
+            )
+
+    def _emit_quota(self, lane: _Lane, now: float) -> None:
+        assert self.events is not None
+        requests, tokens, in_flight = lane.quota.levels(now)
+        self.events(
+            QuotaSample(
+                time=now,
+                provider=lane.name,
+                requests_level=requests,
+                tokens_level=tokens,
+                in_flight=in_flight,
+                queued_interactive=len(lane.queues[Priority.INTERACTIVE]),
+                queued_background=len(lane.queues[Priority.BACKGROUND]),
+            )
+        )

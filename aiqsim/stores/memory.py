@@ -1,0 +1,75 @@
+"""An in-memory task store for tests, sweeps and simulations.
+
+It survives a simulated crash (the harness keeps the object and hands it to the restarted
+scheduler), which makes it the fastest store for crash-recovery sweeps.
+"""
+
+from __future__ import annotations
+
+from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.stores.base import claim_owner
+
+
+class MemoryStore:
+    """Dict-backed :class:`~aiqsim.stores.base.TaskStore`."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, TaskRecord] = {}
+        self._owners: dict[str, str] = {}
+        self._poison: dict[str, str] = {}
+        self.writes = 0
+
+    def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
+        if task.id in self._tasks:
+            raise ValueError(f"task id {task.id!r} already exists")
+        owner_id = self._owners.get(task.key)
+        owner = claim_owner(self._tasks.get(owner_id) if owner_id is not None else None, task)
+        self._tasks[task.id] = task
+        if owner is task:
+            self._owners[task.key] = task.id
+        self.writes += 1
+        return owner
+
+    def claim(self, task: TaskRecord) -> TaskRecord:
+        if task.id not in self._tasks:
+            raise KeyError(f"unknown task id {task.id!r}")
+        owner_id = self._owners.get(task.key)
+        if owner_id == task.id:
+            return self._tasks[task.id]
+        owner = claim_owner(self._tasks.get(owner_id) if owner_id is not None else None, task)
+        if owner is task:
+            self._owners[task.key] = task.id
+            self.writes += 1
+        return owner
+
+    def update(self, task: TaskRecord) -> None:
+        if task.id not in self._tasks:
+            raise KeyError(f"unknown task id {task.id!r}")
+        self._tasks[task.id] = task
+        self.writes += 1
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        return self._tasks.get(task_id)
+
+    def owner_of(self, key: str) -> TaskRecord | None:
+        owner_id = self._owners.get(key)
+        return self._tasks.get(owner_id) if owner_id is not None else None
+
+    def list_by_status(self, *statuses: TaskStatus) -> list[TaskRecord]:
+        if not statuses:
+            return list(self._tasks.values())
+        wanted = set(statuses)
+        return [t for t in self._tasks.values() if t.status in wanted]
+
+    def record_poison(self, key: str, error: str, now: float) -> None:
+        self._poison[key] = error
+        self.writes += 1
+
+    def poison_error(self, key: str) -> str | None:
+        return self._poison.get(key)
+
+    def close(self) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return len(self._tasks)
