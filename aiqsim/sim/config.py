@@ -1,0 +1,199 @@
+"""Scenario configuration records: what a scenario file describes, as frozen dataclasses.
+
+The TOML loader (:mod:`aiqsim.sim.scenario`) validates files into these records; the
+simulated providers, workloads and :func:`aiqsim.sim.simulate` read them. Units are in
+the field names: ``_s`` seconds, ``_per_min`` per minute, ``_prob`` a probability in [0, 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ProviderKind = Literal["llm", "tts"]
+OutageMode = Literal["error", "slow"]
+PriorityName = Literal["interactive", "background"]
+WorkloadType = Literal["poisson", "burst", "double_click", "trace"]
+StoreKind = Literal["memory", "json", "sqlite"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutageConfig:
+    """A window during which a simulated provider fails every call (``error``: HTTP 503)
+    or answers ``slow_factor`` times slower (``slow``)."""
+
+    start_s: float
+    end_s: float
+    mode: OutageMode = "error"
+    slow_factor: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    """A simulated provider: its latency model, server-side quota, failure modes and prices.
+
+    Cost units are tokens (prompt + output) for ``llm`` and characters for ``tts``.
+    Latency of one call = ``latency_base_s + latency_per_unit_s * output_units``, times a
+    lognormal noise factor with ``sigma = latency_sigma`` (mean 1).
+    The server enforces ``server_requests_per_min`` / ``server_units_per_min`` over sliding
+    60 s windows and answers 429 with a Retry-After when a client exceeds them.
+    """
+
+    name: str
+    kind: ProviderKind = "llm"
+    latency_base_s: float = 0.5
+    latency_per_unit_s: float = 0.01
+    latency_sigma: float = 0.0
+    server_requests_per_min: float | None = None
+    server_units_per_min: float | None = None
+    rate_limit_prob: float = 0.0
+    rate_limit_retry_after_s: float | None = 1.0
+    server_error_prob: float = 0.0
+    timeout_prob: float = 0.0
+    quota_exhausted_prob: float = 0.0
+    invalid_request_prob: float = 0.0
+    honours_idempotency: bool = False
+    supports_lookup: bool = True
+    price_per_1k_units: float = 0.002
+    outages: tuple[OutageConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClientQuotaConfig:
+    """Client-side limits for one provider (maps to :class:`aiqsim.core.token_bucket.QuotaLimits`)."""
+
+    requests_per_min: float | None = None
+    units_per_min: float | None = None
+    concurrency: int | None = None
+    request_burst: float | None = None
+    unit_burst: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    """Retry policy: backoff strategy by name plus its parameters."""
+
+    strategy: str = "full_jitter"
+    base_s: float = 0.5
+    cap_s: float = 30.0
+    max_attempts: int = 5
+    attempt_timeout_s: float | None = 30.0
+    honour_retry_after: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    """Dispatch policy and queue depth limits."""
+
+    policy: str = "fifo"
+    max_wait_s: float = 30.0
+    interactive_limit: int | None = 5
+    background_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Where task records live during a simulation (``json``/``sqlite`` use a temp dir unless ``path``)."""
+
+    kind: StoreKind = "memory"
+    path: str | None = None
+    requeue_interrupted: bool = False
+    reconcile_on_restart: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CostConfig:
+    """A distribution of per-task sizes in the provider's units.
+
+    ``fixed``: always ``mean``. ``lognormal``: mean ``mean``, log-space sigma ``sigma``.
+    ``uniform``: between ``low`` and ``high``. Values are rounded to whole units, at least 1.
+    ``output_fraction`` of the units is output (drives latency), the rest prompt.
+    """
+
+    dist: Literal["fixed", "lognormal", "uniform"] = "fixed"
+    mean: float = 500.0
+    sigma: float = 0.5
+    low: float = 1.0
+    high: float = 1000.0
+    output_fraction: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    """One source of submissions.
+
+    - ``poisson``: arrivals at ``rate_per_s`` from ``start_s`` to ``end_s`` (or ``count`` arrivals).
+    - ``burst``: ``count`` arrivals spread evenly over ``burst_s`` starting at ``start_s``.
+    - ``double_click``: ``count`` user actions (Poisson at ``rate_per_s``), each submitted
+      ``clicks`` times ``click_gap_s`` apart with identical input.
+    - ``trace``: replay a CSV with TIMESTAMP, ContextTokens, GeneratedTokens (``trace`` is a path
+      or the built-in name ``azure_code``), times divided by ``speedup``, first ``count`` rows.
+
+    Inputs are drawn from ``distinct_inputs`` distinct values when set (so identical inputs
+    recur and deduplicate), else each arrival is unique. ``poison_fraction`` of distinct
+    inputs always violate the response schema.
+    """
+
+    type: WorkloadType
+    provider: str
+    priority: PriorityName = "background"
+    rate_per_s: float = 1.0
+    start_s: float = 0.0
+    end_s: float | None = None
+    count: int | None = None
+    burst_s: float = 0.0
+    clicks: int = 2
+    click_gap_s: float = 0.05
+    cost: CostConfig = field(default_factory=CostConfig)
+    distinct_inputs: int | None = None
+    poison_fraction: float = 0.0
+    trace: str | None = None
+    speedup: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CrashConfig:
+    """Kill the scheduler at ``at_s`` (virtual seconds) or right after its ``after_writes``-th
+    store write, then restart it on the same store ``restart_after_s`` later.
+
+    ``torn_write`` (JSON store) leaves a half-written temp file behind, as a kill in the
+    middle of a write would.
+    """
+
+    at_s: float | None = None
+    after_writes: int | None = None
+    restart_after_s: float = 5.0
+    torn_write: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A whole simulation: providers, client quotas, policies, workload, crashes, horizon, seed.
+
+    ``duration_s`` bounds the arrivals; the run then drains until every task is terminal or
+    ``drain_s`` more seconds pass (tasks still live then are reported as lost).
+    ``timeline_step_s`` is the bucket width of the ``timeline`` DataFrame.
+    """
+
+    name: str
+    providers: tuple[ProviderConfig, ...]
+    workloads: tuple[WorkloadConfig, ...]
+    description: str = ""
+    seed: int = 0
+    duration_s: float = 60.0
+    drain_s: float = 3600.0
+    timeline_step_s: float = 1.0
+    quotas: dict[str, ClientQuotaConfig] = field(default_factory=dict)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    crashes: tuple[CrashConfig, ...] = ()
+    source: str | None = None
+    """Path of the file it was loaded from, for error messages and reports."""
+
+    def provider(self, name: str) -> ProviderConfig:
+        """The provider called ``name``; ``KeyError`` if there is none."""
+        for provider in self.providers:
+            if provider.name == name:
+                return provider
+        raise KeyError(name)
