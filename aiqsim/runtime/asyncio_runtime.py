@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
@@ -23,7 +24,7 @@ class AsyncioRuntime:
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
         self.time_scale = float(time_scale)
         self._loop = loop
-        self._origin: float | None = None
+        self._origin = time.monotonic()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -32,10 +33,8 @@ class AsyncioRuntime:
         return self._loop
 
     def now(self) -> float:
-        t = self.loop.time()
-        if self._origin is None:
-            self._origin = t
-        return (t - self._origin) / self.time_scale
+        """Scheduler seconds since this runtime was created (asyncio's loop clock is ``time.monotonic``)."""
+        return (time.monotonic() - self._origin) / self.time_scale
 
     def sleep(self, seconds: float) -> Awaitable[None]:
         return asyncio.sleep(max(0.0, seconds) * self.time_scale)
@@ -56,8 +55,6 @@ class AsyncioRuntime:
 
         async def _main() -> T:
             self._loop = asyncio.get_running_loop()
-            self._origin = None
-            self.now()
             return await coro
 
         return asyncio.run(_main())

@@ -1,0 +1,21 @@
+"""Run the same async test body on both runtimes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from aiqsim.runtime import AsyncioRuntime, SimPyRuntime
+
+RUNTIMES = ["simpy", "asyncio"]
+ASYNCIO_SCALE = 0.01
+"""Under asyncio, one scheduler second lasts 10 ms of wall time in these tests."""
+
+
+def make_runtime(name: str) -> Any:
+    return SimPyRuntime() if name == "simpy" else AsyncioRuntime(time_scale=ASYNCIO_SCALE)
+
+
+def run_on(name: str, body: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
+    runtime = make_runtime(name)
+    return runtime.run(body(runtime))

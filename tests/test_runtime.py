@@ -1,0 +1,245 @@
+"""Runtime protocol semantics, identical on asyncio and on the SimPy driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiqsim.runtime import Cancelled, Lock, Queue, Signal, SimPyRuntime, SimulationDeadlock
+from tests.runtimes import RUNTIMES, run_on
+
+both = pytest.mark.parametrize("rt_name", RUNTIMES)
+
+
+class Marker(Exception):
+    def __init__(self, a: int, b: int) -> None:  # two-arg init: SimPy's Process would fail to re-create it
+        super().__init__(a)
+        self.b = b
+
+
+@both
+def test_sleep_advances_the_clock(rt_name: str) -> None:
+    async def body(rt):
+        t0 = rt.now()
+        await rt.sleep(2.5)
+        return rt.now() - t0
+
+    elapsed = run_on(rt_name, body)
+    if rt_name == "simpy":
+        assert elapsed == 2.5
+    else:
+        assert 2.5 <= elapsed < 2.5 + 5.0
+
+
+@both
+def test_future_delivers_the_original_exception_object(rt_name: str) -> None:
+    async def body(rt):
+        future = rt.create_future()
+        error = Marker(1, 2)
+
+        async def fail_later():
+            await rt.sleep(1)
+            future.set_exception(error)
+
+        rt.spawn(fail_later())
+        try:
+            await future
+        except Marker as caught:
+            return caught is error, caught.b
+        return False, None
+
+    assert run_on(rt_name, body) == (True, 2)
+
+
+@both
+def test_task_result_and_exception(rt_name: str) -> None:
+    async def body(rt):
+        async def ok():
+            await rt.sleep(1)
+            return 42
+
+        async def bad():
+            await rt.sleep(1)
+            raise Marker(3, 4)
+
+        good, failing = rt.spawn(ok()), rt.spawn(bad())
+        value = await good
+        try:
+            await failing
+        except Marker as caught:
+            return value, caught.b
+        return value, None
+
+    assert run_on(rt_name, body) == (42, 4)
+
+
+@both
+def test_cancel_is_delivered_at_the_await_and_not_swallowed_by_except_exception(rt_name: str) -> None:
+    async def body(rt):
+        log = []
+
+        async def worker():
+            try:
+                await rt.sleep(100)
+            except Exception:  # must NOT catch cancellation
+                log.append("swallowed")
+            except Cancelled:
+                log.append("cancelled")
+                raise
+
+        handle = rt.spawn(worker())
+        await rt.sleep(1)
+        assert handle.cancel()
+        try:
+            await handle
+        except Cancelled:
+            log.append("awaiter saw cancel")
+        return log, handle.cancelled(), rt.now()
+
+    log, cancelled, now = run_on(rt_name, body)
+    assert log == ["cancelled", "awaiter saw cancel"]
+    assert cancelled
+    assert now < 50
+
+
+@both
+def test_cancel_before_start_never_runs_the_body(rt_name: str) -> None:
+    async def body(rt):
+        ran = []
+
+        async def worker():
+            ran.append(True)
+
+        handle = rt.spawn(worker())
+        handle.cancel()
+        try:
+            await handle
+        except Cancelled:
+            pass
+        return ran
+
+    assert run_on(rt_name, body) == []
+
+
+@both
+def test_wait_for_times_out_and_cancels_the_inner_work(rt_name: str) -> None:
+    async def body(rt):
+        seen = []
+
+        async def slow():
+            try:
+                await rt.sleep(10)
+            except Cancelled:
+                seen.append("inner cancelled")
+                raise
+            return "late"
+
+        async def fast():
+            await rt.sleep(1)
+            return "early"
+
+        try:
+            await rt.wait_for(slow(), 3)
+        except TimeoutError:
+            seen.append(("timeout", round(rt.now())))
+        seen.append(await rt.wait_for(fast(), 3))
+        return seen
+
+    assert run_on(rt_name, body) == ["inner cancelled", ("timeout", 3), "early"]
+
+
+@both
+def test_lock_is_fifo_and_a_cancelled_waiter_passes_the_lock_on(rt_name: str) -> None:
+    async def body(rt):
+        lock = Lock(rt)
+        order = []
+
+        async def user(name, hold):
+            async with lock:
+                order.append(name)
+                await rt.sleep(hold)
+
+        await lock.acquire()
+        a = rt.spawn(user("a", 1))
+        b = rt.spawn(user("b", 1))
+        c = rt.spawn(user("c", 1))
+        await rt.sleep(0.5)
+        lock.release()  # hands the lock to a
+        b.cancel()  # b gives up while waiting
+        await a
+        await c
+        try:
+            await b
+        except Cancelled:
+            pass
+        return order, lock.locked()
+
+    assert run_on(rt_name, body) == (["a", "c"], False)
+
+
+@both
+def test_lock_granted_then_cancelled_hands_the_lock_on(rt_name: str) -> None:
+    async def body(rt):
+        lock = Lock(rt)
+        await lock.acquire()
+        order = []
+
+        async def user(name):
+            async with lock:
+                order.append(name)
+
+        first = rt.spawn(user("first"))
+        second = rt.spawn(user("second"))
+        await rt.sleep(1)
+        lock.release()  # ownership goes to `first`...
+        first.cancel()  # ...which is cancelled before it resumes
+        await second
+        return order, lock.locked()
+
+    assert run_on(rt_name, body) == (["second"], False)
+
+
+@both
+def test_queue_get_waits_and_cancelled_getters_lose_nothing(rt_name: str) -> None:
+    async def body(rt):
+        queue = Queue(rt)
+        got = []
+
+        async def consumer():
+            got.append(await queue.get())
+
+        quitter = rt.spawn(consumer())
+        keeper = rt.spawn(consumer())
+        await rt.sleep(1)
+        quitter.cancel()
+        queue.put_nowait("x")
+        await keeper
+        return got, len(queue)
+
+    assert run_on(rt_name, body) == (["x"], 0)
+
+
+@both
+def test_signal_wait_times_out_or_is_notified(rt_name: str) -> None:
+    async def body(rt):
+        signal = Signal(rt)
+        timed_out = await signal.wait(1)
+
+        async def poke():
+            await rt.sleep(1)
+            signal.notify()
+
+        rt.spawn(poke())
+        notified = await signal.wait(10)
+        return timed_out, notified, round(rt.now())
+
+    assert run_on(rt_name, body) == (False, True, 2)
+
+
+def test_simpy_reports_a_deadlock() -> None:
+    runtime = SimPyRuntime()
+
+    async def body():
+        await runtime.create_future()
+
+    with pytest.raises(SimulationDeadlock):
+        runtime.run(body())

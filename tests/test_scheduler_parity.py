@@ -1,0 +1,143 @@
+"""One scheduler, two clocks: the same scenario on SimPy and on asyncio gives the same outcome."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from aiqsim import (
+    AsyncioRuntime,
+    ExponentialBackoff,
+    Priority,
+    QuotaLimits,
+    RetryPolicy,
+    Scheduler,
+    SimPyRuntime,
+    TaskStatus,
+)
+from aiqsim.core.failures import PoisonInputError
+from tests.fakes import ScriptedProvider
+
+SCRIPT = {
+    "a": ["ok"],
+    "b": ["429:3", "ok"],
+    "c": ["500", "500", "ok"],
+    "p": ["schema"],
+    "f": ["invalid"],
+    "h": ["hang"],
+}
+# (submit time, task id, input); "d" is submitted twice (a double click), "x" is cancelled while queued.
+SUBMISSIONS = [
+    (0.0, "t-a", "a"),
+    (0.25, "t-b", "b"),
+    (0.5, "t-c", "c"),
+    (0.75, "t-p", "p"),
+    (1.0, "t-d1", "d"),
+    (1.05, "t-d2", "d"),
+    (1.25, "t-f", "f"),
+    (1.5, "t-h", "h"),
+    (1.75, "t-x", "x"),
+]
+CANCEL_QUEUED_AT = 1.8
+CANCEL_RUNNING_AT = 14.0
+
+
+def run_parity_scenario(runtime):
+    provider = ScriptedProvider(runtime, latency_s=1.0, script=SCRIPT)
+    scheduler = Scheduler(
+        runtime,
+        [provider],
+        quotas={"llm": QuotaLimits(concurrency=2)},
+        retry=RetryPolicy(
+            backoff=ExponentialBackoff(base_s=1.0, cap_s=8.0), max_attempts=4, attempt_timeout_s=30
+        ),
+        rng=random.Random(7),
+    )
+
+    async def main():
+        handles = {}
+        clock = 0.0
+        for at, task_id, name in SUBMISSIONS:
+            await runtime.sleep(at - clock)
+            clock = at
+            handles[task_id] = scheduler.submit(
+                "llm", {"input": name}, task_id=task_id, cost_estimate=10, priority=Priority.BACKGROUND
+            )
+        await runtime.sleep(CANCEL_QUEUED_AT - clock)
+        assert scheduler.cancel("t-x")
+        await runtime.sleep(CANCEL_RUNNING_AT - CANCEL_QUEUED_AT)
+        assert scheduler.cancel("t-h")
+        records = {task_id: await h.wait() for task_id, h in handles.items()}
+        await scheduler.close()
+        return records
+
+    records = runtime.run(main())
+    calls = {name: provider.calls_for(name) for name in "abcdpfhx"}
+    return records, calls, provider
+
+
+EXPECTED = {
+    "t-a": (TaskStatus.SUCCEEDED, 1),
+    "t-b": (TaskStatus.SUCCEEDED, 2),
+    "t-c": (TaskStatus.SUCCEEDED, 3),
+    "t-p": (TaskStatus.FAILED, 3),
+    "t-d1": (TaskStatus.SUCCEEDED, 1),
+    "t-d2": (TaskStatus.DEDUPED, 0),
+    "t-f": (TaskStatus.FAILED, 1),
+    "t-h": (TaskStatus.CANCELLED, 1),
+    "t-x": (TaskStatus.CANCELLED, 0),
+}
+EXPECTED_CALLS = {"a": 1, "b": 2, "c": 3, "d": 1, "p": 3, "f": 1, "h": 1, "x": 0}
+
+
+def test_simpy_run_matches_the_script_exactly() -> None:
+    records, calls, provider = run_parity_scenario(SimPyRuntime())
+    assert {tid: (r.status, r.attempts) for tid, r in records.items()} == EXPECTED
+    assert calls == EXPECTED_CALLS
+    assert records["t-d2"].result == records["t-d1"].result == {"output": "done:d"}
+    assert records["t-d2"].deduped_from == "t-d1"
+    assert records["t-p"].error.startswith("SchemaViolationError")
+    assert provider.cancelled == ["h"]
+    # b's 429 (Retry-After 3 s at t=1.25) paused the whole lane: nobody started in (1.25, 4.25).
+    starts = [t for t, _, _ in provider.calls]
+    assert not any(1.25 < t < 4.25 for t in starts)
+    assert records["t-b"].finished_at == pytest.approx(5.25)
+
+
+def test_asyncio_run_matches_simpy_statuses_calls_and_times() -> None:
+    sim_records, sim_calls, _ = run_parity_scenario(SimPyRuntime())
+    live_records, live_calls, _ = run_parity_scenario(AsyncioRuntime(time_scale=0.02))
+    assert {t: (r.status, r.attempts) for t, r in live_records.items()} == {
+        t: (r.status, r.attempts) for t, r in sim_records.items()
+    }
+    assert live_calls == sim_calls
+    for task_id, sim in sim_records.items():
+        # 0.5 scheduler-seconds = 10 ms of wall time at this scale
+        assert live_records[task_id].finished_at == pytest.approx(sim.finished_at, abs=0.5), task_id
+
+
+def test_a_poison_key_is_remembered_and_not_sent_again() -> None:
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, script={"p": ["schema"]})
+    fallback_calls = []
+
+    async def fallback(record):
+        fallback_calls.append(record.id)
+        return {"output": "fallback"}
+
+    async def main():
+        scheduler = Scheduler(runtime, [provider], retry=RetryPolicy(backoff=ExponentialBackoff(0.1, 1.0)))
+        first = await scheduler.submit("llm", {"input": "p"}).wait()
+        second = await scheduler.submit("llm", {"input": "p"}).wait()
+        with_fallback = Scheduler(runtime, [provider], store=scheduler.store, poison_fallback=fallback)
+        third = await with_fallback.submit("llm", {"input": "p"}).wait()
+        return first, second, third
+
+    first, second, third = runtime.run(main())
+    assert first.status is TaskStatus.FAILED and first.attempts == 3
+    assert second.status is TaskStatus.FAILED and second.attempts == 0
+    assert second.error.startswith(PoisonInputError.__name__)
+    assert third.status is TaskStatus.SUCCEEDED and third.result == {"output": "fallback"}
+    assert provider.calls_for("p") == 3
+    assert len(fallback_calls) == 1
