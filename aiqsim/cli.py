@@ -1,16 +1,27 @@
 """The ``aiqsim`` command line: run and validate scenarios, sweep parameters.
 
-Bad input (a malformed scenario, an unknown override) prints one clear message and exits
-non-zero, without a traceback.
+Bad input (a malformed scenario, an unknown override, a bad grid) prints one clear message
+and exits with status 2, without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from aiqsim import __version__
+
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for; printed without a traceback."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,14 +30,211 @@ def build_parser() -> argparse.ArgumentParser:
         description="Schedule AI API calls safely; simulate scenarios on a virtual clock.",
     )
     parser.add_argument("--version", action="version", version=f"aiqsim {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser("run", help="simulate a scenario, print its summary, write tables and charts")
+    run.add_argument("scenario", help="scenario TOML file (see scenarios/)")
+    run.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
+    run.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario key, e.g. --set retry.base_s=0.5 (repeatable)",
+    )  # fmt: skip
+    run.add_argument("--out", type=Path, default=None, help="directory for CSV/Parquet tables and PNG charts")
+    run.add_argument("--format", choices=("csv", "parquet"), default="csv", help="table format (default csv)")
+    run.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
+
+    validate = commands.add_parser("validate", help="check a scenario file and report the first problem")
+    validate.add_argument("scenario", nargs="+", help="scenario TOML file(s)")
+
+    sweep = commands.add_parser("sweep", help="run a scenario over a parameter grid and seeds")
+    sweep.add_argument("scenario", help="scenario TOML file")
+    sweep.add_argument(
+        "--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+        help="a swept key and its values, e.g. --grid retry.base_s=0.1,0.5,2 (repeatable)",
+    )  # fmt: skip
+    sweep.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per grid point (default 3)")
+    sweep.add_argument("--out", type=Path, required=True, help="output file (.csv or .parquet)")
+    sweep.add_argument("--engine", choices=("local", "dask", "serial"), default="local")
+    sweep.add_argument("--address", default=None, help="dask scheduler address (default: a new LocalCluster)")
+    sweep.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     return parser
 
 
+# ---------------------------------------------------------------------- formatting
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if value.is_integer() and abs(value) < 1e12:
+            return f"{int(value):,}"
+        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def format_summary(summary: dict[str, Any], title: str = "") -> str:
+    """The summary as an aligned two-column table with each key's meaning."""
+    from aiqsim.sim.metrics import SUMMARY_KEYS
+
+    width = max(len(k) for k in summary)
+    lines = [title, "=" * max(len(title), 20)] if title else []
+    for key in [*SUMMARY_KEYS, *(k for k in summary if k not in SUMMARY_KEYS)]:
+        if key in summary:
+            meaning = SUMMARY_KEYS.get(key, "")
+            lines.append(f"{key:<{width}}  {_format_value(summary[key]):>12}  {meaning}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- commands
+def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    from aiqsim.sim.scenario import parse_override
+
+    result = {}
+    for text in pairs:
+        if "=" not in text:
+            raise UsageError(f"--set {text!r}: expected KEY=VALUE, e.g. retry.base_s=0.5")
+        key, value = parse_override(text)
+        result[key] = value
+    return result
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from aiqsim.sim.scenario import load_scenario
+    from aiqsim.sim.simulate import simulate
+
+    scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
+    started = time.perf_counter()
+    result = simulate(scenario, seed=args.seed)
+    wall = time.perf_counter() - started
+    print(format_summary(result.summary, f"{scenario.name} (seed {result.seed})"))
+    if scenario.description:
+        print(f"\n{scenario.description.strip()}")
+    print(f"\nsimulated {result.sim_time_s:,.1f} s in {wall:.2f} s of wall time")
+    if result.task_errors:
+        print(
+            f"warning: {len(result.task_errors)} internal task error(s): {result.task_errors[:3]}",
+            file=sys.stderr,
+        )
+    if args.out is not None:
+        written = write_outputs(result, args.out, table_format=args.format, charts=not args.no_charts)
+        print(f"wrote {len(written)} files to {args.out}/: {', '.join(p.name for p in written)}")
+    return 0
+
+
+def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: bool = True) -> list[Path]:
+    """Write the run's tables, summary and charts into ``out``; returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in ("tasks", "calls", "timeline"):
+        frame = getattr(result, name)
+        path = out / f"{name}.{table_format}"
+        if table_format == "parquet":
+            frame.to_parquet(path, index=False)
+        else:
+            frame.to_csv(path, index=False)
+        written.append(path)
+    summary_path = out / "summary.json"
+    summary_path.write_text(
+        json.dumps({"scenario": result.scenario.name, "seed": result.seed, **result.summary}, indent=2)
+        + "\n",
+        encoding="utf-8",
+    )
+    written.append(summary_path)
+    if charts:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from aiqsim.lab import charts as ch
+
+        figures = {
+            "retry_storm_timeline.png": ch.retry_storm_timeline(
+                result.timeline, title=f"{result.scenario.name}"
+            ),
+            "latency_cdf.png": ch.latency_cdf(
+                result.tasks[result.tasks["status"] != "rejected"], by="priority"
+            ),
+            "cost_duplication.png": ch.cost_breakdown(result.calls),
+        }
+        for name, figure in figures.items():
+            figure.savefig(out / name, dpi=110)
+            plt.close(figure)
+            written.append(out / name)
+    return written
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from aiqsim.sim.scenario import load_scenario
+
+    for path in args.scenario:
+        scenario = load_scenario(path)
+        print(
+            f"{path}: ok — {scenario.name!r}: {len(scenario.providers)} provider(s), "
+            f"{len(scenario.workloads)} workload(s), {len(scenario.crashes)} crash(es)"
+        )
+    return 0
+
+
+def _grid(pairs: Sequence[str]) -> dict[str, list[Any]]:
+    from aiqsim.sim.scenario import parse_override
+
+    grid: dict[str, list[Any]] = {}
+    for text in pairs:
+        key, sep, values = text.partition("=")
+        if not sep or not key or not values:
+            raise UsageError(f"--grid {text!r}: expected KEY=V1,V2,..., e.g. retry.base_s=0.1,0.5,2")
+        grid[key.strip()] = [parse_override(f"{key}={v.strip()}")[1] for v in values.split(",")]
+    return grid
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from aiqsim.sim.scenario import load_scenario
+    from aiqsim.sim.sweep import sweep
+
+    if args.seeds < 1:
+        raise UsageError("--seeds must be >= 1")
+    if args.out.suffix not in (".csv", ".parquet"):
+        raise UsageError(f"--out {args.out}: expected a .csv or .parquet file name")
+    scenario = load_scenario(args.scenario)
+    grid = _grid(args.grid)
+    for key, values in grid.items():  # validate every value before spending time
+        for value in values:
+            load_scenario(args.scenario, overrides={key: value})
+    frame = sweep(
+        scenario,
+        grid,
+        seeds=range(args.seeds),
+        engine=args.engine,
+        workers=args.workers,
+        address=args.address,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out.suffix == ".parquet":
+        frame.to_parquet(args.out, index=False)
+    else:
+        frame.to_csv(args.out, index=False)
+    print(f"wrote {len(frame)} rows ({len(frame.columns)} columns) to {args.out}")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "validate": cmd_validate, "sweep": cmd_sweep}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from aiqsim.sim.scenario import ScenarioError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return 2
-    return 0
+        return EXIT_BAD_INPUT
+    try:
+        return COMMANDS[args.command](args)
+    except (ScenarioError, UsageError) as error:
+        print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

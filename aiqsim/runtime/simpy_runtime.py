@@ -131,7 +131,8 @@ class SimTask:
             self._done.set_exception(cancelled)
             return
         except BaseException as error:
-            self._rt.task_errors.append((self.name, error))
+            if not self._done.callbacks:  # nobody is waiting for this task: do not lose the error
+                self._rt.task_errors.append((self.name, error))
             self._done.set_exception(error)
             return
         if not isinstance(yielded, simpy.Event):
@@ -201,7 +202,7 @@ class SimPyRuntime:
     def __init__(self, env: simpy.Environment | None = None) -> None:
         self.env = env if env is not None else simpy.Environment()
         self.task_errors: list[tuple[str | None, BaseException]] = []
-        """Exceptions that ended spawned tasks (other than cancellation), for tests and reports."""
+        """Exceptions that ended spawned tasks nobody was awaiting (cancellation excluded)."""
 
     def now(self) -> float:
         return self.env._now

@@ -1,0 +1,1 @@
+"""The tuning lab: charts and interactive widgets over simulation results and sweeps."""

@@ -1,0 +1,88 @@
+"""Crash injection: a store wrapper that kills the simulated process right after its k-th write."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.stores.base import TaskStore
+
+
+class SimulatedCrash(BaseException):
+    """The simulated process died here. A ``BaseException`` so that no ``except Exception``
+    in scheduler code can mistake it for a provider failure and carry on."""
+
+
+class CrashingStore:
+    """Passes every call to ``inner`` and counts writes; after write number ``crash_after``
+    (counted on a shared ``counter``) calls ``on_crash`` and raises :class:`SimulatedCrash`.
+
+    Once dead, every further write raises :class:`SimulatedCrash` too: a dead process writes
+    nothing. Reads keep working so post-mortem code can look around.
+    """
+
+    def __init__(
+        self,
+        inner: TaskStore,
+        *,
+        counter: list[int],
+        crash_points: set[int],
+        on_crash: Callable[[], None],
+    ) -> None:
+        self.inner = inner
+        self._counter = counter
+        self._crash_points = crash_points
+        self._on_crash = on_crash
+        self.dead = False
+
+    def _wrote(self) -> None:
+        self._counter[0] += 1
+        if self._counter[0] in self._crash_points:
+            self._crash_points.discard(self._counter[0])
+            self.dead = True
+            self._on_crash()
+            raise SimulatedCrash(f"crash after store write #{self._counter[0]}")
+
+    def _check_alive(self) -> None:
+        if self.dead:
+            raise SimulatedCrash("the process is dead")
+
+    def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
+        self._check_alive()
+        owner = self.inner.insert_and_claim(task)
+        self._wrote()
+        return owner
+
+    def claim(self, task: TaskRecord) -> TaskRecord:
+        self._check_alive()
+        owner = self.inner.claim(task)
+        self._wrote()
+        return owner
+
+    def update(self, task: TaskRecord) -> None:
+        self._check_alive()
+        self.inner.update(task)
+        self._wrote()
+
+    def record_poison(self, key: str, error: str, now: float) -> None:
+        self._check_alive()
+        self.inner.record_poison(key, error, now)
+        self._wrote()
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        return self.inner.get(task_id)
+
+    def owner_of(self, key: str) -> TaskRecord | None:
+        return self.inner.owner_of(key)
+
+    def list_by_status(self, *statuses: TaskStatus) -> list[TaskRecord]:
+        return self.inner.list_by_status(*statuses)
+
+    def poison_error(self, key: str) -> str | None:
+        return self.inner.poison_error(key)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __len__(self) -> int:
+        return len(self.inner.list_by_status())

@@ -1,0 +1,282 @@
+"""From flat simulation records to the numbers and tables a user reads.
+
+The summary is computed from plain records with numpy (fast enough for sweeps); the
+DataFrames are built only when asked for (pandas at the analysis edge).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.scheduler.events import AttemptRecord, QuotaSample, SchedulerEvent
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from aiqsim.sim.config import Scenario
+
+SUMMARY_KEYS: dict[str, str] = {
+    "tasks_submitted": "submissions the scheduler accepted (a task record exists)",
+    "tasks_rejected": "submissions refused at the door (queue depth limit)",
+    "tasks_succeeded": "tasks that ended succeeded (their own provider run produced the result)",
+    "tasks_failed": "tasks that ended failed (fatal, poison, retries exhausted, interrupted)",
+    "tasks_cancelled": "tasks that ended cancelled",
+    "tasks_deduped": "tasks that ended deduped (result shared from another run of the same key)",
+    "tasks_lost": "accepted tasks not terminal at the end of the run (should be 0)",
+    "attempts": "provider calls received by the providers (every attempt of every task)",
+    "retries": "attempts beyond the first per task (attempts - tasks that made any attempt)",
+    "rate_limited": "attempts the providers answered with 429",
+    "timeouts": "attempts the scheduler gave up on after attempt_timeout_s",
+    "billed_calls": "executions the providers billed",
+    "duplicate_billed_calls": "billed executions beyond the first for the same idempotency key",
+    "cost_total": "money billed by all providers",
+    "cost_duplicated": "money billed for duplicate executions",
+    "latency_p50_s": "median submit-to-terminal time over terminal tasks (s)",
+    "latency_p95_s": "95th percentile submit-to-terminal time (s)",
+    "latency_p99_s": "99th percentile submit-to-terminal time (s)",
+    "interactive_latency_p99_s": "99th percentile submit-to-terminal time of interactive tasks (s)",
+    "background_latency_p99_s": "99th percentile submit-to-terminal time of background tasks (s)",
+    "quota_utilization": "units executed / server quota units available while work was pending "
+    "(mean over providers with a server quota; NaN if none)",
+    "throughput_per_s": "tasks that ended succeeded or deduped per simulated second",
+    "sim_time_s": "virtual time at which the run ended (s)",
+    "crashes": "simulated process crashes",
+    "max_executions_per_key": "most provider executions for one idempotency key",
+}
+"""Every summary key with its definition (also the order of the summary table)."""
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def summarize(
+    scenario: Scenario,
+    records: Sequence[TaskRecord],
+    executions: Sequence[Any],
+    events: Sequence[SchedulerEvent],
+    *,
+    rejected: int,
+    sim_time_s: float,
+    crashes: int,
+) -> dict[str, float]:
+    """Compute :data:`SUMMARY_KEYS` from the final task records, the provider ledger and the events."""
+    counts = Counter(r.status for r in records)
+    latencies: dict[Priority | None, list[float]] = {
+        None: [],
+        Priority.INTERACTIVE: [],
+        Priority.BACKGROUND: [],
+    }
+    for r in records:
+        if r.status.is_terminal and r.finished_at is not None:
+            latency = r.finished_at - r.created_at
+            latencies[None].append(latency)
+            latencies[r.priority].append(latency)
+    attempts = len(executions)
+    tasks_attempted = len({e.task_id for e in executions})
+    billed = [e for e in executions if e.billed]
+    seen_keys: set[str] = set()
+    duplicate_billed = 0
+    cost_duplicated = 0.0
+    for e in sorted(billed, key=lambda e: e.start):
+        if e.key in seen_keys:
+            duplicate_billed += 1
+            cost_duplicated += e.cost
+        else:
+            seen_keys.add(e.key)
+    per_key = Counter(e.key for e in executions if e.outcome not in ("rate_limited", "replay"))
+    timeouts = sum(
+        1
+        for e in events
+        if isinstance(e, AttemptRecord) and e.outcome in ("ProviderTimeoutError", "TimeoutError")
+    )
+    done = counts[TaskStatus.SUCCEEDED] + counts[TaskStatus.DEDUPED]
+    return {
+        "tasks_submitted": len(records),
+        "tasks_rejected": rejected,
+        "tasks_succeeded": counts[TaskStatus.SUCCEEDED],
+        "tasks_failed": counts[TaskStatus.FAILED],
+        "tasks_cancelled": counts[TaskStatus.CANCELLED],
+        "tasks_deduped": counts[TaskStatus.DEDUPED],
+        "tasks_lost": sum(1 for r in records if not r.status.is_terminal),
+        "attempts": attempts,
+        "retries": attempts - tasks_attempted,
+        "rate_limited": sum(1 for e in executions if e.outcome == "rate_limited"),
+        "timeouts": timeouts,
+        "billed_calls": len(billed),
+        "duplicate_billed_calls": duplicate_billed,
+        "cost_total": float(sum(e.cost for e in billed)),
+        "cost_duplicated": cost_duplicated,
+        "latency_p50_s": _percentile(latencies[None], 50),
+        "latency_p95_s": _percentile(latencies[None], 95),
+        "latency_p99_s": _percentile(latencies[None], 99),
+        "interactive_latency_p99_s": _percentile(latencies[Priority.INTERACTIVE], 99),
+        "background_latency_p99_s": _percentile(latencies[Priority.BACKGROUND], 99),
+        "quota_utilization": quota_utilization(scenario, executions, records),
+        "throughput_per_s": done / sim_time_s if sim_time_s > 0 else math.nan,
+        "sim_time_s": sim_time_s,
+        "crashes": crashes,
+        "max_executions_per_key": max(per_key.values(), default=0),
+    }
+
+
+def quota_utilization(scenario: Scenario, executions: Sequence[Any], records: Sequence[TaskRecord]) -> float:
+    """Executed units over the server quota available while work was pending, averaged over providers.
+
+    "While work was pending" runs from the first submission to the last execution's end for that
+    provider, so idle tails after the workload do not count against utilisation.
+    """
+    ratios = []
+    for provider in scenario.providers:
+        mine = [
+            e
+            for e in executions
+            if e.provider == provider.name and e.outcome not in ("rate_limited", "replay")
+        ]
+        submitted = [r.created_at for r in records if r.provider == provider.name]
+        if not mine or not submitted:
+            continue
+        span = max(e.end for e in mine) - min(submitted)
+        if span <= 0:
+            continue
+        if provider.server_units_per_min is not None:
+            used = sum(e.units for e in mine)
+            ratios.append(used / (provider.server_units_per_min / 60.0 * span))
+        elif provider.server_requests_per_min is not None:
+            ratios.append(len(mine) / (provider.server_requests_per_min / 60.0 * span))
+    return float(np.mean(ratios)) if ratios else math.nan
+
+
+# ---------------------------------------------------------------------- DataFrames (analysis edge)
+def tasks_frame(records: Iterable[TaskRecord], rejected: Iterable[dict[str, Any]] = ()) -> pd.DataFrame:
+    """One row per task: ids, status, priority name, timestamps, attempts, wait and latency."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        rows.append(
+            {
+                "task_id": r.id,
+                "key": r.key,
+                "provider": r.provider,
+                "priority": Priority(r.priority).name.lower(),
+                "status": r.status.value,
+                "cost_estimate": r.cost_estimate,
+                "attempts": r.attempts,
+                "created_at": r.created_at,
+                "started_at": r.started_at,
+                "finished_at": r.finished_at,
+                "wait_s": None if r.started_at is None else r.started_at - r.created_at,
+                "latency_s": None if r.finished_at is None else r.finished_at - r.created_at,
+                "error": r.error,
+                "deduped_from": r.deduped_from,
+            }
+        )
+    rows.extend(rejected)
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        frame = frame.sort_values(["created_at", "task_id"], kind="stable").reset_index(drop=True)
+    return frame
+
+
+def calls_frame(executions: Sequence[Any], events: Sequence[SchedulerEvent]) -> pd.DataFrame:
+    """One row per provider attempt, from the providers' ledger, with the scheduler's view joined in."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        [
+            {
+                "provider": e.provider,
+                "task_id": e.task_id,
+                "key": e.key,
+                "attempt": e.attempt,
+                "start": e.start,
+                "end": e.end,
+                "outcome": e.outcome,
+                "billed": e.billed,
+                "cost": e.cost,
+                "units": e.units,
+                "response_lost": e.response_lost,
+            }
+            for e in executions
+        ],
+        columns=[
+            "provider", "task_id", "key", "attempt", "start", "end",
+            "outcome", "billed", "cost", "units", "response_lost",
+        ],
+    )  # fmt: skip
+    client = pd.DataFrame(
+        [
+            {
+                "task_id": a.task_id,
+                "attempt": a.attempt,
+                "client_outcome": a.outcome,
+                "decision": a.decision,
+                "delay_s": a.delay_s,
+            }
+            for a in events
+            if isinstance(a, AttemptRecord)
+        ],
+        columns=["task_id", "attempt", "client_outcome", "decision", "delay_s"],
+    ).drop_duplicates(["task_id", "attempt"], keep="last")
+    merged = frame.merge(client, on=["task_id", "attempt"], how="left")
+    return merged.sort_values(["start", "task_id"], kind="stable").reset_index(drop=True)
+
+
+def timeline_frame(
+    executions: Sequence[Any], events: Sequence[SchedulerEvent], step_s: float, end_s: float
+) -> pd.DataFrame:
+    """Per-interval, per-provider activity: attempts, 429s, successes, errors, billed calls,
+    client bucket levels, in-flight calls and queue depths (last sample in each interval)."""
+    import pandas as pd
+
+    bins = max(1, math.ceil(end_s / step_s)) if end_s > 0 else 1
+    providers = sorted(
+        {e.provider for e in executions} | {e.provider for e in events if isinstance(e, QuotaSample)}
+    )
+
+    def count(times: list[float]) -> np.ndarray:
+        if not times:
+            return np.zeros(bins, dtype=int)
+        slots = np.clip((np.asarray(times, dtype=float) / step_s).astype(int), 0, bins - 1)
+        return np.bincount(slots, minlength=bins)
+
+    frames = []
+    for provider in providers:
+        mine = [e for e in executions if e.provider == provider]
+        columns: dict[str, Any] = {"t": np.arange(bins) * step_s, "provider": provider}
+        columns["attempts"] = count([e.start for e in mine])
+        columns["rate_limited"] = count([e.start for e in mine if e.outcome == "rate_limited"])
+        columns["successes"] = count(
+            [e.end for e in mine if e.outcome in ("ok", "replay") and not e.response_lost]
+        )
+        columns["errors"] = count(
+            [e.end for e in mine if e.outcome not in ("ok", "replay", "rate_limited") or e.response_lost]
+        )
+        columns["billed"] = count([e.start for e in mine if e.billed])
+        samples = [e for e in events if isinstance(e, QuotaSample) and e.provider == provider]
+        for attr in (
+            "tokens_level",
+            "requests_level",
+            "in_flight",
+            "queued_interactive",
+            "queued_background",
+        ):
+            values = np.full(bins, np.nan)
+            for sample in samples:
+                values[min(bins - 1, int(sample.time / step_s))] = getattr(sample, attr)
+            columns[attr] = pd.Series(values).ffill().to_numpy()
+        frames.append(pd.DataFrame(columns))
+    if not frames:
+        return pd.DataFrame(
+            columns=["t", "provider", "attempts", "rate_limited", "successes", "errors", "billed"]
+        )
+    return pd.concat(frames, ignore_index=True)

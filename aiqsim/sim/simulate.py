@@ -1,0 +1,354 @@
+"""Run a scenario on the SimPy virtual clock with the production scheduler.
+
+Nothing here makes a scheduling decision: the harness builds the real
+:class:`~aiqsim.scheduler.Scheduler` on a :class:`~aiqsim.runtime.SimPyRuntime`, feeds it
+the scenario's arrivals, kills and restarts it where the scenario says, and collects the
+records. Every random stream is derived from the seed, so a run replays exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiqsim.core.backoff import backoff_from_name
+from aiqsim.core.failures import describe_error
+from aiqsim.core.task import Priority, TaskRecord
+from aiqsim.core.token_bucket import QuotaLimits
+from aiqsim.runtime.simpy_runtime import SimPyRuntime
+from aiqsim.runtime.sync import Signal
+from aiqsim.scheduler.dispatch import dispatch_policy_from_name
+from aiqsim.scheduler.events import SchedulerEvent
+from aiqsim.scheduler.retry import RetryPolicy
+from aiqsim.scheduler.scheduler import QueueFullError, RecoveryReport, Scheduler
+from aiqsim.sim import metrics
+from aiqsim.sim.config import Scenario
+from aiqsim.sim.crash import CrashingStore, SimulatedCrash
+from aiqsim.stores.base import TaskStore
+from aiqsim.stores.memory import MemoryStore
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from aiqsim.sim.workloads import Arrival
+
+
+class SimulationResult:
+    """Outcome of one simulated run: ``summary`` (dict) and DataFrames ``tasks``, ``calls``, ``timeline``.
+
+    The DataFrames are built on first access; ``records``, ``executions`` and ``events`` hold the
+    raw flat records they come from.
+    """
+
+    def __init__(
+        self,
+        *,
+        scenario: Scenario,
+        seed: int,
+        records: list[TaskRecord],
+        rejected: list[dict[str, Any]],
+        executions: list[Any],
+        events: list[SchedulerEvent],
+        recoveries: list[RecoveryReport],
+        task_errors: list[str],
+        sim_time_s: float,
+    ) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.records = records
+        self.rejected = rejected
+        self.executions = executions
+        self.events = events
+        self.recoveries = recoveries
+        self.task_errors = task_errors
+        self.sim_time_s = sim_time_s
+        self.summary: dict[str, float] = metrics.summarize(
+            scenario,
+            records,
+            executions,
+            events,
+            rejected=len(rejected),
+            sim_time_s=sim_time_s,
+            crashes=len(recoveries),
+        )
+
+    @cached_property
+    def tasks(self) -> pd.DataFrame:
+        """One row per task (rejected submissions included with status ``rejected``)."""
+        return metrics.tasks_frame(self.records, self.rejected)
+
+    @cached_property
+    def calls(self) -> pd.DataFrame:
+        """One row per provider attempt: start, end, outcome, billed, cost, and the scheduler's decision."""
+        return metrics.calls_frame(self.executions, self.events)
+
+    @cached_property
+    def timeline(self) -> pd.DataFrame:
+        """Per-interval, per-provider attempt counts, 429s, successes, bucket levels and queue depths."""
+        return metrics.timeline_frame(
+            self.executions, self.events, self.scenario.timeline_step_s, max(self.sim_time_s, 1e-9)
+        )
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (
+            f"<SimulationResult {self.scenario.name!r} seed={self.seed}: {s['tasks_submitted']} tasks, "
+            f"{s['attempts']} attempts, {s['tasks_lost']} lost, sim {s['sim_time_s']:.1f}s>"
+        )
+
+
+def quota_limits(scenario: Scenario) -> dict[str, QuotaLimits]:
+    """The scheduler's client-side limits from the scenario's ``[quotas.*]`` tables."""
+    return {
+        name: QuotaLimits(
+            requests_per_min=q.requests_per_min,
+            tokens_per_min=q.units_per_min,
+            concurrency=q.concurrency,
+            request_burst=q.request_burst,
+            token_burst=q.unit_burst,
+        )
+        for name, q in scenario.quotas.items()
+    }
+
+
+def retry_policy(scenario: Scenario) -> RetryPolicy:
+    """The scheduler's retry policy from the scenario's ``[retry]`` table."""
+    r = scenario.retry
+    return RetryPolicy(
+        backoff=backoff_from_name(r.strategy, r.base_s, r.cap_s),
+        max_attempts=r.max_attempts,
+        attempt_timeout_s=r.attempt_timeout_s,
+        honour_retry_after=r.honour_retry_after,
+    )
+
+
+def simulate(
+    scenario: Scenario | str | Path,
+    seed: int | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    workdir: str | Path | None = None,
+) -> SimulationResult:
+    """Run ``scenario`` (a :class:`Scenario` or a path to a TOML file) and return its result.
+
+    ``seed`` defaults to the scenario's. ``overrides`` are dotted keys applied with the same
+    validation as the file (``{"retry.base_s": 0.5}``). File-backed stores live in
+    ``workdir`` (a temporary directory, removed afterwards, by default).
+    """
+    from aiqsim.sim.scenario import load_scenario, parse_scenario, scenario_to_dict
+
+    if not isinstance(scenario, Scenario):
+        scenario = load_scenario(scenario, overrides=overrides)
+    elif overrides:
+        from aiqsim.sim.scenario import apply_overrides
+
+        scenario = parse_scenario(
+            apply_overrides(scenario_to_dict(scenario), overrides), source=scenario.source or scenario.name
+        )
+    seed = scenario.seed if seed is None else int(seed)
+    own_dir = workdir is None and scenario.store.kind != "memory" and scenario.store.path is None
+    directory = Path(tempfile.mkdtemp(prefix="aiqsim-")) if own_dir else Path(workdir or ".")
+    try:
+        return _Run(scenario, seed, directory).execute()
+    finally:
+        if own_dir:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+class _Run:
+    """One simulation: the harness around the real scheduler (process life, crashes, restarts)."""
+
+    def __init__(self, scenario: Scenario, seed: int, directory: Path) -> None:
+        from aiqsim.sim.providers import ProviderLedger, SimulatedProvider
+        from aiqsim.sim.workloads import generate_arrivals
+
+        self.scenario = scenario
+        self.seed = seed
+        self.directory = directory
+        self.runtime = SimPyRuntime()
+        self.ledger = ProviderLedger()
+        self.providers = [
+            SimulatedProvider(self.runtime, p, random.Random(f"{seed}:provider:{p.name}"), self.ledger)
+            for p in scenario.providers
+        ]
+        self.arrivals: list[Arrival] = generate_arrivals(scenario, random.Random(f"{seed}:workload"))
+        self.events: list[SchedulerEvent] = []
+        self.rejected: list[dict[str, Any]] = []
+        self.recoveries: list[RecoveryReport] = []
+        self.write_counter = [0]
+        self.crash_points = {c.after_writes for c in scenario.crashes if c.after_writes is not None}
+        self.crash_configs = {c.after_writes: c for c in scenario.crashes if c.after_writes is not None}
+        self.incarnation = 0
+        self.down = False
+        self.backlog: list[Arrival] = []
+        self.changed = Signal(self.runtime)
+        self.raw_store: TaskStore = self._open_store()
+        self.scheduler = self._new_scheduler()
+
+    # -- process life ------------------------------------------------------------------------
+    def _store_path(self) -> Path:
+        cfg = self.scenario.store
+        if cfg.path is not None:
+            return Path(cfg.path)
+        return self.directory / ("tasks.json" if cfg.kind == "json" else "tasks.sqlite3")
+
+    def _open_store(self) -> TaskStore:
+        kind = self.scenario.store.kind
+        if kind == "memory":
+            existing = getattr(self, "raw_store", None)
+            return existing if existing is not None else MemoryStore()
+        from aiqsim.stores import open_store
+
+        return open_store(kind, self._store_path())
+
+    def _new_scheduler(self) -> Scheduler:
+        scenario = self.scenario
+        store = CrashingStore(
+            self.raw_store,
+            counter=self.write_counter,
+            crash_points=self.crash_points,
+            on_crash=self._on_write_crash,
+        )
+        self.store = store
+        return Scheduler(
+            self.runtime,
+            self.providers,
+            quotas=quota_limits(scenario),
+            store=store,
+            dispatch=dispatch_policy_from_name(
+                scenario.dispatch.policy, max_wait_s=scenario.dispatch.max_wait_s
+            ),
+            retry=retry_policy(scenario),
+            interactive_limit=scenario.dispatch.interactive_limit,
+            background_limit=scenario.dispatch.background_limit,
+            rng=random.Random(f"{self.seed}:scheduler:{self.incarnation}"),
+            events=self.events.append,
+        )
+
+    def _on_write_crash(self) -> None:
+        config = self.crash_configs[self.write_counter[0]]
+        self._crash(config.restart_after_s, config.torn_write)
+
+    def _crash(self, restart_after_s: float, torn_write: bool) -> None:
+        if self.down:
+            return
+        self.down = True
+        self.store.dead = True
+        self.scheduler.crash()
+        self.runtime.spawn(self._restart_later(restart_after_s, torn_write), name="restart")
+
+    async def _crash_at(self, at_s: float, restart_after_s: float, torn_write: bool) -> None:
+        await self.runtime.sleep(max(0.0, at_s - self.runtime.now()))
+        self._crash(restart_after_s, torn_write)
+
+    async def _restart_later(self, delay: float, torn_write: bool) -> None:
+        if self.scenario.store.kind != "memory":
+            self.raw_store.close()
+            if torn_write and self.scenario.store.kind == "json":
+                path = self._store_path()
+                torn = path.with_name(path.name + ".tmp")
+                torn.write_text(
+                    '{"format": "aiqsim-taskstore", "version": 1, "tasks": [{"id": "', encoding="utf-8"
+                )
+        await self.runtime.sleep(delay)
+        self.incarnation += 1
+        self.raw_store = self._open_store()
+        self.scheduler = self._new_scheduler()
+        self.down = False
+        try:
+            self.recoveries.append(
+                await self.scheduler.recover(requeue_interrupted=self.scenario.store.requeue_interrupted)
+            )
+            backlog, self.backlog = self.backlog, []
+            for arrival in backlog:
+                self._offer(arrival)
+        except SimulatedCrash:
+            pass  # crashed again during recovery; the next restart takes over
+        self.changed.notify()
+
+    # -- workload ----------------------------------------------------------------------------
+    def _offer(self, arrival: Arrival) -> None:
+        if self.down:
+            self.backlog.append(arrival)
+            return
+        try:
+            self.scheduler.submit(
+                arrival.provider,
+                arrival.payload,
+                provider=arrival.provider,
+                priority=Priority.INTERACTIVE if arrival.priority == "interactive" else Priority.BACKGROUND,
+                cost_estimate=arrival.cost_estimate,
+                task_id=arrival.task_id,
+            )
+        except QueueFullError:
+            self.rejected.append(
+                {
+                    "task_id": arrival.task_id,
+                    "provider": arrival.provider,
+                    "priority": arrival.priority,
+                    "status": "rejected",
+                    "cost_estimate": arrival.cost_estimate,
+                    "attempts": 0,
+                    "created_at": arrival.time,
+                }
+            )
+        except SimulatedCrash:
+            pass  # the record was written (or not) before the crash; recovery decides
+
+    async def _notify_when_idle(self, scheduler: Scheduler) -> None:
+        await scheduler.join()
+        self.changed.notify()
+
+    async def _main(self) -> None:
+        runtime = self.runtime
+        for crash in self.scenario.crashes:
+            if crash.at_s is not None:
+                runtime.spawn(
+                    self._crash_at(crash.at_s, crash.restart_after_s, crash.torn_write), name="crash"
+                )
+        for arrival in self.arrivals:
+            delay = arrival.time - runtime.now()
+            if delay > 0:
+                await runtime.sleep(delay)
+            self._offer(arrival)
+        while self.down or self.scheduler.in_flight:
+            if not self.down:
+                runtime.spawn(self._notify_when_idle(self.scheduler), name="idle-watch")
+            await self.changed.wait()
+
+    def execute(self) -> SimulationResult:
+        horizon = self.scenario.duration_s + self.scenario.drain_s
+        try:
+            self.runtime.run(self._main(), until=horizon)
+        except BaseException as error:  # the main task was cut at the horizon
+            from aiqsim.runtime.protocol import Cancelled
+
+            if not isinstance(error, Cancelled):
+                raise
+        sim_time = self.runtime.now()
+        if self.down and self.scenario.store.kind != "memory":
+            self.raw_store = self._open_store()  # the run ended while the process was down
+        records = self.raw_store.list_by_status()
+        errors = [
+            f"{name}: {describe_error(err)}"
+            for name, err in self.runtime.task_errors
+            if not isinstance(err, SimulatedCrash)
+        ]
+        if self.scenario.store.kind != "memory":
+            self.raw_store.close()
+        return SimulationResult(
+            scenario=self.scenario,
+            seed=self.seed,
+            records=records,
+            rejected=self.rejected,
+            executions=list(self.ledger.executions),
+            events=self.events,
+            recoveries=self.recoveries,
+            task_errors=errors,
+            sim_time_s=sim_time,
+        )

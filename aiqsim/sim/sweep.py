@@ -1,0 +1,172 @@
+"""Parameter sweeps: every grid point times every seed, on local processes or a Dask cluster.
+
+Each run is ``simulate(scenario with the point's overrides, seed)``, deterministic from
+(point, seed), so the same sweep gives the same rows on any engine and in any order of
+completion. Rows come back ordered by grid point, then seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from aiqsim.lab.progress import Progress
+from aiqsim.sim.config import Scenario
+
+ENGINES = ("local", "dask", "serial")
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailure:
+    """One sweep run that raised: where in the grid, which seed, what went wrong."""
+
+    point: dict[str, Any]
+    seed: int
+    error: str
+
+
+class SweepError(RuntimeError):
+    """Some runs failed. ``failures`` says which; ``results`` holds the rows of the runs that worked."""
+
+    def __init__(self, failures: list[RunFailure], results: pd.DataFrame) -> None:
+        lines = [f"  {f.point} seed={f.seed}: {f.error}" for f in failures[:10]]
+        more = f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""
+        super().__init__(f"{len(failures)} sweep run(s) failed:\n" + "\n".join(lines) + more)
+        self.failures = failures
+        self.results = results
+
+
+def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """The cartesian product of the grid, in the order the keys and values were given."""
+    for key, values in grid.items():
+        if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+            raise ValueError(f"grid[{key!r}] must be a list of values, got {values!r}")
+        if len(list(values)) == 0:
+            raise ValueError(f"grid[{key!r}] is empty")
+    keys = list(grid)
+    return [
+        dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(list(grid[k]) for k in keys))
+    ]
+
+
+def run_point(scenario: Scenario, point: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """One sweep row: the point's values, the seed, and every summary key of the run."""
+    from aiqsim.sim.simulate import simulate
+
+    result = simulate(scenario, seed=seed, overrides=dict(point) or None)
+    return {**point, "seed": seed, **result.summary}
+
+
+def _safe_run(
+    scenario: Scenario, point: dict[str, Any], seed: int
+) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        return run_point(scenario, point, seed), None
+    except Exception as error:  # reported with its point and seed, never swallowed
+        return None, f"{type(error).__name__}: {error}"
+
+
+def sweep(
+    scenario: Scenario | str | Path,
+    grid: Mapping[str, Sequence[Any]],
+    seeds: Iterable[int] = range(1),
+    *,
+    engine: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run ``scenario`` at every grid point for every seed; one DataFrame row per run.
+
+    ``grid`` maps dotted scenario keys to the values to try, e.g.
+    ``{"retry.base_s": [0.1, 0.5, 2.0], "dispatch.policy": ["fifo", "sjf"]}``.
+    ``engine="local"`` uses ``workers`` processes (all cores by default), ``"serial"`` runs in
+    this process, ``"dask"`` submits to the ``dask.distributed`` scheduler at ``address`` (or a
+    new LocalCluster). Raises :class:`SweepError` listing the failed (point, seed) pairs.
+    """
+    from aiqsim.sim.scenario import load_scenario
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+    if not isinstance(scenario, Scenario):
+        scenario = load_scenario(scenario)
+    points = grid_points(grid) if grid else [{}]
+    jobs = [(index, point, int(seed)) for index, point in enumerate(points) for seed in seeds]
+    if not jobs:
+        raise ValueError("nothing to run: no seeds given")
+    bar = Progress(len(jobs), label=f"sweep {scenario.name}", enabled=progress)
+    outcomes: dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]] = {}
+    if engine == "serial":
+        for index, point, seed in jobs:
+            outcomes[(index, seed)] = _safe_run(scenario, point, seed)
+            bar.advance(failed=outcomes[(index, seed)][1] is not None)
+    elif engine == "local":
+        count = workers or os.cpu_count() or 1
+        with ProcessPoolExecutor(max_workers=min(count, len(jobs))) as pool:
+            futures = {
+                pool.submit(_safe_run, scenario, point, seed): (index, seed) for index, point, seed in jobs
+            }
+            for future in as_completed(futures):
+                outcomes[futures[future]] = future.result()
+                bar.advance(failed=outcomes[futures[future]][1] is not None)
+    else:
+        outcomes = _run_on_dask(scenario, jobs, address=address, workers=workers, bar=bar)
+    rows, failures = [], []
+    for index, point, seed in jobs:
+        row, error = outcomes[(index, seed)]
+        if error is not None:
+            failures.append(RunFailure(point=point, seed=seed, error=error))
+        else:
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    if failures:
+        raise SweepError(failures, frame)
+    return frame
+
+
+def _run_on_dask(
+    scenario: Scenario,
+    jobs: list[tuple[int, dict[str, Any], int]],
+    *,
+    address: str | None,
+    workers: int | None,
+    bar: Progress,
+) -> dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]]:
+    try:
+        from dask.distributed import Client, LocalCluster
+        from dask.distributed import as_completed as dask_completed
+    except ImportError as error:  # pragma: no cover - depends on the install
+        raise RuntimeError("engine='dask' needs dask[distributed]: pip install 'aiqsim[dask]'") from error
+    cluster = None
+    if address is None:
+        cluster = LocalCluster(
+            n_workers=workers or os.cpu_count() or 1,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+        )
+        client = Client(cluster)
+    else:
+        client = Client(address)
+    try:
+        scattered = client.scatter(scenario, broadcast=True)
+        futures = {
+            client.submit(_safe_run, scattered, point, seed, pure=False): (index, seed)
+            for index, point, seed in jobs
+        }
+        outcomes = {}
+        for future in dask_completed(futures):
+            outcomes[futures[future]] = future.result()
+            bar.advance(failed=outcomes[futures[future]][1] is not None)
+        return outcomes
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
