@@ -1,6 +1,50 @@
-"""Task stores: where task records, idempotency claims and poison keys live."""
+"""Task stores: where task records, idempotency claims and poison keys live.
 
-from aiqsim.stores.base import StoreCorruptError, TaskStore, claim_owner
+- :class:`MemoryStore`: in-process dict; fastest, survives only simulated crashes.
+- :class:`SqliteStore`: the default durable store; one SQLite file shared safely by processes.
+- :class:`JsonFileStore`: a human-readable JSON snapshot plus journal; single process only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from aiqsim.stores.base import (
+    StoreClosedError,
+    StoreCorruptError,
+    StoreLockedError,
+    TaskStore,
+    claim_owner,
+)
+from aiqsim.stores.json_file import JsonFileStore
 from aiqsim.stores.memory import MemoryStore
+from aiqsim.stores.sqlite import SqliteStore
 
-__all__ = ["MemoryStore", "StoreCorruptError", "TaskStore", "claim_owner"]
+STORE_KINDS = ("memory", "json", "sqlite")
+
+
+def open_store(kind: str, path: str | os.PathLike[str] | None = None) -> TaskStore:
+    """Open a store by name: ``"memory"`` (no path), ``"json"`` or ``"sqlite"`` (path required)."""
+    if kind == "memory":
+        if path is not None:
+            raise ValueError("the memory store keeps nothing on disk; do not pass a path")
+        return MemoryStore()
+    if kind not in STORE_KINDS:
+        raise ValueError(f"unknown store kind {kind!r}; expected one of {STORE_KINDS}")
+    if path is None:
+        raise ValueError(f"the {kind} store needs a file path")
+    return JsonFileStore(path) if kind == "json" else SqliteStore(path)
+
+
+__all__ = [
+    "STORE_KINDS",
+    "JsonFileStore",
+    "MemoryStore",
+    "SqliteStore",
+    "StoreClosedError",
+    "StoreCorruptError",
+    "StoreLockedError",
+    "TaskStore",
+    "claim_owner",
+    "open_store",
+]

@@ -6,10 +6,11 @@ write is one transaction. Every method that changes state is atomic on its own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 
 LIVE_OWNER_STATUSES = frozenset({TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.SUCCEEDED})
 """An owner in one of these states keeps its key; a failed or cancelled owner gives it up."""
@@ -17,6 +18,14 @@ LIVE_OWNER_STATUSES = frozenset({TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStat
 
 class StoreCorruptError(RuntimeError):
     """A state file that cannot be trusted. The file is left untouched."""
+
+
+class StoreLockedError(RuntimeError):
+    """Another process holds a single-process store (e.g. a JSON state file) open."""
+
+
+class StoreClosedError(RuntimeError):
+    """A store was used after :meth:`TaskStore.close`."""
 
 
 @runtime_checkable
@@ -74,3 +83,56 @@ def count_by_status(records: Iterable[TaskRecord]) -> dict[TaskStatus, int]:
     for record in records:
         counts[record.status] += 1
     return counts
+
+
+_TEXT_FIELDS = ("id", "key", "kind", "provider")
+_NUMBER_FIELDS = ("cost_estimate", "created_at", "updated_at")
+_OPTIONAL_NUMBER_FIELDS = ("started_at", "finished_at")
+_OPTIONAL_TEXT_FIELDS = ("error", "deduped_from")
+_STATUS_VALUES = frozenset(status.value for status in TaskStatus)
+_PRIORITY_VALUES = frozenset(int(priority) for priority in Priority)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def record_problem(data: Any) -> str | None:
+    """Why ``data`` is not a valid stored task record (``None`` when it is).
+
+    Stricter than :meth:`TaskRecord.from_dict`, which coerces: a durable store must refuse a
+    hand-edited ``"id": 7`` or ``"status": "done"`` instead of silently reinterpreting it.
+    """
+    if not isinstance(data, dict):
+        return f"a task record must be a JSON object, got {type(data).__name__}"
+    for name in _TEXT_FIELDS:
+        if not isinstance(data.get(name), str) or not data[name]:
+            return f"field {name!r} must be a non-empty string, got {data.get(name)!r}"
+    if data.get("status") not in _STATUS_VALUES:
+        return f"invalid status {data.get('status')!r} (expected one of {sorted(_STATUS_VALUES)})"
+    priority = data.get("priority")
+    if isinstance(priority, bool) or priority not in _PRIORITY_VALUES:
+        return f"invalid priority {priority!r} (expected one of {sorted(_PRIORITY_VALUES)})"
+    attempts = data.get("attempts")
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 0:
+        return f"field 'attempts' must be a non-negative integer, got {attempts!r}"
+    for name in _NUMBER_FIELDS:
+        if not _is_number(data.get(name)):
+            return f"field {name!r} must be a number, got {data.get(name)!r}"
+    for name in _OPTIONAL_NUMBER_FIELDS:
+        if data.get(name) is not None and not _is_number(data[name]):
+            return f"field {name!r} must be a number or null, got {data[name]!r}"
+    for name in _OPTIONAL_TEXT_FIELDS:
+        if data.get(name) is not None and not isinstance(data[name], str):
+            return f"field {name!r} must be a string or null, got {data[name]!r}"
+    return None
+
+
+def record_from_stored(data: Any, source: str) -> TaskRecord:
+    """Decode a stored record strictly; raise :class:`StoreCorruptError` naming ``source`` if invalid."""
+    problem = record_problem(data)
+    if problem is not None:
+        task_id = data.get("id") if isinstance(data, dict) else None
+        where = f"{source}: task {task_id!r}" if isinstance(task_id, str) else source
+        raise StoreCorruptError(f"{where}: {problem}")
+    return TaskRecord.from_dict(data)

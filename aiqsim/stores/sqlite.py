@@ -1,0 +1,399 @@
+"""The default durable task store: one SQLite file, shareable between processes.
+
+Schema (version 1, kept in ``PRAGMA user_version``): ``tasks`` (one row per task, ``seq`` gives
+insertion order, payload/result as JSON text), ``keys`` (idempotency key -> owning task id) and
+``poison`` (keys whose input poisons the provider).
+
+Concurrency: every write is one ``BEGIN IMMEDIATE`` transaction, so it takes SQLite's write lock
+up front and never fails half-way on a lock upgrade. A claim is ``INSERT ... ON CONFLICT DO
+NOTHING`` on ``keys`` inside that transaction; when the key is taken, the current owner is read
+and replaced only if :func:`~aiqsim.stores.base.claim_owner` says so (a failed or cancelled
+owner). Two processes racing on one key therefore get exactly one owner. ``busy_timeout`` makes
+a process wait for the other's transaction instead of failing with "database is locked".
+
+Durability: WAL journal with ``synchronous=FULL`` by default. In WAL mode ``NORMAL`` survives a
+killed process but may roll back the last commits on power loss or an OS crash, and a lost
+``running`` or ``succeeded`` write is exactly what makes a task run (and bill) twice. FULL costs
+one fsync of the WAL per transition (see ``benchmarks/RESULTS.md``); pass ``synchronous="NORMAL"``
+where that trade is acceptable, ``"OFF"`` only for bulk loads.
+
+Opening never writes to a file it has not validated: a non-database, a truncated or
+malformed file, a wrong schema version or an invalid row raises
+:class:`~aiqsim.stores.base.StoreCorruptError` and the file stays byte-for-byte as it was.
+A new store file is built under a temp name and linked into place, so a crash during creation
+never leaves a half-initialised store behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.stores.base import StoreClosedError, StoreCorruptError, claim_owner, record_from_stored
+
+SCHEMA_VERSION = 1
+FILE_MODE = 0o600
+DEFAULT_BUSY_TIMEOUT_S = 30.0
+SYNCHRONOUS_LEVELS = ("OFF", "NORMAL", "FULL", "EXTRA")
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+COLUMNS = (
+    "id",
+    "key",
+    "kind",
+    "provider",
+    "priority",
+    "status",
+    "cost_estimate",
+    "attempts",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "payload",
+    "result",
+    "error",
+    "deduped_from",
+)
+_JSON_COLUMNS = frozenset({"payload", "result"})
+_SELECT = "SELECT " + ", ".join(f"t.{name}" for name in COLUMNS) + " FROM tasks t"
+
+SCHEMA = """
+CREATE TABLE tasks (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    key TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    cost_estimate REAL NOT NULL,
+    attempts INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    payload TEXT NOT NULL,
+    result TEXT NOT NULL,
+    error TEXT,
+    deduped_from TEXT
+);
+CREATE INDEX tasks_by_status ON tasks (status, seq);
+CREATE TABLE keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE poison (key TEXT PRIMARY KEY, error TEXT NOT NULL, recorded_at REAL NOT NULL) WITHOUT ROWID;
+"""
+
+EXPECTED_TABLES = {
+    "tasks": ("seq", *COLUMNS),
+    "keys": ("key", "owner_id"),
+    "poison": ("key", "error", "recorded_at"),
+}
+
+_NUMBER = "('real', 'integer')"
+_SUSPECT_ROWS = f"""
+SELECT seq FROM tasks WHERE
+    typeof(id) != 'text' OR typeof(key) != 'text' OR typeof(kind) != 'text' OR typeof(provider) != 'text'
+    OR status NOT IN ({", ".join(f"'{status.value}'" for status in TaskStatus)})
+    OR typeof(priority) != 'integer' OR priority NOT IN ({", ".join(str(int(p)) for p in Priority)})
+    OR typeof(attempts) != 'integer' OR attempts < 0
+    OR typeof(cost_estimate) NOT IN {_NUMBER} OR typeof(created_at) NOT IN {_NUMBER}
+    OR typeof(updated_at) NOT IN {_NUMBER}
+    OR typeof(started_at) NOT IN ('real', 'integer', 'null')
+    OR typeof(finished_at) NOT IN ('real', 'integer', 'null')
+    OR typeof(error) NOT IN ('text', 'null') OR typeof(deduped_from) NOT IN ('text', 'null')
+    OR typeof(payload) != 'text' OR typeof(result) != 'text'
+    OR json_valid(payload) = 0 OR json_valid(result) = 0
+ORDER BY seq
+"""
+_BAD_KEY = """
+SELECT k.key, k.owner_id FROM keys k LEFT JOIN tasks t ON t.id = k.owner_id
+WHERE t.id IS NULL OR t.key != k.key LIMIT 1
+"""
+_BAD_POISON = f"""
+SELECT key FROM poison
+WHERE typeof(key) != 'text' OR typeof(error) != 'text' OR typeof(recorded_at) NOT IN {_NUMBER} LIMIT 1
+"""
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class SqliteStore:
+    """:class:`~aiqsim.stores.base.TaskStore` in an SQLite file (WAL), safe for several processes.
+
+    Parameters:
+        path: the database file; created (empty store, mode 0600) if absent.
+        synchronous: SQLite ``synchronous`` level, ``"FULL"`` by default (see module docs).
+        busy_timeout_s: how long a write waits for another process's transaction.
+        validate: scan every row on open (default). Costs O(rows) once per open.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "FULL",
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+        validate: bool = True,
+    ) -> None:
+        synchronous = synchronous.upper()
+        if synchronous not in SYNCHRONOUS_LEVELS:
+            raise ValueError(f"synchronous must be one of {SYNCHRONOUS_LEVELS}, got {synchronous!r}")
+        if not busy_timeout_s >= 0:
+            raise ValueError(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
+        self.path = Path(path)
+        self.synchronous = synchronous
+        self.busy_timeout_s = busy_timeout_s
+        self._closed = False
+        self._remove_stale_temps()
+        if not self.path.exists():
+            self._create()
+        self._check_header()
+        self._conn = self._connect(self.path)
+        try:
+            self._validate(full=validate)
+            mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreCorruptError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
+            self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # ------------------------------------------------------------------ opening
+    def _connect(self, path: Path) -> sqlite3.Connection:
+        uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=rw"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self.busy_timeout_s)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        return conn
+
+    def _temp_prefix(self) -> str:
+        return f".{self.path.name}.tmp-"
+
+    def _remove_stale_temps(self) -> None:
+        """Remove temp files of a creation interrupted by a crash (their creator is gone)."""
+        for temp in self.path.parent.glob(self._temp_prefix() + "*"):
+            pid_text = temp.name[len(self._temp_prefix()) :].split("-", 1)[0]
+            if not pid_text.isdigit() or int(pid_text) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid_text), 0)
+            except ProcessLookupError:
+                temp.unlink(missing_ok=True)
+            except PermissionError:
+                pass  # alive, owned by someone else
+
+    def _create(self) -> None:
+        """Build an empty store under a temp name, then link it into place (first creator wins)."""
+        temp = self.path.with_name(f"{self._temp_prefix()}{os.getpid()}-{id(self):x}")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        os.close(fd)
+        try:
+            conn = self._connect(temp)
+            try:
+                conn.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+                conn.execute("PRAGMA journal_mode = WAL")
+            finally:
+                conn.close()
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with contextlib.suppress(FileExistsError):  # another process created it first: use theirs
+                os.link(temp, self.path)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        finally:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(str(temp) + suffix).unlink(missing_ok=True)
+
+    def _corrupt(self, problem: str) -> StoreCorruptError:
+        return StoreCorruptError(f"{self.path}: {problem}; the file was left untouched")
+
+    def _check_header(self) -> None:
+        try:
+            with open(self.path, "rb") as handle:
+                header = handle.read(len(SQLITE_HEADER))
+        except OSError as error:
+            raise self._corrupt(f"cannot be read ({error.strerror or error})") from error
+        if not header:
+            raise self._corrupt("empty file (truncated?); expected an SQLite task store")
+        if header != SQLITE_HEADER:
+            raise self._corrupt("not an SQLite database")
+
+    def _validate(self, *, full: bool) -> None:
+        """Refuse anything but an intact version-1 task store, without writing a byte."""
+        conn = self._conn
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                hint = " (written by a newer aiqsim)" if version > SCHEMA_VERSION else ""
+                raise self._corrupt(
+                    f"schema version {version}{hint}; this build reads {SCHEMA_VERSION} "
+                    "(user_version 0 means not an aiqsim task store)"
+                )
+            for table, expected in EXPECTED_TABLES.items():
+                found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+                if found != expected:
+                    raise self._corrupt(f"table {table!r} has columns {found}, expected {expected}")
+            if not full:
+                return
+            check = [row[0] for row in conn.execute("PRAGMA quick_check")]
+            if check != ["ok"]:
+                raise self._corrupt(f"integrity check failed: {'; '.join(map(str, check[:3]))}")
+            for (seq,) in conn.execute(_SUSPECT_ROWS).fetchall():
+                row = conn.execute(f"{_SELECT} WHERE t.seq = ?", (seq,)).fetchone()
+                self._decode(row)  # raises with the precise problem; rows Python can read pass
+            bad_key = conn.execute(_BAD_KEY).fetchone()
+            if bad_key is not None:
+                raise self._corrupt(
+                    f"key {bad_key[0]!r} is owned by {bad_key[1]!r}, not a task with that key"
+                )
+            bad_poison = conn.execute(_BAD_POISON).fetchone()
+            if bad_poison is not None:
+                raise self._corrupt(f"invalid poison row for key {bad_poison[0]!r}")
+        except sqlite3.DatabaseError as error:
+            raise self._corrupt(f"unreadable database ({error})") from error
+
+    # ------------------------------------------------------------------ rows
+    def _decode(self, row: Sequence[Any]) -> TaskRecord:
+        data = dict(zip(COLUMNS, row, strict=True))
+        for name in _JSON_COLUMNS:
+            try:
+                data[name] = json.loads(data[name])
+            except (TypeError, ValueError) as error:
+                raise self._corrupt(f"task {data['id']!r}: column {name!r} is not JSON ({error})") from error
+        return record_from_stored(data, str(self.path))
+
+    @staticmethod
+    def _encode(task: TaskRecord) -> tuple[Any, ...]:
+        data = task.to_dict()
+        return tuple(_json_text(data[name]) if name in _JSON_COLUMNS else data[name] for name in COLUMNS)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{self.path}: store is closed")
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
+        self._check_open()
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def _read_one(self, sql: str, params: Sequence[Any]) -> TaskRecord | None:
+        self._check_open()
+        row = self._conn.execute(sql, params).fetchone()
+        return self._decode(row) if row is not None else None
+
+    # ------------------------------------------------------------------ TaskStore
+    def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
+        values = self._encode(task)  # a non-JSON payload fails here, before the transaction
+        with self._write() as conn:
+            try:
+                conn.execute(
+                    f"INSERT INTO tasks ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                    values,
+                )
+            except sqlite3.IntegrityError as error:
+                raise ValueError(f"task id {task.id!r} already exists") from error
+            return self._claim_in_transaction(conn, task)
+
+    def claim(self, task: TaskRecord) -> TaskRecord:
+        with self._write() as conn:
+            row = conn.execute(f"{_SELECT} WHERE t.id = ?", (task.id,)).fetchone()
+            if row is None:
+                raise KeyError(f"unknown task id {task.id!r}")
+            owner_row = conn.execute("SELECT owner_id FROM keys WHERE key = ?", (task.key,)).fetchone()
+            if owner_row is not None and owner_row[0] == task.id:
+                return self._decode(row)
+            return self._claim_in_transaction(conn, task)
+
+    def _claim_in_transaction(self, conn: sqlite3.Connection, task: TaskRecord) -> TaskRecord:
+        taken = conn.execute(
+            "INSERT INTO keys (key, owner_id) VALUES (?, ?) ON CONFLICT (key) DO NOTHING", (task.key, task.id)
+        )
+        if taken.rowcount == 1:
+            return task
+        row = conn.execute(
+            f"{_SELECT} JOIN keys k ON k.owner_id = t.id WHERE k.key = ?", (task.key,)
+        ).fetchone()
+        owner = claim_owner(self._decode(row) if row is not None else None, task)
+        if owner is task:
+            conn.execute("UPDATE keys SET owner_id = ? WHERE key = ?", (task.id, task.key))
+        return owner
+
+    def update(self, task: TaskRecord) -> None:
+        values = self._encode(task)
+        assignments = ", ".join(f"{name} = ?" for name in COLUMNS[1:])
+        with self._write() as conn:
+            changed = conn.execute(f"UPDATE tasks SET {assignments} WHERE id = ?", (*values[1:], task.id))
+            if changed.rowcount != 1:
+                raise KeyError(f"unknown task id {task.id!r}")
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        return self._read_one(f"{_SELECT} WHERE t.id = ?", (task_id,))
+
+    def owner_of(self, key: str) -> TaskRecord | None:
+        return self._read_one(f"{_SELECT} JOIN keys k ON k.owner_id = t.id WHERE k.key = ?", (key,))
+
+    def list_by_status(self, *statuses: TaskStatus) -> list[TaskRecord]:
+        self._check_open()
+        if statuses:
+            values = [TaskStatus(status).value for status in statuses]
+            sql = f"{_SELECT} WHERE t.status IN ({', '.join('?' * len(values))}) ORDER BY t.seq"
+            rows = self._conn.execute(sql, values).fetchall()
+        else:
+            rows = self._conn.execute(f"{_SELECT} ORDER BY t.seq").fetchall()
+        return [self._decode(row) for row in rows]
+
+    def record_poison(self, key: str, error: str, now: float) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO poison (key, error, recorded_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET error = excluded.error, recorded_at = excluded.recorded_at",
+                (key, error, float(now)),
+            )
+
+    def poison_error(self, key: str) -> str | None:
+        self._check_open()
+        row = self._conn.execute("SELECT error FROM poison WHERE key = ?", (key,)).fetchone()
+        return row[0] if row is not None else None
+
+    def close(self) -> None:
+        """Close the connection (idempotent); every committed write is already durable."""
+        if not self._closed:
+            self._closed = True
+            self._conn.close()
+
+    def __len__(self) -> int:
+        self._check_open()
+        return int(self._conn.execute("SELECT count(*) FROM tasks").fetchone()[0])
+
+    def __enter__(self) -> SqliteStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SqliteStore {self.path}{' closed' if self._closed else ''}>"

@@ -1,0 +1,454 @@
+"""The TaskStore contract, run against every store: memory, JSON file and SQLite.
+
+File stores are also reopened, which is the point of having them: whatever a store
+returned before ``close`` it must return after reopening.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aiqsim.core.states import transition
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.core.token_bucket import QuotaLimits
+from aiqsim.runtime import SimPyRuntime
+from aiqsim.scheduler import ProviderResponse, Scheduler
+from aiqsim.stores import (
+    JsonFileStore,
+    MemoryStore,
+    SqliteStore,
+    StoreClosedError,
+    StoreLockedError,
+    TaskStore,
+    open_store,
+)
+
+KINDS = ["memory", "json", "sqlite"]
+FILE_KINDS = ["json", "sqlite"]
+
+
+class Opener:
+    """Opens (and reopens) one store of a kind; memory 'reopens' to the same object."""
+
+    def __init__(self, kind: str, directory: Path) -> None:
+        self.kind = kind
+        self.path = None if kind == "memory" else directory / f"tasks.{kind}"
+        self._memory: MemoryStore | None = None
+        self.opened: list[TaskStore] = []
+
+    def open(self) -> TaskStore:
+        if self.kind == "memory":
+            self._memory = self._memory or MemoryStore()
+            return self._memory
+        store = open_store(self.kind, self.path)
+        self.opened.append(store)
+        return store
+
+    def reopen(self, store: TaskStore) -> TaskStore:
+        if self.kind == "memory":
+            return store
+        store.close()
+        return self.open()
+
+
+@pytest.fixture(params=KINDS)
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    opener = Opener(request.param, tmp_path)
+    yield opener
+    for store in opener.opened:
+        store.close()
+
+
+@pytest.fixture(params=FILE_KINDS)
+def file_opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    opener = Opener(request.param, tmp_path)
+    yield opener
+    for store in opener.opened:
+        store.close()
+
+
+def task(task_id: str, key: str = "", **fields: object) -> TaskRecord:
+    return TaskRecord(id=task_id, key=key or f"key-{task_id}", kind="llm", provider="llm", **fields)
+
+
+def moved(record: TaskRecord, *statuses: TaskStatus, now: float = 1.0, **changes: object) -> TaskRecord:
+    """``record`` walked through ``statuses``; ``changes`` apply on the last step."""
+    for index, status in enumerate(statuses):
+        record = transition(record, status, now + index, **(changes if index == len(statuses) - 1 else {}))
+    return record
+
+
+RICH = task(
+    "rich",
+    key="k-rich",
+    priority=Priority.INTERACTIVE,
+    cost_estimate=123.5,
+    created_at=1.25,
+    updated_at=1.25,
+    payload={"prompt": "héllo \n wörld ✓", "n": [1, 2.5, None, True], "nested": {"a": {"b": []}}},
+)
+
+
+# ---------------------------------------------------------------------------- round trip
+def test_every_store_satisfies_the_protocol(opener: Opener) -> None:
+    assert isinstance(opener.open(), TaskStore)
+
+
+def test_record_round_trips_with_payload_and_result(opener: Opener) -> None:
+    store = opener.open()
+    assert store.insert_and_claim(RICH) == RICH
+    finished = moved(
+        RICH,
+        TaskStatus.RUNNING,
+        TaskStatus.SUCCEEDED,
+        attempts=2,
+        result={"text": "ünïcode", "scores": [0.1, 2]},
+    )
+    store.update(finished)
+    assert store.get("rich") == finished
+    store = opener.reopen(store)
+    again = store.get("rich")
+    assert again == finished
+    assert again is not None and again.payload == RICH.payload and again.result == finished.result
+    assert again.priority is Priority.INTERACTIVE and again.status is TaskStatus.SUCCEEDED
+    assert store.get("missing") is None
+
+
+def test_failed_record_keeps_its_error(opener: Opener) -> None:
+    store = opener.open()
+    store.insert_and_claim(task("a"))
+    failed = moved(task("a"), TaskStatus.RUNNING, TaskStatus.FAILED, error="ServerError: boom")
+    store.update(failed)
+    store = opener.reopen(store)
+    assert store.get("a") == failed
+    assert store.get("a").error == "ServerError: boom"  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------- claim rules
+@pytest.mark.parametrize(
+    "owner_path",
+    [(), (TaskStatus.RUNNING,), (TaskStatus.RUNNING, TaskStatus.SUCCEEDED)],
+    ids=["queued", "running", "succeeded"],
+)
+def test_live_owner_keeps_its_key(opener: Opener, owner_path: tuple[TaskStatus, ...]) -> None:
+    store = opener.open()
+    first = task("first", key="shared")
+    assert store.insert_and_claim(first) is first
+    owner = moved(first, *owner_path) if owner_path else first
+    store.update(owner)
+    second = task("second", key="shared")
+    assert store.insert_and_claim(second) == owner
+    assert store.claim(second) == owner
+    store = opener.reopen(store)
+    assert store.owner_of("shared") == owner
+    assert store.get("second") == second  # the loser is stored all the same
+
+
+@pytest.mark.parametrize("end", [TaskStatus.FAILED, TaskStatus.CANCELLED])
+def test_failed_or_cancelled_owner_is_replaced(opener: Opener, end: TaskStatus) -> None:
+    store = opener.open()
+    first = task("first", key="shared")
+    store.insert_and_claim(first)
+    store.update(moved(first, TaskStatus.RUNNING, end))
+    second = task("second", key="shared")
+    assert store.insert_and_claim(second) == second
+    assert store.owner_of("shared") == second
+    store = opener.reopen(store)
+    assert store.owner_of("shared") == second
+
+
+def test_claim_takes_over_from_a_failed_owner_and_is_idempotent(opener: Opener) -> None:
+    store = opener.open()
+    first, second = task("first", key="shared"), task("second", key="shared")
+    store.insert_and_claim(first)
+    assert store.insert_and_claim(second) == first
+    store.update(moved(first, TaskStatus.RUNNING, TaskStatus.FAILED, error="X: y"))
+    assert store.claim(second) == second
+    assert store.claim(second) == second  # already the owner
+    assert store.claim(first) == second  # a live owner keeps the key against the old one
+    store = opener.reopen(store)
+    assert store.owner_of("shared") == second
+
+
+def test_misuse_raises_clear_errors(opener: Opener) -> None:
+    store = opener.open()
+    store.insert_and_claim(task("a"))
+    with pytest.raises(ValueError, match="already exists"):
+        store.insert_and_claim(task("a", key="other"))
+    with pytest.raises(KeyError, match="unknown task id"):
+        store.update(task("ghost"))
+    with pytest.raises(KeyError, match="unknown task id"):
+        store.claim(task("ghost"))
+    assert store.owner_of("key-a") == task("a")  # failed calls changed nothing
+    assert [record.id for record in store.list_by_status()] == ["a"]
+
+
+# ---------------------------------------------------------------------------- listing
+def test_list_by_status_keeps_insertion_order(opener: Opener) -> None:
+    store = opener.open()
+    rng = random.Random(7)
+    ids = [f"t{n:02d}" for n in range(12)]
+    for task_id in ids:
+        store.insert_and_claim(task(task_id))
+    paths = {
+        TaskStatus.QUEUED: (),
+        TaskStatus.RUNNING: (TaskStatus.RUNNING,),
+        TaskStatus.SUCCEEDED: (TaskStatus.RUNNING, TaskStatus.SUCCEEDED),
+        TaskStatus.CANCELLED: (TaskStatus.CANCELLED,),
+    }
+    wanted = {task_id: rng.choice(list(paths)) for task_id in ids}
+    for task_id in rng.sample(ids, len(ids)):  # update in a shuffled order
+        if paths[wanted[task_id]]:
+            store.update(moved(task(task_id), *paths[wanted[task_id]]))
+    for _ in range(2):
+        assert [record.id for record in store.list_by_status()] == ids
+        for status in paths:
+            assert [r.id for r in store.list_by_status(status)] == [i for i in ids if wanted[i] is status]
+        both = store.list_by_status(TaskStatus.RUNNING, TaskStatus.QUEUED)
+        assert [r.id for r in both] == [
+            i for i in ids if wanted[i] in (TaskStatus.RUNNING, TaskStatus.QUEUED)
+        ]
+        assert store.list_by_status(TaskStatus.DEDUPED) == []
+        store = opener.reopen(store)
+
+
+# ---------------------------------------------------------------------------- poison
+def test_poison_is_recorded_and_survives_reopen(opener: Opener) -> None:
+    store = opener.open()
+    assert store.poison_error("bad") is None
+    store.record_poison("bad", "SchemaViolationError: unexpected shape", 5.0)
+    store.record_poison("worse", "InvalidRequestError: no", 6.0)
+    store.record_poison("bad", "SchemaViolationError: again", 7.0)  # the latest error wins
+    store = opener.reopen(store)
+    assert store.poison_error("bad") == "SchemaViolationError: again"
+    assert store.poison_error("worse") == "InvalidRequestError: no"
+    assert store.poison_error("fine") is None
+
+
+# ---------------------------------------------------------------------------- reopening
+def test_reopen_gives_the_same_records_and_owners(file_opener: Opener) -> None:
+    store = file_opener.open()
+    rng = random.Random(11)
+    expected: dict[str, TaskRecord] = {}
+    for n in range(60):
+        record = task(f"t{n}", key=f"k{rng.randrange(20)}", payload={"n": n}, cost_estimate=float(n))
+        store.insert_and_claim(record)
+        expected[record.id] = record
+        if rng.random() < 0.6:
+            end = rng.choice([TaskStatus.SUCCEEDED, TaskStatus.FAILED])
+            record = moved(
+                record, TaskStatus.RUNNING, end, result={"n": n} if end is TaskStatus.SUCCEEDED else None
+            )
+            store.update(record)
+            expected[record.id] = record
+            store.claim(record)
+    owners = {key: store.owner_of(key) for key in {r.key for r in expected.values()}}
+    store = file_opener.reopen(store)
+    assert {r.id: r for r in store.list_by_status()} == expected
+    assert [r.id for r in store.list_by_status()] == list(expected)
+    assert {key: store.owner_of(key) for key in owners} == owners
+
+
+def test_non_json_payload_is_refused_without_a_trace(file_opener: Opener) -> None:
+    store = file_opener.open()
+    with pytest.raises(TypeError):
+        store.insert_and_claim(task("a", payload={"when": object()}))
+    assert store.get("a") is None and store.owner_of("key-a") is None
+    store.insert_and_claim(task("b"))
+    store = file_opener.reopen(store)
+    assert [r.id for r in store.list_by_status()] == ["b"]
+
+
+def test_closed_store_refuses_use(file_opener: Opener) -> None:
+    store = file_opener.open()
+    store.close()
+    store.close()  # idempotent
+    with pytest.raises(StoreClosedError, match="closed"):
+        store.get("a")
+    with pytest.raises(StoreClosedError, match="closed"):
+        store.insert_and_claim(task("a"))
+
+
+def test_state_files_are_private(file_opener: Opener) -> None:
+    store = file_opener.open()
+    store.insert_and_claim(task("a"))
+    assert file_opener.path is not None
+    for path in file_opener.path.parent.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_open_store_factory_validates_its_arguments(tmp_path: Path) -> None:
+    assert isinstance(open_store("memory"), MemoryStore)
+    with pytest.raises(ValueError, match="unknown store kind"):
+        open_store("redis", tmp_path / "x")
+    with pytest.raises(ValueError, match="needs a file path"):
+        open_store("sqlite")
+    with pytest.raises(ValueError, match="do not pass a path"):
+        open_store("memory", tmp_path / "x")
+
+
+# ---------------------------------------------------------------------------- JSON specifics
+def test_json_document_is_versioned(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.json"
+    with JsonFileStore(path) as store:
+        store.insert_and_claim(task("a"))
+        store.compact()
+    doc = json.loads(path.read_text())
+    assert (doc["format"], doc["version"]) == ("aiqsim-taskstore", 1)
+    assert [t["id"] for t in doc["tasks"]] == ["a"] and doc["owners"] == {"key-a": "a"}
+
+
+def test_json_journal_is_compacted_into_the_snapshot(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.json"
+    store = JsonFileStore(path, compact_min_entries=10)
+    for n in range(25):
+        store.insert_and_claim(task(f"t{n}"))
+    journal_lines = store.journal_path.read_bytes().count(b"\n")
+    assert journal_lines < 25  # compaction emptied it along the way
+    assert len(json.loads(path.read_text())["tasks"]) + journal_lines == 25
+    store.close()
+    with JsonFileStore(path) as again:
+        assert [r.id for r in again.list_by_status()] == [f"t{n}" for n in range(25)]
+
+
+def test_json_crash_between_snapshot_and_journal_truncation_replays_nothing_twice(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.json"
+    store = JsonFileStore(path)
+    store.insert_and_claim(task("a"))
+    store.update(moved(task("a"), TaskStatus.RUNNING))
+    journal = store.journal_path.read_bytes()
+    store.compact()
+    store.close()
+    store.journal_path.write_bytes(journal)  # as if the process died before emptying the journal
+    with JsonFileStore(path) as again:
+        assert [(r.id, r.status) for r in again.list_by_status()] == [("a", TaskStatus.RUNNING)]
+        again.update(moved(again.get("a"), TaskStatus.SUCCEEDED, result=1))  # type: ignore[arg-type]
+    with JsonFileStore(path) as again:
+        assert again.get("a").result == 1  # type: ignore[union-attr]
+
+
+def test_json_store_is_locked_against_a_second_process(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.json"
+    with JsonFileStore(path) as store:
+        store.insert_and_claim(task("a"))
+        with pytest.raises(StoreLockedError, match="single-process"):
+            JsonFileStore(path)
+        probe = (
+            "import sys\n"
+            "from aiqsim.stores import JsonFileStore, StoreLockedError\n"
+            "try:\n    JsonFileStore(sys.argv[1])\nexcept StoreLockedError as e:\n    print('LOCKED', e)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True
+        )
+        assert out.stdout.startswith("LOCKED") and f"pid {os.getpid()}" in out.stdout
+        assert store.get("a") == task("a")  # the refused opener did not touch anything
+    with JsonFileStore(path) as again:  # released on close
+        assert again.get("a") == task("a")
+
+
+# ---------------------------------------------------------------------------- SQLite specifics
+def test_sqlite_file_is_wal_with_a_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.sqlite"
+    with SqliteStore(path) as store:
+        store.insert_and_claim(task("a"))
+        conn = sqlite3.connect(path)
+        try:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+            assert conn.execute("SELECT key, owner_id FROM keys").fetchall() == [("key-a", "a")]
+        finally:
+            conn.close()
+    assert not list(tmp_path.glob(".*tmp*"))  # creation left no temp file behind
+
+
+def test_sqlite_two_connections_race_for_one_key(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.sqlite"
+    with SqliteStore(path) as left, SqliteStore(path) as right:
+        a, b = task("a", key="k"), task("b", key="k")
+        assert left.insert_and_claim(a) == a
+        assert right.insert_and_claim(b) == a
+        left.update(moved(a, TaskStatus.CANCELLED))
+        assert right.claim(b) == b
+        assert left.owner_of("k") == b
+
+
+# ---------------------------------------------------------------------------- with the scheduler
+class Echo:
+    name = "llm"
+
+    def __init__(self, runtime: SimPyRuntime) -> None:
+        self.runtime = runtime
+        self.calls: list[str] = []
+
+    async def call(self, request):  # type: ignore[no-untyped-def]
+        self.calls.append(request.idempotency_key)
+        await self.runtime.sleep(1.0)
+        return ProviderResponse(result={"echo": request.payload})
+
+    async def lookup(self, key: str) -> ProviderResponse | None:
+        return None
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_scheduler_crash_and_recover_on_a_file_store(kind: str, tmp_path: Path) -> None:
+    """Crash a scheduler mid-run, reopen the file, recover: every task ends, duplicates dedupe."""
+    path = tmp_path / f"tasks.{kind}"
+    inputs = [0, 1, 2, 0, 3, 1]
+
+    def first_life() -> None:
+        runtime = SimPyRuntime()
+        store = open_store(kind, path)
+
+        async def main() -> None:
+            scheduler = Scheduler(
+                runtime,
+                [Echo(runtime)],
+                store=store,
+                quotas={"llm": QuotaLimits(concurrency=1)},
+                rng=random.Random(1),
+            )
+            for n, value in enumerate(inputs):
+                scheduler.submit("llm", {"v": value}, task_id=f"t{n}")
+            await runtime.sleep(1.5)  # the first task finished, others queued or running
+            scheduler.crash()
+
+        runtime.run(main())
+        store.close()
+
+    def second_life() -> tuple[object, list[TaskRecord], list[str]]:
+        runtime = SimPyRuntime()
+        store = open_store(kind, path)
+        provider = Echo(runtime)
+
+        async def main() -> object:
+            scheduler = Scheduler(runtime, [provider], store=store, rng=random.Random(2))
+            report = await scheduler.recover(requeue_interrupted=True)
+            await scheduler.join()
+            await scheduler.close()
+            return report
+
+        report = runtime.run(main())
+        records = store.list_by_status()
+        store.close()
+        return report, records, provider.calls
+
+    first_life()
+    report, records, calls = second_life()
+    assert [r.id for r in records] == [f"t{n}" for n in range(len(inputs))]
+    assert all(r.status in (TaskStatus.SUCCEEDED, TaskStatus.DEDUPED) for r in records), records
+    assert all(r.result == {"echo": {"v": inputs[int(r.id[1:])]}} for r in records)
+    assert len(calls) == len(set(calls))  # the second life ran each key at most once
+    # t1 was running at the crash (requeued), t5 waited on it (reattached). queued_resumed is not
+    # checked: recover() counts a requeued orphan there as well (reported to the lead).
+    assert (report.orphans_requeued, report.duplicates_reattached) == (1, 1)  # type: ignore[attr-defined]
