@@ -1,0 +1,622 @@
+"""Simulated providers: a server model with latency, quota windows, failures and billing.
+
+A :class:`SimulatedProvider` plays the *server* side of an AI API inside a simulation. It
+is written only against the :class:`~aiqsim.runtime.protocol.Runtime` protocol, so the
+real :class:`~aiqsim.scheduler.Scheduler` calls it exactly as it would call an HTTP
+adapter, and everything it does happens in virtual time on
+:class:`~aiqsim.runtime.SimPyRuntime`.
+
+One call goes through these steps, in this order:
+
+1. **Outage windows** (``config.outages``): ``error`` answers HTTP 503 after
+   ``latency_base_s``; ``slow`` multiplies every latency of the call by ``slow_factor``.
+2. **Server-side quota**: sliding 60 s windows over accepted requests, for
+   ``server_requests_per_min`` and ``server_units_per_min`` (units = prompt + output). A
+   request that would exceed either is rejected at once with a 429 whose Retry-After is
+   the whole number of seconds (rounded up) until the window has room for it. Nothing
+   is billed. Retry storms emerge from this rule, not from a scripted failure rate.
+3. **Random failures**, decided by draws from the injected ``rng``: a random 429, quota
+   exhausted (fatal), invalid request, a 500 after part of the latency (not billed),
+   and a schema violation for poison payloads after the full latency (billed: the server
+   did the work).
+4. **Idempotency**: a provider that honours keys answers a repeated key from its stored
+   result (not billed, recorded as a ``replay``), and a repeat that arrives while the
+   first execution is still running waits for it instead of running again.
+5. **Execution**: latency ``(latency_base_s + latency_per_unit_s * output_units)`` times a
+   mean-1 lognormal noise, then the call is billed. With ``timeout_prob`` the response
+   is lost *after* billing: the client hears nothing and its attempt timeout fires.
+
+The work of a call runs as a server-side task of its own: a client that gives up
+(attempt timeout, cancellation, a crash of the whole scheduler) does not stop the server
+from finishing, billing and remembering the result, exactly as a real API behaves. That
+is what makes duplicate billing and crash recovery by ``lookup`` measurable.
+
+Every call is recorded in a :class:`ProviderLedger` (which may be shared by several
+providers and outlives any scheduler instance) as a frozen :class:`Execution`.
+
+Randomness: every call takes exactly :data:`DRAWS_PER_CALL` uniform draws from ``rng``
+up front, whatever its outcome, so the stream of one provider replays for a fixed seed
+and changing one probability never shifts the draws behind the others.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any, Literal
+
+from aiqsim.core.failures import (
+    InvalidRequestError,
+    ProviderTimeoutError,
+    QuotaExhaustedError,
+    RateLimitError,
+    SchemaViolationError,
+    ServerError,
+)
+from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.sim.config import OutageConfig, ProviderConfig
+
+__all__ = [
+    "DRAWS_PER_CALL",
+    "LOST_RESPONSE_HANG_S",
+    "OUTCOMES",
+    "SERVER_ERROR_LATENCY_FRACTION",
+    "WINDOW_S",
+    "Execution",
+    "Outcome",
+    "ProviderLedger",
+    "SimJob",
+    "SimulatedProvider",
+    "lognormal_noise",
+]
+
+Outcome = Literal[
+    "ok",
+    "rate_limited",
+    "server_error",
+    "schema_violation",
+    "quota_exhausted",
+    "invalid_request",
+    "outage",
+    "replay",
+]
+OUTCOMES: tuple[Outcome, ...] = (
+    "ok",
+    "rate_limited",
+    "server_error",
+    "schema_violation",
+    "quota_exhausted",
+    "invalid_request",
+    "outage",
+    "replay",
+)
+"""Every value :attr:`Execution.outcome` can take."""
+
+WINDOW_S = 60.0
+"""Length of the server's sliding quota windows (limits are published per minute)."""
+
+WINDOW_TOLERANCE_S = 1e-9
+"""An accepted request leaves the window this much before exactly 60 s have passed, so a
+client pacing itself at the limit is not rejected by floating-point noise in its clock."""
+
+SERVER_ERROR_LATENCY_FRACTION = 0.5
+"""A random 500 arrives after this fraction of the call's latency (the server failed midway)."""
+
+LOST_RESPONSE_HANG_S = 86_400.0
+"""How long a client whose response was lost waits before its connection finally drops
+(:class:`ProviderTimeoutError`). Any sane attempt timeout fires long before."""
+
+DRAWS_PER_CALL = 6
+"""Uniform draws every call takes from the provider's ``rng``: rate limit, quota exhausted,
+invalid request, server error, lost response, latency noise."""
+
+_STANDARD_NORMAL = NormalDist()
+_UNIT_OPEN = 1e-12
+
+
+def lognormal_noise(sigma: float, uniform: float) -> float:
+    """A lognormal factor with mean 1 and log-space ``sigma``, from one uniform draw in [0, 1).
+
+    Uses the inverse normal CDF so one call costs exactly one draw (``random.lognormvariate``
+    takes a variable number). ``sigma == 0`` gives exactly 1.0.
+    """
+    if sigma == 0:
+        return 1.0
+    z = _STANDARD_NORMAL.inv_cdf(min(max(uniform, _UNIT_OPEN), 1.0 - _UNIT_OPEN))
+    return math.exp(sigma * z - 0.5 * sigma * sigma)
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One call as the server saw it.
+
+    ``start`` is when the request arrived, ``end`` when the server answered (or, for a lost
+    response, when it finished and billed the work; the client never hears of it).
+    ``billed`` calls cost ``cost``; ``units`` is the request's prompt + output units.
+    """
+
+    provider: str
+    task_id: str
+    key: str
+    attempt: int
+    start: float
+    end: float
+    outcome: Outcome
+    billed: bool
+    cost: float
+    units: int
+    response_lost: bool = False
+
+
+class ProviderLedger:
+    """What the simulated servers did and billed: the ground truth for cost and duplicates.
+
+    Scheduler events say what the *client* saw; only the ledger knows that a timed-out
+    call was in fact executed and billed. One ledger may be shared by several providers.
+    It holds plain data only, so a simulation harness keeps it across a simulated
+    scheduler crash and restart.
+    """
+
+    def __init__(self) -> None:
+        self.executions: list[Execution] = []
+        """Every call, in the order the server finished with it."""
+        self._successes: dict[tuple[str, str], tuple[Execution, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.executions)
+
+    def __iter__(self) -> Iterator[Execution]:
+        return iter(self.executions)
+
+    def record(self, execution: Execution, result: Any = None) -> None:
+        """Append ``execution``; an ``ok`` one also stores ``result`` if it is the key's first."""
+        self.executions.append(execution)
+        if execution.outcome == "ok":
+            self._successes.setdefault((execution.provider, execution.key), (execution, result))
+
+    def first_success(self, provider: str, key: str) -> tuple[Execution, Any] | None:
+        """The first completed (``ok``) execution of ``key`` at ``provider`` and its result."""
+        return self._successes.get((provider, key))
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """Idempotency key -> result of its first completed execution (first provider wins)."""
+        found: dict[str, Any] = {}
+        for (_provider, key), (_execution, result) in self._successes.items():
+            found.setdefault(key, result)
+        return found
+
+    def executions_by_key(self, *, billed_only: bool = False) -> dict[str, list[Execution]]:
+        """Calls grouped by idempotency key, in order (only billed ones with ``billed_only``)."""
+        grouped: dict[str, list[Execution]] = {}
+        for execution in self.executions:
+            if billed_only and not execution.billed:
+                continue
+            grouped.setdefault(execution.key, []).append(execution)
+        return grouped
+
+    def outcome_counts(self) -> dict[str, int]:
+        """Number of calls per outcome (every outcome in :data:`OUTCOMES`, zeros included)."""
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for execution in self.executions:
+            counts[execution.outcome] += 1
+        return counts
+
+    @property
+    def billed_calls(self) -> int:
+        """Calls the provider charged for (executions, including lost responses and schema violations)."""
+        return sum(1 for execution in self.executions if execution.billed)
+
+    @property
+    def cost_total(self) -> float:
+        """Everything billed, in currency units."""
+        return math.fsum(execution.cost for execution in self.executions)
+
+    def _duplicates(self) -> Iterator[Execution]:
+        for billed in self.executions_by_key(billed_only=True).values():
+            yield from billed[1:]
+
+    @property
+    def duplicate_billed_calls(self) -> int:
+        """Billed executions beyond the first for the same key: work paid for twice."""
+        return sum(1 for _ in self._duplicates())
+
+    @property
+    def cost_duplicated(self) -> float:
+        """What the duplicate billed executions cost."""
+        return math.fsum(execution.cost for execution in self._duplicates())
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """A simulated request payload, validated: ``{"input", "prompt_units", "output_units", "poison"}``."""
+
+    input: str
+    prompt_units: int
+    output_units: int
+    poison: bool = False
+
+    @property
+    def units(self) -> int:
+        """What the request costs in the provider's units (prompt + output)."""
+        return self.prompt_units + self.output_units
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> SimJob:
+        """Validate a payload dict; :class:`InvalidRequestError` (a 400) if it is malformed."""
+        if not isinstance(payload, dict):
+            raise InvalidRequestError(f"payload must be a dict, got {type(payload).__name__}")
+        missing = [name for name in ("input", "prompt_units", "output_units") if name not in payload]
+        if missing:
+            raise InvalidRequestError(f"payload lacks {', '.join(missing)}")
+        prompt, output = payload["prompt_units"], payload["output_units"]
+        for name, value in (("prompt_units", prompt), ("output_units", output)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequestError(f"{name} must be an int >= 0, got {value!r}")
+        return cls(
+            input=str(payload["input"]),
+            prompt_units=prompt,
+            output_units=output,
+            poison=bool(payload.get("poison", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Draws:
+    """The uniform draws one call takes, always all of them, always in this order."""
+
+    rate_limit: float
+    quota_exhausted: float
+    invalid_request: float
+    server_error: float
+    response_lost: float
+    noise: float
+
+    @classmethod
+    def take(cls, rng: random.Random) -> _Draws:
+        draw = rng.random
+        return cls(draw(), draw(), draw(), draw(), draw(), draw())
+
+
+class _LostResponse:
+    """Marker a server-side task returns when the client will never hear the answer."""
+
+
+_LOST = _LostResponse()
+
+
+class _SlidingWindow:
+    """Amounts accepted in the last :data:`WINDOW_S` seconds, against a per-minute limit."""
+
+    __slots__ = ("_entries", "_total", "limit")
+
+    def __init__(self, limit: float) -> None:
+        self.limit = float(limit)
+        self._entries: deque[tuple[float, float]] = deque()
+        self._total = 0.0
+
+    def _expire(self, now: float) -> None:
+        horizon = now - WINDOW_S + WINDOW_TOLERANCE_S
+        entries = self._entries
+        while entries and entries[0][0] <= horizon:
+            self._total -= entries.popleft()[1]
+        if not entries:
+            self._total = 0.0  # no drift from repeated float subtraction
+
+    def wait_for_room(self, amount: float, now: float) -> float:
+        """Seconds until ``amount`` more fits (0.0 if it fits now); ``inf`` if it never can."""
+        if amount > self.limit:
+            return math.inf
+        self._expire(now)
+        if self._total + amount <= self.limit:
+            return 0.0
+        remaining = self._total
+        for accepted_at, accepted in self._entries:
+            remaining -= accepted
+            if remaining + amount <= self.limit:
+                return accepted_at + WINDOW_S - now
+        raise AssertionError("unreachable: an empty window has room for any amount within the limit")
+
+    def add(self, amount: float, now: float) -> None:
+        self._entries.append((now, amount))
+        self._total += amount
+
+
+def _retry_after_header(wait_s: float) -> float:
+    """A wait as a provider's Retry-After header states it: whole seconds, rounded up, at least 1."""
+    return float(max(1, math.ceil(wait_s - WINDOW_TOLERANCE_S)))
+
+
+def _check_probability(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+
+
+def _validate(config: ProviderConfig) -> None:
+    for name in (
+        "rate_limit_prob",
+        "server_error_prob",
+        "timeout_prob",
+        "quota_exhausted_prob",
+        "invalid_request_prob",
+    ):
+        _check_probability(f"provider {config.name!r}: {name}", getattr(config, name))
+    for name in ("latency_base_s", "latency_per_unit_s", "latency_sigma", "price_per_1k_units"):
+        if not getattr(config, name) >= 0:
+            raise ValueError(f"provider {config.name!r}: {name} must be >= 0, got {getattr(config, name)!r}")
+    for name in ("server_requests_per_min", "server_units_per_min"):
+        limit = getattr(config, name)
+        if limit is not None and not limit >= 1:
+            raise ValueError(f"provider {config.name!r}: {name} must be >= 1 or None, got {limit!r}")
+    for outage in config.outages:
+        if not outage.end_s > outage.start_s:
+            raise ValueError(f"provider {config.name!r}: outage window must end after it starts: {outage}")
+        if outage.mode == "slow" and not outage.slow_factor > 0:
+            raise ValueError(f"provider {config.name!r}: outage slow_factor must be > 0: {outage}")
+
+
+class SimulatedProvider:
+    """A simulated AI API server that the real scheduler calls (see the module docstring).
+
+    Implements the scheduler's ``Provider`` protocol (``name``, ``call``), ``SupportsLookup``
+    (``lookup``) and ``estimate_cost``. Keep one instance per provider for the whole
+    simulation, across scheduler crashes: it *is* the server, with its quota windows and
+    its in-flight work.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        config: ProviderConfig,
+        rng: random.Random,
+        ledger: ProviderLedger | None = None,
+    ) -> None:
+        _validate(config)
+        self.runtime = runtime
+        self.config = config
+        self.rng = rng
+        self.ledger = ledger if ledger is not None else ProviderLedger()
+        self.name = config.name
+        rpm, upm = config.server_requests_per_min, config.server_units_per_min
+        self._request_window = _SlidingWindow(rpm) if rpm is not None else None
+        self._unit_window = _SlidingWindow(upm) if upm is not None else None
+        self._in_flight: dict[str, list[Future[Any]]] = {}
+        """Keys with a (non-poison) execution running -> futures of those waiting for its result."""
+        self._serving: dict[int, TaskHandle[None]] = {}
+        self._serial = 0
+
+    # ------------------------------------------------------------------ public API
+    def estimate_cost(self, kind: str, payload: Any) -> float:
+        """The request's units (prompt + output): what the client quota should reserve."""
+        return float(SimJob.from_payload(payload).units)
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse:
+        """Serve one attempt; raises :mod:`aiqsim.core.failures` errors as a real API would."""
+        runtime, config = self.runtime, self.config
+        start = runtime.now()
+        draws = _Draws.take(self.rng)
+        try:
+            job = SimJob.from_payload(request.payload)
+        except InvalidRequestError:
+            self._record(request, start, start, "invalid_request", 0)
+            raise
+
+        outage = self._outage_at(start)
+        if outage is not None and outage.mode == "error":
+            return await self._serve(self._fail_after(request, job, start, config.latency_base_s, "outage"))
+        slow = outage.slow_factor if outage is not None else 1.0
+
+        wait = self._quota_wait(job.units, start)
+        if wait is not None:
+            self._record(request, start, start, "rate_limited", job.units)
+            if math.isinf(wait):
+                raise InvalidRequestError(
+                    f"request of {job.units} units exceeds {self.name!r}'s limit of "
+                    f"{config.server_units_per_min:g} units per minute"
+                )
+            raise RateLimitError("server quota exceeded", retry_after_s=_retry_after_header(wait))
+        if draws.rate_limit < config.rate_limit_prob:
+            self._record(request, start, start, "rate_limited", job.units)
+            raise RateLimitError("rate limited", retry_after_s=config.rate_limit_retry_after_s)
+        self._admit(job.units, start)
+
+        if draws.quota_exhausted < config.quota_exhausted_prob:
+            self._record(request, start, start, "quota_exhausted", job.units)
+            raise QuotaExhaustedError("account quota exhausted")
+        if draws.invalid_request < config.invalid_request_prob:
+            self._record(request, start, start, "invalid_request", job.units)
+            raise InvalidRequestError("invalid request")
+
+        latency = self._latency(job, draws.noise) * slow
+        if draws.server_error < config.server_error_prob:
+            partial = latency * SERVER_ERROR_LATENCY_FRACTION
+            return await self._serve(self._fail_after(request, job, start, partial, "server_error"))
+        if job.poison:
+            return await self._serve(self._poisoned(request, job, start, latency))
+        key = request.idempotency_key
+        if config.honours_idempotency:
+            if self.ledger.first_success(self.name, key) is not None:
+                return await self._serve(self._replay(request, job, start, config.latency_base_s * slow))
+            if key in self._in_flight:
+                return await self._serve(self._join(request, job, start))
+        lost = draws.response_lost < config.timeout_prob
+        # Registered before the server task starts, so a repeat arriving at the same instant sees it.
+        owns_in_flight = key not in self._in_flight
+        if owns_in_flight:
+            self._in_flight[key] = []
+        return await self._serve(self._execute(request, job, start, latency, lost, owns_in_flight))
+
+    async def lookup(self, idempotency_key: str) -> ProviderResponse | None:
+        """The stored result for a key this provider executed, or ``None``.
+
+        If an execution of the key is still running, waits for it to finish (a crashed
+        client's last call usually is). Always ``None`` when ``config.supports_lookup`` is
+        false. Takes no virtual time of its own and is not recorded as a call.
+        """
+        if not self.config.supports_lookup:
+            return None
+        if idempotency_key in self._in_flight:
+            await self._wait_in_flight(idempotency_key)
+        found = self.ledger.first_success(self.name, idempotency_key)
+        if found is None:
+            return None
+        execution, result = found
+        return ProviderResponse(result=result, usage=float(execution.units))
+
+    # ------------------------------------------------------------------ server-side work
+    async def _serve(self, work: Coroutine[Any, Any, Any]) -> ProviderResponse:
+        """Run ``work`` as a server-side task and wait for its answer.
+
+        The client may give up (timeout, cancellation, crash); the server task still runs
+        to the end, records and bills. A lost response makes the client hang instead.
+        """
+        runtime = self.runtime
+        answer: Future[Any] = runtime.create_future()
+        self._serial += 1
+        serial = self._serial
+
+        async def server_task() -> None:
+            try:
+                value = await work
+            except Exception as error:
+                if not answer.done():
+                    answer.set_exception(error)
+            else:
+                if not answer.done():
+                    answer.set_result(value)
+            finally:
+                self._serving.pop(serial, None)
+
+        self._serving[serial] = runtime.spawn(server_task(), name=f"{self.name}-server-{serial}")
+        value = await answer
+        if value is _LOST:
+            await runtime.sleep(LOST_RESPONSE_HANG_S)
+            raise ProviderTimeoutError(f"no response from {self.name!r}: the connection dropped")
+        return value
+
+    async def _fail_after(
+        self, request: ProviderRequest, job: SimJob, start: float, delay: float, outcome: Outcome
+    ) -> ProviderResponse:
+        await self.runtime.sleep(delay)
+        self._record(request, start, self.runtime.now(), outcome, job.units)
+        if outcome == "outage":
+            raise ServerError(f"{self.name!r} is unavailable (outage)", status=503)
+        raise ServerError(f"{self.name!r} failed while processing", status=500)
+
+    async def _poisoned(
+        self, request: ProviderRequest, job: SimJob, start: float, latency: float
+    ) -> ProviderResponse:
+        await self.runtime.sleep(latency)
+        self._record(request, start, self.runtime.now(), "schema_violation", job.units, billed=True)
+        raise SchemaViolationError(f"response for input {job.input!r} does not match the schema")
+
+    async def _replay(
+        self, request: ProviderRequest, job: SimJob, start: float, delay: float
+    ) -> ProviderResponse:
+        await self.runtime.sleep(delay)
+        return self._replayed(request, job, start)
+
+    async def _join(self, request: ProviderRequest, job: SimJob, start: float) -> ProviderResponse:
+        await self._wait_in_flight(request.idempotency_key)
+        return self._replayed(request, job, start)
+
+    def _replayed(self, request: ProviderRequest, job: SimJob, start: float) -> ProviderResponse:
+        found = self.ledger.first_success(self.name, request.idempotency_key)
+        assert found is not None, "a replay follows a completed execution of the same key"
+        execution, result = found
+        self._record(request, start, self.runtime.now(), "replay", job.units)
+        return ProviderResponse(result=result, usage=float(execution.units))
+
+    async def _execute(
+        self,
+        request: ProviderRequest,
+        job: SimJob,
+        start: float,
+        latency: float,
+        lost: bool,
+        owns_in_flight: bool,
+    ) -> ProviderResponse | _LostResponse:
+        """Do the work and bill it. The first execution of a key running at a time
+        (``owns_in_flight``) wakes, when done, the repeats and lookups that waited for it."""
+        try:
+            await self.runtime.sleep(latency)
+        finally:
+            waiters = self._in_flight.pop(request.idempotency_key, []) if owns_in_flight else []
+        result = {"input": job.input, "output_units": job.output_units, "provider": self.name}
+        end = self.runtime.now()
+        self._record(request, start, end, "ok", job.units, billed=True, lost=lost, result=result)
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if lost:
+            return _LOST
+        return ProviderResponse(result=result, usage=float(job.units))
+
+    async def _wait_in_flight(self, key: str) -> None:
+        waiter: Future[Any] = self.runtime.create_future()
+        self._in_flight[key].append(waiter)
+        await waiter
+
+    # ------------------------------------------------------------------ rules
+    def _outage_at(self, now: float) -> OutageConfig | None:
+        """The outage in force at ``now``: an ``error`` window wins, else the slowest ``slow`` one."""
+        active = [o for o in self.config.outages if o.start_s <= now < o.end_s]
+        if not active:
+            return None
+        errors = [o for o in active if o.mode == "error"]
+        if errors:
+            return errors[0]
+        return max(active, key=lambda o: o.slow_factor)
+
+    def _quota_wait(self, units: int, now: float) -> float | None:
+        """``None`` if the server quota admits the request now, else seconds until it would (may be inf)."""
+        wait = 0.0
+        if self._request_window is not None:
+            wait = max(wait, self._request_window.wait_for_room(1.0, now))
+        if self._unit_window is not None:
+            wait = max(wait, self._unit_window.wait_for_room(float(units), now))
+        return wait if wait > 0 else None
+
+    def _admit(self, units: int, now: float) -> None:
+        if self._request_window is not None:
+            self._request_window.add(1.0, now)
+        if self._unit_window is not None:
+            self._unit_window.add(float(units), now)
+
+    def _latency(self, job: SimJob, noise_draw: float) -> float:
+        config = self.config
+        base = config.latency_base_s + config.latency_per_unit_s * job.output_units
+        return base * lognormal_noise(config.latency_sigma, noise_draw)
+
+    def _record(
+        self,
+        request: ProviderRequest,
+        start: float,
+        end: float,
+        outcome: Outcome,
+        units: int,
+        *,
+        billed: bool = False,
+        lost: bool = False,
+        result: Any = None,
+    ) -> None:
+        cost = self.config.price_per_1k_units * units / 1000.0 if billed else 0.0
+        execution = Execution(
+            provider=self.name,
+            task_id=request.task_id,
+            key=request.idempotency_key,
+            attempt=request.attempt,
+            start=start,
+            end=end,
+            outcome=outcome,
+            billed=billed,
+            cost=cost,
+            units=units,
+            response_lost=lost,
+        )
+        self.ledger.record(execution, result)
