@@ -1,0 +1,1032 @@
+"""Scenario files: TOML in, a validated :class:`~aiqsim.sim.config.Scenario` out.
+
+A scenario file looks like this (units are in the key names)::
+
+    [scenario]                # name, description, seed, duration_s, drain_s, timeline_step_s
+    name = "retry_storm_429"
+    duration_s = 120
+
+    [[providers]]             # one table per provider (ProviderConfig fields)
+    name = "llm"
+    server_requests_per_min = 120
+      [[providers.outages]]   # OutageConfig: start_s, end_s, mode, slow_factor
+      start_s = 30
+      end_s = 40
+
+    [quotas.llm]              # client-side quota per provider name (ClientQuotaConfig)
+    concurrency = 8
+    [retry]                   # RetryConfig
+    [dispatch]                # DispatchConfig
+    [store]                   # StoreConfig
+    [[workloads]]             # WorkloadConfig, with [workloads.cost] for CostConfig
+    type = "poisson"
+    provider = "llm"
+    [[crashes]]               # CrashConfig: exactly one of at_s / after_writes
+
+Everything is validated before a :class:`Scenario` exists: unknown keys, wrong types (a bool
+is not a number), out-of-range values and broken references all raise :class:`ScenarioError`
+naming the file, the dotted key path (``providers[1].timeout_prob``) and what was expected.
+TOML has no null: an optional setting whose default is a value (``retry.attempt_timeout_s``)
+is switched off with the string ``"none"``.
+
+Overrides (``load_scenario(path, overrides={"retry.base_s": 0.5})`` or the CLI's
+``--set retry.base_s=0.5`` through :func:`parse_override`) are applied to the raw mapping
+before validation, so they are checked exactly like the file. Providers can be addressed by
+name (``providers.llm.timeout_prob``) or by index (``providers[0].timeout_prob``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import numbers
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime, time
+from pathlib import Path
+from typing import Any
+
+from aiqsim.core.backoff import BACKOFF_STRATEGIES
+from aiqsim.scheduler.dispatch import DISPATCH_POLICIES
+from aiqsim.sim.config import (
+    ClientQuotaConfig,
+    CostConfig,
+    CrashConfig,
+    DispatchConfig,
+    OutageConfig,
+    ProviderConfig,
+    RetryConfig,
+    Scenario,
+    StoreConfig,
+    WorkloadConfig,
+)
+from aiqsim.sim.workloads import BUILTIN_TRACES, TraceError, check_trace_header, is_builtin_trace
+
+__all__ = [
+    "ScenarioError",
+    "apply_overrides",
+    "load_scenario",
+    "parse_override",
+    "parse_scenario",
+    "scenario_to_dict",
+]
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be used, with where (file, dotted key path) and what was expected.
+
+    ``str(error)`` reads ``scenarios/x.toml: retry.base_s: expected a number >= 0, got "fast"``.
+    ``key_path`` is empty for problems with the file as a whole (missing, not TOML); ``line``
+    is set for TOML syntax errors.
+    """
+
+    def __init__(self, file: str, key_path: str, message: str, *, line: int | None = None) -> None:
+        self.file = file
+        self.key_path = key_path
+        self.message = message
+        self.line = line
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = [self.file]
+        if self.key_path:
+            where.append(self.key_path)
+        return ": ".join([*where, self.message])
+
+    def __str__(self) -> str:
+        return self._render()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_scenario_error, (self.file, self.key_path, self.message, self.line))
+
+
+def _rebuild_scenario_error(file: str, key_path: str, message: str, line: int | None) -> ScenarioError:
+    return ScenarioError(file, key_path, message, line=line)
+
+
+# ---------------------------------------------------------------------------------------------
+# Describing values in messages
+
+
+def describe(value: Any) -> str:
+    """A value as it would be written in a scenario file (or what kind of thing it is)."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 60 else text[:57] + '..."'
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, datetime | date | time):
+        return f"the date/time {value.isoformat()}"
+    return f"a {type(value).__name__}"
+
+
+def _join(path: str, key: Any) -> str:
+    text = key if isinstance(key, str) else repr(key)
+    return f"{path}.{text}" if path else text
+
+
+def _fmt(number: float) -> str:
+    return f"{number:g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Value checks: each returns the normalised value or raises _Invalid
+
+
+class _Invalid(Exception):
+    """A value that does not meet a check; the reader turns it into a ScenarioError."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Number:
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    @property
+    def expected(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"a number in [{_fmt(self.low)}, {_fmt(self.high)}]"
+        if self.low is not None:
+            return f"a number {'>' if self.low_open else '>='} {_fmt(self.low)}"
+        return "a number"
+
+    def __call__(self, value: Any) -> float:
+        if not _is_number(value):
+            raise _Invalid
+        if isinstance(value, numbers.Integral) and abs(int(value)) > 2**63:
+            raise _Invalid
+        value = float(value)
+        if not math.isfinite(value):
+            raise _Invalid
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            raise _Invalid
+        if self.high is not None and value > self.high:
+            raise _Invalid
+        return value
+
+
+def _is_number(value: Any) -> bool:
+    """Real numbers (numpy ones too, for sweeps), but not booleans."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
+@dataclass(frozen=True, slots=True)
+class _Integer:
+    low: int | None = None
+
+    @property
+    def expected(self) -> str:
+        return "an integer" if self.low is None else f"an integer >= {self.low}"
+
+    def __call__(self, value: Any) -> int:
+        if not _is_number(value) or not isinstance(value, numbers.Integral):
+            raise _Invalid
+        value = int(value)
+        if self.low is not None and value < self.low:
+            raise _Invalid
+        if abs(value) > 2**63:
+            raise _Invalid
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Boolean:
+    expected: str = "true or false"
+
+    def __call__(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise _Invalid
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    options: tuple[str, ...]
+
+    @property
+    def expected(self) -> str:
+        return "one of " + ", ".join(json.dumps(option) for option in self.options)
+
+    def __call__(self, value: Any) -> str:
+        if not isinstance(value, str) or value not in self.options:
+            raise _Invalid
+        return value
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class _Text:
+    name_like: bool = False
+    non_empty: bool = False
+
+    @property
+    def expected(self) -> str:
+        if self.name_like:
+            return "a name (letters, digits, _ and -, not starting with a digit or -)"
+        return "a non-empty string" if self.non_empty else "a string"
+
+    def __call__(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise _Invalid
+        if self.name_like and not _NAME.fullmatch(value):
+            raise _Invalid
+        if self.non_empty and not value.strip():
+            raise _Invalid
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Optional:
+    """``None`` (from Python) or the string ``"none"`` (TOML has no null) mean 'not set'."""
+
+    inner: Any
+
+    @property
+    def expected(self) -> str:
+        return f'{self.inner.expected} or "none"'
+
+    def __call__(self, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value == "none"):
+            return None
+        return self.inner(value)
+
+
+_PROBABILITY = _Number(0.0, 1.0)
+_NON_NEGATIVE = _Number(0.0)
+_POSITIVE = _Number(0.0, low_open=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The layout of a scenario file
+
+
+@dataclass(frozen=True)
+class _Table:
+    """A TOML table with a fixed set of keys.
+
+    With ``variant_key`` (``type`` of a workload, ``dist`` of a cost) only the keys listed in
+    ``variants[value]`` apply; ``required_by_variant`` names the keys a variant cannot do without.
+    """
+
+    fields: Mapping[str, Any]
+    required: frozenset[str] = frozenset()
+    what: str = ""
+    variant_key: str | None = None
+    variant_default: str | None = None
+    variants: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    required_by_variant: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    expected: str = "a table"
+
+
+@dataclass(frozen=True)
+class _Array:
+    """An array of tables (``[[providers]]``); ``named`` items may be addressed by their name."""
+
+    item: _Table
+    header: str
+    named: bool = False
+
+    @property
+    def expected(self) -> str:
+        return f"an array of tables ({self.header})"
+
+
+@dataclass(frozen=True)
+class _Map:
+    """A table of tables keyed by provider name (``[quotas.llm]``)."""
+
+    item: _Table
+    expected: str = "a table of tables keyed by provider name ([quotas.NAME])"
+
+
+_OUTAGE = _Table(
+    {
+        "start_s": _NON_NEGATIVE,
+        "end_s": _NON_NEGATIVE,
+        "mode": _Choice(("error", "slow")),
+        "slow_factor": _Number(1.0),
+    },
+    required=frozenset({"start_s", "end_s"}),
+    what="outage",
+)
+
+_PROVIDER = _Table(
+    {
+        "name": _Text(name_like=True),
+        "kind": _Choice(("llm", "tts")),
+        "latency_base_s": _NON_NEGATIVE,
+        "latency_per_unit_s": _NON_NEGATIVE,
+        "latency_sigma": _NON_NEGATIVE,
+        "server_requests_per_min": _Optional(_POSITIVE),
+        "server_units_per_min": _Optional(_POSITIVE),
+        "rate_limit_prob": _PROBABILITY,
+        "rate_limit_retry_after_s": _Optional(_NON_NEGATIVE),
+        "server_error_prob": _PROBABILITY,
+        "timeout_prob": _PROBABILITY,
+        "quota_exhausted_prob": _PROBABILITY,
+        "invalid_request_prob": _PROBABILITY,
+        "honours_idempotency": _Boolean(),
+        "supports_lookup": _Boolean(),
+        "price_per_1k_units": _NON_NEGATIVE,
+        "outages": _Array(_OUTAGE, "[[providers.outages]]"),
+    },
+    required=frozenset({"name"}),
+    what="provider",
+)
+
+_QUOTA = _Table(
+    {
+        "requests_per_min": _Optional(_POSITIVE),
+        "units_per_min": _Optional(_POSITIVE),
+        "concurrency": _Optional(_Integer(1)),
+        "request_burst": _Optional(_Number(1.0)),
+        "unit_burst": _Optional(_POSITIVE),
+    },
+    what="client quota",
+)
+
+_RETRY = _Table(
+    {
+        "strategy": _Choice(tuple(BACKOFF_STRATEGIES)),
+        "base_s": _NON_NEGATIVE,
+        "cap_s": _NON_NEGATIVE,
+        "max_attempts": _Integer(1),
+        "attempt_timeout_s": _Optional(_POSITIVE),
+        "honour_retry_after": _Boolean(),
+    },
+    what="retry policy",
+)
+
+_DISPATCH = _Table(
+    {
+        "policy": _Choice(tuple(DISPATCH_POLICIES)),
+        "max_wait_s": _NON_NEGATIVE,
+        "interactive_limit": _Optional(_Integer(1)),
+        "background_limit": _Optional(_Integer(1)),
+    },
+    what="dispatch policy",
+)
+
+_STORE = _Table(
+    {
+        "kind": _Choice(("memory", "json", "sqlite")),
+        "path": _Optional(_Text(non_empty=True)),
+        "requeue_interrupted": _Boolean(),
+        "reconcile_on_restart": _Boolean(),
+    },
+    what="store",
+)
+
+_COST_KEYS = {
+    "fixed": frozenset({"dist", "mean", "output_fraction"}),
+    "lognormal": frozenset({"dist", "mean", "sigma", "output_fraction"}),
+    "uniform": frozenset({"dist", "low", "high", "output_fraction"}),
+}
+
+_COST = _Table(
+    {
+        "dist": _Choice(tuple(_COST_KEYS)),
+        "mean": _POSITIVE,
+        "sigma": _NON_NEGATIVE,
+        "low": _NON_NEGATIVE,
+        "high": _NON_NEGATIVE,
+        "output_fraction": _PROBABILITY,
+    },
+    what="cost distribution",
+    variant_key="dist",
+    variant_default="fixed",
+    variants=_COST_KEYS,
+)
+
+_WORKLOAD_COMMON = frozenset(
+    {"type", "provider", "priority", "start_s", "cost", "distinct_inputs", "poison_fraction"}
+)
+_WORKLOAD_KEYS = {
+    "poisson": _WORKLOAD_COMMON | {"rate_per_s", "end_s", "count"},
+    "burst": _WORKLOAD_COMMON | {"count", "burst_s"},
+    "double_click": _WORKLOAD_COMMON | {"rate_per_s", "end_s", "count", "clicks", "click_gap_s"},
+    # a trace brings its own sizes and one input per row
+    "trace": (_WORKLOAD_COMMON - {"cost", "distinct_inputs"}) | {"trace", "speedup", "count", "end_s"},
+}
+
+_WORKLOAD = _Table(
+    {
+        "type": _Choice(tuple(_WORKLOAD_KEYS)),
+        "provider": _Text(),
+        "priority": _Choice(("interactive", "background")),
+        "rate_per_s": _POSITIVE,
+        "start_s": _NON_NEGATIVE,
+        "end_s": _Optional(_NON_NEGATIVE),
+        "count": _Optional(_Integer(1)),
+        "burst_s": _NON_NEGATIVE,
+        "clicks": _Integer(1),
+        "click_gap_s": _NON_NEGATIVE,
+        "cost": _COST,
+        "distinct_inputs": _Optional(_Integer(1)),
+        "poison_fraction": _PROBABILITY,
+        "trace": _Text(non_empty=True),
+        "speedup": _POSITIVE,
+    },
+    required=frozenset({"type", "provider"}),
+    what="workload",
+    variant_key="type",
+    variants=_WORKLOAD_KEYS,
+    required_by_variant={"burst": frozenset({"count"}), "trace": frozenset({"trace"})},
+)
+
+_CRASH = _Table(
+    {
+        "at_s": _Optional(_NON_NEGATIVE),
+        "after_writes": _Optional(_Integer(1)),
+        "restart_after_s": _NON_NEGATIVE,
+        "torn_write": _Boolean(),
+    },
+    what="crash",
+)
+
+_SCENARIO_SECTION = _Table(
+    {
+        "name": _Text(non_empty=True),
+        "description": _Text(),
+        "seed": _Integer(0),
+        "duration_s": _POSITIVE,
+        "drain_s": _NON_NEGATIVE,
+        "timeline_step_s": _POSITIVE,
+    },
+    required=frozenset({"name"}),
+    what="scenario section",
+)
+
+_FILE = _Table(
+    {
+        "scenario": _SCENARIO_SECTION,
+        "providers": _Array(_PROVIDER, "[[providers]]", named=True),
+        "quotas": _Map(_QUOTA),
+        "retry": _RETRY,
+        "dispatch": _DISPATCH,
+        "store": _STORE,
+        "workloads": _Array(_WORKLOAD, "[[workloads]]"),
+        "crashes": _Array(_CRASH, "[[crashes]]"),
+    },
+    required=frozenset({"scenario", "providers", "workloads"}),
+    what="scenario file",
+)
+
+SECTION_FIELDS: dict[type, _Table] = {
+    Scenario: _SCENARIO_SECTION,
+    ProviderConfig: _PROVIDER,
+    OutageConfig: _OUTAGE,
+    ClientQuotaConfig: _QUOTA,
+    RetryConfig: _RETRY,
+    DispatchConfig: _DISPATCH,
+    StoreConfig: _STORE,
+    WorkloadConfig: _WORKLOAD,
+    CostConfig: _COST,
+    CrashConfig: _CRASH,
+}
+"""Which file table describes which config record (tests check they list the same fields)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: raw mapping -> checked plain values (dicts, tuples), errors with key paths
+
+
+class _Reader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, path: str, message: str) -> ScenarioError:
+        return ScenarioError(self.source, path, message)
+
+    def expected(self, path: str, expected: str, value: Any) -> ScenarioError:
+        return self.error(path, f"expected {expected}, got {describe(value)}")
+
+    def read(self, raw: Any, path: str, schema: Any) -> Any:
+        if isinstance(schema, _Table):
+            return self.table(raw, path, schema)
+        if isinstance(schema, _Array):
+            if not isinstance(raw, list | tuple):
+                raise self.expected(path, schema.expected, raw)
+            return tuple(self.read(item, f"{path}[{i}]", schema.item) for i, item in enumerate(raw))
+        if isinstance(schema, _Map):
+            if not isinstance(raw, Mapping):
+                raise self.expected(path, schema.expected, raw)
+            values = {}
+            for key, item in raw.items():
+                if not isinstance(key, str):
+                    raise self.error(_join(path, key), "expected a provider name as the key")
+                values[key] = self.read(item, _join(path, key), schema.item)
+            return values
+        try:
+            return schema(raw)
+        except _Invalid:
+            raise self.expected(path, schema.expected, raw) from None
+
+    def table(self, raw: Any, path: str, schema: _Table) -> dict[str, Any]:
+        if not isinstance(raw, Mapping):
+            raise self.expected(path or "(top level)", schema.expected, raw)
+        allowed = list(schema.fields)
+        required = set(schema.required)
+        variant = None
+        if schema.variant_key is not None:
+            key = schema.variant_key
+            if key in raw:
+                variant = self.read(raw[key], _join(path, key), schema.fields[key])
+            elif schema.variant_default is not None:
+                variant = schema.variant_default
+            else:
+                raise self.error(_join(path, key), f"missing; expected {schema.fields[key].expected}")
+            allowed = [name for name in schema.fields if name in schema.variants[variant]]
+            required |= schema.required_by_variant.get(variant, frozenset())
+        for key in raw:
+            if key in allowed:
+                continue
+            if key in schema.fields:
+                raise self.error(
+                    _join(path, key),
+                    f"does not apply to a {variant} {schema.what}; "
+                    f"keys for a {variant} {schema.what}: {', '.join(allowed)}",
+                )
+            raise self.error(_join(path, key), f"unknown key; expected one of: {', '.join(allowed)}")
+        values: dict[str, Any] = {}
+        for key in allowed:
+            check = schema.fields[key]
+            if key in raw:
+                values[key] = self.read(raw[key], _join(path, key), check)
+            elif key in required:
+                needs = (
+                    f"a {variant} {schema.what} needs it; " if variant and key != schema.variant_key else ""
+                )
+                raise self.error(_join(path, key), f"missing; {needs}expected {check.expected}")
+        if variant is not None:
+            values[schema.variant_key] = variant
+        return values
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the records, with the checks that span several keys
+
+
+def _outage(values: dict[str, Any], path: str, reader: _Reader) -> OutageConfig:
+    if not values["end_s"] > values["start_s"]:
+        raise reader.error(
+            f"{path}.end_s",
+            f"expected a number > start_s ({_fmt(values['start_s'])}), got {describe(values['end_s'])}",
+        )
+    return OutageConfig(**values)
+
+
+def _providers(raw: tuple[dict[str, Any], ...], reader: _Reader) -> tuple[ProviderConfig, ...]:
+    if not raw:
+        raise reader.error("providers", "expected at least one [[providers]] table, got none")
+    seen: dict[str, int] = {}
+    providers = []
+    for i, values in enumerate(raw):
+        path = f"providers[{i}]"
+        name = values["name"]
+        if name in seen:
+            raise reader.error(
+                f"{path}.name",
+                f"expected a unique provider name, got {describe(name)} (also providers[{seen[name]}])",
+            )
+        seen[name] = i
+        outages = tuple(
+            _outage(outage, f"{path}.outages[{j}]", reader)
+            for j, outage in enumerate(values.get("outages", ()))
+        )
+        providers.append(ProviderConfig(**{**values, "outages": outages}))
+    return tuple(providers)
+
+
+def _quotas(
+    raw: dict[str, dict[str, Any]], names: list[str], reader: _Reader
+) -> dict[str, ClientQuotaConfig]:
+    quotas = {}
+    for name, values in raw.items():
+        if name not in names:
+            raise reader.error(
+                f"quotas.{name}",
+                f"expected the name of a declared provider ({', '.join(names)}), got {describe(name)}",
+            )
+        quota = ClientQuotaConfig(**values)
+        for burst, rate in (("request_burst", "requests_per_min"), ("unit_burst", "units_per_min")):
+            if getattr(quota, burst) is not None and getattr(quota, rate) is None:
+                raise reader.error(
+                    f"quotas.{name}.{burst}", f"only applies together with {rate}, which is not set"
+                )
+        quotas[name] = quota
+    return quotas
+
+
+def _retry(values: dict[str, Any], reader: _Reader) -> RetryConfig:
+    retry = RetryConfig(**values)
+    if not retry.cap_s >= retry.base_s:
+        raise reader.error(
+            "retry.cap_s" if "cap_s" in values else "retry.base_s",
+            f"expected cap_s >= base_s, got cap_s = {_fmt(retry.cap_s)} and base_s = {_fmt(retry.base_s)}",
+        )
+    return retry
+
+
+def _store(values: dict[str, Any], reader: _Reader) -> StoreConfig:
+    store = StoreConfig(**values)
+    if store.kind == "memory" and store.path is not None:
+        raise reader.error(
+            "store.path", 'does not apply to the memory store; set store.kind = "json" or "sqlite"'
+        )
+    return store
+
+
+def _cost(values: dict[str, Any], path: str, reader: _Reader) -> CostConfig:
+    cost = CostConfig(**values)
+    if cost.dist == "uniform" and not cost.high >= cost.low:
+        raise reader.error(
+            f"{path}.high",
+            f"expected a number >= low ({_fmt(cost.low)}), got {describe(values.get('high', cost.high))}",
+        )
+    return cost
+
+
+def _largest_fixed_units(cost: CostConfig) -> int | None:
+    """The largest task a bounded cost distribution can produce (None for unbounded ones)."""
+    if cost.dist == "fixed":
+        return max(1, round(cost.mean))
+    if cost.dist == "uniform":
+        return max(1, round(cost.high))
+    return None
+
+
+def _resolve_trace(value: str, path: str, reader: _Reader) -> str:
+    if is_builtin_trace(value):
+        return value
+    candidate = Path(value).expanduser()
+    source = Path(reader.source)
+    if not candidate.is_absolute() and source.is_file():
+        candidate = source.parent / candidate
+    if not candidate.is_file():
+        raise reader.error(
+            path,
+            f"expected {' or '.join(json.dumps(name) for name in BUILTIN_TRACES)} or the path of a CSV file "
+            f"(relative to the scenario file), got {describe(value)} (no such file: {candidate})",
+        )
+    resolved = str(candidate.resolve())
+    try:
+        check_trace_header(resolved)
+    except TraceError as exc:
+        raise reader.error(path, str(exc)) from None
+    return resolved
+
+
+def _workload(
+    values: dict[str, Any],
+    path: str,
+    providers: dict[str, ProviderConfig],
+    quotas: dict[str, ClientQuotaConfig],
+    duration_s: float,
+    reader: _Reader,
+) -> WorkloadConfig:
+    if values["provider"] not in providers:
+        raise reader.error(
+            f"{path}.provider",
+            f"expected the name of a declared provider ({', '.join(providers)}), "
+            f"got {describe(values['provider'])}",
+        )
+    kwargs = dict(values)
+    if "cost" in kwargs:
+        kwargs["cost"] = _cost(kwargs["cost"], f"{path}.cost", reader)
+    if "trace" in kwargs:
+        kwargs["trace"] = _resolve_trace(kwargs["trace"], f"{path}.trace", reader)
+    workload = WorkloadConfig(**kwargs)
+    if not workload.start_s < duration_s:
+        raise reader.error(
+            f"{path}.start_s",
+            f"expected a number < scenario.duration_s ({_fmt(duration_s)}), "
+            f"got {describe(values['start_s'])} (arrivals stop at duration_s)",
+        )
+    if workload.end_s is not None and not workload.end_s > workload.start_s:
+        raise reader.error(
+            f"{path}.end_s",
+            f"expected a number > start_s ({_fmt(workload.start_s)}), got {describe(workload.end_s)}",
+        )
+    quota = quotas.get(workload.provider)
+    largest = _largest_fixed_units(workload.cost) if workload.type != "trace" else None
+    if quota is not None and quota.units_per_min is not None and largest is not None:
+        capacity = quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
+        if largest > capacity:
+            key = "mean" if workload.cost.dist == "fixed" else "high"
+            raise reader.error(
+                f"{path}.cost.{key}",
+                f"expected at most {_fmt(capacity)} units (the client quota of {workload.provider!r} "
+                f"can never grant more: quotas.{workload.provider}.unit_burst, or units_per_min when unset), "
+                f"got {largest}",
+            )
+    return workload
+
+
+def _crash(
+    values: dict[str, Any], path: str, store: StoreConfig, horizon_s: float, reader: _Reader
+) -> CrashConfig:
+    crash = CrashConfig(**values)
+    if (crash.at_s is None) == (crash.after_writes is None):
+        got = "both" if crash.at_s is not None else "neither"
+        raise reader.error(path, f"expected exactly one of at_s or after_writes, got {got}")
+    if crash.at_s is not None and crash.at_s > horizon_s:
+        raise reader.error(
+            f"{path}.at_s",
+            f"expected a number <= duration_s + drain_s ({_fmt(horizon_s)}), got {describe(values['at_s'])} "
+            "(the run is over by then)",
+        )
+    if crash.torn_write and store.kind != "json":
+        raise reader.error(
+            f"{path}.torn_write", f'only applies to the json store, but store.kind is "{store.kind}"'
+        )
+    return crash
+
+
+def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Scenario:
+    """Validate a scenario mapping (as parsed from TOML) into a :class:`Scenario`.
+
+    ``source`` names the file in error messages and is kept as ``Scenario.source``; relative
+    trace paths are resolved against its folder when it is a file. Raises :class:`ScenarioError`.
+    """
+    reader = _Reader(source)
+    values = reader.table(mapping, "", _FILE)
+    header = values["scenario"]
+    providers = _providers(values["providers"], reader)
+    by_name = {provider.name: provider for provider in providers}
+    quotas = _quotas(values.get("quotas", {}), list(by_name), reader)
+    retry = _retry(values.get("retry", {}), reader)
+    dispatch = DispatchConfig(**values.get("dispatch", {}))
+    store = _store(values.get("store", {}), reader)
+    defaults = Scenario.__dataclass_fields__
+    duration_s = header.get("duration_s", defaults["duration_s"].default)
+    drain_s = header.get("drain_s", defaults["drain_s"].default)
+    if not values["workloads"]:
+        raise reader.error("workloads", "expected at least one [[workloads]] table, got none")
+    workloads = tuple(
+        _workload(item, f"workloads[{i}]", by_name, quotas, duration_s, reader)
+        for i, item in enumerate(values["workloads"])
+    )
+    crashes = tuple(
+        _crash(item, f"crashes[{i}]", store, duration_s + drain_s, reader)
+        for i, item in enumerate(values.get("crashes", ()))
+    )
+    return Scenario(
+        providers=providers,
+        workloads=workloads,
+        quotas=quotas,
+        retry=retry,
+        dispatch=dispatch,
+        store=store,
+        crashes=crashes,
+        source=source,
+        **header,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and overrides
+
+
+_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+
+
+def _read_toml(path: Path, source: str) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ScenarioError(source, "", "no such file") from None
+    except IsADirectoryError:
+        raise ScenarioError(source, "", "is a directory, expected a .toml file") from None
+    except OSError as exc:
+        raise ScenarioError(source, "", f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(source, "", f"not UTF-8 text (bad byte at offset {exc.start})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        detail = str(exc)
+        match = _TOML_POSITION.search(detail)
+        if match is None:
+            raise ScenarioError(source, "", f"invalid TOML: {detail}") from None
+        line, column = int(match.group(1)), int(match.group(2))
+        reason = detail[: match.start()]
+        raise ScenarioError(
+            source, "", f"line {line}, column {column}: invalid TOML: {reason}", line=line
+        ) from None
+
+
+def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Read, override and validate a scenario file. Raises :class:`ScenarioError`.
+
+    ``overrides`` maps dotted key paths to values (``{"retry.base_s": 0.5,
+    "providers.llm.rate_limit_prob": 0.2, "workloads[0].rate_per_s": 3}``).
+    """
+    source = str(path)
+    raw = _read_toml(Path(path), source)
+    if overrides:
+        raw = apply_overrides(raw, overrides, source=source)
+    return parse_scenario(raw, source=source)
+
+
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def split_key_path(path: str, *, source: str = "<override>") -> list[str | int]:
+    """``providers[1].outages[0].start_s`` -> ``["providers", 1, "outages", 0, "start_s"]``.
+
+    A purely numeric dotted part (``workloads.0.rate_per_s``) is an index too.
+    """
+    parts: list[str | int] = []
+    text = path.strip()
+    position = 0
+    expect_key = True
+    while position < len(text):
+        if text[position] == "." and not expect_key and position + 1 < len(text):
+            position += 1
+            expect_key = True
+            continue
+        match = _PATH_PART.match(text, position)
+        if match is None or (match.group(1) is not None and not expect_key):
+            raise ScenarioError(
+                source, path, "cannot parse the key path; expected e.g. providers[0].timeout_prob"
+            )
+        if match.group(1) is not None:
+            key = match.group(1).strip()
+            parts.append(int(key) if key.isdigit() else key)
+        else:
+            parts.append(int(match.group(2)))
+        position = match.end()
+        expect_key = False
+    if not parts or expect_key:
+        raise ScenarioError(
+            source, path, "cannot parse the key path; expected e.g. providers[0].timeout_prob"
+        )
+    return parts
+
+
+def _render_path(parts: list[str | int]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else _join(text, part)
+    return text
+
+
+def _set_override(root: dict[str, Any], path: str, value: Any, source: str) -> None:
+    parts = split_key_path(path, source=source)
+    node: Any = root
+    schema: Any = _FILE
+    walked: list[str | int] = []
+
+    def fail(message: str) -> ScenarioError:
+        return ScenarioError(source, path, f"unknown override path: {message}")
+
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        here = _render_path(walked) or "(top level)"
+        if isinstance(schema, _Table):
+            if not isinstance(part, str) or part not in schema.fields:
+                raise fail(f"{here} has no key {part!r}; expected one of: {', '.join(schema.fields)}")
+            if not isinstance(node, dict):
+                raise ScenarioError(source, here, f"expected {schema.expected}, got {describe(node)}")
+            child_schema = schema.fields[part]
+            if last:
+                node[part] = copy.deepcopy(value)
+                return
+            if isinstance(node.get(part), tuple):
+                node[part] = list(node[part])
+            if part not in node:
+                if isinstance(child_schema, _Array):
+                    raise fail(f"the scenario has no {child_schema.header} to address")
+                if not isinstance(child_schema, _Table | _Map):
+                    raise fail(f"{_render_path([*walked, part])} is a single value and has no keys")
+                node[part] = {}
+            node, schema = node[part], child_schema
+        elif isinstance(schema, _Array):
+            if not isinstance(node, list):
+                raise ScenarioError(source, here, f"expected {schema.expected}, got {describe(node)}")
+            if isinstance(part, int):
+                if part >= len(node):
+                    raise fail(f"{here}[{part}] does not exist; the scenario has {len(node)} {schema.header}")
+                index = part
+            elif schema.named:
+                names = [item.get("name") for item in node if isinstance(item, dict)]
+                if part not in names:
+                    listed = ", ".join(str(name) for name in names)
+                    raise fail(f"no {here} entry named {part!r}; declared: {listed}")
+                index = names.index(part)
+                part = index
+            else:
+                raise fail(f"{here} entries are addressed by index, e.g. {here}[0]")
+            if last:
+                node[index] = copy.deepcopy(value)
+                return
+            node, schema = node[index], schema.item
+        elif isinstance(schema, _Map):
+            if not isinstance(node, dict):
+                raise ScenarioError(source, here, f"expected {schema.expected}, got {describe(node)}")
+            if not isinstance(part, str):
+                raise fail(f"{here} entries are addressed by provider name, e.g. {here}.llm")
+            if last:
+                node[part] = copy.deepcopy(value)
+                return
+            node = node.setdefault(part, {})
+            schema = schema.item
+        else:
+            raise fail(f"{here} is a single value and has no keys")
+        walked.append(part)
+
+
+def apply_overrides(
+    raw: Mapping[str, Any], overrides: Mapping[str, Any], *, source: str = "<scenario>"
+) -> dict:
+    """A deep copy of the raw scenario mapping with ``overrides`` (dotted path -> value) applied.
+
+    Paths must exist in the scenario layout (an unknown key is an error naming the path);
+    values are not checked here but by :func:`parse_scenario` afterwards.
+    """
+    root = copy.deepcopy(dict(raw))
+    for path, value in overrides.items():
+        if not isinstance(path, str):
+            raise ScenarioError(source, repr(path), "expected a dotted key path string")
+        _set_override(root, path, value, source)
+    return root
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"retry.base_s=0.5"`` -> ``("retry.base_s", 0.5)``.
+
+    The value is read as a TOML value (``0.5``, ``true``, ``"sjf"``, ``[1, 2]``,
+    ``{dist = "fixed", mean = 10}``), else kept as a bare string (``sjf``, ``none``).
+    """
+    key, sep, value_text = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ScenarioError("<override>", text, "expected KEY=VALUE, e.g. retry.base_s=0.5")
+    split_key_path(key)  # reject malformed paths early, with the path in the message
+    value_text = value_text.strip()
+    try:
+        value = tomllib.loads(f"value = {value_text}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = value_text
+    return key, value
+
+
+# ---------------------------------------------------------------------------------------------
+# Back to a mapping (for reports)
+
+
+def _record_dict(record: Any, schema: _Table) -> dict[str, Any]:
+    allowed = list(schema.fields)
+    if schema.variant_key is not None:
+        variant = getattr(record, schema.variant_key)
+        allowed = [name for name in schema.fields if name in schema.variants[variant]]
+    values: dict[str, Any] = {}
+    for key in allowed:
+        value = getattr(record, key)
+        sub = schema.fields[key]
+        if isinstance(sub, _Table):
+            value = _record_dict(value, sub)
+        elif isinstance(sub, _Array):
+            value = [_record_dict(item, sub.item) for item in value]
+        values[key] = value
+    return values
+
+
+def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
+    """The scenario as a plain mapping in the file layout (JSON-serialisable; ``None`` for unset).
+
+    ``parse_scenario(scenario_to_dict(s), source=s.source) == s``.
+    """
+    return {
+        "scenario": _record_dict(scenario, _SCENARIO_SECTION),
+        "providers": [_record_dict(provider, _PROVIDER) for provider in scenario.providers],
+        "quotas": {name: _record_dict(quota, _QUOTA) for name, quota in scenario.quotas.items()},
+        "retry": _record_dict(scenario.retry, _RETRY),
+        "dispatch": _record_dict(scenario.dispatch, _DISPATCH),
+        "store": _record_dict(scenario.store, _STORE),
+        "workloads": [_record_dict(workload, _WORKLOAD) for workload in scenario.workloads],
+        "crashes": [_record_dict(crash, _CRASH) for crash in scenario.crashes],
+    }

@@ -1,0 +1,328 @@
+"""Workload generation: a scenario's workloads turned into a time-ordered list of arrivals.
+
+Each :class:`~aiqsim.sim.config.WorkloadConfig` becomes a stream of :class:`Arrival` records
+(what to submit, when, to which provider, at which priority). Generation is pure and
+deterministic: all randomness comes from the ``random.Random`` passed in, and each workload
+draws from its own child generator, so changing one workload does not reshuffle the others.
+
+Arrivals never start after ``scenario.duration_s`` (the scenario's arrival horizon); the
+clicks of one double-click stay together even when the last click falls just past it.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import math
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from importlib import resources
+from pathlib import Path
+
+from aiqsim.sim.config import CostConfig, ProviderKind, Scenario, WorkloadConfig
+
+TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+"""Columns a trace CSV must have (the Azure LLM inference trace layout)."""
+
+BUILTIN_TRACES: dict[str, str] = {"azure_code": "azure_llm_code_2023.csv"}
+"""Trace names usable as ``trace = "..."`` in scenario files, mapped to files in ``aiqsim/data``."""
+
+MAX_ARRIVALS_PER_WORKLOAD = 2_000_000
+"""Guard against a typo (``rate_per_s = 1e6``) turning into an endless generation loop."""
+
+_TICKS_PER_SECOND = 10_000_000  # trace timestamps carry 7 fractional digits (100 ns ticks)
+_EPOCH = datetime(1970, 1, 1)
+_ONE_SECOND = timedelta(seconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One submission: at ``time`` (virtual seconds) submit ``payload`` to ``provider``.
+
+    ``payload`` is ``{"input": str, "prompt_units": int, "output_units": int, "poison": bool}``;
+    ``cost_estimate`` is ``prompt_units + output_units``. ``action`` names the user action that
+    caused it: the clicks of one double-click share it (and carry identical payloads).
+    """
+
+    time: float
+    task_id: str
+    provider: str
+    priority: str
+    payload: dict
+    cost_estimate: float
+    action: str
+
+
+class TraceError(ValueError):
+    """A trace CSV that cannot be replayed (missing columns, unparsable row, no rows)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    """One request of a trace: seconds after the first row, prompt and output sizes."""
+
+    offset_s: float
+    context_tokens: int
+    generated_tokens: int
+
+
+def is_builtin_trace(trace: str) -> bool:
+    """Whether ``trace`` names a packaged trace rather than a file path."""
+    return trace in BUILTIN_TRACES
+
+
+def _open_trace_text(trace: str):
+    """Open a trace (packaged name or path) as text; packaged traces come via importlib.resources."""
+    if is_builtin_trace(trace):
+        resource = resources.files("aiqsim").joinpath("data", BUILTIN_TRACES[trace])
+        return resource.open("r", encoding="utf-8", newline="")
+    return Path(trace).open("r", encoding="utf-8", newline="")
+
+
+def _check_header(header: list[str] | None, trace: str) -> dict[str, int]:
+    if header is None:
+        raise TraceError(
+            f"trace {trace!r} is empty; expected a header with columns {', '.join(TRACE_COLUMNS)}"
+        )
+    names = [name.strip() for name in header]
+    missing = [column for column in TRACE_COLUMNS if column not in names]
+    if missing:
+        raise TraceError(
+            f"trace {trace!r} lacks column(s) {', '.join(missing)}; expected {', '.join(TRACE_COLUMNS)}, "
+            f"found {', '.join(names) or 'none'}"
+        )
+    return {column: names.index(column) for column in TRACE_COLUMNS}
+
+
+def check_trace_header(trace: str) -> None:
+    """Raise :class:`TraceError` unless ``trace`` opens and has the expected columns (reads one line)."""
+    try:
+        with _open_trace_text(trace) as handle:
+            _check_header(next(csv.reader(handle), None), trace)
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {trace!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"trace {trace!r} is not UTF-8 text") from None
+
+
+def parse_trace_timestamp(text: str) -> int:
+    """A trace TIMESTAMP (``2023-11-16 18:17:03.9799600``) as an integer count of 100 ns ticks.
+
+    Integer ticks keep the 7 fractional digits exact (datetime only holds 6); differences of
+    ticks then give exact offsets between rows.
+    """
+    whole, _, fraction = text.strip().partition(".")
+    if fraction and not fraction.isdigit():
+        raise ValueError(f"bad fractional seconds in timestamp {text!r}")
+    moment = datetime.fromisoformat(whole)
+    if moment.tzinfo is not None:
+        raise ValueError(f"timestamp {text!r} carries a time zone; trace timestamps are plain UTC")
+    seconds = (moment - _EPOCH) // _ONE_SECOND
+    return seconds * _TICKS_PER_SECOND + int((fraction + "0000000")[:7])
+
+
+@functools.lru_cache(maxsize=8)
+def read_trace(trace: str) -> tuple[TraceRow, ...]:
+    """All rows of a trace, in file order, with offsets relative to the first row (cached)."""
+    rows: list[TraceRow] = []
+    first_ticks: int | None = None
+    try:
+        with _open_trace_text(trace) as handle:
+            reader = csv.reader(handle)
+            index = _check_header(next(reader, None), trace)
+            for row in reader:
+                if not row or all(not cell.strip() for cell in row):
+                    continue
+                try:
+                    ticks = parse_trace_timestamp(row[index["TIMESTAMP"]])
+                    context = int(row[index["ContextTokens"]])
+                    generated = int(row[index["GeneratedTokens"]])
+                except (ValueError, IndexError) as exc:
+                    raise TraceError(
+                        f"trace {trace!r}, line {reader.line_num}: cannot parse {row!r}: {exc}"
+                    ) from None
+                if context < 0 or generated < 0:
+                    raise TraceError(
+                        f"trace {trace!r}, line {reader.line_num}: negative token count in {row!r}"
+                    )
+                if first_ticks is None:
+                    first_ticks = ticks
+                rows.append(TraceRow((ticks - first_ticks) / _TICKS_PER_SECOND, context, generated))
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {trace!r}: {exc.strerror or exc}") from None
+    if not rows:
+        raise TraceError(f"trace {trace!r} has a header but no rows")
+    return tuple(rows)
+
+
+def draw_units(cost: CostConfig, rng: random.Random) -> int:
+    """One task's size in provider units drawn from ``cost`` (whole units, at least 1)."""
+    if cost.dist == "fixed":
+        value = cost.mean
+    elif cost.dist == "lognormal":
+        # mean of a lognormal is exp(mu + sigma^2 / 2): choose mu so the mean is cost.mean
+        value = rng.lognormvariate(math.log(cost.mean) - cost.sigma**2 / 2.0, cost.sigma)
+    elif cost.dist == "uniform":
+        value = rng.uniform(cost.low, cost.high)
+    else:
+        raise ValueError(f"unknown cost distribution {cost.dist!r}")
+    return max(1, round(value))
+
+
+def split_units(units: int, kind: ProviderKind, output_fraction: float) -> tuple[int, int]:
+    """(prompt_units, output_units) of a task of ``units``: a TTS call is all output (characters)."""
+    if kind == "tts":
+        return 0, units
+    output = round(units * output_fraction)
+    return units - output, output
+
+
+def _poisson_times(
+    rng: random.Random, rate: float, start: float, end: float, count: int | None
+) -> list[float]:
+    """Arrival times of a Poisson process on (start, end], at most ``count`` of them."""
+    times: list[float] = []
+    limit = MAX_ARRIVALS_PER_WORKLOAD + 1 if count is None else min(count, MAX_ARRIVALS_PER_WORKLOAD + 1)
+    now = start
+    while len(times) < limit:
+        now += rng.expovariate(rate)
+        if now > end:
+            break
+        times.append(now)
+    return times
+
+
+@dataclass(frozen=True, slots=True)
+class _Action:
+    """One user action before it is expanded into clicks: its time and what it asks for."""
+
+    time: float
+    input_index: int
+    prompt_units: int
+    output_units: int
+    poison: bool
+
+
+def _action_times(workload: WorkloadConfig, horizon: float, rng: random.Random) -> list[float]:
+    if workload.type == "burst":
+        count = workload.count or 0
+        times = [workload.start_s + workload.burst_s * step / count for step in range(count)]
+        return [t for t in times if t <= horizon]
+    end = horizon if workload.end_s is None else min(workload.end_s, horizon)
+    return _poisson_times(rng, workload.rate_per_s, workload.start_s, end, workload.count)
+
+
+def _exact_share(fraction: float, total: int) -> int:
+    """``fraction`` of ``total`` rounded half up (so 0.5 of 3 is 2, not banker's 2-or-1)."""
+    return min(total, math.floor(fraction * total + 0.5))
+
+
+def _generated_actions(
+    workload: WorkloadConfig, kind: ProviderKind, horizon: float, rng: random.Random
+) -> list[_Action]:
+    times = _action_times(workload, horizon, rng)
+    if workload.distinct_inputs is None:
+        # every action has its own input; exactly poison_fraction of them are poisoned
+        poisoned = set(rng.sample(range(len(times)), _exact_share(workload.poison_fraction, len(times))))
+        actions = []
+        for number, time in enumerate(times):
+            prompt, output = split_units(draw_units(workload.cost, rng), kind, workload.cost.output_fraction)
+            actions.append(_Action(time, number, prompt, output, number in poisoned))
+        return actions
+    # inputs recur: input k's size is drawn once (identical inputs carry identical payloads);
+    # input labels are arbitrary and drawn uniformly, so poisoning the first m of them is a
+    # uniformly random choice of exactly m poisoned inputs
+    distinct = workload.distinct_inputs
+    poisoned_below = _exact_share(workload.poison_fraction, distinct)
+    sizes: dict[int, tuple[int, int]] = {}
+    actions = []
+    for time in times:
+        k = rng.randrange(distinct)
+        if k not in sizes:
+            sizes[k] = split_units(draw_units(workload.cost, rng), kind, workload.cost.output_fraction)
+        prompt, output = sizes[k]
+        actions.append(_Action(time, k, prompt, output, k < poisoned_below))
+    return actions
+
+
+def _trace_actions(
+    workload: WorkloadConfig, kind: ProviderKind, horizon: float, rng: random.Random
+) -> list[_Action]:
+    rows = read_trace(workload.trace or "")
+    if workload.count is not None:
+        rows = rows[: workload.count]
+    end = horizon if workload.end_s is None else min(workload.end_s, horizon)
+    timed = [(workload.start_s + row.offset_s / workload.speedup, row) for row in rows]
+    timed = [(time, row) for time, row in timed if time <= end]
+    poisoned = set(rng.sample(range(len(timed)), _exact_share(workload.poison_fraction, len(timed))))
+    actions = []
+    for number, (time, row) in enumerate(timed):
+        if kind == "tts":
+            prompt, output = 0, row.context_tokens + row.generated_tokens
+        else:
+            prompt, output = row.context_tokens, row.generated_tokens
+        actions.append(_Action(time, number, prompt, output, number in poisoned))
+    return actions
+
+
+def workload_arrivals(
+    index: int, workload: WorkloadConfig, scenario: Scenario, rng: random.Random
+) -> list[Arrival]:
+    """The arrivals of workload number ``index`` alone, sorted by time.
+
+    Task ids read ``w{index}-{n:06d}`` (n counts this workload's arrivals in time order) and
+    actions ``w{index}-a{n:06d}``; inputs are labelled ``w{index}-input-{k:06d}``.
+    """
+    kind = scenario.provider(workload.provider).kind
+    horizon = scenario.duration_s
+    if workload.type == "trace":
+        actions = _trace_actions(workload, kind, horizon, rng)
+    else:
+        actions = _generated_actions(workload, kind, horizon, rng)
+    actions.sort(key=lambda action: action.time)
+    if len(actions) > MAX_ARRIVALS_PER_WORKLOAD:
+        raise ValueError(
+            f"workload {index} would generate more than {MAX_ARRIVALS_PER_WORKLOAD:,} arrivals; "
+            "lower its rate_per_s or count, or shorten the scenario"
+        )
+    clicks = workload.clicks if workload.type == "double_click" else 1
+    expanded: list[tuple[float, int, int, _Action]] = []
+    for number, action in enumerate(actions):
+        for click in range(clicks):
+            expanded.append((action.time + click * workload.click_gap_s, number, click, action))
+    expanded.sort(key=lambda item: (item[0], item[1], item[2]))
+    arrivals = []
+    for serial, (time, number, _click, action) in enumerate(expanded):
+        payload = {
+            "input": f"w{index}-input-{action.input_index:06d}",
+            "prompt_units": action.prompt_units,
+            "output_units": action.output_units,
+            "poison": action.poison,
+        }
+        arrivals.append(
+            Arrival(
+                time=time,
+                task_id=f"w{index}-{serial:06d}",
+                provider=workload.provider,
+                priority=workload.priority,
+                payload=payload,
+                cost_estimate=float(action.prompt_units + action.output_units),
+                action=f"w{index}-a{number:06d}",
+            )
+        )
+    return arrivals
+
+
+def generate_arrivals(scenario: Scenario, rng: random.Random) -> list[Arrival]:
+    """Every workload's arrivals merged into one list sorted by time (ties: workload order).
+
+    Deterministic for a given ``rng`` state: each workload gets a child generator seeded from
+    ``rng`` in declaration order.
+    """
+    seeds = [rng.getrandbits(64) for _ in scenario.workloads]
+    merged: list[Arrival] = []
+    for index, (workload, seed) in enumerate(zip(scenario.workloads, seeds, strict=True)):
+        merged.extend(workload_arrivals(index, workload, scenario, random.Random(seed)))
+    merged.sort(key=lambda arrival: arrival.time)
+    return merged
