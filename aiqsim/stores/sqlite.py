@@ -43,6 +43,7 @@ FILE_MODE = 0o600
 DEFAULT_BUSY_TIMEOUT_S = 30.0
 SYNCHRONOUS_LEVELS = ("OFF", "NORMAL", "FULL", "EXTRA")
 SQLITE_HEADER = b"SQLite format 3\x00"
+SQLITE_HEADER_SIZE = 100
 
 COLUMNS = (
     "id",
@@ -225,13 +226,15 @@ class SqliteStore:
     def _check_header(self) -> None:
         try:
             with open(self.path, "rb") as handle:
-                header = handle.read(len(SQLITE_HEADER))
+                header = handle.read(SQLITE_HEADER_SIZE)
         except OSError as error:
             raise self._corrupt(f"cannot be read ({error.strerror or error})") from error
         if not header:
             raise self._corrupt("empty file (truncated?); expected an SQLite task store")
-        if header != SQLITE_HEADER:
+        if not header.startswith(SQLITE_HEADER):
             raise self._corrupt("not an SQLite database")
+        if len(header) < SQLITE_HEADER_SIZE:
+            raise self._corrupt(f"truncated: {len(header)} bytes, shorter than the SQLite header")
 
     def _validate(self, *, full: bool) -> None:
         """Refuse anything but an intact version-1 task store, without writing a byte."""

@@ -1,0 +1,352 @@
+"""Bad state files: every one raises StoreCorruptError naming the file, and no byte changes.
+
+The other half: damage a crash can cause by itself (a torn last journal line, a stale temp
+file) is recovered from silently and safely.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from aiqsim.core.states import transition
+from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.stores import JsonFileStore, SqliteStore, StoreCorruptError
+
+
+def task(n: int, key: str | None = None) -> TaskRecord:
+    return TaskRecord(
+        id=f"t{n}", key=key or f"k{n}", kind="llm", provider="llm", payload={"n": n, "pad": "x" * 50}
+    )
+
+
+def populate(store: JsonFileStore | SqliteStore, count: int = 30) -> None:
+    for n in range(count):
+        store.insert_and_claim(task(n))
+        if n % 2 == 0:
+            running = transition(task(n), TaskStatus.RUNNING, 1.0)
+            store.update(running)
+            store.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={"n": n}))
+    store.record_poison("k-poison", "SchemaViolationError: bad", 3.0)
+
+
+def snapshot_of(directory: Path) -> dict[str, bytes]:
+    """Every file's bytes, lock files aside (the lock is not state)."""
+    return {
+        p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file() and p.suffix != ".lock"
+    }
+
+
+def assert_refused_untouched(directory: Path, opener: Callable[[], object], *fragments: str) -> None:
+    before = snapshot_of(directory)
+    with pytest.raises(StoreCorruptError) as raised:
+        opener()
+    message = str(raised.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    assert snapshot_of(directory) == before
+
+
+# ============================================================================ JSON
+@pytest.fixture
+def json_path(tmp_path: Path) -> Path:
+    path = tmp_path / "tasks.json"
+    with JsonFileStore(path) as store:
+        populate(store)
+        store.compact()
+    return path
+
+
+def edit_document(path: Path, change: Callable[[dict], None]) -> None:
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_json_intact_file_opens(json_path: Path) -> None:
+    with JsonFileStore(json_path) as store:
+        assert len(store) == 30 and store.poison_error("k-poison") == "SchemaViolationError: bad"
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "not valid JSON"),
+        (lambda p: p.write_bytes(b""), "empty file"),
+        (lambda p: p.write_bytes(b"\xff\xfe garbage"), "not valid JSON"),
+        (lambda p: p.write_text("[1, 2, 3]"), "not an aiqsim task store"),
+        (lambda p: edit_document(p, lambda d: d.update(format="something-else")), "not an aiqsim task store"),
+        (lambda p: edit_document(p, lambda d: d.update(version=2)), "newer aiqsim"),
+        (lambda p: edit_document(p, lambda d: d.update(version="1")), "unsupported version '1'"),
+        (lambda p: edit_document(p, lambda d: d.pop("owners")), "'owners'"),
+        (lambda p: edit_document(p, lambda d: d["tasks"][3].update(status="done")), "invalid status 'done'"),
+        (lambda p: edit_document(p, lambda d: d["tasks"][3].update(id=17)), "field 'id'"),
+        (lambda p: edit_document(p, lambda d: d["tasks"][3].update(priority=9)), "invalid priority 9"),
+        (lambda p: edit_document(p, lambda d: d["tasks"][3].update(attempts=-1)), "'attempts'"),
+        (lambda p: edit_document(p, lambda d: d["tasks"][3].pop("created_at")), "'created_at'"),
+        (lambda p: edit_document(p, lambda d: d["tasks"].append(d["tasks"][0])), "appears twice"),
+        (lambda p: edit_document(p, lambda d: d["owners"].update(k1="nobody")), "owned by 'nobody'"),
+        (lambda p: edit_document(p, lambda d: d["poison"].update(x="not an object")), "invalid poison entry"),
+    ],
+    ids=[
+        "truncated",
+        "empty",
+        "binary",
+        "not-an-object",
+        "wrong-format",
+        "newer-version",
+        "version-as-text",
+        "missing-owners",
+        "invalid-status",
+        "id-not-text",
+        "invalid-priority",
+        "negative-attempts",
+        "missing-field",
+        "duplicate-id",
+        "dangling-owner",
+        "bad-poison",
+    ],
+)
+def test_json_bad_snapshot_is_refused_untouched(
+    json_path: Path, damage: Callable[[Path], None], expected: str
+) -> None:
+    damage(json_path)
+    assert_refused_untouched(json_path.parent, lambda: JsonFileStore(json_path), str(json_path), expected)
+
+
+def test_json_unreadable_snapshot_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.json"
+    path.mkdir()  # tests run as root here, so a directory stands in for an unreadable file
+    assert_refused_untouched(tmp_path, lambda: JsonFileStore(path), str(path), "cannot be read")
+
+
+def test_json_refusal_releases_the_lock(json_path: Path) -> None:
+    good = json_path.read_bytes()
+    json_path.write_bytes(b"{")
+    with pytest.raises(StoreCorruptError):
+        JsonFileStore(json_path)
+    json_path.write_bytes(good)  # the operator repairs the file
+    with JsonFileStore(json_path) as store:
+        assert len(store) == 30
+
+
+# ---------------------------------------------------------------------------- journal
+@pytest.fixture
+def journaled(tmp_path: Path) -> Path:
+    """A store whose last five writes live only in the journal."""
+    path = tmp_path / "tasks.json"
+    with JsonFileStore(path) as store:
+        populate(store, 10)
+        store.compact()
+        for n in range(10, 15):
+            store.insert_and_claim(task(n))
+    assert path.with_name("tasks.json.journal").read_bytes().count(b"\n") == 5
+    return path
+
+
+def journal_lines(path: Path) -> list[bytes]:
+    return path.with_name(path.name + ".journal").read_bytes().splitlines(keepends=True)
+
+
+def write_journal(path: Path, lines: list[bytes]) -> None:
+    path.with_name(path.name + ".journal").write_bytes(b"".join(lines))
+
+
+def journal_line(entry: dict) -> bytes:
+    body = json.dumps(entry, separators=(",", ":")).encode()
+    return b'{"crc":"%08x","entry":%b}\n' % (zlib.crc32(body), body)
+
+
+def test_json_journal_replays_on_open(journaled: Path) -> None:
+    with JsonFileStore(journaled) as store:
+        assert [r.id for r in store.list_by_status()] == [f"t{n}" for n in range(15)]
+        assert not store.torn_tail_recovered
+
+
+@pytest.mark.parametrize("cut", [1, 10, -2], ids=["one-byte", "mid-line", "no-newline"])
+def test_json_torn_last_line_is_ignored_and_cut(journaled: Path, cut: int) -> None:
+    lines = journal_lines(journaled)
+    write_journal(journaled, [*lines[:-1], lines[-1][:cut]])
+    with JsonFileStore(journaled) as store:
+        assert store.torn_tail_recovered
+        assert [r.id for r in store.list_by_status()] == [f"t{n}" for n in range(14)]  # t14 was torn
+        assert journal_lines(journaled) == lines[:-1]  # the torn bytes are gone
+        store.insert_and_claim(task(99))  # appends cleanly after the cut
+    with JsonFileStore(journaled) as store:
+        assert not store.torn_tail_recovered
+        assert [r.id for r in store.list_by_status()][-2:] == ["t13", "t99"]
+
+
+def test_json_garbled_last_line_and_zero_fill_are_torn_tails(journaled: Path) -> None:
+    lines = journal_lines(journaled)
+    garbled = lines[-1].replace(b"t14", b"t41")  # complete line, checksum no longer matches
+    write_journal(journaled, [*lines[:-1], garbled, b"\0" * 64])
+    with JsonFileStore(journaled) as store:
+        assert store.torn_tail_recovered
+        assert len(store) == 14
+
+
+def test_json_damaged_middle_line_is_corruption(journaled: Path) -> None:
+    lines = journal_lines(journaled)
+    lines[1] = lines[1].replace(b"t11", b"t77")
+    write_journal(journaled, lines)
+    assert_refused_untouched(
+        journaled.parent, lambda: JsonFileStore(journaled), "journal", "line 2", "checksum"
+    )
+
+
+def test_json_journal_sequence_gap_is_corruption(journaled: Path) -> None:
+    lines = journal_lines(journaled)
+    del lines[2]
+    write_journal(journaled, lines)
+    assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "journal", "sequence")
+
+
+def test_json_journal_entry_that_contradicts_the_snapshot_is_corruption(journaled: Path) -> None:
+    last_seq = json.loads(journaled.read_text())["last_seq"]
+    bogus = {"seq": last_seq + 6, "op": "update", "task": {**task(500).to_dict()}}
+    write_journal(
+        journaled, [*journal_lines(journaled), journal_line(bogus), journal_line({**bogus, "seq": 0})]
+    )
+    assert_refused_untouched(
+        journaled.parent, lambda: JsonFileStore(journaled), "update of unknown task 't500'"
+    )
+
+
+def test_json_journal_entry_with_invalid_record_is_corruption(journaled: Path) -> None:
+    last_seq = json.loads(journaled.read_text())["last_seq"]
+    bad = {"seq": last_seq + 6, "op": "update", "task": {**task(3).to_dict(), "status": "exploded"}}
+    write_journal(journaled, [*journal_lines(journaled), journal_line(bad), journal_line({**bad, "seq": 0})])
+    assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "invalid status 'exploded'")
+
+
+def test_json_journal_without_snapshot_is_corruption(journaled: Path) -> None:
+    journaled.unlink()
+    assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "snapshot", "missing")
+
+
+def test_json_stale_temp_file_is_ignored_and_removed(json_path: Path) -> None:
+    stale = json_path.with_name(f".{json_path.name}.tmp-424242")
+    stale.write_bytes(b'{"format": "aiqsim-taskstore", "version": 1, "tasks": [')  # a crash mid-snapshot
+    with JsonFileStore(json_path) as store:
+        assert store.stale_temp_files_removed == 1
+        assert len(store) == 30
+    assert not stale.exists()
+
+
+def test_json_store_survives_a_crash_in_a_real_process(tmp_path: Path) -> None:
+    """A process that dies (os._exit, no close) leaves a store the next process opens whole."""
+    path = tmp_path / "tasks.json"
+    script = (
+        "import os, sys\n"
+        "from aiqsim.core.task import TaskRecord\n"
+        "from aiqsim.stores import JsonFileStore\n"
+        "store = JsonFileStore(sys.argv[1], compact_min_entries=7)\n"
+        "for n in range(20):\n"
+        "    store.insert_and_claim(TaskRecord(id=f't{n}', key=f'k{n}', kind='llm', provider='llm'))\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True)
+    with JsonFileStore(path) as store:
+        assert [r.id for r in store.list_by_status()] == [f"t{n}" for n in range(20)]
+
+
+# ============================================================================ SQLite
+@pytest.fixture
+def sqlite_path(tmp_path: Path) -> Path:
+    path = tmp_path / "tasks.sqlite"
+    with SqliteStore(path) as store:
+        populate(store, 200)
+    assert not path.with_name("tasks.sqlite-wal").exists()  # checkpointed on close: the file is whole
+    return path
+
+
+def hand_edit(path: Path, *statements: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in statements:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+def test_sqlite_intact_file_opens(sqlite_path: Path) -> None:
+    with SqliteStore(sqlite_path) as store:
+        assert len(store) == 200 and store.poison_error("k-poison") == "SchemaViolationError: bad"
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda p: p.write_text("id,status\nt1,queued\n"), "not an SQLite database"),
+        (lambda p: p.write_bytes(b""), "empty file"),
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "malformed"),
+        (lambda p: p.write_bytes(p.read_bytes()[:4096]), "malformed"),
+        (lambda p: p.write_bytes(p.read_bytes()[:50]), "truncated: 50 bytes"),
+        (lambda p: hand_edit(p, "PRAGMA user_version = 7"), "schema version 7 (written by a newer aiqsim)"),
+        (lambda p: hand_edit(p, "PRAGMA user_version = 0"), "schema version 0"),
+        (lambda p: hand_edit(p, "UPDATE tasks SET status = 'done' WHERE id = 't5'"), "invalid status 'done'"),
+        (lambda p: hand_edit(p, "UPDATE tasks SET priority = 4 WHERE id = 't5'"), "invalid priority 4"),
+        (lambda p: hand_edit(p, "UPDATE tasks SET created_at = 'noon' WHERE id = 't5'"), "'created_at'"),
+        (lambda p: hand_edit(p, "UPDATE tasks SET payload = '{not json' WHERE id = 't5'"), "is not JSON"),
+        (lambda p: hand_edit(p, "UPDATE keys SET owner_id = 'ghost' WHERE key = 'k5'"), "owned by 'ghost'"),
+        (lambda p: hand_edit(p, "DROP TABLE poison"), "table 'poison'"),
+        (lambda p: hand_edit(p, "ALTER TABLE tasks ADD COLUMN extra TEXT"), "table 'tasks'"),
+    ],
+    ids=[
+        "csv-file",
+        "empty",
+        "truncated-half",
+        "truncated-to-one-page",
+        "truncated-header",
+        "newer-user-version",
+        "zero-user-version",
+        "invalid-status",
+        "invalid-priority",
+        "text-timestamp",
+        "payload-not-json",
+        "dangling-owner",
+        "missing-table",
+        "extra-column",
+    ],
+)
+def test_sqlite_bad_file_is_refused_untouched(
+    sqlite_path: Path, damage: Callable[[Path], None], expected: str
+) -> None:
+    damage(sqlite_path)
+    assert_refused_untouched(sqlite_path.parent, lambda: SqliteStore(sqlite_path), str(sqlite_path), expected)
+
+
+def test_sqlite_unreadable_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.sqlite"
+    path.mkdir()
+    assert_refused_untouched(tmp_path, lambda: SqliteStore(path), str(path), "cannot be read")
+
+
+def test_sqlite_invalid_row_read_later_is_still_reported(sqlite_path: Path) -> None:
+    """With the open-time scan off, a bad row is caught when it is read, never half-decoded."""
+    hand_edit(sqlite_path, "UPDATE tasks SET status = 'zombie' WHERE id = 't7'")
+    with SqliteStore(sqlite_path, validate=False) as store:
+        assert store.get("t6") is not None
+        with pytest.raises(StoreCorruptError, match="invalid status 'zombie'"):
+            store.get("t7")
+        with pytest.raises(StoreCorruptError, match=str(sqlite_path)):
+            store.list_by_status()
+
+
+def test_sqlite_stale_creation_temp_of_a_dead_process_is_removed(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = tmp_path / f".tasks.sqlite.tmp-{int(dead.stdout)}-abc"
+    stale.write_bytes(b"")
+    with SqliteStore(tmp_path / "tasks.sqlite") as store:
+        assert len(store) == 0
+    assert not stale.exists()
