@@ -394,7 +394,7 @@ class Scheduler:
                 live.runner.cancel()
         self._stop_background()
 
-    async def recover(self, *, requeue_interrupted: bool = False) -> RecoveryReport:
+    async def recover(self, *, requeue_interrupted: bool = False, use_lookup: bool = True) -> RecoveryReport:
         """Reconcile the store after a restart; call once before submitting new work.
 
         Tasks found ``running`` are orphans of the dead process. If their provider can look
@@ -402,13 +402,14 @@ class Scheduler:
         provider's record (no second call, no second bill); otherwise it fails with
         :class:`~aiqsim.core.failures.TaskInterruptedError`, or is requeued when
         ``requeue_interrupted``. Queued tasks resume: owners go back to their queues and
-        duplicates wait for their owner again.
+        duplicates wait for their owner again. ``use_lookup=False`` skips the provider lookup
+        (to measure what reconciliation saves).
         """
         completed = failed = requeued = resumed = reattached = 0
         for orphan in self.store.list_by_status(TaskStatus.RUNNING):
             lane = self._lanes.get(orphan.provider)
             response: ProviderResponse | None = None
-            if lane is not None and isinstance(lane.provider, SupportsLookup):
+            if use_lookup and lane is not None and isinstance(lane.provider, SupportsLookup):
                 response = await lane.provider.lookup(orphan.key)
             now = self.runtime.now()
             if response is not None:

@@ -43,10 +43,14 @@ SUMMARY_KEYS: dict[str, str] = {
     "interactive_latency_p99_s": "99th percentile submit-to-terminal time of interactive tasks (s)",
     "background_latency_p99_s": "99th percentile submit-to-terminal time of background tasks (s)",
     "quota_utilization": "units executed / server quota units available while work was pending "
-    "(mean over providers with a server quota; NaN if none)",
+    "(mean over providers with a server quota; NaN if none; a sliding window admits a full minute's "
+    "quota at once, so short runs can exceed 1)",
     "throughput_per_s": "tasks that ended succeeded or deduped per simulated second",
     "sim_time_s": "virtual time at which the run ended (s)",
     "crashes": "simulated process crashes",
+    "orphans_reconciled": "running tasks found after a restart and completed from the provider's record",
+    "orphans_failed": "running tasks found after a restart and failed as interrupted",
+    "orphans_requeued": "running tasks found after a restart and sent again",
     "max_executions_per_key": "most provider executions for one idempotency key",
 }
 """Every summary key with its definition (also the order of the summary table)."""
@@ -66,7 +70,7 @@ def summarize(
     *,
     rejected: int,
     sim_time_s: float,
-    crashes: int,
+    recoveries: Sequence[Any] = (),
 ) -> dict[str, float]:
     """Compute :data:`SUMMARY_KEYS` from the final task records, the provider ledger and the events."""
     counts = Counter(r.status for r in records)
@@ -123,7 +127,10 @@ def summarize(
         "quota_utilization": quota_utilization(scenario, executions, records),
         "throughput_per_s": done / sim_time_s if sim_time_s > 0 else math.nan,
         "sim_time_s": sim_time_s,
-        "crashes": crashes,
+        "crashes": len(recoveries),
+        "orphans_reconciled": sum(r.orphans_completed for r in recoveries),
+        "orphans_failed": sum(r.orphans_failed for r in recoveries),
+        "orphans_requeued": sum(r.orphans_requeued for r in recoveries),
         "max_executions_per_key": max(per_key.values(), default=0),
     }
 

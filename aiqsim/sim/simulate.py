@@ -74,7 +74,7 @@ class SimulationResult:
             events,
             rejected=len(rejected),
             sim_time_s=sim_time_s,
-            crashes=len(recoveries),
+            recoveries=recoveries,
         )
 
     @cached_property
@@ -262,7 +262,10 @@ class _Run:
         self.down = False
         try:
             self.recoveries.append(
-                await self.scheduler.recover(requeue_interrupted=self.scenario.store.requeue_interrupted)
+                await self.scheduler.recover(
+                    requeue_interrupted=self.scenario.store.requeue_interrupted,
+                    use_lookup=self.scenario.store.reconcile_on_restart,
+                )
             )
             backlog, self.backlog = self.backlog, []
             for arrival in backlog:
