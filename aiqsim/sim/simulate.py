@@ -57,6 +57,7 @@ class SimulationResult:
         recoveries: list[RecoveryReport],
         task_errors: list[str],
         sim_time_s: float,
+        store_writes: int = 0,
     ) -> None:
         self.scenario = scenario
         self.seed = seed
@@ -67,6 +68,8 @@ class SimulationResult:
         self.recoveries = recoveries
         self.task_errors = task_errors
         self.sim_time_s = sim_time_s
+        self.store_writes = store_writes
+        """Store writes the scheduler made (the count that ``crashes.after_writes`` refers to)."""
         self.summary: dict[str, float] = metrics.summarize(
             scenario,
             records,
@@ -354,4 +357,5 @@ class _Run:
             recoveries=self.recoveries,
             task_errors=errors,
             sim_time_s=sim_time,
+            store_writes=self.write_counter[0],
         )
