@@ -1,0 +1,51 @@
+"""Validation: evidence that the simulator tells the truth.
+
+- :mod:`aiqsim.validation.mmc`: the production scheduler on the SimPy runtime against queueing
+  theory (M/M/c, Erlang C).
+- :mod:`aiqsim.validation.aws_jitter`: the backoff objects against the findings of Marc Brooker's
+  "Exponential Backoff And Jitter" (AWS Architecture Blog, 2015).
+"""
+
+from aiqsim.validation.aws_jitter import (
+    ALL_STRATEGIES,
+    HOPS_PER_CALL,
+    OccRun,
+    OccServer,
+    aws_jitter_study,
+    run_occ_contention,
+)
+from aiqsim.validation.mmc import (
+    AntitheticRandom,
+    ExponentialServiceProvider,
+    MMcResult,
+    RunMeans,
+    erlang_c,
+    expected_wait_in_queue,
+    mmc_check,
+    run_means,
+    simulate_records,
+    simulate_waits,
+    t_quantile_975,
+    wait_sensitivity,
+)
+
+__all__ = [
+    "ALL_STRATEGIES",
+    "HOPS_PER_CALL",
+    "AntitheticRandom",
+    "ExponentialServiceProvider",
+    "MMcResult",
+    "OccRun",
+    "OccServer",
+    "RunMeans",
+    "aws_jitter_study",
+    "erlang_c",
+    "expected_wait_in_queue",
+    "mmc_check",
+    "run_means",
+    "run_occ_contention",
+    "simulate_records",
+    "simulate_waits",
+    "t_quantile_975",
+    "wait_sensitivity",
+]

@@ -1,0 +1,326 @@
+"""The simulator tells the truth: queueing theory and the AWS backoff study, reproduced.
+
+M/M/c: the production scheduler on the SimPy runtime must (a) replay the textbook FIFO
+multi-server recursion task by task on the same random draws, and (b) match the Erlang C mean
+wait within 3%. Backoff: aiqsim's backoff objects must reproduce the findings of Marc Brooker's
+"Exponential Backoff And Jitter" (AWS Architecture Blog, 2015).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from aiqsim.core.backoff import ExponentialBackoff, FullJitter, NoBackoff
+from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.validation import (
+    AntitheticRandom,
+    aws_jitter_study,
+    erlang_c,
+    expected_wait_in_queue,
+    mmc_check,
+    run_means,
+    run_occ_contention,
+    simulate_waits,
+    t_quantile_975,
+    wait_sensitivity,
+)
+from aiqsim.validation.mmc import _t_quantile_975_table
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------- Erlang C
+
+
+def erlang_c_textbook(servers: int, offered_load: Fraction) -> Fraction:
+    """The Erlang C formula as printed in textbooks, in exact rational arithmetic."""
+    top = offered_load**servers / math.factorial(servers) * Fraction(servers) / (servers - offered_load)
+    bottom = sum(offered_load**k / math.factorial(k) for k in range(servers)) + top
+    return top / bottom
+
+
+@pytest.mark.parametrize("load", [0.05, 0.5, 0.7, 0.99])
+def test_erlang_c_with_one_server_is_the_utilisation(load: float) -> None:
+    assert erlang_c(1, load) == pytest.approx(load, rel=1e-12)
+
+
+@pytest.mark.parametrize("load", [0.2, 1.0, 1.6, 1.95])
+def test_erlang_c_with_two_servers_matches_the_closed_form(load: float) -> None:
+    # M/M/2: P(wait) = a^2 / (2 + a)
+    assert erlang_c(2, load) == pytest.approx(load**2 / (2 + load), rel=1e-12)
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("servers", "load"),
+    [
+        (4, Fraction(16, 5)),
+        (10, Fraction(8)),
+        (25, Fraction(47, 2)),
+        (100, Fraction(90)),
+        (300, Fraction(290)),
+    ],
+)
+def test_erlang_c_matches_the_textbook_sum(servers: int, load: Fraction) -> None:
+    assert erlang_c(servers, float(load)) == pytest.approx(float(erlang_c_textbook(servers, load)), rel=1e-9)
+
+
+def test_erlang_c_rejects_unstable_or_meaningless_queues() -> None:
+    assert erlang_c(3, 0.0) == 0.0
+    with pytest.raises(ValueError, match="unstable"):
+        erlang_c(4, 4.0)
+    with pytest.raises(ValueError, match="servers"):
+        erlang_c(0, 0.5)
+    with pytest.raises(ValueError, match="offered_load"):
+        erlang_c(2, -1.0)
+    with pytest.raises(ValueError, match="offered_load"):
+        erlang_c(2, math.nan)
+
+
+def test_expected_wait_is_erlang_c_over_spare_capacity() -> None:
+    # M/M/1 with lambda 0.7, mu 1: Wq = rho / (mu - lambda)
+    assert expected_wait_in_queue(0.7, 1.0, 1) == pytest.approx(0.7 / 0.3, rel=1e-12)
+    # Rates in other units scale the wait inversely
+    assert expected_wait_in_queue(7.0, 10.0, 1) == pytest.approx(0.07 / 0.3, rel=1e-12)
+
+
+def test_t_quantile_table_matches_scipy_and_tends_to_the_normal() -> None:
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 31):
+        assert _t_quantile_975_table(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=1e-3)
+        assert t_quantile_975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), rel=1e-9)
+    for df in (31, 40, 59, 100, 500, 10_000):
+        assert _t_quantile_975_table(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=0.03)
+    with pytest.raises(ValueError):
+        t_quantile_975(0)
+
+
+def test_wait_sensitivity_matches_the_mm1_derivatives() -> None:
+    # M/M/1: Wq(S, A) = S^2 / (A - S) for mean service S and mean inter-arrival A
+    s, a = 1.0, 1 / 0.7
+    d_service, d_gap = wait_sensitivity(0.7, 1.0, 1)
+    assert d_service == pytest.approx((2 * s * (a - s) + s * s) / (a - s) ** 2, rel=1e-5)
+    assert d_gap == pytest.approx(-(s * s) / (a - s) ** 2, rel=1e-5)
+
+
+def test_run_means_reads_waits_services_and_gaps_from_records() -> None:
+    def done(created: float, started: float, finished: float) -> TaskRecord:
+        return TaskRecord(
+            id=f"t{created}",
+            key=f"k{created}",
+            kind="mmc",
+            provider="mmc",
+            status=TaskStatus.SUCCEEDED,
+            created_at=created,
+            started_at=started,
+            finished_at=finished,
+        )
+
+    records = [done(1.0, 1.0, 3.0), done(2.0, 3.0, 4.0), done(4.0, 4.0, 4.5), done(7.0, 8.0, 10.0)]
+    means = run_means(records, warmup=1)
+    assert means.wait == pytest.approx((1.0 + 0.0 + 1.0) / 3)
+    assert means.service == pytest.approx((1.0 + 0.5 + 2.0) / 3)
+    assert means.interarrival == pytest.approx((1.0 + 2.0 + 3.0) / 3)
+
+
+def test_antithetic_stream_mirrors_the_plain_stream() -> None:
+    plain, mirror = random.Random("s"), AntitheticRandom("s")
+    for _ in range(1000):
+        u, v = plain.random(), mirror.random()
+        assert 0.0 <= v < 1.0
+        assert u + v == pytest.approx(1.0, abs=1e-15)
+
+
+# ---------------------------------------------------------------------------- M/M/c on the scheduler
+
+
+def fifo_multi_server_waits(
+    arrival_rate: float, service_rate: float, servers: int, tasks: int, seed: int, antithetic: bool
+) -> list[float]:
+    """The Kiefer-Wolfowitz recursion for a FIFO M/M/c queue, on mmc's random streams.
+
+    Under FIFO the k-th service time drawn belongs to the k-th arrival, so the scheduler, if it
+    is right, must produce these waits exactly.
+    """
+    stream = AntitheticRandom if antithetic else random.Random
+    arrivals, services = stream(f"mmc-arrivals-{seed}"), stream(f"mmc-service-{seed}")
+    free_at = [0.0] * servers
+    now, waits = 0.0, []
+    for _ in range(tasks):
+        now += arrivals.expovariate(arrival_rate)
+        start = max(now, heapq.heappop(free_at))
+        waits.append(start - now)
+        heapq.heappush(free_at, start + services.expovariate(service_rate))
+    return waits
+
+
+@pytest.mark.parametrize(("arrival_rate", "servers"), [(0.7, 1), (3.2, 4), (9.5, 10)])
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_scheduler_replays_the_textbook_queue_task_by_task(
+    arrival_rate: float, servers: int, antithetic: bool
+) -> None:
+    simulated = simulate_waits(arrival_rate, 1.0, servers, 3000, seed=11, antithetic=antithetic)
+    textbook = fifo_multi_server_waits(arrival_rate, 1.0, servers, 3000, seed=11, antithetic=antithetic)
+    assert sum(w > 0 for w in simulated) > 300  # a real queue formed
+    assert simulated == pytest.approx(textbook, abs=1e-9)
+
+
+def test_mmc_check_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="two seeds"):
+        mmc_check(0.5, 1.0, 1, tasks=100, seeds=[0], warmup=10)
+    with pytest.raises(ValueError, match="warmup"):
+        mmc_check(0.5, 1.0, 1, tasks=100, seeds=[0, 1], warmup=100)
+    with pytest.raises(ValueError, match="unstable"):
+        mmc_check(2.0, 1.0, 2, tasks=100, seeds=[0, 1], warmup=10)
+
+
+def test_mmc_check_small_run_reports_consistent_fields() -> None:
+    result = mmc_check(0.5, 2.0, 2, tasks=2000, seeds=range(3), warmup=200)
+    assert result.utilisation == pytest.approx(0.125)
+    assert result.expected_mean_wait == pytest.approx(expected_wait_in_queue(0.5, 2.0, 2))
+    assert len(result.per_seed_means) == 3
+    assert result.ci_low <= result.simulated_mean_wait <= result.ci_high
+    assert result.relative_error == pytest.approx(result.simulated_mean_wait / result.expected_mean_wait - 1)
+    assert result.antithetic and result.control_variates
+    plain = mmc_check(
+        0.5, 2.0, 2, tasks=2000, seeds=range(3), warmup=200, antithetic=False, control_variates=False
+    )
+    assert plain.simulated_mean_wait == pytest.approx(plain.raw_mean_wait)
+    assert "M/M/2" in result.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arrival_rate", "servers", "tasks", "seeds", "warmup"),
+    [
+        pytest.param(0.7, 1, 30_000, 3, 2_000, id="M/M/1 rho=0.7"),
+        pytest.param(3.2, 4, 60_000, 5, 5_000, id="M/M/4 rho=0.8"),
+    ],
+)
+def test_scheduler_on_simpy_matches_erlang_c_within_3_percent(
+    arrival_rate: float, servers: int, tasks: int, seeds: int, warmup: int
+) -> None:
+    started = time.perf_counter()
+    result = mmc_check(arrival_rate, 1.0, servers, tasks=tasks, seeds=range(seeds), warmup=warmup)
+    print(result.summary(), f"[{time.perf_counter() - started:.1f} s]")
+    assert abs(result.relative_error) < 0.03, result.summary()
+    assert abs(result.raw_relative_error) < 0.05, result.summary()
+
+
+# ---------------------------------------------------------------------------- AWS backoff study
+
+
+def test_one_call_is_four_network_hops() -> None:
+    run = run_occ_contention(1, NoBackoff(), seed=0, network_sd_s=0.0)
+    assert (run.calls, run.failed_calls) == (1, 0)
+    assert run.time_s == pytest.approx(4 * 0.010)
+
+
+def test_a_losing_client_backs_off_then_reads_and_writes_again() -> None:
+    # Both read version 0; one write wins at 30 ms. The loser hears at 40 ms, backs off, calls again.
+    no_wait = run_occ_contention(2, NoBackoff(), seed=0, network_sd_s=0.0)
+    assert (no_wait.calls, no_wait.failed_calls) == (3, 1)
+    assert no_wait.time_s == pytest.approx(0.080)
+    # The blog's simulator numbers the first retry 1: the first exponential delay is 2 * base.
+    backoff = run_occ_contention(2, ExponentialBackoff(base_s=0.005, cap_s=2.0), seed=0, network_sd_s=0.0)
+    assert backoff.time_s == pytest.approx(0.080 + 0.010)
+
+
+class CountingBackoff:
+    """Wraps a real strategy and records every delay it was asked for."""
+
+    def __init__(self, inner: FullJitter) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.asked: list[tuple[int, float | None]] = []
+
+    def delay(self, retry: int, rng: random.Random, previous: float | None = None) -> float:
+        self.asked.append((retry, previous))
+        return self.inner.delay(retry, rng, previous)
+
+
+def test_every_failed_write_asks_the_strategy_for_one_delay() -> None:
+    strategy = CountingBackoff(FullJitter(base_s=0.005, cap_s=2.0))
+    run = run_occ_contention(20, strategy, seed=3)
+    assert run.failed_calls == run.calls - 20 == len(strategy.asked) > 0
+    assert min(retry for retry, _ in strategy.asked) == 1
+
+
+def test_study_is_reproducible_and_seed_dependent() -> None:
+    first = aws_jitter_study(clients=(5,), runs=3, seed=1)
+    again = aws_jitter_study(clients=(5,), runs=3, seed=1)
+    other = aws_jitter_study(clients=(5,), runs=3, seed=2)
+    assert first.equals(again)
+    assert not first.equals(other)
+    assert list(first.columns) == [
+        "clients",
+        "strategy",
+        "calls_mean",
+        "calls_std",
+        "time_ms_mean",
+        "time_ms_std",
+        "runs",
+    ]
+    assert list(first["strategy"]) == [
+        "none",
+        "exponential",
+        "equal_jitter",
+        "full_jitter",
+        "decorrelated_jitter",
+    ]
+
+
+@pytest.fixture(scope="module")
+def study() -> dict[tuple[int, str], dict[str, float]]:
+    frame = aws_jitter_study(clients=(10, 100), runs=100, seed=0)
+    return {(row.clients, row.strategy): row._asdict() for row in frame.itertuples(index=False)}
+
+
+BACKOFF_STRATEGIES = ("exponential", "equal_jitter", "full_jitter", "decorrelated_jitter")
+
+
+def test_work_grows_about_quadratically_without_jitter(study) -> None:
+    ratio = study[(100, "exponential")]["calls_mean"] / study[(10, "exponential")]["calls_mean"]
+    assert ratio > 20  # 10x the clients, far more than 10x the work (N^2 would be 100x)
+
+
+@pytest.mark.parametrize("clients", [10, 100])
+def test_exponential_without_jitter_is_the_worst_backoff(study, clients: int) -> None:
+    for column in ("calls_mean", "time_ms_mean"):
+        worst = max(BACKOFF_STRATEGIES, key=lambda name: study[(clients, name)][column])
+        assert worst == "exponential", column
+
+
+def test_no_backoff_is_fastest_but_does_the_most_work(study) -> None:
+    # As in the blog: without backoff the herd finishes soonest, by doing the most calls.
+    names = ("none", *BACKOFF_STRATEGIES)
+    assert min(names, key=lambda name: study[(100, name)]["time_ms_mean"]) == "none"
+    assert max(names, key=lambda name: study[(100, name)]["calls_mean"]) == "none"
+
+
+def test_full_jitter_cuts_work_by_more_than_half(study) -> None:
+    assert study[(100, "full_jitter")]["calls_mean"] < 0.5 * study[(100, "exponential")]["calls_mean"]
+
+
+@pytest.mark.parametrize("clients", [10, 100])
+def test_full_and_equal_jitter_do_about_the_same_work(study, clients: int) -> None:
+    full, equal = (
+        study[(clients, "full_jitter")]["calls_mean"],
+        study[(clients, "equal_jitter")]["calls_mean"],
+    )
+    assert abs(full / equal - 1) < 0.25
+    # ...but equal jitter takes longer (the blog's "loser" among the jittered approaches)
+    assert study[(clients, "equal_jitter")]["time_ms_mean"] > study[(clients, "full_jitter")]["time_ms_mean"]
+
+
+def test_decorrelated_jitter_calls_more_but_finishes_a_little_sooner(study) -> None:
+    full, decorrelated = study[(100, "full_jitter")], study[(100, "decorrelated_jitter")]
+    assert decorrelated["calls_mean"] > full["calls_mean"]
+    assert 0.7 * full["time_ms_mean"] < decorrelated["time_ms_mean"] < full["time_ms_mean"]
