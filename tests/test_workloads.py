@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import datetime
 import itertools
 import math
 import random
@@ -12,6 +13,8 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aiqsim.sim import workloads as workloads_module
 from aiqsim.sim.scenario import parse_scenario
@@ -274,6 +277,26 @@ def test_trace_timestamps_keep_seven_fractional_digits():
         "2023-11-16 23:59:59.9999999"
     )
     assert across_midnight == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    moment=st.datetimes(min_value=datetime.datetime(1900, 1, 1), max_value=datetime.datetime(2200, 12, 31)),
+    ticks=st.integers(min_value=0, max_value=9_999_999),
+)
+def test_trace_timestamps_agree_with_the_calendar(moment, ticks):
+    moment = moment.replace(microsecond=0)
+    text = f"{moment:%Y-%m-%d %H:%M:%S}.{ticks:07d}"
+    seconds = (moment - datetime.datetime(1970, 1, 1)) // datetime.timedelta(seconds=1)
+    assert parse_trace_timestamp(text) == seconds * 10_000_000 + ticks
+
+
+@pytest.mark.parametrize(
+    "text", ["2023-02-29 00:00:00.0", "2023-13-01 00:00:00", "2023-11-16 24:00:00", "16/11/2023 18:17", ""]
+)
+def test_impossible_trace_timestamps_are_refused(text):
+    with pytest.raises(ValueError):
+        parse_trace_timestamp(text)
 
 
 def test_trace_replay_times_speedup_start_and_sizes(tmp_path):

@@ -45,7 +45,6 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +131,7 @@ def describe(value: Any) -> str:
         return "a table"
     if isinstance(value, list | tuple):
         return "an array"
-    if isinstance(value, datetime | date | time):
+    if callable(getattr(value, "isoformat", None)):  # TOML dates and times
         return f"the date/time {value.isoformat()}"
     return f"a {type(value).__name__}"
 
@@ -851,7 +850,7 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     return parse_scenario(raw, source=source)
 
 
-_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[([0-9]+)\]")
 
 
 def split_key_path(path: str, *, source: str = "<override>") -> list[str | int]:
@@ -875,7 +874,7 @@ def split_key_path(path: str, *, source: str = "<override>") -> list[str | int]:
             )
         if match.group(1) is not None:
             key = match.group(1).strip()
-            parts.append(int(key) if key.isdigit() else key)
+            parts.append(int(key) if key.isascii() and key.isdigit() else key)
         else:
             parts.append(int(match.group(2)))
         position = match.end()
@@ -910,7 +909,9 @@ def _set_override(root: dict[str, Any], path: str, value: Any, source: str) -> N
             if not isinstance(part, str) or part not in schema.fields:
                 raise fail(f"{here} has no key {part!r}; expected one of: {', '.join(schema.fields)}")
             if not isinstance(node, dict):
-                raise ScenarioError(source, here, f"expected {schema.expected}, got {describe(node)}")
+                raise ScenarioError(
+                    source, path, f"cannot set it: {here} is {describe(node)}, expected {schema.expected}"
+                )
             child_schema = schema.fields[part]
             if last:
                 node[part] = copy.deepcopy(value)
@@ -926,7 +927,9 @@ def _set_override(root: dict[str, Any], path: str, value: Any, source: str) -> N
             node, schema = node[part], child_schema
         elif isinstance(schema, _Array):
             if not isinstance(node, list):
-                raise ScenarioError(source, here, f"expected {schema.expected}, got {describe(node)}")
+                raise ScenarioError(
+                    source, path, f"cannot set it: {here} is {describe(node)}, expected {schema.expected}"
+                )
             if isinstance(part, int):
                 if part >= len(node):
                     raise fail(f"{here}[{part}] does not exist; the scenario has {len(node)} {schema.header}")
@@ -946,7 +949,9 @@ def _set_override(root: dict[str, Any], path: str, value: Any, source: str) -> N
             node, schema = node[index], schema.item
         elif isinstance(schema, _Map):
             if not isinstance(node, dict):
-                raise ScenarioError(source, here, f"expected {schema.expected}, got {describe(node)}")
+                raise ScenarioError(
+                    source, path, f"cannot set it: {here} is {describe(node)}, expected {schema.expected}"
+                )
             if not isinstance(part, str):
                 raise fail(f"{here} entries are addressed by provider name, e.g. {here}.llm")
             if last:

@@ -15,8 +15,8 @@ import csv
 import functools
 import math
 import random
+import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
 
@@ -32,8 +32,8 @@ MAX_ARRIVALS_PER_WORKLOAD = 2_000_000
 """Guard against a typo (``rate_per_s = 1e6``) turning into an endless generation loop."""
 
 _TICKS_PER_SECOND = 10_000_000  # trace timestamps carry 7 fractional digits (100 ns ticks)
-_EPOCH = datetime(1970, 1, 1)
-_ONE_SECOND = timedelta(seconds=1)
+_TIMESTAMP = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,7}))?")
+_DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,19 +106,41 @@ def check_trace_header(trace: str) -> None:
         raise TraceError(f"trace {trace!r} is not UTF-8 text") from None
 
 
-def parse_trace_timestamp(text: str) -> int:
-    """A trace TIMESTAMP (``2023-11-16 18:17:03.9799600``) as an integer count of 100 ns ticks.
+def _days_from_civil(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
 
-    Integer ticks keep the 7 fractional digits exact (datetime only holds 6); differences of
-    ticks then give exact offsets between rows.
+    Plain arithmetic instead of :mod:`datetime`, which the simulation packages do not import
+    (they must never be tempted to read a real clock).
     """
-    whole, _, fraction = text.strip().partition(".")
-    if fraction and not fraction.isdigit():
-        raise ValueError(f"bad fractional seconds in timestamp {text!r}")
-    moment = datetime.fromisoformat(whole)
-    if moment.tzinfo is not None:
-        raise ValueError(f"timestamp {text!r} carries a time zone; trace timestamps are plain UTC")
-    seconds = (moment - _EPOCH) // _ONE_SECOND
+    year -= month <= 2
+    era = year // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146097 + day_of_era - 719468
+
+
+def _is_leap(year: int) -> bool:
+    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+
+
+def parse_trace_timestamp(text: str) -> int:
+    """A trace TIMESTAMP (``2023-11-16 18:17:03.9799600``, UTC) as an integer count of 100 ns ticks.
+
+    Integer ticks keep all 7 fractional digits exact (a float or a datetime would not);
+    differences of ticks then give exact offsets between rows.
+    """
+    match = _TIMESTAMP.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"expected a timestamp like 2023-11-16 18:17:03.9799600, got {text!r}")
+    year, month, day, hour, minute, second = (int(group) for group in match.groups()[:6])
+    if not 1 <= month <= 12:
+        raise ValueError(f"month out of range in timestamp {text!r}")
+    days_in_month = 29 if month == 2 and _is_leap(year) else _DAYS_IN_MONTH[month - 1]
+    if not 1 <= day <= days_in_month or hour > 23 or minute > 59 or second > 59:
+        raise ValueError(f"day or time out of range in timestamp {text!r}")
+    seconds = ((_days_from_civil(year, month, day) * 24 + hour) * 60 + minute) * 60 + second
+    fraction = match.group(7) or ""
     return seconds * _TICKS_PER_SECOND + int((fraction + "0000000")[:7])
 
 
@@ -207,6 +229,10 @@ class _Action:
 def _action_times(workload: WorkloadConfig, horizon: float, rng: random.Random) -> list[float]:
     if workload.type == "burst":
         count = workload.count or 0
+        if count > MAX_ARRIVALS_PER_WORKLOAD:
+            raise ValueError(
+                f"a burst of {count:,} arrivals is more than {MAX_ARRIVALS_PER_WORKLOAD:,}; lower its count"
+            )
         times = [workload.start_s + workload.burst_s * step / count for step in range(count)]
         return [t for t in times if t <= horizon]
     end = horizon if workload.end_s is None else min(workload.end_s, horizon)
