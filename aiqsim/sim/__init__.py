@@ -1,0 +1,32 @@
+"""The simulation lab: scenario files, simulated providers, workloads, metrics and sweeps.
+
+>>> from aiqsim.sim import simulate, sweep
+>>> result = simulate("scenarios/retry_storm_429.toml", seed=0)
+>>> result.summary["rate_limited"], result.tasks.head()
+"""
+
+from aiqsim.sim.config import Scenario
+from aiqsim.sim.metrics import SUMMARY_KEYS
+from aiqsim.sim.providers import Execution, ProviderLedger, SimulatedProvider
+from aiqsim.sim.scenario import ScenarioError, load_scenario, parse_scenario
+from aiqsim.sim.simulate import SimulationResult, simulate
+from aiqsim.sim.sweep import RunFailure, SweepError, sweep
+from aiqsim.sim.workloads import Arrival, generate_arrivals
+
+__all__ = [
+    "SUMMARY_KEYS",
+    "Arrival",
+    "Execution",
+    "ProviderLedger",
+    "RunFailure",
+    "Scenario",
+    "ScenarioError",
+    "SimulatedProvider",
+    "SimulationResult",
+    "SweepError",
+    "generate_arrivals",
+    "load_scenario",
+    "parse_scenario",
+    "simulate",
+    "sweep",
+]
