@@ -801,6 +801,11 @@ def test_overrides_on_arrays_the_file_does_not_have(tmp_path):
         load_scenario(write(tmp_path, mapping), overrides={"crashes[0].at_s": 3})
 
 
+def test_apply_overrides_refuses_a_non_table():
+    with pytest.raises(ScenarioError, match="expected a table at the top level, got an array"):
+        apply_overrides([1], {"retry.base_s": 1})  # type: ignore[arg-type]
+
+
 def test_apply_overrides_leaves_the_input_untouched():
     mapping = full_mapping()
     before = copy.deepcopy(mapping)

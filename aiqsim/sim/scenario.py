@@ -972,6 +972,8 @@ def apply_overrides(
     Paths must exist in the scenario layout (an unknown key is an error naming the path);
     values are not checked here but by :func:`parse_scenario` afterwards.
     """
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(source, "", f"expected a table at the top level, got {describe(raw)}")
     root = copy.deepcopy(dict(raw))
     for path, value in overrides.items():
         if not isinstance(path, str):
