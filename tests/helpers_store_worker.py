@@ -36,10 +36,14 @@ CREATE TABLE IF NOT EXISTS executions (
 CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, result TEXT NOT NULL);
 """
 
-# The SIGKILL workload: 20 keys, 4 of them submitted twice shortly after the original, so
-# some duplicates are waiting on an owner in flight when the process dies.
-WORKLOAD_KEYS = [0, 1, 2, 1, 3, 4, 5, 6, 4, 7, 8, 9, 10, 11, 9, 12, 13, 14, 15, 16, 14, 17, 18, 19]
+# The SIGKILL workload: 32 keys, 8 of them submitted a second time right after the next key,
+# so some duplicates are waiting on an owner in flight when the process dies. At two calls at
+# a time of ~50 ms each, a whole run takes about a second.
+DUPLICATED_KEYS = (1, 4, 9, 14, 17, 22, 25, 30)
+WORKLOAD_KEYS = [k for n in range(32) for k in ((n, n - 1) if n - 1 in DUPLICATED_KEYS else (n,))]
 WORKLOAD = [(f"w{n:02d}", f"key{k:02d}") for n, k in enumerate(WORKLOAD_KEYS)]
+RECOVER_LATENCY_S = (0.015, 0.035)
+"""Each half of a call (request, response) sleeps this long in ``recover`` mode."""
 
 
 def expected_result(key: str) -> dict[str, str]:
@@ -137,8 +141,8 @@ async def recover(args: argparse.Namespace) -> None:
     provider_class = LookupLedgerProvider if args.lookup else LedgerProvider
     scheduler = Scheduler(
         AsyncioRuntime(),
-        [provider_class(ledger, rng, (0.005, 0.025))],
-        quotas={"llm": QuotaLimits(concurrency=3)},
+        [provider_class(ledger, rng, RECOVER_LATENCY_S)],
+        quotas={"llm": QuotaLimits(concurrency=2)},
         store=store,
         rng=rng,
         retry=RetryPolicy(attempt_timeout_s=10.0),
@@ -148,7 +152,7 @@ async def recover(args: argparse.Namespace) -> None:
     for task_id, key in WORKLOAD:
         if store.get(task_id) is None:
             scheduler.submit("llm", {"key": key}, key=key, task_id=task_id)
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.003)
     await scheduler.join()
     await scheduler.close()
     store.close()
