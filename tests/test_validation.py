@@ -324,3 +324,34 @@ def test_decorrelated_jitter_calls_more_but_finishes_a_little_sooner(study) -> N
     full, decorrelated = study[(100, "full_jitter")], study[(100, "decorrelated_jitter")]
     assert decorrelated["calls_mean"] > full["calls_mean"]
     assert 0.7 * full["time_ms_mean"] < decorrelated["time_ms_mean"] < full["time_ms_mean"]
+
+
+# ---------------------------------------------------------------------------- the study notebook
+
+NOTEBOOK = REPO / "notebooks" / "backoff_jitter_study.ipynb"
+
+
+def test_study_notebook_is_stored_without_outputs() -> None:
+    nbformat = pytest.importorskip("nbformat")
+    book = nbformat.read(NOTEBOOK, as_version=4)
+    code = [cell for cell in book.cells if cell.cell_type == "code"]
+    assert code and all(cell.outputs == [] and cell.execution_count is None for cell in code)
+
+
+@pytest.mark.notebook
+def test_study_notebook_runs_headless_and_draws_both_charts() -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    book = nbformat.read(NOTEBOOK, as_version=4)
+    parameters = [cell for cell in book.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert len(parameters) == 1 and "RUNS" in parameters[0].source
+    parameters[0].source = "RUNS = 3\nCLIENTS = (5, 20)\nSEED = 0\nFAST = False"
+    nbclient.NotebookClient(
+        book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
+    outputs = [output for cell in book.cells if cell.cell_type == "code" for output in cell.outputs]
+    assert [o for o in outputs if o.get("output_type") == "error"] == []
+    charts = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(charts) == 2
+    tables = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert "decorrelated_jitter" in tables and "full jitter / exponential calls" in tables
