@@ -58,7 +58,7 @@ def assert_refused_untouched(directory: Path, opener: Callable[[], object], *fra
 @pytest.fixture
 def json_path(tmp_path: Path) -> Path:
     path = tmp_path / "tasks.json"
-    with JsonFileStore(path) as store:
+    with JsonFileStore(path, fsync=False) as store:  # durability of the setup is not under test
         populate(store)
         store.compact()
     return path
@@ -259,12 +259,21 @@ def test_json_store_survives_a_crash_in_a_real_process(tmp_path: Path) -> None:
 
 
 # ============================================================================ SQLite
-@pytest.fixture
-def sqlite_path(tmp_path: Path) -> Path:
-    path = tmp_path / "tasks.sqlite"
-    with SqliteStore(path) as store:
+@pytest.fixture(scope="module")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A 200-task store file, built once (unsynced: its durability is not under test here)."""
+    path = tmp_path_factory.mktemp("template") / "tasks.sqlite"
+    with SqliteStore(path, synchronous="OFF") as store:
         populate(store, 200)
     assert not path.with_name("tasks.sqlite-wal").exists()  # checkpointed on close: the file is whole
+    return path.read_bytes()
+
+
+@pytest.fixture
+def sqlite_path(tmp_path: Path, sqlite_template: bytes) -> Path:
+    path = tmp_path / "tasks.sqlite"
+    path.write_bytes(sqlite_template)
+    path.chmod(0o600)
     return path
 
 
