@@ -30,8 +30,8 @@ calls ``before_attempt`` in the same step (no await in between) never sees a ref
 from a delaying gate (AWS adaptive mode, circuit breaker ``mode="wait"``).
 
 :class:`GateChain` implements all three over a list of gates, so one chained gate gives the
-current scheduler the refusal rollback; the helper functions below call a gate with
-whatever it supports and are what a scheduler needs to support the extensions natively.
+current scheduler the refusal rollback; the helper functions (defined next to the protocol in
+:mod:`aiqsim.scheduler.retry`, re-exported here) call a gate with whatever it supports.
 """
 
 from __future__ import annotations
@@ -41,65 +41,23 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from aiqsim.core.failures import FailureClass
+from aiqsim.scheduler.retry import (  # the calling convention lives with the protocol
+    abandon_at_gate,
+    accepts_attempt_context,
+    ask_gate,
+    gate_wait_s,
+    tell_gate,
+)
 
-
-def accepts_attempt_context(gate: Any) -> bool:
-    """Whether ``gate`` takes the ``task_id=`` / ``cause=`` keyword arguments."""
-    return bool(getattr(gate, "accepts_attempt_context", False))
-
-
-def ask_gate(
-    gate: Any,
-    provider: str,
-    is_retry: bool,
-    now: float,
-    rng: random.Random,
-    *,
-    task_id: str | None = None,
-    cause: BaseException | None = None,
-) -> str | None:
-    """Call ``gate.before_attempt`` with the context it accepts; its refusal reason or ``None``."""
-    if accepts_attempt_context(gate):
-        return gate.before_attempt(provider, is_retry, now, rng, task_id=task_id, cause=cause)
-    return gate.before_attempt(provider, is_retry, now, rng)
-
-
-def tell_gate(
-    gate: Any,
-    provider: str,
-    is_retry: bool,
-    failure: FailureClass | None,
-    error: BaseException | None,
-    now: float,
-    *,
-    task_id: str | None = None,
-) -> None:
-    """Call ``gate.after_attempt`` with the context it accepts."""
-    if accepts_attempt_context(gate):
-        gate.after_attempt(provider, is_retry, failure, error, now, task_id=task_id)
-    else:
-        gate.after_attempt(provider, is_retry, failure, error, now)
-
-
-def abandon_at_gate(
-    gate: Any, provider: str, is_retry: bool, sent: bool, now: float, *, task_id: str | None = None
-) -> None:
-    """Tell ``gate`` an admitted attempt will report no outcome (if it listens)."""
-    hook = getattr(gate, "attempt_abandoned", None)
-    if hook is None:
-        return
-    if accepts_attempt_context(gate):
-        hook(provider, is_retry, sent, now, task_id=task_id)
-    else:
-        hook(provider, is_retry, sent, now)
-
-
-def gate_wait_s(gate: Any, provider: str, is_retry: bool, now: float) -> float:
-    """Seconds ``gate`` asks to wait before the attempt (``0.0`` for gates that never delay)."""
-    query = getattr(gate, "seconds_until_attempt", None)
-    if query is None:
-        return 0.0
-    return max(0.0, float(query(provider, is_retry, now)))
+__all__ = [
+    "GateChain",
+    "OverloadGate",
+    "abandon_at_gate",
+    "accepts_attempt_context",
+    "ask_gate",
+    "gate_wait_s",
+    "tell_gate",
+]
 
 
 class OverloadGate:

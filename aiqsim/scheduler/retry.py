@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.backoff import BackoffStrategy, FullJitter
 from aiqsim.core.failures import POISON_AFTER_ATTEMPTS, FailureClass
@@ -53,3 +53,68 @@ class AttemptGate(Protocol):
         error: BaseException | None,
         now: float,
     ) -> None: ...
+
+
+# Optional extensions of the protocol (see aiqsim.overload.gate for the full story): a gate may set
+# ``accepts_attempt_context = True`` to receive ``task_id=``/``cause=``, define
+# ``attempt_abandoned(provider, is_retry, sent, now)`` and ``seconds_until_attempt(provider, is_retry, now)``.
+# The scheduler calls every gate through these helpers, so plain two-method gates keep working.
+
+
+def accepts_attempt_context(gate: Any) -> bool:
+    """Whether ``gate`` takes the ``task_id=`` / ``cause=`` keyword arguments."""
+    return bool(getattr(gate, "accepts_attempt_context", False))
+
+
+def ask_gate(
+    gate: Any,
+    provider: str,
+    is_retry: bool,
+    now: float,
+    rng: random.Random,
+    *,
+    task_id: str | None = None,
+    cause: BaseException | None = None,
+) -> str | None:
+    """Call ``gate.before_attempt`` with the context it accepts; its refusal reason or ``None``."""
+    if accepts_attempt_context(gate):
+        return gate.before_attempt(provider, is_retry, now, rng, task_id=task_id, cause=cause)
+    return gate.before_attempt(provider, is_retry, now, rng)
+
+
+def tell_gate(
+    gate: Any,
+    provider: str,
+    is_retry: bool,
+    failure: FailureClass | None,
+    error: BaseException | None,
+    now: float,
+    *,
+    task_id: str | None = None,
+) -> None:
+    """Call ``gate.after_attempt`` with the context it accepts."""
+    if accepts_attempt_context(gate):
+        gate.after_attempt(provider, is_retry, failure, error, now, task_id=task_id)
+    else:
+        gate.after_attempt(provider, is_retry, failure, error, now)
+
+
+def abandon_at_gate(
+    gate: Any, provider: str, is_retry: bool, sent: bool, now: float, *, task_id: str | None = None
+) -> None:
+    """Tell ``gate`` an admitted attempt will report no outcome (if it listens)."""
+    hook = getattr(gate, "attempt_abandoned", None)
+    if hook is None:
+        return
+    if accepts_attempt_context(gate):
+        hook(provider, is_retry, sent, now, task_id=task_id)
+    else:
+        hook(provider, is_retry, sent, now)
+
+
+def gate_wait_s(gate: Any, provider: str, is_retry: bool, now: float) -> float:
+    """Seconds ``gate`` asks to wait before the attempt (``0.0`` for gates that never delay)."""
+    query = getattr(gate, "seconds_until_attempt", None)
+    if query is None:
+        return 0.0
+    return max(0.0, float(query(provider, is_retry, now)))

@@ -44,7 +44,7 @@ from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy, QueueItem, TaskQueue
 from aiqsim.scheduler.events import AttemptRecord, EventSink, QuotaSample, TaskTransition
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
-from aiqsim.scheduler.retry import AttemptGate, RetryPolicy
+from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, abandon_at_gate, ask_gate, gate_wait_s, tell_gate
 from aiqsim.stores.base import TaskStore
 from aiqsim.stores.memory import MemoryStore
 
@@ -595,6 +595,8 @@ class Scheduler:
         attempts = record.attempts
         tries = 0
         previous_delay: float | None = None
+        cause: BaseException | None = None
+        awaiting_outcome = False
         try:
             poison = self.store.poison_error(record.key)
             if poison is not None:
@@ -612,7 +614,11 @@ class Scheduler:
                 attempts += 1
                 tries += 1
                 is_retry = tries > 1
-                refusal = self._gate_refusal(lane.name, is_retry)
+                wait = self._gate_wait(lane.name, is_retry)
+                while wait > 0:
+                    await runtime.sleep(wait)
+                    wait = self._gate_wait(lane.name, is_retry)
+                refusal = self._gate_refusal(lane.name, is_retry, record.id, cause)
                 if refusal is not None:
                     lane.quota.cancel(reservation, runtime.now())
                     reservation = None
@@ -633,6 +639,7 @@ class Scheduler:
                     priority=record.priority,
                 )
                 start = runtime.now()
+                awaiting_outcome = True
                 try:
                     call = lane.provider.call(request)
                     if policy.attempt_timeout_s is None:
@@ -640,6 +647,7 @@ class Scheduler:
                     else:
                         response = await runtime.wait_for(call, policy.attempt_timeout_s)
                 except Exception as error:
+                    awaiting_outcome = False
                     now = runtime.now()
                     lane.quota.release(reservation, now)
                     reservation = None
@@ -649,7 +657,7 @@ class Scheduler:
                     if retry_after is not None and policy.honour_retry_after:
                         lane.quota.pause_until(now + retry_after)
                     for gate in self.gates:
-                        gate.after_attempt(lane.name, is_retry, failure, error, now)
+                        tell_gate(gate, lane.name, is_retry, failure, error, now, task_id=record.id)
                     if failure is FailureClass.RETRYABLE and tries < policy.max_attempts:
                         delay = retry_delay(
                             policy.backoff,
@@ -660,6 +668,7 @@ class Scheduler:
                         )
                         self._emit_attempt(live, attempts, start, now, error, "retry", retry_after, delay)
                         previous_delay = delay
+                        cause = error
                         await runtime.sleep(delay)
                         continue
                     decision = "exhausted" if failure is FailureClass.RETRYABLE else failure.value
@@ -669,6 +678,7 @@ class Scheduler:
                         return
                     self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
                     return
+                awaiting_outcome = False
                 now = runtime.now()
                 usage = response.usage if response.usage is not None else record.cost_estimate
                 lane.quota.reconcile(reservation, usage, now)
@@ -676,11 +686,14 @@ class Scheduler:
                 reservation = None
                 lane.signal.notify()
                 for gate in self.gates:
-                    gate.after_attempt(lane.name, is_retry, None, None, now)
+                    tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
                 self._emit_attempt(live, attempts, start, now, None, "done", None, None, usage)
                 self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
                 return
         except Cancelled:
+            if awaiting_outcome:
+                for gate in self.gates:
+                    abandon_at_gate(gate, lane.name, tries > 1, True, runtime.now(), task_id=record.id)
             if reservation is not None:
                 lane.quota.release(reservation, runtime.now())
                 lane.signal.notify()
@@ -703,12 +716,24 @@ class Scheduler:
             return
         self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
 
-    def _gate_refusal(self, provider: str, is_retry: bool) -> str | None:
+    def _gate_wait(self, provider: str, is_retry: bool) -> float:
+        """The longest wait any gate asks for before the next attempt (0: none)."""
         now = self.runtime.now()
+        return max((gate_wait_s(gate, provider, is_retry, now) for gate in self.gates), default=0.0)
+
+    def _gate_refusal(
+        self, provider: str, is_retry: bool, task_id: str, cause: BaseException | None
+    ) -> str | None:
+        """Ask each gate in turn; on a refusal, tell the gates that had admitted it that it is off."""
+        now = self.runtime.now()
+        admitted: list[AttemptGate] = []
         for gate in self.gates:
-            reason = gate.before_attempt(provider, is_retry, now, self.rng)
+            reason = ask_gate(gate, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
             if reason is not None:
+                for earlier in reversed(admitted):
+                    abandon_at_gate(earlier, provider, is_retry, False, now, task_id=task_id)
                 return reason
+            admitted.append(gate)
         return None
 
     # ------------------------------------------------------------------ transitions

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiqsim.core.backoff import backoff_from_name
 from aiqsim.core.failures import describe_error
 from aiqsim.core.task import Priority, TaskRecord
-from aiqsim.core.token_bucket import QuotaLimits
+from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.dispatch import dispatch_policy_from_name
@@ -279,6 +279,8 @@ class _Run:
 
     # -- workload ----------------------------------------------------------------------------
     def _offer(self, arrival: Arrival) -> None:
+        """Submit one arrival; a refusal at the door (queue full, a cost the quota can never grant)
+        is recorded as a ``rejected`` row, as a user would see an error."""
         if self.down:
             self.backlog.append(arrival)
             return
@@ -291,7 +293,7 @@ class _Run:
                 cost_estimate=arrival.cost_estimate,
                 task_id=arrival.task_id,
             )
-        except QueueFullError:
+        except (QueueFullError, QuotaConfigError):
             self.rejected.append(
                 {
                     "task_id": arrival.task_id,
