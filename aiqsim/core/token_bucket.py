@@ -2,6 +2,13 @@
 
 The arithmetic is pure: every method takes ``now`` and nothing reads a clock. A bucket
 holds ``level`` tokens up to ``capacity`` and refills at ``rate`` tokens per second.
+
+Floating point: a level refilled in many small steps (0.1 s, then 0.1 s, ...) ends a few
+ulps short of the same level refilled in one step, so "wait ``time_until`` then acquire"
+could fail by 1e-16 tokens and ask for a wait too small to move the clock (a livelock in
+virtual time). Buckets therefore treat amounts within :data:`LEVEL_SLACK` x capacity of
+the cost as enough, and ``time_until`` returns a wait whose float instant ``now + wait``
+is never earlier than the exact one (so it always moves the clock).
 """
 
 from __future__ import annotations
@@ -19,6 +26,40 @@ def refilled_level(level: float, capacity: float, rate: float, elapsed: float) -
     if elapsed <= 0:
         return level
     return min(capacity, level + rate * elapsed)
+
+
+LEVEL_SLACK = 1e-9
+"""Relative tolerance (fraction of capacity) under which a level counts as equal to the cost."""
+
+
+def refill_wait(deficit: float, rate: float, now: float) -> float:
+    """Seconds until ``deficit`` tokens have refilled, such that the float instant ``now + wait``
+    is not earlier than the exact one.
+
+    ``now + deficit / rate`` may round down by half an ulp of the clock (and ``now + 1e-17``
+    is just ``now`` for any ``now`` above ~0.1); a caller who sleeps the wait and tries again
+    would then find the bucket a hair short, and could spin at the same instant for ever.
+    """
+    if deficit <= 0:
+        return 0.0
+    if rate <= 0:
+        return math.inf
+    wait = deficit / rate
+    instant = now + wait
+    if instant - now < wait:  # the clock sum rounded down: take the next representable instant
+        instant = math.nextafter(instant, math.inf)
+    return instant - now
+
+
+def wait_until(target: float, now: float) -> float:
+    """Seconds from ``now`` to ``target`` such that ``now + wait >= target`` holds in floats."""
+    wait = target - now
+    if wait <= 0:
+        return 0.0
+    # target - now only rounds when target > 2 * now, where one ulp of wait moves the sum.
+    while now + wait < target:
+        wait = math.nextafter(wait, math.inf)
+    return wait
 
 
 def seconds_until(level: float, cost: float, rate: float) -> float:
@@ -39,7 +80,7 @@ class TokenBucket:
     debt, i.e. a negative level, because the provider has already counted that usage.
     """
 
-    __slots__ = ("_level", "_updated", "capacity", "rate")
+    __slots__ = ("_level", "_slack", "_updated", "capacity", "rate")
 
     def __init__(self, capacity: float, rate: float, *, now: float = 0.0, level: float | None = None) -> None:
         if capacity <= 0 or not math.isfinite(capacity):
@@ -48,6 +89,7 @@ class TokenBucket:
             raise QuotaConfigError(f"bucket refill rate must be >= 0 and finite, got {rate!r}")
         self.capacity = float(capacity)
         self.rate = float(rate)
+        self._slack = LEVEL_SLACK * self.capacity
         self._level = self.capacity if level is None else min(float(level), self.capacity)
         self._updated = now
 
@@ -73,32 +115,33 @@ class TokenBucket:
         """Whether ``try_acquire(cost, now)`` would succeed, without taking anything."""
         self._check_cost(cost)
         self._refill(now)
-        return self._level >= cost
+        return self._level + self._slack >= cost
 
     def try_acquire(self, cost: float, now: float) -> bool:
-        """Take ``cost`` tokens if available; return whether it did. Raises if cost > capacity."""
+        """Take ``cost`` tokens if available; return whether it did. Raises if cost > capacity.
+
+        A grant within the rounding slack leaves the level at 0, never below.
+        """
         if not self.can_acquire(cost, now):
             return False
-        self._level -= cost
+        self._level = self._level - cost if self._level >= cost else min(self._level, 0.0)
         return True
 
     def time_until(self, cost: float, now: float) -> float:
-        """Seconds from ``now`` until ``cost`` tokens will be available (0 if now)."""
-        self._check_cost(cost)
-        self._refill(now)
-        return seconds_until(self._level, cost, self.rate)
+        """Seconds from ``now`` until ``cost`` tokens will be available (0 if now, ``inf`` if never)."""
+        if self.can_acquire(cost, now):
+            return 0.0
+        return refill_wait(cost - self._level, self.rate, now)
 
     def refund(self, amount: float, now: float) -> None:
         """Give back ``amount`` tokens (never above capacity)."""
-        if amount < 0:
-            raise ValueError(f"refund amount must be >= 0, got {amount!r}")
+        _check_amount("refund", amount)
         self._refill(now)
         self._level = min(self.capacity, self._level + amount)
 
     def charge(self, amount: float, now: float) -> None:
         """Take ``amount`` tokens unconditionally (may go into debt); used by reconcile."""
-        if amount < 0:
-            raise ValueError(f"charge amount must be >= 0, got {amount!r}")
+        _check_amount("charge", amount)
         self._refill(now)
         self._level -= amount
 
@@ -111,6 +154,12 @@ class TokenBucket:
         """Overwrite the level (the server's view wins), clamped to capacity."""
         self._refill(now)
         self._level = min(float(level), self.capacity)
+
+
+def _check_amount(what: str, amount: float) -> None:
+    # NaN would poison the level for ever (every comparison with it is False); inf likewise.
+    if not (amount >= 0 and math.isfinite(amount)):
+        raise ValueError(f"{what} amount must be a finite number >= 0, got {amount!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +240,7 @@ class MultiQuota:
         """
         if self.concurrency is not None and self.in_flight >= self.concurrency:
             return math.inf
-        wait = max(0.0, self.paused_until - now)
+        wait = wait_until(self.paused_until, now)
         if self.requests is not None:
             wait = max(wait, self.requests.time_until(1.0, now))
         if self.tokens is not None:
@@ -201,9 +250,9 @@ class MultiQuota:
     def release(self, reservation: Reservation, now: float) -> None:
         """Free the concurrency slot of a finished attempt (buckets keep what was spent)."""
         if reservation.slots:
-            self.in_flight -= reservation.slots
-            if self.in_flight < 0:
+            if reservation.slots > self.in_flight:
                 raise RuntimeError("MultiQuota released more slots than it reserved")
+            self.in_flight -= reservation.slots
 
     def cancel(self, reservation: Reservation, now: float) -> None:
         """Undo a reservation that was never used: slot freed, request and tokens refunded."""
@@ -215,6 +264,7 @@ class MultiQuota:
 
     def reconcile(self, reservation: Reservation, actual_tokens: float, now: float) -> float:
         """Settle the token estimate against the actual usage; returns actual - estimate."""
+        _check_amount("actual token", actual_tokens)
         difference = actual_tokens - reservation.tokens
         if self.tokens is not None:
             if difference > 0:
