@@ -106,8 +106,11 @@ class EqualJitter:
         _check(self.base_s, self.cap_s)
 
     def delay(self, retry: int, rng: random.Random, previous: float | None = None) -> float:
-        half = exponential_ceiling(retry, self.base_s, self.cap_s) / 2.0
-        return half + rng.random() * half
+        ceiling = exponential_ceiling(retry, self.base_s, self.cap_s)
+        half = ceiling / 2.0
+        drawn = half + rng.random() * half
+        # half + u * half rounds up to the ceiling itself for u just below 1; keep [t/2, t).
+        return min(drawn, math.nextafter(ceiling, 0.0)) if ceiling > 0 else drawn
 
 
 @dataclass(frozen=True, slots=True)
