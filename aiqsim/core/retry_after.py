@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import math
 from email.utils import parsedate_to_datetime
 
@@ -12,7 +13,9 @@ def parse_retry_after(value: str | float | int | None, now_epoch_s: float) -> fl
     Accepts delta-seconds (``"120"``, also a non-negative decimal such as ``"1.5"``, which
     several AI providers send) and an HTTP date (``"Wed, 21 Oct 2015 07:28:00 GMT"``), the
     latter measured against ``now_epoch_s`` (Unix seconds, passed in so this stays pure).
-    Dates in the past give 0.
+    Dates in the past give 0. The obsolete RFC 850 and asctime date forms are accepted as
+    far as :mod:`email.utils` parses them; a date without a zone (asctime, or ``-0000``) is
+    UTC, as every HTTP date is.
     """
     if value is None:
         return None
@@ -29,8 +32,8 @@ def parse_retry_after(value: str | float | int | None, now_epoch_s: float) -> fl
         return seconds if math.isfinite(seconds) and seconds >= 0 else None
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+        # utctimetuple() converts an aware date to UTC and leaves a naive one as is (= UTC).
+        epoch_s = calendar.timegm(when.utctimetuple()) + when.microsecond / 1e6
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when is None or when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - now_epoch_s)
+    return max(0.0, epoch_s - now_epoch_s)

@@ -1,0 +1,121 @@
+"""Retry-After parsing: delta-seconds, decimals and the three HTTP date forms, against an injected now."""
+
+from __future__ import annotations
+
+import calendar
+import math
+import string
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiqsim.core.retry_after import parse_retry_after
+
+NOW_DT = datetime(2015, 10, 21, 7, 28, 0, tzinfo=UTC)
+NOW = float(calendar.timegm(NOW_DT.utctimetuple()))  # 1445412480, computed without a clock
+
+
+def rfc1123(when: datetime) -> str:
+    return format_datetime(when.astimezone(UTC), usegmt=True)  # "Wed, 21 Oct 2015 07:28:00 GMT"
+
+
+def rfc850(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%A, %d-%b-%y %H:%M:%S GMT")  # "Wednesday, 21-Oct-15 07:28:00 GMT"
+
+
+def asctime(when: datetime) -> str:
+    w = when.astimezone(UTC)
+    return f"{w:%a %b} {w.day:2d} {w:%H:%M:%S %Y}"  # "Wed Oct 21 07:28:00 2015", day space-padded
+
+
+def test_now_is_the_documented_instant() -> None:
+    assert NOW == 1445412480.0
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("120", 120.0), ("0", 0.0), (" 7 ", 7.0), ("1.5", 1.5), ("0.25", 0.25), ("86400", 86400.0)],
+)
+def test_delta_seconds_including_decimals(header: str, seconds: float) -> None:
+    assert parse_retry_after(header, NOW) == seconds
+
+
+@given(st.floats(min_value=0.0, max_value=1e9))
+def test_any_non_negative_decimal_round_trips(seconds: float) -> None:
+    assert parse_retry_after(repr(seconds), NOW) == seconds
+    assert parse_retry_after(seconds, NOW) == seconds
+
+
+@pytest.mark.parametrize("value", [3, 2.5, 0])
+def test_numbers_already_parsed_by_a_client_are_accepted(value: float) -> None:
+    assert parse_retry_after(value, NOW) == float(value)
+
+
+@pytest.mark.parametrize("value", ["-5", "-0.5", "nan", "inf", "-inf", -1, math.nan, math.inf])
+def test_negative_or_non_finite_delays_are_refused(value: str | float) -> None:
+    assert parse_retry_after(value, NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("Wed, 21 Oct 2015 07:28:30 GMT", 30.0),  # RFC 1123 / IMF-fixdate, the preferred form
+        ("Wednesday, 21-Oct-15 07:29:00 GMT", 60.0),  # obsolete RFC 850
+        ("Wed Oct 21 07:30:00 2015", 120.0),  # obsolete asctime: no zone, and HTTP dates are UTC
+        ("Thu Oct 22 07:28:00 2015", 86400.0),
+        ("Sun Nov  1 07:28:00 2015", 11 * 86400.0),  # space-padded day; UTC, so no DST hour
+        ("Wed, 21 Oct 2015 09:28:45 +0200", 45.0),  # an explicit offset is honoured
+        ("Wed, 21 Oct 2015 07:28:05 -0000", 5.0),  # "unknown zone" is UTC for HTTP
+    ],
+)
+def test_http_dates_are_measured_from_the_injected_now(header: str, seconds: float) -> None:
+    assert parse_retry_after(header, NOW) == seconds
+
+
+@given(
+    delay=st.integers(min_value=0, max_value=400 * 86400), form=st.sampled_from([rfc1123, rfc850, asctime])
+)
+def test_every_date_form_gives_the_delay_it_encodes(delay: int, form: object) -> None:
+    header = form(NOW_DT + timedelta(seconds=delay))  # type: ignore[operator]
+    assert parse_retry_after(header, NOW) == float(delay)
+
+
+@given(delay=st.integers(min_value=1, max_value=10 * 365 * 86400), form=st.sampled_from([rfc1123, asctime]))
+def test_past_dates_mean_no_wait(delay: int, form: object) -> None:
+    header = form(NOW_DT - timedelta(seconds=delay))  # type: ignore[operator]
+    assert parse_retry_after(header, NOW) == 0.0
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "   ",
+        "soon",
+        "12 apples",
+        "1,5",
+        "0x10",
+        "Wed, 32 Oct 2015 07:28:00 GMT",
+        "Wed, 21 Foo 2015 07:28:00 GMT",
+        "Wed, 21 Oct 2015 25:61:00 GMT",
+        "Wed, 21 Oct 99999999999999999999 07:28:00 GMT",  # used to escape as OverflowError
+        "Wed, 21 Oct 2015 07:28:00 +99999999999999999999",
+    ],
+)
+def test_garbage_is_none(header: str | None) -> None:
+    assert parse_retry_after(header, NOW) is None
+
+
+@given(st.text(alphabet=string.ascii_letters + string.punctuation + " \t", max_size=40))
+def test_text_without_digits_is_never_a_delay(header: str) -> None:
+    assert parse_retry_after(header, NOW) is None
+
+
+@given(st.text(max_size=60))
+def test_any_text_parses_to_none_or_a_non_negative_delay_and_never_raises(header: str) -> None:
+    result = parse_retry_after(header, NOW)
+    assert result is None or (math.isfinite(result) and result >= 0.0)
