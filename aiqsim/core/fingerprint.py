@@ -19,23 +19,35 @@ class FingerprintError(TypeError):
     """The input holds a value with no canonical JSON form."""
 
 
+def _check_text(text: str, path: str) -> str:
+    # A lone surrogate ("\ud800") is a valid str but has no UTF-8 form to hash.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise FingerprintError(f"{path}: string {text!r} is not valid Unicode text ({err.reason})") from None
+    return text
+
+
 def _canonical(value: Any, path: str) -> Any:
-    if value is None or isinstance(value, bool | str):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return _check_text(value, path)
     if isinstance(value, int):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
             raise FingerprintError(f"{path}: non-finite float {value!r} has no canonical form")
-        if value.is_integer() and abs(value) < 2**53:
-            return int(value)  # 1.0 and 1 fingerprint alike, as they do in JSON
+        if value.is_integer():
+            # 1.0 and 1 (and 1e16 and 10**16) are equal numbers, so they fingerprint alike.
+            return int(value)
         return value
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise FingerprintError(f"{path}: dict keys must be str, got {type(k).__name__} {k!r}")
-            out[k] = _canonical(v, f"{path}.{k}")
+            out[_check_text(k, f"{path} key")] = _canonical(v, f"{path}.{k}")
         return out
     if isinstance(value, list | tuple):
         return [_canonical(v, f"{path}[{i}]") for i, v in enumerate(value)]
