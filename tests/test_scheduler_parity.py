@@ -107,14 +107,14 @@ def test_simpy_run_matches_the_script_exactly() -> None:
 
 def test_asyncio_run_matches_simpy_statuses_calls_and_times() -> None:
     sim_records, sim_calls, _ = run_parity_scenario(SimPyRuntime())
-    live_records, live_calls, _ = run_parity_scenario(AsyncioRuntime(time_scale=0.02))
+    live_records, live_calls, _ = run_parity_scenario(AsyncioRuntime(time_scale=0.05))
     assert {t: (r.status, r.attempts) for t, r in live_records.items()} == {
         t: (r.status, r.attempts) for t, r in sim_records.items()
     }
     assert live_calls == sim_calls
     for task_id, sim in sim_records.items():
-        # 0.5 scheduler-seconds = 10 ms of wall time at this scale
-        assert live_records[task_id].finished_at == pytest.approx(sim.finished_at, abs=0.5), task_id
+        # 1 scheduler-second = 50 ms of wall time at this scale: room for a loaded machine's jitter
+        assert live_records[task_id].finished_at == pytest.approx(sim.finished_at, abs=1.0), task_id
 
 
 def test_a_poison_key_is_remembered_and_not_sent_again() -> None:

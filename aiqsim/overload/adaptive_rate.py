@@ -35,6 +35,7 @@ import random
 from dataclasses import dataclass
 
 from aiqsim.core.failures import FailureClass
+from aiqsim.core.token_bucket import refill_wait
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_rate_limited
 
@@ -195,7 +196,7 @@ class SendTokenBucket:
     def seconds_until_token(self, now: float) -> float:
         """How long until one token is available (0 if it is)."""
         missing = 1.0 - self.level(now)
-        return 0.0 if missing <= _TOKEN_EPSILON else missing / self.fill_rate
+        return 0.0 if missing <= _TOKEN_EPSILON else refill_wait(missing, self.fill_rate, now)
 
     def try_take(self, now: float) -> bool:
         """Take one token if available."""

@@ -167,6 +167,35 @@ class CrashConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class OverloadConfig:
+    """Client-side overload protection for every provider (all off by default).
+
+    ``retry_budget``: ``token_bucket`` (AWS SDK standard mode: capacity, a retry costs
+    ``budget_retry_cost``, ``budget_timeout_retry_cost`` after a timeout) or ``ratio`` (Google SRE:
+    retries below ``budget_ratio`` of requests over ``budget_window_s``). ``circuit_breaker``:
+    open after ``breaker_failure_threshold`` failures within ``breaker_window_s``, half-open after
+    ``breaker_cooldown_s``. ``throttle``: Google SRE adaptive throttling with ``throttle_k`` over
+    ``throttle_window_s``. ``adaptive_rate``: AWS SDK adaptive mode (CUBIC send rate; waits, never fails).
+    """
+
+    retry_budget: Literal["none", "token_bucket", "ratio"] = "none"
+    budget_capacity: float = 500.0
+    budget_retry_cost: float = 5.0
+    budget_timeout_retry_cost: float = 10.0
+    budget_ratio: float = 0.1
+    budget_window_s: float = 60.0
+    circuit_breaker: bool = False
+    breaker_failure_threshold: int = 5
+    breaker_window_s: float = 30.0
+    breaker_cooldown_s: float = 30.0
+    breaker_half_open_probes: int = 1
+    throttle: bool = False
+    throttle_k: float = 2.0
+    throttle_window_s: float = 120.0
+    adaptive_rate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """A whole simulation: providers, client quotas, policies, workload, crashes, horizon, seed.
 
@@ -188,6 +217,7 @@ class Scenario:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     crashes: tuple[CrashConfig, ...] = ()
+    overload: OverloadConfig = field(default_factory=OverloadConfig)
     source: str | None = None
     """Path of the file it was loaded from, for error messages and reports."""
 

@@ -31,6 +31,8 @@ SUMMARY_KEYS: dict[str, str] = {
     "tasks_lost": "accepted tasks not terminal at the end of the run (should be 0)",
     "attempts": "provider calls received by the providers (every attempt of every task)",
     "retries": "attempts beyond the first per task (attempts - tasks that made any attempt)",
+    "attempts_per_task": "attempts / tasks that made any attempt (retry amplification)",
+    "rejected_locally": "attempts refused by a client-side overload gate (budget, breaker, throttle)",
     "rate_limited": "attempts the providers answered with 429",
     "timeouts": "attempts the scheduler gave up on after attempt_timeout_s",
     "billed_calls": "executions the providers billed",
@@ -113,6 +115,10 @@ def summarize(
         "tasks_lost": sum(1 for r in records if not r.status.is_terminal),
         "attempts": attempts,
         "retries": attempts - tasks_attempted,
+        "attempts_per_task": attempts / tasks_attempted if tasks_attempted else math.nan,
+        "rejected_locally": sum(
+            1 for e in events if isinstance(e, AttemptRecord) and e.decision == "rejected"
+        ),
         "rate_limited": sum(1 for e in executions if e.outcome == "rate_limited"),
         "timeouts": timeouts,
         "billed_calls": len(billed),

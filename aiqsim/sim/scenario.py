@@ -56,6 +56,7 @@ from aiqsim.sim.config import (
     CrashConfig,
     DispatchConfig,
     OutageConfig,
+    OverloadConfig,
     ProviderConfig,
     RetryConfig,
     Scenario,
@@ -463,6 +464,27 @@ _CRASH = _Table(
     what="crash",
 )
 
+_OVERLOAD = _Table(
+    {
+        "retry_budget": _Choice(("none", "token_bucket", "ratio")),
+        "budget_capacity": _POSITIVE,
+        "budget_retry_cost": _NON_NEGATIVE,
+        "budget_timeout_retry_cost": _NON_NEGATIVE,
+        "budget_ratio": _PROBABILITY,
+        "budget_window_s": _POSITIVE,
+        "circuit_breaker": _Boolean(),
+        "breaker_failure_threshold": _Integer(1),
+        "breaker_window_s": _POSITIVE,
+        "breaker_cooldown_s": _NON_NEGATIVE,
+        "breaker_half_open_probes": _Integer(1),
+        "throttle": _Boolean(),
+        "throttle_k": _POSITIVE,
+        "throttle_window_s": _POSITIVE,
+        "adaptive_rate": _Boolean(),
+    },
+    what="overload protection",
+)
+
 _SCENARIO_SECTION = _Table(
     {
         "name": _Text(non_empty=True),
@@ -486,6 +508,7 @@ _FILE = _Table(
         "store": _STORE,
         "workloads": _Array(_WORKLOAD, "[[workloads]]"),
         "crashes": _Array(_CRASH, "[[crashes]]"),
+        "overload": _OVERLOAD,
     },
     required=frozenset({"scenario", "providers", "workloads"}),
     what="scenario file",
@@ -502,6 +525,7 @@ SECTION_FIELDS: dict[type, _Table] = {
     WorkloadConfig: _WORKLOAD,
     CostConfig: _COST,
     CrashConfig: _CRASH,
+    OverloadConfig: _OVERLOAD,
 }
 """Which file table describes which config record (tests check they list the same fields)."""
 
@@ -762,6 +786,13 @@ def _crash(
     return crash
 
 
+def _overload(values: dict[str, Any], reader: _Reader) -> OverloadConfig:
+    overload = OverloadConfig(**values)
+    if overload.budget_ratio <= 0 and overload.retry_budget == "ratio":
+        raise reader.error("overload.budget_ratio", 'expected a number > 0 with retry_budget = "ratio"')
+    return overload
+
+
 def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Scenario:
     """Validate a scenario mapping (as parsed from TOML) into a :class:`Scenario`.
 
@@ -798,6 +829,7 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         dispatch=dispatch,
         store=store,
         crashes=crashes,
+        overload=_overload(values.get("overload", {}), reader),
         source=source,
         **header,
     )
@@ -1036,4 +1068,5 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         "store": _record_dict(scenario.store, _STORE),
         "workloads": [_record_dict(workload, _WORKLOAD) for workload in scenario.workloads],
         "crashes": [_record_dict(crash, _CRASH) for crash in scenario.crashes],
+        "overload": _record_dict(scenario.overload, _OVERLOAD),
     }

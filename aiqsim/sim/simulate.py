@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +56,7 @@ class SimulationResult:
         events: list[SchedulerEvent],
         recoveries: list[RecoveryReport],
         task_errors: list[str],
+        gates: Sequence[Any] = (),
         sim_time_s: float,
         store_writes: int = 0,
     ) -> None:
@@ -66,6 +67,8 @@ class SimulationResult:
         self.executions = executions
         self.events = events
         self.recoveries = recoveries
+        self.gates = list(gates)
+        """The overload gates that ran (e.g. a circuit breaker's ``transitions`` log)."""
         self.task_errors = task_errors
         self.sim_time_s = sim_time_s
         self.store_writes = store_writes
@@ -96,6 +99,14 @@ class SimulationResult:
         return metrics.timeline_frame(
             self.executions, self.events, self.scenario.timeline_step_s, max(self.sim_time_s, 1e-9)
         )
+
+    def breaker_transitions(self) -> list[Any]:
+        """Every circuit-breaker state change in the run (time, provider, old, new), in time order."""
+        found = []
+        for gate in self.gates:
+            for member in getattr(gate, "gates", (gate,)):
+                found.extend(getattr(member, "transitions", ()))
+        return sorted(found, key=lambda t: t.time)
 
     def __repr__(self) -> str:
         s = self.summary
@@ -128,6 +139,46 @@ def retry_policy(scenario: Scenario) -> RetryPolicy:
         attempt_timeout_s=r.attempt_timeout_s,
         honour_retry_after=r.honour_retry_after,
     )
+
+
+def overload_gates(scenario: Scenario) -> list[Any]:
+    """The attempt gates the scenario's ``[overload]`` table asks for, chained in the recommended
+    order: breaker (cheap state check), throttle, retry budget, adaptive send rate."""
+    from aiqsim.overload import (
+        AdaptiveRateLimiter,
+        CircuitBreaker,
+        ClientSideThrottle,
+        GateChain,
+        RetryRatioBudget,
+        RetryTokenBucket,
+    )
+
+    o = scenario.overload
+    gates: list[Any] = []
+    if o.circuit_breaker:
+        gates.append(
+            CircuitBreaker(
+                failure_threshold=o.breaker_failure_threshold,
+                window_s=o.breaker_window_s,
+                cooldown_s=o.breaker_cooldown_s,
+                half_open_probes=o.breaker_half_open_probes,
+            )
+        )
+    if o.throttle:
+        gates.append(ClientSideThrottle(k=o.throttle_k, window_s=o.throttle_window_s))
+    if o.retry_budget == "token_bucket":
+        gates.append(
+            RetryTokenBucket(
+                capacity=o.budget_capacity,
+                retry_cost=o.budget_retry_cost,
+                timeout_retry_cost=o.budget_timeout_retry_cost,
+            )
+        )
+    elif o.retry_budget == "ratio":
+        gates.append(RetryRatioBudget(ratio=o.budget_ratio, window_s=o.budget_window_s))
+    if o.adaptive_rate:
+        gates.append(AdaptiveRateLimiter())
+    return [GateChain(gates)] if len(gates) > 1 else gates
 
 
 def simulate(
@@ -181,6 +232,8 @@ class _Run:
         ]
         self.arrivals: list[Arrival] = generate_arrivals(scenario, random.Random(f"{seed}:workload"))
         self.events: list[SchedulerEvent] = []
+        self.gates: list[Any] = []
+        """The overload gates of every scheduler incarnation (a restart starts with fresh state)."""
         self.rejected: list[dict[str, Any]] = []
         self.recoveries: list[RecoveryReport] = []
         self.write_counter = [0]
@@ -218,6 +271,8 @@ class _Run:
             on_crash=self._on_write_crash,
         )
         self.store = store
+        gates = overload_gates(scenario)
+        self.gates.extend(gates)
         return Scheduler(
             self.runtime,
             self.providers,
@@ -231,6 +286,7 @@ class _Run:
             background_limit=scenario.dispatch.background_limit,
             rng=random.Random(f"{self.seed}:scheduler:{self.incarnation}"),
             events=self.events.append,
+            gates=gates,
         )
 
     def _on_write_crash(self) -> None:
@@ -358,6 +414,7 @@ class _Run:
             events=self.events,
             recoveries=self.recoveries,
             task_errors=errors,
+            gates=self.gates,
             sim_time_s=sim_time,
             store_writes=self.write_counter[0],
         )
