@@ -452,3 +452,27 @@ def test_scheduler_crash_and_recover_on_a_file_store(kind: str, tmp_path: Path) 
     # t1 was running at the crash (requeued), t5 waited on it (reattached). queued_resumed is not
     # checked: recover() counts a requeued orphan there as well (reported to the lead).
     assert (report.orphans_requeued, report.duplicates_reattached) == (1, 1)  # type: ignore[attr-defined]
+
+
+def test_json_failed_compaction_does_not_fail_the_durable_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "tasks.json"
+    store = JsonFileStore(path, compact_min_entries=3)
+    real_write_snapshot = store._write_snapshot
+
+    def disk_full() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_write_snapshot", disk_full)
+    for n in range(3):
+        store.insert_and_claim(task(f"t{n}"))  # the third write triggers the failing compaction
+    assert isinstance(store.last_compaction_error, OSError)
+    monkeypatch.setattr(store, "_write_snapshot", real_write_snapshot)
+    for n in range(3, 6):
+        store.insert_and_claim(task(f"t{n}"))  # compaction was deferred to 6 journal entries, then succeeds
+    assert store.last_compaction_error is None
+    assert store.journal_path.stat().st_size == 0
+    store.close()
+    with JsonFileStore(path) as again:
+        assert [r.id for r in again.list_by_status()] == [f"t{n}" for n in range(6)]

@@ -113,6 +113,9 @@ class JsonFileStore:
         """True when opening found (and cut off) an incomplete last journal line."""
         self.stale_temp_files_removed = 0
         """Temp files of an interrupted snapshot write found (and removed) on open."""
+        self.last_compaction_error: OSError | None = None
+        """Why the last automatic compaction failed (e.g. disk full); the journal keeps growing meanwhile."""
+        self._compact_deferred_to = 0
         self._lock_fd: int | None = self._acquire_lock()
         try:
             self._open()
@@ -336,8 +339,14 @@ class JsonFileStore:
         self._apply(json.loads(body), f"{self.journal_path}: seq {seq}")  # exactly what a reopen would see
         self._seq = seq
         self._journal_entries += 1
-        if self._journal_entries >= max(self.compact_min_entries, len(self._tasks)):
-            self.compact()
+        if self._journal_entries >= max(
+            self.compact_min_entries, len(self._tasks), self._compact_deferred_to
+        ):
+            try:
+                self.compact()
+            except OSError as error:  # the write itself is durable: report it as done, compact later
+                self.last_compaction_error = error
+                self._compact_deferred_to = 2 * self._journal_entries
 
     def _snapshot_document(self) -> dict[str, Any]:
         return {
@@ -378,6 +387,8 @@ class JsonFileStore:
             os.fsync(self._journal_fd)
         self._journal_size = 0
         self._journal_entries = 0
+        self._compact_deferred_to = 0
+        self.last_compaction_error = None
 
     # ------------------------------------------------------------------ TaskStore
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
