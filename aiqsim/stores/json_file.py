@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import os
 import re
@@ -144,7 +145,7 @@ class JsonFileStore:
         return fd
 
     def _temp_files(self) -> list[Path]:
-        return sorted(self.path.parent.glob(f".{self.path.name}.tmp-*"))
+        return sorted(self.path.parent.glob(f".{glob.escape(self.path.name)}.tmp-*"))
 
     def _open(self) -> None:
         for stale in self._temp_files():  # we hold the lock: no other writer can own them

@@ -27,6 +27,7 @@ never leaves a half-initialised store behind.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import sqlite3
@@ -181,7 +182,7 @@ class SqliteStore:
 
     def _remove_stale_temps(self) -> None:
         """Remove temp files of a creation interrupted by a crash (their creator is gone)."""
-        for temp in self.path.parent.glob(self._temp_prefix() + "*"):
+        for temp in self.path.parent.glob(glob.escape(self._temp_prefix()) + "*"):
             pid_text = temp.name[len(self._temp_prefix()) :].split("-", 1)[0]
             if not pid_text.isdigit() or int(pid_text) == os.getpid():
                 continue
