@@ -19,6 +19,7 @@ import pytest
 
 from aiqsim.core.backoff import ExponentialBackoff, FullJitter, NoBackoff
 from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.runtime import Cancelled, SimPyRuntime
 from aiqsim.validation import (
     AntitheticRandom,
     aws_jitter_study,
@@ -355,3 +356,141 @@ def test_study_notebook_runs_headless_and_draws_both_charts() -> None:
     assert len(charts) == 2
     tables = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
     assert "decorrelated_jitter" in tables and "full jitter / exponential calls" in tables
+
+
+# ---------------------------------------------------------------------------- SimPy runtime hot path
+# The benchmark work runs ``wait_for(coroutine, timeout)`` inside the awaiting task under a deadline
+# instead of a child task per provider call. These pin the contract that change must keep.
+
+
+def run_sim(body):
+    runtime = SimPyRuntime()
+    return runtime.run(body(runtime)), runtime
+
+
+def test_wait_for_deadline_is_disarmed_when_the_work_finishes_in_time() -> None:
+    async def body(rt):
+        async def quick():
+            await rt.sleep(1)
+            return "done"
+
+        value = await rt.wait_for(quick(), 5)
+        await rt.sleep(10)  # past the old deadline: nothing may cancel us now
+        return value, rt.now()
+
+    assert run_sim(body)[0] == ("done", 11)
+
+
+def test_wait_for_timeout_wins_even_if_the_work_swallows_the_cancel() -> None:
+    async def body(rt):
+        seen = []
+
+        async def stubborn():
+            try:
+                await rt.sleep(10)
+            except Cancelled:
+                seen.append(rt.now())
+                return "swallowed"
+            return "late"
+
+        async def failing_cleanup():
+            try:
+                await rt.sleep(10)
+            except Cancelled:
+                raise ValueError("cleanup failed") from None
+
+        try:
+            await rt.wait_for(stubborn(), 2)
+        except TimeoutError:
+            seen.append("timeout")
+        try:
+            await rt.wait_for(failing_cleanup(), 2)
+        except TimeoutError:
+            seen.append("timeout despite the cleanup error")
+        return seen
+
+    assert run_sim(body)[0] == [2, "timeout", "timeout despite the cleanup error"]
+
+
+@pytest.mark.parametrize("cancel_at", [1.0, 3.0])
+def test_a_cancel_from_outside_wins_over_the_deadline(cancel_at: float) -> None:
+    async def body(rt):
+        inner = []
+
+        async def work():
+            try:
+                await rt.sleep(10)
+            except Cancelled:
+                inner.append(rt.now())
+                raise
+
+        async def caller():
+            await rt.wait_for(work(), 3)
+
+        handle = rt.spawn(caller())
+        await rt.sleep(cancel_at)  # at 3.0 the cancel and the deadline come at the same instant
+        handle.cancel()
+        try:
+            await handle
+        except Cancelled:
+            return "cancelled", inner
+        except TimeoutError:
+            return "timeout", inner
+        return "finished", inner
+
+    assert run_sim(body)[0] == ("cancelled", [cancel_at])
+
+
+def test_nested_wait_for_and_wait_for_in_a_spawned_task() -> None:
+    async def body(rt):
+        log = []
+
+        async def slow():
+            await rt.sleep(10)
+
+        async def outer_work():
+            try:
+                await rt.wait_for(slow(), 1)  # inner deadline first: handled inside
+            except TimeoutError:
+                log.append(("inner timeout", rt.now()))
+            await rt.sleep(10)
+
+        try:
+            await rt.wait_for(outer_work(), 4)  # then the outer deadline
+        except TimeoutError:
+            log.append(("outer timeout", rt.now()))
+        spawned = rt.spawn(rt.wait_for(slow(), 2))  # the deadline belongs to the spawned task
+        try:
+            await spawned
+        except TimeoutError:
+            log.append(("spawned timeout", rt.now()))
+        log.append(("caller still running", rt.now()))
+        return log
+
+    assert run_sim(body)[0] == [
+        ("inner timeout", 1),
+        ("outer timeout", 4),
+        ("spawned timeout", 6),
+        ("caller still running", 6),
+    ]
+
+
+def test_wait_for_on_futures_and_without_timeout() -> None:
+    async def body(rt):
+        never = rt.create_future()
+        try:
+            await rt.wait_for(never, 2)
+        except TimeoutError:
+            pass
+        soon = rt.create_future()
+
+        async def resolve():
+            await rt.sleep(1)
+            soon.set_result("ok")
+
+        rt.spawn(resolve())
+        return never.cancelled(), await rt.wait_for(soon, None), rt.now()
+
+    (cancelled, value, now), runtime = run_sim(body)
+    assert (cancelled, value, now) == (True, "ok", 3)
+    assert runtime.task_errors == []

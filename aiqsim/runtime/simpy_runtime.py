@@ -9,15 +9,22 @@ costs 1.5-4.5x), and exceptions are thrown back as the original objects (SimPy's
 Virtual time only advances when SimPy pops an event, so a simulation of hours runs
 in milliseconds, and equal-time events run in scheduling order: the same inputs and
 seed always give the same event sequence.
+
+Hot path (measured by ``benchmarks/bench_sim_vs_native.py``): ``wait_for`` on a coroutine
+runs it inside the awaiting task under a deadline, as ``asyncio.timeout`` does, instead of
+spawning a child task per provider call; ``wait_for(x, None)`` is ``x`` itself; and
+:meth:`SimPyRuntime.run` pops the event heap itself when the environment is a plain
+``simpy.Environment``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Generator
+from heapq import heappop
 from typing import Any, TypeVar
 
 import simpy
-from simpy.events import PENDING
+from simpy.events import NORMAL, PENDING
 
 from aiqsim.runtime.protocol import Cancelled
 
@@ -88,6 +95,15 @@ class SimFuture(simpy.Event):
 class _Sleep(simpy.Timeout):
     """A SimPy timeout that a coroutine can await directly."""
 
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        # simpy.Timeout.__init__ inlined; callers pass a delay already clamped to >= 0
+        self.env = env
+        self.callbacks: list[Callable[[Any], None]] = []
+        self._value = None
+        self._delay = delay
+        self._ok = True
+        env.schedule(self, NORMAL, delay)
+
     def __await__(self) -> Generator[Any, None, None]:
         yield self
 
@@ -95,7 +111,7 @@ class _Sleep(simpy.Timeout):
 class SimTask:
     """Drives one coroutine on the environment; awaitable and cancellable like an asyncio Task."""
 
-    __slots__ = ("_cancel_pending", "_coro", "_done", "_rt", "_waiting", "name")
+    __slots__ = ("_cancel_pending", "_cancel_requests", "_coro", "_done", "_rt", "_waiting", "name")
 
     def __init__(self, rt: SimPyRuntime, coro: Coroutine[Any, Any, Any], name: str | None) -> None:
         self._rt = rt
@@ -103,6 +119,7 @@ class SimTask:
         self.name = name
         self._done = SimFuture(rt.env)
         self._cancel_pending = False
+        self._cancel_requests = 0  # calls of the public cancel(); a wait_for deadline is not one
         start = simpy.Event(rt.env)
         self._waiting: simpy.Event | None = start
         start.callbacks.append(self._resume)
@@ -122,6 +139,8 @@ class SimTask:
             self._step(None, event._value)
 
     def _step(self, value: Any, exc: BaseException | None) -> None:
+        rt = self._rt
+        outer, rt.current_task = rt.current_task, self
         try:
             yielded = self._coro.send(value) if exc is None else self._coro.throw(exc)
         except StopIteration as stop:
@@ -135,6 +154,8 @@ class SimTask:
                 self._rt.task_errors.append((self.name, error))
             self._done.set_exception(error)
             return
+        finally:
+            rt.current_task = outer
         if not isinstance(yielded, simpy.Event):
             self._coro.close()
             error = TypeError(f"SimPy runtime cannot await {yielded!r}; await runtime primitives only")
@@ -166,6 +187,11 @@ class SimTask:
         """Ask the coroutine to stop: :class:`Cancelled` is thrown at its current await."""
         if self._done._value is not PENDING:
             return False
+        self._cancel_requests += 1
+        self._request_cancel()
+        return True
+
+    def _request_cancel(self) -> None:
         if not self._cancel_pending:
             self._cancel_pending = True
             self._waiting = None  # whatever it awaited stays pending (SimPy cannot unschedule it)
@@ -174,7 +200,6 @@ class SimTask:
             soon._ok = True
             soon._value = None
             self._rt.env.schedule(soon)
-        return True
 
     def done(self) -> bool:
         return self._done._value is not PENDING
@@ -196,11 +221,30 @@ class SimTask:
         return f"<SimTask {self.name or ''} {state}>"
 
 
+class _Deadline:
+    """The timer of one ``wait_for`` on a coroutine: cancels the awaiting task if still armed."""
+
+    __slots__ = ("armed", "cancel_requests", "expired", "task")
+
+    def __init__(self, task: SimTask) -> None:
+        self.task = task
+        self.armed = True
+        self.expired = False
+        self.cancel_requests = task._cancel_requests
+
+    def expire(self, _event: Any) -> None:
+        if self.armed and self.task._done._value is PENDING:
+            self.expired = True
+            self.task._request_cancel()
+
+
 class SimPyRuntime:
     """Runs scheduler coroutines in virtual time on a ``simpy.Environment``."""
 
     def __init__(self, env: simpy.Environment | None = None) -> None:
         self.env = env if env is not None else simpy.Environment()
+        self.current_task: SimTask | None = None
+        """The task whose coroutine is being stepped right now (``None`` between steps)."""
         self.task_errors: list[tuple[str | None, BaseException]] = []
         """Exceptions that ended spawned tasks nobody was awaiting (cancellation excluded)."""
 
@@ -216,18 +260,44 @@ class SimPyRuntime:
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> SimTask:
         return SimTask(self, coro, name)
 
-    async def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
-        """Like ``asyncio.wait_for``: on timeout the inner work is cancelled and ``TimeoutError`` raised."""
+    def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> Awaitable[T]:
+        """Like ``asyncio.wait_for``: on timeout the inner work is cancelled and ``TimeoutError`` raised.
+
+        A coroutine runs inside the awaiting task under a deadline (no child task); a future or
+        task is awaited until it resolves or the timeout passes, and is then cancelled.
+        """
         if timeout is None:
-            return await awaitable
+            return awaitable
+        if isinstance(awaitable, SimFuture | SimTask):
+            return self._wait_for_event(awaitable, timeout)
+        return self._wait_for_coroutine(awaitable, timeout)  # type: ignore[arg-type]
+
+    async def _wait_for_coroutine(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        task = self.current_task
+        if task is None:  # not driven by a SimTask (a coroutine stepped by hand): use a child task
+            return await self._wait_for_event(self.spawn(coro, name="wait_for"), timeout)
+        deadline = _Deadline(task)
+        _Sleep(self.env, timeout if timeout > 0 else 0).callbacks.append(deadline.expire)
+        try:
+            result = await coro
+        except BaseException as error:
+            if deadline.expired and task._cancel_requests == deadline.cancel_requests:
+                # the timeout wins over whatever the cancelled work raised on its way out
+                cause = None if isinstance(error, Cancelled) else error
+                raise TimeoutError(f"timed out after {timeout:g} s (virtual)") from cause
+            raise  # the work's own outcome, or a cancel from outside, which wins over the deadline
+        finally:
+            deadline.armed = False
+        if deadline.expired:  # the inner work swallowed the cancellation: the timeout still wins
+            raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
+        return result
+
+    async def _wait_for_event(self, awaitable: SimFuture | SimTask, timeout: float) -> Any:
         child: SimTask | None = None
         if isinstance(awaitable, SimFuture):
             target = awaitable
-        elif isinstance(awaitable, SimTask):
-            child, target = awaitable, awaitable._done
         else:
-            child = self.spawn(awaitable, name="wait_for")  # type: ignore[arg-type]
-            target = child._done
+            child, target = awaitable, awaitable._done
         if target._value is not PENDING:
             return target.result()
         gate = SimFuture(self.env)
@@ -269,7 +339,7 @@ class SimPyRuntime:
         main = self.spawn(coro, name="main")
         env = self.env
         queue = env._queue
-        step = env.step
+        step = env.step if type(env).step is not simpy.Environment.step else None
         done = main._done
         while done._value is PENDING:
             if not queue:
@@ -281,5 +351,17 @@ class SimPyRuntime:
                 main.cancel()
                 until = None
                 continue
-            step()
+            if step is not None:  # an Environment subclass (e.g. real time) keeps its own step
+                step()
+                continue
+            # simpy.Environment.step, inlined (it is the innermost loop of every simulation)
+            env._now, _, _, event = heappop(queue)
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                # a failed event nobody defused crashes the run, exactly as in simpy
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
         return main.result()
