@@ -406,6 +406,7 @@ class Scheduler:
         (to measure what reconciliation saves).
         """
         completed = failed = requeued = resumed = reattached = 0
+        requeued_ids: set[str] = set()
         for orphan in self.store.list_by_status(TaskStatus.RUNNING):
             lane = self._lanes.get(orphan.provider)
             response: ProviderResponse | None = None
@@ -420,14 +421,18 @@ class Scheduler:
                 continue
             error = describe_error(TaskInterruptedError("process stopped while the task was running"))
             done = transition(orphan, TaskStatus.FAILED, now, error=error)
-            self._write(done)
-            self._emit_transition(TaskStatus.RUNNING, done)
             if requeue_interrupted:
+                # running -> failed -> queued through the table, but one write: a crash between two
+                # writes would strand the task in failed.
                 again = transition(done, TaskStatus.QUEUED, now)
                 self._write(again)
+                self._emit_transition(TaskStatus.RUNNING, done)
                 self._emit_transition(TaskStatus.FAILED, again)
+                requeued_ids.add(again.id)
                 requeued += 1
             else:
+                self._write(done)
+                self._emit_transition(TaskStatus.RUNNING, done)
                 failed += 1
         for queued in self.store.list_by_status(TaskStatus.QUEUED):
             if queued.id in self._live:
@@ -436,7 +441,7 @@ class Scheduler:
             self._live[queued.id] = live
             owner = self.store.claim(queued)
             if owner.id == queued.id:
-                resumed += 1
+                resumed += queued.id not in requeued_ids  # requeued orphans are counted once, above
             else:
                 reattached += 1
             self._follow_owner(live, owner)
