@@ -49,7 +49,14 @@ from aiqsim.scheduler import (
     TaskCancelledError,
     TaskFailedError,
 )
-from aiqsim.stores import MemoryStore, TaskStore
+from aiqsim.stores import (
+    JsonFileStore,
+    MemoryStore,
+    SqliteStore,
+    StoreCorruptError,
+    TaskStore,
+    open_store,
+)
 
 __version__ = "0.1.0"
 
@@ -68,6 +75,7 @@ __all__ = [
     "FullJitter",
     "IllegalTransitionError",
     "InvalidRequestError",
+    "JsonFileStore",
     "MemoryStore",
     "MultiQuota",
     "NoBackoff",
@@ -89,6 +97,8 @@ __all__ = [
     "ServerError",
     "ShortestJobFirstPolicy",
     "SimPyRuntime",
+    "SqliteStore",
+    "StoreCorruptError",
     "Submission",
     "TaskCancelledError",
     "TaskFailedError",
@@ -102,6 +112,7 @@ __all__ = [
     "canonical_json",
     "classify_failure",
     "fingerprint",
+    "open_store",
     "parse_retry_after",
     "retry_delay",
     "transition",

@@ -404,6 +404,9 @@ class Scheduler:
         ``requeue_interrupted``. Queued tasks resume: owners go back to their queues and
         duplicates wait for their owner again. ``use_lookup=False`` skips the provider lookup
         (to measure what reconciliation saves).
+
+        Every ``running`` record is taken for an orphan, so call this only when no other live
+        process is running tasks from the same store (the store has no per-process leases yet).
         """
         completed = failed = requeued = resumed = reattached = 0
         requeued_ids: set[str] = set()
