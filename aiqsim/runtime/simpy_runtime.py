@@ -53,7 +53,10 @@ class SimFuture(simpy.Event):
             raise InvalidStateError("future already resolved")
         self._ok = True
         self._value = value
-        self.env.schedule(self)
+        if self.callbacks:
+            self.env.schedule(self)
+        else:  # nobody is waiting: processed at once, no heap event (later awaiters see it done)
+            self.callbacks = None
 
     def set_exception(self, exc: BaseException) -> None:
         if self._value is not PENDING:
@@ -61,7 +64,10 @@ class SimFuture(simpy.Event):
         self._defused = True  # failures are delivered to awaiters, never crash the environment
         self._ok = False
         self._value = exc
-        self.env.schedule(self)
+        if self.callbacks:
+            self.env.schedule(self)
+        else:
+            self.callbacks = None
 
     def cancel(self) -> bool:
         if self._value is not PENDING:
