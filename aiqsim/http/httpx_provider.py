@@ -1,0 +1,260 @@
+"""A provider that speaks HTTP (OpenAI-style JSON) through ``httpx``.
+
+``httpx`` is an optional dependency (``pip install 'aiqsim[http]'``): this module imports
+it only when an :class:`HttpProvider` is created, so ``import aiqsim.http`` works without it.
+
+This is inherently real-time I/O, so it reads the wall clock (``time.time``) for HTTP-date
+``Retry-After`` values. Everything it tells the scheduler is in scheduler seconds: give it
+the same ``time_scale`` as the :class:`~aiqsim.runtime.AsyncioRuntime` it runs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from aiqsim.core.failures import ProviderTimeoutError, SchemaViolationError, ServerError
+from aiqsim.core.token_bucket import MultiQuota
+from aiqsim.http.chat import chat_body, chat_content, estimate_chat_tokens, total_tokens
+from aiqsim.http.headers import RateLimitSnapshot, apply_ratelimit_snapshot, parse_ratelimit_headers
+from aiqsim.http.status import error_for_status
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+
+if TYPE_CHECKING:
+    import httpx
+
+    from aiqsim.scheduler.scheduler import Scheduler
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+def require_httpx() -> Any:
+    """The ``httpx`` module, or an ImportError that says how to install it."""
+    try:
+        import httpx
+    except ImportError as exc:  # pragma: no cover - httpx is installed in the test environment
+        raise ImportError(
+            "aiqsim.http.HttpProvider needs the optional dependency httpx: pip install 'aiqsim[http]'"
+        ) from exc
+    return httpx
+
+
+class HttpProvider:
+    """POST each attempt as JSON to ``base_url + path`` and map the answer onto the failure taxonomy.
+
+    - The task's idempotency key goes out as an ``Idempotency-Key`` header.
+    - 429 → ``RateLimitError`` (``retry-after-ms`` or ``Retry-After``, delta-seconds or
+      HTTP date); 429/403 whose body says the quota or credit is exhausted →
+      ``QuotaExhaustedError``; 5xx → ``ServerError(status)``; 400/422 →
+      ``InvalidRequestError`` (full table in :mod:`aiqsim.http.status`).
+    - Timeouts (connect, read, write, pool) → ``ProviderTimeoutError``; refused or broken
+      connections and responses cut short → ``ServerError(status=0)``.
+    - A 2xx whose body is not JSON or not the expected shape → ``SchemaViolationError``.
+    - ``usage.total_tokens`` becomes ``ProviderResponse.usage``.
+    - ``x-ratelimit-remaining-{requests,tokens}`` overwrite the bound quota's bucket levels
+      (the server's view wins), on every response including 429s.
+
+    Parameters:
+        name: the provider (scheduler lane) name.
+        base_url: e.g. ``"https://api.openai.com"`` or a local server's ``.url``.
+        path: the endpoint path.
+        client: an ``httpx.AsyncClient`` to use (not closed by :meth:`aclose`); by default
+            one is created per event loop and owned here.
+        headers: extra headers for every request (``Authorization``...).
+        quota: the client-side quota to correct from rate-limit headers, usually
+            ``scheduler.quota(name)``; see also :meth:`attach_to`.
+        clock: the quota's clock (``runtime.now``); required with ``quota``.
+        time_scale: wall seconds per scheduler second (as ``AsyncioRuntime(time_scale=...)``);
+            converts Retry-After.
+        timeout: httpx timeout (seconds or ``httpx.Timeout``) for an owned client.
+        model: filled into bodies that name no model.
+        build_body: ``request -> dict`` JSON body (default :func:`aiqsim.http.chat.chat_body`).
+        parse_result: ``decoded JSON -> result`` (default: ``choices[0].message.content``);
+            raising ``KeyError``/``TypeError``/``ValueError`` counts as a schema violation.
+        estimate_cost: ``(kind, payload) -> float`` (default: prompt + max tokens).
+        lookup_path: e.g. ``"/lookup/{key}"`` if the server can report work done for a key
+            (used by crash recovery); without it :meth:`lookup` returns ``None``.
+        send_task_headers: also send ``x-aiqsim-task-id`` and ``x-aiqsim-attempt`` (the local
+            server records them on its executions; off by default for third-party APIs).
+        wall_clock: Unix time source for HTTP-date Retry-After values.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        *,
+        path: str = "/v1/chat/completions",
+        client: httpx.AsyncClient | None = None,
+        headers: Mapping[str, str] | None = None,
+        quota: MultiQuota | None = None,
+        clock: Callable[[], float] | None = None,
+        time_scale: float = 1.0,
+        timeout: float | httpx.Timeout = 60.0,
+        model: str | None = None,
+        build_body: Callable[[ProviderRequest], Mapping[str, Any]] | None = None,
+        parse_result: Callable[[Any], Any] | None = None,
+        estimate_cost: Callable[[str, Any], float] | None = None,
+        lookup_path: str | None = None,
+        send_task_headers: bool = False,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._httpx = require_httpx()
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+        self.name = name
+        self.url = base_url.rstrip("/") + "/" + path.lstrip("/")
+        self.base_url = base_url.rstrip("/")
+        self.time_scale = float(time_scale)
+        self.lookup_path = lookup_path
+        self.send_task_headers = send_task_headers
+        self._client = client
+        self._owned: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
+        self._headers = dict(headers or {})
+        self._timeout = timeout
+        self._model = model
+        self._build_body = build_body
+        self._parse_result = parse_result if parse_result is not None else chat_content
+        self._estimate_cost = estimate_cost
+        self._wall_clock = wall_clock
+        self._quota: MultiQuota | None = None
+        self._clock: Callable[[], float] | None = None
+        self.last_ratelimit: RateLimitSnapshot | None = None
+        """The rate-limit headers of the latest response (for observability)."""
+        if quota is not None:
+            if clock is None:
+                raise ValueError("a quota needs its clock too: pass clock=runtime.now")
+            self.bind_quota(quota, clock)
+
+    # ------------------------------------------------------------------ wiring
+    def bind_quota(self, quota: MultiQuota, clock: Callable[[], float]) -> None:
+        """Correct ``quota`` (read at ``clock()``) from every response's rate-limit headers."""
+        self._quota = quota
+        self._clock = clock
+
+    def attach_to(self, scheduler: Scheduler) -> HttpProvider:
+        """Bind to the quota of this provider's lane in ``scheduler``; returns self."""
+        self.bind_quota(scheduler.quota(self.name), scheduler.runtime.now)
+        return self
+
+    async def _http(self) -> httpx.AsyncClient:
+        if self._client is not None:
+            return self._client
+        loop = asyncio.get_running_loop()
+        if self._owned is None or self._owned[0] is not loop:
+            self._owned = (loop, self._httpx.AsyncClient(timeout=self._timeout))
+        return self._owned[1]
+
+    async def aclose(self) -> None:
+        """Close the client this provider created (a client passed in is the caller's to close)."""
+        if self._owned is not None:
+            _, client = self._owned
+            self._owned = None
+            await client.aclose()
+
+    async def __aenter__(self) -> HttpProvider:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ provider protocol
+    def estimate_cost(self, kind: str, payload: Any) -> float:
+        """Cost of a submission without ``cost_estimate``: prompt tokens + max tokens by default."""
+        if self._estimate_cost is not None:
+            return float(self._estimate_cost(kind, payload))
+        return estimate_chat_tokens(payload)
+
+    def body_for(self, request: ProviderRequest) -> Mapping[str, Any]:
+        """The JSON body sent for ``request``."""
+        if self._build_body is not None:
+            return self._build_body(request)
+        return chat_body(request, model=self._model)
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse:
+        """One POST; the outcome as a response or an :mod:`aiqsim.core.failures` error."""
+        headers = {**self._headers, IDEMPOTENCY_HEADER: request.idempotency_key}
+        if self.send_task_headers:
+            headers["x-aiqsim-task-id"] = request.task_id
+            headers["x-aiqsim-attempt"] = str(request.attempt)
+        response = await self._send("POST", self.url, headers=headers, json=self.body_for(request))
+        body = self._check(response)
+        return ProviderResponse(result=self._result(body), usage=total_tokens(body))
+
+    async def lookup(self, idempotency_key: str) -> ProviderResponse | None:
+        """Ask the server whether it already did the work for ``idempotency_key``.
+
+        ``None`` when no ``lookup_path`` is configured or the server answers 404. Any other
+        failure is raised: guessing "not done" could bill the work twice.
+        """
+        if self.lookup_path is None:
+            return None
+        url = self.base_url + self.lookup_path.format(key=quote(idempotency_key, safe=""))
+        response = await self._send("GET", url, headers=dict(self._headers))
+        if response.status_code == 404:
+            return None
+        body = self._check(response)
+        if isinstance(body, Mapping) and "response" in body:
+            body = body["response"]
+        return ProviderResponse(result=self._result(body), usage=total_tokens(body))
+
+    # ------------------------------------------------------------------ internals
+    async def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        httpx = self._httpx
+        client = await self._http()
+        try:
+            return await client.request(method, url, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise ProviderTimeoutError(f"{self.name}: no response in time ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            detail = str(exc) or type(exc).__name__
+            raise ServerError(f"{self.name}: connection failed: {detail}", status=0) from exc
+
+    def _check(self, response: httpx.Response) -> Any:
+        """Apply rate-limit headers, raise for a failure status, return the decoded body."""
+        self._observe(response.headers)
+        try:
+            body: Any = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+            body = None
+            decoded = False
+        else:
+            decoded = True
+        error = error_for_status(
+            response.status_code,
+            headers=response.headers,
+            body=body if decoded else response.text,
+            now_epoch_s=self._wall_clock(),
+            time_scale=self.time_scale,
+            source=self.name,
+        )
+        if error is not None:
+            raise error
+        if not decoded:
+            raise SchemaViolationError(
+                f"{self.name}: HTTP {response.status_code} body is not JSON: {response.text[:120]!r}"
+            )
+        return body
+
+    def _result(self, body: Any) -> Any:
+        try:
+            return self._parse_result(body)
+        except SchemaViolationError as exc:
+            raise SchemaViolationError(f"{self.name}: {exc}") from exc
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise SchemaViolationError(f"{self.name}: unexpected response shape ({exc!r})") from exc
+
+    def _observe(self, headers: httpx.Headers) -> None:
+        snapshot = parse_ratelimit_headers(headers)
+        if snapshot.is_empty:
+            return
+        self.last_ratelimit = snapshot
+        if self._quota is not None and self._clock is not None:
+            apply_ratelimit_snapshot(snapshot, self._quota, self._clock())
+
+    def __repr__(self) -> str:
+        return f"HttpProvider({self.name!r}, {self.url!r})"

@@ -1,0 +1,143 @@
+"""Map exceptions of the official ``openai`` SDK (v1) onto the aiqsim failure taxonomy.
+
+Use it with :class:`~aiqsim.http.adapter.CallableProvider`::
+
+    client = openai.AsyncOpenAI(max_retries=0)          # let aiqsim do the retrying
+    provider = CallableProvider("llm", call_openai, error_mapper=map_openai_error)
+
+The SDK is never imported: exceptions are recognised by the *names* of their classes
+(walking the MRO, most specific first) and by the attributes the SDK gives them
+(``status_code``, ``response.headers``, ``body``, ``code``, ``type``). The same names
+and attributes are used by other Stainless-generated SDKs (``anthropic`` among them),
+so the mapper works for those too.
+
+================================  =========================================
+``APITimeoutError``               :class:`ProviderTimeoutError`
+``APIConnectionError``            :class:`ServerError` (status 0)
+``RateLimitError`` (429)          :class:`RateLimitError` with Retry-After,
+                                  or :class:`QuotaExhaustedError` for ``insufficient_quota``
+``InternalServerError`` (5xx)     :class:`ServerError` (status)
+``BadRequestError`` (400),        :class:`InvalidRequestError`
+``UnprocessableEntityError``,
+``NotFoundError``
+``ConflictError`` (409)           :class:`ServerError` (retryable, as the SDK itself retries it)
+``AuthenticationError``,          :class:`HttpStatusError` (fatal), unless the body says
+``PermissionDeniedError``         the quota is exhausted
+``APIResponseValidationError``,   :class:`SchemaViolationError`
+``LengthFinishReasonError``,
+``ContentFilterFinishReasonError``
+other ``APIStatusError``          by status code (:func:`aiqsim.http.status.error_for_status`)
+================================  =========================================
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiqsim.core.failures import (
+    ProviderError,
+    ProviderTimeoutError,
+    SchemaViolationError,
+    ServerError,
+)
+from aiqsim.http.status import error_for_status
+
+_STATUS_OF_CLASS = {
+    "BadRequestError": 400,
+    "AuthenticationError": 401,
+    "PermissionDeniedError": 403,
+    "NotFoundError": 404,
+    "ConflictError": 409,
+    "UnprocessableEntityError": 422,
+    "RateLimitError": 429,
+    "InternalServerError": 500,
+}
+_SDK_BASES = frozenset({"OpenAIError", "AnthropicError", "APIError"})
+"""Base classes of the SDK exception hierarchies; an exception with none of them is not ours."""
+_SCHEMA_CLASSES = frozenset(
+    {"APIResponseValidationError", "LengthFinishReasonError", "ContentFilterFinishReasonError"}
+)
+
+
+def _class_names(exc: BaseException) -> list[str]:
+    return [cls.__name__ for cls in type(exc).__mro__]
+
+
+def _status_code(exc: BaseException, names: list[str]) -> int | None:
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and not isinstance(status, bool):
+        return status
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int) and not isinstance(status, bool):
+        return status
+    for name in names:
+        if name in _STATUS_OF_CLASS:
+            return _STATUS_OF_CLASS[name]
+    return None
+
+
+def _error_body(exc: BaseException) -> Any:
+    """The error body as the SDK keeps it, with ``code``/``type`` attributes folded in."""
+    raw = getattr(exc, "body", None)
+    body = dict(raw) if isinstance(raw, dict) else {}
+    for field in ("code", "type"):
+        value = getattr(exc, field, None)
+        if isinstance(value, str) and field not in body:
+            body[field] = value
+    if "message" not in body:
+        body["message"] = str(getattr(exc, "message", None) or exc)
+    return body
+
+
+def map_openai_error(
+    exc: BaseException,
+    *,
+    time_scale: float = 1.0,
+    wall_clock: Callable[[], float] = time.time,
+) -> ProviderError | None:
+    """The aiqsim failure for an ``openai`` SDK exception, or ``None`` if ``exc`` is not one.
+
+    ``time_scale`` converts the server's Retry-After (wall seconds) into scheduler
+    seconds, as for :class:`~aiqsim.http.httpx_provider.HttpProvider`; ``wall_clock``
+    measures HTTP-date Retry-After values.
+    """
+    names = _class_names(exc)
+    if _SDK_BASES.isdisjoint(names):
+        return None
+    source = type(exc).__module__.split(".")[0] or "sdk"
+    message = f"{source}: {type(exc).__name__}: {exc}"
+    for name in names:
+        if name == "APITimeoutError":
+            return ProviderTimeoutError(message)
+        if name == "APIConnectionError":
+            return ServerError(message, status=0)
+        if name in _SCHEMA_CLASSES:
+            return SchemaViolationError(message)
+        if name == "APIStatusError" or name in _STATUS_OF_CLASS:
+            break
+    status = _status_code(exc, names)
+    if status is None:
+        return None
+    response = getattr(exc, "response", None)
+    return error_for_status(
+        status,
+        headers=getattr(response, "headers", None),
+        body=_error_body(exc),
+        now_epoch_s=wall_clock(),
+        time_scale=time_scale,
+        source=source,
+    )
+
+
+def openai_error_mapper(
+    *, time_scale: float = 1.0, wall_clock: Callable[[], float] = time.time
+) -> Callable[[Exception], ProviderError | None]:
+    """:func:`map_openai_error` with a fixed ``time_scale``, for ``CallableProvider(error_mapper=...)``."""
+
+    def mapper(exc: Exception) -> ProviderError | None:
+        return map_openai_error(exc, time_scale=time_scale, wall_clock=wall_clock)
+
+    return mapper

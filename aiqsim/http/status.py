@@ -1,0 +1,131 @@
+"""HTTP status codes and error bodies mapped onto the aiqsim failure taxonomy (pure).
+
+Shared by :class:`~aiqsim.http.httpx_provider.HttpProvider` (raw HTTP) and the
+``openai`` SDK mapper (:mod:`aiqsim.http.openai_errors`), so both classify a response
+the same way:
+
+========================================  ==========================================
+429 / 403 with a quota-exhausted body     :class:`QuotaExhaustedError` (fatal)
+429                                       :class:`RateLimitError` with Retry-After
+408                                       :class:`ProviderTimeoutError` (retryable)
+409 (idempotent request still running)    :class:`ServerError` (retryable)
+400, 404, 413, 422                        :class:`InvalidRequestError` (fatal)
+5xx                                       :class:`ServerError` (retryable)
+other non-2xx (401, 403...)               :class:`HttpStatusError` (fatal)
+========================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aiqsim.core.failures import (
+    InvalidRequestError,
+    ProviderError,
+    ProviderTimeoutError,
+    QuotaExhaustedError,
+    RateLimitError,
+    ServerError,
+)
+from aiqsim.http.headers import retry_after_from_headers
+
+QUOTA_EXHAUSTED_CODES = frozenset(
+    {"insufficient_quota", "billing_hard_limit_reached", "quota_exceeded", "billing_not_active"}
+)
+"""``error.code`` / ``error.type`` values meaning the account's quota or credit is used up."""
+
+QUOTA_EXHAUSTED_PHRASES = (
+    "exceeded your current quota",
+    "credit balance is too low",
+    "insufficient credit",
+    "insufficient_quota",
+)
+"""Message fragments with the same meaning, for providers that only say it in prose."""
+
+_INVALID_STATUSES = frozenset({400, 404, 413, 422})
+_MESSAGE_LIMIT = 300
+
+
+class HttpStatusError(ProviderError):
+    """A non-2xx status with no better class (401, 403, 405...): fatal, since retrying cannot fix it."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_object(body: Any) -> Mapping[str, Any] | None:
+    """The ``{"message", "type", "code"}`` object of an OpenAI-style error body, if there is one.
+
+    Accepts the full body (``{"error": {...}}``) or the inner object (what the SDK keeps as ``exc.body``).
+    """
+    if not isinstance(body, Mapping):
+        return None
+    inner = body.get("error")
+    if isinstance(inner, Mapping):
+        return inner
+    if any(field in body for field in ("code", "type", "message")):
+        return body
+    return None
+
+
+def error_message(body: Any) -> str:
+    """A short human message from an error body (``""`` when there is none)."""
+    error = error_object(body)
+    if error is not None and error.get("message") is not None:
+        message = str(error["message"])
+    elif isinstance(body, str):
+        message = body
+    else:
+        return ""
+    return message if len(message) <= _MESSAGE_LIMIT else message[: _MESSAGE_LIMIT - 3] + "..."
+
+
+def is_quota_exhausted(body: Any) -> bool:
+    """Whether an error body says the account's quota or credit is exhausted (not a rate limit)."""
+    error = error_object(body)
+    if error is not None:
+        for field in ("code", "type"):
+            value = error.get(field)
+            if isinstance(value, str) and value.lower() in QUOTA_EXHAUSTED_CODES:
+                return True
+    message = error_message(body).lower()
+    return any(phrase in message for phrase in QUOTA_EXHAUSTED_PHRASES)
+
+
+def error_for_status(
+    status: int,
+    *,
+    headers: Mapping[str, Any] | Any = None,
+    body: Any = None,
+    now_epoch_s: float = 0.0,
+    time_scale: float = 1.0,
+    source: str = "provider",
+) -> ProviderError | None:
+    """The failure for an HTTP ``status`` (``None`` for 2xx).
+
+    ``body`` is the decoded JSON body (or text, or ``None``). ``now_epoch_s`` is the wall
+    clock for an HTTP-date Retry-After. ``time_scale`` converts the server's wall seconds
+    into the caller's scheduler seconds (``retry_after_s = wall / time_scale``), matching
+    :class:`~aiqsim.runtime.AsyncioRuntime` run with the same scale. ``source`` names the
+    provider in messages.
+    """
+    if 200 <= status < 300:
+        return None
+    detail = error_message(body)
+    message = f"{source}: HTTP {status}" + (f": {detail}" if detail else "")
+    if status in (429, 403) and is_quota_exhausted(body):
+        return QuotaExhaustedError(message)
+    if status == 429:
+        wall = retry_after_from_headers(headers, now_epoch_s)
+        return RateLimitError(message, retry_after_s=None if wall is None else wall / time_scale)
+    if status == 408:
+        return ProviderTimeoutError(message)
+    if status == 409:
+        return ServerError(message, status=status)
+    if status in _INVALID_STATUSES:
+        return InvalidRequestError(message)
+    if status >= 500:
+        return ServerError(message, status=status)
+    return HttpStatusError(message, status=status)

@@ -1,0 +1,745 @@
+"""The HTTP and callable provider adapters: header parsing, status mapping, the openai mapper.
+
+Pure functions are tested directly; the HttpProvider wiring is tested over real HTTP on
+127.0.0.1 against a scripted loopback server. The ``openai`` package is not installed:
+its exceptions are reproduced by small stand-in classes with the SDK's class names,
+hierarchy and attributes (``status_code``, ``response`` as a real ``httpx.Response``, ``body``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import subprocess
+import sys
+import time
+from email.utils import formatdate
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiqsim import AsyncioRuntime, ConstantBackoff, QuotaLimits, RetryPolicy, Scheduler, TaskStatus
+from aiqsim.core.failures import (
+    FailureClass,
+    InvalidRequestError,
+    ProviderError,
+    ProviderTimeoutError,
+    QuotaExhaustedError,
+    RateLimitError,
+    SchemaViolationError,
+    ServerError,
+    classify_failure,
+)
+from aiqsim.core.task import Priority
+from aiqsim.core.token_bucket import MultiQuota
+from aiqsim.http import (
+    CallableProvider,
+    HttpProvider,
+    HttpStatusError,
+    RateLimitSnapshot,
+    apply_ratelimit_snapshot,
+    error_for_status,
+    format_duration,
+    is_quota_exhausted,
+    map_openai_error,
+    openai_error_mapper,
+    parse_duration,
+    parse_ratelimit_headers,
+    retry_after_from_headers,
+)
+from aiqsim.http.chat import completion_json, error_json, estimate_chat_tokens
+from aiqsim.http.loopback import DropConnection, HttpReply, HttpRequest, LoopbackHttpServer
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def make_request(payload: Any = "hi", key: str = "key-1", attempt: int = 1) -> ProviderRequest:
+    return ProviderRequest(
+        task_id="t1",
+        idempotency_key=key,
+        kind="llm",
+        payload=payload,
+        cost_estimate=10.0,
+        attempt=attempt,
+        priority=Priority.BACKGROUND,
+    )
+
+
+# ---------------------------------------------------------------------------- durations
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1s", 1.0),
+        ("6m0s", 360.0),
+        ("250ms", 0.25),
+        ("17ms", 0.017),
+        ("1h2m3.5s", 3723.5),
+        ("2m59.56s", 179.56),
+        ("500us", 0.0005),
+        ("3µs", 3e-6),
+        ("10ns", 1e-8),
+        ("0s", 0.0),
+        ("0", 0.0),
+        ("12", 12.0),
+        ("0.5", 0.5),
+        (" 1s ", 1.0),
+        (".5s", 0.5),
+    ],
+)
+def test_parse_duration_reads_openai_formats(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "  ", "abc", "1x", "s", "-1s", "1s junk", "1 s", "ms1", "1.2.3s", "-3", "nan"]
+)
+def test_parse_duration_rejects_garbage(text: str) -> None:
+    assert parse_duration(text) is None
+
+
+def test_parse_duration_of_none_and_numbers() -> None:
+    assert parse_duration(None) is None
+    assert parse_duration(2) == 2.0
+    assert parse_duration(-1.0) is None
+    assert parse_duration(math.inf) is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.0, "0s"), (0.25, "250ms"), (0.0171, "18ms"), (1.0, "1s"), (360.0, "6m0s"), (3723.5, "1h2m3.5s")],
+)
+def test_format_duration_writes_go_durations(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+@given(st.floats(min_value=0.0, max_value=200_000.0, allow_nan=False))
+def test_format_then_parse_never_reads_earlier(seconds: float) -> None:
+    parsed = parse_duration(format_duration(seconds))
+    assert parsed is not None
+    assert seconds - 1e-9 <= parsed < seconds + 0.001 + 1e-9
+
+
+# ---------------------------------------------------------------------------- rate-limit headers
+OPENAI_HEADERS = {
+    "X-RateLimit-Limit-Requests": "60",
+    "X-RateLimit-Remaining-Requests": "59",
+    "X-RateLimit-Reset-Requests": "1s",
+    "X-RateLimit-Limit-Tokens": "150000",
+    "X-RateLimit-Remaining-Tokens": "149984",
+    "X-RateLimit-Reset-Tokens": "6m0s",
+}
+
+
+@pytest.mark.parametrize("as_httpx", [False, True])
+def test_parse_ratelimit_headers_reads_all_six(as_httpx: bool) -> None:
+    headers = httpx.Headers(OPENAI_HEADERS) if as_httpx else OPENAI_HEADERS
+    snapshot = parse_ratelimit_headers(headers)
+    assert snapshot == RateLimitSnapshot(
+        limit_requests=60,
+        remaining_requests=59,
+        reset_requests_s=1.0,
+        limit_tokens=150000,
+        remaining_tokens=149984,
+        reset_tokens_s=360.0,
+    )
+    assert not snapshot.is_empty
+
+
+def test_parse_ratelimit_headers_tolerates_missing_and_garbage() -> None:
+    snapshot = parse_ratelimit_headers(
+        {"x-ratelimit-remaining-requests": "many", "x-ratelimit-reset-tokens": "?"}
+    )
+    assert snapshot.is_empty
+    partial = parse_ratelimit_headers({"x-ratelimit-remaining-tokens": "12"})
+    assert partial.remaining_tokens == 12 and partial.remaining_requests is None
+
+
+def test_snapshot_overwrites_bucket_levels_both_ways() -> None:
+    quota = MultiQuota(QuotaLimits(requests_per_min=600, tokens_per_min=100_000), now=0.0)
+    assert apply_ratelimit_snapshot(
+        RateLimitSnapshot(remaining_requests=3, remaining_tokens=1000), quota, 0.0
+    )
+    assert quota.requests is not None and quota.tokens is not None
+    assert quota.requests.level(0.0) == 3
+    assert quota.tokens.level(0.0) == 1000
+    assert not quota.can_reserve(1001, 0.0)
+    # the server says more is left than we thought: its view wins upwards too (capped at capacity)
+    apply_ratelimit_snapshot(RateLimitSnapshot(remaining_requests=500, remaining_tokens=10**9), quota, 0.0)
+    assert quota.requests.level(0.0) == 500
+    assert quota.tokens.level(0.0) == 100_000
+    apply_ratelimit_snapshot(RateLimitSnapshot(remaining_requests=-4), quota, 0.0)
+    assert quota.requests.level(0.0) == 0
+
+
+def test_snapshot_leaves_unlimited_dimensions_alone() -> None:
+    quota = MultiQuota(QuotaLimits(concurrency=2), now=0.0)
+    assert not apply_ratelimit_snapshot(
+        RateLimitSnapshot(remaining_requests=0, remaining_tokens=0), quota, 0.0
+    )
+    assert quota.can_reserve(10**6, 0.0)
+
+
+def test_retry_after_prefers_ms_then_seconds_then_date() -> None:
+    now = 1_700_000_000.0
+    assert retry_after_from_headers({"retry-after-ms": "1500", "retry-after": "9"}, now) == 1.5
+    assert retry_after_from_headers({"Retry-After": "2"}, now) == 2.0
+    assert retry_after_from_headers({"retry-after": "0.25"}, now) == 0.25
+    assert retry_after_from_headers({"retry-after": formatdate(now + 30, usegmt=True)}, now) == 30.0
+    assert retry_after_from_headers({"retry-after": formatdate(now - 30, usegmt=True)}, now) == 0.0
+    assert retry_after_from_headers({}, now) is None
+    assert retry_after_from_headers({"retry-after": "soon"}, now) is None
+
+
+# ---------------------------------------------------------------------------- status mapping (pure)
+QUOTA_BODY = error_json("You exceeded your current quota.", "insufficient_quota", "insufficient_quota")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected", "failure"),
+    [
+        (
+            429,
+            error_json("slow down", "requests", "rate_limit_exceeded"),
+            RateLimitError,
+            FailureClass.RETRYABLE,
+        ),
+        (429, QUOTA_BODY, QuotaExhaustedError, FailureClass.FATAL),
+        (403, QUOTA_BODY, QuotaExhaustedError, FailureClass.FATAL),
+        (403, error_json("country not supported", "permission_error"), HttpStatusError, FailureClass.FATAL),
+        (
+            401,
+            error_json("bad key", "invalid_request_error", "invalid_api_key"),
+            HttpStatusError,
+            FailureClass.FATAL,
+        ),
+        (400, error_json("bad", "invalid_request_error"), InvalidRequestError, FailureClass.FATAL),
+        (422, None, InvalidRequestError, FailureClass.FATAL),
+        (404, None, InvalidRequestError, FailureClass.FATAL),
+        (408, None, ProviderTimeoutError, FailureClass.RETRYABLE),
+        (409, None, ServerError, FailureClass.RETRYABLE),
+        (500, "oops", ServerError, FailureClass.RETRYABLE),
+        (502, None, ServerError, FailureClass.RETRYABLE),
+        (503, None, ServerError, FailureClass.RETRYABLE),
+    ],
+)
+def test_error_for_status_maps_onto_the_taxonomy(
+    status: int, body: Any, expected: type[ProviderError], failure: FailureClass
+) -> None:
+    error = error_for_status(status, body=body, source="p")
+    assert type(error) is expected
+    assert classify_failure(error, attempts=1) is failure
+    assert f"HTTP {status}" in str(error)
+    if isinstance(error, ServerError | HttpStatusError):
+        assert error.status == status
+
+
+@pytest.mark.parametrize("status", [200, 201, 204, 299])
+def test_error_for_status_is_none_for_2xx(status: int) -> None:
+    assert error_for_status(status) is None
+
+
+def test_rate_limit_retry_after_is_converted_to_scheduler_seconds() -> None:
+    error = error_for_status(429, headers={"Retry-After": "3"}, time_scale=0.5)
+    assert isinstance(error, RateLimitError) and error.retry_after_s == 6.0
+    bare = error_for_status(429)
+    assert isinstance(bare, RateLimitError) and bare.retry_after_s is None
+
+
+def test_is_quota_exhausted_reads_codes_types_and_prose() -> None:
+    assert is_quota_exhausted(QUOTA_BODY)
+    assert is_quota_exhausted({"code": "billing_hard_limit_reached"})
+    assert is_quota_exhausted({"error": {"message": "Your credit balance is too low to access the API"}})
+    assert not is_quota_exhausted(error_json("Rate limit reached for tokens per min", "tokens"))
+    assert not is_quota_exhausted(None)
+    assert not is_quota_exhausted("plain text")
+
+
+def test_estimate_matches_the_local_token_rule() -> None:
+    assert estimate_chat_tokens("x" * 9) == 3 + 16
+    assert estimate_chat_tokens({"messages": [{"role": "user", "content": "abcd"}], "max_tokens": 5}) == 1 + 5
+
+
+# ---------------------------------------------------------------------------- CallableProvider
+class FlakyBackend(Exception):
+    """A user's own exception type, mapped by an error mapper."""
+
+
+def test_callable_provider_wraps_results_and_passes_responses_through() -> None:
+    async def plain(request: ProviderRequest) -> Any:
+        return {"echo": request.payload}
+
+    async def with_usage(request: ProviderRequest) -> Any:
+        return ProviderResponse(result="r", usage=42.0)
+
+    assert run(CallableProvider("a", plain).call(make_request("x"))) == ProviderResponse({"echo": "x"})
+    assert run(CallableProvider("b", with_usage).call(make_request())) == ProviderResponse("r", 42.0)
+    assert (
+        run(CallableProvider("c", lambda request: request.attempt).call(make_request(attempt=3))).result == 3
+    )
+
+
+def test_callable_provider_maps_foreign_errors_only() -> None:
+    def mapper(exc: Exception) -> BaseException | None:
+        return ServerError("backend flaked", status=503) if isinstance(exc, FlakyBackend) else None
+
+    async def flaky(request: ProviderRequest) -> Any:
+        raise FlakyBackend("boom")
+
+    async def buggy(request: ProviderRequest) -> Any:
+        raise KeyError("bug")
+
+    async def already_mapped(request: ProviderRequest) -> Any:
+        raise RateLimitError(retry_after_s=2.0)
+
+    with pytest.raises(ServerError) as mapped:
+        run(CallableProvider("p", flaky, error_mapper=mapper).call(make_request()))
+    assert mapped.value.status == 503 and isinstance(mapped.value.__cause__, FlakyBackend)
+    with pytest.raises(KeyError):
+        run(CallableProvider("p", buggy, error_mapper=mapper).call(make_request()))
+    with pytest.raises(FlakyBackend):
+        run(CallableProvider("p", flaky).call(make_request()))
+    with pytest.raises(RateLimitError) as passed:
+        run(
+            CallableProvider("p", already_mapped, error_mapper=lambda exc: ServerError()).call(make_request())
+        )
+    assert passed.value.retry_after_s == 2.0
+
+
+def test_callable_provider_lookup_and_estimate() -> None:
+    done = {"k1": "stored"}
+
+    async def lookup(key: str) -> Any:
+        return done.get(key)
+
+    provider = CallableProvider(
+        "p", lambda r: None, lookup=lookup, estimate_cost=lambda kind, payload: len(payload)
+    )
+    assert run(provider.lookup("k1")) == ProviderResponse("stored")
+    assert run(provider.lookup("k2")) is None
+    assert provider.estimate_cost("llm", "abcd") == 4.0
+    bare = CallableProvider("p", lambda r: None)
+    assert run(bare.lookup("k1")) is None and bare.estimate_cost("llm", "abcd") == 0.0
+
+
+def test_callable_provider_retries_mapped_failures_in_the_scheduler() -> None:
+    calls: list[int] = []
+
+    async def backend(request: ProviderRequest) -> Any:
+        calls.append(request.attempt)
+        if len(calls) < 3:
+            raise FlakyBackend("transient")
+        return f"done after {request.attempt}"
+
+    def mapper(exc: Exception) -> BaseException | None:
+        return ServerError(str(exc), status=502) if isinstance(exc, FlakyBackend) else None
+
+    runtime = AsyncioRuntime(time_scale=0.001)
+
+    async def main() -> Any:
+        provider = CallableProvider("llm", backend, error_mapper=mapper)
+        retry = RetryPolicy(backoff=ConstantBackoff(1.0), max_attempts=5)
+        scheduler = Scheduler(runtime, [provider], retry=retry, rng=random.Random(0))
+        record = await scheduler.submit("llm", "x", cost_estimate=1).wait()
+        await scheduler.close()
+        return record
+
+    record = runtime.run(main())
+    assert record.status is TaskStatus.SUCCEEDED
+    assert record.result == "done after 3" and record.attempts == 3
+    assert calls == [1, 2, 3]
+
+
+# ---------------------------------------------------------------------------- openai SDK mapper
+# Stand-ins for openai._exceptions (openai>=1.0): same class names, hierarchy and attributes.
+class OpenAIError(Exception):
+    pass
+
+
+class APIError(OpenAIError):
+    def __init__(self, message: str, request: httpx.Request, *, body: object | None) -> None:
+        super().__init__(message)
+        self.request = request
+        self.message = message
+        self.body = body
+        inner = body if isinstance(body, dict) else {}
+        self.code = inner.get("code")
+        self.param = inner.get("param")
+        self.type = inner.get("type")
+
+
+class APIResponseValidationError(APIError):
+    def __init__(self, response: httpx.Response, body: object | None) -> None:
+        super().__init__("Data returned by API invalid for expected schema.", response.request, body=body)
+        self.response = response
+        self.status_code = response.status_code
+
+
+class APIStatusError(APIError):
+    def __init__(self, message: str, *, response: httpx.Response, body: object | None) -> None:
+        super().__init__(message, response.request, body=body)
+        self.response = response
+        self.status_code = response.status_code
+        self.request_id = response.headers.get("x-request-id")
+
+
+class APIConnectionError(APIError):
+    def __init__(self, *, message: str = "Connection error.", request: httpx.Request) -> None:
+        super().__init__(message, request, body=None)
+
+
+class APITimeoutError(APIConnectionError):
+    def __init__(self, request: httpx.Request) -> None:
+        super().__init__(message="Request timed out.", request=request)
+
+
+class BadRequestError(APIStatusError):
+    status_code = 400
+
+
+class AuthenticationError(APIStatusError):
+    status_code = 401
+
+
+class PermissionDeniedError(APIStatusError):
+    status_code = 403
+
+
+class NotFoundError(APIStatusError):
+    status_code = 404
+
+
+class ConflictError(APIStatusError):
+    status_code = 409
+
+
+class UnprocessableEntityError(APIStatusError):
+    status_code = 422
+
+
+class RateLimitErrorSDK(APIStatusError):  # renamed below so the class name matches the SDK's
+    status_code = 429
+
+
+RateLimitErrorSDK.__name__ = "RateLimitError"
+RateLimitErrorSDK.__qualname__ = "RateLimitError"
+
+
+class InternalServerError(APIStatusError):
+    pass
+
+
+class LengthFinishReasonError(OpenAIError):
+    pass
+
+
+SDK_REQUEST = httpx.Request("POST", "https://api.openai.com/v1/chat/completions")
+
+
+def sdk_status_error(
+    cls: type[APIStatusError], status: int, body: Any = None, headers: Any = None
+) -> APIStatusError:
+    """Build an SDK status error the way openai's client does (``body`` = the inner error object)."""
+    response = httpx.Response(
+        status, headers=headers or {}, json={"error": body} if body else None, request=SDK_REQUEST
+    )
+    return cls(f"Error code: {status} - {body}", response=response, body=body)
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (APITimeoutError(SDK_REQUEST), ProviderTimeoutError),
+        (APIConnectionError(request=SDK_REQUEST), ServerError),
+        (
+            sdk_status_error(RateLimitErrorSDK, 429, {"message": "slow", "code": "rate_limit_exceeded"}),
+            RateLimitError,
+        ),
+        (sdk_status_error(RateLimitErrorSDK, 429, QUOTA_BODY["error"]), QuotaExhaustedError),
+        (sdk_status_error(InternalServerError, 500), ServerError),
+        (sdk_status_error(InternalServerError, 503), ServerError),
+        (
+            sdk_status_error(
+                BadRequestError, 400, {"message": "context too long", "code": "context_length_exceeded"}
+            ),
+            InvalidRequestError,
+        ),
+        (sdk_status_error(UnprocessableEntityError, 422), InvalidRequestError),
+        (sdk_status_error(NotFoundError, 404, {"message": "model not found"}), InvalidRequestError),
+        (sdk_status_error(ConflictError, 409), ServerError),
+        (
+            sdk_status_error(AuthenticationError, 401, {"message": "bad key", "code": "invalid_api_key"}),
+            HttpStatusError,
+        ),
+        (sdk_status_error(PermissionDeniedError, 403, {"message": "no"}), HttpStatusError),
+        (sdk_status_error(APIStatusError, 418), HttpStatusError),
+        (
+            APIResponseValidationError(httpx.Response(200, request=SDK_REQUEST), body={"x": 1}),
+            SchemaViolationError,
+        ),
+        (LengthFinishReasonError("output cut at max_tokens"), SchemaViolationError),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else value.__name__,
+)
+def test_openai_mapper_maps_sdk_exceptions(exc: BaseException, expected: type[ProviderError]) -> None:
+    mapped = map_openai_error(exc)
+    assert type(mapped) is expected
+    if isinstance(exc, APIStatusError) and isinstance(mapped, ServerError | HttpStatusError):
+        assert mapped.status == exc.status_code
+    if isinstance(exc, APIConnectionError) and isinstance(mapped, ServerError):
+        assert mapped.status == 0
+
+
+def test_openai_mapper_reads_retry_after_from_the_response() -> None:
+    seconds = sdk_status_error(RateLimitErrorSDK, 429, {"message": "slow"}, headers={"retry-after": "7"})
+    millis = sdk_status_error(RateLimitErrorSDK, 429, {"message": "slow"}, headers={"retry-after-ms": "250"})
+    now = 1_700_000_000.0
+    date = sdk_status_error(
+        RateLimitErrorSDK,
+        429,
+        {"message": "slow"},
+        headers={"retry-after": formatdate(now + 20, usegmt=True)},
+    )
+    assert map_openai_error(seconds).retry_after_s == 7.0  # type: ignore[union-attr]
+    assert map_openai_error(millis).retry_after_s == 0.25  # type: ignore[union-attr]
+    assert map_openai_error(date, wall_clock=lambda: now).retry_after_s == 20.0  # type: ignore[union-attr]
+    scaled = openai_error_mapper(time_scale=0.1)(seconds)
+    assert isinstance(scaled, RateLimitError) and scaled.retry_after_s == pytest.approx(70.0)
+
+
+def test_openai_mapper_ignores_other_exceptions() -> None:
+    assert map_openai_error(ValueError("x")) is None
+    assert map_openai_error(TimeoutError()) is None
+
+    class RateLimitError(Exception):  # same name, but not from an SDK hierarchy
+        status_code = 429
+
+    assert map_openai_error(RateLimitError()) is None
+
+
+def test_openai_mapper_drives_scheduler_retries() -> None:
+    attempts: list[float] = []
+    runtime = AsyncioRuntime(time_scale=0.01)
+
+    async def sdk_call(request: ProviderRequest) -> Any:
+        attempts.append(runtime.now())
+        if len(attempts) == 1:
+            raise sdk_status_error(
+                RateLimitErrorSDK, 429, {"message": "slow"}, headers={"retry-after": "0.05"}
+            )
+        return "ok"
+
+    async def main() -> Any:
+        mapper = openai_error_mapper(time_scale=runtime.time_scale)
+        provider = CallableProvider("llm", sdk_call, error_mapper=mapper)
+        retry = RetryPolicy(backoff=ConstantBackoff(0.1), max_attempts=3)
+        scheduler = Scheduler(runtime, [provider], retry=retry, rng=random.Random(1))
+        record = await scheduler.submit("llm", "q", cost_estimate=1).wait()
+        await scheduler.close()
+        return record
+
+    record = runtime.run(main())
+    assert record.status is TaskStatus.SUCCEEDED and record.attempts == 2
+    # 0.05 wall seconds at time_scale 0.01 = 5 scheduler seconds, far above the 0.1 s backoff
+    assert attempts[1] - attempts[0] >= 5.0 - 1e-6
+
+
+# ---------------------------------------------------------------------------- HttpProvider over HTTP
+class ScriptedServer:
+    """A loopback server whose replies are chosen per path by the test: ``/case/<name>``."""
+
+    def __init__(self) -> None:
+        self.cases: dict[str, Any] = {}
+        self.seen: list[HttpRequest] = []
+        self.http = LoopbackHttpServer(self.handle, name="scripted")
+
+    async def handle(self, request: HttpRequest) -> HttpReply | DropConnection:
+        self.seen.append(request)
+        case = self.cases[request.path.removeprefix("/case/")]
+        if callable(case):
+            return await case(request)
+        return case
+
+
+@pytest.fixture(scope="module")
+def scripted() -> Any:
+    server = ScriptedServer()
+    with server.http:
+        yield server
+
+
+def provider_for(scripted: ScriptedServer, case: str, reply: Any, **options: Any) -> HttpProvider:
+    scripted.cases[case] = reply
+    return HttpProvider("llm", scripted.http.url, path=f"/case/{case}", **options)
+
+
+async def call_once(provider: HttpProvider, request: ProviderRequest | None = None) -> ProviderResponse:
+    try:
+        return await provider.call(request or make_request())
+    finally:
+        await provider.aclose()
+
+
+def test_http_provider_posts_json_with_the_idempotency_key(scripted: ScriptedServer) -> None:
+    body = completion_json("c1", "m", "hello back", prompt=3, output=4, created=0)
+    provider = provider_for(
+        scripted, "ok", HttpReply.json(200, body), headers={"Authorization": "Bearer t"}, model="m"
+    )
+    response = run(call_once(provider, make_request("hello", key="abc-123")))
+    assert response == ProviderResponse(result="hello back", usage=7.0)
+    seen = scripted.seen[-1]
+    assert seen.method == "POST" and seen.path == "/case/ok"
+    assert seen.headers["idempotency-key"] == "abc-123"
+    assert seen.headers["authorization"] == "Bearer t"
+    assert seen.json() == {"messages": [{"role": "user", "content": "hello"}], "model": "m"}
+
+
+@pytest.mark.parametrize(
+    ("name", "reply", "expected"),
+    [
+        ("r429", HttpReply.json(429, error_json("slow", "requests"), {"retry-after": "2"}), RateLimitError),
+        ("quota429", HttpReply.json(429, QUOTA_BODY), QuotaExhaustedError),
+        ("quota403", HttpReply.json(403, QUOTA_BODY), QuotaExhaustedError),
+        ("auth401", HttpReply.json(401, error_json("bad key", "invalid_request_error")), HttpStatusError),
+        ("s500", HttpReply(500, b"<html>oops</html>"), ServerError),
+        ("s503", HttpReply.json(503, error_json("overloaded", "server_error")), ServerError),
+        ("bad400", HttpReply.json(400, error_json("bad", "invalid_request_error")), InvalidRequestError),
+        ("bad422", HttpReply.json(422, {"detail": "no"}), InvalidRequestError),
+        (
+            "notjson",
+            HttpReply(200, b"<html>hello</html>", {"content-type": "text/html"}),
+            SchemaViolationError,
+        ),
+        ("noshape", HttpReply.json(200, {"result": "x"}), SchemaViolationError),
+        (
+            "nocontent",
+            HttpReply.json(200, {"choices": [{"message": {"content": None}}]}),
+            SchemaViolationError,
+        ),
+        ("hangup", DropConnection(hold_s=0), ServerError),
+    ],
+)
+def test_http_provider_maps_statuses(scripted: ScriptedServer, name: str, reply: Any, expected: type) -> None:
+    with pytest.raises(expected) as caught:
+        run(call_once(provider_for(scripted, name, reply)))
+    if name == "r429":
+        assert caught.value.retry_after_s == 2.0
+    if name.startswith("s"):
+        assert caught.value.status == int(name[1:])
+    if name == "hangup":
+        assert caught.value.status == 0
+
+
+def test_http_provider_reads_http_date_retry_after_in_scaled_time(scripted: ScriptedServer) -> None:
+    wall_now = time.time()
+    reply = HttpReply.json(
+        429, error_json("slow", "requests"), {"retry-after": formatdate(wall_now + 4, usegmt=True)}
+    )
+    provider = provider_for(scripted, "date", reply, time_scale=0.5, wall_clock=lambda: wall_now)
+    with pytest.raises(RateLimitError) as caught:
+        run(call_once(provider))
+    # HTTP dates have whole seconds: 4 wall seconds, minus the fraction lost to truncation, at 2x
+    assert 6.0 < caught.value.retry_after_s <= 8.0
+
+
+def test_http_provider_times_out(scripted: ScriptedServer) -> None:
+    async def slow(request: HttpRequest) -> HttpReply:
+        await asyncio.sleep(1.0)
+        return HttpReply.json(200, completion_json("c", "m", "late", 1, 1, 0))
+
+    started = time.perf_counter()
+    with pytest.raises(ProviderTimeoutError):
+        run(call_once(provider_for(scripted, "slow", slow, timeout=0.1)))
+    assert time.perf_counter() - started < 0.9
+
+
+def test_http_provider_reports_refused_connections_as_status_0() -> None:
+    with LoopbackHttpServer(lambda request: None) as closed:  # type: ignore[arg-type,return-value]
+        url = closed.url
+    provider = HttpProvider("llm", url, timeout=2.0)
+    with pytest.raises(ServerError) as caught:
+        run(call_once(provider))
+    assert caught.value.status == 0
+    assert classify_failure(caught.value, attempts=1) is FailureClass.RETRYABLE
+
+
+def test_http_provider_corrects_the_bound_quota_from_headers(scripted: ScriptedServer) -> None:
+    headers = {
+        "x-ratelimit-remaining-requests": "7",
+        "x-ratelimit-remaining-tokens": "900",
+        "retry-after": "1",
+    }
+    quota = MultiQuota(QuotaLimits(requests_per_min=600, tokens_per_min=60_000), now=0.0)
+    ok = provider_for(
+        scripted,
+        "headers_ok",
+        HttpReply.json(200, completion_json("c", "m", "x", 1, 1, 0), headers),
+        quota=quota,
+        clock=lambda: 0.0,
+    )
+    run(call_once(ok))
+    assert quota.levels(0.0)[:2] == (7.0, 900.0)
+    assert ok.last_ratelimit is not None and ok.last_ratelimit.remaining_requests == 7
+    # a 429 carries the headers too, and they are applied before the error is raised
+    limited = provider_for(
+        scripted,
+        "headers_429",
+        HttpReply.json(429, error_json("slow", "tokens"), {**headers, "x-ratelimit-remaining-tokens": "0"}),
+        quota=quota,
+        clock=lambda: 0.0,
+    )
+    with pytest.raises(RateLimitError):
+        run(call_once(limited))
+    assert quota.levels(0.0)[1] == 0.0
+
+
+def test_http_provider_lookup(scripted: ScriptedServer) -> None:
+    stored = completion_json("c9", "m", "done before", 2, 3, 0)
+
+    async def lookup(request: HttpRequest) -> HttpReply:
+        key = request.path.rsplit("/", 1)[-1]
+        if key == "known key":
+            return HttpReply.json(200, {"key": key, "response": stored})
+        return HttpReply.json(404, error_json("unknown", "not_found"))
+
+    scripted.cases["lookup/known key"] = lookup
+    scripted.cases["lookup/other"] = lookup
+    provider = HttpProvider("llm", scripted.http.url, lookup_path="/case/lookup/{key}")
+
+    async def both() -> tuple[Any, Any]:
+        try:
+            return await provider.lookup("known key"), await provider.lookup("other")
+        finally:
+            await provider.aclose()
+
+    assert run(both()) == (ProviderResponse("done before", 5.0), None)
+    assert run(HttpProvider("llm", scripted.http.url).lookup("known key")) is None
+
+
+def test_http_provider_requires_a_clock_with_a_quota() -> None:
+    with pytest.raises(ValueError, match="clock"):
+        HttpProvider("llm", "http://127.0.0.1:1", quota=MultiQuota(QuotaLimits()))
+
+
+def test_httpx_is_imported_lazily_with_a_clear_error() -> None:
+    code = (
+        "import sys\n"
+        "import aiqsim.http\n"
+        "assert 'httpx' not in sys.modules, 'aiqsim.http imported httpx eagerly'\n"
+        "assert 'aiqsim.sim' not in sys.modules, 'aiqsim.http imported the simulation lab eagerly'\n"
+        "sys.modules['httpx'] = None\n"
+        "try:\n"
+        "    aiqsim.http.HttpProvider('llm', 'http://127.0.0.1:1')\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "pip install 'aiqsim[http]'" in result.stdout

@@ -1,0 +1,421 @@
+"""End to end over real HTTP on 127.0.0.1: the real Scheduler on AsyncioRuntime, HttpProvider,
+and the local provider server driven by a ProviderConfig.
+
+Scenario time is compressed with ``time_scale`` on both sides (server and client runtime),
+so a minute-long rate-limit window lasts about a second of wall time. Assertions read the
+server's ledger: what arrived when, what was executed and what was billed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+
+from aiqsim import (
+    AsyncioRuntime,
+    ConstantBackoff,
+    FullJitter,
+    QuotaLimits,
+    RetryPolicy,
+    Scheduler,
+    SimPyRuntime,
+    TaskStatus,
+)
+from aiqsim.core.failures import (
+    InvalidRequestError,
+    ProviderError,
+    ProviderTimeoutError,
+    QuotaExhaustedError,
+    RateLimitError,
+    SchemaViolationError,
+    ServerError,
+)
+from aiqsim.core.task import Priority
+from aiqsim.core.token_bucket import MultiQuota
+from aiqsim.http import HttpProvider, Ledger, iter_retry_violations, start_local_server
+from aiqsim.scheduler.provider import ProviderRequest
+from aiqsim.sim.config import OutageConfig, ProviderConfig
+from aiqsim.sim.providers import SimulatedProvider
+
+
+def request_for(payload: Any, key: str) -> ProviderRequest:
+    return ProviderRequest(
+        task_id=key,
+        idempotency_key=key,
+        kind="llm",
+        payload=payload,
+        cost_estimate=10.0,
+        attempt=1,
+        priority=Priority.BACKGROUND,
+    )
+
+
+async def run_clients(
+    url: str,
+    runtime: AsyncioRuntime,
+    clients: dict[str, list[Any]],
+    *,
+    retry: RetryPolicy,
+    concurrency: int = 1,
+    seed: int = 0,
+) -> dict[str, list[Any]]:
+    """One Scheduler + HttpProvider per client, all submitting at once; the final records per client."""
+    schedulers: dict[str, Scheduler] = {}
+    providers: list[HttpProvider] = []
+    handles: dict[str, list[Any]] = {}
+    for index, (client, payloads) in enumerate(clients.items()):
+        provider = HttpProvider(
+            "llm", url, headers={"x-client-id": client}, time_scale=runtime.time_scale, send_task_headers=True
+        )
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=concurrency)},
+            retry=retry,
+            rng=random.Random(seed + index),
+            background_limit=None,
+        )
+        provider.attach_to(scheduler)
+        schedulers[client] = scheduler
+        providers.append(provider)
+        handles[client] = [scheduler.submit("llm", payload) for payload in payloads]
+    records = {client: [await handle.wait() for handle in hs] for client, hs in handles.items()}
+    for scheduler in schedulers.values():
+        await scheduler.close()
+    for provider in providers:
+        await provider.aclose()
+    return records
+
+
+# ---------------------------------------------------------------------------- 429 storm
+def test_429_storm_is_absorbed_and_retry_after_is_honoured() -> None:
+    # three clients, 8 tasks each, share a server that admits 8 requests per minute and also
+    # throttles 40 % of requests at random: every client has to cross several windows
+    config = ProviderConfig(
+        name="llm",
+        latency_base_s=0.2,
+        latency_per_unit_s=0.0,
+        server_requests_per_min=8,
+        rate_limit_prob=0.4,
+        rate_limit_retry_after_s=2.0,
+    )
+    scale = 0.005  # a 60 s window lasts 0.3 s of wall time
+    runtime = AsyncioRuntime(time_scale=scale)
+    # the attempt timeout is generous in wall time (1.5 s), so a slow moment on a busy machine
+    # cannot turn into a client-side timeout and a second execution
+    retry = RetryPolicy(backoff=FullJitter(base_s=0.5, cap_s=5.0), max_attempts=30, attempt_timeout_s=300.0)
+    clients = {name: [f"{name} prompt {i}" for i in range(8)] for name in ("a", "b", "c")}
+    with start_local_server(config, time_scale=scale, seed=3) as server:
+        records = runtime.run(run_clients(server.url, runtime, clients, retry=retry))
+        ledger = server.ledger()
+
+    outcomes = ledger.outcomes()
+    assert all(r.status is TaskStatus.SUCCEEDED for rs in records.values() for r in rs)
+    assert outcomes["ok"] == 24 and len(ledger.bills) == 24
+    throttled = [entry for entry in ledger.requests if entry.status == 429]
+    assert len(throttled) >= 12, outcomes  # it really was a storm: at least one 429 per two successes
+    random_wait = config.rate_limit_retry_after_s * scale  # type: ignore[operator]
+    window_waits = [e for e in throttled if e.retry_after_wall != pytest.approx(random_wait)]
+    assert len(window_waits) >= 3, "the sliding window must throttle too, with its own Retry-After"
+    for client in clients:
+        # no request from this client arrived before a 429's Retry-After had passed
+        assert list(iter_retry_violations(ledger, client)) == []
+    # and the server never admitted more than its limit in any 60 s window
+    admitted = sorted(entry.arrived_s for entry in ledger.requests if entry.outcome == "ok")
+    for index, start in enumerate(admitted):
+        assert len([t for t in admitted[index:] if t < start + 60.0]) <= 8
+
+
+def test_retry_violation_check_catches_a_client_that_ignores_retry_after() -> None:
+    config = ProviderConfig(name="llm", latency_base_s=0.2, latency_per_unit_s=0.0, server_requests_per_min=6)
+    scale = 0.01
+    runtime = AsyncioRuntime(time_scale=scale)
+    impatient = RetryPolicy(
+        backoff=ConstantBackoff(0.5), max_attempts=4, honour_retry_after=False, attempt_timeout_s=30.0
+    )
+    with start_local_server(config, time_scale=scale, seed=0) as server:
+        runtime.run(run_clients(server.url, runtime, {"rude": [f"q{i}" for i in range(10)]}, retry=impatient))
+        ledger = server.ledger()
+    assert list(iter_retry_violations(ledger, "rude")) != []
+
+
+# ---------------------------------------------------------------------------- duplicates
+def test_duplicate_submissions_make_one_request() -> None:
+    config = ProviderConfig(name="llm", latency_base_s=1.0, latency_per_unit_s=0.0)
+    runtime = AsyncioRuntime(time_scale=0.02)
+
+    async def main(url: str) -> list[Any]:
+        provider = HttpProvider("llm", url, time_scale=runtime.time_scale)
+        scheduler = Scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=4)}, rng=random.Random(0)
+        )
+        clicks = [scheduler.submit("llm", "same question") for _ in range(5)]
+        first = [await click.wait() for click in clicks]
+        later = await scheduler.submit("llm", "same question").wait()
+        await scheduler.close()
+        await provider.aclose()
+        return [*first, later]
+
+    with start_local_server(config, time_scale=0.02) as server:
+        records = runtime.run(main(server.url))
+        ledger = server.ledger()
+    assert len(ledger.requests) == 1 and len(ledger.bills) == 1
+    assert Counter(r.status for r in records) == {TaskStatus.SUCCEEDED: 1, TaskStatus.DEDUPED: 5}
+    assert {r.result for r in records} == {"echo: same question"}
+
+
+# ---------------------------------------------------------------------------- lost responses
+LOST_SCALE = 0.05
+LOST_RETRY = RetryPolicy(backoff=FullJitter(base_s=0.5, cap_s=2.0), max_attempts=10, attempt_timeout_s=10.0)
+
+
+def lost_response_run(honours: bool, lost_mode: str, seed: int) -> tuple[list[Any], Ledger]:
+    config = ProviderConfig(
+        name="llm", latency_base_s=0.2, latency_per_unit_s=0.0, timeout_prob=0.3, honours_idempotency=honours
+    )
+    runtime = AsyncioRuntime(time_scale=LOST_SCALE)
+    payloads = {"c": [f"task {i}" for i in range(8)]}
+    with start_local_server(config, time_scale=LOST_SCALE, seed=seed, lost_mode=lost_mode) as server:  # type: ignore[arg-type]
+        records = runtime.run(run_clients(server.url, runtime, payloads, retry=LOST_RETRY, concurrency=4))
+        return records["c"], server.ledger()
+
+
+@pytest.mark.parametrize("lost_mode", ["hold", "close"])
+def test_lost_response_is_billed_once_when_keys_are_honoured(lost_mode: str) -> None:
+    records, ledger = lost_response_run(honours=True, lost_mode=lost_mode, seed=0)
+    assert all(r.status is TaskStatus.SUCCEEDED for r in records)
+    lost = [e for e in ledger.executions if e.response_lost]
+    assert lost, "the seed must lose at least one response"
+    assert ledger.outcomes().get("replay", 0) >= len(lost)
+    for record in records:
+        assert ledger.bills_for(record.key) == 1
+        assert record.result == f"echo: {record.payload}"
+    owners = {record.key: record for record in records}
+    for execution in ledger.executions:  # the server saw the scheduler's task ids and attempt numbers
+        owner = owners[execution.key]
+        assert execution.task_id == owner.id and 1 <= execution.attempt <= owner.attempts
+    lost_keys = {e.key for e in lost}
+    assert all(r.attempts >= 2 for r in records if r.key in lost_keys)
+
+
+def test_lost_response_is_billed_again_when_the_server_ignores_keys() -> None:
+    records, ledger = lost_response_run(honours=False, lost_mode="hold", seed=0)
+    assert all(r.status is TaskStatus.SUCCEEDED for r in records)
+    lost_per_key = Counter(e.key for e in ledger.executions if e.response_lost)
+    assert lost_per_key, "the seed must lose at least one response"
+    assert "replay" not in ledger.outcomes()
+    for record in records:
+        # every lost (but billed) execution was followed by a retry that was executed and billed again
+        assert ledger.bills_for(record.key) == 1 + lost_per_key[record.key]
+    assert sum(ledger.bills_for(r.key) for r in records) > len(records)
+
+
+def test_lookup_finds_work_whose_response_was_lost() -> None:
+    config = ProviderConfig(name="llm", latency_base_s=0.1, latency_per_unit_s=0.0, timeout_prob=1.0)
+
+    async def main(url: str) -> tuple[Any, Any, Any]:
+        provider = HttpProvider("llm", url, timeout=0.3, lookup_path="/lookup/{key}")
+        try:
+            with pytest.raises(ProviderTimeoutError):
+                await provider.call(request_for("lost work", key="k/1"))
+            return await provider.lookup("k/1"), await provider.lookup("never"), None
+        finally:
+            await provider.aclose()
+
+    with start_local_server(config, time_scale=0.1) as server:
+        found, missing, _ = asyncio.run(main(server.url))
+        assert server.ledger().executions[0].response_lost
+    assert found is not None and found.result == "echo: lost work"
+    assert missing is None
+
+
+# ---------------------------------------------------------------------------- server knobs over HTTP
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"server_error_prob": 1.0}, ServerError),
+        ({"quota_exhausted_prob": 1.0}, QuotaExhaustedError),
+        ({"invalid_request_prob": 1.0}, InvalidRequestError),
+        ({"rate_limit_prob": 1.0, "rate_limit_retry_after_s": 2.0}, RateLimitError),
+        ({"outages": (OutageConfig(start_s=0.0, end_s=1e6, mode="error"),)}, ServerError),
+        ({"server_units_per_min": 10.0}, InvalidRequestError),  # one request larger than the minute's budget
+    ],
+)
+def test_server_failure_modes_reach_the_client_as_the_right_errors(
+    changes: dict[str, Any], expected: type[ProviderError]
+) -> None:
+    config = dataclasses.replace(
+        ProviderConfig(name="llm", latency_base_s=0.0, latency_per_unit_s=0.0), **changes
+    )
+
+    async def main(url: str) -> None:
+        provider = HttpProvider("llm", url, time_scale=0.5)
+        try:
+            await provider.call(
+                request_for({"messages": [{"role": "user", "content": "x"}], "max_tokens": 20}, "k")
+            )
+        finally:
+            await provider.aclose()
+
+    with start_local_server(config, time_scale=0.5) as server:
+        with pytest.raises(expected) as caught:
+            asyncio.run(main(server.url))
+        ledger = server.ledger()
+    assert ledger.bills == () and len(ledger.requests) == 1
+    if expected is RateLimitError:
+        assert caught.value.retry_after_s == pytest.approx(2.0)  # 1 wall second at time_scale 0.5
+
+
+def test_latency_follows_base_plus_per_output_token_in_scaled_time() -> None:
+    config = ProviderConfig(name="llm", latency_base_s=0.5, latency_per_unit_s=0.01)
+    scale = 0.1
+    body = {"messages": [{"role": "user", "content": "abcdefgh"}], "max_tokens": 100}
+
+    async def main(url: str) -> tuple[float, Any]:
+        provider = HttpProvider("llm", url)
+        try:
+            started = time.perf_counter()
+            response = await provider.call(request_for(body, "lat"))
+            return time.perf_counter() - started, response
+        finally:
+            await provider.aclose()
+
+    with start_local_server(config, time_scale=scale) as server:
+        elapsed, response = asyncio.run(main(server.url))
+        execution = server.ledger().executions[0]
+    expected_wall = (0.5 + 0.01 * 100) * scale
+    assert expected_wall <= elapsed < expected_wall + 0.5
+    assert response.usage == 2 + 100  # 8 characters = 2 prompt tokens, plus 100 output tokens
+    assert execution.units == 102 and execution.billed
+    assert execution.cost == pytest.approx(102 / 1000 * config.price_per_1k_units)
+
+
+def test_ratelimit_headers_track_the_window_and_correct_the_client_quota() -> None:
+    config = ProviderConfig(
+        name="llm",
+        latency_base_s=0.0,
+        latency_per_unit_s=0.0,
+        server_requests_per_min=30,
+        server_units_per_min=1000,
+    )
+    quota = MultiQuota(QuotaLimits(requests_per_min=600, tokens_per_min=100_000), now=0.0)
+    body = {"messages": [{"role": "user", "content": "x" * 40}], "max_tokens": 10}  # 10 + 10 tokens
+
+    async def main(url: str) -> list[tuple[float, float]]:
+        provider = HttpProvider("llm", url, quota=quota, clock=lambda: 0.0)
+        levels = []
+        try:
+            for index in range(5):
+                await provider.call(request_for(body, f"k{index}"))
+                levels.append(quota.levels(0.0)[:2])
+        finally:
+            await provider.aclose()
+        return levels
+
+    with start_local_server(config, time_scale=1.0) as server:
+        levels = asyncio.run(main(server.url))
+        connections = server.connections_accepted
+    assert levels == [(30.0 - n, 1000.0 - 20.0 * n) for n in range(1, 6)]
+    assert connections == 1  # keep-alive: five requests over one connection
+
+
+def test_ledger_is_served_as_json_and_unknown_routes_are_404() -> None:
+    config = ProviderConfig(name="llm", latency_base_s=0.0, latency_per_unit_s=0.0, supports_lookup=False)
+
+    async def main(url: str) -> None:
+        provider = HttpProvider("llm", url, lookup_path="/lookup/{key}")
+        try:
+            await provider.call(request_for("a", "k1"))
+            assert await provider.lookup("k1") is None  # this provider offers no lookup
+        finally:
+            await provider.aclose()
+
+    with start_local_server(config) as server:
+        asyncio.run(main(server.url))
+        served = httpx.get(server.url + "/ledger").json()
+        missing = httpx.get(server.url + "/nothing-here")
+        local = server.ledger()
+    assert Ledger.from_dict(served) == local
+    assert served["total_cost"] == pytest.approx(local.total_cost)
+    assert missing.status_code == 404
+
+
+def test_workload_payloads_pass_through_and_poison_is_a_billed_schema_violation() -> None:
+    config = ProviderConfig(name="llm", latency_base_s=0.0, latency_per_unit_s=0.0)
+    good = {"input": "a", "prompt_units": 30, "output_units": 12}
+    poison = {"input": "b", "prompt_units": 3, "output_units": 5, "poison": True}
+
+    async def main(url: str) -> Any:
+        provider = HttpProvider("llm", url)
+        assert provider.estimate_cost("llm", good) == 42
+        try:
+            response = await provider.call(request_for(good, "g"))
+            with pytest.raises(SchemaViolationError):
+                await provider.call(request_for(poison, "p"))
+            return response
+        finally:
+            await provider.aclose()
+
+    with start_local_server(config) as server:
+        response = asyncio.run(main(server.url))
+        ledger = server.ledger()
+    assert response.result == "echo: a" and response.usage == 42
+    assert [(e.key, e.outcome, e.units) for e in ledger.bills] == [
+        ("g", "ok", 42),
+        ("p", "schema_violation", 8),
+    ]
+
+
+def test_same_config_and_seed_give_the_same_outcomes_in_simulation_and_over_http() -> None:
+    """The server runs the simulator's provider model: one client at a time, the same seed and
+    no time-dependent limits, the sequence of outcomes is the same in virtual and in wall time."""
+    config = ProviderConfig(
+        name="llm",
+        latency_base_s=0.3,
+        latency_per_unit_s=0.001,
+        rate_limit_prob=0.2,
+        rate_limit_retry_after_s=1.0,
+        server_error_prob=0.15,
+        invalid_request_prob=0.05,
+    )
+    payloads = [{"input": f"job {i}", "prompt_units": 40 + i, "output_units": 10 + i} for i in range(12)]
+    retry = RetryPolicy(backoff=ConstantBackoff(0.5), max_attempts=6, attempt_timeout_s=30.0)
+    quotas = {"llm": QuotaLimits(concurrency=1)}
+
+    async def submit_all(scheduler: Scheduler) -> list[Any]:
+        handles = [scheduler.submit("llm", payload) for payload in payloads]
+        records = [await handle.wait() for handle in handles]
+        await scheduler.close()
+        return records
+
+    sim_runtime = SimPyRuntime()
+    simulated = SimulatedProvider(sim_runtime, config, random.Random(11))
+    sim_scheduler = Scheduler(sim_runtime, [simulated], quotas=quotas, retry=retry, rng=random.Random(5))
+    sim_records = sim_runtime.run(submit_all(sim_scheduler))
+
+    scale = 0.01
+    runtime = AsyncioRuntime(time_scale=scale)
+    with start_local_server(config, time_scale=scale, seed=11) as server:
+
+        async def over_http() -> list[Any]:
+            provider = HttpProvider("llm", server.url, time_scale=scale)
+            scheduler = Scheduler(runtime, [provider], quotas=quotas, retry=retry, rng=random.Random(5))
+            try:
+                return await submit_all(scheduler)
+            finally:
+                await provider.aclose()
+
+        http_records = runtime.run(over_http())
+        http_ledger = server.ledger()
+
+    assert [e.outcome for e in http_ledger.executions] == [e.outcome for e in simulated.ledger.executions]
+    assert len(set(e.outcome for e in http_ledger.executions)) >= 3  # the run exercised several outcomes
+    assert [(r.status, r.attempts) for r in http_records] == [(r.status, r.attempts) for r in sim_records]
+    assert http_ledger.total_cost == pytest.approx(simulated.ledger.cost_total)
