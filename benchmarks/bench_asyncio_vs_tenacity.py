@@ -1,0 +1,196 @@
+"""The production scheduler on asyncio against plain asyncio + tenacity + aiolimiter doing the same calls.
+
+Every call goes to a no-op provider that only ``await asyncio.sleep(0)``: what is measured is
+the overhead per call of each stack, not a provider.
+
+- scheduler: :class:`aiqsim.Scheduler` on :class:`aiqsim.AsyncioRuntime`, memory store,
+  ``QuotaLimits(requests_per_min=1e9, concurrency=64)`` (the request bucket never runs dry),
+  the default retry policy (full jitter, 5 attempts, 60 s attempt timeout). All calls are
+  submitted, then ``join``. Measured with the idempotency key computed by ``submit`` (the
+  default: a fingerprint of kind and payload) and with a caller-supplied key.
+- plain: one coroutine per call under ``asyncio.gather``: an ``asyncio.Semaphore(64)``, an
+  ``aiolimiter.AsyncLimiter`` with the same rate, a tenacity ``@retry`` with the same policy
+  (full jitter, 5 attempts, retry on 429/timeout/5xx) and ``asyncio.wait_for(call, 60)``.
+  No idempotency, no task records, no dispatch order, no cancellation handles.
+
+Then the scheduler with the durable :class:`aiqsim.stores.sqlite.SqliteStore` (skipped if that
+module is absent): calls/s with ``synchronous=FULL`` (the default, an fsync per state change)
+and ``NORMAL``.
+
+Run: ``python benchmarks/bench_asyncio_vs_tenacity.py`` (about 30 s). Prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib.util
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+from aiolimiter import AsyncLimiter
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from aiqsim import (
+    AsyncioRuntime,
+    Priority,
+    ProviderRequest,
+    ProviderResponse,
+    QuotaLimits,
+    RateLimitError,
+    Scheduler,
+    ServerError,
+)
+from aiqsim.stores.memory import MemoryStore
+
+CALLS = 20_000
+SQLITE_CALLS = {"FULL": 500, "NORMAL": 2_000}  # FULL fsyncs on every state change: fewer calls
+CONCURRENCY = 64
+REQUESTS_PER_MIN = 1e9
+REPEAT = 3
+
+
+class NoopProvider:
+    """Answers every call after one trip through the event loop."""
+
+    name = "noop"
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse:
+        await asyncio.sleep(0)
+        return ProviderResponse(result=request.payload)
+
+
+# ---------------------------------------------------------------------------- the scheduler
+
+
+def run_scheduler(
+    calls: int, *, explicit_keys: bool, store_factory: Callable[[], object] = MemoryStore
+) -> float:
+    """Wall seconds for ``calls`` calls through the scheduler on asyncio."""
+    runtime = AsyncioRuntime()
+
+    async def submit_all_and_join() -> None:
+        store = store_factory()
+        scheduler = Scheduler(
+            runtime,
+            [NoopProvider()],
+            quotas={"noop": QuotaLimits(requests_per_min=REQUESTS_PER_MIN, concurrency=CONCURRENCY)},
+            store=store,  # type: ignore[arg-type]
+            rng=random.Random(0),
+        )
+        for index in range(calls):
+            scheduler.submit("noop", {"n": index}, key=f"call-{index}" if explicit_keys else None)
+        await scheduler.join()
+        await scheduler.close()
+        records = store.list_by_status()  # type: ignore[attr-defined]
+        failed = [record for record in records if record.status.value != "succeeded"]
+        if len(records) != calls or failed:
+            raise RuntimeError(f"{len(failed)} of {len(records)} calls did not succeed")
+        store.close()  # type: ignore[attr-defined]
+
+    gc.collect()
+    start = time.perf_counter()
+    runtime.run(submit_all_and_join())
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------- plain asyncio
+
+
+def run_plain(calls: int) -> float:
+    """Wall seconds for the same calls with asyncio + tenacity + aiolimiter."""
+    provider = NoopProvider()
+
+    async def gather_all() -> None:
+        slots = asyncio.Semaphore(CONCURRENCY)
+        limiter = AsyncLimiter(REQUESTS_PER_MIN, 60)
+
+        @retry(
+            stop=stop_after_attempt(5),
+            wait=wait_random_exponential(multiplier=0.5, max=60),
+            retry=retry_if_exception_type((RateLimitError, TimeoutError, ServerError)),
+            reraise=True,
+        )
+        async def attempt(request: ProviderRequest) -> ProviderResponse:
+            async with limiter:
+                return await asyncio.wait_for(provider.call(request), 60)
+
+        async def one(index: int) -> object:
+            request = ProviderRequest(
+                task_id=f"t{index}",
+                idempotency_key=f"call-{index}",
+                kind="noop",
+                payload={"n": index},
+                cost_estimate=0.0,
+                attempt=1,
+                priority=Priority.BACKGROUND,
+            )
+            async with slots:
+                return (await attempt(request)).result
+
+        results = await asyncio.gather(*(one(index) for index in range(calls)))
+        if len(results) != calls:
+            raise RuntimeError("lost calls")
+
+    gc.collect()
+    start = time.perf_counter()
+    asyncio.run(gather_all())
+    return time.perf_counter() - start
+
+
+def median(fn: Callable[[], float], repeat: int = REPEAT) -> float:
+    return statistics.median(fn() for _ in range(repeat))
+
+
+def main() -> None:
+    versions = f"tenacity {metadata.version('tenacity')}, aiolimiter {metadata.version('aiolimiter')}"
+    print(
+        f"{CALLS:,} calls to a no-op provider (await asyncio.sleep(0)), concurrency {CONCURRENCY}, "
+        f"median of {REPEAT}. Python {sys.version.split()[0]}, {versions}.\n"
+    )
+    plain = median(lambda: run_plain(CALLS))
+    auto_key = median(lambda: run_scheduler(CALLS, explicit_keys=False))
+    given_key = median(lambda: run_scheduler(CALLS, explicit_keys=True))
+    print("| stack | wall s | calls / s | throughput vs plain (goal >= 0.7x) |")
+    print("|---|---|---|---|")
+    print(f"| plain asyncio + tenacity + aiolimiter | {plain:.2f} | {CALLS / plain:,.0f} | 1.00x |")
+    print(
+        f"| Scheduler on asyncio, memory store, key computed by submit | {auto_key:.2f} | "
+        f"{CALLS / auto_key:,.0f} | {plain / auto_key:.2f}x |"
+    )
+    print(
+        f"| Scheduler on asyncio, memory store, caller's key | {given_key:.2f} | "
+        f"{CALLS / given_key:,.0f} | {plain / given_key:.2f}x |"
+    )
+
+    if importlib.util.find_spec("aiqsim.stores.sqlite") is None:
+        print("\n(aiqsim.stores.sqlite is not available: SQLite figures skipped)")
+        return
+    from aiqsim.stores.sqlite import SqliteStore
+
+    print(f"\nScheduler on asyncio with SqliteStore (temp file, WAL), median of {REPEAT}:\n")
+    print("| synchronous | calls | wall s | calls / s | share of the memory store's calls / s |")
+    print("|---|---|---|---|---|")
+    memory_rate = CALLS / auto_key
+    for level, calls in SQLITE_CALLS.items():
+
+        def sqlite_run(level: str = level, calls: int = calls) -> float:
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / "bench.db"
+                return run_scheduler(
+                    calls, explicit_keys=False, store_factory=lambda: SqliteStore(path, synchronous=level)
+                )
+
+        seconds = median(sqlite_run)
+        rate = calls / seconds
+        print(f"| {level} | {calls:,} | {seconds:.2f} | {rate:,.0f} | {rate / memory_rate:.1%} |")
+
+
+if __name__ == "__main__":
+    main()
