@@ -57,6 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--engine", choices=("local", "dask", "serial"), default="local")
     sweep.add_argument("--address", default=None, help="dask scheduler address (default: a new LocalCluster)")
     sweep.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
+    compare = commands.add_parser(
+        "compare", help="run a scenario simulated and live over HTTP on 127.0.0.1; print both summaries"
+    )
+    compare.add_argument("scenario", help="scenario TOML file")
+    compare.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
+    compare.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    compare.add_argument(
+        "--time-scale", type=float, default=0.05, help="wall seconds per scenario second for the live run"
+    )
+    compare.add_argument(
+        "--header-corrections",
+        action="store_true",
+        help="let live clients correct buckets from x-ratelimit-*",
+    )
     return parser
 
 
@@ -219,7 +233,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "validate": cmd_validate, "sweep": cmd_sweep}
+def cmd_compare(args: argparse.Namespace) -> int:
+    from aiqsim.http.live import compare_sim_and_live
+    from aiqsim.sim.scenario import load_scenario
+
+    if not args.time_scale > 0:
+        raise UsageError("--time-scale must be > 0")
+    scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
+    estimate = (scenario.duration_s + 30) * args.time_scale
+    print(
+        f"live run: about {estimate:.0f} s of wall time or more (time scale {args.time_scale})",
+        file=sys.stderr,
+    )
+    frame = compare_sim_and_live(
+        scenario, seed=args.seed, time_scale=args.time_scale, header_corrections=args.header_corrections
+    )
+    width = max(len(k) for k in frame.index)
+    print(f"{'':<{width}}  {'simulated':>12}  {'live':>12}  {'difference':>10}")
+    for key, row in frame.iterrows():
+        diff = row["relative_difference"]
+        diff_text = "-" if diff != diff else f"{diff:+.1%}"
+        simulated, live = _format_value(row["simulated"]), _format_value(row["live"])
+        print(f"{key:<{width}}  {simulated:>12}  {live:>12}  {diff_text:>10}")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "validate": cmd_validate, "sweep": cmd_sweep, "compare": cmd_compare}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from aiqsim.core.backoff import backoff_from_name
 from aiqsim.core.failures import describe_error
 from aiqsim.core.task import Priority, TaskRecord
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
+from aiqsim.runtime.protocol import Cancelled
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.dispatch import dispatch_policy_from_name
@@ -194,42 +195,76 @@ def simulate(
     validation as the file (``{"retry.base_s": 0.5}``). File-backed stores live in
     ``workdir`` (a temporary directory, removed afterwards, by default).
     """
-    from aiqsim.sim.scenario import load_scenario, parse_scenario, scenario_to_dict
+    scenario = resolve_scenario(scenario, overrides)
+    seed = scenario.seed if seed is None else int(seed)
+    return run_scenario(scenario, seed, workdir=workdir)
+
+
+def resolve_scenario(scenario: Scenario | str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """A :class:`Scenario` from a record or a file path, with dotted ``overrides`` applied and validated."""
+    from aiqsim.sim.scenario import apply_overrides, load_scenario, parse_scenario, scenario_to_dict
 
     if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario, overrides=overrides)
-    elif overrides:
-        from aiqsim.sim.scenario import apply_overrides
+        return load_scenario(scenario, overrides=overrides)
+    if not overrides:
+        return scenario
+    source = scenario.source or scenario.name
+    return parse_scenario(apply_overrides(scenario_to_dict(scenario), overrides), source=source)
 
-        scenario = parse_scenario(
-            apply_overrides(scenario_to_dict(scenario), overrides), source=scenario.source or scenario.name
-        )
-    seed = scenario.seed if seed is None else int(seed)
+
+def run_scenario(
+    scenario: Scenario, seed: int, *, workdir: str | Path | None = None, **backend: Any
+) -> SimulationResult:
+    """Run the harness for ``scenario`` at ``seed``; ``backend`` (runtime, providers, executions,
+    on_new_scheduler) replaces the simulated defaults, e.g. for a live run over HTTP."""
     own_dir = workdir is None and scenario.store.kind != "memory" and scenario.store.path is None
     directory = Path(tempfile.mkdtemp(prefix="aiqsim-")) if own_dir else Path(workdir or ".")
     try:
-        return _Run(scenario, seed, directory).execute()
+        return _Run(scenario, seed, directory, **backend).execute()
     finally:
         if own_dir:
             shutil.rmtree(directory, ignore_errors=True)
 
 
 class _Run:
-    """One simulation: the harness around the real scheduler (process life, crashes, restarts)."""
+    """One run: the harness around the real scheduler (arrivals, process life, crashes, restarts).
 
-    def __init__(self, scenario: Scenario, seed: int, directory: Path) -> None:
+    By default it simulates: a :class:`SimPyRuntime` and one :class:`SimulatedProvider` per
+    provider config. ``runtime``, ``providers`` and ``executions`` swap in a live setup (an
+    asyncio runtime, HTTP providers and the servers' ledgers) without changing anything else.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        seed: int,
+        directory: Path,
+        *,
+        runtime: Any = None,
+        providers: Sequence[Any] | None = None,
+        executions: Callable[[], list[Any]] | None = None,
+        on_new_scheduler: Callable[[Scheduler], None] | None = None,
+    ) -> None:
         from aiqsim.sim.providers import ProviderLedger, SimulatedProvider
         from aiqsim.sim.workloads import generate_arrivals
 
         self.scenario = scenario
         self.seed = seed
         self.directory = directory
-        self.runtime = SimPyRuntime()
-        self.ledger = ProviderLedger()
-        self.providers = [
-            SimulatedProvider(self.runtime, p, random.Random(f"{seed}:provider:{p.name}"), self.ledger)
-            for p in scenario.providers
-        ]
+        self.runtime = runtime if runtime is not None else SimPyRuntime()
+        self.on_new_scheduler = on_new_scheduler
+        if providers is None:
+            ledger = ProviderLedger()
+            self.providers = [
+                SimulatedProvider(self.runtime, p, random.Random(f"{seed}:provider:{p.name}"), ledger)
+                for p in scenario.providers
+            ]
+            self.executions: Callable[[], list[Any]] = lambda: list(ledger.executions)
+        else:
+            if executions is None:
+                raise ValueError("a run with its own providers must say where their executions are recorded")
+            self.providers = list(providers)
+            self.executions = executions
         self.arrivals: list[Arrival] = generate_arrivals(scenario, random.Random(f"{seed}:workload"))
         self.events: list[SchedulerEvent] = []
         self.gates: list[Any] = []
@@ -273,7 +308,7 @@ class _Run:
         self.store = store
         gates = overload_gates(scenario)
         self.gates.extend(gates)
-        return Scheduler(
+        scheduler = Scheduler(
             self.runtime,
             self.providers,
             quotas=quota_limits(scenario),
@@ -288,6 +323,9 @@ class _Run:
             events=self.events.append,
             gates=gates,
         )
+        if self.on_new_scheduler is not None:
+            self.on_new_scheduler(scheduler)
+        return scheduler
 
     def _on_write_crash(self) -> None:
         config = self.crash_configs[self.write_counter[0]]
@@ -388,19 +426,19 @@ class _Run:
     def execute(self) -> SimulationResult:
         horizon = self.scenario.duration_s + self.scenario.drain_s
         try:
-            self.runtime.run(self._main(), until=horizon)
-        except BaseException as error:  # the main task was cut at the horizon
-            from aiqsim.runtime.protocol import Cancelled
-
-            if not isinstance(error, Cancelled):
-                raise
+            if isinstance(self.runtime, SimPyRuntime):
+                self.runtime.run(self._main(), until=horizon)
+            else:
+                self.runtime.run(self.runtime.wait_for(self._main(), horizon))
+        except (Cancelled, TimeoutError):
+            pass  # the main task was cut at the horizon: whatever is not terminal is reported lost
         sim_time = self.runtime.now()
         if self.down and self.scenario.store.kind != "memory":
             self.raw_store = self._open_store()  # the run ended while the process was down
         records = self.raw_store.list_by_status()
         errors = [
             f"{name}: {describe_error(err)}"
-            for name, err in self.runtime.task_errors
+            for name, err in getattr(self.runtime, "task_errors", ())
             if not isinstance(err, SimulatedCrash)
         ]
         if self.scenario.store.kind != "memory":
@@ -410,7 +448,7 @@ class _Run:
             seed=self.seed,
             records=records,
             rejected=self.rejected,
-            executions=list(self.ledger.executions),
+            executions=self.executions(),
             events=self.events,
             recoveries=self.recoveries,
             task_errors=errors,
