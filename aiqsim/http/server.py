@@ -78,7 +78,7 @@ from aiqsim.http.loopback import DropConnection, HttpReply, HttpRequest, Loopbac
 from aiqsim.runtime.asyncio_runtime import AsyncioRuntime
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.sim.config import ProviderConfig
-from aiqsim.sim.providers import WINDOW_S, Execution, ProviderLedger, SimulatedProvider
+from aiqsim.sim.providers import Execution, ProviderLedger, SimulatedProvider
 
 LostMode = Literal["hold", "close"]
 CHAT_PATH = "/v1/chat/completions"
@@ -235,22 +235,6 @@ def simulator_payload(body: Mapping[str, Any], kind: str, default_max_tokens: in
     return {"input": text, "prompt_units": prompt, "output_units": output, "poison": bool(body.get("poison"))}
 
 
-def _window_usage(window: Any, now: float) -> tuple[float, float, float] | None:
-    """(limit, used, seconds until empty) of one of the simulator's quota windows.
-
-    Reads the window's internals: ``SimulatedProvider`` exposes no public accessor yet.
-    """
-    try:
-        window._expire(now)
-        entries = window._entries
-        used = float(window._total)
-        limit = float(window.limit)
-    except AttributeError:  # pragma: no cover - only if the simulator's window changes shape
-        return None
-    reset = entries[-1][0] + WINDOW_S - now if entries else 0.0
-    return limit, used, max(0.0, reset)
-
-
 def _completion_id(execution: Execution) -> str:
     digest = hashlib.sha256(f"{execution.key}:{execution.start!r}".encode()).hexdigest()
     return f"chatcmpl-{digest[:16]}"
@@ -369,12 +353,9 @@ class LocalProviderServer:
     def _ratelimit_headers(self) -> dict[str, str]:
         now = self.runtime.now()
         headers: dict[str, str] = {}
-        windows = (
-            ("requests", getattr(self.provider, "_request_window", None)),
-            ("tokens", getattr(self.provider, "_unit_window", None)),
-        )
-        for dimension, window in windows:
-            usage = None if window is None else _window_usage(window, now)
+        usage_by_window = self.provider.window_usage(now)
+        for dimension, window in (("requests", "requests"), ("tokens", "units")):
+            usage = usage_by_window.get(window)
             if usage is None:
                 continue
             limit, used, reset = usage

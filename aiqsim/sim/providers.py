@@ -326,6 +326,12 @@ class _SlidingWindow:
         self._entries.append((now, amount))
         self._total += amount
 
+    def usage(self, now: float) -> tuple[float, float]:
+        """(amount used, seconds until the window is empty) at ``now``."""
+        self._expire(now)
+        reset = self._entries[-1][0] + WINDOW_S - now if self._entries else 0.0
+        return self._total, max(0.0, reset)
+
 
 def _retry_after_header(wait_s: float) -> float:
     """A wait as a provider's Retry-After header states it: whole seconds, rounded up, at least 1."""
@@ -450,6 +456,12 @@ class SimulatedProvider:
         if owns_in_flight:
             self._in_flight[key] = []
         return await self._serve(self._execute(request, job, start, latency, lost, owns_in_flight))
+
+    def window_usage(self, now: float) -> dict[str, tuple[float, float, float]]:
+        """``{"requests"|"units": (limit, used, seconds until empty)}`` for the configured server windows
+        (what a real provider reports in its ``x-ratelimit-*`` headers)."""
+        windows = (("requests", self._request_window), ("units", self._unit_window))
+        return {name: (w.limit, *w.usage(now)) for name, w in windows if w is not None}
 
     async def lookup(self, idempotency_key: str) -> ProviderResponse | None:
         """The stored result for a key this provider executed, or ``None``.
