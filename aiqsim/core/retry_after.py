@@ -7,6 +7,13 @@ import math
 from email.utils import parsedate_to_datetime
 
 
+def delta_seconds(value: str | float | int) -> float | None:
+    """A number of seconds given as a number or numeric text (``"1.5"``); ``None`` when negative or
+    not finite. Raises ``ValueError`` for text that is not a number, so callers can try other forms."""
+    seconds = float(value) if isinstance(value, int | float) else float(value.strip())
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
 def parse_retry_after(value: str | float | int | None, now_epoch_s: float) -> float | None:
     """Seconds to wait according to a Retry-After value, or ``None`` if absent or unparseable.
 
@@ -19,17 +26,11 @@ def parse_retry_after(value: str | float | int | None, now_epoch_s: float) -> fl
     """
     if value is None:
         return None
-    if isinstance(value, int | float):
-        return float(value) if math.isfinite(value) and value >= 0 else None
-    text = value.strip()
-    if not text:
-        return None
     try:
-        seconds = float(text)
+        return delta_seconds(value)
     except ValueError:
         pass
-    else:
-        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    text = value.strip()  # type: ignore[union-attr]  # numbers were handled above
     try:
         when = parsedate_to_datetime(text)
         # utctimetuple() converts an aware date to UTC and leaves a naive one as is (= UTC).

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiqsim.core.retry_after import parse_retry_after
+from aiqsim.core.retry_after import delta_seconds, parse_retry_after
 from aiqsim.core.token_bucket import MultiQuota
 
 _UNIT_SECONDS = {
@@ -46,17 +46,11 @@ def parse_duration(value: str | float | int | None) -> float | None:
     """
     if value is None:
         return None
-    if isinstance(value, int | float):
-        return float(value) if math.isfinite(value) and value >= 0 else None
-    text = value.strip()
-    if not text:
-        return None
     try:
-        seconds = float(text)
+        return delta_seconds(value)
     except ValueError:
         pass
-    else:
-        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    text = value.strip()  # type: ignore[union-attr]  # numbers were handled above
     total = 0.0
     position = 0
     for match in _DURATION_PART.finditer(text):
