@@ -22,7 +22,8 @@ def _new_figure(width: float = 9.0, height: float = 4.5) -> tuple[Figure, plt.Ax
 
 
 def retry_storm_timeline(timeline: pd.DataFrame, provider: str | None = None, *, title: str = "") -> Figure:
-    """Attempts, 429s and successes per interval, with the client token-bucket level on a second axis."""
+    """Attempts, 429s and successes per interval, with the client bucket level (tokens if the provider
+    has a token quota, else requests) on a second axis."""
     frame = timeline if provider is None else timeline[timeline["provider"] == provider]
     grouped = frame.groupby("t", as_index=True)
     counts = grouped[["attempts", "rate_limited", "successes"]].sum()
@@ -35,13 +36,18 @@ def retry_storm_timeline(timeline: pd.DataFrame, provider: str | None = None, *,
     ax.set_ylabel("calls per second")
     ax.set_title(title or "Retry storm timeline" + (f" ({provider})" if provider else ""))
     handles, labels = ax.get_legend_handles_labels()
-    if "tokens_level" in frame and frame["tokens_level"].notna().any():
-        level = grouped["tokens_level"].mean()
-        twin = ax.twinx()
-        twin.plot(level.index, level, color="tab:gray", linestyle="--", label="client token bucket")
-        twin.set_ylabel("bucket level (units)")
-        h2, l2 = twin.get_legend_handles_labels()
-        handles, labels = handles + h2, labels + l2
+    for column, label, unit in (
+        ("tokens_level", "client token bucket", "units"),
+        ("requests_level", "client request bucket", "requests"),
+    ):
+        if column in frame and frame[column].notna().any():
+            level = grouped[column].mean()
+            twin = ax.twinx()
+            twin.plot(level.index, level, color="tab:gray", linestyle="--", label=label)
+            twin.set_ylabel(f"bucket level ({unit})")
+            h2, l2 = twin.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+            break
     ax.legend(handles, labels, loc="upper right")
     return fig
 

@@ -1,0 +1,130 @@
+"""Charts return figures with the expected axes and series; the tuning panel re-runs on change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from aiqsim.lab import charts
+from aiqsim.lab.widgets import TuningPanel
+from aiqsim.sim.simulate import simulate
+from aiqsim.sim.sweep import sweep
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+@pytest.fixture(scope="module")
+def storm():
+    return simulate(SCENARIOS / "retry_storm_429.toml")
+
+
+@pytest.fixture(scope="module")
+def grid() -> pd.DataFrame:
+    return sweep(
+        SCENARIOS / "timeout_duplicate_billing.toml",
+        {"retry.attempt_timeout_s": [2, 8], "retry.base_s": [0.5, 2.0]},
+        seeds=[0, 1],
+        engine="serial",
+        progress=False,
+    )
+
+
+def labels(ax) -> list[str]:
+    return [line.get_label() for line in ax.get_lines()]
+
+
+def test_retry_storm_timeline_has_attempts_429s_successes_and_the_bucket(storm) -> None:
+    storm_with_bucket = simulate(
+        SCENARIOS / "retry_storm_429.toml", overrides={"quotas.llm.requests_per_min": 150}
+    )
+    fig = charts.retry_storm_timeline(storm_with_bucket.timeline, title="t")
+    main, twin = fig.axes
+    assert labels(main) == ["attempts/s", "429s/s", "successes/s"]
+    assert main.get_xlabel() == "simulated time (s)"
+    assert labels(twin) == ["client request bucket"] and twin.get_ylabel() == "bucket level (requests)"
+    attempts = main.get_lines()[0].get_ydata()
+    step = storm.scenario.timeline_step_s
+    assert attempts.sum() * step == pytest.approx(storm_with_bucket.summary["attempts"])
+    plt.close(fig)
+    no_bucket = charts.retry_storm_timeline(storm.timeline)  # no client quota: nothing to draw twice
+    assert len(no_bucket.axes) == 1
+    plt.close(no_bucket)
+
+
+def test_latency_cdf_has_one_monotone_line_per_group(storm) -> None:
+    tasks = pd.concat([storm.tasks.assign(run="a"), storm.tasks.assign(run="b")])
+    fig = charts.latency_cdf(tasks, by="run")
+    ax = fig.axes[0]
+    assert labels(ax) == ["run=a", "run=b"]
+    for line in ax.get_lines():
+        y = line.get_ydata()
+        assert (y[1:] >= y[:-1]).all() and y[-1] == pytest.approx(1.0)
+    plt.close(fig)
+
+
+def test_cost_breakdown_splits_first_and_duplicate_cost(grid) -> None:
+    result = simulate(SCENARIOS / "timeout_duplicate_billing.toml")
+    fig = charts.cost_breakdown(result.calls)
+    ax = fig.axes[0]
+    first, duplicate = ax.containers
+    assert duplicate[0].get_height() == pytest.approx(result.summary["cost_duplicated"])
+    assert first[0].get_height() + duplicate[0].get_height() == pytest.approx(result.summary["cost_total"])
+    plt.close(fig)
+
+
+def test_metric_vs_parameter_draws_means_with_seed_bands(grid) -> None:
+    fig = charts.cost_duplication(grid, "retry.attempt_timeout_s", hue="retry.base_s")
+    ax = fig.axes[0]
+    assert labels(ax) == ["retry.base_s=0.5", "retry.base_s=2.0"]
+    assert len(ax.collections) == 2  # one confidence band per line
+    expected = grid[grid["retry.base_s"] == 0.5].groupby("retry.attempt_timeout_s")["cost_duplicated"].mean()
+    assert list(ax.get_lines()[0].get_ydata()) == pytest.approx(list(expected))
+    plt.close(fig)
+
+
+def test_heatmap_cells_are_means_over_seeds(grid) -> None:
+    fig = charts.heatmap(grid, "retry.attempt_timeout_s", "retry.base_s", "latency_p99_s")
+    ax = fig.axes[0]
+    image = ax.get_images()[0].get_array()
+    expected = grid.pivot_table(
+        index="retry.base_s", columns="retry.attempt_timeout_s", values="latency_p99_s", aggfunc="mean"
+    )
+    assert image.shape == expected.shape
+    assert image[0][0] == pytest.approx(expected.iloc[0, 0])
+    plt.close(fig)
+
+
+def test_pareto_front_keeps_only_non_dominated_points() -> None:
+    points = pd.DataFrame({"cost": [1, 2, 3, 2.5, 4], "latency": [9, 5, 1, 6, 0.5]})
+    front = charts.pareto_front(points, "cost", "latency")
+    assert list(front["cost"]) == [1, 2, 3, 4]
+
+
+def test_pareto_chart_marks_the_frontier(grid) -> None:
+    fig = charts.pareto(grid, ["retry.attempt_timeout_s", "retry.base_s"])
+    ax = fig.axes[0]
+    assert "Pareto frontier" in labels(ax)
+    assert ax.get_xlabel() == "cost_total" and ax.get_ylabel() == "latency_p99_s"
+    plt.close(fig)
+
+
+def test_tuning_panel_reruns_and_redraws_when_a_control_changes() -> None:
+    panel = TuningPanel(
+        SCENARIOS / "retry_storm_429.toml",
+        {"quotas.llm.requests_per_min": (60, 240, 10), "retry.strategy": ["exponential", "full_jitter"]},
+    )
+    assert panel.runs == 1
+    before = panel.last_result.summary["rate_limited"]
+    panel.controls["quotas.llm.requests_per_min"].value = 120
+    assert panel.runs == 2
+    assert panel.last_result.scenario.quotas["llm"].requests_per_min == 120
+    assert panel.last_result.summary["rate_limited"] != before
+    assert "rate_limited" in panel.table.value
+    panel.controls["retry.strategy"].value = "full_jitter"
+    assert panel.runs == 3 and panel.last_result.scenario.retry.strategy == "full_jitter"
