@@ -22,12 +22,14 @@ from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.runtime import Cancelled, SimPyRuntime
 from aiqsim.validation import (
     AntitheticRandom,
+    Replication,
     aws_jitter_study,
     erlang_c,
     expected_wait_in_queue,
     mmc_check,
     run_means,
     run_occ_contention,
+    simulate_replication,
     simulate_waits,
     t_quantile_975,
     wait_sensitivity,
@@ -111,7 +113,7 @@ def test_wait_sensitivity_matches_the_mm1_derivatives() -> None:
     assert d_gap == pytest.approx(-(s * s) / (a - s) ** 2, rel=1e-5)
 
 
-def test_run_means_reads_waits_services_and_gaps_from_records() -> None:
+def test_run_means_measures_waits_from_records_and_inputs_from_draws() -> None:
     def done(created: float, started: float, finished: float) -> TaskRecord:
         return TaskRecord(
             id=f"t{created}",
@@ -125,10 +127,21 @@ def test_run_means_reads_waits_services_and_gaps_from_records() -> None:
         )
 
     records = [done(1.0, 1.0, 3.0), done(2.0, 3.0, 4.0), done(4.0, 4.0, 4.5), done(7.0, 8.0, 10.0)]
-    means = run_means(records, warmup=1)
+    # draws deliberately unlike the records: the controls must come from the inputs only
+    replication = Replication(records, interarrival_draws=[1, 2, 4, 6], service_draws=[9, 1, 3, 5])
+    means = run_means(replication, warmup=1)
     assert means.wait == pytest.approx((1.0 + 0.0 + 1.0) / 3)
-    assert means.service == pytest.approx((1.0 + 0.5 + 2.0) / 3)
-    assert means.interarrival == pytest.approx((1.0 + 2.0 + 3.0) / 3)
+    assert means.service == pytest.approx((1 + 3 + 5) / 3)
+    assert means.interarrival == pytest.approx((2 + 4 + 6) / 3)
+
+
+def test_replication_inputs_match_what_the_scheduler_recorded() -> None:
+    replication = simulate_replication(3.2, 1.0, 4, 500, seed=5)
+    records = replication.records
+    assert [r.finished_at - r.started_at for r in records] == pytest.approx(replication.service_draws)
+    created = [r.created_at for r in records]
+    gaps = [b - a for a, b in zip([0.0, *created[:-1]], created, strict=True)]
+    assert gaps == pytest.approx(replication.interarrival_draws)
 
 
 def test_antithetic_stream_mirrors_the_plain_stream() -> None:

@@ -35,12 +35,14 @@ __all__ = [
     "AntitheticRandom",
     "ExponentialServiceProvider",
     "MMcResult",
+    "Replication",
     "RunMeans",
     "erlang_c",
     "expected_wait_in_queue",
     "mmc_check",
     "run_means",
     "simulate_records",
+    "simulate_replication",
     "simulate_waits",
     "t_quantile_975",
     "wait_sensitivity",
@@ -138,11 +140,17 @@ class ExponentialServiceProvider:
         self._runtime = runtime
         self._service_rate = service_rate
         self._rng = rng
-        self.calls = 0
+        self.service_draws: list[float] = []
+        """Every service time drawn, in call order (the inputs; what the tasks took is in the store)."""
+
+    @property
+    def calls(self) -> int:
+        return len(self.service_draws)
 
     async def call(self, request: ProviderRequest) -> ProviderResponse:
-        self.calls += 1
-        await self._runtime.sleep(self._rng.expovariate(self._service_rate))
+        service = self._rng.expovariate(self._service_rate)
+        self.service_draws.append(service)
+        await self._runtime.sleep(service)
         return ProviderResponse(result=None)
 
 
@@ -205,18 +213,30 @@ class MMcResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Replication:
+    """One simulated run: what the scheduler recorded, and the random inputs it was fed."""
+
+    records: list[TaskRecord]
+    """Final task records in arrival order."""
+    interarrival_draws: list[float]
+    """The feeder's inter-arrival times, in order."""
+    service_draws: list[float]
+    """The provider's service times, in call order."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunMeans:
-    """Per-task means of one replication after the warm-up, all read from the stored task records."""
+    """Means of one replication over the tasks after the warm-up."""
 
     wait: float
-    """Mean ``started_at - created_at``."""
+    """Mean ``started_at - created_at`` of the stored records: the measurement."""
     service: float
-    """Mean ``finished_at - started_at`` (the provider's service time)."""
+    """Mean of the service times drawn for calls ``warmup..``: an input, for the control variate."""
     interarrival: float
-    """Mean gap between consecutive ``created_at``."""
+    """Mean of the inter-arrival times drawn for tasks ``warmup..``: an input, for the control variate."""
 
 
-def simulate_records(
+def simulate_replication(
     arrival_rate: float,
     service_rate: float,
     servers: int,
@@ -224,8 +244,8 @@ def simulate_records(
     seed: int,
     *,
     antithetic: bool = False,
-) -> list[TaskRecord]:
-    """Run one replication on the production scheduler; return the final task records in arrival order.
+) -> Replication:
+    """Run one replication on the production scheduler.
 
     Arrivals, service times and the scheduler's own randomness use three independent streams
     derived from ``seed``; with ``antithetic`` the arrival and service streams are the mirror
@@ -247,10 +267,13 @@ def simulate_records(
         rng=random.Random(f"mmc-scheduler-{seed}"),
     )
     submissions: list[Submission] = []
+    gaps: list[float] = []
 
     async def feed_and_drain() -> None:
         for index in range(tasks):
-            await runtime.sleep(arrivals.expovariate(arrival_rate))
+            gap = arrivals.expovariate(arrival_rate)
+            gaps.append(gap)
+            await runtime.sleep(gap)
             submissions.append(scheduler.submit(provider.name, index, key=f"mmc-{index}", cost_estimate=0.0))
         await scheduler.join()
         await scheduler.close()
@@ -262,7 +285,24 @@ def simulate_records(
         if record is None or record.status is not TaskStatus.SUCCEEDED or record.started_at is None:
             raise RuntimeError(f"task {submission.id} did not complete cleanly: {record!r}")
         records.append(record)
-    return records
+    if provider.calls != tasks:
+        raise RuntimeError(f"{tasks} tasks made {provider.calls} provider calls; expected one each")
+    return Replication(records, gaps, provider.service_draws)
+
+
+def simulate_records(
+    arrival_rate: float,
+    service_rate: float,
+    servers: int,
+    tasks: int,
+    seed: int,
+    *,
+    antithetic: bool = False,
+) -> list[TaskRecord]:
+    """The final task records of one replication (:func:`simulate_replication`), in arrival order."""
+    return simulate_replication(
+        arrival_rate, service_rate, servers, tasks, seed, antithetic=antithetic
+    ).records
 
 
 def simulate_waits(
@@ -279,20 +319,22 @@ def simulate_waits(
     return [record.started_at - record.created_at for record in records]  # type: ignore[operator]
 
 
-def run_means(records: list[TaskRecord], warmup: int) -> RunMeans:
-    """Mean wait, service time and inter-arrival time of the records after the first ``warmup``."""
-    waits: list[float] = []
-    services: list[float] = []
-    gaps: list[float] = []
-    previous_arrival = 0.0  # the run starts at t = 0
-    for index, record in enumerate(records):
-        assert record.started_at is not None and record.finished_at is not None
-        if index >= warmup:
-            waits.append(record.started_at - record.created_at)
-            services.append(record.finished_at - record.started_at)
-            gaps.append(record.created_at - previous_arrival)
-        previous_arrival = record.created_at
-    return RunMeans(statistics.fmean(waits), statistics.fmean(services), statistics.fmean(gaps))
+def run_means(replication: Replication, warmup: int) -> RunMeans:
+    """Mean measured wait, and mean drawn service and inter-arrival times, after the first ``warmup``.
+
+    The input means cover a fixed index range, so their expectations are exactly ``1/mu`` and
+    ``1/lambda`` whatever the scheduler did; that is what lets them serve as control variates
+    without ever hiding a scheduler error.
+    """
+    waits = [
+        record.started_at - record.created_at  # type: ignore[operator]
+        for record in replication.records[warmup:]
+    ]
+    return RunMeans(
+        wait=statistics.fmean(waits),
+        service=statistics.fmean(replication.service_draws[warmup:]),
+        interarrival=statistics.fmean(replication.interarrival_draws[warmup:]),
+    )
 
 
 def wait_sensitivity(arrival_rate: float, service_rate: float, servers: int) -> tuple[float, float]:
@@ -333,9 +375,11 @@ def mmc_check(
       variance per seed.
     - ``control_variates``: a run whose service times happened to be long has long waits too.
       The estimate per run is ``mean wait - gS * (mean service - 1/mu) - gA * (mean gap - 1/lambda)``,
-      with the means observed in the stored records. The corrections have expectation zero
-      whatever the coefficients, so only the variance depends on them; the coefficients are the
-      Erlang C sensitivities of :func:`wait_sensitivity` (close to the regression optimum).
+      where the service and gap means are of the random *inputs* (the draws), never of what the
+      scheduler recorded, so a scheduler error cannot be corrected away. The corrections have
+      expectation zero whatever the coefficients, so only the variance depends on them; the
+      coefficients are the Erlang C sensitivities of :func:`wait_sensitivity` (close to the
+      regression optimum).
     """
     seeds = tuple(seeds)
     if len(seeds) < 2:
@@ -362,9 +406,10 @@ def mmc_check(
         variants = (False, True) if antithetic else (False,)
         runs = [
             run_means(
-                simulate_records(arrival_rate, service_rate, servers, tasks, seed, antithetic=a), warmup
+                simulate_replication(arrival_rate, service_rate, servers, tasks, seed, antithetic=mirror),
+                warmup,
             )
-            for a in variants
+            for mirror in variants
         ]
         raw.append(statistics.fmean(run.wait for run in runs))
         per_seed.append(statistics.fmean(estimate(run) for run in runs))
