@@ -7,11 +7,10 @@ and the table below is the whole rule set. Tests drive the table without any I/O
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.core.task import TaskRecord, TaskStatus, copy_record
 
 _S = TaskStatus
 
@@ -54,7 +53,8 @@ def transition(task: TaskRecord, next_status: TaskStatus, now: float, **changes:
     ``finished_at`` on entering a terminal state (cleared again by a manual retry).
     Raises :class:`IllegalTransitionError` naming both states and the task id.
     """
-    next_status = TaskStatus(next_status)
+    if type(next_status) is not TaskStatus:
+        next_status = TaskStatus(next_status)
     if not is_legal(task.status, next_status):
         raise IllegalTransitionError(task.id, task.status, next_status)
     if "status" in changes:
@@ -67,4 +67,5 @@ def transition(task: TaskRecord, next_status: TaskStatus, now: float, **changes:
     elif next_status is TaskStatus.QUEUED:
         fields.setdefault("finished_at", None)
         fields.setdefault("error", None)
-    return replace(task, status=next_status, **fields)
+    fields["status"] = next_status
+    return copy_record(task, fields)

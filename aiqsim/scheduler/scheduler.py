@@ -49,6 +49,7 @@ from aiqsim.stores.base import TaskStore
 from aiqsim.stores.memory import MemoryStore
 
 DEFAULT_INTERACTIVE_LIMIT = 5
+_PRIORITIES = tuple(Priority)  # iterating the enum itself is measurably slow on the dispatch path
 
 
 class QueueFullError(RuntimeError):
@@ -154,6 +155,8 @@ class _Lane:
     signal: Signal
     retries: dict[Priority, deque[_Ticket]] = field(default_factory=lambda: {p: deque() for p in Priority})
     dispatcher: TaskHandle[None] | None = None
+    slot_blocked: bool = False
+    """The dispatcher waits for a concurrency slot: only a release can unblock it, not new work."""
 
 
 class Scheduler:
@@ -482,7 +485,8 @@ class Scheduler:
         live.queue_item = item
         lane.queues[record.priority].push(item)
         self._queued[record.priority] += 1
-        lane.signal.notify()
+        if not lane.slot_blocked:  # new work cannot help a dispatcher that waits for a free slot
+            lane.signal.notify()
 
     def _resolve_waiters(self, owner: TaskRecord) -> None:
         waiter_ids = self._waiters.pop(owner.id, ())
@@ -533,7 +537,7 @@ class Scheduler:
         self._watchers.clear()
 
     def _next_candidate(self, lane: _Lane, now: float) -> tuple[_Ticket | QueueItem, Priority] | None:
-        for priority in Priority:
+        for priority in _PRIORITIES:
             tickets = lane.retries[priority]
             while tickets and (tickets[0].removed or tickets[0].future.done()):
                 tickets.popleft()
@@ -559,7 +563,9 @@ class Scheduler:
                 wait = quota.time_until(candidate.cost, now)
                 if isinstance(candidate, QueueItem):
                     wait = min(wait, lane.queues[priority].next_change(now) - now)
-                await lane.signal.wait(None if math.isinf(wait) else max(wait, 0.0))
+                lane.slot_blocked = math.isinf(wait)
+                await lane.signal.wait(None if lane.slot_blocked else max(wait, 0.0))
+                lane.slot_blocked = False
                 continue
             if self.events is not None:
                 self._emit_quota(lane, now)
