@@ -147,3 +147,18 @@ def test_without_reconciliation_double_executions_happen_only_at_the_crash_gap(t
 def test_the_crash_scenario_is_valid(tmp_path: Path) -> None:
     scenario = load_scenario(scenario_file(tmp_path, "sqlite", 5))
     assert scenario.crashes[0].after_writes == 5
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_crash_in_the_middle_of_a_json_write_is_recovered(tmp_path: Path, seed: int) -> None:
+    path = _path(tmp_path, "json", 20)
+    path.write_text(
+        path.read_text().replace("restart_after_s = 1.5", "restart_after_s = 1.5\ntorn_write = true")
+    )
+    workdir = tmp_path / f"work-{seed}"
+    workdir.mkdir()
+    result = simulate(path, seed=seed, workdir=workdir)
+    check_invariants(result)
+    assert result.summary["crashes"] == 1
+    assert result.torn_writes_recovered == 1
+    assert list(workdir.glob(".tasks.json.tmp-*")) == []  # the half-written snapshot was cleaned up

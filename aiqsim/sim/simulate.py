@@ -60,6 +60,7 @@ class SimulationResult:
         gates: Sequence[Any] = (),
         sim_time_s: float,
         store_writes: int = 0,
+        torn_writes_recovered: int = 0,
     ) -> None:
         self.scenario = scenario
         self.seed = seed
@@ -74,6 +75,8 @@ class SimulationResult:
         self.sim_time_s = sim_time_s
         self.store_writes = store_writes
         """Store writes the scheduler made (the count that ``crashes.after_writes`` refers to)."""
+        self.torn_writes_recovered = torn_writes_recovered
+        """Restarts whose JSON store found (and cut off) a torn journal line left by the crash."""
         self.summary: dict[str, float] = metrics.summarize(
             scenario,
             records,
@@ -277,6 +280,7 @@ class _Run:
         self.incarnation = 0
         self.down = False
         self.backlog: list[Arrival] = []
+        self.torn_writes_recovered = 0
         self.changed = Signal(self.runtime)
         self.raw_store: TaskStore = self._open_store()
         self.scheduler = self._new_scheduler()
@@ -347,14 +351,13 @@ class _Run:
         if self.scenario.store.kind != "memory":
             self.raw_store.close()
             if torn_write and self.scenario.store.kind == "json":
-                path = self._store_path()
-                torn = path.with_name(path.name + ".tmp")
-                torn.write_text(
-                    '{"format": "aiqsim-taskstore", "version": 1, "tasks": [{"id": "', encoding="utf-8"
-                )
+                from aiqsim.stores.json_file import JsonFileStore
+
+                JsonFileStore.leave_torn_write(self._store_path())
         await self.runtime.sleep(delay)
         self.incarnation += 1
         self.raw_store = self._open_store()
+        self.torn_writes_recovered += int(getattr(self.raw_store, "torn_tail_recovered", False))
         self.scheduler = self._new_scheduler()
         self.down = False
         try:
@@ -455,4 +458,5 @@ class _Run:
             gates=self.gates,
             sim_time_s=sim_time,
             store_writes=self.write_counter[0],
+            torn_writes_recovered=self.torn_writes_recovered,
         )

@@ -124,6 +124,23 @@ class JsonFileStore:
             self._release()
             raise
 
+    # ------------------------------------------------------------------ crash injection
+    @staticmethod
+    def leave_torn_write(path: str | Path) -> list[Path]:
+        """Leave on disk what a process killed in the middle of a write leaves: a half-written
+        snapshot temp file and an incomplete last journal line. For crash-injection tests and
+        simulations; call it only while no store has ``path`` open. Returns the files touched.
+
+        The next :class:`JsonFileStore` opened on ``path`` must ignore and clean both.
+        """
+        path = Path(path)
+        temp = path.with_name(f".{path.name}.tmp-0")
+        temp.write_text('{"format": "aiqsim-taskstore", "version": 1, "tasks": [{"id": "', encoding="utf-8")
+        journal = path.with_name(path.name + ".journal")
+        with open(journal, "a", encoding="utf-8") as handle:
+            handle.write('{"seq": 999999999, "op": "update", "task": {"id": "torn')
+        return [temp, journal]
+
     # ------------------------------------------------------------------ opening
     def _acquire_lock(self) -> int:
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
