@@ -68,11 +68,16 @@ def test_latency_cdf_has_one_monotone_line_per_group(storm) -> None:
     plt.close(fig)
 
 
-def test_cost_breakdown_splits_first_and_duplicate_cost(grid) -> None:
+def test_cost_breakdown_splits_attempts_by_outcome_and_cost_into_first_and_duplicate() -> None:
     result = simulate(SCENARIOS / "timeout_duplicate_billing.toml")
     fig = charts.cost_breakdown(result.calls)
-    ax = fig.axes[0]
-    first, duplicate = ax.containers
+    calls_ax, cost_ax = fig.axes
+    answered, lost, rate_limited, _other = calls_ax.containers
+    assert sum(c[0].get_height() for c in calls_ax.containers) == result.summary["attempts"]
+    assert lost[0].get_height() == int(result.calls["response_lost"].sum()) > 0
+    assert rate_limited[0].get_height() == result.summary["rate_limited"]
+    assert answered[0].get_height() == result.summary["tasks_succeeded"]  # one answer per success here
+    first, duplicate = cost_ax.containers
     assert duplicate[0].get_height() == pytest.approx(result.summary["cost_duplicated"])
     assert first[0].get_height() + duplicate[0].get_height() == pytest.approx(result.summary["cost_total"])
     plt.close(fig)

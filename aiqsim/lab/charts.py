@@ -71,20 +71,56 @@ def latency_cdf(tasks: pd.DataFrame, by: str = "priority", *, title: str = "") -
 
 
 def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
-    """Billed cost per provider, split into first executions and duplicate executions of a key."""
-    fig, ax = _new_figure(7.0, 4.0)
+    """Where the calls and the money went, per provider.
+
+    Left: provider attempts by outcome (accepted, lost after billing, 429, other errors). Right: billed cost
+    split into first executions and duplicate executions of the same idempotency key, labelled.
+    """
+    fig, (calls_ax, cost_ax) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    providers = sorted(calls["provider"].unique()) if not calls.empty else []
+    x = np.arange(len(providers))
+    lost = calls["response_lost"].astype(bool)
+    categories = {
+        "answered": (calls["outcome"].isin(["ok", "replay"])) & ~lost,
+        "lost after billing": lost,
+        "429": calls["outcome"] == "rate_limited",
+        "other errors": ~calls["outcome"].isin(["ok", "replay", "rate_limited"]) & ~lost,
+    }
+    colors = {
+        "answered": "tab:green",
+        "lost after billing": "tab:orange",
+        "429": "tab:red",
+        "other errors": "tab:gray",
+    }
+    bottom = np.zeros(len(providers))
+    for name, mask in categories.items():
+        counts = np.array([int((mask & (calls["provider"] == p)).sum()) for p in providers])
+        calls_ax.bar(x, counts, 0.5, bottom=bottom, label=name, color=colors[name])
+        bottom += counts
+    for ax in (calls_ax, cost_ax):
+        ax.set_xlim(-1.0, max(1, len(providers)))  # keep bars slim when there is a single provider
+    calls_ax.set_xticks(x, providers)
+    calls_ax.set_ylabel("provider attempts")
+    calls_ax.set_title("attempts by outcome")
+    calls_ax.legend()
+
     billed = calls[calls["billed"]].sort_values("start", kind="stable")
     duplicate = billed.duplicated("key", keep="first")
-    providers = sorted(billed["provider"].unique()) if not billed.empty else []
-    first_cost = [billed[(billed["provider"] == p) & ~duplicate]["cost"].sum() for p in providers]
-    dup_cost = [billed[(billed["provider"] == p) & duplicate]["cost"].sum() for p in providers]
-    x = np.arange(len(providers))
-    ax.bar(x, first_cost, label="first execution", color="tab:blue")
-    ax.bar(x, dup_cost, bottom=first_cost, label="duplicate execution", color="tab:red")
-    ax.set_xticks(x, providers)
-    ax.set_ylabel("billed cost")
-    ax.set_title(title or "Cost and duplication")
-    ax.legend()
+    first_cost = np.array([billed[(billed["provider"] == p) & ~duplicate]["cost"].sum() for p in providers])
+    dup_cost = np.array([billed[(billed["provider"] == p) & duplicate]["cost"].sum() for p in providers])
+    cost_ax.bar(x, first_cost, 0.5, label="first execution", color="tab:blue")
+    cost_ax.bar(x, dup_cost, 0.5, bottom=first_cost, label="duplicate execution", color="tab:red")
+    for xi, first, dup in zip(x, first_cost, dup_cost, strict=True):
+        share = dup / (first + dup) if first + dup > 0 else 0.0
+        cost_ax.annotate(f"{first + dup:.3g} billed\n{share:.1%} duplicated", (xi, first + dup), ha="center",
+                         va="bottom", fontsize=8)  # fmt: skip
+    cost_ax.set_xticks(x, providers)
+    cost_ax.set_ylabel("billed cost")
+    cost_ax.set_title("cost and duplication")
+    cost_ax.margins(y=0.2)
+    cost_ax.legend(loc="lower right")
+    if title:
+        fig.suptitle(title)
     return fig
 
 
