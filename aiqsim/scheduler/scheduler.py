@@ -250,6 +250,17 @@ class Scheduler:
             return sum(self._queued.values())
         return self._queued[priority]
 
+    def sample_quotas(self) -> None:
+        """Emit a :class:`QuotaSample` for every provider now (bucket levels, in-flight calls, queue depths).
+
+        The scheduler samples on its own each time it grants an attempt; call this periodically to
+        also see the quiet stretches (a refilling bucket, a growing queue while nothing can start).
+        """
+        if self.events is not None:
+            now = self.runtime.now()
+            for lane in self._lanes.values():
+                self._emit_quota(lane, now)
+
     @property
     def in_flight(self) -> int:
         """Tasks submitted to this scheduler that have not reached a terminal state."""

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 SUMMARY_KEYS: dict[str, str] = {
     "tasks_submitted": "submissions the scheduler accepted (a task record exists)",
-    "tasks_rejected": "submissions refused at the door (queue depth limit)",
+    "tasks_rejected": "submissions refused at the door (queue depth limit, or a cost the client quota "
+    "can never grant)",
     "tasks_succeeded": "tasks that ended succeeded (their own provider run produced the result)",
     "tasks_failed": "tasks that ended failed (fatal, poison, retries exhausted, interrupted)",
     "tasks_cancelled": "tasks that ended cancelled",
@@ -44,9 +45,10 @@ SUMMARY_KEYS: dict[str, str] = {
     "latency_p99_s": "99th percentile submit-to-terminal time (s)",
     "interactive_latency_p99_s": "99th percentile submit-to-terminal time of interactive tasks (s)",
     "background_latency_p99_s": "99th percentile submit-to-terminal time of background tasks (s)",
-    "quota_utilization": "units executed / server quota units available while work was pending "
-    "(mean over providers with a server quota; NaN if none; a sliding window admits a full minute's "
-    "quota at once, so short runs can exceed 1)",
+    "quota_utilization": "work executed / the server quota over the span from the first submission to the "
+    "last execution (units if the provider has a units quota, else requests; mean over providers with a "
+    "server quota; NaN if none; a sliding window admits a full minute's quota at once, so short runs can "
+    "exceed 1, and idle gaps in the workload pull it down)",
     "throughput_per_s": "tasks that ended succeeded or deduped per simulated second",
     "sim_time_s": "virtual time at which the run ended (s)",
     "crashes": "simulated process crashes",
@@ -169,6 +171,13 @@ def quota_utilization(scenario: Scenario, executions: Sequence[Any], records: Se
 
 
 # ---------------------------------------------------------------------- DataFrames (analysis edge)
+TASK_COLUMNS = [
+    "task_id", "key", "provider", "priority", "status", "cost_estimate", "attempts", "created_at",
+    "started_at", "finished_at", "wait_s", "latency_s", "error", "deduped_from",
+]  # fmt: skip
+"""Columns of the ``tasks`` DataFrame (present even when a run has no tasks)."""
+
+
 def tasks_frame(records: Iterable[TaskRecord], rejected: Iterable[dict[str, Any]] = ()) -> pd.DataFrame:
     """One row per task: ids, status, priority name, timestamps, attempts, wait and latency."""
     import pandas as pd
@@ -194,7 +203,7 @@ def tasks_frame(records: Iterable[TaskRecord], rejected: Iterable[dict[str, Any]
             }
         )
     rows.extend(rejected)
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows, columns=TASK_COLUMNS)
     if not frame.empty:
         frame = frame.sort_values(["created_at", "task_id"], kind="stable").reset_index(drop=True)
     return frame

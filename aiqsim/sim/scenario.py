@@ -75,6 +75,10 @@ __all__ = [
 ]
 
 
+MAX_TIMELINE_STEPS = 1_000_000
+"""The timeline has one row per step and provider: more steps than this is a typo, not a wish."""
+
+
 class ScenarioError(ValueError):
     """A scenario that cannot be used, with where (file, dotted key path) and what was expected.
 
@@ -811,6 +815,13 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
     defaults = Scenario.__dataclass_fields__
     duration_s = header.get("duration_s", defaults["duration_s"].default)
     drain_s = header.get("drain_s", defaults["drain_s"].default)
+    step_s = header.get("timeline_step_s", defaults["timeline_step_s"].default)
+    if (duration_s + drain_s) / step_s > MAX_TIMELINE_STEPS:
+        raise reader.error(
+            "scenario.timeline_step_s",
+            f"expected at most {MAX_TIMELINE_STEPS:,} steps over duration_s + drain_s "
+            f"({_fmt(duration_s + drain_s)} s), got a step of {_fmt(step_s)} s",
+        )
     if not values["workloads"]:
         raise reader.error("workloads", "expected at least one [[workloads]] table, got none")
     workloads = tuple(

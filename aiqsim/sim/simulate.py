@@ -199,8 +199,20 @@ def simulate(
     ``workdir`` (a temporary directory, removed afterwards, by default).
     """
     scenario = resolve_scenario(scenario, overrides)
-    seed = scenario.seed if seed is None else int(seed)
-    return run_scenario(scenario, seed, workdir=workdir)
+    return run_scenario(scenario, check_seed(scenario, seed), workdir=workdir)
+
+
+def check_seed(scenario: Scenario, seed: Any) -> int:
+    """The run's seed: the scenario's when ``seed`` is None, else a whole number >= 0 (not a bool)."""
+    from aiqsim.sim.scenario import ScenarioError
+
+    if seed is None:
+        return scenario.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ScenarioError(
+            scenario.source or scenario.name, "seed", f"expected an integer >= 0, got {seed!r}"
+        )
+    return seed
 
 
 def resolve_scenario(scenario: Scenario | str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
@@ -229,6 +241,21 @@ def run_scenario(
             shutil.rmtree(directory, ignore_errors=True)
 
 
+def _arrivals(scenario: Scenario, seed: int) -> list[Arrival]:
+    """The scenario's arrivals; problems only the data reveals (a bad trace row, too many arrivals)
+    become :class:`~aiqsim.sim.scenario.ScenarioError` naming the workload."""
+    from aiqsim.sim.scenario import ScenarioError
+    from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError, generate_arrivals
+
+    source = scenario.source or scenario.name
+    try:
+        return generate_arrivals(scenario, random.Random(f"{seed}:workload"))
+    except WorkloadTooLargeError as error:
+        raise ScenarioError(source, f"workloads[{error.index}]", error.message) from None
+    except TraceError as error:
+        raise ScenarioError(source, "workloads.trace", str(error)) from None
+
+
 class _Run:
     """One run: the harness around the real scheduler (arrivals, process life, crashes, restarts).
 
@@ -249,7 +276,6 @@ class _Run:
         on_new_scheduler: Callable[[Scheduler], None] | None = None,
     ) -> None:
         from aiqsim.sim.providers import ProviderLedger, SimulatedProvider
-        from aiqsim.sim.workloads import generate_arrivals
 
         self.scenario = scenario
         self.seed = seed
@@ -268,7 +294,7 @@ class _Run:
                 raise ValueError("a run with its own providers must say where their executions are recorded")
             self.providers = list(providers)
             self.executions = executions
-        self.arrivals: list[Arrival] = generate_arrivals(scenario, random.Random(f"{seed}:workload"))
+        self.arrivals: list[Arrival] = _arrivals(scenario, seed)
         self.events: list[SchedulerEvent] = []
         self.gates: list[Any] = []
         """The overload gates of every scheduler incarnation (a restart starts with fresh state)."""
@@ -294,12 +320,21 @@ class _Run:
 
     def _open_store(self) -> TaskStore:
         kind = self.scenario.store.kind
+        existing = getattr(self, "raw_store", None)
         if kind == "memory":
-            existing = getattr(self, "raw_store", None)
             return existing if existing is not None else MemoryStore()
         from aiqsim.stores import open_store
 
-        return open_store(kind, self._store_path())
+        path = self._store_path()
+        if existing is None and path.exists():  # a fresh run, not a restart: never mix two runs' tasks
+            from aiqsim.sim.scenario import ScenarioError
+
+            raise ScenarioError(
+                self.scenario.source or self.scenario.name,
+                "store.path",
+                f"{path} already exists (from an earlier run?); delete it or choose another path",
+            )
+        return open_store(kind, path)
 
     def _new_scheduler(self) -> Scheduler:
         scenario = self.scenario
@@ -390,9 +425,10 @@ class _Run:
                 cost_estimate=arrival.cost_estimate,
                 task_id=arrival.task_id,
             )
-        except (QueueFullError, QuotaConfigError):
+        except (QueueFullError, QuotaConfigError) as refusal:
             self.rejected.append(
                 {
+                    "error": describe_error(refusal),
                     "task_id": arrival.task_id,
                     "provider": arrival.provider,
                     "priority": arrival.priority,
@@ -409,7 +445,23 @@ class _Run:
         await scheduler.join()
         self.changed.notify()
 
+    async def _sample_quotas(self) -> None:
+        """Sample every lane's quota each timeline step, so quiet stretches show in the timeline too."""
+        step = self.scenario.timeline_step_s
+        while True:
+            if not self.down:
+                self.scheduler.sample_quotas()
+            await self.runtime.sleep(step)
+
     async def _main(self) -> None:
+        runtime = self.runtime
+        sampler = runtime.spawn(self._sample_quotas(), name="quota-sampler")
+        try:
+            await self._feed_and_drain()
+        finally:
+            sampler.cancel()
+
+    async def _feed_and_drain(self) -> None:
         runtime = self.runtime
         for crash in self.scenario.crashes:
             if crash.at_s is not None:

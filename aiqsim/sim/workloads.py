@@ -54,6 +54,15 @@ class Arrival:
     action: str
 
 
+class WorkloadTooLargeError(ValueError):
+    """A workload whose arrivals would not fit in memory (more than :data:`MAX_ARRIVALS_PER_WORKLOAD`)."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(f"workload {index} {message}")
+        self.index = index
+        self.message = message
+
+
 class TraceError(ValueError):
     """A trace CSV that cannot be replayed (missing columns, unparsable row, no rows)."""
 
@@ -308,9 +317,10 @@ def workload_arrivals(
         actions = _generated_actions(workload, kind, horizon, rng)
     actions.sort(key=lambda action: action.time)
     if len(actions) > MAX_ARRIVALS_PER_WORKLOAD:
-        raise ValueError(
-            f"workload {index} would generate more than {MAX_ARRIVALS_PER_WORKLOAD:,} arrivals; "
-            "lower its rate_per_s or count, or shorten the scenario"
+        raise WorkloadTooLargeError(
+            index,
+            f"would generate more than {MAX_ARRIVALS_PER_WORKLOAD:,} arrivals; "
+            "lower its rate_per_s or count, or shorten the scenario",
         )
     clicks = workload.clicks if workload.type == "double_click" else 1
     expanded: list[tuple[float, int, int, _Action]] = []
