@@ -62,9 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("scenario", help="scenario TOML file")
     compare.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
-    compare.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     compare.add_argument(
-        "--time-scale", type=float, default=0.05, help="wall seconds per scenario second for the live run"
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario key (repeatable)",
+    )  # fmt: skip
+    compare.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.2,
+        help="wall seconds per scenario second for the live run (default 0.2; smaller is faster but adds "
+        "relatively more transport latency)",
     )
     compare.add_argument(
         "--header-corrections",
@@ -113,11 +120,34 @@ def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
     return result
 
 
+def _prepare_out_dir(out: Path | None) -> None:
+    """Create ``--out`` before any work, so a bad path fails in a second, not after the run."""
+    if out is None:
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"--out {out}: exists and is not a directory") from None
+    except OSError as error:
+        raise UsageError(f"--out {out}: cannot create the directory ({error.strerror or error})") from None
+
+
+def _check_seed(seed: int | None) -> None:
+    if seed is not None and seed < 0:
+        raise UsageError(f"--seed {seed}: expected an integer >= 0")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from aiqsim.sim.scenario import load_scenario
     from aiqsim.sim.simulate import simulate
 
+    _check_seed(args.seed)
     scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
+    _prepare_out_dir(args.out)
+    horizon = scenario.duration_s
+    print(
+        f"simulating {scenario.name!r}: {horizon:,.0f} s of arrivals on the virtual clock...", file=sys.stderr
+    )
     started = time.perf_counter()
     result = simulate(scenario, seed=args.seed)
     wall = time.perf_counter() - started
@@ -125,15 +155,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     if scenario.description:
         print(f"\n{scenario.description.strip()}")
     print(f"\nsimulated {result.sim_time_s:,.1f} s in {wall:.2f} s of wall time")
+    _warn_about(result)
+    if args.out is not None:
+        try:
+            written = write_outputs(result, args.out, table_format=args.format, charts=not args.no_charts)
+        except OSError as error:
+            raise UsageError(f"--out {args.out}: cannot write ({error.strerror or error})") from None
+        print(f"wrote {len(written)} files to {args.out}/: {', '.join(p.name for p in written)}")
+    return 0
+
+
+def _warn_about(result: Any) -> None:
+    """Say on stderr what a user could miss in the table."""
+    s = result.summary
+    if s["tasks_submitted"] + s["tasks_rejected"] == 0:
+        print(
+            "warning: the workloads produced no arrivals (check rates, counts and duration_s)",
+            file=sys.stderr,
+        )
+    if s["tasks_lost"]:
+        print(
+            f"warning: {s['tasks_lost']} task(s) were still running when the run ended; latency percentiles "
+            "leave them out (raise scenario.drain_s)",
+            file=sys.stderr,
+        )
     if result.task_errors:
         print(
             f"warning: {len(result.task_errors)} internal task error(s): {result.task_errors[:3]}",
             file=sys.stderr,
         )
-    if args.out is not None:
-        written = write_outputs(result, args.out, table_format=args.format, charts=not args.no_charts)
-        print(f"wrote {len(written)} files to {args.out}/: {', '.join(p.name for p in written)}")
-    return 0
 
 
 def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: bool = True) -> list[Path]:
@@ -149,11 +199,9 @@ def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: 
             frame.to_csv(path, index=False)
         written.append(path)
     summary_path = out / "summary.json"
-    summary_path.write_text(
-        json.dumps({"scenario": result.scenario.name, "seed": result.seed, **result.summary}, indent=2)
-        + "\n",
-        encoding="utf-8",
-    )
+    summary = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in result.summary.items()}
+    document = {"scenario": result.scenario.name, "seed": result.seed, **summary}
+    summary_path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     written.append(summary_path)
     if charts:
         import matplotlib
@@ -180,15 +228,21 @@ def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: 
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from aiqsim.sim.scenario import load_scenario
+    from aiqsim.sim.scenario import ScenarioError, load_scenario
 
+    failures = 0
     for path in args.scenario:
-        scenario = load_scenario(path)
+        try:
+            scenario = load_scenario(path)
+        except ScenarioError as error:
+            print(f"aiqsim validate: error: {error}", file=sys.stderr)
+            failures += 1
+            continue
         print(
             f"{path}: ok — {scenario.name!r}: {len(scenario.providers)} provider(s), "
             f"{len(scenario.workloads)} workload(s), {len(scenario.crashes)} crash(es)"
         )
-    return 0
+    return EXIT_BAD_INPUT if failures else 0
 
 
 def _grid(pairs: Sequence[str]) -> dict[str, list[Any]]:
@@ -199,44 +253,69 @@ def _grid(pairs: Sequence[str]) -> dict[str, list[Any]]:
         key, sep, values = text.partition("=")
         if not sep or not key or not values:
             raise UsageError(f"--grid {text!r}: expected KEY=V1,V2,..., e.g. retry.base_s=0.1,0.5,2")
-        grid[key.strip()] = [parse_override(f"{key}={v.strip()}")[1] for v in values.split(",")]
+        key = key.strip()
+        if key in grid:
+            raise UsageError(
+                f"--grid {key} is given twice; list all its values in one --grid {key}=v1,v2,..."
+            )
+        grid[key] = [parse_override(f"{key}={v.strip()}")[1] for v in values.split(",")]
     return grid
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from aiqsim.sim.scenario import load_scenario
-    from aiqsim.sim.sweep import sweep
+    from aiqsim.sim.sweep import SweepError, grid_points, sweep
 
     if args.seeds < 1:
         raise UsageError("--seeds must be >= 1")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: expected an integer >= 1")
+    if args.address is not None and args.engine != "dask":
+        raise UsageError("--address only applies with --engine dask")
+    if args.out.is_dir():
+        raise UsageError(f"--out {args.out}: is a directory; give a file name")
     if args.out.suffix not in (".csv", ".parquet"):
         raise UsageError(f"--out {args.out}: expected a .csv or .parquet file name")
+    _prepare_out_dir(args.out.parent)
     scenario = load_scenario(args.scenario)
     grid = _grid(args.grid)
-    for key, values in grid.items():  # validate every value before spending time
-        for value in values:
-            load_scenario(args.scenario, overrides={key: value})
-    frame = sweep(
-        scenario,
-        grid,
-        seeds=range(args.seeds),
-        engine=args.engine,
-        workers=args.workers,
-        address=args.address,
-    )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    if args.out.suffix == ".parquet":
-        frame.to_parquet(args.out, index=False)
-    else:
-        frame.to_csv(args.out, index=False)
+    for point in grid_points(grid) if grid else []:  # every combination, before spending time
+        load_scenario(args.scenario, overrides=point)
+    try:
+        frame = sweep(
+            scenario,
+            grid,
+            seeds=range(args.seeds),
+            engine=args.engine,
+            workers=args.workers,
+            address=args.address,
+        )
+    except SweepError as error:
+        partial = args.out.with_name(args.out.stem + ".partial" + args.out.suffix)
+        _write_frame(error.results, partial)
+        raise UsageError(f"{error}\nthe {len(error.results)} run(s) that worked are in {partial}") from None
+    except OSError as error:  # e.g. a Dask scheduler address nobody answers at
+        raise UsageError(f"the {args.engine} engine failed: {error}") from None
+    _write_frame(frame, args.out)
     print(f"wrote {len(frame)} rows ({len(frame.columns)} columns) to {args.out}")
     return 0
+
+
+def _write_frame(frame: Any, path: Path) -> None:
+    try:
+        if path.suffix == ".parquet":
+            frame.to_parquet(path, index=False)
+        else:
+            frame.to_csv(path, index=False)
+    except OSError as error:
+        raise UsageError(f"--out {path}: cannot write ({error.strerror or error})") from None
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from aiqsim.http.live import compare_sim_and_live
     from aiqsim.sim.scenario import load_scenario
 
+    _check_seed(args.seed)
     if not args.time_scale > 0:
         raise UsageError("--time-scale must be > 0")
     scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))

@@ -12,6 +12,10 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _reject_non_json(token: str) -> None:
+    raise AssertionError(f"summary.json holds {token}, which is not JSON")
+
+
 def aiqsim(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "aiqsim", *args],
@@ -37,7 +41,7 @@ def test_run_prints_the_summary_and_writes_tables_and_charts(tmp_path: Path) -> 
         assert (out / name).stat().st_size > 0
     for name in ("retry_storm_timeline.png", "latency_cdf.png", "cost_duplication.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=_reject_non_json)
     assert summary["seed"] == 4
     tasks = pd.read_csv(out / "tasks.csv")
     assert len(tasks) == summary["tasks_submitted"] + summary["tasks_rejected"]
@@ -100,3 +104,57 @@ def test_sweep_writes_one_row_per_point_and_seed(tmp_path: Path) -> None:
     assert len(frame) == 8
     assert set(frame["dispatch.policy"]) == {"fifo", "sjf"}
     assert set(frame["seed"]) == {0, 1}
+
+
+def test_bad_output_paths_fail_before_any_simulation(tmp_path: Path) -> None:
+    a_file = tmp_path / "afile"
+    a_file.write_text("keep me", encoding="utf-8")
+    result = aiqsim("run", "scenarios/retry_storm_429.toml", "--out", str(a_file))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "exists and is not a directory" in result.stderr
+    assert "tasks_submitted" not in result.stdout  # refused before simulating
+    assert a_file.read_text(encoding="utf-8") == "keep me"
+    result = aiqsim(
+        "sweep", "scenarios/retry_storm_429.toml", "--grid", "retry.base_s=1", "--out", str(tmp_path)
+    )
+    assert result.returncode == 2 and "is a directory" in result.stderr
+
+
+def test_validate_reports_every_bad_file_and_checks_the_rest(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[scenario\n", encoding="utf-8")
+    result = aiqsim("validate", str(bad), "scenarios/retry_storm_429.toml")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "bad.toml" in result.stderr and "line 1" in result.stderr
+    assert "retry_storm_429.toml: ok" in result.stdout
+
+
+def test_sweep_checks_every_combination_and_bad_options_up_front(tmp_path: Path) -> None:
+    out = str(tmp_path / "s.csv")
+    cases = [
+        (("--grid", "retry.base_s=0.5,5", "--grid", "retry.cap_s=2,8"), ["cap_s >= base_s"]),
+        (("--grid", "retry.base_s=0.5", "--workers", "-1"), ["--workers"]),
+        (("--grid", "retry.base_s=0.1", "--grid", "retry.base_s=0.2"), ["given twice"]),
+        (("--grid", "retry.base_s=0.1", "--address", "tcp://127.0.0.1:1"), ["--engine dask"]),
+    ]
+    for extra, fragments in cases:
+        result = aiqsim("sweep", "scenarios/retry_storm_429.toml", *extra, "--out", out, "--engine", "serial")
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (extra, result.stderr)
+        for fragment in fragments:
+            assert fragment in result.stderr, (extra, result.stderr)
+    assert not Path(out).exists()
+
+
+def test_a_scenario_without_arrivals_says_so_and_still_writes_tables(tmp_path: Path) -> None:
+    scenario = tmp_path / "empty.toml"
+    scenario.write_text(
+        (ROOT / "scenarios" / "retry_storm_429.toml")
+        .read_text()
+        .replace("rate_per_s = 3", "rate_per_s = 0.00001"),
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    result = aiqsim("run", str(scenario), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "produced no arrivals" in result.stderr
+    assert "task_id" in (out / "tasks.csv").read_text().splitlines()[0]

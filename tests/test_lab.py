@@ -13,6 +13,7 @@ import pytest
 
 from aiqsim.lab import charts
 from aiqsim.lab.widgets import TuningPanel
+from aiqsim.sim.scenario import ScenarioError
 from aiqsim.sim.simulate import simulate
 from aiqsim.sim.sweep import sweep
 
@@ -133,3 +134,17 @@ def test_tuning_panel_reruns_and_redraws_when_a_control_changes() -> None:
     assert "rate_limited" in panel.table.value
     panel.controls["retry.strategy"].value = "full_jitter"
     assert panel.runs == 3 and panel.last_result.scenario.retry.strategy == "full_jitter"
+
+
+def test_tuning_panel_starts_from_the_file_and_names_bad_keys() -> None:
+    path = SCENARIOS / "retry_storm_429.toml"
+    # the file has no client request quota and base_s 0.5, outside both slider ranges
+    panel = TuningPanel(path, {"quotas.llm.requests_per_min": (10, 200), "retry.base_s": (1.0, 5.0)})
+    assert panel.overrides() == {}
+    assert panel.last_result.summary == simulate(path).summary
+    for bad, fragment in (
+        ({"retry.nosuch": (0, 1)}, "retry has no key 'nosuch'"),
+        ({"providers.gpt.timeout_prob": (0.0, 1.0)}, "no providers entry named 'gpt'"),
+    ):
+        with pytest.raises(ScenarioError, match=fragment):
+            TuningPanel(path, bad)

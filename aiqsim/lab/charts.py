@@ -65,7 +65,8 @@ def latency_cdf(tasks: pd.DataFrame, by: str = "priority", *, title: str = "") -
     ax.set_ylabel("fraction of tasks")
     ax.set_ylim(0, 1.02)
     ax.set_title(title or f"Latency CDF by {by}")
-    ax.legend(loc="lower right")
+    if ax.get_lines():
+        ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     return fig
 
@@ -104,7 +105,7 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     calls_ax.set_title("attempts by outcome")
     calls_ax.legend()
 
-    billed = calls[calls["billed"]].sort_values("start", kind="stable")
+    billed = calls[calls["billed"].astype(bool)].sort_values("start", kind="stable")
     duplicate = billed.duplicated("key", keep="first")
     first_cost = np.array([billed[(billed["provider"] == p) & ~duplicate]["cost"].sum() for p in providers])
     dup_cost = np.array([billed[(billed["provider"] == p) & duplicate]["cost"].sum() for p in providers])

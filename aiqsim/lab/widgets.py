@@ -37,16 +37,26 @@ DEFAULT_SHOWN = (
 Control = tuple[float, float] | tuple[float, float, float] | Sequence[Any]
 
 
-def _lookup(scenario_dict: Mapping[str, Any], key: str) -> Any:
-    """Read a dotted override key (``retry.base_s``, ``providers.llm.timeout_prob``) from a scenario dict."""
-    from aiqsim.sim.scenario import split_key_path
+def _lookup(scenario: Scenario, key: str) -> Any:
+    """The scenario's value at a dotted override key (``retry.base_s``, ``providers.llm.timeout_prob``).
 
-    node: Any = scenario_dict
-    for part in split_key_path(key):
+    An unknown key raises :class:`~aiqsim.sim.scenario.ScenarioError` with the loader's own message.
+    """
+    from aiqsim.sim.scenario import ScenarioError, apply_overrides, scenario_to_dict, split_key_path
+
+    source = scenario.source or scenario.name
+    raw = scenario_to_dict(scenario)
+    apply_overrides(raw, {key: None}, source=source)  # validates the path and names any problem
+    node: Any = raw
+    for part in split_key_path(key, source=source):
         if isinstance(node, list) and isinstance(part, str):
             node = next(item for item in node if item.get("name") == part)
+        elif isinstance(node, dict) and part not in node:
+            return None  # e.g. a quota table the file does not have yet
         else:
             node = node[part]
+    if isinstance(node, dict | list):
+        raise ScenarioError(source, key, "is a table, not a single value a control can set")
     return node
 
 
@@ -84,16 +94,16 @@ class TuningPanel(widgets.VBox):
         shown: Sequence[str] = DEFAULT_SHOWN,
         chart: str = "retry_storm_timeline",
     ) -> None:
-        from aiqsim.sim.scenario import load_scenario, scenario_to_dict
+        from aiqsim.sim.scenario import load_scenario
 
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         self.seed = seed
         self.shown = tuple(shown)
         self.chart = chart
-        current = scenario_to_dict(self.scenario)
         self.controls = {
-            key: make_control(key, spec, _lookup(current, key)) for key, spec in controls.items()
+            key: make_control(key, spec, _lookup(self.scenario, key)) for key, spec in controls.items()
         }
+        self._initial = {key: control.value for key, control in self.controls.items()}
         self.seed_box = widgets.IntText(
             value=self.scenario.seed if seed is None else seed, description="seed"
         )
@@ -107,8 +117,16 @@ class TuningPanel(widgets.VBox):
         self.rerun()
 
     def overrides(self) -> dict[str, Any]:
-        """The scenario keys as the controls currently set them."""
-        return {key: control.value for key, control in self.controls.items()}
+        """The scenario keys the user has moved away from where they started.
+
+        Untouched controls change nothing, so the first run is the scenario file as written even when
+        a file value lies outside a slider's range (the slider then shows its nearest end).
+        """
+        return {
+            key: control.value
+            for key, control in self.controls.items()
+            if control.value != self._initial[key]
+        }
 
     def _on_change(self, _change: Any) -> None:
         self.rerun()

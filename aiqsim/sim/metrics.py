@@ -249,6 +249,8 @@ def calls_frame(executions: Sequence[Any], events: Sequence[SchedulerEvent]) -> 
         ],
         columns=["task_id", "attempt", "client_outcome", "decision", "delay_s"],
     ).drop_duplicates(["task_id", "attempt"], keep="last")
+    if frame.empty:
+        return pd.DataFrame(columns=[*frame.columns, "client_outcome", "decision", "delay_s"])
     merged = frame.merge(client, on=["task_id", "attempt"], how="left")
     return merged.sort_values(["start", "task_id"], kind="stable").reset_index(drop=True)
 
