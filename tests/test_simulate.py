@@ -133,3 +133,14 @@ def test_a_crash_mid_run_loses_nothing(tmp_path: Path) -> None:
     succeeded = result.tasks[result.tasks["status"] == "succeeded"]
     assert succeeded["task_id"].isin([r.id for r in result.records if r.result is not None]).all()
     assert s["max_executions_per_key"] <= 1 or result.recoveries[0].orphans_requeued > 0
+
+
+def test_latency_counts_from_the_users_arrival_even_across_a_crash(tmp_path: Path) -> None:
+    extra = "[[crashes]]\nat_s = 15\nrestart_after_s = 6\n"
+    result = simulate(write_scenario(tmp_path, extra=extra))
+    tasks = result.tasks
+    during_downtime = tasks[(tasks["arrived_at"] > 15) & (tasks["arrived_at"] < 21)]
+    assert len(during_downtime) > 0
+    # their records were created at the restart, but their wait counts from the click
+    assert (during_downtime["created_at"] >= 21 - 1e-9).all()
+    assert (during_downtime["wait_s"] >= 21 - during_downtime["arrived_at"] - 1e-9).all()

@@ -61,6 +61,7 @@ class SimulationResult:
         sim_time_s: float,
         store_writes: int = 0,
         torn_writes_recovered: int = 0,
+        arrival_times: Mapping[str, float] | None = None,
     ) -> None:
         self.scenario = scenario
         self.seed = seed
@@ -69,6 +70,8 @@ class SimulationResult:
         self.executions = executions
         self.events = events
         self.recoveries = recoveries
+        self.arrival_times = dict(arrival_times or {})
+        """When each task's user submitted it (task id -> virtual time)."""
         self.gates = list(gates)
         """The overload gates that ran (e.g. a circuit breaker's ``transitions`` log)."""
         self.task_errors = task_errors
@@ -85,12 +88,13 @@ class SimulationResult:
             rejected=len(rejected),
             sim_time_s=sim_time_s,
             recoveries=recoveries,
+            arrivals=self.arrival_times,
         )
 
     @cached_property
     def tasks(self) -> pd.DataFrame:
         """One row per task (rejected submissions included with status ``rejected``)."""
-        return metrics.tasks_frame(self.records, self.rejected)
+        return metrics.tasks_frame(self.records, self.rejected, self.arrival_times)
 
     @cached_property
     def calls(self) -> pd.DataFrame:
@@ -435,6 +439,7 @@ class _Run:
                     "status": "rejected",
                     "cost_estimate": arrival.cost_estimate,
                     "attempts": 0,
+                    "arrived_at": arrival.time,
                     "created_at": arrival.time,
                 }
             )
@@ -511,4 +516,5 @@ class _Run:
             sim_time_s=sim_time,
             store_writes=self.write_counter[0],
             torn_writes_recovered=self.torn_writes_recovered,
+            arrival_times={a.task_id: a.time for a in self.arrivals},
         )
