@@ -21,7 +21,7 @@ from tests.fakes import ScriptedProvider
 
 SCRIPT = {
     "a": ["ok"],
-    "b": ["429:3", "ok"],
+    "b": ["429:2.9", "ok"],  # Retry-After off the 1 s grid: no same-instant ties
     "c": ["500", "500", "ok"],
     "p": ["schema"],
     "f": ["invalid"],
@@ -99,10 +99,10 @@ def test_simpy_run_matches_the_script_exactly() -> None:
     assert records["t-d2"].deduped_from == "t-d1"
     assert records["t-p"].error.startswith("SchemaViolationError")
     assert provider.cancelled == ["h"]
-    # b's 429 (Retry-After 3 s at t=1.25) paused the whole lane: nobody started in (1.25, 4.25).
+    # b's 429 (Retry-After 2.9 s at t=1.25) paused the whole lane: nobody started in (1.25, 4.15).
     starts = [t for t, _, _ in provider.calls]
-    assert not any(1.25 < t < 4.25 for t in starts)
-    assert records["t-b"].finished_at == pytest.approx(5.25)
+    assert not any(1.25 < t < 4.15 - 1e-9 for t in starts)
+    assert records["t-b"].finished_at == pytest.approx(5.15)
 
 
 def test_asyncio_run_matches_simpy_statuses_calls_and_times() -> None:

@@ -152,6 +152,8 @@ class TokenBucket:
 
     def set_level(self, level: float, now: float) -> None:
         """Overwrite the level (the server's view wins), clamped to capacity."""
+        if not math.isfinite(level):
+            raise ValueError(f"a bucket level must be a finite number, got {level!r}")
         self._refill(now)
         self._level = min(float(level), self.capacity)
 

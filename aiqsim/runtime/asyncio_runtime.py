@@ -48,7 +48,16 @@ class AsyncioRuntime:
     async def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
         if timeout is None:
             return await awaitable
-        return await asyncio.wait_for(awaitable, max(0.0, timeout) * self.time_scale)
+        task = asyncio.current_task()
+        requested = task.cancelling() if task is not None else 0
+        try:
+            return await asyncio.wait_for(awaitable, max(0.0, timeout) * self.time_scale)
+        finally:
+            # Python 3.11's wait_for drops a cancellation of this task that arrives in the same
+            # loop iteration as the inner outcome (it returns/raises that outcome instead).
+            # Deliver it, as SimPyRuntime and Python >= 3.12 do.
+            if task is not None and task.cancelling() > requested:
+                raise asyncio.CancelledError()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` to completion on a fresh event loop (convenience for scripts and tests)."""

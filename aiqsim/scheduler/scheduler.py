@@ -38,7 +38,7 @@ from aiqsim.core.failures import (
 from aiqsim.core.fingerprint import fingerprint
 from aiqsim.core.states import transition
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
-from aiqsim.core.token_bucket import MultiQuota, QuotaLimits, Reservation
+from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 from aiqsim.runtime.protocol import Cancelled, Future, Runtime, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy, QueueItem, TaskQueue
@@ -79,12 +79,19 @@ class TaskCancelledError(Exception):
 class Submission:
     """The handle ``submit`` returns. ``await submission`` gives the result or raises."""
 
-    __slots__ = ("_future", "id", "key")
+    __slots__ = ("_future", "_new_future", "id", "key")
 
-    def __init__(self, task_id: str, key: str, future: Future[TaskRecord]) -> None:
+    def __init__(
+        self,
+        task_id: str,
+        key: str,
+        future: Future[TaskRecord],
+        new_future: Callable[[], Future[TaskRecord]] | None = None,
+    ) -> None:
         self.id = task_id
         self.key = key
         self._future = future
+        self._new_future = new_future
 
     def done(self) -> bool:
         """True once the task reached a terminal state in this scheduler."""
@@ -92,11 +99,17 @@ class Submission:
 
     async def wait(self) -> TaskRecord:
         """The final task record (never raises for task failures)."""
-        return await self._future
+        if self._future.done() or self._new_future is None:
+            return await self._future
+        # asyncio cancels the future a cancelled awaiter was awaiting: give each awaiter its own,
+        # so a caller that gives up cannot cancel the task's shared one.
+        waiter = self._new_future()
+        self._future.add_done_callback(lambda done: waiter.done() or waiter.set_result(done.result()))
+        return await waiter
 
     async def result(self) -> Any:
         """The task's result; raises :class:`TaskFailedError` or :class:`TaskCancelledError`."""
-        record = await self._future
+        record = await self.wait()
         if record.status is TaskStatus.CANCELLED:
             raise TaskCancelledError(record)
         if record.status is TaskStatus.FAILED or record.error is not None:
@@ -205,6 +218,8 @@ class Scheduler:
         self.events = events
         self.gates = tuple(gates)
         self.poison_fallback = poison_fallback
+        if not duplicate_poll_s > 0:
+            raise ValueError(f"duplicate_poll_s must be > 0, got {duplicate_poll_s!r}")
         self.duplicate_poll_s = duplicate_poll_s
         self._limits = {Priority.INTERACTIVE: interactive_limit, Priority.BACKGROUND: background_limit}
         self._queued = dict.fromkeys(Priority, 0)
@@ -329,7 +344,7 @@ class Scheduler:
         self._emit_transition(None, record)
         self._ensure_started()
         self._follow_owner(live, owner)
-        return Submission(record.id, key, live.future)
+        return Submission(record.id, key, live.future, self.runtime.create_future)
 
     def cancel(self, task_id: str) -> bool:
         """Cancel a queued or running task of this scheduler; False if it is not live here.
@@ -338,7 +353,7 @@ class Scheduler:
         its current await (an in-flight provider call is abandoned) and ends ``cancelled``.
         """
         live = self._live.get(task_id)
-        if live is None or live.cancel_requested:
+        if live is None or live.cancel_requested or self._crashed:
             return False
         live.cancel_requested = True
         if live.queue_item is not None:
@@ -372,7 +387,7 @@ class Scheduler:
         self._live[record.id] = live
         self._ensure_started()
         self._follow_owner(live, self.store.claim(record))
-        return Submission(record.id, record.key, live.future)
+        return Submission(record.id, record.key, live.future, self.runtime.create_future)
 
     async def join(self) -> None:
         """Wait until every task submitted here is terminal."""
@@ -381,11 +396,11 @@ class Scheduler:
 
     async def close(self, *, cancel_pending: bool = True) -> None:
         """Stop taking work; cancel what is still live (or wait for it) and stop the dispatchers."""
+        self._closed = True  # refuse new submissions while the live ones finish
         if cancel_pending:
             for task_id in list(self._live):
                 self.cancel(task_id)
         await self.join()
-        self._closed = True
         self._stop_background()
 
     async def __aenter__(self) -> Scheduler:
@@ -471,7 +486,7 @@ class Scheduler:
         live = self._live.get(task_id)
         if live is None:
             return None
-        return Submission(task_id, live.record.key, live.future)
+        return Submission(task_id, live.record.key, live.future, self.runtime.create_future)
 
     # ------------------------------------------------------------------ claims and duplicates
     def _follow_owner(self, live: _Live, owner: TaskRecord) -> None:
@@ -569,7 +584,17 @@ class Scheduler:
                 await lane.signal.wait()
                 continue
             candidate, priority = choice
-            reservation = quota.try_reserve(candidate.cost, now)
+            try:
+                reservation = quota.try_reserve(candidate.cost, now)
+            except QuotaConfigError as error:  # e.g. recovered from a process with a larger burst
+                assert isinstance(candidate, QueueItem)  # a ticket's cost was granted once already
+                lane.queues[priority].pop(candidate)
+                self._queued[priority] -= 1
+                live = self._live[candidate.task_id]
+                live.queue_item = None
+                self._move(live, TaskStatus.RUNNING)
+                self._finish(live, TaskStatus.FAILED, error=describe_error(error))
+                continue
             if reservation is None:
                 wait = quota.time_until(candidate.cost, now)
                 if isinstance(candidate, QueueItem):
@@ -720,11 +745,22 @@ class Scheduler:
                 for gate in self.gates:
                     abandon_at_gate(gate, lane.name, tries > 1, True, runtime.now(), task_id=record.id)
             if reservation is not None:
-                lane.quota.release(reservation, runtime.now())
+                if awaiting_outcome:  # the call was sent: the provider counts it
+                    lane.quota.release(reservation, runtime.now())
+                else:  # cancelled in a gate wait: nothing was sent, give it all back
+                    lane.quota.cancel(reservation, runtime.now())
+                    attempts -= 1
                 lane.signal.notify()
             if self._crashed:
                 raise
             self._finish(live, TaskStatus.CANCELLED, attempts=attempts)
+        except Exception as error:  # not a provider failure: invalid usage, a gate or an event sink
+            if reservation is not None:
+                lane.quota.release(reservation, runtime.now())
+                lane.signal.notify()
+            if live.record.status.is_terminal or self._crashed:
+                raise
+            self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
 
     async def _fail_poison(self, live: _Live, attempts: int, error: BaseException) -> None:
         record = live.record

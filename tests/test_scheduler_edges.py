@@ -1,0 +1,211 @@
+"""Edge cases found in review: each ran differently (or hung) on one runtime before its fix.
+
+Every test runs on both runtimes and asserts the same outcome, so a semantic difference between
+asyncio and the SimPy driver shows up as a failure here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from aiqsim import (
+    ExponentialBackoff,
+    MemoryStore,
+    ProviderResponse,
+    QuotaLimits,
+    RetryPolicy,
+    Scheduler,
+    SimPyRuntime,
+    TaskStatus,
+)
+from aiqsim.core.failures import ServerError
+from tests.fakes import ScriptedProvider
+from tests.runtimes import RUNTIMES, run_on
+
+both = pytest.mark.parametrize("rt_name", RUNTIMES)
+
+
+class GatedProvider:
+    """Answers (or fails) exactly when the test opens the gate, so events can share one loop tick."""
+
+    name = "llm"
+
+    def __init__(self, runtime, fail_first: bool = False) -> None:
+        self.runtime = runtime
+        self.gate = None
+        self.calls = 0
+        self.fail_first = fail_first
+
+    async def call(self, request):
+        self.calls += 1
+        if self.calls == 1:
+            self.gate = self.runtime.create_future()
+            await self.gate
+            if self.fail_first:
+                raise ServerError("boom", status=503)
+            return ProviderResponse(result="answer")
+        await self.runtime.sleep(5)
+        return ProviderResponse(result="late answer")
+
+
+@both
+def test_a_caller_that_stops_waiting_does_not_break_the_task_or_its_duplicates(rt_name: str) -> None:
+    async def body(rt):
+        scheduler = Scheduler(rt, [ScriptedProvider(rt, latency_s=1.0)])
+        owner = scheduler.submit("llm", {"input": "a"})
+        duplicate = scheduler.submit("llm", {"input": "a"})
+        with pytest.raises(TimeoutError):
+            await rt.wait_for(owner.wait(), 0.2)  # the caller gives up; the task must not care
+        await rt.wait_for(scheduler.join(), 10)
+        return (await owner.wait()).status, (await duplicate.wait()).status, scheduler.in_flight
+
+    assert run_on(rt_name, body) == (TaskStatus.SUCCEEDED, TaskStatus.DEDUPED, 0)
+
+
+@both
+def test_a_cancel_in_the_same_tick_as_the_answer_still_cancels(rt_name: str) -> None:
+    async def body(rt):
+        provider = GatedProvider(rt)
+        scheduler = Scheduler(rt, [provider])
+        handle = scheduler.submit("llm", {"input": "a"})
+        await rt.sleep(1)
+        provider.gate.set_result(None)
+        cancelled = scheduler.cancel(handle.id)
+        return cancelled, (await handle.wait()).status
+
+    assert run_on(rt_name, body) == (True, TaskStatus.CANCELLED)
+
+
+@both
+def test_a_cancel_in_the_same_tick_as_a_failure_stops_the_retries(rt_name: str) -> None:
+    async def body(rt):
+        provider = GatedProvider(rt, fail_first=True)
+        retry = RetryPolicy(backoff=ExponentialBackoff(base_s=0.1, cap_s=1.0))
+        scheduler = Scheduler(rt, [provider], retry=retry)
+        handle = scheduler.submit("llm", {"input": "a"})
+        await rt.sleep(1)
+        provider.gate.set_result(None)
+        scheduler.cancel(handle.id)
+        record = await handle.wait()
+        return record.status, provider.calls
+
+    assert run_on(rt_name, body) == (TaskStatus.CANCELLED, 1)
+
+
+@both
+def test_close_stops_a_dispatcher_that_waits_for_tokens(rt_name: str) -> None:
+    async def body(rt):
+        scheduler = Scheduler(
+            rt,
+            [ScriptedProvider(rt, latency_s=1.0)],
+            quotas={"llm": QuotaLimits(tokens_per_min=60, token_burst=10)},
+        )
+        scheduler.submit("llm", {"input": "a"}, cost_estimate=10)
+        await rt.sleep(2)
+        waiting = scheduler.submit("llm", {"input": "b"}, cost_estimate=10)  # ~8 s until the bucket refills
+        await rt.sleep(1)
+        dispatcher = scheduler._lanes["llm"].dispatcher
+        await scheduler.close()
+        await rt.sleep(20)
+        return dispatcher.done(), (await waiting.wait()).status
+
+    assert run_on(rt_name, body) == (True, TaskStatus.CANCELLED)
+
+
+class BadUsageProvider:
+    name = "llm"
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.calls = 0
+
+    async def call(self, request):
+        self.calls += 1
+        await self.runtime.sleep(1)
+        usage = -1.0 if request.payload["input"] == "bad" else None
+        return ProviderResponse(result="x", usage=usage)
+
+
+@both
+def test_an_error_after_the_answer_fails_the_task_and_frees_its_slot(rt_name: str) -> None:
+    async def body(rt):
+        provider = BadUsageProvider(rt)
+        quotas = {"llm": QuotaLimits(concurrency=1, tokens_per_min=1000)}
+        scheduler = Scheduler(rt, [provider], quotas=quotas)
+        bad = scheduler.submit("llm", {"input": "bad"}, cost_estimate=10)
+        good = scheduler.submit("llm", {"input": "good"}, cost_estimate=10)
+        return (await bad.wait()).status, (await good.wait()).status, scheduler.quota("llm").in_flight
+
+    assert run_on(rt_name, body) == (TaskStatus.FAILED, TaskStatus.SUCCEEDED, 0)
+
+
+def test_a_recovered_task_too_big_for_the_new_quota_fails_alone() -> None:
+    runtime = SimPyRuntime()
+    store = MemoryStore()
+    provider = ScriptedProvider(runtime)
+
+    async def main():
+        old_quota = {"llm": QuotaLimits(concurrency=1, tokens_per_min=6000, token_burst=1000)}
+        old = Scheduler(runtime, [provider], store=store, quotas=old_quota)
+        old.submit("llm", {"input": "a"}, cost_estimate=10)
+        big = old.submit("llm", {"input": "big"}, cost_estimate=500)
+        await runtime.sleep(0.5)
+        old.crash()
+        new_quota = {"llm": QuotaLimits(concurrency=1, tokens_per_min=6000, token_burst=100)}
+        new = Scheduler(runtime, [provider], store=store, quotas=new_quota)
+        await new.recover()
+        small = new.submit("llm", {"input": "small"}, cost_estimate=10)
+        await new.join()
+        return store.get(big.id), store.get(small.id)
+
+    big, small = runtime.run(main())
+    assert big.status is TaskStatus.FAILED and "exceeds bucket capacity" in big.error
+    assert small.status is TaskStatus.SUCCEEDED
+    assert runtime.task_errors == []
+
+
+class WaitGate:
+    """A gate that asks every attempt to wait until t = 10 (as adaptive send rates do)."""
+
+    def seconds_until_attempt(self, provider, is_retry, now):
+        return max(0.0, 10.0 - now)
+
+    def before_attempt(self, provider, is_retry, now, rng):
+        return None
+
+    def after_attempt(self, provider, is_retry, failure, error, now):
+        pass
+
+
+def test_cancelling_during_a_gate_wait_gives_back_everything_reserved() -> None:
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime)
+
+    async def main():
+        quotas = {
+            "llm": QuotaLimits(requests_per_min=1, request_burst=1, tokens_per_min=1e-6, token_burst=100)
+        }
+        scheduler = Scheduler(runtime, [provider], gates=[WaitGate()], quotas=quotas)
+        handle = scheduler.submit("llm", {"input": "a"}, cost_estimate=100)
+        await runtime.sleep(1)
+        scheduler.cancel(handle.id)
+        record = await handle.wait()
+        quota = scheduler.quota("llm")
+        levels = quota.requests.level(runtime.now()), quota.tokens.level(runtime.now())
+        return record, levels
+
+    record, (requests, tokens) = runtime.run(main())
+    assert record.status is TaskStatus.CANCELLED and record.attempts == 0
+    assert requests == pytest.approx(1.0) and tokens == pytest.approx(100.0)
+    assert provider.calls == []
+
+
+def test_nonsense_settings_are_refused_rather_than_spinning() -> None:
+    runtime = SimPyRuntime()
+    with pytest.raises(ValueError, match="duplicate_poll_s"):
+        Scheduler(runtime, [ScriptedProvider(runtime)], duplicate_poll_s=0)
+    scheduler = Scheduler(
+        runtime, [ScriptedProvider(runtime)], quotas={"llm": QuotaLimits(tokens_per_min=60)}
+    )
+    with pytest.raises(ValueError, match="finite"):
+        scheduler.quota("llm").tokens.set_level(float("nan"), 0.0)
