@@ -43,9 +43,11 @@ class SimFuture(simpy.Event):
     """A one-shot future that is also a SimPy event (so awaiting it costs no extra object)."""
 
     def done(self) -> bool:
+        """True once a result or an exception was set (even before SimPy processes the event)."""
         return self._value is not PENDING
 
     def cancelled(self) -> bool:
+        """True when the future was resolved by :meth:`cancel`."""
         return self._value is not PENDING and not self._ok and isinstance(self._value, Cancelled)
 
     def set_result(self, value: Any) -> None:
@@ -76,6 +78,7 @@ class SimFuture(simpy.Event):
         return True
 
     def result(self) -> Any:
+        """The value, or raise the exception that was set (the original object)."""
         if self._value is PENDING:
             raise InvalidStateError("result is not ready")
         if self._ok:

@@ -36,7 +36,7 @@ class Lock:
         try:
             await waiter
         except Cancelled:
-            if waiter.done() and not _is_cancelled(waiter):
+            if waiter.done() and not waiter.cancelled():
                 # ownership was handed to us just before the cancel: hand it on
                 self._locked = False
                 self._wake_next()
@@ -108,7 +108,7 @@ class Queue(Generic[T]):
                     self._getters.remove(getter)
                 except ValueError:
                     pass
-                if getter.done() and not _is_cancelled(getter) and self._items:
+                if getter.done() and not getter.cancelled() and self._items:
                     self._wake_one()  # our wake-up was spent: pass it on
                 raise
         return self._items.popleft()
@@ -158,8 +158,3 @@ class Signal:
             self._waiters.remove(waiter)
         except ValueError:
             pass
-
-
-def _is_cancelled(future: Future[Any]) -> bool:
-    cancelled = getattr(future, "cancelled", None)
-    return bool(cancelled()) if callable(cancelled) else False

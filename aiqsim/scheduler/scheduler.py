@@ -125,7 +125,14 @@ class Submission:
 
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
-    """What :meth:`Scheduler.recover` found in the store after a restart."""
+    """What :meth:`Scheduler.recover` found in the store after a restart.
+
+    ``orphans_completed``: tasks found running whose work the provider had already done (completed
+    from its record, no second call). ``orphans_failed``: running tasks failed as interrupted.
+    ``orphans_requeued``: running tasks sent again (``requeue_interrupted``). ``queued_resumed``:
+    queued owners put back in their queues. ``duplicates_reattached``: queued duplicates waiting on
+    their owner again.
+    """
 
     orphans_completed: int
     orphans_failed: int
@@ -374,7 +381,11 @@ class Scheduler:
         return True
 
     def retry_failed(self, task_id: str) -> Submission:
-        """Manually retry a failed task: it moves failed -> queued and runs again (new attempts)."""
+        """Manually retry a failed task: it moves failed -> queued and runs again (new attempts).
+
+        Raises ``KeyError`` for an unknown id and
+        :class:`~aiqsim.core.states.IllegalTransitionError` for a task that is not failed.
+        """
         if self._closed:
             raise SchedulerClosedError("scheduler is closed")
         record = self.store.get(task_id)
@@ -624,7 +635,7 @@ class Scheduler:
         except Cancelled:
             ticket.removed = True
             future = ticket.future
-            if future.done() and not getattr(future, "cancelled", lambda: False)():
+            if future.done() and not future.cancelled():
                 lane.quota.cancel(future.result(), self.runtime.now())
             lane.signal.notify()
             raise
