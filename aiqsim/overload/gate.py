@@ -45,6 +45,7 @@ from aiqsim.scheduler.retry import (  # the calling convention lives with the pr
     abandon_at_gate,
     accepts_attempt_context,
     ask_gate,
+    ask_gates,
     gate_wait_s,
     tell_gate,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "abandon_at_gate",
     "accepts_attempt_context",
     "ask_gate",
+    "ask_gates",
     "gate_wait_s",
     "tell_gate",
 ]
@@ -124,15 +126,7 @@ class GateChain(OverloadGate):
         task_id: str | None = None,
         cause: BaseException | None = None,
     ) -> str | None:
-        admitted: list[Any] = []
-        for gate in self.gates:
-            reason = ask_gate(gate, provider, is_retry, now, rng, task_id=task_id, cause=cause)
-            if reason is not None:
-                for earlier in reversed(admitted):
-                    abandon_at_gate(earlier, provider, is_retry, False, now, task_id=task_id)
-                return reason
-            admitted.append(gate)
-        return None
+        return ask_gates(self.gates, provider, is_retry, now, rng, task_id=task_id, cause=cause)
 
     def after_attempt(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -118,3 +119,26 @@ def gate_wait_s(gate: Any, provider: str, is_retry: bool, now: float) -> float:
     if query is None:
         return 0.0
     return max(0.0, float(query(provider, is_retry, now)))
+
+
+def ask_gates(
+    gates: Iterable[Any],
+    provider: str,
+    is_retry: bool,
+    now: float,
+    rng: random.Random,
+    *,
+    task_id: str | None = None,
+    cause: BaseException | None = None,
+) -> str | None:
+    """Ask each gate in turn; the first refusal wins, and the gates that had already admitted the
+    attempt are told (in reverse order) that it was abandoned unsent, so none keeps a charge for it."""
+    admitted: list[Any] = []
+    for gate in gates:
+        reason = ask_gate(gate, provider, is_retry, now, rng, task_id=task_id, cause=cause)
+        if reason is not None:
+            for earlier in reversed(admitted):
+                abandon_at_gate(earlier, provider, is_retry, False, now, task_id=task_id)
+            return reason
+        admitted.append(gate)
+    return None

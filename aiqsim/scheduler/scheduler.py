@@ -44,7 +44,14 @@ from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy, QueueItem, TaskQueue
 from aiqsim.scheduler.events import AttemptRecord, EventSink, QuotaSample, TaskTransition
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
-from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, abandon_at_gate, ask_gate, gate_wait_s, tell_gate
+from aiqsim.scheduler.retry import (
+    AttemptGate,
+    RetryPolicy,
+    abandon_at_gate,
+    ask_gates,
+    gate_wait_s,
+    tell_gate,
+)
 from aiqsim.stores.base import TaskStore
 from aiqsim.stores.memory import MemoryStore
 
@@ -796,17 +803,9 @@ class Scheduler:
     def _gate_refusal(
         self, provider: str, is_retry: bool, task_id: str, cause: BaseException | None
     ) -> str | None:
-        """Ask each gate in turn; on a refusal, tell the gates that had admitted it that it is off."""
+        """The first gate's refusal of this attempt, or None (see :func:`ask_gates`)."""
         now = self.runtime.now()
-        admitted: list[AttemptGate] = []
-        for gate in self.gates:
-            reason = ask_gate(gate, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
-            if reason is not None:
-                for earlier in reversed(admitted):
-                    abandon_at_gate(earlier, provider, is_retry, False, now, task_id=task_id)
-                return reason
-            admitted.append(gate)
-        return None
+        return ask_gates(self.gates, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
 
     # ------------------------------------------------------------------ transitions
     def _write(self, record: TaskRecord) -> None:
