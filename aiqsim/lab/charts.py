@@ -61,7 +61,7 @@ def latency_cdf(tasks: pd.DataFrame, by: str = "priority", *, title: str = "") -
         if len(values) == 0:
             continue
         ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=f"{by}={name}")
-    ax.set_xlabel("latency, submit to terminal (s)")
+    ax.set_xlabel("latency, arrival to terminal (s)")
     ax.set_ylabel("fraction of tasks")
     ax.set_ylim(0, 1.02)
     ax.set_title(title or f"Latency CDF by {by}")
