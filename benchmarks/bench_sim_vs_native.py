@@ -46,6 +46,7 @@ from aiqsim import (
     Scheduler,
     SimPyRuntime,
 )
+from aiqsim.runtime import Queue
 from aiqsim.stores.memory import MemoryStore
 
 SERVERS = 8
@@ -94,6 +95,38 @@ def run_native(tasks: int, seed: int) -> Outcome:
     env.process(source())
     env.run()
     return Outcome(tasks, total_wait[0] / tasks, env.now)
+
+
+# ---------------------------------------------------------------------------- the runtime alone
+
+
+def run_coroutines(tasks: int, seed: int) -> Outcome:
+    """The native model written as ``async def`` on :class:`SimPyRuntime` (a portable queue as the
+    semaphore), without the scheduler: isolates what the coroutine driver itself costs."""
+    runtime = SimPyRuntime()
+    slots: Queue[None] = Queue(runtime)
+    for _ in range(SERVERS):
+        slots.put_nowait(None)
+    arrivals = random.Random(f"arrivals-{seed}")
+    latencies = random.Random(f"latency-{seed}")
+    total_wait = [0.0]
+
+    async def task(created: float) -> None:
+        await slots.get()
+        total_wait[0] += runtime.now() - created
+        await runtime.sleep(latency_draw(latencies))
+        slots.put_nowait(None)
+
+    async def main() -> None:
+        handles = []
+        for _ in range(tasks):
+            await runtime.sleep(arrivals.expovariate(ARRIVAL_RATE))
+            handles.append(runtime.spawn(task(runtime.now())))
+        for handle in handles:
+            await handle
+
+    runtime.run(main())
+    return Outcome(tasks, total_wait[0] / tasks, runtime.now())
 
 
 # ---------------------------------------------------------------------------- scheduler on SimPy
@@ -211,22 +244,28 @@ def main() -> None:
     ratios = {}
     for tasks, repeat in ((10_000, 3), (100_000, 1)):
         native_s, native = median_wall(lambda t=tasks: run_native(t, seed=1), repeat)
+        coro_s, coro = median_wall(lambda t=tasks: run_coroutines(t, seed=1), repeat)
         sched_s, sched = median_wall(lambda t=tasks: run_scheduler(t, seed=1), repeat)
         native_mb = peak_memory_mb(lambda t=tasks: run_native(t, seed=1))
+        coro_mb = peak_memory_mb(lambda t=tasks: run_coroutines(t, seed=1))
         sched_mb = peak_memory_mb(lambda t=tasks: run_scheduler(t, seed=1))
-        ratios[tasks] = (sched_s / native_s, sched_mb / native_mb)
+        ratios[tasks] = (sched_s / native_s, sched_mb / native_mb, coro_s / native_s)
         for label, seconds, outcome, mb in (
             ("native SimPy", native_s, native, native_mb),
+            ("same model as coroutines on SimPyRuntime (runtime only)", coro_s, coro, coro_mb),
             ("Scheduler on SimPyRuntime", sched_s, sched, sched_mb),
         ):
             print(
                 f"| {tasks:,} | {label} | {seconds:.2f} | {tasks / seconds:,.0f} | "
                 f"{outcome.mean_wait_s:.4f} | {mb:.1f} |"
             )
-    print("\n| tasks | wall-time ratio scheduler / native (goal <= 1.5x) | peak-memory ratio |")
-    print("|---|---|---|")
-    for tasks, (time_ratio, memory_ratio) in ratios.items():
-        print(f"| {tasks:,} | {time_ratio:.2f}x | {memory_ratio:.1f}x |")
+    print(
+        "\n| tasks | wall-time ratio scheduler / native (goal <= 1.5x) | peak-memory ratio "
+        "| runtime only: coroutines / native |"
+    )
+    print("|---|---|---|---|")
+    for tasks, (time_ratio, memory_ratio, runtime_ratio) in ratios.items():
+        print(f"| {tasks:,} | {time_ratio:.2f}x | {memory_ratio:.1f}x | {runtime_ratio:.2f}x |")
 
     print("\n| scheduler on SimPy, 10,000 tasks | wall s | tasks / wall s | provider calls |")
     print("|---|---|---|---|")
