@@ -243,3 +243,21 @@ def test_simpy_reports_a_deadlock() -> None:
 
     with pytest.raises(SimulationDeadlock):
         runtime.run(body())
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+def test_run_until_cancels_the_main_task_at_the_horizon(rt_name: str) -> None:
+    from tests.runtimes import make_runtime
+
+    runtime = make_runtime(rt_name)
+    reached = []
+
+    async def forever():
+        while True:
+            await runtime.sleep(1.0)
+            reached.append(runtime.now())
+
+    with pytest.raises(Cancelled):
+        runtime.run(forever(), until=5.5)
+    assert 4 <= len(reached) <= 5  # ticks at 1..5 (asyncio may lose one to wall-clock jitter)
+    assert runtime.now() == pytest.approx(5.5, abs=1.0)

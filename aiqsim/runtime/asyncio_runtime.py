@@ -59,11 +59,19 @@ class AsyncioRuntime:
             if task is not None and task.cancelling() > requested:
                 raise asyncio.CancelledError()
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` to completion on a fresh event loop (convenience for scripts and tests)."""
+    def run(self, coro: Coroutine[Any, Any, T], *, until: float | None = None) -> T:
+        """Run ``coro`` as the main task on a fresh event loop and return its result.
+
+        With ``until`` (scheduler seconds on this runtime's clock), the main task is cancelled at
+        that time and :class:`~aiqsim.runtime.protocol.Cancelled` propagates, as on
+        :meth:`SimPyRuntime.run <aiqsim.runtime.SimPyRuntime.run>`.
+        """
 
         async def _main() -> T:
-            self._loop = asyncio.get_running_loop()
-            return await coro
+            loop = self._loop = asyncio.get_running_loop()
+            main = loop.create_task(coro)
+            if until is not None:
+                loop.call_at(self._origin + until * self.time_scale, main.cancel)
+            return await main
 
         return asyncio.run(_main())

@@ -486,11 +486,8 @@ class _Run:
     def execute(self) -> SimulationResult:
         horizon = self.scenario.duration_s + self.scenario.drain_s
         try:
-            if isinstance(self.runtime, SimPyRuntime):
-                self.runtime.run(self._main(), until=horizon)
-            else:
-                self.runtime.run(self.runtime.wait_for(self._main(), horizon))
-        except (Cancelled, TimeoutError):
+            self.runtime.run(self._main(), until=horizon)
+        except Cancelled:
             pass  # the main task was cut at the horizon: whatever is not terminal is reported lost
         sim_time = self.runtime.now()
         if self.down and self.scenario.store.kind != "memory":
