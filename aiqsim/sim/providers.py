@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from aiqsim.core.failures import (
     InvalidRequestError,
@@ -85,16 +85,7 @@ Outcome = Literal[
     "outage",
     "replay",
 ]
-OUTCOMES: tuple[Outcome, ...] = (
-    "ok",
-    "rate_limited",
-    "server_error",
-    "schema_violation",
-    "quota_exhausted",
-    "invalid_request",
-    "outage",
-    "replay",
-)
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 """Every value :attr:`Execution.outcome` can take."""
 
 WINDOW_S = 60.0
