@@ -31,8 +31,8 @@ a scheduler that sleeps that long before ``before_attempt`` never sees a refusal
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
+from random import Random
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.core.token_bucket import refill_wait
@@ -319,7 +319,7 @@ class AdaptiveRateLimiter(OverloadGate):
         provider: str,
         is_retry: bool,
         now: float,
-        rng: random.Random,
+        rng: Random,
         *,
         task_id: str | None = None,
         cause: BaseException | None = None,

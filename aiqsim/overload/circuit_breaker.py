@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import enum
 import math
-import random
 from dataclasses import dataclass, field
+from random import Random
 from typing import Literal
 
 from aiqsim.core.failures import FailureClass
@@ -180,7 +180,7 @@ class CircuitBreaker(OverloadGate):
         provider: str,
         is_retry: bool,
         now: float,
-        rng: random.Random,
+        rng: Random,
         *,
         task_id: str | None = None,
         cause: BaseException | None = None,

@@ -36,8 +36,8 @@ current scheduler the refusal rollback; the helper functions (defined next to th
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable
+from random import Random
 from typing import Any, ClassVar
 
 from aiqsim.core.failures import FailureClass
@@ -72,7 +72,7 @@ class OverloadGate:
         provider: str,
         is_retry: bool,
         now: float,
-        rng: random.Random,
+        rng: Random,
         *,
         task_id: str | None = None,
         cause: BaseException | None = None,
@@ -121,7 +121,7 @@ class GateChain(OverloadGate):
         provider: str,
         is_retry: bool,
         now: float,
-        rng: random.Random,
+        rng: Random,
         *,
         task_id: str | None = None,
         cause: BaseException | None = None,

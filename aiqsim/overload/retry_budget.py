@@ -15,8 +15,8 @@ Both only ever refuse *retries*: first attempts always pass. All state is per pr
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
+from random import Random
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
@@ -113,7 +113,7 @@ class RetryTokenBucket(OverloadGate):
         provider: str,
         is_retry: bool,
         now: float,
-        rng: random.Random,
+        rng: Random,
         *,
         task_id: str | None = None,
         cause: BaseException | None = None,
@@ -238,7 +238,7 @@ class RetryRatioBudget(OverloadGate):
         provider: str,
         is_retry: bool,
         now: float,
-        rng: random.Random,
+        rng: Random,
         *,
         task_id: str | None = None,
         cause: BaseException | None = None,

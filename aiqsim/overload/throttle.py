@@ -17,8 +17,8 @@ backend work on rejections in exchange for reacting faster when it recovers.
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
+from random import Random
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
@@ -99,7 +99,7 @@ class ClientSideThrottle(OverloadGate):
         provider: str,
         is_retry: bool,
         now: float,
-        rng: random.Random,
+        rng: Random,
         *,
         task_id: str | None = None,
         cause: BaseException | None = None,
