@@ -28,10 +28,12 @@ from aiqsim.stores import (
     MemoryStore,
     SqliteStore,
     StoreClosedError,
+    StoreCorruptError,
     StoreLockedError,
     TaskStore,
     open_store,
 )
+from aiqsim.stores.sqlite import SCHEMA_VERSION
 
 KINDS = ["memory", "json", "sqlite"]
 FILE_KINDS = ["json", "sqlite"]
@@ -365,11 +367,68 @@ def test_sqlite_file_is_wal_with_a_schema_version(tmp_path: Path) -> None:
         conn = sqlite3.connect(path)
         try:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
             assert conn.execute("SELECT key, owner_id FROM keys").fetchall() == [("key-a", "a")]
         finally:
             conn.close()
     assert not list(tmp_path.glob(".*tmp*"))  # creation left no temp file behind
+
+
+V1_STORE = Path(__file__).parent / "data" / "store_v1.sqlite"
+"""A store written by aiqsim's first SQLite schema (no ``worker`` column): t1 queued, t2 running,
+t3 succeeded, poison recorded for key-9. Generated once by the version-1 code and kept as is."""
+
+
+def copy_of_v1_store(tmp_path: Path) -> Path:
+    path = tmp_path / "old.sqlite"
+    path.write_bytes(V1_STORE.read_bytes())
+    return path
+
+
+def sqlite_columns(path: Path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return [row[1] for row in conn.execute("PRAGMA table_info(tasks)")]
+    finally:
+        conn.close()
+
+
+def test_sqlite_opens_a_version_1_store_and_upgrades_it_keeping_every_record(tmp_path: Path) -> None:
+    path = copy_of_v1_store(tmp_path)
+    assert "worker" not in sqlite_columns(path)
+    with SqliteStore(path) as store:
+        assert [(r.id, r.status, r.worker) for r in store.list_by_status()] == [
+            ("t1", TaskStatus.QUEUED, None),
+            ("t2", TaskStatus.RUNNING, None),
+            ("t3", TaskStatus.SUCCEEDED, None),
+        ]
+        assert store.get("t3").result == {"text": "done"}  # type: ignore[union-attr]
+        assert store.poison_error("key-9") == "SchemaViolationError: bad"
+        assert store.owner_of("key-2").id == "t2"  # type: ignore[union-attr]
+        store.update(store.get("t1").evolve(worker="w-1"))  # type: ignore[union-attr]
+    assert sqlite_columns(path)[-1] == "worker"
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    finally:
+        conn.close()
+    with SqliteStore(path) as again:  # the upgraded file opens as a current one
+        assert again.get("t1").worker == "w-1"  # type: ignore[union-attr]
+
+
+def test_sqlite_refuses_a_damaged_version_1_store_without_upgrading_it(tmp_path: Path) -> None:
+    path = copy_of_v1_store(tmp_path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("UPDATE tasks SET status = 'done' WHERE id = 't1'")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreCorruptError, match=r"invalid status 'done'"):
+        SqliteStore(path)
+    assert path.read_bytes() == before  # not upgraded, not touched
+    assert "worker" not in sqlite_columns(path)
 
 
 def test_sqlite_two_connections_race_for_one_key(tmp_path: Path) -> None:

@@ -42,6 +42,8 @@ class TaskRecord:
 
     ``payload`` and ``result`` must be JSON-serialisable so durable stores can keep them.
     ``error`` is a short ``"ErrorType: message"`` string, never an exception object.
+    ``worker`` names the scheduler instance that holds the task (``Scheduler(worker_id=...)``)
+    when several processes share one store; ``None`` when the store has a single user.
     """
 
     id: str
@@ -60,6 +62,7 @@ class TaskRecord:
     result: Any = None
     error: str | None = None
     deduped_from: str | None = None
+    worker: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def evolve(self, **changes: Any) -> TaskRecord:
@@ -87,6 +90,7 @@ class TaskRecord:
             "result": self.result,
             "error": self.error,
             "deduped_from": self.deduped_from,
+            "worker": self.worker,
         }
 
     @classmethod
@@ -109,6 +113,7 @@ class TaskRecord:
             result=data.get("result"),
             error=data.get("error"),
             deduped_from=data.get("deduped_from"),
+            worker=data.get("worker"),
         )
 
 

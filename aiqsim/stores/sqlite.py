@@ -1,8 +1,10 @@
 """The default durable task store: one SQLite file, shareable between processes.
 
-Schema (version 1, kept in ``PRAGMA user_version``): ``tasks`` (one row per task, ``seq`` gives
-insertion order, payload/result as JSON text), ``keys`` (idempotency key -> owning task id) and
-``poison`` (keys whose input poisons the provider).
+Schema (version 2, kept in ``PRAGMA user_version``): ``tasks`` (one row per task, ``seq`` gives
+insertion order, payload/result as JSON text, ``worker`` the scheduler instance holding the task),
+``keys`` (idempotency key -> owning task id) and ``poison`` (keys whose input poisons the
+provider). A version-1 file (no ``worker`` column) is validated as it is and then upgraded in
+one transaction when opened; a file from a newer aiqsim is refused.
 
 Concurrency: every write is one ``BEGIN IMMEDIATE`` transaction, so it takes SQLite's write lock
 up front and never fails half-way on a lock upgrade. A claim is ``INSERT ... ON CONFLICT DO
@@ -39,7 +41,9 @@ from typing import Any
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.stores.base import StoreClosedError, StoreCorruptError, claim_owner, record_from_stored
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Schema versions this build opens; older ones are upgraded by :data:`MIGRATIONS` on open."""
 FILE_MODE = 0o600
 DEFAULT_BUSY_TIMEOUT_S = 30.0
 SYNCHRONOUS_LEVELS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -63,9 +67,20 @@ COLUMNS = (
     "result",
     "error",
     "deduped_from",
+    "worker",
 )
+_ADDED_IN_VERSION = {"worker": 2}
+"""Columns that a store of an older schema version does not have yet (read as NULL there)."""
 _JSON_COLUMNS = frozenset({"payload", "result"})
-_SELECT = "SELECT " + ", ".join(f"t.{name}" for name in COLUMNS) + " FROM tasks t"
+
+
+def _select_for(version: int) -> str:
+    """``SELECT`` of every record column as of ``version`` (NULL for columns it does not have)."""
+    parts = ("NULL" if _ADDED_IN_VERSION.get(name, 1) > version else f"t.{name}" for name in COLUMNS)
+    return "SELECT " + ", ".join(parts) + " FROM tasks t"
+
+
+_SELECT = _select_for(SCHEMA_VERSION)
 
 SCHEMA = """
 CREATE TABLE tasks (
@@ -85,21 +100,28 @@ CREATE TABLE tasks (
     payload TEXT NOT NULL,
     result TEXT NOT NULL,
     error TEXT,
-    deduped_from TEXT
+    deduped_from TEXT,
+    worker TEXT
 );
 CREATE INDEX tasks_by_status ON tasks (status, seq);
 CREATE TABLE keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE poison (key TEXT PRIMARY KEY, error TEXT NOT NULL, recorded_at REAL NOT NULL) WITHOUT ROWID;
 """
 
-EXPECTED_TABLES = {
-    "tasks": ("seq", *COLUMNS),
-    "keys": ("key", "owner_id"),
-    "poison": ("key", "error", "recorded_at"),
-}
+MIGRATIONS = {1: "ALTER TABLE tasks ADD COLUMN worker TEXT"}
+"""SQL that upgrades a store from the key's schema version to the next one."""
+
+
+def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
+    """The tables and their columns, in order, of a task store of schema ``version``."""
+    tasks = tuple(name for name in COLUMNS if _ADDED_IN_VERSION.get(name, 1) <= version)
+    return {"tasks": ("seq", *tasks), "keys": ("key", "owner_id"), "poison": ("key", "error", "recorded_at")}
+
+
+EXPECTED_TABLES = expected_tables(SCHEMA_VERSION)
 
 _NUMBER = "('real', 'integer')"
-_SUSPECT_ROWS = f"""
+_SUSPECT_ROWS_V1 = f"""
 SELECT seq FROM tasks WHERE
     typeof(id) != 'text' OR typeof(key) != 'text' OR typeof(kind) != 'text' OR typeof(provider) != 'text'
     OR status NOT IN ({", ".join(f"'{status.value}'" for status in TaskStatus)})
@@ -112,8 +134,15 @@ SELECT seq FROM tasks WHERE
     OR typeof(error) NOT IN ('text', 'null') OR typeof(deduped_from) NOT IN ('text', 'null')
     OR typeof(payload) != 'text' OR typeof(result) != 'text'
     OR json_valid(payload) = 0 OR json_valid(result) = 0
-ORDER BY seq
 """
+
+
+def _suspect_rows(version: int) -> str:
+    """Rows whose column types or values a valid record cannot have (checked in SQL, then decoded)."""
+    extra = " OR typeof(worker) NOT IN ('text', 'null')" if version >= 2 else ""
+    return f"{_SUSPECT_ROWS_V1}{extra} ORDER BY seq"
+
+
 _BAD_KEY = """
 SELECT k.key, k.owner_id FROM keys k LEFT JOIN tasks t ON t.id = k.owner_id
 WHERE t.id IS NULL OR t.key != k.key LIMIT 1
@@ -161,11 +190,13 @@ class SqliteStore:
         self._check_header()
         self._conn = self._connect(self.path)
         try:
-            self._validate(full=validate)
+            version = self._validate(full=validate)
             mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreCorruptError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
             self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+            if version < SCHEMA_VERSION:
+                self._upgrade()
         except BaseException:
             self._conn.close()
             raise
@@ -237,28 +268,32 @@ class SqliteStore:
         if len(header) < SQLITE_HEADER_SIZE:
             raise self._corrupt(f"truncated: {len(header)} bytes, shorter than the SQLite header")
 
-    def _validate(self, *, full: bool) -> None:
-        """Refuse anything but an intact version-1 task store, without writing a byte."""
+    def _validate(self, *, full: bool) -> int:
+        """Refuse anything but an intact task store of a readable version, without writing a byte.
+
+        Returns the file's schema version.
+        """
         conn = self._conn
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version != SCHEMA_VERSION:
+            if version not in READABLE_VERSIONS:
                 hint = " (written by a newer aiqsim)" if version > SCHEMA_VERSION else ""
+                readable = " or ".join(map(str, READABLE_VERSIONS))
                 raise self._corrupt(
-                    f"schema version {version}{hint}; this build reads {SCHEMA_VERSION} "
+                    f"schema version {version}{hint}; this build reads {readable} "
                     "(user_version 0 means not an aiqsim task store)"
                 )
-            for table, expected in EXPECTED_TABLES.items():
+            for table, expected in expected_tables(version).items():
                 found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
                 if found != expected:
                     raise self._corrupt(f"table {table!r} has columns {found}, expected {expected}")
             if not full:
-                return
+                return version
             check = [row[0] for row in conn.execute("PRAGMA quick_check")]
             if check != ["ok"]:
                 raise self._corrupt(f"integrity check failed: {'; '.join(map(str, check[:3]))}")
-            for (seq,) in conn.execute(_SUSPECT_ROWS).fetchall():
-                row = conn.execute(f"{_SELECT} WHERE t.seq = ?", (seq,)).fetchone()
+            for (seq,) in conn.execute(_suspect_rows(version)).fetchall():
+                row = conn.execute(f"{_select_for(version)} WHERE t.seq = ?", (seq,)).fetchone()
                 self._decode(row)  # raises with the precise problem; rows Python can read pass
             bad_key = conn.execute(_BAD_KEY).fetchone()
             if bad_key is not None:
@@ -270,6 +305,27 @@ class SqliteStore:
                 raise self._corrupt(f"invalid poison row for key {bad_poison[0]!r}")
         except sqlite3.DatabaseError as error:
             raise self._corrupt(f"unreadable database ({error})") from error
+        return version
+
+    def _upgrade(self) -> None:
+        """Bring a validated older store to :data:`SCHEMA_VERSION` in one transaction.
+
+        The version is read again under the write lock: another process opening the same file
+        may have upgraded it in the meantime.
+        """
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            while version < SCHEMA_VERSION:
+                conn.execute(MIGRATIONS[version])
+                version += 1
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     # ------------------------------------------------------------------ rows
     def _decode(self, row: Sequence[Any]) -> TaskRecord:
