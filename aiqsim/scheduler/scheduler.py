@@ -138,7 +138,7 @@ class RecoveryReport:
     from its record, no second call). ``orphans_failed``: running tasks failed as interrupted.
     ``orphans_requeued``: running tasks sent again (``requeue_interrupted``). ``queued_resumed``:
     queued owners put back in their queues. ``duplicates_reattached``: queued duplicates waiting on
-    their owner again.
+    their owner again. ``left_to_other_workers``: tasks of other live workers, left alone.
     """
 
     orphans_completed: int
@@ -146,6 +146,8 @@ class RecoveryReport:
     orphans_requeued: int
     queued_resumed: int
     duplicates_reattached: int
+    left_to_other_workers: int = 0
+    """Queued or running tasks held by workers this recovery did not adopt (they were not touched)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -205,6 +207,9 @@ class Scheduler:
         poison_fallback: called with the record of a task whose input proved poison; its
             return value becomes the task's result (the task still records the poison).
         duplicate_poll_s: how often to check a key owned by *another process* sharing the store.
+        worker_id: this scheduler instance's name when several processes share one store. Its
+            tasks carry it, and :meth:`recover` then adopts only its own (see there). Give each
+            live process its own id, and the same id to the process that replaces it.
     """
 
     def __init__(
@@ -223,7 +228,11 @@ class Scheduler:
         gates: Iterable[AttemptGate] = (),
         poison_fallback: Callable[[TaskRecord], Awaitable[Any]] | None = None,
         duplicate_poll_s: float = 0.5,
+        worker_id: str | None = None,
     ) -> None:
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
+            raise ValueError(f"worker_id must be a non-empty string or None, got {worker_id!r}")
+        self.worker_id = worker_id
         self.runtime = runtime
         self.store: TaskStore = store if store is not None else MemoryStore()
         self.dispatch = dispatch if dispatch is not None else FifoPolicy()
@@ -351,6 +360,7 @@ class Scheduler:
             created_at=now,
             updated_at=now,
             payload=payload,
+            worker=self.worker_id,
         )
         owner = self.store.insert_and_claim(record)
         live = _Live(record=record, future=self.runtime.create_future())
@@ -398,7 +408,7 @@ class Scheduler:
         record = self.store.get(task_id)
         if record is None:
             raise KeyError(f"unknown task id {task_id!r}")
-        record = transition(record, TaskStatus.QUEUED, self.runtime.now())
+        record = transition(record, TaskStatus.QUEUED, self.runtime.now(), worker=self.worker_id)
         self.store.update(record)
         self._emit_transition(TaskStatus.FAILED, record)
         live = _Live(record=record, future=self.runtime.create_future())
@@ -441,7 +451,13 @@ class Scheduler:
                 live.runner.cancel()
         self._stop_background()
 
-    async def recover(self, *, requeue_interrupted: bool = False, use_lookup: bool = True) -> RecoveryReport:
+    async def recover(
+        self,
+        *,
+        requeue_interrupted: bool = False,
+        use_lookup: bool = True,
+        workers: Iterable[str | None] | None = None,
+    ) -> RecoveryReport:
         """Reconcile the store after a restart; call once before submitting new work.
 
         Tasks found ``running`` are orphans of the dead process. If their provider can look
@@ -452,25 +468,38 @@ class Scheduler:
         duplicates wait for their owner again. ``use_lookup=False`` skips the provider lookup
         (to measure what reconciliation saves).
 
-        Every ``running`` record is taken for an orphan, so call this only when no other live
-        process is running tasks from the same store (the store has no per-process leases yet).
+        Which tasks are adopted: with ``workers``, those held by any of these worker ids (``None``
+        in it stands for tasks written without one); otherwise, for a scheduler with a
+        ``worker_id``, its own; otherwise every task in the store (a store with one user).
+        Adopted tasks carry this scheduler's ``worker_id`` from then on. Tasks held by other
+        workers are not touched: their processes are alive and still running them.
+
+        Recovery trusts that each worker id is held by one live process at a time, and that a
+        dead worker's tasks (``workers=["its-id"]``) are taken over by one process only.
         """
-        completed = failed = requeued = resumed = reattached = 0
+        adopted = self._adopted_workers(workers)
+        completed = failed = requeued = resumed = reattached = left = 0
         requeued_ids: set[str] = set()
+        me = self.worker_id
         for orphan in self.store.list_by_status(TaskStatus.RUNNING):
+            if orphan.id in self._live:
+                continue  # running here, in this process: not an orphan
+            if adopted is not None and orphan.worker not in adopted:
+                left += 1
+                continue
             lane = self._lanes.get(orphan.provider)
             response: ProviderResponse | None = None
             if use_lookup and lane is not None and isinstance(lane.provider, SupportsLookup):
                 response = await lane.provider.lookup(orphan.key)
             now = self.runtime.now()
             if response is not None:
-                done = transition(orphan, TaskStatus.SUCCEEDED, now, result=response.result)
+                done = transition(orphan, TaskStatus.SUCCEEDED, now, result=response.result, worker=me)
                 self._write(done)
                 self._emit_transition(TaskStatus.RUNNING, done)
                 completed += 1
                 continue
             error = describe_error(TaskInterruptedError("process stopped while the task was running"))
-            done = transition(orphan, TaskStatus.FAILED, now, error=error)
+            done = transition(orphan, TaskStatus.FAILED, now, error=error, worker=me)
             if requeue_interrupted:
                 # running -> failed -> queued through the table, but one write: a crash between two
                 # writes would strand the task in failed.
@@ -487,6 +516,12 @@ class Scheduler:
         for queued in self.store.list_by_status(TaskStatus.QUEUED):
             if queued.id in self._live:
                 continue
+            if adopted is not None and queued.worker not in adopted and queued.id not in requeued_ids:
+                left += 1
+                continue
+            if queued.worker != me:  # taken over from another worker: say so in the store first
+                queued = queued.evolve(worker=me)
+                self._write(queued)
             live = _Live(record=queued, future=self.runtime.create_future())
             self._live[queued.id] = live
             owner = self.store.claim(queued)
@@ -497,7 +532,21 @@ class Scheduler:
             self._follow_owner(live, owner)
         if self._live:
             self._ensure_started()
-        return RecoveryReport(completed, failed, requeued, resumed, reattached)
+        return RecoveryReport(completed, failed, requeued, resumed, reattached, left)
+
+    def _adopted_workers(self, workers: Iterable[str | None] | None) -> frozenset[str | None] | None:
+        """The worker ids whose tasks :meth:`recover` takes on (``None``: every task)."""
+        if isinstance(workers, str):
+            raise TypeError(f"workers takes a collection of worker ids, not one string: use [{workers!r}]")
+        if workers is not None:
+            chosen = frozenset(workers)
+            for worker in chosen:
+                if worker is not None and (not isinstance(worker, str) or not worker):
+                    raise ValueError(f"workers must hold non-empty strings or None, got {worker!r}")
+            return chosen
+        if self.worker_id is not None:
+            return frozenset({self.worker_id})
+        return None
 
     def submission(self, task_id: str) -> Submission | None:
         """A handle for a task that is live in this scheduler (e.g. one resumed by ``recover``)."""
