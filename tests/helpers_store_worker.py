@@ -9,6 +9,8 @@ Modes:
     race      submit the same keys as the other racing processes, wait, print a summary.
     recover   open the store, ``recover()``, submit what of the fixed workload the store lacks,
               wait for everything; the parent SIGKILLs it at random moments and restarts it.
+              ``--worker-id`` and ``--prefix`` let several such workers share one store, each
+              with its own tasks; ``--latency-scale`` slows one down.
 """
 
 from __future__ import annotations
@@ -139,17 +141,20 @@ async def recover(args: argparse.Namespace) -> None:
     say("opened")
     ledger = connect_ledger(args.ledger)
     provider_class = LookupLedgerProvider if args.lookup else LedgerProvider
+    latency = tuple(bound * args.latency_scale for bound in RECOVER_LATENCY_S)
     scheduler = Scheduler(
         AsyncioRuntime(),
-        [provider_class(ledger, rng, RECOVER_LATENCY_S)],
+        [provider_class(ledger, rng, latency)],  # type: ignore[arg-type]
         quotas={"llm": QuotaLimits(concurrency=2)},
         store=store,
         rng=rng,
-        retry=RetryPolicy(attempt_timeout_s=10.0),
+        retry=RetryPolicy(attempt_timeout_s=10.0 * args.latency_scale),
+        worker_id=args.worker_id,
     )
     report = await scheduler.recover(requeue_interrupted=True)
-    say({"recovered": asdict(report)})
+    say({"recovered": asdict(report), "pid": os.getpid()})
     for task_id, key in WORKLOAD:
+        task_id, key = args.prefix + task_id, args.prefix + key
         if store.get(task_id) is None:
             scheduler.submit("llm", {"key": key}, key=key, task_id=task_id)
             await asyncio.sleep(0.003)
@@ -175,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     worker.add_argument("--ledger", required=True)
     worker.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True)
     worker.add_argument("--seed", type=int, default=0)
+    worker.add_argument("--worker-id", default=None)
+    worker.add_argument("--prefix", default="", help="prepended to the workload's task ids and keys")
+    worker.add_argument("--latency-scale", type=float, default=1.0)
     args = parser.parse_args(argv)
     asyncio.run(race(args) if args.mode == "race" else recover(args))
 
