@@ -11,6 +11,12 @@ RUNTIMES = ["simpy", "asyncio"]
 ASYNCIO_SCALE = 0.01
 """Under asyncio, one scheduler second lasts 10 ms of wall time in these tests."""
 
+ASYNCIO_LATENESS_S = 50.0
+"""How much later than asked (scheduler seconds) an asyncio timer may fire before a test calls it
+a bug: 0.5 s of wall time at ``ASYNCIO_SCALE``, room for a loaded CI machine's scheduling jitter.
+Timers never fire early, so lower bounds stay exact; tests keep the wrong outcome they rule out
+(a timeout that never fires, a notify that is lost) further away than this."""
+
 
 def make_runtime(name: str) -> Any:
     return SimPyRuntime() if name == "simpy" else AsyncioRuntime(time_scale=ASYNCIO_SCALE)
