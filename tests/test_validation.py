@@ -507,3 +507,65 @@ def test_wait_for_on_futures_and_without_timeout() -> None:
     (cancelled, value, now), runtime = run_sim(body)
     assert (cancelled, value, now) == (True, "ok", 3)
     assert runtime.task_errors == []
+
+
+def test_wait_for_a_future_keeps_the_result_or_times_out_without_a_timer_of_its_own() -> None:
+    async def body(rt):
+        log = []
+        in_time = rt.create_future()
+        at_deadline = rt.create_future()
+        never = rt.create_future()
+
+        async def resolve(future, delay, value):
+            await rt.sleep(delay)
+            future.set_result(value)
+
+        rt.spawn(resolve(in_time, 1, "in time"))
+        log.append((await rt.wait_for(in_time, 5), rt.now()))
+        # resolved by an event at the very instant the deadline fires: the result wins, as in asyncio
+        rt.spawn(resolve(at_deadline, 2, "at the deadline"))
+        log.append((await rt.wait_for(at_deadline, 2), rt.now()))
+        try:
+            await rt.wait_for(never, 3)
+        except TimeoutError:
+            log.append(("timeout", rt.now(), never.cancelled()))
+        await rt.sleep(10)  # no stale deadline of the first waits may cancel us later
+        log.append(("still running", rt.now()))
+        return log
+
+    log, runtime = run_sim(body)
+    assert log == [("in time", 1), ("at the deadline", 3), ("timeout", 6, True), ("still running", 16)]
+    assert runtime.task_errors == []
+
+
+def test_wait_for_a_future_passes_on_its_cancellation_and_an_outside_cancel() -> None:
+    async def body(rt):
+        outcomes = []
+        dropped = rt.create_future()
+
+        async def drop():
+            await rt.sleep(1)
+            dropped.cancel()
+
+        rt.spawn(drop())
+        try:
+            await rt.wait_for(dropped, 5)
+        except TimeoutError:
+            outcomes.append("timeout")
+        except Cancelled:
+            outcomes.append(("future cancelled", rt.now()))
+        pending = rt.create_future()
+
+        async def waiter():
+            await rt.wait_for(pending, 5)
+
+        handle = rt.spawn(waiter())
+        await rt.sleep(2)
+        handle.cancel()
+        try:
+            await handle
+        except Cancelled:
+            outcomes.append(("task cancelled", rt.now(), pending.done()))
+        return outcomes
+
+    assert run_sim(body)[0] == [("future cancelled", 1), ("task cancelled", 3, False)]

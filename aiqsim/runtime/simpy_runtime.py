@@ -321,11 +321,14 @@ class SimPyRuntime:
     def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> Awaitable[T]:
         """Like ``asyncio.wait_for``: on timeout the inner work is cancelled and ``TimeoutError`` raised.
 
-        A coroutine runs inside the awaiting task under a deadline (no child task); a future or
-        task is awaited until it resolves or the timeout passes, and is then cancelled.
+        A coroutine or a future is awaited inside the awaiting task under a deadline (no child
+        task, no timer of its own); a task is awaited until it finishes or the timeout passes,
+        and is then cancelled, as is a future that timed out.
         """
         if timeout is None:
             return awaitable
+        if isinstance(awaitable, SimFuture) and self.current_task is not None:
+            return self._wait_for_future(awaitable, timeout)
         if isinstance(awaitable, SimFuture | SimTask):
             return self._wait_for_event(awaitable, timeout)
         return self._wait_for_coroutine(awaitable, timeout)  # type: ignore[arg-type]
@@ -349,6 +352,27 @@ class SimPyRuntime:
         if deadline.expired:  # the inner work swallowed the cancellation: the timeout still wins
             raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
         return result
+
+    async def _wait_for_future(self, future: SimFuture, timeout: float) -> Any:
+        """A future under a deadline of the wheel: a dispatcher's timed wait that is usually
+        woken by a notify long before its deadline costs no timer event of its own."""
+        task = self.current_task
+        assert task is not None
+        if future._value is not PENDING:
+            return future.result()
+        deadline = _Deadline(task)
+        self._deadlines.add(self.env._now + (timeout if timeout > 0 else 0), deadline)
+        try:
+            return await future
+        except Cancelled:
+            if not (deadline.expired and task._cancel_requests == deadline.cancel_requests):
+                raise  # the future was cancelled, or the task was: not a timeout
+            if future._value is not PENDING and not future.cancelled():
+                return future.result()  # resolved at the deadline's instant: the result wins
+            future.cancel()
+            raise TimeoutError(f"timed out after {timeout:g} s (virtual)") from None
+        finally:
+            deadline.armed = False
 
     async def _wait_for_event(self, awaitable: SimFuture | SimTask, timeout: float) -> Any:
         child: SimTask | None = None
