@@ -55,11 +55,12 @@ def transition(task: TaskRecord, next_status: TaskStatus, now: float, **changes:
     """
     if type(next_status) is not TaskStatus:
         next_status = TaskStatus(next_status)
-    if not is_legal(task.status, next_status):
+    if next_status not in TRANSITIONS[task.status]:
         raise IllegalTransitionError(task.id, task.status, next_status)
     if "status" in changes:
         raise ValueError("pass the new status as next_status, not in changes")
-    fields: dict[str, Any] = {"updated_at": now, **changes}
+    fields = changes  # a fresh dict per call (keyword arguments), so it is ours to fill in
+    fields.setdefault("updated_at", now)
     if next_status is TaskStatus.RUNNING and task.started_at is None:
         fields.setdefault("started_at", now)
     if next_status.is_terminal:

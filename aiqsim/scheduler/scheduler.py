@@ -846,6 +846,8 @@ class Scheduler:
 
     def _gate_wait(self, provider: str, is_retry: bool) -> float:
         """The longest wait any gate asks for before the next attempt (0: none)."""
+        if not self.gates:
+            return 0.0
         now = self.runtime.now()
         return max((gate_wait_s(gate, provider, is_retry, now) for gate in self.gates), default=0.0)
 
@@ -853,6 +855,8 @@ class Scheduler:
         self, provider: str, is_retry: bool, task_id: str, cause: BaseException | None
     ) -> str | None:
         """The first gate's refusal of this attempt, or None (see :func:`ask_gates`)."""
+        if not self.gates:
+            return None
         now = self.runtime.now()
         return ask_gates(self.gates, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
 
