@@ -68,7 +68,12 @@ def test_live_run_matches_the_simulation(scenario_path: Path) -> None:
     assert sim["rate_limited"] > 10  # enough 429s for the comparison to mean something
     assert live["rate_limited"] == pytest.approx(sim["rate_limited"], rel=0.05)
     assert live["retries"] == pytest.approx(sim["retries"], rel=0.05)
-    assert live["latency_p50_s"] == pytest.approx(sim["latency_p50_s"], rel=0.10)
+    # Latency is the one wall-clock figure: every late wake-up and every millisecond of HTTP work
+    # (10 ms = 0.1 s of scenario time here) makes the live run slower, and at this load (~0.85 of
+    # the 4 slots busy) queueing multiplies it; with the CPU contended, the live median was up to
+    # 2x the simulated one. Nothing makes it faster: a wait that was skipped or cut short shows
+    # below the 10 % floor, and unscaled (wall-second) latencies would be 10x, far above the cap.
+    assert 0.9 * sim["latency_p50_s"] <= live["latency_p50_s"] <= 3.0 * sim["latency_p50_s"]
     assert live["billed_calls"] == sim["billed_calls"]
 
 
