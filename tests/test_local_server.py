@@ -388,7 +388,10 @@ def test_same_config_and_seed_give_the_same_outcomes_in_simulation_and_over_http
         invalid_request_prob=0.05,
     )
     payloads = [{"input": f"job {i}", "prompt_units": 40 + i, "output_units": 10 + i} for i in range(12)]
-    retry = RetryPolicy(backoff=ConstantBackoff(0.5), max_attempts=6, attempt_timeout_s=30.0)
+    # No call here should ever time out (latencies are ~0.35 s); the attempt timeout is only a
+    # safety net, and 300 s (3 s of wall time over HTTP) keeps a stalled moment on a busy machine
+    # from turning into a client timeout and a retry that the simulation never made.
+    retry = RetryPolicy(backoff=ConstantBackoff(0.5), max_attempts=6, attempt_timeout_s=300.0)
     quotas = {"llm": QuotaLimits(concurrency=1)}
 
     async def submit_all(scheduler: Scheduler) -> list[Any]:
