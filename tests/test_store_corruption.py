@@ -359,3 +359,29 @@ def test_sqlite_stale_creation_temp_of_a_dead_process_is_removed(tmp_path: Path)
     with SqliteStore(tmp_path / "tasks.sqlite") as store:
         assert len(store) == 0
     assert not stale.exists()
+
+
+def test_json_hand_edited_last_line_is_refused_not_cut_off(journaled: Path) -> None:
+    """A whole, well-formed last line with a wrong checksum is an edit, not a crash: refuse it."""
+    lines = journal_lines(journaled)
+    edited = lines[-1].replace(b"t14", b"t41")  # still valid JSON, newline intact, no zero fill
+    write_journal(journaled, [*lines[:-1], edited])
+    assert_refused_untouched(
+        journaled.parent, lambda: JsonFileStore(journaled), "journal", f"line {len(lines)}", "checksum"
+    )
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        # the newline (the last byte of the append) made it to disk, part of what precedes it did not
+        pytest.param(lambda line: line[: len(line) // 2] + b"\n", id="cut-in-half-then-newline"),
+        pytest.param(lambda line: line[:20] + b"\0" * (len(line) - 21) + b"\n", id="zero-filled"),
+    ],
+)
+def test_json_last_line_cut_apart_is_a_torn_tail(journaled: Path, damage) -> None:  # type: ignore[no-untyped-def]
+    lines = journal_lines(journaled)
+    write_journal(journaled, [*lines[:-1], damage(lines[-1])])
+    with JsonFileStore(journaled) as store:
+        assert store.torn_tail_recovered
+        assert len(store) == 14

@@ -15,8 +15,11 @@ Why a journal: rewriting the whole snapshot per write costs O(number of tasks) (
 when it holds as many entries as the store holds tasks (and at least ``compact_min_entries``),
 so compaction stays O(1) amortised per write.
 
-Crash safety: a crash mid-append leaves a torn last line, detected by its checksum or missing
-newline, ignored, and cut off on the next open. A crash mid-snapshot leaves a stale temp file,
+Crash safety: a crash mid-append leaves a torn last line, detected by its missing newline,
+by zero bytes in or after it, or by framing that does not parse; it is ignored and cut off on
+the next open. A last line that is whole and well-formed but fails its checksum is not what a
+crash leaves behind (the newline is the last byte written): that is damage or a hand edit,
+refused like any other bad line. A crash mid-snapshot leaves a stale temp file,
 ignored and removed on the next open. A crash between replacing the snapshot and emptying the
 journal is harmless: journal entries carry sequence numbers and those already in the snapshot
 (``seq <= last_seq``) are skipped. Anything else that does not decode raises
@@ -262,7 +265,7 @@ class JsonFileStore:
             offset += len(line) + 1
             entry = self._parse_line(line)
             if entry is None:
-                if number == len(complete) and not tail.strip(b"\0"):
+                if number == len(complete) and not tail.strip(b"\0") and self._looks_torn(line, tail):
                     self.torn_tail_recovered = True  # a damaged last line: a crash mid-append
                     break
                 raise self._corrupt(self.journal_path, f"line {number} fails its checksum or does not parse")
@@ -296,6 +299,21 @@ class JsonFileStore:
             self._seq = seq
             self._journal_entries += 1
         return valid_length
+
+    @staticmethod
+    def _looks_torn(line: bytes, tail: bytes) -> bool:
+        """Whether a bad last line is what an interrupted append leaves: zero-filled blocks in it or
+        after it, or framing cut apart. A well-formed line with a wrong checksum is not."""
+        if b"\0" in line or tail:
+            return True
+        match = _LINE.fullmatch(line)
+        if match is None:
+            return True
+        try:
+            json.loads(match.group(2))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return True
+        return False
 
     @staticmethod
     def _parse_line(line: bytes) -> dict[str, Any] | None:
