@@ -1,4 +1,6 @@
-"""Several schedulers share one SQLite file: a restarted worker adopts only its own tasks.
+"""Recovery leaves alone what is not this scheduler's: other workers' tasks, other providers' tasks.
+
+Several schedulers share one SQLite file: a restarted worker adopts only its own tasks.
 
 Two workers ("a" and "b") run on one SimPy clock, each with its own connection to the same
 real SQLite file. When "a" dies and comes back, its recovery must reconcile a's orphans and
@@ -177,3 +179,73 @@ def test_worker_ids_are_checked(tmp_path: Path) -> None:
     scheduler = Scheduler(runtime, [CountingProvider(runtime, Counter())], worker_id="a")
     with pytest.raises(TypeError, match=r"not one string: use \['b'\]"):
         runtime.run(scheduler.recover(workers="b"))  # type: ignore[arg-type]
+
+
+class NamedProvider(CountingProvider):
+    def __init__(self, runtime: SimPyRuntime, executions: Counter[str], name: str) -> None:
+        super().__init__(runtime, executions)
+        self.name = name
+
+
+def crash_with_llm_and_tts_work(path: Path) -> None:
+    """Leave a store with llm and tts tasks running and queued, as a killed process would."""
+    runtime = SimPyRuntime()
+    executions: Counter[str] = Counter()
+    providers = [NamedProvider(runtime, executions, "llm"), NamedProvider(runtime, executions, "tts")]
+    scheduler = Scheduler(
+        runtime,
+        providers,
+        store=SqliteStore(path),
+        quotas={"llm": QuotaLimits(concurrency=1), "tts": QuotaLimits(concurrency=1)},
+        rng=random.Random(1),
+    )
+
+    async def main() -> None:
+        for n in range(3):
+            scheduler.submit("llm", f"l{n}", task_id=f"llm-{n}")
+            scheduler.submit("tts", f"t{n}", task_id=f"tts-{n}")
+        await runtime.sleep(0.5)
+        scheduler.crash()
+
+    runtime.run(main())
+
+
+def test_recovery_refuses_to_guess_about_tasks_for_a_provider_it_was_not_given(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.sqlite"
+    crash_with_llm_and_tts_work(path)
+    with SqliteStore(path) as store:
+        before = store.list_by_status()
+    runtime = SimPyRuntime()
+    llm_only = Scheduler(runtime, [NamedProvider(runtime, Counter(), "llm")], store=SqliteStore(path))
+    with pytest.raises(
+        ValueError, match=r"3 unfinished task\(s\) for provider\(s\) \['tts'\].*nothing was recovered"
+    ):
+        runtime.run(llm_only.recover(requeue_interrupted=True))
+    llm_only.store.close()
+    with SqliteStore(path) as store:
+        assert store.list_by_status() == before  # nothing written, the llm orphan included
+
+
+def test_recovery_can_leave_other_providers_tasks_for_a_scheduler_that_has_them(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.sqlite"
+    crash_with_llm_and_tts_work(path)
+    runtime = SimPyRuntime()
+    executions: Counter[str] = Counter()
+    llm_only = Scheduler(runtime, [NamedProvider(runtime, executions, "llm")], store=SqliteStore(path))
+
+    async def main() -> RecoveryReport:
+        report = await llm_only.recover(requeue_interrupted=True, unknown_providers="leave")
+        await llm_only.join()
+        return report
+
+    report = runtime.run(main())
+    assert (report.orphans_requeued, report.queued_resumed, report.left_for_unknown_providers) == (1, 2, 3)
+    with SqliteStore(path) as store:
+        statuses = {r.id: r.status for r in store.list_by_status()}
+    assert {k: v for k, v in statuses.items() if k.startswith("llm")} == dict.fromkeys(
+        ["llm-0", "llm-1", "llm-2"], TaskStatus.SUCCEEDED
+    )
+    assert statuses["tts-0"] is TaskStatus.RUNNING  # untouched: a tts worker will reconcile it
+    assert [statuses[f"tts-{n}"] for n in (1, 2)] == [TaskStatus.QUEUED, TaskStatus.QUEUED]
+    with pytest.raises(ValueError, match="unknown_providers must be 'raise' or 'leave'"):
+        runtime.run(llm_only.recover(unknown_providers="fail"))

@@ -148,6 +148,8 @@ class RecoveryReport:
     duplicates_reattached: int
     left_to_other_workers: int = 0
     """Queued or running tasks held by workers this recovery did not adopt (they were not touched)."""
+    left_for_unknown_providers: int = 0
+    """Queued or running tasks for providers this scheduler lacks, left as they were (``"leave"``)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -457,6 +459,7 @@ class Scheduler:
         requeue_interrupted: bool = False,
         use_lookup: bool = True,
         workers: Iterable[str | None] | None = None,
+        unknown_providers: str = "raise",
     ) -> RecoveryReport:
         """Reconcile the store after a restart; call once before submitting new work.
 
@@ -476,14 +479,28 @@ class Scheduler:
 
         Recovery trusts that each worker id is held by one live process at a time, and that a
         dead worker's tasks (``workers=["its-id"]``) are taken over by one process only.
+
+        Unfinished tasks for a provider this scheduler was not given raise ``ValueError`` before
+        anything is written (``unknown_providers="raise"``); with ``"leave"`` they stay in the
+        store as they are, for a scheduler that has the provider, and are counted in the report.
         """
+        if unknown_providers not in ("raise", "leave"):
+            raise ValueError(f"unknown_providers must be 'raise' or 'leave', got {unknown_providers!r}")
         adopted = self._adopted_workers(workers)
+        unknown = self._unknown_provider_tasks(adopted)
+        if unknown and unknown_providers == "raise":
+            names = sorted({record.provider for record in unknown.values()})
+            raise ValueError(
+                f"the store holds {len(unknown)} unfinished task(s) for provider(s) {names} that this "
+                f"scheduler was not given (it has {sorted(self._lanes)}); nothing was recovered. Add "
+                "those providers, or pass unknown_providers='leave' to leave the tasks in the store"
+            )
         completed = failed = requeued = resumed = reattached = left = 0
         requeued_ids: set[str] = set()
         me = self.worker_id
         for orphan in self.store.list_by_status(TaskStatus.RUNNING):
-            if orphan.id in self._live:
-                continue  # running here, in this process: not an orphan
+            if orphan.id in self._live or orphan.id in unknown:
+                continue  # running here, in this process (not an orphan), or not ours to run
             if adopted is not None and orphan.worker not in adopted:
                 left += 1
                 continue
@@ -514,7 +531,7 @@ class Scheduler:
                 self._emit_transition(TaskStatus.RUNNING, done)
                 failed += 1
         for queued in self.store.list_by_status(TaskStatus.QUEUED):
-            if queued.id in self._live:
+            if queued.id in self._live or queued.id in unknown:
                 continue
             if adopted is not None and queued.worker not in adopted and queued.id not in requeued_ids:
                 left += 1
@@ -532,7 +549,17 @@ class Scheduler:
             self._follow_owner(live, owner)
         if self._live:
             self._ensure_started()
-        return RecoveryReport(completed, failed, requeued, resumed, reattached, left)
+        return RecoveryReport(completed, failed, requeued, resumed, reattached, left, len(unknown))
+
+    def _unknown_provider_tasks(self, adopted: frozenset[str | None] | None) -> dict[str, TaskRecord]:
+        """Running and queued tasks that recovery would adopt but that name no provider of ours."""
+        return {
+            record.id: record
+            for record in self.store.list_by_status(TaskStatus.RUNNING, TaskStatus.QUEUED)
+            if record.provider not in self._lanes
+            and record.id not in self._live
+            and (adopted is None or record.worker in adopted)
+        }
 
     def _adopted_workers(self, workers: Iterable[str | None] | None) -> frozenset[str | None] | None:
         """The worker ids whose tasks :meth:`recover` takes on (``None``: every task)."""
