@@ -54,8 +54,8 @@ def test_numbers_already_parsed_by_a_client_are_accepted(value: float) -> None:
     assert parse_retry_after(value, NOW) == float(value)
 
 
-@pytest.mark.parametrize("value", ["-5", "-0.5", "nan", "inf", "-inf", -1, math.nan, math.inf])
-def test_negative_or_non_finite_delays_are_refused(value: str | float) -> None:
+@pytest.mark.parametrize("value", ["-5", "-0.5", "nan", "inf", "-inf", -1, math.nan, math.inf, True, False])
+def test_negative_or_non_finite_delays_and_booleans_are_refused(value: str | float) -> None:
     assert parse_retry_after(value, NOW) is None
 
 

@@ -186,6 +186,48 @@ def test_a_retry_after_pauses_the_provider_for_every_task() -> None:
     assert first.attempts == 2 and first.finished_at == 12.0
 
 
+@pytest.mark.parametrize(
+    ("max_retry_after_s", "expected"),
+    [
+        # 1000 days asked: the task gives up at once and the lane is paused for the ceiling only
+        (300.0, {"first": ("failed", 1, 1.0), "other_started": 301.0}),
+        # no ceiling: everyone waits the full 1000 days, then the task retries and succeeds
+        (None, {"first": ("succeeded", 2, 86_400_000 + 2.0), "other_started": 86_400_000 + 1.0}),
+    ],
+)
+def test_a_retry_after_beyond_the_ceiling_fails_that_task_and_pauses_the_lane_for_the_ceiling(
+    max_retry_after_s: float | None, expected: dict[str, object]
+) -> None:
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0, script={"x": ["429:86400000", "ok"]})
+
+    async def main():
+        retry = RetryPolicy(backoff=ExponentialBackoff(0.5, 4.0), max_retry_after_s=max_retry_after_s)
+        scheduler = Scheduler(runtime, [provider], retry=retry)
+        first = scheduler.submit("llm", {"input": "x"})
+        await runtime.sleep(1.5)
+        other = scheduler.submit("llm", {"input": "y"})
+        return await first.wait(), await other.wait()
+
+    first, other = runtime.run(main())
+    assert (first.status.value, first.attempts, first.finished_at) == expected["first"]
+    assert other.started_at == expected["other_started"]
+    if max_retry_after_s is not None:
+        assert first.error == (
+            "RateLimitError: slow down (Retry-After 8.64e+07 s is longer than max_retry_after_s=300)"
+        )
+
+
+def test_retry_policy_checks_its_retry_after_ceiling() -> None:
+    with pytest.raises(ValueError, match="max_retry_after_s must be > 0 or None"):
+        RetryPolicy(max_retry_after_s=0)
+    policy = RetryPolicy(max_retry_after_s=60)
+    assert policy.retry_after_wait(None) == (None, False)
+    assert policy.retry_after_wait(60.0) == (60.0, False)
+    assert policy.retry_after_wait(61.0) == (60, True)
+    assert RetryPolicy(honour_retry_after=False).retry_after_wait(10_000.0) == (None, False)
+
+
 def test_cost_above_the_token_capacity_is_refused_at_submit() -> None:
     runtime = SimPyRuntime()
 

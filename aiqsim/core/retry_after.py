@@ -24,7 +24,7 @@ def parse_retry_after(value: str | float | int | None, now_epoch_s: float) -> fl
     far as :mod:`email.utils` parses them; a date without a zone (asctime, or ``-0000``) is
     UTC, as every HTTP date is.
     """
-    if value is None:
+    if value is None or isinstance(value, bool):
         return None
     try:
         return delta_seconds(value)

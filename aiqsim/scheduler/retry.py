@@ -10,6 +10,9 @@ from typing import Any, Protocol, runtime_checkable
 from aiqsim.core.backoff import BackoffStrategy, FullJitter
 from aiqsim.core.failures import POISON_AFTER_ATTEMPTS, FailureClass
 
+DEFAULT_MAX_RETRY_AFTER_S = 300.0
+"""Five minutes: longer than any per-minute quota window, short of a spent daily quota."""
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
@@ -18,6 +21,11 @@ class RetryPolicy:
     Retries happen inside ``running`` (a task never goes back to the queue on its own).
     ``attempt_timeout_s`` bounds one provider call; ``None`` waits forever (not advised:
     a lost response then hangs the task).
+
+    ``max_retry_after_s`` is the longest Retry-After the scheduler will wait out. A 429 asking
+    for more (a day: a spent daily quota, or a broken header) fails that task at once instead
+    of retrying before the server allows it, and pauses the provider for at most this long, so
+    one answer cannot freeze a lane for days. ``None`` trusts any value.
     """
 
     backoff: BackoffStrategy = field(default_factory=lambda: FullJitter(base_s=0.5, cap_s=60.0))
@@ -25,6 +33,7 @@ class RetryPolicy:
     attempt_timeout_s: float | None = 60.0
     honour_retry_after: bool = True
     poison_after: int = POISON_AFTER_ATTEMPTS
+    max_retry_after_s: float | None = DEFAULT_MAX_RETRY_AFTER_S
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -33,6 +42,20 @@ class RetryPolicy:
             raise ValueError(f"attempt_timeout_s must be > 0 or None, got {self.attempt_timeout_s!r}")
         if self.poison_after < 1:
             raise ValueError(f"poison_after must be >= 1, got {self.poison_after}")
+        if self.max_retry_after_s is not None and not self.max_retry_after_s > 0:
+            raise ValueError(f"max_retry_after_s must be > 0 or None, got {self.max_retry_after_s!r}")
+
+    def retry_after_wait(self, retry_after_s: float | None) -> tuple[float | None, bool]:
+        """How long a 429's Retry-After pauses the provider, and whether it is too long to wait out.
+
+        ``(None, False)`` when there is no Retry-After or the policy ignores it.
+        """
+        if retry_after_s is None or not self.honour_retry_after:
+            return None, False
+        cap = self.max_retry_after_s
+        if cap is not None and retry_after_s > cap:
+            return cap, True
+        return retry_after_s, False
 
 
 @runtime_checkable

@@ -798,10 +798,21 @@ class Scheduler:
                     lane.signal.notify()
                     failure = classify_failure(error, tries, poison_after=policy.poison_after)
                     retry_after = error.retry_after_s if isinstance(error, RateLimitError) else None
-                    if retry_after is not None and policy.honour_retry_after:
-                        lane.quota.pause_until(now + retry_after)
+                    pause, too_long = policy.retry_after_wait(retry_after)
+                    if pause is not None:
+                        lane.quota.pause_until(now + pause)
                     for gate in self.gates:
                         tell_gate(gate, lane.name, is_retry, failure, error, now, task_id=record.id)
+                    if too_long:
+                        self._emit_attempt(
+                            live, attempts, start, now, error, "retry_after_too_long", retry_after, None
+                        )
+                        message = (
+                            f"{describe_error(error)} (Retry-After {retry_after:g} s is longer than "
+                            f"max_retry_after_s={policy.max_retry_after_s:g})"
+                        )
+                        self._finish(live, TaskStatus.FAILED, attempts=attempts, error=message)
+                        return
                     if failure is FailureClass.RETRYABLE and tries < policy.max_attempts:
                         delay = retry_delay(
                             policy.backoff,

@@ -79,6 +79,7 @@ class RetryConfig:
     max_attempts: int = 5
     attempt_timeout_s: float | None = 30.0
     honour_retry_after: bool = True
+    max_retry_after_s: float | None = 300.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -377,6 +377,7 @@ _RETRY = _Table(
         "max_attempts": _Integer(1),
         "attempt_timeout_s": _Optional(_POSITIVE),
         "honour_retry_after": _Boolean(),
+        "max_retry_after_s": _Optional(_POSITIVE),
     },
     what="retry policy",
 )

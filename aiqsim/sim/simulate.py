@@ -146,6 +146,7 @@ def retry_policy(scenario: Scenario) -> RetryPolicy:
         max_attempts=r.max_attempts,
         attempt_timeout_s=r.attempt_timeout_s,
         honour_retry_after=r.honour_retry_after,
+        max_retry_after_s=r.max_retry_after_s,
     )
 
 
