@@ -654,6 +654,31 @@ def test_trace_file_with_wrong_columns(tmp_path):
     assert "lacks column(s) TIMESTAMP, ContextTokens, GeneratedTokens" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (
+            b"TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,5,-6\n",
+            "line 2: negative token count",
+        ),
+        (b"TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,5,six\n", "line 2: cannot parse"),
+        (b"TIMESTAMP,ContextTokens,GeneratedTokens\n", "has a header but no rows"),
+        (b"TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,5,\xff\n", "is not UTF-8 text"),
+    ],
+    ids=["negative-tokens", "unparseable-row", "no-rows", "not-utf8"],
+)
+def test_a_bad_trace_row_is_caught_when_the_scenario_loads(tmp_path, content: bytes, expected: str):
+    """Loading (and so ``aiqsim validate``) reads every row, not just the header: a file that
+    validates must not fail later in ``aiqsim run``."""
+    (tmp_path / "trace.csv").write_bytes(content)
+    mapping = full_mapping()
+    mapping["workloads"][3]["trace"] = "trace.csv"
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(write(tmp_path, mapping))
+    assert caught.value.key_path == "workloads[3].trace"
+    assert expected in str(caught.value)
+
+
 def test_relative_trace_path_resolves_against_the_scenario_file(tmp_path):
     folder = tmp_path / "sub"
     folder.mkdir()

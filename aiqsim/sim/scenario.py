@@ -63,7 +63,7 @@ from aiqsim.sim.config import (
     StoreConfig,
     WorkloadConfig,
 )
-from aiqsim.sim.workloads import BUILTIN_TRACES, TraceError, check_trace_header, is_builtin_trace
+from aiqsim.sim.workloads import BUILTIN_TRACES, TraceError, is_builtin_trace, read_trace
 
 __all__ = [
     "ScenarioError",
@@ -719,7 +719,7 @@ def _resolve_trace(value: str, path: str, reader: _Reader) -> str:
         )
     resolved = str(candidate.resolve())
     try:
-        check_trace_header(resolved)
+        read_trace(resolved)  # every row, so `aiqsim validate` catches what `run` would trip on
     except TraceError as exc:
         raise reader.error(path, str(exc)) from None
     return resolved

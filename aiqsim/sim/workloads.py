@@ -104,17 +104,6 @@ def _check_header(header: list[str] | None, trace: str) -> dict[str, int]:
     return {column: names.index(column) for column in TRACE_COLUMNS}
 
 
-def check_trace_header(trace: str) -> None:
-    """Raise :class:`TraceError` unless ``trace`` opens and has the expected columns (reads one line)."""
-    try:
-        with _open_trace_text(trace) as handle:
-            _check_header(next(csv.reader(handle), None), trace)
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {trace!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise TraceError(f"trace {trace!r} is not UTF-8 text") from None
-
-
 def _days_from_civil(year: int, month: int, day: int) -> int:
     """Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
 
@@ -155,7 +144,11 @@ def parse_trace_timestamp(text: str) -> int:
 
 @functools.lru_cache(maxsize=8)
 def read_trace(trace: str) -> tuple[TraceRow, ...]:
-    """All rows of a trace, in file order, with offsets relative to the first row (cached)."""
+    """All rows of a trace, in file order, with offsets relative to the first row (cached).
+
+    Raises :class:`TraceError` naming the file (and line) for anything unreadable: missing
+    columns, a row that does not parse, a negative token count, no rows at all, not UTF-8.
+    """
     rows: list[TraceRow] = []
     first_ticks: int | None = None
     try:
@@ -182,6 +175,8 @@ def read_trace(trace: str) -> tuple[TraceRow, ...]:
                 rows.append(TraceRow((ticks - first_ticks) / _TICKS_PER_SECOND, context, generated))
     except OSError as exc:
         raise TraceError(f"cannot read trace {trace!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"trace {trace!r} is not UTF-8 text") from None
     if not rows:
         raise TraceError(f"trace {trace!r} has a header but no rows")
     return tuple(rows)
