@@ -140,20 +140,59 @@ def test_latency_noise_is_lognormal_with_mean_one():
     assert len(set(latencies)) == n  # noisy, not constant
 
 
-def test_every_call_takes_the_same_number_of_draws_whatever_its_outcome():
-    cfg = config(rate_limit_prob=0.3, server_error_prob=0.3, invalid_request_prob=0.2, latency_sigma=0.3)
-    runtime, provider = make(cfg, seed=11)
+def fates(cfg: ProviderConfig, keys: list[str], seed: int = 11) -> dict[tuple[str, int], tuple[str, float]]:
+    """(key, n-th arrival of that key) -> (outcome, latency), sending ``keys`` one after another."""
+    runtime, provider = make(cfg, seed=seed)
 
     async def main():
-        for i in range(40):
-            await outcome_of(provider, request(f"k{i}"))
+        for key in keys:
+            await outcome_of(provider, request(key))
 
     runtime.run(main())
-    assert len({e.outcome for e in provider.ledger.executions}) >= 3
-    twin = random.Random(11)
-    for _ in range(40 * DRAWS_PER_CALL):
-        twin.random()
-    assert provider.rng.random() == twin.random()
+    seen: dict[str, int] = {}
+    result = {}
+    for execution in provider.ledger.executions:
+        arrival = seen.get(execution.key, 0)
+        seen[execution.key] = arrival + 1
+        result[(execution.key, arrival)] = (execution.outcome, execution.end - execution.start)
+    return result
+
+
+NOISY = config(rate_limit_prob=0.3, server_error_prob=0.3, invalid_request_prob=0.2, latency_sigma=0.3)
+
+
+def test_a_requests_fate_depends_on_its_key_and_arrival_count_not_on_the_order_of_keys():
+    keys = [f"k{i}" for i in range(40)] * 2  # every key twice: a first arrival and a repeat
+    in_order = fates(NOISY, keys)
+    shuffled = keys[:]
+    random.Random(3).shuffle(shuffled)
+    reordered = fates(NOISY, shuffled)
+    # each arrival index of a key meets the same fate whatever came in between (latencies are
+    # compared as end - start at different absolute times, hence approx)
+    assert {k: outcome for k, (outcome, _) in reordered.items()} == {k: o for k, (o, _) in in_order.items()}
+    assert {k: latency for k, (_, latency) in reordered.items()} == pytest.approx(
+        {k: latency for k, (_, latency) in in_order.items()}, rel=1e-12
+    )
+    assert len({outcome for outcome, _ in in_order.values()}) >= 3
+    assert fates(NOISY, keys, seed=12) != in_order  # the seed still matters
+
+
+def test_a_repeat_of_a_key_meets_a_fresh_fate():
+    outcomes = [outcome for outcome, _ in fates(config(rate_limit_prob=0.5), ["same"] * 40).values()]
+    assert 10 < outcomes.count("rate_limited") < 30  # independent draws per arrival, not one fate
+
+
+def test_changing_one_probability_leaves_every_other_draw_where_it_was():
+    keys = [f"k{i}" for i in range(60)]
+    calm = fates(config(latency_sigma=0.3), keys)
+    erratic = fates(config(latency_sigma=0.3, server_error_prob=0.4), keys)
+    unaffected = [k for k, (outcome, _) in erratic.items() if outcome == "ok"]
+    assert 20 < len(unaffected) < 60
+    assert {k: erratic[k][1] for k in unaffected} == pytest.approx(
+        {k: calm[k][1] for k in unaffected}, rel=1e-12
+    )
+    assert all(calm[k][0] == "ok" for k in unaffected)
+    assert DRAWS_PER_CALL == 6  # rate limit, quota exhausted, invalid, server error, lost, noise
 
 
 # ---------------------------------------------------------------- server-side quota windows

@@ -19,7 +19,7 @@ SCENARIO = """
 [scenario]
 name = "sim_vs_live"
 seed = 3
-duration_s = 40
+duration_s = 30
 drain_s = 300
 
 [[providers]]
@@ -33,7 +33,7 @@ rate_limit_retry_after_s = 2.0
 honours_idempotency = true
 
 [quotas.llm]
-concurrency = 4
+concurrency = 8
 
 [retry]
 strategy = "full_jitter"
@@ -61,19 +61,24 @@ def scenario_path(tmp_path: Path) -> Path:
     return path
 
 
+TIME_SCALE = 0.4
+"""One scenario second lasts 0.4 s of wall time: the run takes ~14 s."""
+
+
 def test_live_run_matches_the_simulation(scenario_path: Path) -> None:
-    frame = compare_sim_and_live(scenario_path, time_scale=0.1)
+    frame = compare_sim_and_live(scenario_path, time_scale=TIME_SCALE)
     sim, live = frame["simulated"], frame["live"]
     assert live["tasks_lost"] == 0 and live["tasks_submitted"] == sim["tasks_submitted"]
     assert sim["rate_limited"] > 10  # enough 429s for the comparison to mean something
     assert live["rate_limited"] == pytest.approx(sim["rate_limited"], rel=0.05)
     assert live["retries"] == pytest.approx(sim["retries"], rel=0.05)
-    # Latency is the one wall-clock figure: every late wake-up and every millisecond of HTTP work
-    # (10 ms = 0.1 s of scenario time here) makes the live run slower, and at this load (~0.85 of
-    # the 4 slots busy) queueing multiplies it; with the CPU contended, the live median was up to
-    # 2x the simulated one. Nothing makes it faster: a wait that was skipped or cut short shows
-    # below the 10 % floor, and unscaled (wall-second) latencies would be 10x, far above the cap.
-    assert 0.9 * sim["latency_p50_s"] <= live["latency_p50_s"] <= 3.0 * sim["latency_p50_s"]
+    # Latency is the one wall-clock figure. The same requests meet the same fates in both runs (the
+    # provider's draws are keyed by request, not by arrival order), so what differs is time: each
+    # HTTP round trip and late timer adds a few ms of wall time (x 2.5 in scenario time here), and a
+    # 429 reaches the client a little later, shifting when the Retry-After pause of the lane starts.
+    # Measured: +3.5 % on an idle machine, +5 % with two CPU hogs on two cores. The scale and the
+    # load (8 slots, ~0.5 busy, so lag does not pile up in a long queue) are chosen for that margin.
+    assert live["latency_p50_s"] == pytest.approx(sim["latency_p50_s"], rel=0.10)
     assert live["billed_calls"] == sim["billed_calls"]
 
 

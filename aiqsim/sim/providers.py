@@ -15,7 +15,7 @@ One call goes through these steps, in this order:
    request that would exceed either is rejected at once with a 429 whose Retry-After is
    the whole number of seconds (rounded up) until the window has room for it. Nothing
    is billed. Retry storms emerge from this rule, not from a scripted failure rate.
-3. **Random failures**, decided by draws from the injected ``rng``: a random 429, quota
+3. **Random failures**, decided by per-request draws (see Randomness below): a random 429, quota
    exhausted (fatal), invalid request, a 500 after part of the latency (not billed),
    and a schema violation for poison payloads after the full latency (billed: the server
    did the work).
@@ -34,15 +34,23 @@ is what makes duplicate billing and crash recovery by ``lookup`` measurable.
 Every call is recorded in a :class:`ProviderLedger` (which may be shared by several
 providers and outlives any scheduler instance) as a frozen :class:`Execution`.
 
-Randomness: every call takes exactly :data:`DRAWS_PER_CALL` uniform draws from ``rng``
-up front, whatever its outcome, so the stream of one provider replays for a fixed seed
-and changing one probability never shifts the draws behind the others.
+Randomness: every call takes exactly :data:`DRAWS_PER_CALL` uniform draws up front, whatever
+its outcome, so changing one probability never shifts the draws behind the others. The draws
+are a keyed hash of the request's identity, its idempotency key and how many requests with
+that key arrived before it (a retry is the key's second arrival, a re-send after a crash its
+next), under a secret taken once from the injected ``rng``. A request's fate therefore does not
+depend on the order in which requests of different keys reach the server: the live run over
+HTTP, where near-simultaneous requests arrive in any order, meets the same fates as the
+simulation, and two configurations compared on one seed (FIFO vs SJF, two backoff bases) face
+the same fate per request (common random numbers).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
+import struct
 from collections import deque
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
@@ -103,8 +111,8 @@ LOST_RESPONSE_HANG_S = 86_400.0
 (:class:`ProviderTimeoutError`). Any sane attempt timeout fires long before."""
 
 DRAWS_PER_CALL = 6
-"""Uniform draws every call takes from the provider's ``rng``: rate limit, quota exhausted,
-invalid request, server error, lost response, latency noise."""
+"""Uniform draws every call takes (from its keyed hash): rate limit, quota exhausted, invalid
+request, server error, lost response, latency noise."""
 
 _STANDARD_NORMAL = NormalDist()
 _UNIT_OPEN = 1e-12
@@ -269,9 +277,17 @@ class _Draws:
     noise: float
 
     @classmethod
-    def take(cls, rng: random.Random) -> _Draws:
-        draw = rng.random
-        return cls(draw(), draw(), draw(), draw(), draw(), draw())
+    def for_request(cls, secret: bytes, idempotency_key: str, arrival: int) -> _Draws:
+        """The draws of the ``arrival``-th request (from 0) with ``idempotency_key``: a pure function."""
+        digest = hashlib.blake2b(
+            f"{arrival}\0{idempotency_key}".encode(), key=secret, digest_size=8 * DRAWS_PER_CALL
+        ).digest()
+        return cls(*((word >> 11) * _TWO_TO_MINUS_53 for word in _UNPACK_DRAWS(digest)))
+
+
+_UNPACK_DRAWS = struct.Struct(f"<{DRAWS_PER_CALL}Q").unpack
+_TWO_TO_MINUS_53 = 2.0**-53
+"""53 random bits times this is a uniform float in [0, 1), as ``random.random`` makes them."""
 
 
 class _LostResponse:
@@ -377,6 +393,9 @@ class SimulatedProvider:
         self.runtime = runtime
         self.config = config
         self.rng = rng
+        self._draw_secret = rng.getrandbits(256).to_bytes(32, "little")
+        self._arrivals: dict[str, int] = {}
+        """Idempotency key -> requests with it so far: with the key, what a request's draws depend on."""
         self.ledger = ledger if ledger is not None else ProviderLedger()
         self.name = config.name
         rpm, upm = config.server_requests_per_min, config.server_units_per_min
@@ -387,6 +406,12 @@ class SimulatedProvider:
         self._serving: dict[int, TaskHandle[None]] = {}
         self._serial = 0
 
+    def _draws(self, request: ProviderRequest) -> _Draws:
+        key = request.idempotency_key
+        arrival = self._arrivals.get(key, 0)
+        self._arrivals[key] = arrival + 1
+        return _Draws.for_request(self._draw_secret, key, arrival)
+
     # ------------------------------------------------------------------ public API
     def estimate_cost(self, kind: str, payload: Any) -> float:
         """The request's units (prompt + output): what the client quota should reserve."""
@@ -396,7 +421,7 @@ class SimulatedProvider:
         """Serve one attempt; raises :mod:`aiqsim.core.failures` errors as a real API would."""
         runtime, config = self.runtime, self.config
         start = runtime.now()
-        draws = _Draws.take(self.rng)
+        draws = self._draws(request)
         try:
             job = SimJob.from_payload(request.payload)
         except InvalidRequestError:
