@@ -153,18 +153,37 @@ class LatencyProvider:
         return ProviderResponse(result=None)
 
 
-def run_scheduler(tasks: int, seed: int, rate_limited_prob: float = 0.0) -> Outcome:
+class ForgetfulStore(MemoryStore):
+    """A memory store whose ``update`` keeps nothing: isolates what persisting a transition costs."""
+
+    def update(self, task: object) -> None:
+        pass
+
+
+def run_scheduler(
+    tasks: int,
+    seed: int,
+    rate_limited_prob: float = 0.0,
+    *,
+    attempt_timeout: bool = True,
+    store: MemoryStore | None = None,
+) -> Outcome:
     runtime = SimPyRuntime()
     arrivals = random.Random(f"arrivals-{seed}")
     provider = LatencyProvider(runtime, seed, rate_limited_prob)
-    store = MemoryStore()
+    store = store if store is not None else MemoryStore()
+    retry = (
+        RetryPolicy(max_attempts=10)
+        if attempt_timeout
+        else RetryPolicy(max_attempts=10, attempt_timeout_s=None)
+    )
     scheduler = Scheduler(
         runtime,
         [provider],
         quotas={provider.name: QuotaLimits(concurrency=SERVERS)},
         store=store,
         dispatch=FifoPolicy(),
-        retry=RetryPolicy(max_attempts=10),
+        retry=retry,
         rng=random.Random(f"scheduler-{seed}"),
     )
     ids: list[str] = []
@@ -177,6 +196,8 @@ def run_scheduler(tasks: int, seed: int, rate_limited_prob: float = 0.0) -> Outc
         await scheduler.close()
 
     runtime.run(main())
+    if isinstance(store, ForgetfulStore):  # the records never changed: no waits to report
+        return Outcome(tasks, math.nan, runtime.now(), provider.calls)
     waits = [store.get(task_id).started_at - store.get(task_id).created_at for task_id in ids]
     return Outcome(tasks, statistics.fmean(waits), runtime.now(), provider.calls)
 
@@ -274,8 +295,39 @@ def main() -> None:
             lambda p=probability: run_scheduler(10_000, seed=2, rate_limited_prob=p), 3
         )
         print(f"| {label} | {seconds:.2f} | {10_000 / seconds:,.0f} | {outcome.provider_calls:,} |")
+    where_the_time_goes(10_000)
     if profile:
         profile_hot_path(20_000)
+
+
+def where_the_time_goes(tasks: int) -> None:
+    """Microseconds per task for the native model, the runtime alone and the scheduler with parts removed.
+
+    An ablation, not a profile: each row is a whole run, so the differences are what each part
+    costs without the profiler's per-call overhead.
+    """
+    rows = [
+        ("native SimPy", lambda: run_native(tasks, seed=1)),
+        ("runtime only (same model as coroutines)", lambda: run_coroutines(tasks, seed=1)),
+        ("Scheduler, as benchmarked above", lambda: run_scheduler(tasks, seed=1)),
+        (
+            "Scheduler without the attempt timeout",
+            lambda: run_scheduler(tasks, seed=1, attempt_timeout=False),
+        ),
+        (
+            "Scheduler without the timeout, transitions not persisted",
+            lambda: run_scheduler(tasks, seed=1, attempt_timeout=False, store=ForgetfulStore()),
+        ),
+    ]
+    print(f"\nWhere the time goes, {tasks:,} tasks (median of 5 whole runs each):\n")
+    print("| model | us / task | vs native |")
+    print("|---|---|---|")
+    native_us = None
+    for label, fn in rows:
+        seconds, _ = median_wall(fn, 5)
+        us = seconds / tasks * 1e6
+        native_us = native_us if native_us is not None else us
+        print(f"| {label} | {us:.1f} | {us / native_us:.2f}x |")
 
 
 if __name__ == "__main__":
