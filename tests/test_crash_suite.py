@@ -120,6 +120,7 @@ def test_crash_after_every_store_write_loses_nothing_and_bills_each_key_once(
             assert max(executions_per_key(result).values(), default=0) <= 1, (seed, k)
             crash_points += 1
     assert crash_points >= 150
+    print(f"\n[{store}] {crash_points} crash points over seeds {SEEDS}: 0 lost, each key billed at most once")
 
 
 def _path(tmp_path: Path, store: str, k: int, **flags) -> Path:
@@ -142,6 +143,7 @@ def test_without_reconciliation_double_executions_happen_only_at_the_crash_gap(t
             doubles_with += sum(1 for n in executions_per_key(reconciled).values() if n > 1)
     assert doubles_with == 0
     assert doubles_without > 0  # the gap is real: this is what reconciliation is for
+    print(f"\n[memory] keys executed twice over all crash points: {doubles_without} blind re-send, 0 reconciled")
 
 
 def test_the_crash_scenario_is_valid(tmp_path: Path) -> None:
