@@ -143,7 +143,7 @@ def test_without_reconciliation_double_executions_happen_only_at_the_crash_gap(t
             doubles_with += sum(1 for n in executions_per_key(reconciled).values() if n > 1)
     assert doubles_with == 0
     assert doubles_without > 0  # the gap is real: this is what reconciliation is for
-    print(f"\n[memory] keys executed twice over all crash points: {doubles_without} blind re-send, 0 reconciled")
+    print(f"\n[memory] keys executed twice, all crash points: {doubles_without} blind re-send, 0 reconciled")
 
 
 def test_the_crash_scenario_is_valid(tmp_path: Path) -> None:
