@@ -19,7 +19,7 @@ import pytest
 
 from aiqsim.core.backoff import ExponentialBackoff, FullJitter, NoBackoff
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.runtime import Cancelled, SimPyRuntime
+from aiqsim.runtime import Cancelled, Signal, SimPyRuntime
 from aiqsim.validation import (
     AntitheticRandom,
     Replication,
@@ -569,3 +569,35 @@ def test_wait_for_a_future_passes_on_its_cancellation_and_an_outside_cancel() ->
         return outcomes
 
     assert run_sim(body)[0] == [("future cancelled", 1), ("task cancelled", 3, False)]
+
+
+def test_an_outer_deadline_at_the_same_instant_as_an_inner_one_is_not_swallowed() -> None:
+    """Both expire together; the one cancellation must reach the outer wait_for, or code that handles
+    the inner timeout (Signal.wait returns False) would run on past the outer deadline."""
+
+    async def body(rt):
+        signal = Signal(rt)
+        polls = []
+
+        async def poller():
+            while len(polls) < 50:  # bounded, so a swallowed deadline fails the test instead of hanging it
+                polls.append(await signal.wait(1.0))
+
+        async def nested_coroutine():
+            async def inner():
+                await rt.wait_for(rt.sleep(5), 2.0)
+
+            await rt.wait_for(inner(), 2.0)
+
+        outcomes = []
+        for work in (poller, nested_coroutine):
+            try:
+                await rt.wait_for(work(), 2.0 if work is nested_coroutine else 1.0)
+            except TimeoutError:
+                outcomes.append((work.__name__, rt.now()))
+        return outcomes, polls
+
+    (outcomes, polls), runtime = run_sim(body)
+    assert outcomes == [("poller", 1.0), ("nested_coroutine", 3.0)]
+    assert polls == []  # the inner timeout at t=1 did not count as a poll that came back empty
+    assert runtime.task_errors == []

@@ -121,7 +121,16 @@ class _Sleep(simpy.Timeout):
 class SimTask:
     """Drives one coroutine on the environment; awaitable and cancellable like an asyncio Task."""
 
-    __slots__ = ("_cancel_pending", "_cancel_requests", "_coro", "_done", "_rt", "_waiting", "name")
+    __slots__ = (
+        "_cancel_pending",
+        "_cancel_requests",
+        "_coro",
+        "_deadlines",
+        "_done",
+        "_rt",
+        "_waiting",
+        "name",
+    )
 
     def __init__(self, rt: SimPyRuntime, coro: Coroutine[Any, Any, Any], name: str | None) -> None:
         self._rt = rt
@@ -130,6 +139,7 @@ class SimTask:
         self._done = SimFuture(rt.env)
         self._cancel_pending = False
         self._cancel_requests = 0  # calls of the public cancel(); a wait_for deadline is not one
+        self._deadlines: list[_Deadline] = []  # the wait_for deadlines open in this task, outermost first
         start = simpy.Event(rt.env)
         self._waiting: simpy.Event | None = start
         start.callbacks.append(self._resume)
@@ -247,6 +257,24 @@ class _Deadline:
             self.expired = True
             self.task._request_cancel()
 
+    def owns_timeout(self) -> bool:
+        """Whether the cancellation that reached this ``wait_for`` is its own timeout.
+
+        Not when the task was cancelled from outside since, and not when an enclosing ``wait_for``
+        of the same task expired too (deadlines at the same instant): the one cancellation must
+        then reach the outer one, or code between the two that handles the inner timeout (a
+        ``Signal.wait`` returning False) would keep running past the outer deadline.
+        """
+        task = self.task
+        if not self.expired or task._cancel_requests != self.cancel_requests:
+            return False
+        for outer in task._deadlines:
+            if outer is self:
+                return True
+            if outer.expired:
+                return False
+        return True
+
 
 class _DeadlineWheel:
     """All ``wait_for`` deadlines of a runtime behind one SimPy timer.
@@ -339,16 +367,18 @@ class SimPyRuntime:
             return await self._wait_for_event(self.spawn(coro, name="wait_for"), timeout)
         deadline = _Deadline(task)
         self._deadlines.add(self.env._now + (timeout if timeout > 0 else 0), deadline)
+        task._deadlines.append(deadline)
         try:
             result = await coro
         except BaseException as error:
-            if deadline.expired and task._cancel_requests == deadline.cancel_requests:
+            if deadline.owns_timeout():
                 # the timeout wins over whatever the cancelled work raised on its way out
                 cause = None if isinstance(error, Cancelled) else error
                 raise TimeoutError(f"timed out after {timeout:g} s (virtual)") from cause
-            raise  # the work's own outcome, or a cancel from outside, which wins over the deadline
+            raise  # the work's own outcome, or a cancel from outside or for an outer deadline
         finally:
             deadline.armed = False
+            task._deadlines.remove(deadline)
         if deadline.expired:  # the inner work swallowed the cancellation: the timeout still wins
             raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
         return result
@@ -362,17 +392,19 @@ class SimPyRuntime:
             return future.result()
         deadline = _Deadline(task)
         self._deadlines.add(self.env._now + (timeout if timeout > 0 else 0), deadline)
+        task._deadlines.append(deadline)
         try:
             return await future
         except Cancelled:
-            if not (deadline.expired and task._cancel_requests == deadline.cancel_requests):
-                raise  # the future was cancelled, or the task was: not a timeout
+            if not deadline.owns_timeout():
+                raise  # the future was cancelled, or the task was, or an outer deadline expired
             if future._value is not PENDING and not future.cancelled():
                 return future.result()  # resolved at the deadline's instant: the result wins
             future.cancel()
             raise TimeoutError(f"timed out after {timeout:g} s (virtual)") from None
         finally:
             deadline.armed = False
+            task._deadlines.remove(deadline)
 
     async def _wait_for_event(self, awaitable: SimFuture | SimTask, timeout: float) -> Any:
         child: SimTask | None = None
