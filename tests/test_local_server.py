@@ -432,3 +432,22 @@ def test_same_config_and_seed_give_the_same_outcomes_in_simulation_and_over_http
     assert len(set(e.outcome for e in http_ledger.executions)) >= 3  # the run exercised several outcomes
     assert [(r.status, r.attempts) for r in http_records] == [(r.status, r.attempts) for r in sim_records]
     assert http_ledger.total_cost == pytest.approx(simulated.ledger.cost_total)
+
+
+def test_requests_without_a_key_meet_seeded_fates_in_arrival_order() -> None:
+    """A client that sends no Idempotency-Key (nor task headers) still gets a reproducible run."""
+    config = ProviderConfig(
+        name="llm", latency_base_s=0.01, latency_per_unit_s=0.0, rate_limit_prob=0.3, server_error_prob=0.2
+    )
+    body = {"messages": [{"role": "user", "content": "hello"}]}
+
+    def statuses(seed: int) -> list[int]:
+        with start_local_server(config, time_scale=0.01, seed=seed) as server, httpx.Client() as client:
+            return [
+                client.post(server.url + "/v1/chat/completions", json=body).status_code for _ in range(30)
+            ]
+
+    first = statuses(seed=4)
+    assert statuses(seed=4) == first
+    assert {200, 429, 500} <= set(first)
+    assert statuses(seed=5) != first

@@ -664,8 +664,12 @@ def test_trace_file_with_wrong_columns(tmp_path):
         (b"TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,5,six\n", "line 2: cannot parse"),
         (b"TIMESTAMP,ContextTokens,GeneratedTokens\n", "has a header but no rows"),
         (b"TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,5,\xff\n", "is not UTF-8 text"),
+        (
+            b"TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,5," + b"9" * 200_000 + b"\n",
+            "is not a readable CSV file: field larger than field limit",
+        ),
     ],
-    ids=["negative-tokens", "unparseable-row", "no-rows", "not-utf8"],
+    ids=["negative-tokens", "unparseable-row", "no-rows", "not-utf8", "field-too-large"],
 )
 def test_a_bad_trace_row_is_caught_when_the_scenario_loads(tmp_path, content: bytes, expected: str):
     """Loading (and so ``aiqsim validate``) reads every row, not just the header: a file that

@@ -182,6 +182,11 @@ def test_a_repeat_of_a_key_meets_a_fresh_fate():
     assert 10 < outcomes.count("rate_limited") < 30  # independent draws per arrival, not one fate
 
 
+def test_any_string_is_a_key_even_one_a_strict_utf8_encoder_refuses():
+    fates_seen = fates(NOISY, ["a\ud800", "a\0b", "a"])  # a lone surrogate, a NUL byte
+    assert len(fates_seen) == 3
+
+
 def test_changing_one_probability_leaves_every_other_draw_where_it_was():
     keys = [f"k{i}" for i in range(60)]
     calm = fates(config(latency_sigma=0.3), keys)

@@ -416,6 +416,57 @@ def test_sqlite_opens_a_version_1_store_and_upgrades_it_keeping_every_record(tmp
         assert again.get("t1").worker == "w-1"  # type: ignore[union-attr]
 
 
+def upgraded_meanwhile(monkeypatch: pytest.MonkeyPatch, path: Path, *statements: str) -> None:
+    """Make another process change the file between this open's validation and its upgrade."""
+    validate = SqliteStore._validate
+
+    def racing(self, *, full):  # type: ignore[no-untyped-def]
+        version = validate(self, full=full)
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            for statement in statements:
+                other.execute(statement)
+            other.execute("COMMIT")
+        finally:
+            other.close()
+        return version
+
+    monkeypatch.setattr(SqliteStore, "_validate", racing)
+
+
+def test_sqlite_upgrade_that_another_process_finished_first_is_not_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = copy_of_v1_store(tmp_path)
+    upgraded_meanwhile(
+        monkeypatch, path, "ALTER TABLE tasks ADD COLUMN worker TEXT", "PRAGMA user_version = 2"
+    )
+    with SqliteStore(path) as store:  # would fail with "duplicate column name: worker" if re-run
+        assert len(store) == 3
+    assert sqlite_columns(path).count("worker") == 1
+
+
+def test_sqlite_upgrade_never_relabels_a_file_a_newer_aiqsim_upgraded_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = copy_of_v1_store(tmp_path)
+    upgraded_meanwhile(
+        monkeypatch,
+        path,
+        "ALTER TABLE tasks ADD COLUMN worker TEXT",
+        "ALTER TABLE tasks ADD COLUMN lease REAL",
+        "PRAGMA user_version = 3",
+    )
+    with pytest.raises(StoreCorruptError, match=r"schema version 3 \(written by a newer aiqsim\)"):
+        SqliteStore(path)
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    finally:
+        conn.close()
+
+
 def test_sqlite_refuses_a_damaged_version_1_store_without_upgrading_it(tmp_path: Path) -> None:
     path = copy_of_v1_store(tmp_path)
     conn = sqlite3.connect(path, isolation_level=None)

@@ -273,6 +273,8 @@ class LocalProviderServer:
         self.provider = SimulatedProvider(self.runtime, config, random.Random(seed), self._provider_ledger)
         """The simulated provider behind the endpoint (lives on the server thread)."""
         self._requests: list[RequestEntry] = []
+        self._arrivals = 0
+        """Chat requests received so far: names a request that brings no task id or key of its own."""
         self._origin: float | None = None
         self._http = LoopbackHttpServer(
             self._handle, name=f"aiqsim-provider-{config.name}", on_start=self._on_start
@@ -398,10 +400,12 @@ class LocalProviderServer:
             message = "the body must be a JSON object with a messages list (or prompt_units and output_units)"
             return reply(400, error_json(message, "invalid_request_error"), "bad_request")
 
-        seq_hint = len(self._requests) + 1
+        self._arrivals += 1  # the server loop is one thread: a unique, deterministic arrival number
+        arrival = self._arrivals
         sim_request = ProviderRequest(
-            task_id=request.headers.get(TASK_ID_HEADER) or f"http-{seq_hint}-{arrived_wall:.6f}",
-            idempotency_key=entry["key"] or f"no-key-{seq_hint}-{arrived_wall:.6f}",
+            task_id=request.headers.get(TASK_ID_HEADER) or f"http-{arrival}",
+            # a keyless request is its own key: its fate follows its arrival number, as seeded
+            idempotency_key=entry["key"] or f"no-key-{arrival}",
             kind=self.config.kind,
             payload=simulator_payload(body, self.config.kind, self.default_max_tokens),
             cost_estimate=0.0,

@@ -280,7 +280,10 @@ class _Draws:
     def for_request(cls, secret: bytes, idempotency_key: str, arrival: int) -> _Draws:
         """The draws of the ``arrival``-th request (from 0) with ``idempotency_key``: a pure function."""
         digest = hashlib.blake2b(
-            f"{arrival}\0{idempotency_key}".encode(), key=secret, digest_size=8 * DRAWS_PER_CALL
+            # surrogatepass: any Python string is a valid key, even one with a lone surrogate
+            f"{arrival}\0{idempotency_key}".encode("utf-8", "surrogatepass"),
+            key=secret,
+            digest_size=8 * DRAWS_PER_CALL,
         ).digest()
         return cls(*((word >> 11) * _TWO_TO_MINUS_53 for word in _UNPACK_DRAWS(digest)))
 

@@ -177,6 +177,8 @@ def read_trace(trace: str) -> tuple[TraceRow, ...]:
         raise TraceError(f"cannot read trace {trace!r}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise TraceError(f"trace {trace!r} is not UTF-8 text") from None
+    except csv.Error as exc:  # e.g. a field over the csv module's size limit, a NUL byte
+        raise TraceError(f"trace {trace!r} is not a readable CSV file: {exc}") from None
     if not rows:
         raise TraceError(f"trace {trace!r} has a header but no rows")
     return tuple(rows)

@@ -317,6 +317,14 @@ class SqliteStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:  # a newer aiqsim upgraded it meanwhile: never label it ours
+                raise self._corrupt(
+                    f"schema version {version} (written by a newer aiqsim); this build reads "
+                    f"{' or '.join(map(str, READABLE_VERSIONS))}"
+                )
+            if version == SCHEMA_VERSION:
+                conn.execute("ROLLBACK")  # another process upgraded it first: nothing to do
+                return
             while version < SCHEMA_VERSION:
                 conn.execute(MIGRATIONS[version])
                 version += 1
