@@ -478,7 +478,10 @@ class Scheduler:
         workers are not touched: their processes are alive and still running them.
 
         Recovery trusts that each worker id is held by one live process at a time, and that a
-        dead worker's tasks (``workers=["its-id"]``) are taken over by one process only.
+        dead worker's tasks (``workers=["its-id"]``) are taken over by one process only. A takeover
+        cut short by a crash is finished with ``workers=["its-id", own_id]`` (what was already
+        taken over carries this worker's id). A store written before worker ids has tasks without
+        one: give ``workers=[None, own_id]`` once to adopt them.
 
         Unfinished tasks for a provider this scheduler was not given raise ``ValueError`` before
         anything is written (``unknown_providers="raise"``); with ``"leave"`` they stay in the

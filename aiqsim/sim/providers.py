@@ -42,7 +42,9 @@ next), under a secret taken once from the injected ``rng``. A request's fate the
 depend on the order in which requests of different keys reach the server: the live run over
 HTTP, where near-simultaneous requests arrive in any order, meets the same fates as the
 simulation, and two configurations compared on one seed (FIFO vs SJF, two backoff bases) face
-the same fate per request (common random numbers).
+the same fate per request (common random numbers). Server-quota 429s count as arrivals too, so
+where those depend on timing (a request landing just inside or outside a window), so do the
+fates of that key's later requests.
 """
 
 from __future__ import annotations
