@@ -58,6 +58,20 @@ def worker(
     )
 
 
+def two_workers(tmp_path: Path) -> tuple[Path, SimPyRuntime, Counter[str], Scheduler, Scheduler]:
+    """Workers "a" and "b" on one clock, each with its own connection to the same SQLite file."""
+    path = tmp_path / "shared.sqlite"
+    runtime = SimPyRuntime()
+    executions: Counter[str] = Counter()
+    return (
+        path,
+        runtime,
+        executions,
+        worker(runtime, path, executions, "a", 1),
+        worker(runtime, path, executions, "b", 2),
+    )
+
+
 def submit_all(scheduler: Scheduler, prefix: str) -> list[str]:
     return [
         scheduler.submit("llm", f"{prefix}{n}", task_id=f"{prefix}{n}").id for n in range(TASKS_PER_WORKER)
@@ -69,11 +83,7 @@ def of_worker(records: list[TaskRecord], prefix: str) -> list[TaskRecord]:
 
 
 def test_a_restarted_worker_adopts_its_own_tasks_and_leaves_the_live_ones_alone(tmp_path: Path) -> None:
-    path = tmp_path / "shared.sqlite"
-    runtime = SimPyRuntime()
-    executions: Counter[str] = Counter()
-    a = worker(runtime, path, executions, "a", seed=1)
-    b = worker(runtime, path, executions, "b", seed=2)
+    path, runtime, executions, a, b = two_workers(tmp_path)
     observed: dict[str, object] = {}
 
     async def main() -> None:
@@ -113,24 +123,14 @@ def test_a_restarted_worker_adopts_its_own_tasks_and_leaves_the_live_ones_alone(
 
 def test_a_worker_without_an_id_takes_every_running_task_for_an_orphan(tmp_path: Path) -> None:
     """Why worker ids exist: the single-user default reconciles b's live calls too, and they run twice."""
-    path = tmp_path / "shared.sqlite"
-    runtime = SimPyRuntime()
-    executions: Counter[str] = Counter()
-    a = worker(runtime, path, executions, "a", seed=1)
-    b = worker(runtime, path, executions, "b", seed=2)
+    path, runtime, executions, a, b = two_workers(tmp_path)
 
     async def main() -> RecoveryReport:
         submit_all(a, "a")
         submit_all(b, "b")
         await runtime.sleep(1.0)
         a.crash()
-        anonymous = Scheduler(
-            runtime,
-            [CountingProvider(runtime, executions)],
-            store=SqliteStore(path),
-            quotas={"llm": QuotaLimits(concurrency=SLOTS)},
-            rng=random.Random(3),
-        )
+        anonymous = worker(runtime, path, executions, None, seed=3)
         report = await anonymous.recover(requeue_interrupted=True)
         await anonymous.join()
         await b.join()
@@ -143,11 +143,7 @@ def test_a_worker_without_an_id_takes_every_running_task_for_an_orphan(tmp_path:
 
 
 def test_taking_over_a_dead_workers_tasks_is_explicit(tmp_path: Path) -> None:
-    path = tmp_path / "shared.sqlite"
-    runtime = SimPyRuntime()
-    executions: Counter[str] = Counter()
-    a = worker(runtime, path, executions, "a", seed=1)
-    b = worker(runtime, path, executions, "b", seed=2)
+    path, runtime, executions, a, b = two_workers(tmp_path)
     reports: list[RecoveryReport] = []
 
     async def main() -> None:
