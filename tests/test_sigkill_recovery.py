@@ -39,7 +39,11 @@ from tests.helpers_store_worker import WORKLOAD, connect_ledger, expected_result
 
 WORKER = Path(__file__).with_name("helpers_store_worker.py")
 KILL_WINDOW_S = 0.2
-"""Kills land uniformly in this window after the worker reports the store open (a whole run takes ~1 s)."""
+"""Kills land uniformly in this window after the worker reports the store open."""
+LATENCY_SCALE = 3.0
+"""Slows the worker's provider so the workload needs at least 1.44 s of provider sleeps (32 keys, two
+at a time, two sleeps of >= 15 ms each, x3): more than the 6 kill windows add up to, so on however
+fast a machine every wanted kill lands before the work is done."""
 MAX_RUNS = 40
 
 
@@ -86,6 +90,7 @@ def run_with_kills(kind: str, lookup: bool, kills_wanted: int, seed: int, direct
         outcome.runs += 1
         command = [sys.executable, str(WORKER), "recover", "--kind", kind, "--store", str(store_path)]
         command += ["--ledger", str(ledger_path), flag, "--seed", str(rng.randrange(2**31))]
+        command += ["--latency-scale", str(LATENCY_SCALE)]
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             first = proc.stdout.readline()  # type: ignore[union-attr]

@@ -23,8 +23,12 @@ from tests.test_sigkill_recovery import check_store, read_ledger
 WORKER = Path(__file__).with_name("helpers_store_worker.py")
 KILLS = 5
 KILL_WINDOW_S = 0.25
-B_LATENCY_SCALE = 6.0
-"""b's calls take six times as long, so b is still busy while a is killed and restarted."""
+A_LATENCY_SCALE = 3.0
+"""a's workload needs at least 1.44 s of provider sleeps, more than its 5 kill windows add up to (1.25 s),
+so every kill lands before a is done, however fast the machine."""
+B_LATENCY_SCALE = 10.0
+"""b's calls take ten times as long (at least 4.8 s of work), so b is still busy while a is killed and
+restarted."""
 
 
 def start(
@@ -51,7 +55,7 @@ def test_killing_one_worker_never_touches_the_tasks_of_the_other(tmp_path: Path)
     try:
         kills = 0
         while True:
-            a = start("a", store, ledger, seed=rng.randrange(2**31))
+            a = start("a", store, ledger, seed=rng.randrange(2**31), latency_scale=A_LATENCY_SCALE)
             a_pids.add(a.pid)
             killed = False
             if kills < KILLS:
