@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from random import Random
+from typing import TYPE_CHECKING
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.core.token_bucket import refill_wait
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_rate_limited
+
+if TYPE_CHECKING:
+    from random import Random  # the injected generator's type; no randomness is imported
 
 CUBIC_SCALE_CONSTANT = 0.4
 """C: how fast the cubic curve moves away from W_max (botocore ``_SCALE_CONSTANT``)."""

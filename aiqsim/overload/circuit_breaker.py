@@ -31,13 +31,15 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from random import Random
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_server_failure, is_server_failure_or_rate_limited
 from aiqsim.overload.window import TimeWindow
+
+if TYPE_CHECKING:
+    from random import Random  # the injected generator's type; no randomness is imported
 
 BreakerMode = Literal["fail_fast", "wait"]
 

@@ -37,8 +37,7 @@ current scheduler the refusal rollback; the helper functions (defined next to th
 from __future__ import annotations
 
 from collections.abc import Iterable
-from random import Random
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.scheduler.retry import (  # the calling convention lives with the protocol
@@ -49,6 +48,9 @@ from aiqsim.scheduler.retry import (  # the calling convention lives with the pr
     gate_wait_s,
     tell_gate,
 )
+
+if TYPE_CHECKING:
+    from random import Random  # the injected generator's type; no randomness is imported
 
 __all__ = [
     "GateChain",

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from random import Random
+from typing import TYPE_CHECKING
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_timeout
 from aiqsim.overload.window import TimeWindow
+
+if TYPE_CHECKING:
+    from random import Random  # the injected generator's type; no randomness is imported
 
 
 def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> float:

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from random import Random
+from typing import TYPE_CHECKING
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_overload_rejection
 from aiqsim.overload.window import TimeWindow
+
+if TYPE_CHECKING:
+    from random import Random  # the injected generator's type; no randomness is imported
 
 
 def rejection_probability(requests: float, accepts: float, k: float) -> float:
