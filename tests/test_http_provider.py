@@ -109,6 +109,7 @@ def test_parse_duration_of_none_and_numbers() -> None:
     assert parse_duration(2) == 2.0
     assert parse_duration(-1.0) is None
     assert parse_duration(math.inf) is None
+    assert parse_duration(True) is None  # a boolean is not one second (shared with Retry-After parsing)
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,11 @@ from email.utils import parsedate_to_datetime
 
 
 def delta_seconds(value: str | float | int) -> float | None:
-    """A number of seconds given as a number or numeric text (``"1.5"``); ``None`` when negative or
-    not finite. Raises ``ValueError`` for text that is not a number, so callers can try other forms."""
+    """A number of seconds given as a number or numeric text (``"1.5"``); ``None`` when negative,
+    not finite or a boolean (``True`` is not one second). Raises ``ValueError`` for text that is not
+    a number, so callers can try other forms."""
+    if isinstance(value, bool):
+        return None
     seconds = float(value) if isinstance(value, int | float) else float(value.strip())
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
@@ -24,7 +27,7 @@ def parse_retry_after(value: str | float | int | None, now_epoch_s: float) -> fl
     far as :mod:`email.utils` parses them; a date without a zone (asctime, or ``-0000``) is
     UTC, as every HTTP date is.
     """
-    if value is None or isinstance(value, bool):
+    if value is None:
         return None
     try:
         return delta_seconds(value)
