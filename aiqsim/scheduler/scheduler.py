@@ -190,6 +190,13 @@ class _Lane:
     """The dispatcher waits for a concurrency slot: only a release can unblock it, not new work."""
 
 
+def _checked_worker_id(value: str | None, what: str) -> str | None:
+    """A worker id is a non-empty string; ``None`` means "no worker id" (tasks of a single user)."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{what} must be a non-empty string or None, got {value!r}")
+    return value
+
+
 class Scheduler:
     """Schedules provider calls under quotas, with retries, idempotency and cancellation.
 
@@ -232,9 +239,7 @@ class Scheduler:
         duplicate_poll_s: float = 0.5,
         worker_id: str | None = None,
     ) -> None:
-        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
-            raise ValueError(f"worker_id must be a non-empty string or None, got {worker_id!r}")
-        self.worker_id = worker_id
+        self.worker_id = _checked_worker_id(worker_id, "worker_id")
         self.runtime = runtime
         self.store: TaskStore = store if store is not None else MemoryStore()
         self.dispatch = dispatch if dispatch is not None else FifoPolicy()
@@ -490,7 +495,12 @@ class Scheduler:
         if unknown_providers not in ("raise", "leave"):
             raise ValueError(f"unknown_providers must be 'raise' or 'leave', got {unknown_providers!r}")
         adopted = self._adopted_workers(workers)
-        unknown = self._unknown_provider_tasks(adopted)
+
+        def ours(record: TaskRecord) -> bool:
+            return adopted is None or record.worker in adopted or record.id in requeued_ids
+
+        requeued_ids: set[str] = set()
+        unknown = self._unknown_provider_tasks(ours)
         if unknown and unknown_providers == "raise":
             names = sorted({record.provider for record in unknown.values()})
             raise ValueError(
@@ -499,12 +509,11 @@ class Scheduler:
                 "those providers, or pass unknown_providers='leave' to leave the tasks in the store"
             )
         completed = failed = requeued = resumed = reattached = left = 0
-        requeued_ids: set[str] = set()
         me = self.worker_id
         for orphan in self.store.list_by_status(TaskStatus.RUNNING):
             if orphan.id in self._live or orphan.id in unknown:
                 continue  # running here, in this process (not an orphan), or not ours to run
-            if adopted is not None and orphan.worker not in adopted:
+            if not ours(orphan):
                 left += 1
                 continue
             lane = self._lanes.get(orphan.provider)
@@ -536,7 +545,7 @@ class Scheduler:
         for queued in self.store.list_by_status(TaskStatus.QUEUED):
             if queued.id in self._live or queued.id in unknown:
                 continue
-            if adopted is not None and queued.worker not in adopted and queued.id not in requeued_ids:
+            if not ours(queued):  # requeued orphans are ours, whatever worker they came from
                 left += 1
                 continue
             if queued.worker != me:  # taken over from another worker: say so in the store first
@@ -554,14 +563,12 @@ class Scheduler:
             self._ensure_started()
         return RecoveryReport(completed, failed, requeued, resumed, reattached, left, len(unknown))
 
-    def _unknown_provider_tasks(self, adopted: frozenset[str | None] | None) -> dict[str, TaskRecord]:
+    def _unknown_provider_tasks(self, ours: Callable[[TaskRecord], bool]) -> dict[str, TaskRecord]:
         """Running and queued tasks that recovery would adopt but that name no provider of ours."""
         return {
             record.id: record
             for record in self.store.list_by_status(TaskStatus.RUNNING, TaskStatus.QUEUED)
-            if record.provider not in self._lanes
-            and record.id not in self._live
-            and (adopted is None or record.worker in adopted)
+            if record.provider not in self._lanes and record.id not in self._live and ours(record)
         }
 
     def _adopted_workers(self, workers: Iterable[str | None] | None) -> frozenset[str | None] | None:
@@ -569,11 +576,7 @@ class Scheduler:
         if isinstance(workers, str):
             raise TypeError(f"workers takes a collection of worker ids, not one string: use [{workers!r}]")
         if workers is not None:
-            chosen = frozenset(workers)
-            for worker in chosen:
-                if worker is not None and (not isinstance(worker, str) or not worker):
-                    raise ValueError(f"workers must hold non-empty strings or None, got {worker!r}")
-            return chosen
+            return frozenset(_checked_worker_id(worker, "each of workers") for worker in workers)
         if self.worker_id is not None:
             return frozenset({self.worker_id})
         return None
