@@ -276,6 +276,12 @@ class _Deadline:
         return True
 
 
+def _close_deadline(deadline: _Deadline) -> None:
+    """Disarm ``deadline`` (the wheel drops it lazily) and forget it in its task."""
+    deadline.armed = False
+    deadline.task._deadlines.remove(deadline)
+
+
 class _DeadlineWheel:
     """All ``wait_for`` deadlines of a runtime behind one SimPy timer.
 
@@ -365,9 +371,7 @@ class SimPyRuntime:
         task = self.current_task
         if task is None:  # not driven by a SimTask (a coroutine stepped by hand): use a child task
             return await self._wait_for_event(self.spawn(coro, name="wait_for"), timeout)
-        deadline = _Deadline(task)
-        self._deadlines.add(self.env._now + (timeout if timeout > 0 else 0), deadline)
-        task._deadlines.append(deadline)
+        deadline = self._open_deadline(task, timeout)
         try:
             result = await coro
         except BaseException as error:
@@ -377,11 +381,17 @@ class SimPyRuntime:
                 raise TimeoutError(f"timed out after {timeout:g} s (virtual)") from cause
             raise  # the work's own outcome, or a cancel from outside or for an outer deadline
         finally:
-            deadline.armed = False
-            task._deadlines.remove(deadline)
+            _close_deadline(deadline)
         if deadline.expired:  # the inner work swallowed the cancellation: the timeout still wins
             raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
         return result
+
+    def _open_deadline(self, task: SimTask, timeout: float) -> _Deadline:
+        """Arm a deadline for ``task`` on the wheel and note it among the task's open ones."""
+        deadline = _Deadline(task)
+        self._deadlines.add(self.env._now + (timeout if timeout > 0 else 0), deadline)
+        task._deadlines.append(deadline)
+        return deadline
 
     async def _wait_for_future(self, future: SimFuture, timeout: float) -> Any:
         """A future under a deadline of the wheel: a dispatcher's timed wait that is usually
@@ -390,9 +400,7 @@ class SimPyRuntime:
         assert task is not None
         if future._value is not PENDING:
             return future.result()
-        deadline = _Deadline(task)
-        self._deadlines.add(self.env._now + (timeout if timeout > 0 else 0), deadline)
-        task._deadlines.append(deadline)
+        deadline = self._open_deadline(task, timeout)
         try:
             return await future
         except Cancelled:
@@ -403,8 +411,7 @@ class SimPyRuntime:
             future.cancel()
             raise TimeoutError(f"timed out after {timeout:g} s (virtual)") from None
         finally:
-            deadline.armed = False
-            task._deadlines.remove(deadline)
+            _close_deadline(deadline)
 
     async def _wait_for_event(self, awaitable: SimFuture | SimTask, timeout: float) -> Any:
         child: SimTask | None = None
