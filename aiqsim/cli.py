@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from aiqsim import __version__
+from aiqsim.core.errors import ConfigurationError
 
 EXIT_BAD_INPUT = 2
 
 
-class UsageError(Exception):
+class UsageError(ConfigurationError):
     """A mistake in what the user asked for; printed without a traceback."""
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import enum
 
+from aiqsim.core.errors import AiqsimError
 
-class ProviderError(Exception):
+
+class ProviderError(AiqsimError):
     """Base of every failure a provider adapter reports."""
 
 

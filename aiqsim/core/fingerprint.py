@@ -14,8 +14,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from aiqsim.core.errors import ConfigurationError
 
-class FingerprintError(TypeError):
+
+class FingerprintError(ConfigurationError, TypeError):
     """The input holds a value with no canonical JSON form."""
 
 

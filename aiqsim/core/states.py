@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from aiqsim.core.errors import SchedulingError
 from aiqsim.core.task import TaskRecord, TaskStatus, copy_record
 
 _S = TaskStatus
@@ -28,7 +29,7 @@ TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = MappingProxyType(
 """Legal next states for each state. Anything not listed raises :class:`IllegalTransitionError`."""
 
 
-class IllegalTransitionError(Exception):
+class IllegalTransitionError(SchedulingError):
     """A status change that the transition table forbids. The record is left unchanged."""
 
     def __init__(self, task_id: str, current: TaskStatus, requested: TaskStatus) -> None:

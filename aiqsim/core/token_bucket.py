@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from aiqsim.core.errors import ConfigurationError
 
-class QuotaConfigError(ValueError):
+
+class QuotaConfigError(ConfigurationError):
     """A request that no amount of waiting could satisfy (e.g. cost above capacity)."""
 
 

@@ -27,16 +27,17 @@ from typing import Any, TypeVar
 import simpy
 from simpy.events import NORMAL, PENDING
 
+from aiqsim.core.errors import SchedulingError
 from aiqsim.runtime.protocol import Cancelled
 
 T = TypeVar("T")
 
 
-class InvalidStateError(RuntimeError):
+class InvalidStateError(SchedulingError, RuntimeError):
     """A future was resolved twice, or its result was read before it had one."""
 
 
-class SimulationDeadlock(RuntimeError):
+class SimulationDeadlock(SchedulingError, RuntimeError):
     """The main coroutine is still waiting but nothing is left to happen."""
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiqsim.core.backoff import retry_delay
+from aiqsim.core.errors import SchedulingError
 from aiqsim.core.failures import (
     AttemptRejectedError,
     FailureClass,
@@ -59,15 +60,15 @@ DEFAULT_INTERACTIVE_LIMIT = 5
 _PRIORITIES = tuple(Priority)  # iterating the enum itself is measurably slow on the dispatch path
 
 
-class QueueFullError(RuntimeError):
+class QueueFullError(SchedulingError, RuntimeError):
     """Too many queued requests of one priority: the submission was refused and nothing enqueued."""
 
 
-class SchedulerClosedError(RuntimeError):
+class SchedulerClosedError(SchedulingError, RuntimeError):
     """The scheduler was closed (or crashed) and takes no more work."""
 
 
-class TaskFailedError(Exception):
+class TaskFailedError(SchedulingError):
     """Raised by :meth:`Submission.result` for a task that failed (or shared a failed run)."""
 
     def __init__(self, record: TaskRecord) -> None:
@@ -75,7 +76,7 @@ class TaskFailedError(Exception):
         self.record = record
 
 
-class TaskCancelledError(Exception):
+class TaskCancelledError(SchedulingError):
     """Raised by :meth:`Submission.result` for a cancelled task."""
 
     def __init__(self, record: TaskRecord) -> None:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from aiqsim.core.backoff import BACKOFF_STRATEGIES
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.scheduler.dispatch import DISPATCH_POLICIES
 from aiqsim.sim.config import (
     ClientQuotaConfig,
@@ -79,7 +80,7 @@ MAX_TIMELINE_STEPS = 1_000_000
 """The timeline has one row per step and provider: more steps than this is a typo, not a wish."""
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ConfigurationError):
     """A scenario that cannot be used, with where (file, dotted key path) and what was expected.
 
     ``str(error)`` reads ``scenarios/x.toml: retry.base_s: expected a number >= 0, got "fast"``.

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from aiqsim.core.errors import AiqsimError
 from aiqsim.lab.progress import Progress
 from aiqsim.sim.config import Scenario
 
@@ -32,7 +33,7 @@ class RunFailure:
     error: str
 
 
-class SweepError(RuntimeError):
+class SweepError(AiqsimError, RuntimeError):
     """Some runs failed. ``failures`` says which; ``results`` holds the rows of the runs that worked."""
 
     def __init__(self, failures: list[RunFailure], results: pd.DataFrame) -> None:

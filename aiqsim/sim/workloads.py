@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.sim.config import CostConfig, ProviderKind, Scenario, WorkloadConfig
 
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -54,7 +55,7 @@ class Arrival:
     action: str
 
 
-class WorkloadTooLargeError(ValueError):
+class WorkloadTooLargeError(ConfigurationError):
     """A workload whose arrivals would not fit in memory (more than :data:`MAX_ARRIVALS_PER_WORKLOAD`)."""
 
     def __init__(self, index: int, message: str) -> None:
@@ -63,7 +64,7 @@ class WorkloadTooLargeError(ValueError):
         self.message = message
 
 
-class TraceError(ValueError):
+class TraceError(ConfigurationError):
     """A trace CSV that cannot be replayed (missing columns, unparsable row, no rows)."""
 
 

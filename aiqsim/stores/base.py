@@ -10,21 +10,22 @@ import math
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from aiqsim.core.errors import StoreError
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 
 LIVE_OWNER_STATUSES = frozenset({TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.SUCCEEDED})
 """An owner in one of these states keeps its key; a failed or cancelled owner gives it up."""
 
 
-class StoreCorruptError(RuntimeError):
+class StoreCorruptError(StoreError, RuntimeError):
     """A state file that cannot be trusted. The file is left untouched."""
 
 
-class StoreLockedError(RuntimeError):
+class StoreLockedError(StoreError, RuntimeError):
     """Another process holds a single-process store (e.g. a JSON state file) open."""
 
 
-class StoreClosedError(RuntimeError):
+class StoreClosedError(StoreError, RuntimeError):
     """A store was used after :meth:`TaskStore.close`."""
 
 
