@@ -13,6 +13,7 @@ from aiqsim.stores.base import (
     StoreClosedError,
     StoreCorruptError,
     StoreLockedError,
+    StoreWriteError,
     TaskStore,
     claim_owner,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "StoreClosedError",
     "StoreCorruptError",
     "StoreLockedError",
+    "StoreWriteError",
     "TaskStore",
     "claim_owner",
     "open_store",

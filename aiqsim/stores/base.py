@@ -29,6 +29,20 @@ class StoreClosedError(StoreError, RuntimeError):
     """A store was used after :meth:`TaskStore.close`."""
 
 
+class StoreWriteError(StoreError, OSError):
+    """A store write failed (disk full, read-only file, I/O error): the change was NOT persisted.
+
+    ``what`` says which change was lost (e.g. ``"task 'a1' running -> succeeded"``) and
+    ``__cause__`` holds the underlying error. Nothing the error names is durable, so a caller
+    must not report it done.
+    """
+
+    def __init__(self, what: str, cause: BaseException | None = None) -> None:
+        self.what = what
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        super().__init__(f"store write failed, not persisted: {what}{detail}")
+
+
 @runtime_checkable
 class TaskStore(Protocol):
     """Durable (or not) home of task records.
