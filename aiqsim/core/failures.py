@@ -16,11 +16,24 @@ class ProviderError(AiqsimError):
 
 
 class RateLimitError(ProviderError):
-    """HTTP 429: the provider throttled us; ``retry_after_s`` is its requested pause, if any."""
+    """HTTP 429: the provider throttled us; ``retry_after_s`` is its requested pause, if any.
 
-    def __init__(self, message: str = "rate limited", retry_after_s: float | None = None) -> None:
+    ``quota_spent`` says what the 429 means when the provider told us: ``True`` when the
+    account's quota window is used up (``x-ratelimit-remaining-*: 0``, an explicit quota
+    error), so every request of the provider would be refused; ``False`` when the server says
+    quota remains (one overloaded request); ``None`` when it did not say.
+    """
+
+    def __init__(
+        self,
+        message: str = "rate limited",
+        retry_after_s: float | None = None,
+        *,
+        quota_spent: bool | None = None,
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.quota_spent = quota_spent
 
 
 class ProviderTimeoutError(ProviderError, TimeoutError):
@@ -30,9 +43,13 @@ class ProviderTimeoutError(ProviderError, TimeoutError):
 class ServerError(ProviderError):
     """HTTP 5xx or a broken connection: the provider failed on its side."""
 
-    def __init__(self, message: str = "server error", status: int = 500) -> None:
+    def __init__(
+        self, message: str = "server error", status: int = 500, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after_s = retry_after_s
+        """A 503's Retry-After (RFC 9110 §10.2.3), if the server sent one."""
 
 
 class QuotaExhaustedError(ProviderError):
