@@ -17,6 +17,7 @@ from aiqsim.core.backoff import (
     backoff_from_name,
     retry_delay,
 )
+from aiqsim.core.errors import AiqsimError, ConfigurationError, SchedulingError, StoreError
 from aiqsim.core.failures import (
     FailureClass,
     InvalidRequestError,
@@ -63,9 +64,11 @@ __version__ = "0.1.0"
 __all__ = [
     "TRANSITIONS",
     "AgingShortestJobFirstPolicy",
+    "AiqsimError",
     "AsyncioRuntime",
     "BackoffStrategy",
     "Cancelled",
+    "ConfigurationError",
     "ConstantBackoff",
     "DecorrelatedJitter",
     "EqualJitter",
@@ -93,12 +96,14 @@ __all__ = [
     "Reservation",
     "RetryPolicy",
     "Scheduler",
+    "SchedulingError",
     "SchemaViolationError",
     "ServerError",
     "ShortestJobFirstPolicy",
     "SimPyRuntime",
     "SqliteStore",
     "StoreCorruptError",
+    "StoreError",
     "Submission",
     "TaskCancelledError",
     "TaskFailedError",
