@@ -73,7 +73,7 @@ def postgres_server() -> Iterator[str]:
     if as_root:
         runuser = shutil.which("runuser")
         if runuser is None:
-            raise ServerUnavailable("running as root, and runuser is missing to start PostgreSQL as 'postgres'")
+            raise ServerUnavailable("running as root, and no runuser to start PostgreSQL as 'postgres'")
         prefix = [runuser, "-u", "postgres", "--"]
     root = Path(tempfile.mkdtemp(prefix="aiqsim-pg-"))
     data, sockets = root / "data", root / "sock"
@@ -101,21 +101,21 @@ def postgres_server() -> Iterator[str]:
         detail = getattr(error, "stderr", b"") or b""
         text = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         shutil.rmtree(root, ignore_errors=True)
-        raise ServerUnavailable(f"PostgreSQL did not start: {error}: {detail.decode(errors='replace')} {text}")
+        message = f"PostgreSQL did not start: {error}: {detail.decode(errors='replace')} {text}"
+        raise ServerUnavailable(message) from None
     try:
         _wait_for_port(port, 30)
+        createdb = _pg_tool("createdb") or "createdb"
         subprocess.run(
-            [*prefix, _pg_tool("createdb") or "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-             "aiqsim"],
+            [*prefix, createdb, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "aiqsim"],
             check=True,
             capture_output=True,
             timeout=60,
-        )  # fmt: skip
+        )
         yield f"postgresql://postgres@127.0.0.1:{port}/aiqsim"
     finally:
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60
-        )
+        stop = [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]
+        subprocess.run(stop, capture_output=True, timeout=60)
         shutil.rmtree(root, ignore_errors=True)
 
 
