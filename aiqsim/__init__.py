@@ -61,6 +61,19 @@ from aiqsim.stores import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """Fleet classes that need optional extras (redis, psycopg) are imported on first use."""
+    if name == "RedisQuota":
+        from aiqsim.fleet.redis_quota import RedisQuota
+
+        return RedisQuota
+    if name == "PostgresStore":
+        from aiqsim.stores.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module 'aiqsim' has no attribute {name!r}")
+
 __all__ = [
     "TRANSITIONS",
     "AgingShortestJobFirstPolicy",
@@ -83,6 +96,7 @@ __all__ = [
     "MultiQuota",
     "NoBackoff",
     "PoisonInputError",
+    "PostgresStore",
     "Priority",
     "ProviderError",
     "ProviderRequest",
@@ -93,6 +107,7 @@ __all__ = [
     "QuotaExhaustedError",
     "QuotaLimits",
     "RateLimitError",
+    "RedisQuota",
     "Reservation",
     "RetryPolicy",
     "Scheduler",
