@@ -24,7 +24,9 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
   counted in :attr:`unavailable`.
 
 The limits are the same :class:`~aiqsim.core.token_bucket.QuotaLimits` as a local quota (per
-minute, bursts defaulting to a minute's worth). Every worker must use the same limits and name.
+minute of the scheduler's clock, bursts defaulting to a minute's worth); ``time_scale`` (wall
+seconds per scheduler second, as :class:`~aiqsim.runtime.AsyncioRuntime`'s) converts them to
+Redis's wall clock, and waits back. Every worker must use the same limits and name.
 Server header corrections (``x-ratelimit-*``) do not apply to a shared quota (``requests`` and
 ``tokens`` are ``None`` here): they would let one worker's view overwrite the fleet's.
 
@@ -174,6 +176,7 @@ class RedisQuota:
         fallback: QuotaLimits | None = None,
         retry_s: float = DEFAULT_RETRY_S,
         socket_timeout_s: float = 1.0,
+        time_scale: float = 1.0,
         client: Any = None,
     ) -> None:
         if not isinstance(name, str) or not name:
@@ -184,6 +187,9 @@ class RedisQuota:
             raise ConfigurationError(f"slot_ttl_s must be a positive number of seconds, got {slot_ttl_s!r}")
         if not (isinstance(retry_s, int | float) and retry_s > 0 and math.isfinite(retry_s)):
             raise ConfigurationError(f"retry_s must be a positive number of seconds, got {retry_s!r}")
+        if not (isinstance(time_scale, int | float) and time_scale > 0 and math.isfinite(time_scale)):
+            raise ConfigurationError(f"time_scale must be a positive number, got {time_scale!r}")
+        self.time_scale = float(time_scale)
         # A local MultiQuota validates the limits exactly as a local lane would, and does the
         # pure arithmetic the shared one mirrors (capacities, rates, cost checks).
         self._shape = MultiQuota(limits)
@@ -214,12 +220,14 @@ class RedisQuota:
 
     # ------------------------------------------------------------------ shape of the limits
     def _bucket_args(self) -> tuple[float, float, float, float]:
+        """(request capacity, per wall second, token capacity, per wall second); 0 for unlimited."""
         requests, tokens = self._shape.requests, self._shape.tokens
+        scale = self.time_scale
         return (
             requests.capacity if requests is not None else 0.0,
-            requests.rate if requests is not None else 0.0,
+            requests.rate / scale if requests is not None else 0.0,
             tokens.capacity if tokens is not None else 0.0,
-            tokens.rate if tokens is not None else 0.0,
+            tokens.rate / scale if tokens is not None else 0.0,
         )
 
     def check_cost(self, tokens: float) -> None:
@@ -252,13 +260,14 @@ class RedisQuota:
             granted, detail = self._call(
                 self._reserve,
                 [tokens, *self._bucket_args()[:2], *self._bucket_args()[2:], self.limits.concurrency or 0,
-                 member, self.slot_ttl_s, 1e-9],
+                 member, self.slot_ttl_s * self.time_scale, 1e-9],
             )  # fmt: skip
         except self._redis.RedisError:
             self._down()
             return self._reserve_locally(tokens, now)
         if int(granted) != 1:
-            self._last_wait = _SLOT_POLL_S if detail in (b"slot", "slot") else float(detail)
+            wall = _SLOT_POLL_S if detail in (b"slot", "slot") else float(detail)
+            self._last_wait = wall / self.time_scale
             return None
         self._local_slots += 1
         return SharedReservation(
@@ -346,7 +355,7 @@ class RedisQuota:
         if seconds <= 0:
             return
         try:
-            self._call(self._pause, [seconds])
+            self._call(self._pause, [seconds * self.time_scale])
         except self._redis.RedisError:
             self._down()
         if self.fallback is not None:
