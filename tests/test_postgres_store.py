@@ -183,3 +183,64 @@ def test_terminal_transitions_are_announced(postgres_dsn: str, schema: str) -> N
         writer.update(running)
         writer.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={"ok": json.dumps(1)}))
         assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
+
+
+def test_a_version_1_store_is_upgraded_keeping_its_records(postgres_dsn: str, schema: str) -> None:
+    import psycopg
+
+    from aiqsim.stores.postgres import SCHEMA_VERSION, PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm", payload={"x": 1}))
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # what version 1 left behind
+        conn.execute(f"DROP TABLE {schema}.leases")
+        conn.execute(f"UPDATE {schema}.meta SET value = '1' WHERE name = 'schema_version'")
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        assert store.get("a") is not None and store.get("a").payload == {"x": 1}  # type: ignore[union-attr]
+        assert store.renew_lease("w", 5.0)
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute(f"SELECT value FROM {schema}.meta").fetchone() == (str(SCHEMA_VERSION),)
+
+
+def test_leases_expire_and_are_adopted_by_exactly_one_worker(postgres_dsn: str, schema: str) -> None:
+    import time
+
+    from aiqsim.stores.postgres import PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as a, PostgresStore(postgres_dsn, schema=schema) as b:
+        assert a.renew_lease("dead", 0.2) and b.renew_lease("b", 30.0) and a.renew_lease("c", 30.0)
+        assert b.adopt_expired("b") == []  # nobody expired yet
+        time.sleep(0.3)
+        assert b.adopt_expired("b") == ["dead"]
+        assert a.adopt_expired("c") == []  # already adopted: one adopter only
+        assert not a.renew_lease("dead", 5.0)  # the presumed-dead worker is fenced off
+        assert b.leases()["dead"][1] == "b"
+        b.finish_adoption("dead", "b")
+        assert "dead" not in b.leases()
+
+
+def test_a_worker_whose_lease_was_adopted_stops(postgres_dsn: str, schema: str) -> None:
+    from aiqsim.fleet import LeaseKeeper, LeaseLostError
+    from aiqsim.runtime import SimPyRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.stores.postgres import PostgresStore
+    from tests.fakes import ScriptedProvider
+
+    with (
+        PostgresStore(postgres_dsn, schema=schema) as store,
+        PostgresStore(postgres_dsn, schema=schema) as peer,
+    ):
+        runtime = SimPyRuntime()
+        scheduler = Scheduler(runtime, [ScriptedProvider(runtime, "llm")], store=store, worker_id="slow")
+        keeper = LeaseKeeper(scheduler, ttl_s=0.2)
+        keeper.beat()
+        import time
+
+        time.sleep(0.3)  # the worker stalls past its lease ...
+        assert peer.adopt_expired("peer") == ["slow"]  # ... and is presumed dead
+        with pytest.raises(LeaseLostError, match="presumed dead"):
+            keeper.beat()
+        from aiqsim.scheduler.scheduler import SchedulerClosedError
+
+        with pytest.raises(SchedulerClosedError):
+            scheduler.submit("llm", {"x": 1})

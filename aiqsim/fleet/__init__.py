@@ -1,10 +1,16 @@
-"""Running aiqsim on several hosts: a quota every worker shares through Redis.
+"""Running aiqsim on several hosts: a quota shared through Redis, and leases.
 
-The store side of a fleet is :class:`aiqsim.stores.PostgresStore` (claims and records shared
-by every worker). Both need optional extras (``redis``, ``postgres``) and are imported on use.
+- :class:`RedisQuota`: one account's requests/tokens/concurrency shared by every worker
+  (the ``redis`` extra, imported on first use).
+- :class:`LeaseKeeper`: renews a worker's lease and adopts the tasks of workers whose lease
+  expired, exactly once, through the provider lookup (needs a store with leases).
+
+The store side of a fleet is :class:`aiqsim.stores.PostgresStore` (the ``postgres`` extra).
 """
 
 from __future__ import annotations
+
+from aiqsim.fleet.leases import Adoption, LeaseKeeper, LeaseLostError
 
 
 def __getattr__(name: str) -> object:
@@ -15,4 +21,4 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["RedisQuota", "SharedReservation"]
+__all__ = ["Adoption", "LeaseKeeper", "LeaseLostError", "RedisQuota", "SharedReservation"]

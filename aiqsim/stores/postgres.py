@@ -14,6 +14,10 @@ Same contract as :class:`~aiqsim.stores.sqlite.SqliteStore`, on a server instead
   The schema version is kept in ``<schema>.meta``; a store of an older version is upgraded in
   one transaction under an advisory lock (:data:`MIGRATIONS`), a newer one is refused with
   :class:`~aiqsim.stores.base.StoreCorruptError` and left untouched.
+- Leases (schema version 2): a worker holds a lease that it renews (:meth:`renew_lease`, on the
+  database server's clock, which every host shares); a live worker adopts the tasks of a worker
+  whose lease expired (:meth:`adopt_expired`, exactly one adopter per dead worker), see
+  :class:`aiqsim.fleet.LeaseKeeper`.
 - ``notify=True`` (default) sends ``NOTIFY aiqsim_task_done, '<schema>:<task id>'`` in the
   transaction that makes a task terminal, so a process waiting for a duplicate's owner on
   another host can wake on it instead of polling (see :meth:`wait_for_terminal`).
@@ -43,7 +47,7 @@ from aiqsim.stores.base import (
     record_from_stored,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_SCHEMA = "aiqsim"
 NOTIFY_CHANNEL = "aiqsim_task_done"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -96,15 +100,32 @@ CREATE TABLE {s}.keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL);
 CREATE TABLE {s}.poison (key TEXT PRIMARY KEY, error TEXT NOT NULL, recorded_at DOUBLE PRECISION NOT NULL);
 """
 
-MIGRATIONS: dict[int, str] = {}
-"""SQL that upgrades a store from the key's schema version to the next one (none yet)."""
+_LEASES_SQL = """
+CREATE TABLE {s}.leases (
+    worker TEXT PRIMARY KEY,
+    expires_at DOUBLE PRECISION NOT NULL,
+    adopted_by TEXT
+);
+"""
+
+MIGRATIONS: dict[int, str] = {1: _LEASES_SQL}
+"""SQL that upgrades a store from the key's schema version to the next one: version 2 adds leases."""
+
+_SERVER_NOW = "extract(epoch from clock_timestamp())"
+"""The database server's clock: the one clock every worker on every host agrees on."""
 
 EXPECTED_TABLES = {
     "meta": ("name", "value"),
     "tasks": ("seq", *COLUMNS),
     "keys": ("key", "owner_id"),
     "poison": ("key", "error", "recorded_at"),
+    "leases": ("worker", "expires_at", "adopted_by"),
 }
+
+
+def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
+    """The tables of a store of schema ``version`` (leases arrived in version 2)."""
+    return {name: cols for name, cols in EXPECTED_TABLES.items() if name != "leases" or version >= 2}
 
 
 def _psycopg() -> Any:
@@ -182,7 +203,7 @@ class PostgresStore:
                 if exists is None:
                     self._check_empty_schema()
                     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-                    conn.execute(_SCHEMA_SQL.format(s=s))
+                    conn.execute(_SCHEMA_SQL.format(s=s) + _LEASES_SQL.format(s=s))
                     conn.execute(
                         f"INSERT INTO {s}.meta (name, value) VALUES ('schema_version', %s)",
                         (str(SCHEMA_VERSION),),
@@ -228,7 +249,7 @@ class PostgresStore:
         return int(row[0])
 
     def _check_tables(self, version: int) -> None:
-        for table, expected in EXPECTED_TABLES.items():
+        for table, expected in expected_tables(version).items():
             found = tuple(
                 row[0]
                 for row in self._conn.execute(
@@ -388,6 +409,56 @@ class PostgresStore:
             return found
         except psycopg.Error as error:
             raise StoreError(f"{self._where()}: waiting for notifications failed: {error}") from error
+
+    # ------------------------------------------------------------------ leases
+    def renew_lease(self, worker: str, ttl_s: float) -> bool:
+        """Hold (or extend) ``worker``'s lease for ``ttl_s`` seconds of the server's clock.
+
+        Returns False when the lease was already adopted by another worker: this worker was
+        presumed dead, its tasks now belong to someone else, and it must stop at once.
+        """
+        with self._write(f"lease of worker {worker!r}") as conn:
+            row = conn.execute(
+                f"INSERT INTO {self.schema}.leases (worker, expires_at) VALUES (%s, {_SERVER_NOW} + %s) "
+                f"ON CONFLICT (worker) DO UPDATE SET expires_at = excluded.expires_at "
+                f"WHERE {self.schema}.leases.adopted_by IS NULL RETURNING worker",
+                (worker, float(ttl_s)),
+            ).fetchone()
+            return row is not None
+
+    def release_lease(self, worker: str) -> None:
+        """Give up ``worker``'s lease (a clean shutdown: nothing is left to adopt)."""
+        with self._write(f"release lease of worker {worker!r}") as conn:
+            conn.execute(
+                f"DELETE FROM {self.schema}.leases WHERE worker = %s AND adopted_by IS NULL", (worker,)
+            )
+
+    def adopt_expired(self, adopter: str) -> list[str]:
+        """Take over every worker whose lease expired; returns their ids (each adopted by one worker only).
+
+        The ``UPDATE ... WHERE adopted_by IS NULL`` is the atomic step: of several live workers
+        looking at one expired lease, exactly one gets the row back. The adopter then recovers
+        the dead worker's tasks (:meth:`Scheduler.recover` with ``workers=[...]``).
+        """
+        with self._write(f"adoption by worker {adopter!r}") as conn:
+            rows = conn.execute(
+                f"UPDATE {self.schema}.leases SET adopted_by = %s "
+                f"WHERE adopted_by IS NULL AND worker != %s AND expires_at < {_SERVER_NOW} RETURNING worker",
+                (adopter, adopter),
+            ).fetchall()
+            return sorted(row[0] for row in rows)
+
+    def finish_adoption(self, dead: str, adopter: str) -> None:
+        """Forget the lease of a worker whose tasks ``adopter`` has recovered."""
+        with self._write(f"end of adoption of {dead!r}") as conn:
+            conn.execute(
+                f"DELETE FROM {self.schema}.leases WHERE worker = %s AND adopted_by = %s", (dead, adopter)
+            )
+
+    def leases(self) -> dict[str, tuple[float, str | None]]:
+        """Every lease: worker -> (seconds until it expires on the server's clock, adopter or None)."""
+        rows = self._read(f"SELECT worker, expires_at - {_SERVER_NOW}, adopted_by FROM {self.schema}.leases")
+        return {worker: (float(left), adopter) for worker, left, adopter in rows}
 
     def drop(self) -> None:
         """Delete the store's schema and every record in it (for tests and teardown)."""
