@@ -100,8 +100,9 @@ def llm(scenario_file: Path) -> Iterator[ServedProvider]:
     yield from _serve(scenario_file, "llm")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def limited(scenario_file: Path) -> Iterator[ServedProvider]:
+    """A fresh server per test: each test fills the request window itself."""
     yield from _serve(scenario_file, "limited")
 
 
@@ -166,6 +167,9 @@ def test_a_429_is_the_sdks_rate_limit_error_with_its_retry_after(limited: Served
 
 def test_http_provider_sees_the_same_429(limited: ServedProvider) -> None:
     """aiqsim's HttpProvider reads the 429 the SDK saw: same error family, same Retry-After rule."""
+    client = sdk(limited)
+    for n in range(2):  # fill the window
+        chat(client, f"fits in the window {n}")
     provider = HttpProvider("limited", limited.base_url, path="/chat/completions", time_scale=TIME_SCALE)
 
     async def one_call() -> None:
