@@ -54,11 +54,14 @@ def start_server(openai_style: bool) -> tuple[subprocess.Popen[str], str]:
         command += ["--set", override]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None
-    for line in server.stdout:
+    root = None
+    for line in server.stdout:  # the whole banner, so nothing is left in this reader's buffer
         print(f"  server | {line.rstrip()}", flush=True)
         found = re.search(r"base URL: (http://\S+)/v1$", line.strip())
         if found:
-            return server, found.group(1)
+            root = found.group(1)
+        if line.startswith("Ctrl-C") and root is not None:
+            return server, root
     server.wait()
     raise DemoError(f"aiqsim serve exited with status {server.returncode} before printing its URL")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -77,6 +78,16 @@ def test_the_crash_example_shows_what_the_readme_says(args: tuple[str, ...], ver
     assert result.returncode == 0, result.stdout + result.stderr
     assert "worker killed (SIGKILL) with " in result.stdout
     assert f"verdict: as documented: {verdict}" in result.stdout
+    assert "  server | aiqsim serve: stopped after " in result.stdout  # SIGINT stopped it cleanly
+    # the bill as /ledger gave it, read independently of the example's own verdict
+    bills = {
+        found.group(1): int(found.group(2))
+        for found in re.finditer(r"^ledger: (T-\d+) billed (\d+) time\(s\)$", result.stdout, re.MULTILINE)
+    }
+    # an orphan whose request had not reached the server when the kill landed was never billed
+    assert set(bills) <= {f"T-{100 + n}" for n in range(8)} and len(bills) >= 5
+    billed_twice = [key for key, count in bills.items() if count > 1]
+    assert bool(billed_twice) == ("--requeue-interrupted" in args)
 
 
 def readme_production_snippet() -> str:
