@@ -374,3 +374,52 @@ def test_the_server_names_an_address_it_cannot_use() -> None:
     assert isinstance(e.value, ConfigurationError) and isinstance(e.value, RuntimeError)
     with pytest.raises(ConfigurationError, match="port must be an integer from 0"):
         start_local_server(ProviderConfig("llm"), port=65536)
+
+
+def test_the_banner_states_every_behaviour_in_wall_time() -> None:
+    from aiqsim.http.serve import describe_provider
+    from aiqsim.sim.config import OutageConfig, ProviderConfig
+
+    config = ProviderConfig(
+        "busy",
+        latency_base_s=2.0,
+        latency_per_unit_s=0.01,
+        server_requests_per_min=100,
+        server_units_per_min=5000,
+        rate_limit_prob=0.05,
+        rate_limit_retry_after_s=4.0,
+        server_error_prob=0.02,
+        timeout_prob=0.01,
+        quota_exhausted_prob=0.001,
+        invalid_request_prob=0.003,
+        outages=(OutageConfig(10.0, 20.0), OutageConfig(30.0, 40.0, mode="slow", slow_factor=3.0)),
+    )
+    lines = describe_provider(config, time_scale=0.5)  # every duration halves on the wall clock
+    assert "latency: 1 s + 0.005 s per output token" in lines
+    assert "server quota: 100 requests and 5000 tokens per sliding 30 s window" in lines[2]
+    assert lines[3] == (
+        "random failures: 429 5% (Retry-After 2 s), 429 insufficient_quota 0.1%, 400 0.3%, "
+        "500 2% (midway, not billed), lost response 1% (done and billed, then no answer until the client "
+        "gives up)"
+    )
+    assert "outage: 503 to every call from 5 s to 10 s after start" in lines
+    assert "outage: 3x slower from 15 s to 20 s after start" in lines
+    assert any(line.startswith("Idempotency-Key: ignored") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("localhost", True), ("0.0.0.0", False)],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    from aiqsim.http.serve import is_loopback
+
+    assert is_loopback(host) is loopback
+
+
+def test_localhost_is_served_on_one_address(scenario_file: Path) -> None:
+    with ServedProvider(str(scenario_file), "--provider", "llm", "--host", "localhost") as served:
+        assert served.root.startswith("http://127.0.0.1:")
+        assert chat(sdk(served), "hi").choices[0].message.content == "echo: hi"
+        returncode, _, stderr = served.stop()
+    assert returncode == 0 and stderr == ""

@@ -55,7 +55,7 @@ def check_serve_settings(
 
     ``provider`` may be omitted only when the scenario has exactly one. ``time_scale`` (wall
     seconds per scenario second) must be finite and > 0; ``port`` 0 (any free port) to 65535;
-    ``seed`` >= 0 (``None``: the scenario's).
+    ``seed`` >= 0 (``None``: the scenario's). ``localhost`` is served as ``127.0.0.1``.
     """
     names = [config.name for config in scenario.providers]
     if provider is None:
@@ -82,6 +82,10 @@ def check_serve_settings(
         raise ConfigurationError(f"--seed {seed}: expected an integer >= 0")
     if not host:
         raise ConfigurationError("--host: expected an address, e.g. 127.0.0.1")
+    if host.lower() == "localhost":
+        # one address: "localhost" may resolve to 127.0.0.1 and ::1, and with --port 0 each would get
+        # a port of its own, while the printed URL can name only one
+        host = "127.0.0.1"
     return ServeSettings(chosen, scenario.seed if seed is None else seed, float(time_scale), port, host)
 
 
