@@ -9,6 +9,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TraceError, WorkloadTooLargeError
     │   ├── QuotaConfigError               a quota that could never grant a request
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
+│   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
     │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
@@ -20,6 +21,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── SchedulerClosedError (RuntimeError)
     │   ├── TaskFailedError, TaskCancelledError   raised by ``await submission``
     │   ├── IllegalTransitionError         a status change the transition table forbids
+│   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
     │   └── InvalidStateError, SimulationDeadlock (RuntimeError)   the SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
@@ -52,6 +54,8 @@ from aiqsim.core.failures import (
 from aiqsim.core.fingerprint import FingerprintError
 from aiqsim.core.states import IllegalTransitionError
 from aiqsim.core.token_bucket import QuotaConfigError
+from aiqsim.fleet.leases import LeaseLostError
+from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.status import HttpStatusError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
 from aiqsim.scheduler.scheduler import (
@@ -74,6 +78,7 @@ __all__ = [
     "IllegalTransitionError",
     "InvalidRequestError",
     "InvalidStateError",
+    "LeaseLostError",
     "PoisonInputError",
     "ProviderError",
     "ProviderTimeoutError",
@@ -86,6 +91,7 @@ __all__ = [
     "SchedulingError",
     "SchemaViolationError",
     "ServerError",
+    "ServerStartError",
     "SimulationDeadlock",
     "StoreClosedError",
     "StoreCorruptError",
