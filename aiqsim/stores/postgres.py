@@ -460,6 +460,35 @@ class PostgresStore:
         rows = self._read(f"SELECT worker, expires_at - {_SERVER_NOW}, adopted_by FROM {self.schema}.leases")
         return {worker: (float(left), adopter) for worker, left, adopter in rows}
 
+    def notification_fileno(self) -> int:
+        """The socket of this store's ``LISTEN`` connection (opened on first use), to wait on with
+        :meth:`AsyncioRuntime.wait_readable <aiqsim.runtime.AsyncioRuntime.wait_readable>`: it becomes
+        readable when some worker, on any host, makes a task terminal."""
+        self._check_open()
+        psycopg = _psycopg()
+        try:
+            if getattr(self, "_listener", None) is None:
+                self._listener = psycopg.connect(self.dsn, autocommit=True)
+                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            return int(self._listener.fileno())
+        except psycopg.Error as error:
+            raise StoreError(f"{self._where()}: cannot listen for notifications: {error}") from error
+
+    def drain_notifications(self) -> set[str]:
+        """Task ids announced terminal since the last drain (without blocking); clears the socket."""
+        listener = getattr(self, "_listener", None)
+        if listener is None:
+            return set()
+        prefix = f"{self.schema}:"
+        try:
+            return {
+                note.payload[len(prefix) :]
+                for note in listener.notifies(timeout=0)
+                if note.payload.startswith(prefix)
+            }
+        except _psycopg().Error as error:
+            raise StoreError(f"{self._where()}: reading notifications failed: {error}") from error
+
     def drop(self) -> None:
         """Delete the store's schema and every record in it (for tests and teardown)."""
         with self._write(f"drop schema {self.schema!r}") as conn:
