@@ -18,7 +18,7 @@ import pytest
 
 from aiqsim.core.states import transition
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.stores import JsonFileStore, SqliteStore, StoreCorruptError
+from aiqsim.stores import JsonFileStore, SqliteStore, StoreCorruptError, StoreWriteError
 
 
 def task(n: int, key: str | None = None) -> TaskRecord:
@@ -296,8 +296,8 @@ def test_sqlite_intact_file_opens(sqlite_path: Path) -> None:
     [
         (lambda p: p.write_text("id,status\nt1,queued\n"), "not an SQLite database"),
         (lambda p: p.write_bytes(b""), "empty file"),
-        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "malformed"),
-        (lambda p: p.write_bytes(p.read_bytes()[:4096]), "malformed"),
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "truncated"),
+        (lambda p: p.write_bytes(p.read_bytes()[:4096]), "truncated"),
         (lambda p: p.write_bytes(p.read_bytes()[:50]), "truncated: 50 bytes"),
         (lambda p: hand_edit(p, "PRAGMA user_version = 7"), "schema version 7 (written by a newer aiqsim)"),
         (lambda p: hand_edit(p, "PRAGMA user_version = 0"), "schema version 0"),
@@ -385,3 +385,87 @@ def test_json_last_line_cut_apart_is_a_torn_tail(journaled: Path, damage) -> Non
     with JsonFileStore(journaled) as store:
         assert store.torn_tail_recovered
         assert len(store) == 14
+
+
+# ============================================================================ issue #13: damage that opened
+# silently or leaked raw sqlite3 errors; each case now refused at open with the file untouched, and the
+# same damage met at run time (``validate=False``) is a project error, never a raw sqlite3 one.
+def write_invalid_utf8(path: Path, column: str, task_id: str = "t5") -> None:
+    """Store bytes that are not UTF-8 as TEXT (SQLite keeps what it is given)."""
+    bad = b'{"n":"\xff\xfe"}' if column in ("payload", "result") else b"ll\xffm"
+    hand_edit(path, f"UPDATE tasks SET {column} = CAST(X'{bad.hex()}' AS TEXT) WHERE id = '{task_id}'")
+
+
+@pytest.mark.parametrize("column", ["kind", "payload", "error"])
+def test_sqlite_invalid_utf8_is_refused_at_open(sqlite_path: Path, column: str) -> None:
+    write_invalid_utf8(sqlite_path, column)
+    assert_refused_untouched(
+        sqlite_path.parent, lambda: SqliteStore(sqlite_path), str(sqlite_path), "task 't5'", "not valid UTF-8"
+    )
+
+
+def test_sqlite_invalid_utf8_met_at_run_time_is_store_corrupt_error(sqlite_path: Path) -> None:
+    write_invalid_utf8(sqlite_path, "payload")
+    with SqliteStore(sqlite_path, validate=False) as store:
+        assert store.get("t4") is not None  # the other rows still read
+        with pytest.raises(StoreCorruptError, match="cannot read task 't5'"):
+            store.get("t5")
+        with pytest.raises(StoreCorruptError, match=str(sqlite_path)):
+            store.list_by_status()
+
+
+def stale_status_index(path: Path, task_id: str) -> None:
+    """Make ``tasks_by_status`` disagree with its table: ``task_id`` turns running while the
+    index (detached from the schema meanwhile) still files it under queued."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    sql, root = conn.execute(
+        "SELECT sql, rootpage FROM sqlite_master WHERE name = 'tasks_by_status'"
+    ).fetchone()
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("DELETE FROM sqlite_master WHERE name = 'tasks_by_status'")
+    conn.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"UPDATE tasks SET status = 'running', started_at = 1.5 WHERE id = '{task_id}'")
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute(
+        "INSERT INTO sqlite_master (type, name, tbl_name, rootpage, sql) VALUES ('index', ?, 'tasks', ?, ?)",
+        ("tasks_by_status", root, sql),
+    )
+    conn.close()
+
+
+def test_sqlite_corrupted_status_index_is_refused_at_open(sqlite_path: Path) -> None:
+    """quick_check passed this file and recover() then never saw the running task (list_by_status
+    used the index); the open-time integrity_check compares every index with its table."""
+    stale_status_index(sqlite_path, "t7")
+    conn = sqlite3.connect(sqlite_path)
+    assert conn.execute("SELECT id FROM tasks WHERE status = 'running'").fetchall() == []  # the damage
+    conn.close()
+    assert_refused_untouched(
+        sqlite_path.parent,
+        lambda: SqliteStore(sqlite_path),
+        str(sqlite_path),
+        "integrity check failed",
+        "tasks_by_status",
+    )
+
+
+def test_sqlite_write_on_a_damaged_file_is_store_write_error(sqlite_path: Path) -> None:
+    stale_status_index(sqlite_path, "t7")
+    with SqliteStore(sqlite_path, validate=False) as store:
+        running = store.get("t7")
+        assert running is not None and running.status is TaskStatus.RUNNING
+        with pytest.raises(StoreWriteError, match=r"update of task 't7' to succeeded.*malformed") as raised:
+            store.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={}))
+        assert isinstance(raised.value.__cause__, sqlite3.DatabaseError)
+        store.insert_and_claim(task(900))  # a write that does not touch the damaged entry still works
+        assert store.get("t900") is not None
+
+
+@pytest.mark.parametrize("cut", [1, 100, 4096], ids=["one-byte", "hundred-bytes", "one-page"])
+def test_sqlite_file_cut_short_is_refused(sqlite_path: Path, cut: int) -> None:
+    """SQLite zero-fills a short last page, so a file one byte short opened with a changed value."""
+    sqlite_path.write_bytes(sqlite_path.read_bytes()[:-cut])
+    assert_refused_untouched(
+        sqlite_path.parent, lambda: SqliteStore(sqlite_path), str(sqlite_path), "truncated"
+    )

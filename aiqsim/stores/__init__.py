@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from aiqsim.stores.base import (
+    StoreAccessError,
     StoreClosedError,
     StoreCorruptError,
     StoreLockedError,
@@ -42,6 +43,7 @@ __all__ = [
     "JsonFileStore",
     "MemoryStore",
     "SqliteStore",
+    "StoreAccessError",
     "StoreClosedError",
     "StoreCorruptError",
     "StoreLockedError",

@@ -31,6 +31,12 @@ class StoreLockedError(StoreError, RuntimeError):
     """Another process holds a single-process store (e.g. a JSON state file) open."""
 
 
+class StoreAccessError(StoreError, PermissionError):
+    """The store's files cannot be read or written by this process (permissions, read-only file
+    system). Raised when the store is opened, before anything is written; the message names
+    the path and what is missing. A ``PermissionError`` too, which is what callers saw before."""
+
+
 class StoreClosedError(StoreError, RuntimeError):
     """A store was used after :meth:`TaskStore.close`."""
 

@@ -49,8 +49,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from aiqsim.core.errors import StoreError
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.stores.base import (
+    StoreAccessError,
     StoreClosedError,
     StoreCorruptError,
     StoreWriteError,
@@ -90,6 +92,8 @@ COLUMNS = (
 _ADDED_IN_VERSION = {"worker": 2}
 """Columns that a store of an older schema version does not have yet (read as NULL there)."""
 _JSON_COLUMNS = frozenset({"payload", "result"})
+_TRANSIENT_CODES = frozenset({5, 6, 7, 10, 13, 14})
+"""Primary SQLite result codes that are not damage: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN."""
 
 
 def _select_for(version: int) -> str:
@@ -155,10 +159,39 @@ SELECT seq FROM tasks WHERE
 """
 
 
+_TEXT_COLUMNS_V1 = ("id", "key", "kind", "provider", "status", "payload", "result", "error", "deduped_from")
+UTF8_CHECK_FUNCTION = "aiqsim_utf8_ok"
+"""SQL function registered on the store's connection: is this blob valid UTF-8?"""
+
+
+def _utf8_ok(value: bytes | None) -> bool:
+    """Whether ``value`` decodes as UTF-8 (SQLite keeps whatever bytes it was given as text)."""
+    if value is None or value.isascii():
+        return True
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _suspect_rows(version: int) -> str:
-    """Rows whose column types or values a valid record cannot have (checked in SQL, then decoded)."""
+    """Rows whose column types or values a valid record cannot have (checked in SQL, then decoded).
+
+    Text that is not valid UTF-8 is found by one call of :data:`UTF8_CHECK_FUNCTION` per row on
+    all text columns joined by ``|`` (an ASCII separator, so a sequence cut at a column boundary
+    still fails); Python cannot read such a row at all.
+    """
+    columns = _TEXT_COLUMNS_V1 + (("worker",) if version >= 2 else ())
+    joined = " || '|' || ".join(f"coalesce(CAST({name} AS TEXT), '')" for name in columns)
     extra = " OR typeof(worker) NOT IN ('text', 'null')" if version >= 2 else ""
-    return f"{_SUSPECT_ROWS_V1}{extra} ORDER BY seq"
+    utf8 = f" OR NOT {UTF8_CHECK_FUNCTION}(CAST({joined} AS BLOB))"
+    return f"{_SUSPECT_ROWS_V1}{extra}{utf8} ORDER BY seq"
+
+
+def _access(path: Path, mode: int) -> bool:
+    """``os.access`` with the effective ids where the platform allows it (setuid-safe)."""
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
 
 
 _BAD_KEY = """
@@ -212,19 +245,32 @@ class SqliteStore:
         """Staged writes SQLite rolled back under a later failed write; the next flush reports them."""
         self._lost_cause: BaseException | None = None
         self._closed = False
-        self._remove_stale_temps()
-        if not self.path.exists():
-            self._create()
+        try:
+            self._remove_stale_temps()
+            if not self.path.exists():
+                self._create()
+        except PermissionError as error:
+            raise StoreAccessError(
+                f"{self.path}: cannot create or inspect the store ({error.strerror or error}); "
+                "nothing was written"
+            ) from error
         self._check_header()
-        self._conn = self._connect(self.path)
+        self._check_writable()
+        try:
+            self._conn = self._connect(self.path)
+        except sqlite3.Error as error:
+            raise StoreError(f"{self.path}: cannot open the store ({error}); nothing was written") from error
         try:
             version = self._validate(full=validate)
-            mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            try:
+                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+                if version < SCHEMA_VERSION:
+                    self._upgrade()
+            except sqlite3.Error as error:
+                raise StoreError(f"{self.path}: cannot prepare the store for writing ({error})") from error
             if str(mode).lower() != "wal":
                 raise StoreCorruptError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
-            self._conn.execute(f"PRAGMA synchronous = {synchronous}")
-            if version < SCHEMA_VERSION:
-                self._upgrade()
         except BaseException:
             self._conn.close()
             raise
@@ -234,6 +280,7 @@ class SqliteStore:
         uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=rw"
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self.busy_timeout_s)
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        conn.create_function(UTF8_CHECK_FUNCTION, 1, _utf8_ok, deterministic=True)
         return conn
 
     def _temp_prefix(self) -> str:
@@ -284,9 +331,22 @@ class SqliteStore:
         return StoreCorruptError(f"{self.path}: {problem}; the file was left untouched")
 
     def _check_header(self) -> None:
+        """Refuse what is not a whole SQLite file, from its first 100 bytes and its size.
+
+        SQLite reads a short last page as if the missing bytes were zeros, so a file cut short
+        by even one byte would open with a changed value. Its size must therefore be whole pages
+        and at least the page count the header records (when that count is valid). A non-empty
+        ``-wal`` beside it may legitimately hold pages the file lacks (a checkpoint cut short), so
+        the size is then left to ``integrity_check``.
+        """
         try:
             with open(self.path, "rb") as handle:
                 header = handle.read(SQLITE_HEADER_SIZE)
+                size = os.fstat(handle.fileno()).st_size
+        except PermissionError as error:
+            raise StoreAccessError(
+                f"{self.path}: the store file cannot be read ({error.strerror or error}); it was not opened"
+            ) from error
         except OSError as error:
             raise self._corrupt(f"cannot be read ({error.strerror or error})") from error
         if not header:
@@ -295,6 +355,49 @@ class SqliteStore:
             raise self._corrupt("not an SQLite database")
         if len(header) < SQLITE_HEADER_SIZE:
             raise self._corrupt(f"truncated: {len(header)} bytes, shorter than the SQLite header")
+        wal = Path(f"{self.path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            return
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        if page_size < 512 or page_size & (page_size - 1):
+            raise self._corrupt(f"invalid page size {page_size} in the SQLite header")
+        if size % page_size:
+            raise self._corrupt(
+                f"truncated or extended: {size} bytes is not a whole number of {page_size}-byte pages"
+            )
+        page_count = int.from_bytes(header[28:32], "big")
+        count_valid = header[92:96] == header[24:28] and page_count > 0
+        if count_valid and size < page_count * page_size:
+            raise self._corrupt(
+                f"truncated: {size} bytes, but the header records {page_count} pages of {page_size}"
+            )
+
+    def _check_writable(self) -> None:
+        """Refuse a store this process could read but not write, before SQLite opens it.
+
+        Otherwise SQLite opens it read-only without a word and the first write fails with
+        ``attempt to write a readonly database``. WAL mode also needs to create ``-wal`` and
+        ``-shm`` beside the file, so the directory must be writable unless both already are.
+        A store is opened for writing or not at all (there is no read-only mode).
+        """
+        problems = []
+        if not _access(self.path, os.R_OK | os.W_OK):
+            problems.append("the file is not writable")
+        sides = [Path(f"{self.path}{suffix}") for suffix in ("-wal", "-shm")]
+        for side in sides:
+            if side.exists() and not _access(side, os.R_OK | os.W_OK):
+                problems.append(f"{side.name} is not writable")
+        if not _access(self.path.parent, os.W_OK | os.X_OK) and not all(side.exists() for side in sides):
+            problems.append(
+                f"its directory {self.path.parent} is not writable (the WAL journal's "
+                f"{self.path.name}-wal and -shm are created there)"
+            )
+        if problems:
+            raise StoreAccessError(
+                f"{self.path}: the store is read-only for this process ({'; '.join(problems)}); it was not "
+                "opened and nothing was written. Fix the permissions, or open a writable copy."
+            )
 
     def _validate(self, *, full: bool) -> int:
         """Refuse anything but an intact task store of a readable version, without writing a byte.
@@ -317,11 +420,18 @@ class SqliteStore:
                     raise self._corrupt(f"table {table!r} has columns {found}, expected {expected}")
             if not full:
                 return version
-            check = [row[0] for row in conn.execute("PRAGMA quick_check")]
+            check = [row[0] for row in conn.execute("PRAGMA integrity_check")]
             if check != ["ok"]:
                 raise self._corrupt(f"integrity check failed: {'; '.join(map(str, check[:3]))}")
             for (seq,) in conn.execute(_suspect_rows(version)).fetchall():
-                row = conn.execute(f"{_select_for(version)} WHERE t.seq = ?", (seq,)).fetchone()
+                try:
+                    row = conn.execute(f"{_select_for(version)} WHERE t.seq = ?", (seq,)).fetchone()
+                except sqlite3.OperationalError as error:  # Python cannot decode a text column
+                    task_id = conn.execute(
+                        "SELECT CAST(id AS BLOB) FROM tasks WHERE seq = ?", (seq,)
+                    ).fetchone()
+                    name = bytes(task_id[0]).decode("utf-8", "replace") if task_id else f"seq {seq}"
+                    raise self._corrupt(f"task {name!r}: text that is not valid UTF-8 ({error})") from error
                 self._decode(row)  # raises with the precise problem; rows Python can read pass
             bad_key = conn.execute(_BAD_KEY).fetchone()
             if bad_key is not None:
@@ -473,9 +583,27 @@ class SqliteStore:
             raise StoreWriteError(describe_writes(lost), cause)
         return len(staged)
 
-    def _read_one(self, sql: str, params: Sequence[Any]) -> TaskRecord | None:
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        """A read; a raw SQLite failure becomes a project error that says what could not be read.
+
+        Damage (malformed pages or index, text that is not UTF-8) is :class:`StoreCorruptError`;
+        a lock or I/O failure, which says nothing about the file's contents, is :class:`StoreError`.
+        Nothing is written either way.
+        """
         self._check_open()
-        row = self._conn.execute(sql, params).fetchone()
+        try:
+            yield self._conn
+        except sqlite3.Error as error:
+            code = getattr(error, "sqlite_errorcode", None)
+            transient = code is not None and code & 0xFF in _TRANSIENT_CODES
+            if transient:
+                raise StoreError(f"{self.path}: cannot read {what} ({error}); nothing was changed") from error
+            raise self._corrupt(f"cannot read {what} ({error})") from error
+
+    def _read_one(self, sql: str, params: Sequence[Any], what: str) -> TaskRecord | None:
+        with self._reading(what) as conn:
+            row = conn.execute(sql, params).fetchone()
         return self._decode(row) if row is not None else None
 
     # ------------------------------------------------------------------ TaskStore
@@ -524,19 +652,21 @@ class SqliteStore:
                 raise KeyError(f"unknown task id {task.id!r}")
 
     def get(self, task_id: str) -> TaskRecord | None:
-        return self._read_one(f"{_SELECT} WHERE t.id = ?", (task_id,))
+        return self._read_one(f"{_SELECT} WHERE t.id = ?", (task_id,), f"task {task_id!r}")
 
     def owner_of(self, key: str) -> TaskRecord | None:
-        return self._read_one(f"{_SELECT} JOIN keys k ON k.owner_id = t.id WHERE k.key = ?", (key,))
+        return self._read_one(
+            f"{_SELECT} JOIN keys k ON k.owner_id = t.id WHERE k.key = ?", (key,), f"the owner of key {key!r}"
+        )
 
     def list_by_status(self, *statuses: TaskStatus) -> list[TaskRecord]:
-        self._check_open()
-        if statuses:
-            values = [TaskStatus(status).value for status in statuses]
-            sql = f"{_SELECT} WHERE t.status IN ({', '.join('?' * len(values))}) ORDER BY t.seq"
-            rows = self._conn.execute(sql, values).fetchall()
-        else:
-            rows = self._conn.execute(f"{_SELECT} ORDER BY t.seq").fetchall()
+        values = [TaskStatus(status).value for status in statuses]
+        with self._reading(f"the tasks in {values or 'any status'}") as conn:
+            if values:
+                sql = f"{_SELECT} WHERE t.status IN ({', '.join('?' * len(values))}) ORDER BY t.seq"
+                rows = conn.execute(sql, values).fetchall()
+            else:
+                rows = conn.execute(f"{_SELECT} ORDER BY t.seq").fetchall()
         return [self._decode(row) for row in rows]
 
     def record_poison(self, key: str, error: str, now: float) -> None:
@@ -548,8 +678,8 @@ class SqliteStore:
             )
 
     def poison_error(self, key: str) -> str | None:
-        self._check_open()
-        row = self._conn.execute("SELECT error FROM poison WHERE key = ?", (key,)).fetchone()
+        with self._reading(f"the poison record of key {key!r}") as conn:
+            row = conn.execute("SELECT error FROM poison WHERE key = ?", (key,)).fetchone()
         return row[0] if row is not None else None
 
     def close(self, *, flush: bool = True) -> None:
@@ -570,8 +700,8 @@ class SqliteStore:
             self._conn.close()  # an open transaction is rolled back: nothing staged survives
 
     def __len__(self) -> int:
-        self._check_open()
-        return int(self._conn.execute("SELECT count(*) FROM tasks").fetchone()[0])
+        with self._reading("the task count") as conn:
+            return int(conn.execute("SELECT count(*) FROM tasks").fetchone()[0])
 
     def __enter__(self) -> SqliteStore:
         return self
