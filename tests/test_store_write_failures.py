@@ -216,3 +216,45 @@ def test_json_read_only_journal_is_refused_at_open(shared_dir: Path) -> None:
     report = run_child(OPEN_AND_WRITE, "json", str(path), unprivileged=True)
     assert report.get("error") == "StoreAccessError", report
     assert "tasks.json.journal" in report["message"]
+
+
+PURGE_ON_FULL_DISK = """
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    kind, path = sys.argv[1], sys.argv[2]
+    store = JsonFileStore(path) if kind == "json" else SqliteStore(path)
+    for n in range(200):
+        rec = TaskRecord(id=f"t{n}", key=f"k{n % 50}", kind="llm", provider="llm", payload={"pad": "x" * 500})
+        owner = store.insert_and_claim(rec)
+        if owner.id == rec.id:
+            store.update(transition(transition(rec, TaskStatus.RUNNING, n), TaskStatus.SUCCEEDED, n + 0.5))
+        else:
+            store.update(transition(rec, TaskStatus.DEDUPED, n + 0.5))
+    report = {"before": len(store.list_by_status())}
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # no write of any size fits any more
+    try:
+        store.purge(10_000.0, finished_older_than_s=0.0, keys_older_than_s=0.0)
+    except StoreWriteError as error:
+        report["what"] = error.what
+    report["after_failure"] = len(store.list_by_status())
+    report["owner_k3"] = store.owner_of("k3").id
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    purged = store.purge(10_000.0, finished_older_than_s=0.0, keys_older_than_s=0.0)
+    report["removed"] = [purged.tasks_removed, purged.keys_removed]
+    store.close()
+    store = JsonFileStore(path) if kind == "json" else SqliteStore(path)
+    report["reopened"] = len(store.list_by_status())
+    store.close()
+    print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_a_purge_that_cannot_be_written_removes_nothing(tmp_path: Path, kind: str) -> None:
+    """The purge is one transaction (one journal line): refused whole on a full disk, then done whole."""
+    report = run_child(PURGE_ON_FULL_DISK, kind, str(tmp_path / f"tasks.{kind}"))
+    assert report["before"] == 200
+    assert report["what"].startswith("purge of "), report
+    assert report["after_failure"] == 200 and report["owner_k3"] == "t3"
+    assert report["removed"] == [200, 50]
+    assert report["reopened"] == 0

@@ -63,12 +63,16 @@ from typing import Any
 from aiqsim.core.errors import StoreError
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
+    PurgeReport,
     StoreAccessError,
     StoreClosedError,
     StoreCorruptError,
     StoreLockedError,
     StoreWriteError,
     claim_owner,
+    plan_purge,
+    purge_candidate,
+    purge_report,
     record_from_stored,
 )
 
@@ -82,7 +86,7 @@ DEFAULT_COMPACT_MIN_ENTRIES = 1000
 _LINE = re.compile(rb'\{"crc":"([0-9a-f]{8})","entry":(.*)\}')
 _SNAPSHOT_PREFIX = b'{"format":"%s","version":%d,"crc":"' % (FORMAT.encode(), VERSION)
 _SNAPSHOT = re.compile(re.escape(_SNAPSHOT_PREFIX) + rb'([0-9a-f]{8})","store":(.*)\}\n?', re.DOTALL)
-_OPS = frozenset({"insert", "claim", "update", "poison"})
+_OPS = frozenset({"insert", "claim", "update", "poison", "purge"})
 
 
 def _dumps(value: Any) -> bytes:
@@ -408,10 +412,28 @@ class JsonFileStore:
                     f"{source}: claim of {entry['key']!r} by unknown task {entry['owner_id']!r}"
                 )
             self._owners[owner.key] = owner.id
+        elif op == "purge":
+            self._apply_purge(entry["tasks"], entry["keys"], source)
         else:
             if not isinstance(entry["key"], str):
                 raise StoreCorruptError(f"{source}: poison key must be a string")
             self._poison[entry["key"]] = self._poison_value(entry, Path(source))
+
+    def _apply_purge(self, task_ids: Any, keys: Any, source: str) -> None:
+        """Apply a purge entry, all or nothing: it may only name finished tasks and their own keys."""
+        if not isinstance(task_ids, list) or not isinstance(keys, list):
+            raise StoreCorruptError(f"{source}: purge entry needs 'tasks' and 'keys' lists")
+        for task_id in task_ids:
+            record = self._tasks.get(task_id) if isinstance(task_id, str) else None
+            if record is None or not record.status.is_terminal:
+                raise StoreCorruptError(f"{source}: purge of unknown or unfinished task {task_id!r}")
+        for pair in keys:
+            if not (isinstance(pair, list) and len(pair) == 2 and self._owners.get(pair[0]) == pair[1]):
+                raise StoreCorruptError(f"{source}: purge of key {pair!r} that task does not own")
+        for key, _ in keys:
+            del self._owners[key]
+        for task_id in task_ids:
+            del self._tasks[task_id]
 
     # ------------------------------------------------------------------ writing
     def _check_open(self) -> None:
@@ -581,6 +603,35 @@ class JsonFileStore:
         self._check_open()
         entry = self._poison.get(key)
         return entry[0] if entry is not None else None
+
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`.
+
+        The purge is one journal entry (one atomic append); a snapshot then folds it in so the
+        space is given back (a failed compaction is kept in :attr:`last_compaction_error`).
+        """
+        self._check_open()
+        plan = plan_purge(
+            (
+                purge_candidate(t, self._owners.get(t.key) == t.id)
+                for t in self._tasks.values()
+                if t.status.is_terminal
+            ),
+            now=now,
+            finished_older_than_s=finished_older_than_s,
+            keys_older_than_s=keys_older_than_s,
+        )
+        if plan.task_ids or plan.keys:
+            what = f"purge of {len(plan.task_ids)} finished tasks and {len(plan.keys)} keys"
+            self._commit(
+                {"op": "purge", "tasks": list(plan.task_ids), "keys": [list(k) for k in plan.keys]}, what
+            )
+            if not self._closed and self._journal_entries:
+                try:
+                    self.compact()
+                except StoreWriteError as error:  # the purge is durable; the space comes back later
+                    self.last_compaction_error = error
+        return purge_report(plan, now, finished_older_than_s, keys_older_than_s)
 
     def flush(self) -> int:
         """Nothing is ever staged (each write is durable on return): returns 0."""
