@@ -35,6 +35,34 @@ malformed file, a wrong schema version or an invalid row raises
 :class:`~aiqsim.stores.base.StoreCorruptError` and the file stays byte-for-byte as it was.
 A new store file is built under a temp name and linked into place, so a crash during creation
 never leaves a half-initialised store behind.
+
+What opening checks (``validate=True``, the default), and why: the file's size against its header
+(whole pages, at least the recorded page count: SQLite reads a short last page as zeros, so a file
+one byte short would open with a changed value); ``PRAGMA integrity_check`` rather than
+``quick_check`` -- only the former compares every index with its table, and a stale
+``tasks_by_status`` index made ``list_by_status(RUNNING)`` miss a running task, so ``recover()``
+never reconciled it; every text column decodes as UTF-8 (SQLite keeps any bytes as text, and
+Python cannot read such a row at all); every row's types and values; every key's owner. All of it
+is O(n), paid once per open (and so once per ``recover()`` after a restart): at 100k tasks about
+0.74 s of CPU in all, of which integrity_check 0.21 s vs 0.08 s for quick_check, the UTF-8 pass
+0.31 s and the row scan 0.20 s (``benchmarks/bench_store_checks.py``; wall time 2-4x that on the
+loaded 2-core machine). A recovery that misses an orphan bills twice, which outweighs a fraction
+of a second per start. ``validate=False`` skips the O(n) part for a store known good; damage met
+later still surfaces as an error, never as a wrong answer read quietly.
+
+Errors: no raw ``sqlite3`` exception leaves the store. A read that fails is
+:class:`~aiqsim.stores.base.StoreCorruptError` (damage) or ``StoreError`` (lock, I/O); a write that
+fails (disk full, I/O error, lock timeout, a page found malformed) is
+:class:`~aiqsim.stores.base.StoreWriteError` naming the change that was not persisted, and the
+store stays usable. A store this process cannot write (file, ``-wal``/``-shm``, or the directory
+WAL needs) is refused at open with :class:`~aiqsim.stores.base.StoreAccessError`: there is no
+read-only mode, and SQLite would otherwise open it read-only without a word.
+
+Not protected against: deleting (or replacing) the ``-wal`` file, or the database file, while a
+process has the store open. Committed transactions live in the WAL until a checkpoint copies them
+into the main file; a ``-wal`` removed behind SQLite's back takes them with it, and the next open
+silently sees the store as of the last checkpoint. Neither SQLite nor this store can detect files
+removed from under them by another program; never clean a store's directory while it is in use.
 """
 
 from __future__ import annotations
@@ -165,33 +193,16 @@ SELECT seq FROM tasks WHERE
 
 
 _TEXT_COLUMNS_V1 = ("id", "key", "kind", "provider", "status", "payload", "result", "error", "deduped_from")
-UTF8_CHECK_FUNCTION = "aiqsim_utf8_ok"
-"""SQL function registered on the store's connection: is this blob valid UTF-8?"""
-
-
-def _utf8_ok(value: bytes | None) -> bool:
-    """Whether ``value`` decodes as UTF-8 (SQLite keeps whatever bytes it was given as text)."""
-    if value is None or value.isascii():
-        return True
-    try:
-        value.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _suspect_rows(version: int) -> str:
-    """Rows whose column types or values a valid record cannot have (checked in SQL, then decoded).
-
-    Text that is not valid UTF-8 is found by one call of :data:`UTF8_CHECK_FUNCTION` per row on
-    all text columns joined by ``|`` (an ASCII separator, so a sequence cut at a column boundary
-    still fails); Python cannot read such a row at all.
-    """
-    columns = _TEXT_COLUMNS_V1 + (("worker",) if version >= 2 else ())
-    joined = " || '|' || ".join(f"coalesce(CAST({name} AS TEXT), '')" for name in columns)
+    """Rows whose column types or values a valid record cannot have (checked in SQL, then decoded)."""
     extra = " OR typeof(worker) NOT IN ('text', 'null')" if version >= 2 else ""
-    utf8 = f" OR NOT {UTF8_CHECK_FUNCTION}(CAST({joined} AS BLOB))"
-    return f"{_SUSPECT_ROWS_V1}{extra}{utf8} ORDER BY seq"
+    return f"{_SUSPECT_ROWS_V1}{extra} ORDER BY seq"
+
+
+def _text_columns(version: int) -> tuple[str, ...]:
+    return _TEXT_COLUMNS_V1 + (("worker",) if version >= 2 else ())
 
 
 def _access(path: Path, mode: int) -> bool:
@@ -220,7 +231,7 @@ class SqliteStore:
         path: the database file; created (empty store, mode 0600) if absent.
         synchronous: SQLite ``synchronous`` level, ``"FULL"`` by default (see module docs).
         busy_timeout_s: how long a write waits for another process's transaction.
-        validate: scan every row on open (default). Costs O(rows) once per open.
+        validate: run the full open-time checks (default; see module docs). O(rows) once per open.
         group_commit: stage writes until :meth:`flush` (see module docs); off by default, when
             every write method commits (and fsyncs) on its own.
     """
@@ -285,7 +296,6 @@ class SqliteStore:
         uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=rw"
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self.busy_timeout_s)
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        conn.create_function(UTF8_CHECK_FUNCTION, 1, _utf8_ok, deterministic=True)
         return conn
 
     def _temp_prefix(self) -> str:
@@ -428,15 +438,9 @@ class SqliteStore:
             check = [row[0] for row in conn.execute("PRAGMA integrity_check")]
             if check != ["ok"]:
                 raise self._corrupt(f"integrity check failed: {'; '.join(map(str, check[:3]))}")
+            self._check_utf8(version)
             for (seq,) in conn.execute(_suspect_rows(version)).fetchall():
-                try:
-                    row = conn.execute(f"{_select_for(version)} WHERE t.seq = ?", (seq,)).fetchone()
-                except sqlite3.OperationalError as error:  # Python cannot decode a text column
-                    task_id = conn.execute(
-                        "SELECT CAST(id AS BLOB) FROM tasks WHERE seq = ?", (seq,)
-                    ).fetchone()
-                    name = bytes(task_id[0]).decode("utf-8", "replace") if task_id else f"seq {seq}"
-                    raise self._corrupt(f"task {name!r}: text that is not valid UTF-8 ({error})") from error
+                row = conn.execute(f"{_select_for(version)} WHERE t.seq = ?", (seq,)).fetchone()
                 self._decode(row)  # raises with the precise problem; rows Python can read pass
             bad_key = conn.execute(_BAD_KEY).fetchone()
             if bad_key is not None:
@@ -449,6 +453,25 @@ class SqliteStore:
         except sqlite3.DatabaseError as error:
             raise self._corrupt(f"unreadable database ({error})") from error
         return version
+
+    def _check_utf8(self, version: int) -> None:
+        """Refuse text that is not UTF-8 (SQLite keeps whatever bytes it is given as text; Python
+        then cannot read that row at all). Each row's text columns come to Python as one blob,
+        joined in SQL by an ASCII separator (so a sequence cut at a column boundary still fails);
+        only non-ASCII blobs are decoded. ~0.5-1 s at 100k tasks (``benchmarks/bench_store_checks.py``).
+        """
+        columns = _text_columns(version)
+        joined = " || '|' || ".join(f"coalesce({name}, '')" for name in columns)
+        for seq, blob in self._conn.execute(f"SELECT seq, CAST({joined} AS BLOB) FROM tasks"):
+            if blob.isascii():
+                continue
+            try:
+                blob.decode("utf-8")
+            except UnicodeDecodeError as error:
+                task_id = blob.split(b"|", 1)[0].decode("utf-8", "replace")
+                raise self._corrupt(
+                    f"task {task_id!r} (row {seq}): holds text that is not valid UTF-8 ({error})"
+                ) from error
 
     def _upgrade(self) -> None:
         """Bring a validated older store to :data:`SCHEMA_VERSION` in one transaction.
