@@ -258,3 +258,33 @@ def test_a_purge_that_cannot_be_written_removes_nothing(tmp_path: Path, kind: st
     assert report["after_failure"] == 200 and report["owner_k3"] == "t3"
     assert report["removed"] == [200, 50]
     assert report["reopened"] == 0
+
+
+CREATE_ON_FULL_DISK = """
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    kind, path = sys.argv[1], sys.argv[2]
+    report = {}
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        JsonFileStore(path) if kind == "json" else SqliteStore(path)
+    except StoreWriteError as error:
+        report["what"] = error.what
+    except BaseException as error:
+        report["what"] = "RAW " + type(error).__name__
+    report["left_behind"] = sorted(os.listdir(os.path.dirname(path)))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    store = JsonFileStore(path) if kind == "json" else SqliteStore(path)
+    store.insert_and_claim(TaskRecord(id="t1", key="k1", kind="llm", provider="llm"))
+    report["tasks"] = len(store.list_by_status())
+    store.close()
+    print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_creating_a_store_on_a_full_disk_is_store_write_error(tmp_path: Path, kind: str) -> None:
+    report = run_child(CREATE_ON_FULL_DISK, kind, str(tmp_path / f"tasks.{kind}"))
+    assert report["what"].startswith(("creation of an empty store", "opening the store")), report
+    assert f"tasks.{kind}" not in report["left_behind"] or kind == "json"  # sqlite links only a whole file
+    assert report["tasks"] == 1

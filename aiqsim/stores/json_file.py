@@ -205,8 +205,11 @@ class JsonFileStore:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the holder's pid is only a hint for the error above: a full disk must not stop the open
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
         return fd
 
     def _check_writable(self) -> None:

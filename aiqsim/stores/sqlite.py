@@ -270,6 +270,8 @@ class SqliteStore:
                 f"{self.path}: cannot create or inspect the store ({error.strerror or error}); "
                 "nothing was written"
             ) from error
+        except (OSError, sqlite3.Error) as error:  # e.g. a full disk while the empty store is built
+            raise StoreWriteError(f"creation of an empty store at {self.path}", error) from error
         self._check_header()
         self._check_writable()
         try:
