@@ -196,12 +196,21 @@ def test_random_histories_never_lose_a_live_task_or_an_unexpired_answer(
 
 def test_bad_ttls_are_refused_before_anything_changes(store: TaskStore) -> None:
     populate(store)
-    for bad in (-1.0, float("nan"), float("inf")):
+    for bad in (-1.0, float("nan"), "1"):
         with pytest.raises(ConfigurationError, match="finished_older_than_s"):
             store.purge(NOW, finished_older_than_s=bad, keys_older_than_s=KEYS_TTL)
     with pytest.raises(ConfigurationError, match="interval_s"):
         RetentionPolicy(interval_s=0)
     assert len(store.list_by_status()) == 8  # nothing was purged
+
+
+def test_infinite_ttls_mean_never(store: TaskStore) -> None:
+    populate(store)
+    keep_keys = store.purge(NOW, finished_older_than_s=FINISHED_TTL, keys_older_than_s=float("inf"))
+    assert (keep_keys.tasks_removed, keep_keys.keys_removed) == (3, 2)  # dup, failed, cancelled
+    assert store.owner_of("k-ancient").id == "ok-ancient"
+    keep_all = store.purge(NOW * 10, finished_older_than_s=float("inf"), keys_older_than_s=float("inf"))
+    assert (keep_all.tasks_removed, keep_all.keys_removed) == (0, 0)
 
 
 def test_group_commit_store_flushes_staged_writes_before_its_purge(tmp_path: Path) -> None:

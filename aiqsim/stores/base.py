@@ -234,13 +234,15 @@ class PurgeReport:
 
 
 def check_purge_ttls(finished_older_than_s: float, keys_older_than_s: float) -> None:
-    """Refuse a TTL that is negative, NaN or infinite (``ConfigurationError``) before anything is read."""
+    """Refuse a TTL that is negative or NaN (``ConfigurationError``) before anything is read.
+
+    ``math.inf`` is allowed and means "never" (e.g. keep idempotency keys forever)."""
     for name, value in (
         ("finished_older_than_s", finished_older_than_s),
         ("keys_older_than_s", keys_older_than_s),
     ):
-        if not (_is_number(value) and 0 <= value < math.inf):
-            raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        if not (_is_number(value) and value >= 0):
+            raise ConfigurationError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
 
 
 def plan_purge(
