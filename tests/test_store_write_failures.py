@@ -207,15 +207,19 @@ def test_json_store_in_an_inaccessible_directory_is_refused_at_open(shared_dir: 
     assert file_bytes(work) == before
 
 
-def test_json_read_only_journal_is_refused_at_open(shared_dir: Path) -> None:
+@pytest.mark.parametrize("name", ["tasks.json", "tasks.json.journal"])
+def test_json_read_only_snapshot_or_journal_is_refused_at_open(shared_dir: Path, name: str) -> None:
+    """A snapshot made read-only would otherwise be silently replaced by the next compaction."""
     work = shared_dir / "store"
     work.mkdir()
     path = make_store("json", work)
     give_to_nobody(work, *work.iterdir())
-    path.with_name(path.name + ".journal").chmod(0o400)
+    (work / name).chmod(0o400)
+    before = file_bytes(work)
     report = run_child(OPEN_AND_WRITE, "json", str(path), unprivileged=True)
     assert report.get("error") == "StoreAccessError", report
-    assert "tasks.json.journal" in report["message"]
+    assert f"{work / name}: not writable" in report["message"]
+    assert file_bytes(work) == before
 
 
 PURGE_ON_FULL_DISK = """

@@ -215,12 +215,19 @@ class JsonFileStore:
     def _check_writable(self) -> None:
         """Refuse, before anything is read or written, a store this process could not keep writing:
         the snapshot is replaced through a temp file in its directory, so that must be writable."""
+        effective = os.access in os.supports_effective_ids
         directory = self.path.parent
-        if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        if not os.access(directory, os.W_OK | os.X_OK, effective_ids=effective):
             raise StoreAccessError(
                 f"{self.path}: the store's directory {directory} is not writable by this process (snapshots "
                 "are replaced through a temp file there); it was not opened. Fix the permissions."
             )
+        for path in (self.path, self.journal_path):  # a file made read-only is not to be replaced either
+            if path.exists() and not os.access(path, os.R_OK | os.W_OK, effective_ids=effective):
+                raise StoreAccessError(
+                    f"{path}: not writable by this process; the store was not opened and nothing was "
+                    "written. Fix the permissions, or open a writable copy."
+                )
 
     def _temp_files(self) -> list[Path]:
         return sorted(self.path.parent.glob(f".{glob.escape(self.path.name)}.tmp-*"))
