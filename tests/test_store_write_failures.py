@@ -66,8 +66,8 @@ FULL_DISK = """
     store = open_store()
     store.insert_and_claim(rec(0))
     store.update(transition(rec(0), TaskStatus.RUNNING, 1.0))
-    used = max(os.path.getsize(p) for p in (path, path + ".journal", path + "-wal") if os.path.exists(p))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (used, hard))  # the disk is now full
+    appended = path + (".journal" if kind == "json" else "-wal")  # where every write goes first
+    resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(appended), hard))  # the disk is now full
     done = transition(transition(rec(0), TaskStatus.RUNNING, 1.0), TaskStatus.SUCCEEDED, 2.0)
     writes = [
         lambda: store.insert_and_claim(rec(1)),
