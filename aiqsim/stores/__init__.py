@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 
 from aiqsim.stores.base import (
+    PurgeReport,
+    StoreAccessError,
     StoreClosedError,
     StoreCorruptError,
     StoreLockedError,
@@ -21,6 +23,7 @@ from aiqsim.stores.base import (
 )
 from aiqsim.stores.json_file import JsonFileStore
 from aiqsim.stores.memory import MemoryStore
+from aiqsim.stores.retention import RetentionPolicy, purge_periodically
 from aiqsim.stores.sqlite import SqliteStore
 
 STORE_KINDS = ("memory", "json", "sqlite")
@@ -52,7 +55,10 @@ __all__ = [
     "JsonFileStore",
     "MemoryStore",
     "PostgresStore",
+    "PurgeReport",
+    "RetentionPolicy",
     "SqliteStore",
+    "StoreAccessError",
     "StoreClosedError",
     "StoreCorruptError",
     "StoreLockedError",
@@ -60,4 +66,5 @@ __all__ = [
     "TaskStore",
     "claim_owner",
     "open_store",
+    "purge_periodically",
 ]
