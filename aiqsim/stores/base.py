@@ -7,7 +7,9 @@ write is one transaction. Every method that changes state is atomic on its own.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.errors import StoreError
@@ -27,6 +29,27 @@ class StoreLockedError(StoreError, RuntimeError):
 
 class StoreClosedError(StoreError, RuntimeError):
     """A store was used after :meth:`TaskStore.close`."""
+
+
+class StoreOpenError(StoreError, OSError):
+    """A store file that cannot be opened or created at the path the caller gave (a missing folder,
+    a folder in its place, no permission). Nothing was written; the message names that path."""
+
+
+def check_store_location(path: Path) -> None:
+    """Raise :class:`StoreOpenError` naming ``path`` unless its folder exists and ``path`` is not a folder.
+
+    Called before a store creates anything, so the error names the user's path rather than a
+    temp or lock file the store would have created next to it.
+    """
+    folder = path.parent
+    if path.is_dir():
+        raise StoreOpenError(f"{path}: is a directory; expected the path of a store file")
+    if not folder.is_dir():
+        problem = "does not exist" if not folder.exists() else "is not a directory"
+        raise StoreOpenError(f"{path}: cannot create the store: the folder {folder} {problem}")
+    if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        raise StoreOpenError(f"{path}: cannot create the store: no permission to write in {folder}")
 
 
 class StoreWriteError(StoreError, OSError):

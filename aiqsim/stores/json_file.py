@@ -49,6 +49,7 @@ from aiqsim.stores.base import (
     StoreClosedError,
     StoreCorruptError,
     StoreLockedError,
+    check_store_location,
     claim_owner,
     record_from_stored,
 )
@@ -101,6 +102,7 @@ class JsonFileStore:
         if compact_min_entries < 1:
             raise ValueError(f"compact_min_entries must be >= 1, got {compact_min_entries}")
         self.path = Path(path)
+        check_store_location(self.path)
         self.journal_path = self.path.with_name(self.path.name + ".journal")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.fsync = fsync

@@ -39,7 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
-from aiqsim.stores.base import StoreClosedError, StoreCorruptError, claim_owner, record_from_stored
+from aiqsim.stores.base import (
+    StoreClosedError,
+    StoreCorruptError,
+    check_store_location,
+    claim_owner,
+    record_from_stored,
+)
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -184,6 +190,7 @@ class SqliteStore:
         self.synchronous = synchronous
         self.busy_timeout_s = busy_timeout_s
         self._closed = False
+        check_store_location(self.path)
         self._remove_stale_temps()
         if not self.path.exists():
             self._create()
