@@ -147,12 +147,6 @@ def test_a_store_in_a_missing_folder_names_the_users_path(tmp_path: Path, store_
     assert list(tmp_path.iterdir()) == []  # nothing created
 
 
-@pytest.mark.parametrize("store_class", [SqliteStore, JsonFileStore])
-def test_a_store_path_that_is_a_folder_is_refused(tmp_path: Path, store_class: type) -> None:
-    with pytest.raises(StoreOpenError, match="is a directory"):
-        store_class(tmp_path)
-
-
 @pytest.mark.parametrize("scenario", [None, 3, "", b"scenarios/retry_storm_429.toml"])
 def test_simulate_and_sweep_say_what_a_scenario_is(scenario: Any) -> None:
     with pytest.raises(ConfigurationError, match="scenario: expected a Scenario or the path"):

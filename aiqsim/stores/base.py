@@ -32,19 +32,17 @@ class StoreClosedError(StoreError, RuntimeError):
 
 
 class StoreOpenError(StoreError, OSError):
-    """A store file that cannot be opened or created at the path the caller gave (a missing folder,
-    a folder in its place, no permission). Nothing was written; the message names that path."""
+    """A store file that cannot be created at the path the caller gave (a missing folder, no
+    permission to write in it). Nothing was written; the message names that path."""
 
 
 def check_store_location(path: Path) -> None:
-    """Raise :class:`StoreOpenError` naming ``path`` unless its folder exists and ``path`` is not a folder.
+    """Raise :class:`StoreOpenError` naming ``path`` unless its folder exists; writable for a new file.
 
     Called before a store creates anything, so the error names the user's path rather than a
     temp or lock file the store would have created next to it.
     """
     folder = path.parent
-    if path.is_dir():
-        raise StoreOpenError(f"{path}: is a directory; expected the path of a store file")
     if not folder.is_dir():
         problem = "does not exist" if not folder.exists() else "is not a directory"
         raise StoreOpenError(f"{path}: cannot create the store: the folder {folder} {problem}")
