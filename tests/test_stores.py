@@ -305,14 +305,15 @@ def test_closed_store_refuses_use(file_opener: Opener) -> None:
         store.insert_and_claim(task("a"))
 
 
-def test_state_files_are_private(file_opener: Opener) -> None:
-    if file_opener.kind == "postgres":
-        pytest.skip("a PostgreSQL store has no files of its own; access is the server's roles")
+@pytest.mark.parametrize("kind", ["json", "sqlite"])  # a PostgreSQL store has no files: the server's roles
+def test_state_files_are_private(kind: str, tmp_path: Path) -> None:
+    file_opener = Opener(kind, tmp_path)
     store = file_opener.open()
     store.insert_and_claim(task("a"))
     assert file_opener.path is not None
     for path in file_opener.path.parent.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    file_opener.cleanup()
 
 
 def test_open_store_factory_validates_its_arguments(tmp_path: Path) -> None:

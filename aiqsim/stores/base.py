@@ -13,8 +13,10 @@ that covers it returned. A store that commits every write on its own has
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.errors import ConfigurationError, StoreError
@@ -40,6 +42,25 @@ class StoreAccessError(StoreError, PermissionError):
 
 class StoreClosedError(StoreError, RuntimeError):
     """A store was used after :meth:`TaskStore.close`."""
+
+
+class StoreOpenError(StoreError, OSError):
+    """A store file that cannot be created at the path the caller gave (a missing folder, no
+    permission to write in it). Nothing was written; the message names that path."""
+
+
+def check_store_location(path: Path) -> None:
+    """Raise :class:`StoreOpenError` naming ``path`` unless its folder exists; writable for a new file.
+
+    Called before a store creates anything, so the error names the user's path rather than a
+    temp or lock file the store would have created next to it.
+    """
+    folder = path.parent
+    if not folder.is_dir():
+        problem = "does not exist" if not folder.exists() else "is not a directory"
+        raise StoreOpenError(f"{path}: cannot create the store: the folder {folder} {problem}")
+    if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        raise StoreOpenError(f"{path}: cannot create the store: no permission to write in {folder}")
 
 
 class StoreWriteError(StoreError, OSError):

@@ -69,6 +69,7 @@ from aiqsim.stores.base import (
     StoreCorruptError,
     StoreLockedError,
     StoreWriteError,
+    check_store_location,
     claim_owner,
     plan_purge,
     purge_candidate,
@@ -128,6 +129,7 @@ class JsonFileStore:
         if compact_min_entries < 1:
             raise ValueError(f"compact_min_entries must be >= 1, got {compact_min_entries}")
         self.path = Path(path)
+        check_store_location(self.path)
         self.journal_path = self.path.with_name(self.path.name + ".journal")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.fsync = fsync

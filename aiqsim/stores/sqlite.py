@@ -87,6 +87,7 @@ from aiqsim.stores.base import (
     StoreCorruptError,
     StoreWriteError,
     check_purge_ttls,
+    check_store_location,
     claim_owner,
     describe_writes,
     plan_purge,
@@ -261,6 +262,7 @@ class SqliteStore:
         """Staged writes SQLite rolled back under a later failed write; the next flush reports them."""
         self._lost_cause: BaseException | None = None
         self._closed = False
+        check_store_location(self.path)  # a missing folder: StoreOpenError naming the path given
         try:
             self._remove_stale_temps()
             if not self.path.exists():
