@@ -9,13 +9,19 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TraceError, WorkloadTooLargeError
     │   ├── QuotaConfigError               a quota that could never grant a request
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
+│   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
+│   ├── SchedulerArgumentError         a bad argument to Scheduler() or submit(), named
+│   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
+│   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
+│   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
 │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
     │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
     │   ├── StoreLockedError (RuntimeError)    another process holds a single-process store
     │   ├── StoreClosedError (RuntimeError)    used after close()
-│   ├── StoreAccessError (PermissionError) files this process may not read or write; refused at open
+│   ├── StoreOpenError (OSError)           a store that cannot be created at the path given
+│   │   └── StoreAccessError (PermissionError) files this process may not read or write
     │   └── StoreWriteError (OSError)          a change that was not persisted
     ├── SchedulingError                    the scheduler refused work or a task gave no result
     │   ├── QueueFullError (RuntimeError)      a queue at its depth limit; nothing was enqueued
@@ -54,11 +60,14 @@ from aiqsim.core.failures import (
 )
 from aiqsim.core.fingerprint import FingerprintError
 from aiqsim.core.states import IllegalTransitionError
+from aiqsim.core.task import PriorityError
 from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.fleet.leases import LeaseLostError
 from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.status import HttpStatusError
+from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
+from aiqsim.scheduler.arguments import SchedulerArgumentError
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
     SchedulerClosedError,
@@ -66,13 +75,14 @@ from aiqsim.scheduler.scheduler import (
     TaskFailedError,
 )
 from aiqsim.sim.scenario import ScenarioError
-from aiqsim.sim.sweep import SweepError
+from aiqsim.sim.sweep import SweepError, SweepTooLargeError
 from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
 from aiqsim.stores.base import (
     StoreAccessError,
     StoreClosedError,
     StoreCorruptError,
     StoreLockedError,
+    StoreOpenError,
     StoreWriteError,
 )
 
@@ -86,7 +96,9 @@ __all__ = [
     "InvalidRequestError",
     "InvalidStateError",
     "LeaseLostError",
+    "OutputPathError",
     "PoisonInputError",
+    "PriorityError",
     "ProviderError",
     "ProviderTimeoutError",
     "QueueFullError",
@@ -94,6 +106,7 @@ __all__ = [
     "QuotaExhaustedError",
     "RateLimitError",
     "ScenarioError",
+    "SchedulerArgumentError",
     "SchedulerClosedError",
     "SchedulingError",
     "SchemaViolationError",
@@ -105,8 +118,11 @@ __all__ = [
     "StoreCorruptError",
     "StoreError",
     "StoreLockedError",
+    "StoreOpenError",
     "StoreWriteError",
     "SweepError",
+    "SweepTooLargeError",
+    "TableFormatUnavailableError",
     "TaskCancelledError",
     "TaskFailedError",
     "TaskInterruptedError",

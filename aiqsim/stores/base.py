@@ -34,7 +34,12 @@ class StoreLockedError(StoreError, RuntimeError):
     """Another process holds a single-process store (e.g. a JSON state file) open."""
 
 
-class StoreAccessError(StoreError, PermissionError):
+class StoreOpenError(StoreError, OSError):
+    """A store file that cannot be created at the path the caller gave (a missing folder, no
+    permission to write in it). Nothing was written; the message names that path."""
+
+
+class StoreAccessError(StoreOpenError, PermissionError):
     """The store's files cannot be read or written by this process (permissions, read-only file
     system). Raised when the store is opened, before anything is written; the message names
     the path and what is missing. A ``PermissionError`` too, which is what callers saw before."""
@@ -44,11 +49,6 @@ class StoreClosedError(StoreError, RuntimeError):
     """A store was used after :meth:`TaskStore.close`."""
 
 
-class StoreOpenError(StoreError, OSError):
-    """A store file that cannot be created at the path the caller gave (a missing folder, no
-    permission to write in it). Nothing was written; the message names that path."""
-
-
 def check_store_location(path: Path) -> None:
     """Raise :class:`StoreOpenError` naming ``path`` unless its folder exists; writable for a new file.
 
@@ -56,11 +56,17 @@ def check_store_location(path: Path) -> None:
     temp or lock file the store would have created next to it.
     """
     folder = path.parent
-    if not folder.is_dir():
-        problem = "does not exist" if not folder.exists() else "is not a directory"
-        raise StoreOpenError(f"{path}: cannot create the store: the folder {folder} {problem}")
-    if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
-        raise StoreOpenError(f"{path}: cannot create the store: no permission to write in {folder}")
+    try:
+        if not folder.is_dir():
+            problem = "does not exist" if not folder.exists() else "is not a directory"
+            raise StoreOpenError(f"{path}: cannot create the store: the folder {folder} {problem}")
+        exists = path.exists()
+    except PermissionError as error:  # a folder on the way that this process may not search
+        raise StoreAccessError(
+            f"{path}: cannot open the store: no permission to look in {folder} ({error.strerror or error})"
+        ) from error
+    if not exists and not os.access(folder, os.W_OK | os.X_OK):
+        raise StoreAccessError(f"{path}: cannot create the store: no permission to write in {folder}")
 
 
 class StoreWriteError(StoreError, OSError):
