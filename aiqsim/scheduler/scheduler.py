@@ -1148,7 +1148,7 @@ class Scheduler:
         cause: BaseException | None,
         gates: tuple[Any, ...] | None = None,
     ) -> str | None:
-        """The first refusal of this attempt by ``gates`` (all by default), or None (see :func:`ask_gates`)."""
+        """The first refusal of this attempt by ``gates`` (all by default), or None (:func:`ask_gates`)."""
         gates = self.gates if gates is None else gates
         if not gates:
             return None
