@@ -81,6 +81,14 @@ class CrashingStore:
     def poison_error(self, key: str) -> str | None:
         return self.inner.poison_error(key)
 
+    @property
+    def deferred_commit(self) -> bool:
+        return self.inner.deferred_commit
+
+    def flush(self) -> int:
+        self._check_alive()
+        return self.inner.flush()
+
     def close(self) -> None:
         self.inner.close()
 

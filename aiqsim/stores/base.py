@@ -2,6 +2,12 @@
 
 Store calls are synchronous and short: both runtimes are single-threaded and a store
 write is one transaction. Every method that changes state is atomic on its own.
+
+Group commit: a store whose :attr:`TaskStore.deferred_commit` is true stages its writes and
+makes them durable together in :meth:`TaskStore.flush` (one transaction, one fsync). A caller
+must then acknowledge a change (resolve a submission, report a task done) only after the flush
+that covers it returned. A store that commits every write on its own has
+``deferred_commit = False`` and a ``flush()`` that returns 0.
 """
 
 from __future__ import annotations
@@ -82,7 +88,34 @@ class TaskStore(Protocol):
         """The recorded poison error for ``key``, if any."""
         ...
 
-    def close(self) -> None: ...
+    deferred_commit: bool
+    """True when writes are staged until :meth:`flush` (``SqliteStore(group_commit=True)``);
+    False when every write method is durable when it returns (every other store)."""
+
+    def flush(self) -> int:
+        """Make every staged write durable in one transaction; return how many writes it covered.
+
+        Returns 0 without doing anything when :attr:`deferred_commit` is false. On failure
+        nothing staged is kept and :class:`StoreWriteError` names what was lost.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the store; a deferred store flushes first (``close(flush=False)`` drops staged writes)."""
+        ...
+
+
+MAX_DESCRIBED_WRITES = 5
+"""How many lost writes :func:`describe_writes` names one by one before it only counts."""
+
+
+def describe_writes(whats: list[str]) -> str:
+    """Name a batch of writes for an error message: ``"3 staged writes: a; b; c"`` (long lists cut)."""
+    if len(whats) == 1:
+        return whats[0]
+    shown = "; ".join(whats[:MAX_DESCRIBED_WRITES])
+    more = f"; and {len(whats) - MAX_DESCRIBED_WRITES} more" if len(whats) > MAX_DESCRIBED_WRITES else ""
+    return f"{len(whats)} staged writes: {shown}{more}"
 
 
 def claim_owner(current_owner: TaskRecord | None, candidate: TaskRecord) -> TaskRecord:

@@ -113,6 +113,8 @@ class JsonFileStore:
         self._journal_size = 0
         self._journal_fd: int | None = None
         self._closed = False
+        self.deferred_commit = False
+        """Every write is appended and fsynced before its method returns; :meth:`flush` returns 0."""
         self.torn_tail_recovered = False
         """True when opening found (and cut off) an incomplete last journal line."""
         self.stale_temp_files_removed = 0
@@ -476,8 +478,16 @@ class JsonFileStore:
         entry = self._poison.get(key)
         return entry[0] if entry is not None else None
 
-    def close(self) -> None:
-        """Close the journal and release the lock (idempotent). Nothing is lost: every write is durable."""
+    def flush(self) -> int:
+        """Nothing is ever staged (each write is durable on return): returns 0."""
+        self._check_open()
+        return 0
+
+    def close(self, *, flush: bool = True) -> None:
+        """Close the journal and release the lock (idempotent). Nothing is lost: every write is durable.
+
+        ``flush`` is accepted for the protocol's sake; there is never anything staged.
+        """
         if self._closed:
             return
         self._closed = True

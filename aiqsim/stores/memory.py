@@ -18,6 +18,8 @@ class MemoryStore:
         self._owners: dict[str, str] = {}
         self._poison: dict[str, str] = {}
         self.writes = 0
+        self.deferred_commit = False
+        """Every write is applied when its method returns; :meth:`flush` has nothing to do."""
 
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
         if task.id in self._tasks:
@@ -68,8 +70,12 @@ class MemoryStore:
     def poison_error(self, key: str) -> str | None:
         return self._poison.get(key)
 
-    def close(self) -> None:
-        pass
+    def flush(self) -> int:
+        """Nothing is ever staged here: returns 0."""
+        return 0
+
+    def close(self, *, flush: bool = True) -> None:
+        """Nothing to release (``flush`` is accepted for the protocol's sake)."""
 
     def __len__(self) -> int:
         return len(self._tasks)

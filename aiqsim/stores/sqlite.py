@@ -13,6 +13,17 @@ and replaced only if :func:`~aiqsim.stores.base.claim_owner` says so (a failed o
 owner). Two processes racing on one key therefore get exactly one owner. ``busy_timeout`` makes
 a process wait for the other's transaction instead of failing with "database is locked".
 
+Group commit (``group_commit=True``, :attr:`SqliteStore.deferred_commit`): every write method
+stages its change inside one open ``BEGIN IMMEDIATE`` transaction (each write in a savepoint of
+its own, so a write that fails takes back only itself) and :meth:`SqliteStore.flush` commits
+everything staged in one transaction -- one fsync under ``synchronous=FULL`` for the whole
+window. Reads on this connection see staged rows; other connections do not see them until the
+flush. The claim stays atomic across processes because the write lock is held from the first
+staged write to the flush. The trade: that lock is held for the whole commit window, so another
+process's write waits up to that long (its ``busy_timeout_s`` must exceed the window), and a
+staged write is not durable -- a crash loses exactly the writes not yet flushed, so a caller may
+acknowledge a change only after the :meth:`~SqliteStore.flush` that covers it returned.
+
 Durability: WAL journal with ``synchronous=FULL`` by default. In WAL mode ``NORMAL`` survives a
 killed process but may roll back the last commits on power loss or an OS crash, and a lost
 ``running`` or ``succeeded`` write is exactly what makes a task run (and bill) twice. FULL costs
@@ -39,7 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
-from aiqsim.stores.base import StoreClosedError, StoreCorruptError, claim_owner, record_from_stored
+from aiqsim.stores.base import (
+    StoreClosedError,
+    StoreCorruptError,
+    StoreWriteError,
+    claim_owner,
+    describe_writes,
+    record_from_stored,
+)
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -165,6 +183,8 @@ class SqliteStore:
         synchronous: SQLite ``synchronous`` level, ``"FULL"`` by default (see module docs).
         busy_timeout_s: how long a write waits for another process's transaction.
         validate: scan every row on open (default). Costs O(rows) once per open.
+        group_commit: stage writes until :meth:`flush` (see module docs); off by default, when
+            every write method commits (and fsyncs) on its own.
     """
 
     def __init__(
@@ -174,6 +194,7 @@ class SqliteStore:
         synchronous: str = "FULL",
         busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
         validate: bool = True,
+        group_commit: bool = False,
     ) -> None:
         synchronous = synchronous.upper()
         if synchronous not in SYNCHRONOUS_LEVELS:
@@ -183,6 +204,13 @@ class SqliteStore:
         self.path = Path(path)
         self.synchronous = synchronous
         self.busy_timeout_s = busy_timeout_s
+        self.deferred_commit = bool(group_commit)
+        """True when writes are staged until :meth:`flush` (``group_commit=True``)."""
+        self._staged: list[str] = []
+        """What each write staged in the open transaction changed, in order (group commit)."""
+        self._lost: list[str] = []
+        """Staged writes SQLite rolled back under a later failed write; the next flush reports them."""
+        self._lost_cause: BaseException | None = None
         self._closed = False
         self._remove_stale_temps()
         if not self.path.exists():
@@ -355,18 +383,95 @@ class SqliteStore:
             raise StoreClosedError(f"{self.path}: store is closed")
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
+    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write: its own ``BEGIN IMMEDIATE`` transaction, or a savepoint in the staged one.
+
+        ``what`` names the change for :class:`StoreWriteError`. A ``ValueError``/``KeyError`` the
+        body raises (duplicate id, unknown id) takes back this write only and propagates as is;
+        an SQLite failure (disk full, read-only file, I/O error, lock timeout) becomes a
+        :class:`StoreWriteError` naming every change that was not persisted.
+        """
         self._check_open()
+        if self.deferred_commit:
+            with self._staged_write(what) as conn:
+                yield conn
+            return
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute("BEGIN IMMEDIATE")
             yield conn
             conn.execute("COMMIT")
+        except sqlite3.Error as error:
+            self._rollback()
+            raise StoreWriteError(what, error) from error
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self._rollback()
             raise
+
+    @contextlib.contextmanager
+    def _staged_write(self, what: str) -> Iterator[sqlite3.Connection]:
+        conn = self._conn
+        try:
+            if not conn.in_transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            conn.execute("SAVEPOINT aiqsim_write")
+        except sqlite3.Error as error:
+            raise StoreWriteError(what, error) from error
+        try:
+            yield conn
+            conn.execute("RELEASE aiqsim_write")
+        except BaseException as error:
+            self._undo_staged_write(error)
+            if isinstance(error, sqlite3.Error):
+                lost = "; rolled back with it: " + describe_writes(self._lost) if self._lost else ""
+                raise StoreWriteError(what + lost, error) from error
+            raise
+        self._staged.append(what)
+
+    def _undo_staged_write(self, error: BaseException) -> None:
+        """Take back the failed write only; if SQLite already dropped the whole transaction (it
+        does on a full disk or an I/O error), the earlier staged writes are lost with it."""
+        conn = self._conn
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK TO aiqsim_write")
+                conn.execute("RELEASE aiqsim_write")
+                return
+            except sqlite3.Error:
+                self._rollback()
+        if self._staged:
+            self._lost.extend(self._staged)
+            self._lost_cause = error
+            self._staged = []
+
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # the transaction is gone either way
+                self._conn.execute("ROLLBACK")
+
+    def flush(self) -> int:
+        """Commit every staged write in one transaction; return how many writes it made durable.
+
+        A no-op returning 0 unless :attr:`deferred_commit`. On failure everything staged is
+        rolled back and :class:`StoreWriteError` names it; so are staged writes an earlier
+        failure already rolled back, which were never durable either. The store stays usable:
+        the next write opens a new transaction.
+        """
+        self._check_open()
+        if not self.deferred_commit:
+            return 0
+        lost, cause = self._lost, self._lost_cause
+        self._lost, self._lost_cause = [], None
+        staged, self._staged = self._staged, []
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as error:
+                self._rollback()
+                raise StoreWriteError(describe_writes(lost + staged), error) from error
+        if lost:
+            raise StoreWriteError(describe_writes(lost), cause)
+        return len(staged)
 
     def _read_one(self, sql: str, params: Sequence[Any]) -> TaskRecord | None:
         self._check_open()
@@ -376,7 +481,7 @@ class SqliteStore:
     # ------------------------------------------------------------------ TaskStore
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
         values = self._encode(task)  # a non-JSON payload fails here, before the transaction
-        with self._write() as conn:
+        with self._write(f"insert of task {task.id!r} ({task.status.value})") as conn:
             try:
                 conn.execute(
                     f"INSERT INTO tasks ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
@@ -387,7 +492,7 @@ class SqliteStore:
             return self._claim_in_transaction(conn, task)
 
     def claim(self, task: TaskRecord) -> TaskRecord:
-        with self._write() as conn:
+        with self._write(f"claim of key {task.key!r} by task {task.id!r}") as conn:
             row = conn.execute(f"{_SELECT} WHERE t.id = ?", (task.id,)).fetchone()
             if row is None:
                 raise KeyError(f"unknown task id {task.id!r}")
@@ -413,7 +518,7 @@ class SqliteStore:
     def update(self, task: TaskRecord) -> None:
         values = self._encode(task)
         assignments = ", ".join(f"{name} = ?" for name in COLUMNS[1:])
-        with self._write() as conn:
+        with self._write(f"update of task {task.id!r} to {task.status.value}") as conn:
             changed = conn.execute(f"UPDATE tasks SET {assignments} WHERE id = ?", (*values[1:], task.id))
             if changed.rowcount != 1:
                 raise KeyError(f"unknown task id {task.id!r}")
@@ -435,7 +540,7 @@ class SqliteStore:
         return [self._decode(row) for row in rows]
 
     def record_poison(self, key: str, error: str, now: float) -> None:
-        with self._write() as conn:
+        with self._write(f"poison record for key {key!r}") as conn:
             conn.execute(
                 "INSERT INTO poison (key, error, recorded_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET error = excluded.error, recorded_at = excluded.recorded_at",
@@ -447,11 +552,22 @@ class SqliteStore:
         row = self._conn.execute("SELECT error FROM poison WHERE key = ?", (key,)).fetchone()
         return row[0] if row is not None else None
 
-    def close(self) -> None:
-        """Close the connection (idempotent); every committed write is already durable."""
-        if not self._closed:
+    def close(self, *, flush: bool = True) -> None:
+        """Close the connection (idempotent); every committed write is already durable.
+
+        With group commit, staged writes are flushed first (``flush=False`` drops them, as a
+        crash would); a failed flush still closes the store, then raises its
+        :class:`StoreWriteError`.
+        """
+        if self._closed:
+            return
+        try:
+            if flush and self.deferred_commit:
+                self.flush()
+        finally:
             self._closed = True
-            self._conn.close()
+            self._staged = []
+            self._conn.close()  # an open transaction is rolled back: nothing staged survives
 
     def __len__(self) -> int:
         self._check_open()
