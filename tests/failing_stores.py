@@ -75,10 +75,9 @@ class DeferredMemoryStore(MemoryStore):
     :meth:`flush` commits them all at once; a flush number in ``fail_flushes`` rolls every staged
     write back and raises :class:`StoreWriteError`. :meth:`committed` is what a crash would leave."""
 
-    deferred_commit = True
-
     def __init__(self, fail_flushes: set[int] | None = None) -> None:
         super().__init__()
+        self.deferred_commit = True
         self.fail_flushes = set(fail_flushes or ())
         self.flushes = 0
         self.flushed_writes: list[int] = []

@@ -192,6 +192,7 @@ def test_a_duplicate_of_a_task_whose_outcome_was_not_persisted_does_not_wait_for
         with pytest.raises(StoreWriteError, match="not persisted"):
             await rt.wait_for(duplicate.result(), 5)  # at once, not after a poll that never ends
         assert provider.executions["a"] == 1  # and it was not sent again
+        await scheduler.close()
         # Resubmitting after a restart gives the provider's result, still without a second call.
         restarted = new_scheduler(rt, provider, store.inner, [], seed=8)
         report = await restarted.recover()

@@ -1197,14 +1197,19 @@ class Scheduler:
             self._settle(live, record)
             return
         live.finishing = True
-        lost = describe_change(old, record)
-        committed = self._commit.durable()
-        committed.add_done_callback(lambda done: self._after_commit(live, record, done, lost))
+        committed = self._commit.durable()  # now: the flush that covers this very write
+        live.runner = self.runtime.spawn(
+            self._settle_when_durable(live, record, committed, describe_change(old, record)),
+            name=f"commit-{record.id}",
+        )
 
-    def _after_commit(self, live: _Live, record: TaskRecord, done: Future[Any], lost: str) -> None:
-        if done.cancelled() or self._crashed:
-            return  # the process died before the flush: the handle stays unresolved, as for any crash
-        error = done.result()
+    async def _settle_when_durable(
+        self, live: _Live, record: TaskRecord, committed: Future[StoreWriteError | None], lost: str
+    ) -> None:
+        """Resolve a finished task once the flush covering its terminal write is done. A coroutine,
+        not a callback, so that a crash or a failing event sink stops it like any task; a crash
+        (``crash()`` cancels it) leaves the handle unresolved, as for a killed process."""
+        error = await committed
         if error is None:
             self._settle(live, record)
         else:

@@ -339,6 +339,10 @@ class _Run:
                 "store.path",
                 f"{path} already exists (from an earlier run?); delete it or choose another path",
             )
+        if kind == "sqlite" and self.scenario.store.group_commit:
+            from aiqsim.stores import SqliteStore
+
+            return SqliteStore(path, group_commit=True)
         return open_store(kind, path)
 
     def _new_scheduler(self) -> Scheduler:
@@ -366,6 +370,7 @@ class _Run:
             rng=random.Random(f"{self.seed}:scheduler:{self.incarnation}"),
             events=self.events.append,
             gates=gates,
+            commit_window_s=scenario.store.commit_window_s,
         )
         if self.on_new_scheduler is not None:
             self.on_new_scheduler(scheduler)
@@ -389,7 +394,7 @@ class _Run:
 
     async def _restart_later(self, delay: float, torn_write: bool) -> None:
         if self.scenario.store.kind != "memory":
-            self.raw_store.close()
+            self.raw_store.close(flush=False)  # a dead process flushes nothing it had staged
             if torn_write and self.scenario.store.kind == "json":
                 from aiqsim.stores.json_file import JsonFileStore
 
