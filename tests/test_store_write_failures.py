@@ -289,3 +289,15 @@ def test_on_a_real_full_disk_writes_fail_loudly_and_service_resumes_when_space_r
     assert "refused" in results or "lost" in results, "a full disk must surface"
     assert results.count("lost") == failures
     assert after == {"output": "done:after"}
+
+
+def test_data_that_cannot_be_stored_is_the_callers_error_not_a_write_failure() -> None:
+    async def body(rt):
+        scheduler = new_scheduler(rt, LookupProvider(rt), MemoryStore(), [])
+        scheduler.submit("llm", {"input": "a"}, task_id="same")
+        with pytest.raises(ValueError, match="already exists") as caught:
+            scheduler.submit("llm", {"input": "b"}, task_id="same")
+        await scheduler.close()
+        return isinstance(caught.value, StoreWriteError), scheduler.store_write_failures
+
+    assert run_on("simpy", body) == (False, 0)

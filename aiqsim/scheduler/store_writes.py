@@ -1,10 +1,15 @@
 """The scheduler's one way of calling a store write: whatever goes wrong becomes a StoreWriteError.
 
 A store should raise :class:`~aiqsim.stores.base.StoreWriteError` for a write it could not
-persist, but a raw ``OSError`` (disk full, read-only file), an ``sqlite3`` error or a bug's
-``KeyError`` may still come through. Any ``Exception`` out of a write means the change is not
+persist, but a raw ``OSError`` (disk full, read-only file), an ``sqlite3`` error, a closed store
+or an unknown id's ``KeyError`` may still come through. Such an error means the change is not
 known to be durable, so it is wrapped here, with the change it lost named and the original kept
-as ``__cause__``. ``BaseException`` (a cancellation, a simulated crash) passes untouched: the
+as ``__cause__``.
+
+Two kinds pass untouched. ``ValueError`` and ``TypeError`` say the *data* cannot be stored (a
+task id that already exists, a result that is not JSON): writing it again would fail again, so
+they stay what they are and the caller treats them as its own error (``submit`` raises it, a
+running task fails with it). ``BaseException`` (a cancellation, a simulated crash) means the
 process is stopping and writes nothing more.
 """
 
@@ -28,10 +33,10 @@ def describe_change(old: TaskRecord | None, new: TaskRecord) -> str:
 
 
 def persist(what: str, write: Callable[..., T], *args: object) -> T:
-    """Call ``write(*args)``; raise :class:`StoreWriteError` naming ``what`` if it fails in any way."""
+    """Call ``write(*args)``; raise :class:`StoreWriteError` naming ``what`` if it was not persisted."""
     try:
         return write(*args)
-    except StoreWriteError:
+    except (StoreWriteError, ValueError, TypeError):
         raise
     except Exception as error:
         raise StoreWriteError(what, error) from error
