@@ -14,6 +14,12 @@ terminal write is committed, and ``Submission.accepted()`` resolves once the sub
 record is. This module only keeps the batches: who wrote into the open one, who waits for it,
 and one timer per open batch. What to do with the tasks of a failed batch is the scheduler's rule.
 
+A failed flush is taken as the loss of every write of its batch. That errs on the safe side: a
+store may raise from ``flush()`` for writes an earlier failure had already rolled back even
+though it committed the later ones (``SqliteStore`` does, after SQLite drops the open
+transaction under a failed write); their tasks are then reported lost although their records
+are durable, which a resubmission of the key or ``recover()`` sorts out, and never the reverse.
+
 Futures handed out resolve with ``None`` (committed) or with the :class:`StoreWriteError`
 (rolled back) as their *value*, never as an exception: nobody is obliged to look at them, and a
 failure nobody awaited must not turn into an "exception was never retrieved" warning.

@@ -1046,7 +1046,9 @@ class Scheduler:
             if self._crashed:
                 raise
             self._finish(live, TaskStatus.CANCELLED, attempts=attempts)
-        except Exception as error:  # not a provider failure: invalid usage, a gate or an event sink
+        except Exception as error:  # not a provider failure: a gate or an event sink broke
+            if admitted:
+                self._abandon_early(lane.name, record.id)
             if reservation is not None:
                 lane.quota.release(reservation, runtime.now())
                 lane.signal.notify()
