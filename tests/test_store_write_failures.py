@@ -154,7 +154,9 @@ def test_a_failed_write_at_any_point_resolves_every_submission_and_the_lane_keep
             for handle, result in zip(handles, outcomes, strict=True):
                 stored = store.get(handle.id) if handle is not None else None
                 if isinstance(result, StoreWriteError):
-                    assert stored is None or not stored.status.is_terminal, "lost means not persisted"
+                    # lost means not persisted, unless a later duplicate wrote the outcome late
+                    healed = any(getattr(o, "deduped_from", None) == handle.id for o in outcomes)
+                    assert stored is None or not stored.status.is_terminal or healed
                 elif handle is not None:
                     assert stored == result, "what was reported is what the store holds"
             # The lane still serves: a fresh task on the single slot runs and succeeds.
@@ -180,27 +182,27 @@ def test_a_duplicate_of_a_task_whose_outcome_was_not_persisted_does_not_wait_for
     async def body(rt):
         store = FailingWrites(MemoryStore())
         provider = LookupProvider(rt, latency_s=1.0)
-        events: list = []
-        scheduler = new_scheduler(rt, provider, store, events)
+        scheduler = new_scheduler(rt, provider, store, [])
         owner = scheduler.submit("llm", {"input": "a"})
         await rt.sleep(0.5)  # running: the next write is its terminal one
         store.fail_at = {store.writes + 1}
         with pytest.raises(StoreWriteError, match="running -> succeeded"):
             await rt.wait_for(owner.result(), 200)
-        assert store.get(owner.id).status is TaskStatus.RUNNING  # what recover() will reconcile
+        assert store.get(owner.id).status is TaskStatus.RUNNING  # what recover() would reconcile
+        # The disk is still full: the duplicate's own insert lands, the late outcome write fails.
+        store.fail_at = {store.writes + 2}
         duplicate = scheduler.submit("llm", {"input": "a"})
         with pytest.raises(StoreWriteError, match="not persisted"):
             await rt.wait_for(duplicate.result(), 5)  # at once, not after a poll that never ends
-        assert provider.executions["a"] == 1  # and it was not sent again
+        # Space again: the next duplicate writes the owner's outcome late and shares its result.
+        again = scheduler.submit("llm", {"input": "a"})
+        result = await rt.wait_for(again.result(), 5)
+        owner_now = store.get(owner.id)
         await scheduler.close()
-        # Resubmitting after a restart gives the provider's result, still without a second call.
-        restarted = new_scheduler(rt, provider, store.inner, [], seed=8)
-        report = await restarted.recover()
-        again = await rt.wait_for(restarted.submit("llm", {"input": "a"}).result(), 200)
-        await restarted.close()
-        return report.orphans_completed, again, provider.executions["a"]
+        return result, owner_now.status, owner_now.result, provider.executions["a"]
 
-    assert run_on(rt_name, body) == (1, {"output": "done:a"}, 1)
+    # never sent a second time: the provider's one execution serves all three submissions
+    assert run_on(rt_name, body) == ({"output": "done:a"}, TaskStatus.SUCCEEDED, {"output": "done:a"}, 1)
 
 
 def test_a_failing_submit_write_raises_from_submit_and_queues_nothing() -> None:

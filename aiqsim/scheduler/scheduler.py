@@ -237,6 +237,15 @@ class _Live:
     """Set when the task's record was rolled back before its runner started: it must not run."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Unpersisted:
+    """A task whose change this process could not persist: what was lost, and the terminal record
+    it was to write (``None`` unless it was an outcome), which a later duplicate writes late."""
+
+    what: str
+    outcome: TaskRecord | None
+
+
 @dataclass(eq=False)
 class _Lane:
     """One provider: its quota, its queues and its dispatcher."""
@@ -293,10 +302,12 @@ class Scheduler:
     the scheduler keeps serving: the next writes may succeed once the disk has room. Nothing is
     reported succeeded unless its terminal write persisted. The store keeps the task's previous
     state (``queued``, or ``running`` when the outcome write failed); :meth:`recover` after a restart
-    reconciles it with the provider like any orphan. Until then a duplicate of its key submitted to
-    this scheduler resolves with ``StoreWriteError`` at once (it does not wait for a run this
-    process will never finish, and is not sent again, since the provider may have done the work).
-    A failing ``submit`` write raises ``StoreWriteError`` from ``submit`` (nothing was queued).
+    reconciles it with the provider like any orphan. A later duplicate of its key submitted to this
+    scheduler first writes the lost outcome late (the disk may have room again), then shares it as
+    usual (a success dedups, a failure frees the key); when that write fails too, or the lost change
+    was the ``running`` write, the duplicate resolves with ``StoreWriteError`` at once. It never
+    waits for a run this process will not finish, and the key is never sent again (the provider may
+    have done the work). A failing ``submit`` write raises ``StoreWriteError`` from ``submit``.
 
     Hostile usage. A response's usage is clamped before the token bucket is reconciled (the rule
     is :func:`aiqsim.core.usage.sane_usage`); the call still succeeds, and the anomaly is emitted
@@ -368,8 +379,9 @@ class Scheduler:
             if defers_commits(self.store)
             else None
         )
-        self._unpersisted: dict[str, str] = {}
+        self._unpersisted: dict[str, _Unpersisted] = {}
         """Task id -> the change of that task this process could not persist (see the class docs)."""
+        self._healing: set[str] = set()
         self.store_write_failures = 0
         """Submissions resolved with ``StoreWriteError`` (their outcome, or their owner's, not persisted)."""
         self.anomalies: Counter[str] = Counter()
@@ -734,7 +746,7 @@ class Scheduler:
         elif owner.status is TaskStatus.SUCCEEDED:
             self._finish(live, TaskStatus.DEDUPED, result=owner.result, deduped_from=owner.id)
         elif owner.id in self._unpersisted and owner.id not in self._live:
-            self._lose_duplicate(live, owner.id)  # its run ended here, unrecorded: never wait for it
+            self._follow_unpersisted(live, owner)  # its run ended here, unrecorded: never wait for it
         else:
             live.waiting_on = owner.id
             self._waiters.setdefault(owner.id, []).append(record.id)
@@ -742,6 +754,28 @@ class Scheduler:
                 self._watchers[owner.id] = self.runtime.spawn(
                     self._watch_foreign_owner(owner.id), name=f"watch-{owner.id}"
                 )
+
+    def _follow_unpersisted(self, live: _Live, owner: TaskRecord) -> None:
+        """``live`` duplicates a key whose owner's run ended in this process without its outcome
+        reaching the store (which still says ``owner.status``). Write that outcome now (the disk
+        may have room again) and follow the key as usual: a success dedups, a failure frees the
+        key. If it cannot be written (or there is no outcome to write: the lost change was the
+        ``running`` one), the duplicate resolves with ``StoreWriteError`` at once."""
+        outcome = self._unpersisted[owner.id].outcome
+        if outcome is not None and owner.id not in self._healing:
+            try:
+                self._write(outcome, owner)
+            except StoreWriteError:
+                pass
+            else:
+                self._emit_transition(owner.status, outcome)
+                self._healing.add(owner.id)  # a store that still says otherwise cannot loop us
+                try:
+                    self._claim_and_follow(live)
+                finally:
+                    self._healing.discard(owner.id)
+                return
+        self._lose_duplicate(live, owner.id)
 
     def _claim_and_follow(self, live: _Live) -> None:
         """Claim ``live``'s key for it (it is stored already) and follow whoever owns the key."""
@@ -1190,11 +1224,14 @@ class Scheduler:
         A failed write (or group commit) resolves the submission with ``StoreWriteError`` instead.
         """
         old = live.record
+        record = transition(old, status, self.runtime.now(), **changes)
         try:
-            record = self._move(live, status, **changes)
+            self._write(record, old)
         except StoreWriteError as error:
-            self._lose(live, error)
+            self._lose(live, error, outcome=record)
             return
+        live.record = record
+        self._emit_transition(old.status, record)
         if self._commit is None:
             self._settle(live, record)
             return
@@ -1215,7 +1252,7 @@ class Scheduler:
         if error is None:
             self._settle(live, record)
         else:
-            self._lose(live, error, lost)
+            self._lose(live, error, lost, outcome=record)
 
     def _settle(self, live: _Live, record: TaskRecord) -> None:
         """The terminal record is durable: resolve the submission and its duplicates' waits."""
@@ -1226,20 +1263,28 @@ class Scheduler:
         if not self._live:
             self._idle.notify()
 
-    def _lose(self, live: _Live, error: StoreWriteError, lost: str | None = None) -> None:
+    def _lose(
+        self,
+        live: _Live,
+        error: StoreWriteError,
+        lost: str | None = None,
+        *,
+        outcome: TaskRecord | None = None,
+    ) -> None:
         """The one rule for a task whose change could not be persisted (see the class docs).
 
         The submission resolves with ``error``; the task leaves its queue or its owner's wait
         list; duplicates waiting on it resolve with a ``StoreWriteError`` of their own. Quota held
         by a running attempt is the caller's to give back. The store keeps the task's last
-        persisted state for :meth:`recover`.
+        persisted state for :meth:`recover`; ``outcome`` (the terminal record that was not
+        written) is kept so that a later duplicate of the key can write it (:meth:`_follow_unpersisted`).
         """
         record = live.record
         if self._live.get(record.id) is not live:
             return  # already resolved (e.g. a rolled-back batch and its own failed wait)
         del self._live[record.id]
         what = lost if lost is not None else error.what
-        self._unpersisted[record.id] = what
+        self._unpersisted[record.id] = _Unpersisted(what, outcome)
         self.store_write_failures += 1
         if live.queue_item is not None:
             lane = self._lanes[record.provider]
@@ -1275,7 +1320,7 @@ class Scheduler:
 
     def _lose_duplicate(self, live: _Live, owner_id: str) -> None:
         """``live`` shares the run of ``owner_id``, whose outcome this process could not persist."""
-        what = self._unpersisted[owner_id]
+        what = self._unpersisted[owner_id].what
         error = StoreWriteError(
             f"task {live.record.id!r} is a duplicate of task {owner_id!r}, whose change was not "
             f"persisted ({what}); recover() after a restart reconciles it"
