@@ -17,6 +17,7 @@ import pytest
 
 from aiqsim import QuotaLimits, RetryPolicy, Scheduler, SqliteStore, TaskStatus
 from aiqsim.core.backoff import ConstantBackoff
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.scheduler.commit import check_commit_window
 from aiqsim.scheduler.events import StoreWriteFailed
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
@@ -180,7 +181,7 @@ def test_a_failed_flush_at_any_point_fails_its_batch_and_nothing_else(rt_name: s
 
 def test_a_commit_window_must_be_a_finite_number_of_seconds() -> None:
     for bad in (-1, float("inf"), float("nan"), "2ms", True):
-        with pytest.raises(ValueError, match="commit_window_s"):
+        with pytest.raises(ConfigurationError, match="commit_window_s"):
             check_commit_window(bad)
     assert check_commit_window(0) == 0.0
 

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from aiqsim import ConstantBackoff, MemoryStore, Priority, Scheduler, SimPyRuntime, TaskRecord, TaskStatus
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import ServerError
 from aiqsim.core.states import transition
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
@@ -141,7 +142,7 @@ def test_a_second_recover_decides_what_the_first_left_undecided() -> None:
 
 
 def test_lookup_retry_checks_its_bounds() -> None:
-    with pytest.raises(ValueError, match="attempts"):
+    with pytest.raises(ConfigurationError, match="attempts"):
         LookupRetry(attempts=0)
-    with pytest.raises(ValueError, match="timeout_s"):
+    with pytest.raises(ConfigurationError, match="timeout_s"):
         LookupRetry(timeout_s=0)

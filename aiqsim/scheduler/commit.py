@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.scheduler.store_writes import persist
 from aiqsim.stores.base import StoreWriteError
@@ -52,7 +53,7 @@ def check_commit_window(window_s: float) -> float:
         or not isinstance(window_s, int | float)
         or not 0 <= window_s < float("inf")
     ):
-        raise ValueError(f"commit_window_s must be a finite number of seconds >= 0, got {window_s!r}")
+        raise ConfigurationError(f"commit_window_s must be a finite number of seconds >= 0, got {window_s!r}")
     return float(window_s)
 
 

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 
 from aiqsim.core.backoff import BackoffStrategy, FullJitter, retry_delay
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.runtime.protocol import Runtime
 from aiqsim.scheduler.provider import ProviderResponse, SupportsLookup
 
@@ -36,9 +37,9 @@ class LookupRetry:
 
     def __post_init__(self) -> None:
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ValueError(f"attempts must be an integer >= 1, got {self.attempts!r}")
+            raise ConfigurationError(f"attempts must be an integer >= 1, got {self.attempts!r}")
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 or None, got {self.timeout_s!r}")
+            raise ConfigurationError(f"timeout_s must be > 0 or None, got {self.timeout_s!r}")
 
 
 @dataclass(frozen=True, slots=True)
