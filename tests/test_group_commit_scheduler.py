@@ -218,3 +218,27 @@ def test_with_sqlite_group_commit_a_success_is_durable_for_another_connection_wh
     resolved, seen = runtime.run(body())
     assert resolved == [("succeeded", "succeeded")] * 30
     assert seen == ["running"] * 30
+
+
+class FlushRaisesValueError(DeferredMemoryStore):
+    """A buggy deferring store whose flush raises something other than StoreWriteError."""
+
+    def flush(self) -> int:
+        raise ValueError("bug in flush")
+
+
+def test_a_flush_that_raises_anything_still_resolves_every_waiter() -> None:
+    async def body(rt):
+        store = FlushRaisesValueError()
+        scheduler = Scheduler(
+            rt, [CheckingProvider(rt, lambda _: None)], store=store, commit_window_s=WINDOW_S
+        )
+        handle = scheduler.submit("llm", {"input": "a"})
+        with pytest.raises(StoreWriteError, match="group commit") as caught:
+            await rt.wait_for(handle.accepted(), 200)
+        with pytest.raises(StoreWriteError):
+            await rt.wait_for(handle.wait(), 200)
+        assert isinstance(caught.value.__cause__, ValueError)
+        return scheduler.in_flight
+
+    assert run_on("simpy", body) == 0

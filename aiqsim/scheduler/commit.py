@@ -32,7 +32,6 @@ from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
-from aiqsim.scheduler.store_writes import persist
 from aiqsim.stores.base import StoreWriteError
 
 DEFAULT_COMMIT_WINDOW_S = 0.002
@@ -125,10 +124,14 @@ class GroupCommit:
         self.flushes += 1
         outcome: StoreWriteError | None = None
         try:
-            persist(f"group commit of the writes of {len(writers)} task(s)", self.store.flush)
-        except StoreWriteError as error:
+            self.store.flush()
+        except Exception as error:  # whatever it is, nothing staged is known to be durable
             self.failed_flushes += 1
-            outcome = error
+            if isinstance(error, StoreWriteError):
+                outcome = error
+            else:
+                outcome = StoreWriteError(f"group commit of the writes of {len(writers)} task(s)", error)
+                outcome.__cause__ = error
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(outcome)
