@@ -306,8 +306,8 @@ def test_json_document_is_versioned(tmp_path: Path) -> None:
         store.insert_and_claim(task("a"))
         store.compact()
     doc = json.loads(path.read_text())
-    assert (doc["format"], doc["version"]) == ("aiqsim-taskstore", 1)
-    assert [t["id"] for t in doc["tasks"]] == ["a"] and doc["owners"] == {"key-a": "a"}
+    assert (doc["format"], doc["version"]) == ("aiqsim-taskstore", 2)
+    assert [t["id"] for t in doc["store"]["tasks"]] == ["a"] and doc["store"]["owners"] == {"key-a": "a"}
 
 
 def test_json_journal_is_compacted_into_the_snapshot(tmp_path: Path) -> None:
@@ -317,7 +317,7 @@ def test_json_journal_is_compacted_into_the_snapshot(tmp_path: Path) -> None:
         store.insert_and_claim(task(f"t{n}"))
     journal_lines = store.journal_path.read_bytes().count(b"\n")
     assert journal_lines < 25  # compaction emptied it along the way
-    assert len(json.loads(path.read_text())["tasks"]) + journal_lines == 25
+    assert len(json.loads(path.read_text())["store"]["tasks"]) + journal_lines == 25
     store.close()
     with JsonFileStore(path) as again:
         assert [r.id for r in again.list_by_status()] == [f"t{n}" for n in range(25)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.stores.base import TaskStore
+from aiqsim.stores.base import PurgeReport, TaskStore
 
 
 class SimulatedCrash(BaseException):
@@ -88,6 +88,12 @@ class CrashingStore:
     def flush(self) -> int:
         self._check_alive()
         return self.inner.flush()
+
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        self._check_alive()
+        return self.inner.purge(
+            now, finished_older_than_s=finished_older_than_s, keys_older_than_s=keys_older_than_s
+        )
 
     def close(self) -> None:
         self.inner.close()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 
 from aiqsim.stores.base import (
+    PurgeReport,
+    StoreAccessError,
     StoreClosedError,
     StoreCorruptError,
     StoreLockedError,
@@ -19,6 +21,7 @@ from aiqsim.stores.base import (
 )
 from aiqsim.stores.json_file import JsonFileStore
 from aiqsim.stores.memory import MemoryStore
+from aiqsim.stores.retention import RetentionPolicy, purge_periodically
 from aiqsim.stores.sqlite import SqliteStore
 
 STORE_KINDS = ("memory", "json", "sqlite")
@@ -41,7 +44,10 @@ __all__ = [
     "STORE_KINDS",
     "JsonFileStore",
     "MemoryStore",
+    "PurgeReport",
+    "RetentionPolicy",
     "SqliteStore",
+    "StoreAccessError",
     "StoreClosedError",
     "StoreCorruptError",
     "StoreLockedError",
@@ -49,4 +55,5 @@ __all__ = [
     "TaskStore",
     "claim_owner",
     "open_store",
+    "purge_periodically",
 ]

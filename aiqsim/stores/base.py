@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from aiqsim.core.errors import StoreError
+from aiqsim.core.errors import ConfigurationError, StoreError
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 
 LIVE_OWNER_STATUSES = frozenset({TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.SUCCEEDED})
@@ -29,6 +30,12 @@ class StoreCorruptError(StoreError, RuntimeError):
 
 class StoreLockedError(StoreError, RuntimeError):
     """Another process holds a single-process store (e.g. a JSON state file) open."""
+
+
+class StoreAccessError(StoreError, PermissionError):
+    """The store's files cannot be read or written by this process (permissions, read-only file
+    system). Raised when the store is opened, before anything is written; the message names
+    the path and what is missing. A ``PermissionError`` too, which is what callers saw before."""
 
 
 class StoreClosedError(StoreError, RuntimeError):
@@ -98,6 +105,10 @@ class TaskStore(Protocol):
         Returns 0 without doing anything when :attr:`deferred_commit` is false. On failure
         nothing staged is kept and :class:`StoreWriteError` names what was lost.
         """
+        ...
+
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        """Delete finished tasks and expired idempotency keys in one transaction (see :func:`plan_purge`)."""
         ...
 
     def close(self) -> None:
@@ -184,3 +195,113 @@ def record_from_stored(data: Any, source: str) -> TaskRecord:
         where = f"{source}: task {task_id!r}" if isinstance(task_id, str) else source
         raise StoreCorruptError(f"{where}: {problem}")
     return TaskRecord.from_dict(data)
+
+
+# ---------------------------------------------------------------------------- retention
+@dataclass(frozen=True)
+class PurgeCandidate:
+    """What the retention rule needs to know about one finished task (no payload, no result)."""
+
+    task_id: str
+    key: str
+    status: TaskStatus
+    finished_at: float
+    """When it reached its terminal state (``updated_at`` for records that lack ``finished_at``)."""
+    owns_key: bool
+    """Whether the store's key table names this task as its key's owner."""
+
+
+@dataclass(frozen=True)
+class PurgePlan:
+    """What one purge deletes: task rows and ``(key, owner_id)`` ownership entries."""
+
+    task_ids: tuple[str, ...]
+    keys: tuple[tuple[str, str], ...]
+    kept_for_keys: int
+    """Tasks past the finished-task TTL kept because they own a key still within its TTL."""
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """The outcome of one :meth:`TaskStore.purge` (all of it committed in one transaction)."""
+
+    now: float
+    finished_older_than_s: float
+    keys_older_than_s: float
+    tasks_removed: int
+    keys_removed: int
+    kept_for_keys: int
+
+
+def check_purge_ttls(finished_older_than_s: float, keys_older_than_s: float) -> None:
+    """Refuse a TTL that is negative or NaN (``ConfigurationError``) before anything is read.
+
+    ``math.inf`` is allowed and means "never" (e.g. keep idempotency keys forever)."""
+    for name, value in (
+        ("finished_older_than_s", finished_older_than_s),
+        ("keys_older_than_s", keys_older_than_s),
+    ):
+        if not (_is_number(value) and value >= 0):
+            raise ConfigurationError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
+
+
+def plan_purge(
+    candidates: Iterable[PurgeCandidate],
+    *,
+    now: float,
+    finished_older_than_s: float,
+    keys_older_than_s: float,
+) -> PurgePlan:
+    """The retention rule every store applies (pure: the store supplies ``candidates`` and ``now``).
+
+    Like Celery's ``result_expires``, with idempotency keys on a clock of their own:
+
+    - only terminal tasks (succeeded, failed, cancelled, deduped) are ever deleted; queued and
+      running tasks, and so every live owner's key, are never touched, whatever their age;
+    - a succeeded task that owns its key is what a duplicate submission is answered from, so the
+      key and that task are kept until the key is ``keys_older_than_s`` old, even past
+      ``finished_older_than_s``; after that a duplicate runs (and bills) again;
+    - every other terminal task (duplicates, failed or cancelled owners, whose key a new
+      submission may take anyway) goes once it is ``finished_older_than_s`` old, with its key;
+    - poison records are not candidates: a poisoned input stays refused.
+
+    Age is ``now - finished_at``; a task stamped after ``now`` (another clock origin) is kept.
+    """
+    check_purge_ttls(finished_older_than_s, keys_older_than_s)
+    task_ids: list[str] = []
+    keys: list[tuple[str, str]] = []
+    kept_for_keys = 0
+    for candidate in candidates:
+        if not candidate.status.is_terminal:
+            continue
+        age = now - candidate.finished_at
+        task_expired = age >= finished_older_than_s
+        if candidate.owns_key and candidate.status in LIVE_OWNER_STATUSES:
+            if age < keys_older_than_s:
+                kept_for_keys += int(task_expired)
+                continue
+            keys.append((candidate.key, candidate.task_id))
+        elif candidate.owns_key and task_expired:
+            keys.append((candidate.key, candidate.task_id))
+        if task_expired:
+            task_ids.append(candidate.task_id)
+    return PurgePlan(task_ids=tuple(task_ids), keys=tuple(keys), kept_for_keys=kept_for_keys)
+
+
+def purge_candidate(record: TaskRecord, owns_key: bool) -> PurgeCandidate:
+    """The :class:`PurgeCandidate` for a stored record."""
+    finished = record.finished_at if record.finished_at is not None else record.updated_at
+    return PurgeCandidate(record.id, record.key, record.status, finished, owns_key)
+
+
+def purge_report(
+    plan: PurgePlan, now: float, finished_older_than_s: float, keys_older_than_s: float
+) -> PurgeReport:
+    return PurgeReport(
+        now=now,
+        finished_older_than_s=finished_older_than_s,
+        keys_older_than_s=keys_older_than_s,
+        tasks_removed=len(plan.task_ids),
+        keys_removed=len(plan.keys),
+        kept_for_keys=plan.kept_for_keys,
+    )

@@ -7,7 +7,7 @@ scheduler), which makes it the fastest store for crash-recovery sweeps.
 from __future__ import annotations
 
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.stores.base import claim_owner
+from aiqsim.stores.base import PurgeReport, claim_owner, plan_purge, purge_candidate, purge_report
 
 
 class MemoryStore:
@@ -69,6 +69,26 @@ class MemoryStore:
 
     def poison_error(self, key: str) -> str | None:
         return self._poison.get(key)
+
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`."""
+        plan = plan_purge(
+            (
+                purge_candidate(t, self._owners.get(t.key) == t.id)
+                for t in self._tasks.values()
+                if t.status.is_terminal
+            ),
+            now=now,
+            finished_older_than_s=finished_older_than_s,
+            keys_older_than_s=keys_older_than_s,
+        )
+        for key, owner_id in plan.keys:
+            if self._owners.get(key) == owner_id:
+                del self._owners[key]
+        for task_id in plan.task_ids:
+            del self._tasks[task_id]
+        self.writes += 1
+        return purge_report(plan, now, finished_older_than_s, keys_older_than_s)
 
     def flush(self) -> int:
         """Nothing is ever staged here: returns 0."""
