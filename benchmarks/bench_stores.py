@@ -9,8 +9,16 @@ Also measured, to show why the JSON store journals instead of rewriting its file
 the whole-snapshot rewrite (what a rewrite-per-write store would pay per transition) at both
 sizes, and the JSON store's amortised cost including its periodic compaction.
 
-Run: ``python benchmarks/bench_stores.py`` (about 30 s here). Prints markdown; exits 1 if a
-durable store misses the goal.
+Group commit (issue #21 item 5): the whole scheduler on asyncio, an instant provider,
+concurrency 64, ``SqliteStore`` with one commit and fsync per transition (``synchronous=FULL``)
+against ``SqliteStore(group_commit=True)`` (transitions within ``commit_window_s`` share one
+transaction and one fsync; a submission still resolves only after its commit). Figure of merit:
+tasks per second, min and median over rounds that alternate the two, with the load average
+of each round; goal >= 5x.
+
+Run: ``python benchmarks/bench_stores.py`` (about 30 s here, plus 1-2 min for group commit;
+``--only group-commit`` or ``--only transitions`` runs one part). Prints markdown; exits 1 if a
+durable store misses a goal.
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aiqsim import AsyncioRuntime, QuotaLimits, Scheduler
 from aiqsim.core.states import transition
 from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.stores import JsonFileStore, MemoryStore, SqliteStore, TaskStore
 
 SMALL, LARGE = 1_000, 100_000
@@ -160,11 +170,100 @@ def measure(kinds: list[str], directory: Path) -> list[dict[str, Any]]:
     return rows
 
 
+GROUP_TASKS = 1_000
+GROUP_CONCURRENCY = 64
+GROUP_ROUNDS = 5
+GROUP_GOAL = 5.0
+
+
+class InstantProvider:
+    """Answers at once: the scheduler and its store are all that is measured."""
+
+    name = "llm"
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse:
+        return ProviderResponse(result={"text": "ok"}, usage=request.cost_estimate)
+
+
+def scheduler_throughput(path: Path, group_commit: bool, tasks: int) -> float:
+    """Tasks per second through the scheduler on asyncio with a fresh SQLite file at ``path``."""
+    runtime = AsyncioRuntime()
+
+    async def run() -> float:
+        store = SqliteStore(path, group_commit=group_commit)
+        scheduler = Scheduler(
+            runtime,
+            [InstantProvider()],
+            quotas={"llm": QuotaLimits(concurrency=GROUP_CONCURRENCY)},
+            store=store,
+            background_limit=None,
+        )
+        start = time.perf_counter()
+        handles = [
+            scheduler.submit("llm", {"prompt": f"document {n}"}, cost_estimate=1.0) for n in range(tasks)
+        ]
+        for handle in handles:
+            await handle.result()
+        elapsed = time.perf_counter() - start
+        await scheduler.close()
+        store.close()
+        return tasks / elapsed
+
+    return runtime.run(run())
+
+
+def measure_group_commit(directory: Path, tasks: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """(tasks/s, 1-min load average) per round for each mode, the modes alternating within a round."""
+    results: dict[str, list[tuple[float, float]]] = {"per-write FULL": [], "group commit": []}
+    for n in range(rounds):
+        for mode in results:
+            path = directory / f"group-{n}-{mode.replace(' ', '-')}.sqlite3"
+            rate = scheduler_throughput(path, mode == "group commit", tasks)
+            results[mode].append((rate, os.getloadavg()[0]))
+    return results
+
+
+def report_group_commit(directory: Path, tasks: int, rounds: int) -> int:
+    results = measure_group_commit(directory, tasks, rounds)
+    print(
+        f"\nGroup commit: {tasks} tasks through the scheduler (asyncio, instant provider, concurrency "
+        f"{GROUP_CONCURRENCY}), SqliteStore synchronous=FULL, {rounds} rounds; tasks per second.\n"
+    )
+    print("| store | min | median | max | load average per round |")
+    print("|---|---:|---:|---:|---|")
+    for mode, rows in results.items():
+        rates = [rate for rate, _ in rows]
+        loads = ", ".join(f"{load:.1f}" for _, load in rows)
+        print(
+            f"| {mode} | {min(rates):,.0f} | {statistics.median(rates):,.0f} | {max(rates):,.0f} | {loads} |"
+        )
+    ratio = statistics.median(r for r, _ in results["group commit"]) / statistics.median(
+        r for r, _ in results["per-write FULL"]
+    )
+    ok = ratio >= GROUP_GOAL
+    verdict = "met" if ok else "MISSED"
+    print(f"\nGroup commit / per-write (medians): {ratio:.1f}x (goal >= {GROUP_GOAL:g}x: {verdict})")
+    return 0 if ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stores", default="memory,json,sqlite,sqlite-normal", help="comma-separated kinds")
+    parser.add_argument("--only", choices=("transitions", "group-commit"), help="run one part only")
+    parser.add_argument("--tasks", type=int, default=GROUP_TASKS, help="tasks per group-commit round")
+    parser.add_argument("--rounds", type=int, default=GROUP_ROUNDS, help="group-commit rounds (>= 5)")
     args = parser.parse_args()
-    kinds = args.stores.split(",")
+    status = 0
+    if args.only != "transitions":
+        # next to the repository (a real disk), not /tmp: fsync must cost what it costs in production
+        with tempfile.TemporaryDirectory(prefix="aiqsim-bench-group-", dir=Path(__file__).parent) as temp:
+            status |= report_group_commit(Path(temp), args.tasks, args.rounds)
+    if args.only == "group-commit":
+        return status
+    return status | transitions(args.stores.split(","))
+
+
+def transitions(kinds: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="aiqsim-bench-stores-") as temp:
         rows = measure(kinds, Path(temp))
     load = os.getloadavg()

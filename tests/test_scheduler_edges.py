@@ -114,27 +114,26 @@ def test_close_stops_a_dispatcher_that_waits_for_tokens(rt_name: str) -> None:
     assert run_on(rt_name, body) == (True, TaskStatus.CANCELLED)
 
 
-class BadUsageProvider:
-    name = "llm"
+def sink_failing_on_done_of(task_input: str, ids: dict):
+    """An event sink that raises on the success record of one task: an error after the answer.
+    (A negative usage was the old way to get one; usage is now clamped, see test_usage_anomalies.)"""
 
-    def __init__(self, runtime) -> None:
-        self.runtime = runtime
-        self.calls = 0
+    def sink(event) -> None:
+        if getattr(event, "decision", None) == "done" and event.task_id == ids.get(task_input):
+            raise RuntimeError("event sink broke")
 
-    async def call(self, request):
-        self.calls += 1
-        await self.runtime.sleep(1)
-        usage = -1.0 if request.payload["input"] == "bad" else None
-        return ProviderResponse(result="x", usage=usage)
+    return sink
 
 
 @both
 def test_an_error_after_the_answer_fails_the_task_and_frees_its_slot(rt_name: str) -> None:
     async def body(rt):
-        provider = BadUsageProvider(rt)
+        provider = ScriptedProvider(rt, latency_s=1.0)
         quotas = {"llm": QuotaLimits(concurrency=1, tokens_per_min=1000)}
-        scheduler = Scheduler(rt, [provider], quotas=quotas)
+        ids: dict = {}
+        scheduler = Scheduler(rt, [provider], quotas=quotas, events=sink_failing_on_done_of("bad", ids))
         bad = scheduler.submit("llm", {"input": "bad"}, cost_estimate=10)
+        ids["bad"] = bad.id
         good = scheduler.submit("llm", {"input": "good"}, cost_estimate=10)
         return (await bad.wait()).status, (await good.wait()).status, scheduler.quota("llm").in_flight
 

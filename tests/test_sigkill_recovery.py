@@ -178,8 +178,12 @@ def test_sigkill_at_random_moments_loses_nothing(
 
 
 # ---------------------------------------------------------------------------- a deterministic kill
-class ProcessDiedError(Exception):
-    """Stands in for SIGKILL at one exact point (the write before it is already durable)."""
+class ProcessDiedError(BaseException):
+    """Stands in for SIGKILL at one exact point (the write before it is already durable).
+
+    A ``BaseException``, like :class:`aiqsim.sim.crash.SimulatedCrash`: a dead process is not a
+    failed write, and the scheduler turns any ``Exception`` out of a store write into
+    ``StoreWriteError``."""
 
 
 class DieAfterWrite:

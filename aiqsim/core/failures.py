@@ -7,6 +7,7 @@ turns any exception into retryable, fatal or poison.
 from __future__ import annotations
 
 import enum
+import math
 
 from aiqsim.core.errors import AiqsimError
 
@@ -110,3 +111,15 @@ def describe_error(err: BaseException) -> str:
 
 class AttemptRejectedError(ProviderError):
     """A client-side guard (retry budget, circuit breaker, throttle) refused to send an attempt."""
+
+
+def retry_after_of(error: BaseException) -> float | None:
+    """The server's requested pause carried by ``error`` (any provider error may carry one, e.g. a
+    429 or a 503's Retry-After), or ``None``. The one place the scheduler reads it: a value that is
+    not a finite number >= 0 (a buggy adapter) counts as absent."""
+    value = getattr(error, "retry_after_s", None)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not 0 <= value < math.inf:
+        return None
+    return float(value)

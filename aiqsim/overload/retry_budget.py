@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
@@ -78,6 +78,9 @@ class RetryTokenBucket(OverloadGate):
     * a retry's outcome settles the *mean* charge of the provider's retries in flight, so
       a successful retry refunds that mean. Charges and settlements still sum exactly.
     """
+
+    asks_before_backoff: ClassVar[bool] = True
+    """A retry is charged when it is decided, before its backoff: refused, it fails at once (AWS)."""
 
     def __init__(
         self,

@@ -1,5 +1,6 @@
 """The production scheduler, written once against the runtime protocol."""
 
+from aiqsim.scheduler.commit import DEFAULT_COMMIT_WINDOW_S
 from aiqsim.scheduler.dispatch import (
     AgingShortestJobFirstPolicy,
     DispatchPolicy,
@@ -7,8 +8,16 @@ from aiqsim.scheduler.dispatch import (
     ShortestJobFirstPolicy,
     dispatch_policy_from_name,
 )
-from aiqsim.scheduler.events import AttemptRecord, QuotaSample, SchedulerEvent, TaskTransition
+from aiqsim.scheduler.events import (
+    AttemptRecord,
+    QuotaSample,
+    SchedulerEvent,
+    StoreWriteFailed,
+    TaskTransition,
+    UsageAnomaly,
+)
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
+from aiqsim.scheduler.recovery_lookup import LookupRetry
 from aiqsim.scheduler.retry import AttemptGate, RetryPolicy
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
@@ -21,11 +30,13 @@ from aiqsim.scheduler.scheduler import (
 )
 
 __all__ = [
+    "DEFAULT_COMMIT_WINDOW_S",
     "AgingShortestJobFirstPolicy",
     "AttemptGate",
     "AttemptRecord",
     "DispatchPolicy",
     "FifoPolicy",
+    "LookupRetry",
     "Provider",
     "ProviderRequest",
     "ProviderResponse",
@@ -37,10 +48,12 @@ __all__ = [
     "SchedulerClosedError",
     "SchedulerEvent",
     "ShortestJobFirstPolicy",
+    "StoreWriteFailed",
     "Submission",
     "SupportsLookup",
     "TaskCancelledError",
     "TaskFailedError",
     "TaskTransition",
+    "UsageAnomaly",
     "dispatch_policy_from_name",
 ]

@@ -61,5 +61,38 @@ class QuotaSample:
     queued_background: int
 
 
-SchedulerEvent = TaskTransition | AttemptRecord | QuotaSample
+@dataclass(frozen=True, slots=True)
+class StoreWriteFailed:
+    """A store write (or the group commit covering it) failed: ``lost`` names the change that was
+    NOT persisted, ``error`` the store's error. The task's submission resolved with
+    :class:`~aiqsim.stores.base.StoreWriteError`; the store still holds the task's previous state,
+    which :meth:`~aiqsim.scheduler.Scheduler.recover` reconciles after a restart."""
+
+    time: float
+    task_id: str
+    key: str
+    provider: str
+    lost: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsageAnomaly:
+    """A provider reported a usage the scheduler would not charge as is (see :mod:`aiqsim.core.usage`).
+
+    ``reported`` is the value as received (its ``repr``), ``charged`` what the bucket was reconciled
+    with, ``reason`` why. The call itself still counts as done.
+    """
+
+    time: float
+    task_id: str
+    key: str
+    provider: str
+    attempt: int
+    reported: str
+    charged: float
+    reason: str
+
+
+SchedulerEvent = TaskTransition | AttemptRecord | QuotaSample | StoreWriteFailed | UsageAnomaly
 EventSink = Callable[[SchedulerEvent], None]

@@ -165,3 +165,36 @@ def ask_gates(
             return reason
         admitted.append(gate)
     return None
+
+
+def asks_before_backoff(gate: Any) -> bool:
+    """Whether ``gate`` decides a retry the moment it is decided, before the backoff sleep.
+
+    A retry quota does (``asks_before_backoff = True`` on the gate): the AWS SDKs ask their retry
+    quota first and, when it cannot pay for the retry, give up at once with no delay, instead of
+    sleeping the backoff only to be refused. Every other gate (breaker, throttle, send rate) is
+    asked just before the attempt is sent, so it judges the provider as it is then.
+    """
+    return bool(getattr(gate, "asks_before_backoff", False))
+
+
+def split_gates(gates: Iterable[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``(asked before a retry's backoff, asked before sending)``, in the given order.
+
+    A chain of gates (an object whose ``gates`` attribute is a tuple of gates, e.g.
+    :class:`~aiqsim.overload.GateChain`) that holds a gate of the first kind is split into its
+    members; a chain without one stays whole.
+    """
+    early: list[Any] = []
+    late: list[Any] = []
+    for gate in gates:
+        members = getattr(gate, "gates", None)
+        if isinstance(members, tuple) and any(asks_before_backoff(m) for m in members):
+            inner_early, inner_late = split_gates(members)
+            early.extend(inner_early)
+            late.extend(inner_late)
+        elif asks_before_backoff(gate):
+            early.append(gate)
+        else:
+            late.append(gate)
+    return tuple(early), tuple(late)

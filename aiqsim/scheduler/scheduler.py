@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,26 +35,39 @@ from aiqsim.core.failures import (
     TaskInterruptedError,
     classify_failure,
     describe_error,
+    retry_after_of,
 )
 from aiqsim.core.fingerprint import fingerprint
 from aiqsim.core.states import transition
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
+from aiqsim.core.usage import sane_usage
 from aiqsim.runtime.protocol import Cancelled, Future, Runtime, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.arguments import checked_cost_estimate, checked_providers
+from aiqsim.scheduler.commit import DEFAULT_COMMIT_WINDOW_S, GroupCommit, check_commit_window, defers_commits
 from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy, QueueItem, TaskQueue
-from aiqsim.scheduler.events import AttemptRecord, EventSink, QuotaSample, TaskTransition
+from aiqsim.scheduler.events import (
+    AttemptRecord,
+    EventSink,
+    QuotaSample,
+    StoreWriteFailed,
+    TaskTransition,
+    UsageAnomaly,
+)
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
+from aiqsim.scheduler.recovery_lookup import LookupRetry, lookup_with_retries
 from aiqsim.scheduler.retry import (
     AttemptGate,
     RetryPolicy,
     abandon_at_gate,
     ask_gates,
     gate_wait_s,
+    split_gates,
     tell_gate,
 )
-from aiqsim.stores.base import TaskStore
+from aiqsim.scheduler.store_writes import describe_change, persist
+from aiqsim.stores.base import StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
 DEFAULT_INTERACTIVE_LIMIT = 5
@@ -85,10 +98,41 @@ class TaskCancelledError(SchedulingError):
         self.record = record
 
 
-class Submission:
-    """The handle ``submit`` returns. ``await submission`` gives the result or raises."""
+def _relay(source: Future[Any], target: Future[Any]) -> None:
+    """Copy a finished future's outcome (result or exception) into ``target`` unless it is done."""
+    if target.done() or source.cancelled():
+        return
+    try:
+        value = source.result()
+    except Exception as error:  # the runtime protocol has no exception(): result() re-raises it
+        target.set_exception(error)
+    else:
+        target.set_result(value)
 
-    __slots__ = ("_future", "_new_future", "id", "key")
+
+async def _await_own(future: Future[Any], new_future: Callable[[], Future[Any]] | None) -> Any:
+    """Await a shared future through a future of one's own.
+
+    asyncio cancels the future a cancelled awaiter was awaiting: each awaiter gets its own, so a
+    caller that gives up cannot cancel the shared one.
+    """
+    if future.done() or new_future is None:
+        return await future
+    waiter = new_future()
+    future.add_done_callback(lambda done: _relay(done, waiter))
+    return await waiter
+
+
+class Submission:
+    """The handle ``submit`` returns. ``await submission`` gives the result or raises.
+
+    If the task's outcome could not be persisted (a store write failed, or the group commit that
+    covered it), the submission resolves with :class:`~aiqsim.stores.base.StoreWriteError`:
+    ``await submission``, :meth:`result` and :meth:`wait` raise it. A success is only ever reported
+    after its terminal write is durable.
+    """
+
+    __slots__ = ("_accepted", "_future", "_new_future", "id", "key")
 
     def __init__(
         self,
@@ -96,25 +140,35 @@ class Submission:
         key: str,
         future: Future[TaskRecord],
         new_future: Callable[[], Future[TaskRecord]] | None = None,
+        accepted: Future[StoreWriteError | None] | None = None,
     ) -> None:
         self.id = task_id
         self.key = key
         self._future = future
         self._new_future = new_future
+        self._accepted = accepted
 
     def done(self) -> bool:
-        """True once the task reached a terminal state in this scheduler."""
+        """True once the task reached a terminal state in this scheduler (or its outcome was lost)."""
         return self._future.done()
 
+    async def accepted(self) -> None:
+        """Wait until this submission's own record is durable in the store; raise
+        :class:`~aiqsim.stores.base.StoreWriteError` if it never will be (the submission is lost).
+
+        With a store that commits each write (every store by default) the record is durable when
+        ``submit`` returns and this returns at once; with a group-commit store it waits for the
+        flush that covers the record (at most the commit window plus one flush).
+        """
+        if self._accepted is not None:
+            error = await _await_own(self._accepted, self._new_future)
+            if error is not None:
+                raise error
+
     async def wait(self) -> TaskRecord:
-        """The final task record (never raises for task failures)."""
-        if self._future.done() or self._new_future is None:
-            return await self._future
-        # asyncio cancels the future a cancelled awaiter was awaiting: give each awaiter its own,
-        # so a caller that gives up cannot cancel the task's shared one.
-        waiter = self._new_future()
-        self._future.add_done_callback(lambda done: waiter.done() or waiter.set_result(done.result()))
-        return await waiter
+        """The final task record (never raises for task failures; raises
+        :class:`~aiqsim.stores.base.StoreWriteError` when the outcome was not persisted)."""
+        return await _await_own(self._future, self._new_future)
 
     async def result(self) -> Any:
         """The task's result; raises :class:`TaskFailedError` or :class:`TaskCancelledError`."""
@@ -152,6 +206,9 @@ class RecoveryReport:
     """Queued or running tasks held by workers this recovery did not adopt (they were not touched)."""
     left_for_unknown_providers: int = 0
     """Queued or running tasks for providers this scheduler lacks, left as they were (``"leave"``)."""
+    undecided: tuple[str, ...] = ()
+    """Ids of orphans whose provider lookup kept failing: left ``running`` as they were (neither
+    failed nor re-sent, since the provider may have done the work). Call ``recover()`` again later."""
 
 
 @dataclass(eq=False, slots=True)
@@ -175,6 +232,19 @@ class _Live:
     started: bool = False
     cancel_requested: bool = False
     waiting_on: str | None = None
+    finishing: bool = False
+    """The terminal write is staged and waits for its group commit; the task can no longer change."""
+    lost: StoreWriteError | None = None
+    """Set when the task's record was rolled back before its runner started: it must not run."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Unpersisted:
+    """A task whose change this process could not persist: what was lost, and the terminal record
+    it was to write (``None`` unless it was an outcome), which a later duplicate writes late."""
+
+    what: str
+    outcome: TaskRecord | None
 
 
 @dataclass(eq=False)
@@ -242,6 +312,28 @@ class Scheduler:
         worker_id: this scheduler instance's name when several processes share one store. Its
             tasks carry it, and :meth:`recover` then adopts only its own (see there). Give each
             live process its own id, and the same id to the process that replaces it.
+        commit_window_s: with a store that defers commits (``SqliteStore(path, group_commit=True)``),
+            how long staged writes wait to share one flush (see :mod:`aiqsim.scheduler.commit`).
+            Ignored by stores that commit every write.
+
+    Failed store writes. A store write that fails (disk full, read-only file, I/O error; a raw
+    ``OSError`` or ``sqlite3`` error is wrapped) fails only the task it was for: its submission
+    resolves with :class:`~aiqsim.stores.base.StoreWriteError` naming the change that was not
+    persisted, a :class:`~aiqsim.scheduler.events.StoreWriteFailed` event is emitted and counted
+    in :attr:`store_write_failures`, its quota reservation and concurrency slot are given back, and
+    the scheduler keeps serving: the next writes may succeed once the disk has room. Nothing is
+    reported succeeded unless its terminal write persisted. The store keeps the task's previous
+    state (``queued``, or ``running`` when the outcome write failed); :meth:`recover` after a restart
+    reconciles it with the provider like any orphan. A later duplicate of its key submitted to this
+    scheduler first writes the lost outcome late (the disk may have room again), then shares it as
+    usual (a success dedups, a failure frees the key); when that write fails too, or the lost change
+    was the ``running`` write, the duplicate resolves with ``StoreWriteError`` at once. It never
+    waits for a run this process will not finish, and the key is never sent again (the provider may
+    have done the work). A failing ``submit`` write raises ``StoreWriteError`` from ``submit``.
+
+    Hostile usage. A response's usage is clamped before the token bucket is reconciled (the rule
+    is :func:`aiqsim.core.usage.sane_usage`); the call still succeeds, and the anomaly is emitted
+    as :class:`~aiqsim.scheduler.events.UsageAnomaly` and counted in :attr:`anomalies`.
     """
 
     def __init__(
@@ -261,9 +353,11 @@ class Scheduler:
         poison_fallback: Callable[[TaskRecord], Awaitable[Any]] | None = None,
         duplicate_poll_s: float = 0.5,
         worker_id: str | None = None,
+        commit_window_s: float = DEFAULT_COMMIT_WINDOW_S,
     ) -> None:
         providers = checked_providers(providers)
         self.worker_id = _checked_worker_id(worker_id, "worker_id")
+        check_commit_window(commit_window_s)
         self.runtime = runtime
         self.store: TaskStore = store if store is not None else MemoryStore()
         self.dispatch = dispatch if dispatch is not None else FifoPolicy()
@@ -271,6 +365,7 @@ class Scheduler:
         self.rng = rng if rng is not None else random.Random()
         self.events = events
         self.gates = tuple(gates)
+        self._early_gates, self._late_gates = split_gates(self.gates)
         self.poison_fallback = poison_fallback
         if not duplicate_poll_s > 0:
             raise ValueError(f"duplicate_poll_s must be > 0, got {duplicate_poll_s!r}")
@@ -302,6 +397,18 @@ class Scheduler:
         self._started = False
         self._closed = False
         self._crashed = False
+        self._commit: GroupCommit | None = (
+            GroupCommit(runtime, self.store, commit_window_s, self._batch_lost)
+            if defers_commits(self.store)
+            else None
+        )
+        self._unpersisted: dict[str, _Unpersisted] = {}
+        """Task id -> the change of that task this process could not persist (see the class docs)."""
+        self._healing: set[str] = set()
+        self.store_write_failures = 0
+        """Submissions resolved with ``StoreWriteError`` (their outcome, or their owner's, not persisted)."""
+        self.anomalies: Counter[str] = Counter()
+        """Provider anomalies seen and defused, by kind (e.g. ``"usage"``)."""
 
     # ------------------------------------------------------------------ public API
     @property
@@ -394,13 +501,26 @@ class Scheduler:
             payload=payload,
             worker=self.worker_id,
         )
-        owner = self.store.insert_and_claim(record)
+        owner = persist(describe_change(None, record), self.store.insert_and_claim, record)
+        self._staged(record.id)
+        accepted = self._commit.durable() if self._commit is not None else None
         live = _Live(record=record, future=self.runtime.create_future())
         self._live[record.id] = live
         self._emit_transition(None, record)
         self._ensure_started()
         self._follow_owner(live, owner)
-        return Submission(record.id, key, live.future, self.runtime.create_future)
+        return Submission(record.id, key, live.future, self.runtime.create_future, accepted)
+
+    async def submit_durable(self, kind: str, payload: Any, **options: Any) -> Submission:
+        """:meth:`submit`, then wait until the submission's record is durable (:meth:`Submission.accepted`).
+
+        Use it where the caller acknowledges the request to someone else (an HTTP 202, a queue
+        ack): once it returns, a crash cannot lose the submission. Raises what ``submit`` raises,
+        and :class:`~aiqsim.stores.base.StoreWriteError` if the record could not be persisted.
+        """
+        submission = self.submit(kind, payload, **options)
+        await submission.accepted()
+        return submission
 
     def cancel(self, task_id: str) -> bool:
         """Cancel a queued or running task of this scheduler; False if it is not live here.
@@ -409,7 +529,7 @@ class Scheduler:
         its current await (an in-flight provider call is abandoned) and ends ``cancelled``.
         """
         live = self._live.get(task_id)
-        if live is None or live.cancel_requested or self._crashed:
+        if live is None or live.cancel_requested or live.finishing or self._crashed:
             return False
         live.cancel_requested = True
         if live.queue_item is not None:
@@ -440,14 +560,17 @@ class Scheduler:
         record = self.store.get(task_id)
         if record is None:
             raise KeyError(f"unknown task id {task_id!r}")
+        failed = record
         record = transition(record, TaskStatus.QUEUED, self.runtime.now(), worker=self.worker_id)
-        self.store.update(record)
+        persist(describe_change(failed, record), self.store.update, record)
+        self._staged(record.id)
+        accepted = self._commit.durable() if self._commit is not None else None
         self._emit_transition(TaskStatus.FAILED, record)
         live = _Live(record=record, future=self.runtime.create_future())
         self._live[record.id] = live
         self._ensure_started()
-        self._follow_owner(live, self.store.claim(record))
-        return Submission(record.id, record.key, live.future, self.runtime.create_future)
+        self._claim_and_follow(live)
+        return Submission(record.id, record.key, live.future, self.runtime.create_future, accepted)
 
     async def join(self) -> None:
         """Wait until every task submitted here is terminal."""
@@ -461,6 +584,8 @@ class Scheduler:
             for task_id in list(self._live):
                 self.cancel(task_id)
         await self.join()
+        if self._commit is not None:
+            self._commit.stop(flush=True)
         self._stop_background()
 
     async def __aenter__(self) -> Scheduler:
@@ -481,6 +606,8 @@ class Scheduler:
         for live in self._live.values():
             if live.runner is not None:
                 live.runner.cancel()
+        if self._commit is not None:
+            self._commit.stop(flush=False)
         self._stop_background()
 
     async def recover(
@@ -490,6 +617,7 @@ class Scheduler:
         use_lookup: bool = True,
         workers: Iterable[str | None] | None = None,
         unknown_providers: str = "raise",
+        lookup_retry: LookupRetry | None = None,
     ) -> RecoveryReport:
         """Reconcile the store after a restart; call once before submitting new work.
 
@@ -516,6 +644,14 @@ class Scheduler:
         Unfinished tasks for a provider this scheduler was not given raise ``ValueError`` before
         anything is written (``unknown_providers="raise"``); with ``"leave"`` they stay in the
         store as they are, for a scheduler that has the provider, and are counted in the report.
+
+        A lookup that fails or hangs is retried with backoff (``lookup_retry``, see
+        :class:`~aiqsim.scheduler.recovery_lookup.LookupRetry`; 4 attempts by default) and never
+        stops the recovery of the other orphans. An orphan whose lookups all failed is left
+        ``running``, untouched (not failed: the provider may have done, and billed, the work), and
+        its id is listed in ``RecoveryReport.undecided``; call ``recover()`` again once the provider
+        answers. A store write that fails raises :class:`~aiqsim.stores.base.StoreWriteError`
+        (the orphans already reconciled stay reconciled).
         """
         if unknown_providers not in ("raise", "leave"):
             raise ValueError(f"unknown_providers must be 'raise' or 'leave', got {unknown_providers!r}")
@@ -534,6 +670,8 @@ class Scheduler:
                 "those providers, or pass unknown_providers='leave' to leave the tasks in the store"
             )
         completed = failed = requeued = resumed = reattached = left = 0
+        undecided: list[str] = []
+        retry = lookup_retry if lookup_retry is not None else LookupRetry()
         me = self.worker_id
         for orphan in self.store.list_by_status(TaskStatus.RUNNING):
             if orphan.id in self._live or orphan.id in unknown:
@@ -544,7 +682,11 @@ class Scheduler:
             lane = self._lanes.get(orphan.provider)
             response: ProviderResponse | None = None
             if use_lookup and lane is not None and isinstance(lane.provider, SupportsLookup):
-                response = await lane.provider.lookup(orphan.key)
+                outcome = await lookup_with_retries(self.runtime, lane.provider, orphan.key, retry, self.rng)
+                if not outcome.decided:
+                    undecided.append(orphan.id)
+                    continue
+                response = outcome.response
             now = self.runtime.now()
             if response is not None:
                 done = transition(orphan, TaskStatus.SUCCEEDED, now, result=response.result, worker=me)
@@ -576,9 +718,10 @@ class Scheduler:
             if queued.worker != me:  # taken over from another worker: say so in the store first
                 queued = queued.evolve(worker=me)
                 self._write(queued)
+            owner = persist(f"claim of key {queued.key!r} by task {queued.id!r}", self.store.claim, queued)
+            self._staged(queued.id)
             live = _Live(record=queued, future=self.runtime.create_future())
             self._live[queued.id] = live
-            owner = self.store.claim(queued)
             if owner.id == queued.id:
                 resumed += queued.id not in requeued_ids  # requeued orphans are counted once, above
             else:
@@ -586,7 +729,13 @@ class Scheduler:
             self._follow_owner(live, owner)
         if self._live:
             self._ensure_started()
-        return RecoveryReport(completed, failed, requeued, resumed, reattached, left, len(unknown))
+        if self._commit is not None:  # what recovery wrote is durable before it reports it
+            lost = await self._commit.durable()
+            if lost is not None:
+                raise lost
+        return RecoveryReport(
+            completed, failed, requeued, resumed, reattached, left, len(unknown), tuple(undecided)
+        )
 
     def _unknown_provider_tasks(self, ours: Callable[[TaskRecord], bool]) -> dict[str, TaskRecord]:
         """Running and queued tasks that recovery would adopt but that name no provider of ours."""
@@ -620,6 +769,8 @@ class Scheduler:
             self._enqueue(live)
         elif owner.status is TaskStatus.SUCCEEDED:
             self._finish(live, TaskStatus.DEDUPED, result=owner.result, deduped_from=owner.id)
+        elif owner.id in self._unpersisted and owner.id not in self._live:
+            self._follow_unpersisted(live, owner)  # its run ended here, unrecorded: never wait for it
         else:
             live.waiting_on = owner.id
             self._waiters.setdefault(owner.id, []).append(record.id)
@@ -627,6 +778,39 @@ class Scheduler:
                 self._watchers[owner.id] = self.runtime.spawn(
                     self._watch_foreign_owner(owner.id), name=f"watch-{owner.id}"
                 )
+
+    def _follow_unpersisted(self, live: _Live, owner: TaskRecord) -> None:
+        """``live`` duplicates a key whose owner's run ended in this process without its outcome
+        reaching the store (which still says ``owner.status``). Write that outcome now (the disk
+        may have room again) and follow the key as usual: a success dedups, a failure frees the
+        key. If it cannot be written (or there is no outcome to write: the lost change was the
+        ``running`` one), the duplicate resolves with ``StoreWriteError`` at once."""
+        outcome = self._unpersisted[owner.id].outcome
+        if outcome is not None and owner.id not in self._healing:
+            try:
+                self._write(outcome, owner)
+            except StoreWriteError:
+                pass
+            else:
+                self._emit_transition(owner.status, outcome)
+                self._healing.add(owner.id)  # a store that still says otherwise cannot loop us
+                try:
+                    self._claim_and_follow(live)
+                finally:
+                    self._healing.discard(owner.id)
+                return
+        self._lose_duplicate(live, owner.id)
+
+    def _claim_and_follow(self, live: _Live) -> None:
+        """Claim ``live``'s key for it (it is stored already) and follow whoever owns the key."""
+        record = live.record
+        try:
+            owner = persist(f"claim of key {record.key!r} by task {record.id!r}", self.store.claim, record)
+        except StoreWriteError as error:
+            self._lose(live, error)
+            return
+        self._staged(record.id)
+        self._follow_owner(live, owner)
 
     def _enqueue(self, live: _Live) -> None:
         record = live.record
@@ -655,7 +839,7 @@ class Scheduler:
                     deduped_from=owner.id,
                 )
             else:  # the owner was cancelled: the first waiter takes over the key
-                self._follow_owner(waiter, self.store.claim(waiter.record))
+                self._claim_and_follow(waiter)
 
     async def _watch_foreign_owner(self, owner_id: str) -> None:
         """Poll the store for a key owned by another process until that run is terminal."""
@@ -717,7 +901,11 @@ class Scheduler:
                 self._queued[priority] -= 1
                 live = self._live[candidate.task_id]
                 live.queue_item = None
-                self._move(live, TaskStatus.RUNNING)
+                try:
+                    self._move(live, TaskStatus.RUNNING)
+                except StoreWriteError as write_error:
+                    self._lose(live, write_error)
+                    continue
                 self._finish(live, TaskStatus.FAILED, error=describe_error(error))
                 continue
             if reservation is None:
@@ -759,19 +947,22 @@ class Scheduler:
         live.started = True
         runtime = self.runtime
         policy = self.retry
-        if live.cancel_requested:
+        if live.cancel_requested or live.lost is not None:
             assert reservation is not None
             lane.quota.cancel(reservation, runtime.now())
             lane.signal.notify()
-            self._finish(live, TaskStatus.CANCELLED)
+            if live.lost is None:
+                self._finish(live, TaskStatus.CANCELLED)
             return
-        self._move(live, TaskStatus.RUNNING)
+        if not await self._persist_running(lane, live, reservation):
+            return
         record = live.record
         attempts = record.attempts
         tries = 0
         previous_delay: float | None = None
         cause: BaseException | None = None
         awaiting_outcome = False
+        admitted = False  # a retry the gates admitted before its backoff, not yet sent
         try:
             poison = self.store.poison_error(record.key)
             if poison is not None:
@@ -793,7 +984,11 @@ class Scheduler:
                 while wait > 0:
                     await runtime.sleep(wait)
                     wait = self._gate_wait(lane.name, is_retry)
-                refusal = self._gate_refusal(lane.name, is_retry, record.id, cause)
+                asked = self._late_gates if admitted else self.gates
+                refusal = self._gate_refusal(lane.name, is_retry, record.id, cause, asked)
+                if refusal is not None and admitted:  # not sent after all: the quota gets its charge back
+                    self._abandon_early(lane.name, record.id)
+                admitted = False
                 if refusal is not None:
                     lane.quota.cancel(reservation, runtime.now())
                     reservation = None
@@ -828,9 +1023,9 @@ class Scheduler:
                     reservation = None
                     lane.signal.notify()
                     failure = classify_failure(error, tries, poison_after=policy.poison_after)
-                    retry_after = error.retry_after_s if isinstance(error, RateLimitError) else None
+                    retry_after = retry_after_of(error)
                     pause, too_long = policy.retry_after_wait(retry_after)
-                    if pause is not None:
+                    if pause is not None and isinstance(error, RateLimitError):
                         lane.quota.pause_until(now + pause)
                     for gate in self.gates:
                         tell_gate(gate, lane.name, is_retry, failure, error, now, task_id=record.id)
@@ -852,6 +1047,23 @@ class Scheduler:
                             previous=previous_delay,
                             retry_after_s=retry_after if policy.honour_retry_after else None,
                         )
+                        if self._early_gates:
+                            # A retry quota is asked when the retry is decided, before the backoff:
+                            # refused (AWS: no retry quota), the task fails now, with no delay. The
+                            # other gates are asked just before the retry is sent (see split_gates).
+                            refusal = self._gate_refusal(lane.name, True, record.id, error, self._early_gates)
+                            if refusal is not None:
+                                self._emit_attempt(
+                                    live, attempts, start, now, error, "retry", retry_after, None
+                                )
+                                rejected = AttemptRejectedError(refusal)
+                                attempts += 1
+                                self._emit_attempt(live, attempts, now, now, rejected, "rejected", None, None)
+                                self._finish(
+                                    live, TaskStatus.FAILED, attempts=attempts, error=describe_error(rejected)
+                                )
+                                return
+                            admitted = True
                         self._emit_attempt(live, attempts, start, now, error, "retry", retry_after, delay)
                         previous_delay = delay
                         cause = error
@@ -866,7 +1078,7 @@ class Scheduler:
                     return
                 awaiting_outcome = False
                 now = runtime.now()
-                usage = response.usage if response.usage is not None else record.cost_estimate
+                usage = self._charged_usage(lane, live, attempts, response.usage, now)
                 lane.quota.reconcile(reservation, usage, now)
                 lane.quota.release(reservation, now)
                 reservation = None
@@ -880,6 +1092,8 @@ class Scheduler:
             if awaiting_outcome:
                 for gate in self.gates:
                     abandon_at_gate(gate, lane.name, tries > 1, True, runtime.now(), task_id=record.id)
+            elif admitted:  # a retry charged before its backoff and never sent: give the charge back
+                self._abandon_early(lane.name, record.id)
             if reservation is not None:
                 if awaiting_outcome:  # the call was sent: the provider counts it
                     lane.quota.release(reservation, runtime.now())
@@ -890,7 +1104,9 @@ class Scheduler:
             if self._crashed:
                 raise
             self._finish(live, TaskStatus.CANCELLED, attempts=attempts)
-        except Exception as error:  # not a provider failure: invalid usage, a gate or an event sink
+        except Exception as error:  # not a provider failure: a gate or an event sink broke
+            if admitted:
+                self._abandon_early(lane.name, record.id)
             if reservation is not None:
                 lane.quota.release(reservation, runtime.now())
                 lane.signal.notify()
@@ -898,10 +1114,74 @@ class Scheduler:
                 raise
             self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
 
+    async def _persist_running(self, lane: _Lane, live: _Live, reservation: Reservation | None) -> bool:
+        """Write ``queued -> running`` and wait until it is durable: no call is sent before.
+
+        False when the task must not run: the write (or its group commit) failed, so the task is
+        lost (quota given back), or it was cancelled while waiting for the commit.
+        """
+        assert reservation is not None
+        try:
+            self._move(live, TaskStatus.RUNNING)
+            if self._commit is not None:
+                lost = await self._commit.durable()
+                if lost is not None:
+                    raise lost
+        except StoreWriteError as error:
+            self._give_back(lane, reservation)
+            self._lose(live, error)
+            return False
+        except Cancelled:
+            self._give_back(lane, reservation)
+            if self._crashed:
+                raise
+            self._finish(live, TaskStatus.CANCELLED)
+            return False
+        return True
+
+    def _give_back(self, lane: _Lane, reservation: Reservation) -> None:
+        """Give back an unused reservation (nothing was sent) and wake the lane's dispatcher."""
+        lane.quota.cancel(reservation, self.runtime.now())
+        lane.signal.notify()
+
+    def _charged_usage(self, lane: _Lane, live: _Live, attempt: int, reported: Any, now: float) -> float:
+        """The usage to reconcile for a successful call; a hostile or buggy report is clamped and
+        recorded (rule: :func:`aiqsim.core.usage.sane_usage`), never allowed to fail the call."""
+        record = live.record
+        tokens = lane.quota.tokens
+        verdict = sane_usage(reported, record.cost_estimate, tokens.capacity if tokens is not None else None)
+        if verdict.anomaly is not None:
+            self.anomalies["usage"] += 1
+            if self.events is not None:
+                self.events(
+                    UsageAnomaly(
+                        time=now,
+                        task_id=record.id,
+                        key=record.key,
+                        provider=record.provider,
+                        attempt=attempt,
+                        reported=repr(reported),
+                        charged=verdict.usage,
+                        reason=verdict.anomaly,
+                    )
+                )
+        return verdict.usage
+
     async def _fail_poison(self, live: _Live, attempts: int, error: BaseException) -> None:
         record = live.record
         now = self.runtime.now()
-        self.store.record_poison(record.key, describe_error(error), now)
+        try:
+            persist(
+                f"poison record of key {record.key!r} (task {record.id!r})",
+                self.store.record_poison,
+                record.key,
+                describe_error(error),
+                now,
+            )
+        except StoreWriteError as write_error:
+            self._lose(live, write_error)
+            return
+        self._staged(record.id)
         if self.poison_fallback is not None:
             try:
                 result = await self.poison_fallback(record)
@@ -921,36 +1201,168 @@ class Scheduler:
         return max((gate_wait_s(gate, provider, is_retry, now) for gate in self.gates), default=0.0)
 
     def _gate_refusal(
-        self, provider: str, is_retry: bool, task_id: str, cause: BaseException | None
+        self,
+        provider: str,
+        is_retry: bool,
+        task_id: str,
+        cause: BaseException | None,
+        gates: tuple[Any, ...] | None = None,
     ) -> str | None:
-        """The first gate's refusal of this attempt, or None (see :func:`ask_gates`)."""
-        if not self.gates:
+        """The first refusal of this attempt by ``gates`` (all by default), or None (:func:`ask_gates`)."""
+        gates = self.gates if gates is None else gates
+        if not gates:
             return None
         now = self.runtime.now()
-        return ask_gates(self.gates, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
+        return ask_gates(gates, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
+
+    def _abandon_early(self, provider: str, task_id: str) -> None:
+        """Tell the gates that charged a retry before its backoff that it will not be sent."""
+        now = self.runtime.now()
+        for gate in reversed(self._early_gates):
+            abandon_at_gate(gate, provider, True, False, now, task_id=task_id)
 
     # ------------------------------------------------------------------ transitions
-    def _write(self, record: TaskRecord) -> None:
+    def _write(self, record: TaskRecord, old: TaskRecord | None = None) -> None:
+        """Persist ``record`` (raises :class:`StoreWriteError` naming the change if it fails)."""
         if self._crashed:
             raise Cancelled()
-        self.store.update(record)
+        persist(describe_change(old, record), self.store.update, record)
+        self._staged(record.id)
+
+    def _staged(self, task_id: str | None) -> None:
+        """Tell the group commit (if the store defers commits) that a write of ``task_id`` is staged."""
+        if self._commit is not None:
+            self._commit.staged(task_id)
 
     def _move(self, live: _Live, status: TaskStatus, **changes: Any) -> TaskRecord:
         old = live.record
         record = transition(old, status, self.runtime.now(), **changes)
-        self._write(record)
+        self._write(record, old)
         live.record = record
         self._emit_transition(old.status, record)
         return record
 
     def _finish(self, live: _Live, status: TaskStatus, **changes: Any) -> None:
-        record = self._move(live, status, **changes)
+        """Write the terminal state; resolve the submission once that write is durable.
+
+        A failed write (or group commit) resolves the submission with ``StoreWriteError`` instead.
+        """
+        old = live.record
+        record = transition(old, status, self.runtime.now(), **changes)
+        try:
+            self._write(record, old)
+        except StoreWriteError as error:
+            self._lose(live, error, outcome=record)
+            return
+        live.record = record
+        self._emit_transition(old.status, record)
+        if self._commit is None:
+            self._settle(live, record)
+            return
+        live.finishing = True
+        committed = self._commit.durable()  # now: the flush that covers this very write
+        live.runner = self.runtime.spawn(
+            self._settle_when_durable(live, record, committed, describe_change(old, record)),
+            name=f"commit-{record.id}",
+        )
+
+    async def _settle_when_durable(
+        self, live: _Live, record: TaskRecord, committed: Future[StoreWriteError | None], lost: str
+    ) -> None:
+        """Resolve a finished task once the flush covering its terminal write is done. A coroutine,
+        not a callback, so that a crash or a failing event sink stops it like any task; a crash
+        (``crash()`` cancels it) leaves the handle unresolved, as for a killed process."""
+        error = await committed
+        if error is None:
+            self._settle(live, record)
+        else:
+            self._lose(live, error, lost, outcome=record)
+
+    def _settle(self, live: _Live, record: TaskRecord) -> None:
+        """The terminal record is durable: resolve the submission and its duplicates' waits."""
         del self._live[record.id]
         live.future.set_result(record)
         if record.id in self._waiters:
             self._resolve_waiters(record)
         if not self._live:
             self._idle.notify()
+
+    def _lose(
+        self,
+        live: _Live,
+        error: StoreWriteError,
+        lost: str | None = None,
+        *,
+        outcome: TaskRecord | None = None,
+    ) -> None:
+        """The one rule for a task whose change could not be persisted (see the class docs).
+
+        The submission resolves with ``error``; the task leaves its queue or its owner's wait
+        list; duplicates waiting on it resolve with a ``StoreWriteError`` of their own. Quota held
+        by a running attempt is the caller's to give back. The store keeps the task's last
+        persisted state for :meth:`recover`; ``outcome`` (the terminal record that was not
+        written) is kept so that a later duplicate of the key can write it (:meth:`_follow_unpersisted`).
+        """
+        record = live.record
+        if self._live.get(record.id) is not live:
+            return  # already resolved (e.g. a rolled-back batch and its own failed wait)
+        del self._live[record.id]
+        what = lost if lost is not None else error.what
+        self._unpersisted[record.id] = _Unpersisted(what, outcome)
+        self.store_write_failures += 1
+        if live.queue_item is not None:
+            lane = self._lanes[record.provider]
+            lane.queues[record.priority].pop(live.queue_item)
+            self._queued[record.priority] -= 1
+            live.queue_item = None
+            lane.signal.notify()
+        if live.waiting_on is not None:
+            waiters = self._waiters.get(live.waiting_on)
+            if waiters and record.id in waiters:
+                waiters.remove(record.id)
+            live.waiting_on = None
+        if self.events is not None:
+            self.events(
+                StoreWriteFailed(
+                    time=self.runtime.now(),
+                    task_id=record.id,
+                    key=record.key,
+                    provider=record.provider,
+                    lost=what,
+                    error=describe_error(error),
+                )
+            )
+        if not live.future.done():
+            live.future.set_exception(error)
+        for waiter_id in self._waiters.pop(record.id, ()):
+            waiter = self._live.get(waiter_id)
+            if waiter is not None and waiter.waiting_on == record.id:
+                waiter.waiting_on = None
+                self._lose_duplicate(waiter, record.id)
+        if not self._live:
+            self._idle.notify()
+
+    def _lose_duplicate(self, live: _Live, owner_id: str) -> None:
+        """``live`` shares the run of ``owner_id``, whose outcome this process could not persist."""
+        what = self._unpersisted[owner_id].what
+        error = StoreWriteError(
+            f"task {live.record.id!r} is a duplicate of task {owner_id!r}, whose change was not "
+            f"persisted ({what}); recover() after a restart reconciles it"
+        )
+        self._lose(live, error)
+
+    def _batch_lost(self, task_ids: frozenset[str], error: StoreWriteError) -> None:
+        """A group commit failed: every task with a write in it that is not itself waiting on that
+        commit (those see the error and call :meth:`_lose` themselves) is lost now."""
+        for task_id in sorted(task_ids):
+            live = self._live.get(task_id)
+            if live is None or live.finishing:
+                continue
+            if live.runner is not None:
+                if live.started:
+                    continue  # waits on its running write's commit and resolves itself
+                live.lost = error  # dispatched, not started: _run gives its reservation back
+            self._lose(live, error, f"task {task_id!r}: {live.record.status.value} record rolled back")
 
     # ------------------------------------------------------------------ observability
     def _emit_transition(self, old: TaskStatus | None, record: TaskRecord) -> None:

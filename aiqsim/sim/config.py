@@ -100,6 +100,9 @@ class StoreConfig:
     path: str | None = None
     requeue_interrupted: bool = False
     reconcile_on_restart: bool = True
+    group_commit: bool = False
+    """SQLite only: stage writes and flush them once per ``commit_window_s`` (group commit)."""
+    commit_window_s: float = 0.002
 
 
 @dataclass(frozen=True, slots=True)

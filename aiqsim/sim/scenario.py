@@ -405,6 +405,8 @@ _STORE = _Table(
         "path": _Optional(_Text(non_empty=True)),
         "requeue_interrupted": _Boolean(),
         "reconcile_on_restart": _Boolean(),
+        "group_commit": _Boolean(),
+        "commit_window_s": _NON_NEGATIVE,
     },
     what="store",
 )
@@ -689,6 +691,8 @@ def _store(values: dict[str, Any], reader: _Reader) -> StoreConfig:
         raise reader.error(
             "store.path", 'does not apply to the memory store; set store.kind = "json" or "sqlite"'
         )
+    if store.group_commit and store.kind != "sqlite":
+        raise reader.error("store.group_commit", 'needs store.kind = "sqlite" (the store with group commit)')
     return store
 
 

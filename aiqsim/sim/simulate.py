@@ -363,6 +363,10 @@ class _Run:
                 f"{path} already exists (from an earlier run?); delete it or choose another path",
             )
         try:
+            if kind == "sqlite" and self.scenario.store.group_commit:
+                from aiqsim.stores import SqliteStore
+
+                return SqliteStore(path, group_commit=True)
             return open_store(kind, path)
         except StoreOpenError as error:  # e.g. store.path in a folder that does not exist
             from aiqsim.sim.scenario import ScenarioError
@@ -396,6 +400,7 @@ class _Run:
             rng=random.Random(f"{self.seed}:scheduler:{self.incarnation}"),
             events=self.events.append,
             gates=gates,
+            commit_window_s=scenario.store.commit_window_s,
         )
         if self.on_new_scheduler is not None:
             self.on_new_scheduler(scheduler)
@@ -419,7 +424,7 @@ class _Run:
 
     async def _restart_later(self, delay: float, torn_write: bool) -> None:
         if self.durable:
-            self.raw_store.close()
+            self.raw_store.close(flush=False)  # a dead process flushes nothing it had staged
             if torn_write and self.scenario.store.kind == "json":
                 from aiqsim.stores.json_file import JsonFileStore
 

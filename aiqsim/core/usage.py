@@ -1,0 +1,60 @@
+"""The one rule for trusting a provider's reported usage when the token bucket is reconciled.
+
+A provider's response says how many tokens a call used, and the scheduler charges (or
+refunds) the difference from the estimate. A buggy or hostile number must not do damage:
+``1e30`` would drive the bucket to ``-1e30`` and freeze the lane for ever, ``-5`` or ``nan``
+would make the reconcile raise and turn a successful, billed call into a failure.
+
+The rule (pure, no I/O; the scheduler records the anomaly it reports):
+
+* not a real number (``None`` is not an anomaly: it means "not reported"), ``nan``, ``inf``
+  or negative: the count says nothing usable, so the **estimate** is charged;
+* above the bound: charged at the **bound**, which is the token bucket's capacity (or the
+  estimate, if larger). One call can then put the bucket at most one full capacity into
+  debt, so the lane waits at most ``capacity / rate`` (one burst's refill) before it runs
+  again, however large the reported number;
+* otherwise the reported number, unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["UsageVerdict", "sane_usage"]
+
+
+@dataclass(frozen=True, slots=True)
+class UsageVerdict:
+    """What to charge for one call, and why it differs from the report (``anomaly``, or ``None``)."""
+
+    usage: float
+    anomaly: str | None = None
+
+
+def sane_usage(reported: Any, estimate: float, capacity: float | None) -> UsageVerdict:
+    """The usage to reconcile for a call that reported ``reported`` tokens (see the module rule).
+
+    ``estimate`` is the task's cost estimate (what was reserved); ``capacity`` the provider's
+    token-bucket capacity, ``None`` when tokens are unlimited (then no upper bound applies).
+    """
+    if reported is None:
+        return UsageVerdict(estimate)
+    if isinstance(reported, bool) or not isinstance(reported, int | float):
+        return UsageVerdict(
+            estimate, f"usage is not a number ({type(reported).__name__}): charged the estimate"
+        )
+    try:
+        value = float(reported)
+    except OverflowError:  # an int beyond any float
+        value = math.inf if reported > 0 else -math.inf
+    if not math.isfinite(value):
+        return UsageVerdict(estimate, f"usage {value!r} is not finite: charged the estimate")
+    if value < 0:
+        return UsageVerdict(estimate, f"usage {value:g} is negative: charged the estimate")
+    if capacity is not None:
+        bound = max(capacity, estimate)
+        if value > bound:
+            return UsageVerdict(bound, f"usage {value:g} is above the bound {bound:g}: charged the bound")
+    return UsageVerdict(value)
