@@ -98,7 +98,11 @@ def test_parse_duration_reads_openai_formats(text: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "  ", "abc", "1x", "s", "-1s", "1s junk", "1 s", "ms1", "1.2.3s", "-3", "nan"]
+    "text",
+    [
+        *("", "  ", "abc", "1x", "s", "-1s", "1s junk", "1 s", "ms1", "1.2.3s", "-3", "nan"),
+        *("+1", "1e3", "1_000", "\u0661s", "\u0661", "\uff12ms"),  # ASCII digits only, as Go reads them
+    ],
 )
 def test_parse_duration_rejects_garbage(text: str) -> None:
     assert parse_duration(text) is None
