@@ -257,6 +257,46 @@ def test_rate_limit_retry_after_is_converted_to_scheduler_seconds() -> None:
     assert isinstance(bare, RateLimitError) and bare.retry_after_s is None
 
 
+@pytest.mark.parametrize(
+    ("headers", "body", "spent"),
+    [
+        ({"x-ratelimit-remaining-requests": "0", "x-ratelimit-remaining-tokens": "900"}, None, True),
+        ({"x-ratelimit-remaining-requests": "12", "x-ratelimit-remaining-tokens": "0"}, None, True),
+        ({"x-ratelimit-remaining-tokens": "0.4"}, None, True),  # less than one whole unit left
+        ({"x-ratelimit-remaining-requests": "12", "x-ratelimit-remaining-tokens": "900"}, None, False),
+        ({"x-ratelimit-remaining-requests": "1"}, error_json("slow down", "requests"), False),
+        ({}, None, None),
+        ({"x-ratelimit-remaining-requests": "many"}, error_json("slow down", "requests"), None),
+        # an explicit quota error body says it even without headers, and beats a positive count
+        ({}, error_json("Rate limit reached for gpt-4o on requests per min (RPM)", "requests"), True),
+        ({"x-ratelimit-remaining-requests": "5"}, error_json("server quota exceeded", "requests"), True),
+        ({}, {"error": {"message": "Resource has been exhausted (e.g. check quota).", "status": "x"}}, True),
+        ({}, {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "try later"}}, True),
+    ],
+)
+def test_a_429_says_whether_the_quota_is_spent(
+    headers: dict[str, str], body: Any, spent: bool | None
+) -> None:
+    error = error_for_status(429, headers=headers, body=body)
+    assert isinstance(error, RateLimitError)
+    assert error.quota_spent is spent
+
+
+def test_a_503_retry_after_becomes_the_server_errors_retry_after() -> None:
+    """RFC 9110 §10.2.3 defines Retry-After on 503 (urllib3 honours it on 413, 429, 503)."""
+    now = 1_700_000_000.0
+    error = error_for_status(503, headers={"Retry-After": "3600"}, now_epoch_s=now)
+    assert isinstance(error, ServerError) and error.status == 503 and error.retry_after_s == 3600.0
+    dated = error_for_status(503, headers={"retry-after": formatdate(now + 90, usegmt=True)}, now_epoch_s=now)
+    assert isinstance(dated, ServerError) and dated.retry_after_s == 90.0
+    scaled = error_for_status(503, headers={"retry-after-ms": "1500"}, time_scale=0.5)
+    assert isinstance(scaled, ServerError) and scaled.retry_after_s == 3.0
+    assert error_for_status(503).retry_after_s is None  # type: ignore[union-attr]
+    assert error_for_status(503, headers={"Retry-After": "+5"}).retry_after_s is None  # type: ignore[union-attr]
+    # other 5xx keep no pause: the RFC gives Retry-After no meaning there
+    assert error_for_status(500, headers={"Retry-After": "5"}).retry_after_s is None  # type: ignore[union-attr]
+
+
 def test_is_quota_exhausted_reads_codes_types_and_prose() -> None:
     assert is_quota_exhausted(QUOTA_BODY)
     assert is_quota_exhausted({"code": "billing_hard_limit_reached"})
@@ -639,6 +679,26 @@ def test_http_provider_maps_statuses(scripted: ScriptedServer, name: str, reply:
         assert caught.value.status == int(name[1:])
     if name == "hangup":
         assert caught.value.status == 0
+
+
+def test_http_provider_carries_a_503_retry_after_in_scheduler_seconds(scripted: ScriptedServer) -> None:
+    reply = HttpReply.json(503, error_json("maintenance", "server_error"), {"retry-after": "3600"})
+    with pytest.raises(ServerError) as caught:
+        run(call_once(provider_for(scripted, "s503_retry_after", reply, time_scale=0.01)))
+    assert caught.value.status == 503 and caught.value.retry_after_s == pytest.approx(360_000.0)
+
+
+@pytest.mark.parametrize(("remaining", "spent"), [("0", True), ("4", False), (None, None)])
+def test_http_provider_reports_whether_a_429_spent_the_quota(
+    scripted: ScriptedServer, remaining: str | None, spent: bool | None
+) -> None:
+    headers = {"retry-after": "1"} | (
+        {} if remaining is None else {"x-ratelimit-remaining-requests": remaining}
+    )
+    reply = HttpReply.json(429, error_json("slow", "requests"), headers)
+    with pytest.raises(RateLimitError) as caught:
+        run(call_once(provider_for(scripted, f"spent_{remaining}", reply)))
+    assert caught.value.quota_spent is spent
 
 
 def test_http_provider_reads_http_date_retry_after_in_scaled_time(scripted: ScriptedServer) -> None:
