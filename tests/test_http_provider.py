@@ -42,6 +42,7 @@ from aiqsim.http import (
     HttpStatusError,
     RateLimitSnapshot,
     apply_ratelimit_snapshot,
+    corrected_level,
     error_for_status,
     format_duration,
     is_quota_exhausted,
@@ -166,7 +167,7 @@ def test_parse_ratelimit_headers_tolerates_missing_and_garbage() -> None:
     assert partial.remaining_tokens == 12 and partial.remaining_requests is None
 
 
-def test_snapshot_overwrites_bucket_levels_both_ways() -> None:
+def test_snapshot_lowers_bucket_levels_but_never_raises_them() -> None:
     quota = MultiQuota(QuotaLimits(requests_per_min=600, tokens_per_min=100_000), now=0.0)
     assert apply_ratelimit_snapshot(
         RateLimitSnapshot(remaining_requests=3, remaining_tokens=1000), quota, 0.0
@@ -175,12 +176,57 @@ def test_snapshot_overwrites_bucket_levels_both_ways() -> None:
     assert quota.requests.level(0.0) == 3
     assert quota.tokens.level(0.0) == 1000
     assert not quota.can_reserve(1001, 0.0)
-    # the server says more is left than we thought: its view wins upwards too (capped at capacity)
-    apply_ratelimit_snapshot(RateLimitSnapshot(remaining_requests=500, remaining_tokens=10**9), quota, 0.0)
-    assert quota.requests.level(0.0) == 500
-    assert quota.tokens.level(0.0) == 100_000
+    # the server says more is left than we think: the client's own view stays (issue #21.1)
+    assert not apply_ratelimit_snapshot(
+        RateLimitSnapshot(remaining_requests=500, remaining_tokens=10**9), quota, 0.0
+    )
+    assert quota.requests.level(0.0) == 3
+    assert quota.tokens.level(0.0) == 1000
     apply_ratelimit_snapshot(RateLimitSnapshot(remaining_requests=-4), quota, 0.0)
     assert quota.requests.level(0.0) == 0
+
+
+@given(
+    local=st.floats(min_value=-50, max_value=1000),
+    remaining=st.none() | st.floats(min_value=-10, max_value=10**6),
+    reset=st.none() | st.floats(min_value=0, max_value=3600),
+    rate=st.floats(min_value=0, max_value=1000),
+    limit=st.none() | st.floats(min_value=0, max_value=10**6),
+)
+def test_corrected_level_never_exceeds_the_local_level(
+    local: float, remaining: float | None, reset: float | None, rate: float, limit: float | None
+) -> None:
+    level = corrected_level(local, remaining, reset, rate, limit=limit)
+    assert level <= local
+    if remaining is not None:
+        assert level <= max(0.0, remaining)
+
+
+def test_corrected_level_lowers_to_the_server_count_and_ignores_more_room() -> None:
+    assert corrected_level(10.0, 4.0, 30.0, rate=10.0) == 4.0  # quota left: no reset correction
+    assert corrected_level(10.0, 500.0, 30.0, rate=10.0) == 10.0
+    assert corrected_level(2.5, None, 30.0, rate=10.0) == 2.5
+    assert corrected_level(2.5, math.nan, None, rate=10.0) == 2.5
+
+
+def test_a_spent_server_quota_pushes_the_refill_past_its_reset() -> None:
+    # the server has nothing left and is back to its limit of 60 in 6 s: one request in 0.1 s
+    level = corrected_level(10.0, 0.0, 6.0, rate=100.0, limit=60.0)
+    assert level == pytest.approx(1.0 - 100.0 * 0.1)
+    bucket_wait = (1.0 - level) / 100.0  # when a bucket refilling at 100/s can grant one request
+    assert bucket_wait == pytest.approx(0.1)
+    # without the limit, the whole reset is waited (the cautious reading)
+    assert corrected_level(10.0, 0.0, 6.0, rate=100.0) == pytest.approx(1.0 - 600.0)
+    # a slower client bucket already waits longer than the server: no change beyond min()
+    assert corrected_level(0.0, 0.0, 6.0, rate=1.0, limit=60.0) == 0.0
+
+
+def test_snapshot_resets_are_converted_with_the_time_scale() -> None:
+    quota = MultiQuota(QuotaLimits(requests_per_min=600), now=0.0)
+    snapshot = RateLimitSnapshot(remaining_requests=0, reset_requests_s=0.5)  # wall seconds
+    assert apply_ratelimit_snapshot(snapshot, quota, 0.0, time_scale=0.1)  # = 5 bucket seconds
+    assert quota.requests is not None
+    assert quota.time_until(0.0, 0.0) == pytest.approx(5.0)
 
 
 def test_snapshot_leaves_unlimited_dimensions_alone() -> None:

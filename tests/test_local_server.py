@@ -451,3 +451,52 @@ def test_requests_without_a_key_meet_seeded_fates_in_arrival_order() -> None:
     assert statuses(seed=4) == first
     assert {200, 429, 500} <= set(first)
     assert statuses(seed=5) != first
+
+
+# ---------------------------------------------------------------------------- header corrections (#21.1)
+@pytest.mark.parametrize("attach", [False, True])
+def test_header_corrections_never_let_more_through_than_the_client_quota(attach: bool) -> None:
+    """Issue #21.1: with ``attach_to``, every response's ``x-ratelimit-remaining-requests`` used to
+    refill the client bucket to its burst, so a client limited to 600/min (burst 10) sent 559
+    requests in 5 s to a server allowing 660/min. A token bucket grants at most
+    ``burst + rate x t`` in ``t`` seconds; counting the server's arrivals *before* reading the
+    client's clock makes that an exact bound, with no timing tolerance."""
+    config = ProviderConfig(
+        name="llm", latency_base_s=0.01, latency_per_unit_s=0.0, server_requests_per_min=660
+    )
+    scale = 0.25  # 4 s of client time in 1 s of wall time
+    runtime = AsyncioRuntime(time_scale=scale)
+    limits = QuotaLimits(requests_per_min=600, request_burst=10, concurrency=16)
+    retry = RetryPolicy(backoff=ConstantBackoff(0.1), max_attempts=3, attempt_timeout_s=60.0)
+    horizon_s = 4.0
+
+    async def main(server_url: str, ledger: Any) -> tuple[int, float]:
+        provider = HttpProvider("llm", server_url, time_scale=scale)
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": limits},
+            retry=retry,
+            rng=random.Random(5),
+            background_limit=None,
+        )
+        if attach:
+            provider.attach_to(scheduler)
+        started = runtime.now()
+        for index in range(400):
+            scheduler.submit("llm", f"prompt {index}", cost_estimate=1)
+        await runtime.sleep(horizon_s)
+        arrived = len(ledger().requests)  # read before the clock: the bound below is then exact
+        elapsed = runtime.now() - started
+        await scheduler.close()
+        await provider.aclose()
+        return arrived, elapsed
+
+    with start_local_server(config, time_scale=scale, seed=1) as server:
+        arrived, elapsed = runtime.run(main(server.url, server.ledger))
+    bound = 10 + 600 / 60 * elapsed
+    assert arrived <= bound + 1e-9, (
+        f"{arrived} requests in {elapsed:.2f} s; the client quota allows {bound:.1f}"
+    )
+    # and the quota was actually used (the test would pass vacuously for a stalled client)
+    assert arrived >= 10 + 600 / 60 * horizon_s * 0.5

@@ -16,6 +16,7 @@ from aiqsim.http.adapter import CallableProvider, ErrorMapper
 from aiqsim.http.headers import (
     RateLimitSnapshot,
     apply_ratelimit_snapshot,
+    corrected_level,
     format_duration,
     parse_duration,
     parse_ratelimit_headers,
@@ -49,6 +50,7 @@ __all__ = [
     "LocalProviderServer",
     "RateLimitSnapshot",
     "apply_ratelimit_snapshot",
+    "corrected_level",
     "error_for_status",
     "format_duration",
     "is_quota_exhausted",

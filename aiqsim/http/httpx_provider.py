@@ -55,8 +55,10 @@ class HttpProvider:
       connections and responses cut short → ``ServerError(status=0)``.
     - A 2xx whose body is not JSON or not the expected shape → ``SchemaViolationError``.
     - ``usage.total_tokens`` becomes ``ProviderResponse.usage``.
-    - ``x-ratelimit-remaining-{requests,tokens}`` overwrite the bound quota's bucket levels
-      (the server's view wins), on every response including 429s.
+    - ``x-ratelimit-remaining-{requests,tokens}`` (and their resets) *lower* the bound quota's
+      bucket levels when the server has less room than the client thinks, on every response
+      including 429s; they never raise them above what the client's own limits allow
+      (:func:`aiqsim.http.headers.corrected_level`).
 
     Parameters:
         name: the provider (scheduler lane) name.
@@ -254,7 +256,7 @@ class HttpProvider:
             return
         self.last_ratelimit = snapshot
         if self._quota is not None and self._clock is not None:
-            apply_ratelimit_snapshot(snapshot, self._quota, self._clock())
+            apply_ratelimit_snapshot(snapshot, self._quota, self._clock(), time_scale=self.time_scale)
 
     def __repr__(self) -> str:
         return f"HttpProvider({self.name!r}, {self.url!r})"
