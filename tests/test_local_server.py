@@ -460,13 +460,15 @@ def test_header_corrections_never_let_more_through_than_the_client_quota(attach:
     refill the client bucket to its burst, so a client limited to 600/min (burst 10) sent 559
     requests in 5 s to a server allowing 660/min. A token bucket grants at most
     ``burst + rate x t`` in ``t`` seconds; counting the server's arrivals *before* reading the
-    client's clock makes that an exact bound, with no timing tolerance."""
+    client's clock makes that an exact bound, with no timing tolerance. The client quota is
+    small against what the loop can send (2/s of client time, 8/s of wall time), so the bug
+    shows on a loaded machine too."""
     config = ProviderConfig(
         name="llm", latency_base_s=0.01, latency_per_unit_s=0.0, server_requests_per_min=660
     )
     scale = 0.25  # 4 s of client time in 1 s of wall time
     runtime = AsyncioRuntime(time_scale=scale)
-    limits = QuotaLimits(requests_per_min=600, request_burst=10, concurrency=16)
+    limits = QuotaLimits(requests_per_min=120, request_burst=10, concurrency=16)
     retry = RetryPolicy(backoff=ConstantBackoff(0.1), max_attempts=3, attempt_timeout_s=60.0)
     horizon_s = 4.0
 
@@ -494,9 +496,9 @@ def test_header_corrections_never_let_more_through_than_the_client_quota(attach:
 
     with start_local_server(config, time_scale=scale, seed=1) as server:
         arrived, elapsed = runtime.run(main(server.url, server.ledger))
-    bound = 10 + 600 / 60 * elapsed
+    bound = 10 + 120 / 60 * elapsed
     assert arrived <= bound + 1e-9, (
         f"{arrived} requests in {elapsed:.2f} s; the client quota allows {bound:.1f}"
     )
-    # and the quota was actually used (the test would pass vacuously for a stalled client)
-    assert arrived >= 10 + 600 / 60 * horizon_s * 0.5
+    # and the bucket refilled and was used again (the test would pass vacuously for a stalled client)
+    assert arrived > 10
