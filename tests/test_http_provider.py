@@ -9,10 +9,14 @@ hierarchy and attributes (``status_code``, ``response`` as a real ``httpx.Respon
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import math
 import random
+import socket
 import subprocess
 import sys
+import threading
 import time
 from email.utils import formatdate
 from typing import Any
@@ -54,6 +58,7 @@ from aiqsim.http import (
 )
 from aiqsim.http.chat import completion_json, error_json, estimate_chat_tokens
 from aiqsim.http.loopback import DropConnection, HttpReply, HttpRequest, LoopbackHttpServer
+from aiqsim.http.protocol_errors import ResponseDecodingError, ResponseMismatchError
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 
 
@@ -854,3 +859,215 @@ def test_httpx_is_imported_lazily_with_a_clear_error() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert "pip install 'aiqsim[http]'" in result.stdout
+
+
+# ---------------------------------------------------------------------------- broken exchanges (#13)
+def test_a_broken_gzip_body_is_a_retryable_decoding_error(scripted: ScriptedServer) -> None:
+    reply = HttpReply(
+        200, b'{"not": "gzip at all"}', {"content-encoding": "gzip", "content-type": "application/json"}
+    )
+    with pytest.raises(ResponseDecodingError) as caught:
+        run(call_once(provider_for(scripted, "badgzip", reply)))
+    assert isinstance(caught.value, ServerError) and caught.value.status == 0
+    assert "gzip" in str(caught.value)
+    assert classify_failure(caught.value, attempts=1) is FailureClass.RETRYABLE
+
+
+def test_the_scheduler_retries_past_a_broken_gzip_body(scripted: ScriptedServer) -> None:
+    good = completion_json("c", "m", "decoded fine", 1, 1, 0)
+    served: list[int] = []
+
+    async def flaky(request: HttpRequest) -> HttpReply:
+        served.append(1)
+        if len(served) == 1:
+            return HttpReply(200, b"\x1f\x8b\x08garbage", {"content-encoding": "gzip"})
+        return HttpReply.json(200, good)
+
+    provider = provider_for(scripted, "gzip_then_ok", flaky)
+    runtime = AsyncioRuntime()
+
+    async def main() -> Any:
+        retry = RetryPolicy(backoff=ConstantBackoff(0.01), max_attempts=3)
+        scheduler = Scheduler(runtime, [provider], retry=retry, rng=random.Random(2))
+        record = await scheduler.submit("llm", "q", cost_estimate=1).wait()
+        await scheduler.close()
+        await provider.aclose()
+        return record
+
+    record = runtime.run(main())
+    assert record.status is TaskStatus.SUCCEEDED and record.result == "decoded fine"
+    assert record.attempts == 2
+
+
+class RawSocketServer:
+    """A hand-written HTTP/1.1 server on a raw socket, for answers no real server library would send.
+
+    ``extra(key)`` gives bytes written *after* the answer to the request carrying Idempotency-Key
+    ``key``, in the same ``sendall`` (so they land in the client's buffer with the answer).
+    Every answer echoes the request's key when ``echo`` is set.
+    """
+
+    def __init__(self, extra: Any, *, echo: bool = True) -> None:
+        self.extra = extra
+        self.echo = echo
+        self.connections = 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    @staticmethod
+    def answer(key: str | None, content: str) -> bytes:
+        body = json.dumps(completion_json("c", "m", content, 1, 1, 0)).encode()
+        echo = f"idempotency-key: {key}\r\n" if key is not None else ""
+        head = (
+            f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n{echo}\r\n"
+        )
+        return head.encode() + body
+
+    def __enter__(self) -> RawSocketServer:
+        thread = threading.Thread(target=self._accept, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5)
+        self._sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(0.2)
+        buffer = b""
+        with conn:
+            while not self._stop.is_set():
+                try:
+                    while b"\r\n\r\n" not in buffer:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        buffer += data
+                    head, _, rest = buffer.partition(b"\r\n\r\n")
+                    fields = dict(line.split(":", 1) for line in head.decode("latin-1").split("\r\n")[1:])
+                    headers = {name.strip().lower(): value.strip() for name, value in fields.items()}
+                    length = int(headers.get("content-length", "0"))
+                    while len(rest) < length:
+                        rest += conn.recv(65536)
+                    buffer = rest[length:]
+                    key = headers.get("idempotency-key")
+                    conn.sendall(self.answer(key if self.echo else None, f"answer {key}") + self.extra(key))
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+
+
+def test_bytes_smuggled_after_a_body_are_refused_as_another_requests_answer() -> None:
+    """Issue #13: extra bytes after a Content-Length body on a keep-alive connection became the
+    NEXT request's answer (task B succeeded with them). The answer echoes another key: refused
+    (retryable) and its connection dropped, so the retry gets B's own answer on a fresh one."""
+
+    def extra(key: str | None) -> bytes:
+        return RawSocketServer.answer(key, "smuggled") if key == "A" else b""
+
+    async def main(url: str) -> tuple[ProviderResponse, BaseException, ProviderResponse]:
+        provider = HttpProvider("llm", url, timeout=5.0)
+        try:
+            first = await provider.call(make_request(key="A"))
+            try:
+                await provider.call(make_request(key="B"))
+            except ResponseMismatchError as exc:
+                refused: BaseException = exc
+            else:  # pragma: no cover - the regression
+                pytest.fail("task B accepted an answer that echoes task A's key")
+            again = await provider.call(make_request(key="B"))
+        finally:
+            await provider.aclose()
+        return first, refused, again
+
+    with RawSocketServer(extra) as server:
+        first, refused, again = run(main(server.url))
+        connections = server.connections
+    assert first.result == "answer A"
+    assert isinstance(refused, ResponseMismatchError) and isinstance(refused, ServerError)
+    assert (refused.sent_key, refused.echoed_key) == ("B", "A")
+    assert classify_failure(refused, attempts=1) is FailureClass.RETRYABLE
+    assert again.result == "answer B"
+    assert connections == 2  # the poisoned connection was dropped, not reused
+
+
+def test_the_scheduler_gives_each_task_its_own_answer_despite_smuggled_bytes() -> None:
+    served = itertools.count(1)
+
+    def extra(key: str | None) -> bytes:  # a stray answer after the 1st, 4th and 7th request
+        return RawSocketServer.answer(key, "smuggled") if next(served) in (1, 4, 7) else b""
+
+    runtime = AsyncioRuntime()
+
+    async def main(url: str) -> list[Any]:
+        provider = HttpProvider("llm", url, timeout=5.0)
+        # 3 stray answers can refuse one task's attempts at most 3 times: 5 attempts always suffice
+        retry = RetryPolicy(backoff=ConstantBackoff(0.01), max_attempts=5)
+        scheduler = Scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, retry=retry, rng=random.Random(3)
+        )
+        provider.attach_to(scheduler)
+        handles = [scheduler.submit("llm", f"q{i}", cost_estimate=1) for i in range(12)]
+        records = [await handle.wait() for handle in handles]
+        await scheduler.close()
+        await provider.aclose()
+        return records
+
+    with RawSocketServer(extra) as server:
+        records = runtime.run(main(server.url))
+    assert all(record.status is TaskStatus.SUCCEEDED for record in records)
+    assert [record.result for record in records] == [f"answer {record.key}" for record in records]
+    # each stray answer was met by the next request on its connection and refused once
+    assert 1 <= sum(record.attempts - 1 for record in records) <= 3
+
+
+def test_an_answer_without_an_echo_is_accepted_as_before() -> None:
+    """Servers that echo nothing: no check is possible, and none is made (documented limit)."""
+    with RawSocketServer(lambda key: b"", echo=False) as server:
+        response = run(call_once(HttpProvider("llm", server.url, timeout=5.0), make_request(key="K")))
+    assert response.result == "answer K"
+
+
+def test_pool_size_comes_from_the_argument_then_the_lane_then_the_default() -> None:
+    runtime = AsyncioRuntime()
+    lane = HttpProvider("llm", "http://127.0.0.1:9")
+    assert lane.max_connections == 100  # DEFAULT_MAX_CONNECTIONS: no lane known yet
+    Scheduler(runtime, [lane], quotas={"llm": QuotaLimits(concurrency=256)})  # not attached: unchanged
+    assert lane.max_connections == 100
+    lane.attach_to(Scheduler(runtime, [lane], quotas={"llm": QuotaLimits(concurrency=256)}))
+    assert lane.max_connections == 256
+    pinned = HttpProvider("llm", "http://127.0.0.1:9", max_connections=16)
+    pinned.attach_to(Scheduler(runtime, [pinned], quotas={"llm": QuotaLimits(concurrency=256)}))
+    assert pinned.max_connections == 16
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="max_connections"):
+            HttpProvider("llm", "http://127.0.0.1:9", max_connections=bad)
+
+
+def test_the_owned_client_keeps_every_pooled_connection_alive() -> None:
+    async def limits() -> Any:
+        provider = HttpProvider("llm", "http://127.0.0.1:9", max_connections=64)
+        client = await provider._http()
+        pool = client._transport._pool  # httpx's own transport: the only place the limits live
+        await provider.aclose()
+        return pool._max_connections, pool._max_keepalive_connections
+
+    assert run(limits()) == (64, 64)
