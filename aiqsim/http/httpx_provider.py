@@ -9,17 +9,23 @@ the same ``time_scale`` as the :class:`~aiqsim.runtime.AsyncioRuntime` it runs o
 
 Connection pool. The owned ``httpx.AsyncClient`` keeps as many connections open *and alive*
 as the lane can have attempts in flight (its ``concurrency``, learnt from :meth:`HttpProvider.attach_to`
-or ``bind_quota``, or given as ``max_connections``). httpx's default (100 connections, only 20
-kept alive) made every attempt beyond the 20th open and close a TCP connection: at concurrency
-256 the local server accepted 4,823 connections for 13,900 requests (issue #21.6).
+or ``bind_quota``, or given as ``max_connections``). With httpx's default (100 connections, 20
+kept alive; httpcore 1.0 closes a released connection whenever more than 20 are open) most
+attempts opened a new TCP connection: at concurrency 256 the local server accepted 4,823
+connections for 13,900 requests (issue #21.6). Two costs
+remain with httpx 0.28 / httpcore 1.0 and are the same for any httpx client with this pool
+(``benchmarks/bench_http_pool.py``): the pool's bookkeeping scans every connection on every
+request and release, and polls each idle socket, so CPU per request grows with the pool size;
+and an idle connection is closed after httpx's 5 s keep-alive expiry, so a lane whose
+connections each wait longer than that between requests reconnects anyway.
 
 Responses that belong to another request. A server (or a proxy) that writes more bytes than
 its ``Content-Length`` on a keep-alive connection leaves them in the client's buffer, and the
 HTTP stack (httpx → httpcore → h11) reads them as the answer to the *next* request sent on that
 connection: another task would succeed with someone else's answer. HTTP/1.1 gives a client no
 way to tell such bytes from a real answer, except what the server says about the request. So:
-when the response echoes an ``Idempotency-Key`` (the local provider server does, as do several
-APIs) and it is not the key sent, the answer is refused with
+when the response echoes an ``Idempotency-Key`` (the local provider server does) and it is not
+the key sent, the answer is refused with
 :class:`~aiqsim.http.protocol_errors.ResponseMismatchError` (retryable) and its connection is
 closed unread, so the misaligned bytes behind it are dropped too. Not defended: a server that
 echoes nothing (the stray answer is indistinguishable from the real one); over HTTP/2 the
