@@ -9,10 +9,14 @@ hierarchy and attributes (``status_code``, ``response`` as a real ``httpx.Respon
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import math
 import random
+import socket
 import subprocess
 import sys
+import threading
 import time
 from email.utils import formatdate
 from typing import Any
@@ -42,6 +46,7 @@ from aiqsim.http import (
     HttpStatusError,
     RateLimitSnapshot,
     apply_ratelimit_snapshot,
+    corrected_level,
     error_for_status,
     format_duration,
     is_quota_exhausted,
@@ -53,6 +58,7 @@ from aiqsim.http import (
 )
 from aiqsim.http.chat import completion_json, error_json, estimate_chat_tokens
 from aiqsim.http.loopback import DropConnection, HttpReply, HttpRequest, LoopbackHttpServer
+from aiqsim.http.protocol_errors import ResponseDecodingError, ResponseMismatchError
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 
 
@@ -98,7 +104,11 @@ def test_parse_duration_reads_openai_formats(text: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "  ", "abc", "1x", "s", "-1s", "1s junk", "1 s", "ms1", "1.2.3s", "-3", "nan"]
+    "text",
+    [
+        *("", "  ", "abc", "1x", "s", "-1s", "1s junk", "1 s", "ms1", "1.2.3s", "-3", "nan"),
+        *("+1", "1e3", "1_000", "\u0661s", "\u0661", "\uff12ms"),  # ASCII digits only, as Go reads them
+    ],
 )
 def test_parse_duration_rejects_garbage(text: str) -> None:
     assert parse_duration(text) is None
@@ -162,7 +172,7 @@ def test_parse_ratelimit_headers_tolerates_missing_and_garbage() -> None:
     assert partial.remaining_tokens == 12 and partial.remaining_requests is None
 
 
-def test_snapshot_overwrites_bucket_levels_both_ways() -> None:
+def test_snapshot_lowers_bucket_levels_but_never_raises_them() -> None:
     quota = MultiQuota(QuotaLimits(requests_per_min=600, tokens_per_min=100_000), now=0.0)
     assert apply_ratelimit_snapshot(
         RateLimitSnapshot(remaining_requests=3, remaining_tokens=1000), quota, 0.0
@@ -171,12 +181,57 @@ def test_snapshot_overwrites_bucket_levels_both_ways() -> None:
     assert quota.requests.level(0.0) == 3
     assert quota.tokens.level(0.0) == 1000
     assert not quota.can_reserve(1001, 0.0)
-    # the server says more is left than we thought: its view wins upwards too (capped at capacity)
-    apply_ratelimit_snapshot(RateLimitSnapshot(remaining_requests=500, remaining_tokens=10**9), quota, 0.0)
-    assert quota.requests.level(0.0) == 500
-    assert quota.tokens.level(0.0) == 100_000
+    # the server says more is left than we think: the client's own view stays (issue #21.1)
+    assert not apply_ratelimit_snapshot(
+        RateLimitSnapshot(remaining_requests=500, remaining_tokens=10**9), quota, 0.0
+    )
+    assert quota.requests.level(0.0) == 3
+    assert quota.tokens.level(0.0) == 1000
     apply_ratelimit_snapshot(RateLimitSnapshot(remaining_requests=-4), quota, 0.0)
     assert quota.requests.level(0.0) == 0
+
+
+@given(
+    local=st.floats(min_value=-50, max_value=1000),
+    remaining=st.none() | st.floats(min_value=-10, max_value=10**6),
+    reset=st.none() | st.floats(min_value=0, max_value=3600),
+    rate=st.floats(min_value=0, max_value=1000),
+    limit=st.none() | st.floats(min_value=0, max_value=10**6),
+)
+def test_corrected_level_never_exceeds_the_local_level(
+    local: float, remaining: float | None, reset: float | None, rate: float, limit: float | None
+) -> None:
+    level = corrected_level(local, remaining, reset, rate, limit=limit)
+    assert level <= local
+    if remaining is not None:
+        assert level <= max(0.0, remaining)
+
+
+def test_corrected_level_lowers_to_the_server_count_and_ignores_more_room() -> None:
+    assert corrected_level(10.0, 4.0, 30.0, rate=10.0) == 4.0  # quota left: no reset correction
+    assert corrected_level(10.0, 500.0, 30.0, rate=10.0) == 10.0
+    assert corrected_level(2.5, None, 30.0, rate=10.0) == 2.5
+    assert corrected_level(2.5, math.nan, None, rate=10.0) == 2.5
+
+
+def test_a_spent_server_quota_pushes_the_refill_past_its_reset() -> None:
+    # the server has nothing left and is back to its limit of 60 in 6 s: one request in 0.1 s
+    level = corrected_level(10.0, 0.0, 6.0, rate=100.0, limit=60.0)
+    assert level == pytest.approx(1.0 - 100.0 * 0.1)
+    bucket_wait = (1.0 - level) / 100.0  # when a bucket refilling at 100/s can grant one request
+    assert bucket_wait == pytest.approx(0.1)
+    # without the limit, the whole reset is waited (the cautious reading)
+    assert corrected_level(10.0, 0.0, 6.0, rate=100.0) == pytest.approx(1.0 - 600.0)
+    # a slower client bucket already waits longer than the server: no change beyond min()
+    assert corrected_level(0.0, 0.0, 6.0, rate=1.0, limit=60.0) == 0.0
+
+
+def test_snapshot_resets_are_converted_with_the_time_scale() -> None:
+    quota = MultiQuota(QuotaLimits(requests_per_min=600), now=0.0)
+    snapshot = RateLimitSnapshot(remaining_requests=0, reset_requests_s=0.5)  # wall seconds
+    assert apply_ratelimit_snapshot(snapshot, quota, 0.0, time_scale=0.1)  # = 5 bucket seconds
+    assert quota.requests is not None
+    assert quota.time_until(0.0, 0.0) == pytest.approx(5.0)
 
 
 def test_snapshot_leaves_unlimited_dimensions_alone() -> None:
@@ -251,6 +306,46 @@ def test_rate_limit_retry_after_is_converted_to_scheduler_seconds() -> None:
     assert isinstance(error, RateLimitError) and error.retry_after_s == 6.0
     bare = error_for_status(429)
     assert isinstance(bare, RateLimitError) and bare.retry_after_s is None
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "spent"),
+    [
+        ({"x-ratelimit-remaining-requests": "0", "x-ratelimit-remaining-tokens": "900"}, None, True),
+        ({"x-ratelimit-remaining-requests": "12", "x-ratelimit-remaining-tokens": "0"}, None, True),
+        ({"x-ratelimit-remaining-tokens": "0.4"}, None, True),  # less than one whole unit left
+        ({"x-ratelimit-remaining-requests": "12", "x-ratelimit-remaining-tokens": "900"}, None, False),
+        ({"x-ratelimit-remaining-requests": "1"}, error_json("slow down", "requests"), False),
+        ({}, None, None),
+        ({"x-ratelimit-remaining-requests": "many"}, error_json("slow down", "requests"), None),
+        # an explicit quota error body says it even without headers, and beats a positive count
+        ({}, error_json("Rate limit reached for gpt-4o on requests per min (RPM)", "requests"), True),
+        ({"x-ratelimit-remaining-requests": "5"}, error_json("server quota exceeded", "requests"), True),
+        ({}, {"error": {"message": "Resource has been exhausted (e.g. check quota).", "status": "x"}}, True),
+        ({}, {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "try later"}}, True),
+    ],
+)
+def test_a_429_says_whether_the_quota_is_spent(
+    headers: dict[str, str], body: Any, spent: bool | None
+) -> None:
+    error = error_for_status(429, headers=headers, body=body)
+    assert isinstance(error, RateLimitError)
+    assert error.quota_spent is spent
+
+
+def test_a_503_retry_after_becomes_the_server_errors_retry_after() -> None:
+    """RFC 9110 §10.2.3 defines Retry-After on 503 (urllib3 honours it on 413, 429, 503)."""
+    now = 1_700_000_000.0
+    error = error_for_status(503, headers={"Retry-After": "3600"}, now_epoch_s=now)
+    assert isinstance(error, ServerError) and error.status == 503 and error.retry_after_s == 3600.0
+    dated = error_for_status(503, headers={"retry-after": formatdate(now + 90, usegmt=True)}, now_epoch_s=now)
+    assert isinstance(dated, ServerError) and dated.retry_after_s == 90.0
+    scaled = error_for_status(503, headers={"retry-after-ms": "1500"}, time_scale=0.5)
+    assert isinstance(scaled, ServerError) and scaled.retry_after_s == 3.0
+    assert error_for_status(503).retry_after_s is None  # type: ignore[union-attr]
+    assert error_for_status(503, headers={"Retry-After": "+5"}).retry_after_s is None  # type: ignore[union-attr]
+    # other 5xx keep no pause: the RFC gives Retry-After no meaning there
+    assert error_for_status(500, headers={"Retry-After": "5"}).retry_after_s is None  # type: ignore[union-attr]
 
 
 def test_is_quota_exhausted_reads_codes_types_and_prose() -> None:
@@ -637,6 +732,26 @@ def test_http_provider_maps_statuses(scripted: ScriptedServer, name: str, reply:
         assert caught.value.status == 0
 
 
+def test_http_provider_carries_a_503_retry_after_in_scheduler_seconds(scripted: ScriptedServer) -> None:
+    reply = HttpReply.json(503, error_json("maintenance", "server_error"), {"retry-after": "3600"})
+    with pytest.raises(ServerError) as caught:
+        run(call_once(provider_for(scripted, "s503_retry_after", reply, time_scale=0.01)))
+    assert caught.value.status == 503 and caught.value.retry_after_s == pytest.approx(360_000.0)
+
+
+@pytest.mark.parametrize(("remaining", "spent"), [("0", True), ("4", False), (None, None)])
+def test_http_provider_reports_whether_a_429_spent_the_quota(
+    scripted: ScriptedServer, remaining: str | None, spent: bool | None
+) -> None:
+    headers = {"retry-after": "1"} | (
+        {} if remaining is None else {"x-ratelimit-remaining-requests": remaining}
+    )
+    reply = HttpReply.json(429, error_json("slow", "requests"), headers)
+    with pytest.raises(RateLimitError) as caught:
+        run(call_once(provider_for(scripted, f"spent_{remaining}", reply)))
+    assert caught.value.quota_spent is spent
+
+
 def test_http_provider_reads_http_date_retry_after_in_scaled_time(scripted: ScriptedServer) -> None:
     wall_now = time.time()
     reply = HttpReply.json(
@@ -744,3 +859,215 @@ def test_httpx_is_imported_lazily_with_a_clear_error() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert "pip install 'aiqsim[http]'" in result.stdout
+
+
+# ---------------------------------------------------------------------------- broken exchanges (#13)
+def test_a_broken_gzip_body_is_a_retryable_decoding_error(scripted: ScriptedServer) -> None:
+    reply = HttpReply(
+        200, b'{"not": "gzip at all"}', {"content-encoding": "gzip", "content-type": "application/json"}
+    )
+    with pytest.raises(ResponseDecodingError) as caught:
+        run(call_once(provider_for(scripted, "badgzip", reply)))
+    assert isinstance(caught.value, ServerError) and caught.value.status == 0
+    assert "gzip" in str(caught.value)
+    assert classify_failure(caught.value, attempts=1) is FailureClass.RETRYABLE
+
+
+def test_the_scheduler_retries_past_a_broken_gzip_body(scripted: ScriptedServer) -> None:
+    good = completion_json("c", "m", "decoded fine", 1, 1, 0)
+    served: list[int] = []
+
+    async def flaky(request: HttpRequest) -> HttpReply:
+        served.append(1)
+        if len(served) == 1:
+            return HttpReply(200, b"\x1f\x8b\x08garbage", {"content-encoding": "gzip"})
+        return HttpReply.json(200, good)
+
+    provider = provider_for(scripted, "gzip_then_ok", flaky)
+    runtime = AsyncioRuntime()
+
+    async def main() -> Any:
+        retry = RetryPolicy(backoff=ConstantBackoff(0.01), max_attempts=3)
+        scheduler = Scheduler(runtime, [provider], retry=retry, rng=random.Random(2))
+        record = await scheduler.submit("llm", "q", cost_estimate=1).wait()
+        await scheduler.close()
+        await provider.aclose()
+        return record
+
+    record = runtime.run(main())
+    assert record.status is TaskStatus.SUCCEEDED and record.result == "decoded fine"
+    assert record.attempts == 2
+
+
+class RawSocketServer:
+    """A hand-written HTTP/1.1 server on a raw socket, for answers no real server library would send.
+
+    ``extra(key)`` gives bytes written *after* the answer to the request carrying Idempotency-Key
+    ``key``, in the same ``sendall`` (so they land in the client's buffer with the answer).
+    Every answer echoes the request's key when ``echo`` is set.
+    """
+
+    def __init__(self, extra: Any, *, echo: bool = True) -> None:
+        self.extra = extra
+        self.echo = echo
+        self.connections = 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    @staticmethod
+    def answer(key: str | None, content: str) -> bytes:
+        body = json.dumps(completion_json("c", "m", content, 1, 1, 0)).encode()
+        echo = f"idempotency-key: {key}\r\n" if key is not None else ""
+        head = (
+            f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n{echo}\r\n"
+        )
+        return head.encode() + body
+
+    def __enter__(self) -> RawSocketServer:
+        thread = threading.Thread(target=self._accept, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5)
+        self._sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(0.2)
+        buffer = b""
+        with conn:
+            while not self._stop.is_set():
+                try:
+                    while b"\r\n\r\n" not in buffer:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        buffer += data
+                    head, _, rest = buffer.partition(b"\r\n\r\n")
+                    fields = dict(line.split(":", 1) for line in head.decode("latin-1").split("\r\n")[1:])
+                    headers = {name.strip().lower(): value.strip() for name, value in fields.items()}
+                    length = int(headers.get("content-length", "0"))
+                    while len(rest) < length:
+                        rest += conn.recv(65536)
+                    buffer = rest[length:]
+                    key = headers.get("idempotency-key")
+                    conn.sendall(self.answer(key if self.echo else None, f"answer {key}") + self.extra(key))
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+
+
+def test_bytes_smuggled_after_a_body_are_refused_as_another_requests_answer() -> None:
+    """Issue #13: extra bytes after a Content-Length body on a keep-alive connection became the
+    NEXT request's answer (task B succeeded with them). The answer echoes another key: refused
+    (retryable) and its connection dropped, so the retry gets B's own answer on a fresh one."""
+
+    def extra(key: str | None) -> bytes:
+        return RawSocketServer.answer(key, "smuggled") if key == "A" else b""
+
+    async def main(url: str) -> tuple[ProviderResponse, BaseException, ProviderResponse]:
+        provider = HttpProvider("llm", url, timeout=5.0)
+        try:
+            first = await provider.call(make_request(key="A"))
+            try:
+                await provider.call(make_request(key="B"))
+            except ResponseMismatchError as exc:
+                refused: BaseException = exc
+            else:  # pragma: no cover - the regression
+                pytest.fail("task B accepted an answer that echoes task A's key")
+            again = await provider.call(make_request(key="B"))
+        finally:
+            await provider.aclose()
+        return first, refused, again
+
+    with RawSocketServer(extra) as server:
+        first, refused, again = run(main(server.url))
+        connections = server.connections
+    assert first.result == "answer A"
+    assert isinstance(refused, ResponseMismatchError) and isinstance(refused, ServerError)
+    assert (refused.sent_key, refused.echoed_key) == ("B", "A")
+    assert classify_failure(refused, attempts=1) is FailureClass.RETRYABLE
+    assert again.result == "answer B"
+    assert connections == 2  # the poisoned connection was dropped, not reused
+
+
+def test_the_scheduler_gives_each_task_its_own_answer_despite_smuggled_bytes() -> None:
+    served = itertools.count(1)
+
+    def extra(key: str | None) -> bytes:  # a stray answer after the 1st, 4th and 7th request
+        return RawSocketServer.answer(key, "smuggled") if next(served) in (1, 4, 7) else b""
+
+    runtime = AsyncioRuntime()
+
+    async def main(url: str) -> list[Any]:
+        provider = HttpProvider("llm", url, timeout=5.0)
+        # 3 stray answers can refuse one task's attempts at most 3 times: 5 attempts always suffice
+        retry = RetryPolicy(backoff=ConstantBackoff(0.01), max_attempts=5)
+        scheduler = Scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, retry=retry, rng=random.Random(3)
+        )
+        provider.attach_to(scheduler)
+        handles = [scheduler.submit("llm", f"q{i}", cost_estimate=1) for i in range(12)]
+        records = [await handle.wait() for handle in handles]
+        await scheduler.close()
+        await provider.aclose()
+        return records
+
+    with RawSocketServer(extra) as server:
+        records = runtime.run(main(server.url))
+    assert all(record.status is TaskStatus.SUCCEEDED for record in records)
+    assert [record.result for record in records] == [f"answer {record.key}" for record in records]
+    # each stray answer was met by the next request on its connection and refused once
+    assert 1 <= sum(record.attempts - 1 for record in records) <= 3
+
+
+def test_an_answer_without_an_echo_is_accepted_as_before() -> None:
+    """Servers that echo nothing: no check is possible, and none is made (documented limit)."""
+    with RawSocketServer(lambda key: b"", echo=False) as server:
+        response = run(call_once(HttpProvider("llm", server.url, timeout=5.0), make_request(key="K")))
+    assert response.result == "answer K"
+
+
+def test_pool_size_comes_from_the_argument_then_the_lane_then_the_default() -> None:
+    runtime = AsyncioRuntime()
+    lane = HttpProvider("llm", "http://127.0.0.1:9")
+    assert lane.max_connections == 100  # DEFAULT_MAX_CONNECTIONS: no lane known yet
+    Scheduler(runtime, [lane], quotas={"llm": QuotaLimits(concurrency=256)})  # not attached: unchanged
+    assert lane.max_connections == 100
+    lane.attach_to(Scheduler(runtime, [lane], quotas={"llm": QuotaLimits(concurrency=256)}))
+    assert lane.max_connections == 256
+    pinned = HttpProvider("llm", "http://127.0.0.1:9", max_connections=16)
+    pinned.attach_to(Scheduler(runtime, [pinned], quotas={"llm": QuotaLimits(concurrency=256)}))
+    assert pinned.max_connections == 16
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="max_connections"):
+            HttpProvider("llm", "http://127.0.0.1:9", max_connections=bad)
+
+
+def test_the_owned_client_keeps_every_pooled_connection_alive() -> None:
+    async def limits() -> Any:
+        provider = HttpProvider("llm", "http://127.0.0.1:9", max_connections=64)
+        client = await provider._http()
+        pool = client._transport._pool  # httpx's own transport: the only place the limits live
+        await provider.aclose()
+        return pool._max_connections, pool._max_keepalive_connections
+
+    assert run(limits()) == (64, 64)

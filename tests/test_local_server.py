@@ -40,6 +40,7 @@ from aiqsim.core.failures import (
 from aiqsim.core.task import Priority
 from aiqsim.core.token_bucket import MultiQuota
 from aiqsim.http import HttpProvider, Ledger, iter_retry_violations, start_local_server
+from aiqsim.http.server import CHAT_PATH
 from aiqsim.scheduler.provider import ProviderRequest
 from aiqsim.sim.config import OutageConfig, ProviderConfig
 from aiqsim.sim.providers import WINDOW_S, WINDOW_TOLERANCE_S, SimulatedProvider
@@ -451,3 +452,139 @@ def test_requests_without_a_key_meet_seeded_fates_in_arrival_order() -> None:
     assert statuses(seed=4) == first
     assert {200, 429, 500} <= set(first)
     assert statuses(seed=5) != first
+
+
+# ---------------------------------------------------------------------------- header corrections (#21.1)
+@pytest.mark.parametrize("attach", [False, True])
+def test_header_corrections_never_let_more_through_than_the_client_quota(attach: bool) -> None:
+    """Issue #21.1: with ``attach_to``, every response's ``x-ratelimit-remaining-requests`` used to
+    refill the client bucket to its burst, so a client limited to 600/min (burst 10) sent 559
+    requests in 5 s to a server allowing 660/min. A token bucket grants at most
+    ``burst + rate x t`` in ``t`` seconds; counting the server's arrivals *before* reading the
+    client's clock makes that an exact bound, with no timing tolerance. The client quota is
+    small against what the loop can send (2/s of client time, 8/s of wall time), so the bug
+    shows on a loaded machine too."""
+    config = ProviderConfig(
+        name="llm", latency_base_s=0.01, latency_per_unit_s=0.0, server_requests_per_min=660
+    )
+    scale = 0.25  # 4 s of client time in 1 s of wall time
+    runtime = AsyncioRuntime(time_scale=scale)
+    limits = QuotaLimits(requests_per_min=120, request_burst=10, concurrency=16)
+    retry = RetryPolicy(backoff=ConstantBackoff(0.1), max_attempts=3, attempt_timeout_s=60.0)
+    horizon_s = 4.0
+
+    async def main(server_url: str, ledger: Any) -> tuple[int, float]:
+        provider = HttpProvider("llm", server_url, time_scale=scale)
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": limits},
+            retry=retry,
+            rng=random.Random(5),
+            background_limit=None,
+        )
+        if attach:
+            provider.attach_to(scheduler)
+        started = runtime.now()
+        for index in range(400):
+            scheduler.submit("llm", f"prompt {index}", cost_estimate=1)
+        await runtime.sleep(horizon_s)
+        arrived = len(ledger().requests)  # read before the clock: the bound below is then exact
+        elapsed = runtime.now() - started
+        await scheduler.close()
+        await provider.aclose()
+        return arrived, elapsed
+
+    with start_local_server(config, time_scale=scale, seed=1) as server:
+        arrived, elapsed = runtime.run(main(server.url, server.ledger))
+    bound = 10 + 120 / 60 * elapsed
+    assert arrived <= bound + 1e-9, (
+        f"{arrived} requests in {elapsed:.2f} s; the client quota allows {bound:.1f}"
+    )
+    # and the bucket refilled and was used again (the test would pass vacuously for a stalled client)
+    assert arrived > 10
+
+
+def test_every_chat_answer_echoes_the_idempotency_key() -> None:
+    """The echo lets HttpProvider refuse an answer that belongs to another request (issue #13)."""
+    config = ProviderConfig(name="llm", latency_base_s=0.0, latency_per_unit_s=0.0, rate_limit_prob=0.5)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+
+    async def main(url: str) -> list[tuple[int, str | None]]:
+        async with httpx.AsyncClient(base_url=url) as client:
+            seen = []
+            for index in range(8):
+                response = await client.post(
+                    CHAT_PATH, json=body, headers={"Idempotency-Key": f"key-{index}"}
+                )
+                seen.append((response.status_code, response.headers.get("idempotency-key")))
+            keyless = await client.post(CHAT_PATH, json=body)
+            seen.append((keyless.status_code, keyless.headers.get("idempotency-key")))
+            return seen
+
+    with start_local_server(config, seed=4) as server:
+        seen = asyncio.run(main(server.url))
+    assert [key for _, key in seen] == [f"key-{index}" for index in range(8)] + [None]
+    assert {status for status, _ in seen[:8]} == {200, 429}  # 429s echo it too
+
+
+# ---------------------------------------------------------------------------- connection pool (#21.6)
+def run_through_pool(provider_options: dict[str, Any], concurrency: int) -> tuple[int, int, int]:
+    """Two waves of ``concurrency`` tasks each through Scheduler + HttpProvider, the second after the
+    first has finished (so its connections sat idle in the pool in between); each request takes
+    0.5 s, so a whole wave is in flight at once. Returns (accepted connections, requests, most
+    requests the server had in flight at once)."""
+    config = ProviderConfig(name="llm", latency_base_s=0.5, latency_per_unit_s=0.0)
+    runtime = AsyncioRuntime()
+
+    async def main(url: str) -> None:
+        provider = HttpProvider("llm", url, timeout=30.0, **provider_options)
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=concurrency)},
+            rng=random.Random(6),
+            background_limit=None,
+        )
+        provider.attach_to(scheduler)
+        for wave in range(2):
+            handles = [
+                scheduler.submit("llm", f"wave {wave} {index}", cost_estimate=1)
+                for index in range(concurrency)
+            ]
+            records = [await handle.wait() for handle in handles]
+            assert all(record.status is TaskStatus.SUCCEEDED for record in records)
+        await scheduler.close()
+        await provider.aclose()
+
+    with start_local_server(config, seed=2) as server:
+        runtime.run(main(server.url))
+        ledger = server.ledger()
+        accepted = server.connections_accepted
+    steps = sorted(
+        [(e.arrived_wall, 1) for e in ledger.requests] + [(e.responded_wall, -1) for e in ledger.requests]
+    )
+    in_flight = peak = 0
+    for _, step in steps:
+        in_flight += step
+        peak = max(peak, in_flight)
+    return accepted, len(ledger.requests), peak
+
+
+def test_the_pool_keeps_one_connection_per_concurrent_attempt_alive() -> None:
+    """Issue #21.6: httpx's default pool keeps only 20 connections alive, so at concurrency 256 the
+    server accepted 4,823 connections for 13,900 requests. Sized from the lane's concurrency, the
+    pool keeps every connection of the first wave alive and the second wave reuses them all
+    (httpx's default keeps 20, and httpcore 1.0 closes every idle one while more than 20 are open).
+    Concurrency 40, not more: httpcore's pool bookkeeping is quadratic in its connections, and on
+    a loaded machine a slower second wave would let idle connections reach their 5 s keep-alive
+    expiry, which is right to close them but not what this test is about."""
+    accepted, requests, peak = run_through_pool({}, concurrency=40)
+    assert requests == 80
+    assert peak > 30, f"the waves must overlap well above 20 kept-alive connections (peak {peak})"
+    assert accepted <= 40, f"{accepted} connections for {requests} requests"
+
+
+def test_an_explicit_pool_size_wins_over_the_lane_concurrency() -> None:
+    accepted, requests, peak = run_through_pool({"max_connections": 8}, concurrency=16)
+    assert requests == 32 and accepted <= 8 and peak <= 8

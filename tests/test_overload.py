@@ -197,6 +197,97 @@ def test_retry_token_bucket_gives_back_an_unsent_retry_but_not_a_lost_one() -> N
     assert bucket.level(P) == 490
 
 
+def retries_until_refused(bucket: RetryTokenBucket, cause: BaseException) -> int:
+    """How many retries caused by ``cause`` a fresh bucket admits before the first refusal."""
+    r = rng()
+    count = 0
+    while bucket.before_attempt(P, True, 0.0, r, task_id=f"t{count}", cause=cause) is None:
+        count += 1
+    return count
+
+
+AWS_CAUSES = {
+    "throttling": RateLimitError("429", retry_after_s=None),
+    "timeout": ProviderTimeoutError("no answer"),
+    "transient": ServerError("503", status=503),
+}
+
+
+@pytest.mark.parametrize(
+    ("preset", "costs", "retries"),
+    [
+        # pre-2026 standard mode (botocore): RETRY_COST 5, TIMEOUT_RETRY_REQUEST 10, capacity 500
+        (
+            RetryTokenBucket.aws_standard,
+            {"throttling": 5, "timeout": 10, "transient": 5},
+            {"throttling": 100, "timeout": 50, "transient": 100},
+        ),
+        # 2026 standard mode: throttling 5, every other transient error (timeouts too) 14
+        (
+            RetryTokenBucket.aws_2026,
+            {"throttling": 5, "timeout": 14, "transient": 14},
+            {"throttling": 100, "timeout": 35, "transient": 35},
+        ),
+    ],
+)
+def test_aws_presets_charge_the_published_costs(
+    preset: Any, costs: dict[str, int], retries: dict[str, int]
+) -> None:
+    bucket = preset()
+    assert (bucket.capacity, bucket.no_retry_refund) == (500, 1)
+    for name, cause in AWS_CAUSES.items():
+        assert bucket.cost_of_retry_after(cause) == costs[name], name
+        fresh = preset()
+        assert fresh.before_attempt(P, True, 0.0, rng(), task_id="a", cause=cause) is None
+        assert fresh.level(P) == 500 - costs[name]
+        succeed(fresh, 1.0, is_retry=True, task_id="a")  # a successful retry returns its own cost
+        assert fresh.level(P) == 500
+        # 500 tokens admit floor(500 / cost) retries, then the next is refused with no charge
+        assert retries_until_refused(preset(), cause) == retries[name] == 500 // costs[name], name
+
+
+def test_aws_2026_preset_step_by_step() -> None:
+    bucket = RetryTokenBucket.aws_2026()
+    r = rng()
+    throttled, timed_out = AWS_CAUSES["throttling"], AWS_CAUSES["timeout"]
+    assert bucket.before_attempt(P, True, 0.0, r, task_id="a", cause=throttled) is None
+    assert bucket.level(P) == 495
+    assert bucket.before_attempt(P, True, 0.0, r, task_id="b", cause=timed_out) is None
+    assert bucket.level(P) == 481
+    assert bucket.before_attempt(P, False, 0.0, r, task_id="c") is None
+    succeed(bucket, 1.0, task_id="c")
+    assert bucket.level(P) == 482  # first-attempt success: +1
+    fail(bucket, 1.0, ServerError("500"), is_retry=True, task_id="b")
+    assert bucket.level(P) == 482  # a failed retry returns nothing
+    succeed(bucket, 2.0, is_retry=True, task_id="a")
+    assert bucket.level(P) == 487  # the throttling retry returns its 5
+
+
+def test_raising_retry_cost_alone_does_not_model_the_2026_rules() -> None:
+    """The old docstring's recipe (``retry_cost=14``) charged throttling 14 and timeouts 10."""
+    recipe = RetryTokenBucket(retry_cost=14)
+    preset = RetryTokenBucket.aws_2026()
+    assert (
+        recipe.cost_of_retry_after(AWS_CAUSES["throttling"])
+        == 14
+        != preset.cost_of_retry_after(AWS_CAUSES["throttling"])
+    )
+    assert (
+        recipe.cost_of_retry_after(AWS_CAUSES["timeout"])
+        == 10
+        != preset.cost_of_retry_after(AWS_CAUSES["timeout"])
+    )
+
+
+def test_default_bucket_is_the_pre_2026_standard_mode() -> None:
+    default, standard = RetryTokenBucket(), RetryTokenBucket.aws_standard()
+    for cause in AWS_CAUSES.values():
+        assert default.cost_of_retry_after(cause) == standard.cost_of_retry_after(cause)
+    assert RetryTokenBucket(throttling_retry_cost=2).cost_of_retry_after(AWS_CAUSES["throttling"]) == 2
+    with pytest.raises(ValueError, match="throttling_retry_cost"):
+        RetryTokenBucket(throttling_retry_cost=-1)
+
+
 # ---------------------------------------------------------------------- RetryRatioBudget
 def test_retry_ratio_budget_step_by_step() -> None:
     budget = RetryRatioBudget(ratio=0.1, window_s=60.0)

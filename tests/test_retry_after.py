@@ -43,10 +43,45 @@ def test_delta_seconds_including_decimals(header: str, seconds: float) -> None:
     assert parse_retry_after(header, NOW) == seconds
 
 
+@given(whole=st.integers(min_value=0, max_value=10**9), fraction=st.text(alphabet="0123456789", max_size=6))
+def test_any_non_negative_decimal_round_trips(whole: int, fraction: str) -> None:
+    header = f"{whole}.{fraction}" if fraction else str(whole)
+    assert parse_retry_after(header, NOW) == float(header)
+
+
 @given(st.floats(min_value=0.0, max_value=1e9))
-def test_any_non_negative_decimal_round_trips(seconds: float) -> None:
-    assert parse_retry_after(repr(seconds), NOW) == seconds
+def test_any_non_negative_number_passes_through(seconds: float) -> None:
     assert parse_retry_after(seconds, NOW) == seconds
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "+1",  # a sign is not 1*DIGIT
+        "-0",
+        "1e3",  # no exponent
+        "1E3",
+        "1_000",  # no underscores
+        "\u0661",  # ARABIC-INDIC DIGIT ONE
+        "\u0661\u0662",
+        "\uff11",  # FULLWIDTH DIGIT ONE
+        "\u09e7",  # BENGALI DIGIT ONE
+        ".5",  # the decimal extension is DIGITS.DIGITS, as providers send it
+        "5.",
+        "1.5.2",
+        "\u00a01",  # NO-BREAK SPACE is not HTTP whitespace
+        "1\u2003",  # EM SPACE
+        "Infinity",
+        "NaN",
+    ],
+)
+def test_delta_seconds_is_ascii_digits_with_an_optional_decimal_fraction(header: str) -> None:
+    """RFC 9110 §10.2.3: delta-seconds = 1*DIGIT (ASCII); float()'s wider grammar is refused."""
+    assert parse_retry_after(header, NOW) is None
+
+
+def test_http_whitespace_around_delta_seconds_is_trimmed() -> None:
+    assert parse_retry_after("\t 12 \t", NOW) == 12.0
 
 
 @pytest.mark.parametrize("value", [3, 2.5, 0])

@@ -4,7 +4,8 @@
   optional error mapper (:func:`map_openai_error` for the ``openai`` SDK).
 - :class:`HttpProvider`: OpenAI-style JSON over ``httpx`` (optional dependency, extra
   ``http``; imported only when an HttpProvider is created), with Idempotency-Key,
-  Retry-After and ``x-ratelimit-*`` header corrections of the client-side quota.
+  Retry-After and ``x-ratelimit-*`` header corrections (downwards only) of the client-side quota;
+  :class:`ResponseDecodingError` / :class:`ResponseMismatchError` for answers it cannot use.
 - :func:`start_local_server`: an OpenAI-like server on 127.0.0.1 driven by a
   :class:`~aiqsim.sim.config.ProviderConfig`, for tests, demos and sim-vs-real checks
   (imported on first use: it runs the simulation lab's provider model).
@@ -16,6 +17,7 @@ from aiqsim.http.adapter import CallableProvider, ErrorMapper
 from aiqsim.http.headers import (
     RateLimitSnapshot,
     apply_ratelimit_snapshot,
+    corrected_level,
     format_duration,
     parse_duration,
     parse_ratelimit_headers,
@@ -24,6 +26,7 @@ from aiqsim.http.headers import (
 from aiqsim.http.httpx_provider import HttpProvider
 from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.openai_errors import map_openai_error, openai_error_mapper
+from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
 from aiqsim.http.status import HttpStatusError, error_for_status, is_quota_exhausted
 
 if TYPE_CHECKING:
@@ -44,13 +47,17 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CallableProvider",
     "ErrorMapper",
+    "HttpExchangeError",
     "HttpProvider",
     "HttpStatusError",
     "Ledger",
     "LocalProviderServer",
     "RateLimitSnapshot",
+    "ResponseDecodingError",
+    "ResponseMismatchError",
     "ServerStartError",
     "apply_ratelimit_snapshot",
+    "corrected_level",
     "error_for_status",
     "format_duration",
     "is_quota_exhausted",

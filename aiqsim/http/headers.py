@@ -7,8 +7,11 @@ OpenAI (and Groq, Mistral, Azure OpenAI and others copying it) sends, on every r
     x-ratelimit-reset-requests: 120ms      x-ratelimit-reset-tokens: 6m0s
 
 The reset values are Go durations ("1s", "6m0s", "250ms", "1h2m3.5s"). The server knows
-how much of *its* quota is left, so its view beats our local token-bucket estimate:
-:func:`apply_ratelimit_snapshot` overwrites the bucket levels with ``set_level``.
+how much of *its* quota is left, so :func:`apply_ratelimit_snapshot` corrects our local
+token-bucket estimate with it, but only downwards (:func:`corrected_level`): the client's own
+limits (``requests_per_min``, bursts) are a promise of the client's, and a server with more
+room must never raise them. A server reporting a fuller quota than ours would otherwise refill
+our bucket on every response and ``requests_per_min`` would stop limiting (issue #21.1).
 
 Everything here is pure: no clock, no I/O. Durations are returned in the server's
 (wall-clock) seconds; callers running in scaled time convert.
@@ -35,7 +38,7 @@ _UNIT_SECONDS = {
     "m": 60.0,
     "h": 3600.0,
 }
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")  # ASCII digits only
 
 
 def parse_duration(value: str | float | int | None) -> float | None:
@@ -157,23 +160,70 @@ def parse_ratelimit_headers(headers: Mapping[str, Any] | Any) -> RateLimitSnapsh
     )
 
 
-def apply_ratelimit_snapshot(snapshot: RateLimitSnapshot, quota: MultiQuota, now: float) -> bool:
-    """Overwrite the quota's bucket levels with the server's remaining counts; True if anything changed.
+def corrected_level(
+    local_level: float,
+    remaining: float | None,
+    reset_s: float | None,
+    rate: float,
+    *,
+    limit: float | None = None,
+    unit: float = 1.0,
+) -> float:
+    """The client bucket's level after the server reported ``remaining`` units left (pure).
 
-    The server's count wins in both directions: it lowers an optimistic local bucket (we
-    would otherwise run into 429s) and raises a pessimistic one (work would otherwise wait
-    for quota the server has). Unlimited local dimensions are left alone. Known limit: a
-    request of ours still in flight that the server has not counted yet is forgotten by
-    this correction, so with high concurrency the first request after a correction may
-    still see a 429; the scheduler absorbs it with Retry-After.
+    The rule: server headers may only *lower* what the client believes it may send.
+
+    - The level becomes ``min(local_level, remaining)``: never more than the client's own
+      level, whatever the server says (a negative ``remaining`` counts as 0).
+    - When the server says the dimension is spent (``remaining < unit``: not even one request,
+      or one token, left) and when it resets (``reset_s``, already in the bucket's seconds),
+      the bucket is set back (into debt) so that, refilling at its own ``rate``, it reaches
+      ``unit`` no earlier than the server will have ``unit`` again. OpenAI's reset is the time
+      until the quota is back to ``limit``; the server is taken to refill linearly over it, so
+      one unit is back after ``reset_s x (unit - remaining) / (limit - remaining)``; without
+      ``limit``, after the whole ``reset_s`` (the cautious reading). Without this, a client
+      whose own rate is faster than the server's refill asks again too early and meets a 429.
+    - ``remaining`` ``None`` (the header was absent or unreadable): ``local_level`` unchanged.
+
+    The result is never above ``local_level``.
+    """
+    if remaining is None or not math.isfinite(remaining):
+        return local_level
+    level = min(local_level, max(0.0, remaining))
+    if remaining < unit and reset_s is not None and math.isfinite(reset_s) and reset_s > 0:
+        wait = reset_s
+        if limit is not None and math.isfinite(limit) and limit > max(remaining, 0.0) + unit:
+            wait = reset_s * (unit - max(remaining, 0.0)) / (limit - max(remaining, 0.0))
+        level = min(level, unit - rate * wait)
+    return level
+
+
+def apply_ratelimit_snapshot(
+    snapshot: RateLimitSnapshot, quota: MultiQuota, now: float, *, time_scale: float = 1.0
+) -> bool:
+    """Lower the quota's bucket levels to the server's remaining counts; True if any level fell.
+
+    :func:`corrected_level` for each of requests and tokens: the server's count may lower an
+    optimistic local bucket (we would otherwise run into 429s) and push its refill past the
+    server's reset, but never raise a bucket: the client's ``requests_per_min`` and bursts stay
+    the ceiling even when the server has more room. Unlimited local dimensions are left alone.
+    ``time_scale`` (wall seconds per bucket second) converts the server's wall-clock reset
+    durations into the bucket's clock. Requests of ours in flight are already taken from the
+    local bucket and not yet counted by the server: the minimum keeps them counted.
     """
     changed = False
-    if snapshot.remaining_requests is not None and quota.requests is not None:
-        quota.requests.set_level(max(0.0, snapshot.remaining_requests), now)
-        changed = True
-    if snapshot.remaining_tokens is not None and quota.tokens is not None:
-        quota.tokens.set_level(max(0.0, snapshot.remaining_tokens), now)
-        changed = True
+    for bucket, limit, remaining, reset_wall in (
+        (quota.requests, snapshot.limit_requests, snapshot.remaining_requests, snapshot.reset_requests_s),
+        (quota.tokens, snapshot.limit_tokens, snapshot.remaining_tokens, snapshot.reset_tokens_s),
+    ):
+        if bucket is None or remaining is None:
+            continue
+        level = bucket.level(now)
+        reset_s = None if reset_wall is None else reset_wall / time_scale
+        corrected = corrected_level(level, remaining, reset_s, bucket.rate, limit=limit)
+        if corrected < level:
+            bucket.set_level(corrected, now)
+            changed = True
     return changed
 
 

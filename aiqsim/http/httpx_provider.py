@@ -6,6 +6,30 @@ it only when an :class:`HttpProvider` is created, so ``import aiqsim.http`` work
 This is inherently real-time I/O, so it reads the wall clock (``time.time``) for HTTP-date
 ``Retry-After`` values. Everything it tells the scheduler is in scheduler seconds: give it
 the same ``time_scale`` as the :class:`~aiqsim.runtime.AsyncioRuntime` it runs on.
+
+Connection pool. The owned ``httpx.AsyncClient`` keeps as many connections open *and alive*
+as the lane can have attempts in flight (its ``concurrency``, learnt from :meth:`HttpProvider.attach_to`
+or ``bind_quota``, or given as ``max_connections``). With httpx's default (100 connections, 20
+kept alive; httpcore 1.0 closes a released connection whenever more than 20 are open) most
+attempts opened a new TCP connection: at concurrency 256 the local server accepted 4,823
+connections for 13,900 requests (issue #21.6). Two costs
+remain with httpx 0.28 / httpcore 1.0 and are the same for any httpx client with this pool
+(``benchmarks/bench_http_pool.py``): the pool's bookkeeping scans every connection on every
+request and release, and polls each idle socket, so CPU per request grows with the pool size;
+and an idle connection is closed after httpx's 5 s keep-alive expiry, so a lane whose
+connections each wait longer than that between requests reconnects anyway.
+
+Responses that belong to another request. A server (or a proxy) that writes more bytes than
+its ``Content-Length`` on a keep-alive connection leaves them in the client's buffer, and the
+HTTP stack (httpx → httpcore → h11) reads them as the answer to the *next* request sent on that
+connection: another task would succeed with someone else's answer. HTTP/1.1 gives a client no
+way to tell such bytes from a real answer, except what the server says about the request. So:
+when the response echoes an ``Idempotency-Key`` (the local provider server does) and it is not
+the key sent, the answer is refused with
+:class:`~aiqsim.http.protocol_errors.ResponseMismatchError` (retryable) and its connection is
+closed unread, so the misaligned bytes behind it are dropped too. Not defended: a server that
+echoes nothing (the stray answer is indistinguishable from the real one); over HTTP/2 the
+problem does not arise (frames carry their stream id).
 """
 
 from __future__ import annotations
@@ -20,7 +44,13 @@ from urllib.parse import quote
 from aiqsim.core.failures import ProviderTimeoutError, SchemaViolationError, ServerError
 from aiqsim.core.token_bucket import MultiQuota
 from aiqsim.http.chat import chat_body, chat_content, estimate_chat_tokens, total_tokens
-from aiqsim.http.headers import RateLimitSnapshot, apply_ratelimit_snapshot, parse_ratelimit_headers
+from aiqsim.http.headers import (
+    RateLimitSnapshot,
+    apply_ratelimit_snapshot,
+    header_value,
+    parse_ratelimit_headers,
+)
+from aiqsim.http.protocol_errors import ResponseDecodingError, ResponseMismatchError
 from aiqsim.http.status import error_for_status
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 
@@ -30,6 +60,9 @@ if TYPE_CHECKING:
     from aiqsim.scheduler.scheduler import Scheduler
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+DEFAULT_MAX_CONNECTIONS = 100
+"""Pool size of an owned client when neither ``max_connections`` nor the lane's concurrency is known
+(httpx's own default size, but with every connection kept alive, not only 20)."""
 
 
 def require_httpx() -> Any:
@@ -52,11 +85,16 @@ class HttpProvider:
       ``QuotaExhaustedError``; 5xx → ``ServerError(status)``; 400/422 →
       ``InvalidRequestError`` (full table in :mod:`aiqsim.http.status`).
     - Timeouts (connect, read, write, pool) → ``ProviderTimeoutError``; refused or broken
-      connections and responses cut short → ``ServerError(status=0)``.
+      connections and responses cut short → ``ServerError(status=0)``; a body whose
+      ``Content-Encoding`` cannot be decoded → ``ResponseDecodingError`` and an answer echoing
+      another request's ``Idempotency-Key`` → ``ResponseMismatchError`` (both ``ServerError``
+      with ``status=0``, retryable; see the module docstring).
     - A 2xx whose body is not JSON or not the expected shape → ``SchemaViolationError``.
     - ``usage.total_tokens`` becomes ``ProviderResponse.usage``.
-    - ``x-ratelimit-remaining-{requests,tokens}`` overwrite the bound quota's bucket levels
-      (the server's view wins), on every response including 429s.
+    - ``x-ratelimit-remaining-{requests,tokens}`` (and their resets) *lower* the bound quota's
+      bucket levels when the server has less room than the client thinks, on every response
+      including 429s; they never raise them above what the client's own limits allow
+      (:func:`aiqsim.http.headers.corrected_level`).
 
     Parameters:
         name: the provider (scheduler lane) name.
@@ -71,6 +109,10 @@ class HttpProvider:
         time_scale: wall seconds per scheduler second (as ``AsyncioRuntime(time_scale=...)``);
             converts Retry-After.
         timeout: httpx timeout (seconds or ``httpx.Timeout``) for an owned client.
+        max_connections: pool size of an owned client (all kept alive). Default: the bound
+            lane's ``concurrency`` (:meth:`attach_to`, ``bind_quota``), else
+            :data:`DEFAULT_MAX_CONNECTIONS`. Fewer connections than attempts in flight makes
+            attempts wait for a connection (counted in their timeout); more are never used.
         model: filled into bodies that name no model.
         build_body: ``request -> dict`` JSON body (default :func:`aiqsim.http.chat.chat_body`).
         parse_result: ``decoded JSON -> result`` (default: ``choices[0].message.content``);
@@ -102,10 +144,13 @@ class HttpProvider:
         lookup_path: str | None = None,
         send_task_headers: bool = False,
         wall_clock: Callable[[], float] = time.time,
+        max_connections: int | None = None,
     ) -> None:
         self._httpx = require_httpx()
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+        if max_connections is not None and (isinstance(max_connections, bool) or max_connections < 1):
+            raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
         self.name = name
         self.url = base_url.rstrip("/") + "/" + path.lstrip("/")
         self.base_url = base_url.rstrip("/")
@@ -123,6 +168,8 @@ class HttpProvider:
         self._wall_clock = wall_clock
         self._quota: MultiQuota | None = None
         self._clock: Callable[[], float] | None = None
+        self._max_connections = max_connections
+        self._lane_concurrency: int | None = None
         self.last_ratelimit: RateLimitSnapshot | None = None
         """The rate-limit headers of the latest response (for observability)."""
         if quota is not None:
@@ -132,21 +179,37 @@ class HttpProvider:
 
     # ------------------------------------------------------------------ wiring
     def bind_quota(self, quota: MultiQuota, clock: Callable[[], float]) -> None:
-        """Correct ``quota`` (read at ``clock()``) from every response's rate-limit headers."""
+        """Correct ``quota`` (read at ``clock()``) from every response's rate-limit headers, and
+        size the owned connection pool from its ``concurrency`` (unless ``max_connections`` was
+        given). Bind before the first call: a client already created keeps its pool."""
         self._quota = quota
         self._clock = clock
+        self._lane_concurrency = quota.concurrency
 
     def attach_to(self, scheduler: Scheduler) -> HttpProvider:
-        """Bind to the quota of this provider's lane in ``scheduler``; returns self."""
+        """Bind to the quota of this provider's lane in ``scheduler`` (header corrections and
+        pool size); returns self."""
         self.bind_quota(scheduler.quota(self.name), scheduler.runtime.now)
         return self
+
+    @property
+    def max_connections(self) -> int:
+        """The pool size an owned client gets: ``max_connections``, else the lane's
+        concurrency, else :data:`DEFAULT_MAX_CONNECTIONS`."""
+        if self._max_connections is not None:
+            return self._max_connections
+        if self._lane_concurrency is not None:
+            return self._lane_concurrency
+        return DEFAULT_MAX_CONNECTIONS
 
     async def _http(self) -> httpx.AsyncClient:
         if self._client is not None:
             return self._client
         loop = asyncio.get_running_loop()
         if self._owned is None or self._owned[0] is not loop:
-            self._owned = (loop, self._httpx.AsyncClient(timeout=self._timeout))
+            size = self.max_connections
+            limits = self._httpx.Limits(max_connections=size, max_keepalive_connections=size)
+            self._owned = (loop, self._httpx.AsyncClient(timeout=self._timeout, limits=limits))
         return self._owned[1]
 
     async def aclose(self) -> None:
@@ -181,7 +244,9 @@ class HttpProvider:
         if self.send_task_headers:
             headers["x-aiqsim-task-id"] = request.task_id
             headers["x-aiqsim-attempt"] = str(request.attempt)
-        response = await self._send("POST", self.url, headers=headers, json=self.body_for(request))
+        response = await self._send(
+            "POST", self.url, headers=headers, json=self.body_for(request), sent_key=request.idempotency_key
+        )
         body = self._check(response)
         return ProviderResponse(result=self._result(body), usage=total_tokens(body))
 
@@ -203,16 +268,49 @@ class HttpProvider:
         return ProviderResponse(result=self._result(body), usage=total_tokens(body))
 
     # ------------------------------------------------------------------ internals
-    async def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    async def _send(
+        self, method: str, url: str, *, sent_key: str | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """One request, its body read; every httpx failure mapped onto a provider error.
+
+        The head is checked before the body is read: an answer echoing another
+        ``Idempotency-Key`` than ``sent_key`` is closed unread, which makes httpcore close its
+        connection (a response closed before its end is never returned to the pool).
+        """
         httpx = self._httpx
         client = await self._http()
+        encoding = "no content-encoding"
         try:
-            return await client.request(method, url, **kwargs)
+            response = await client.send(client.build_request(method, url, **kwargs), stream=True)
+            try:
+                echoed = header_value(response.headers, IDEMPOTENCY_HEADER)
+                if sent_key is not None and echoed is not None and echoed != sent_key:
+                    raise ResponseMismatchError(
+                        f"{self.name}: the answer belongs to another request: it echoes "
+                        f"{IDEMPOTENCY_HEADER} {echoed!r}, the request sent {sent_key!r}; its "
+                        "connection is dropped",
+                        sent_key=sent_key,
+                        echoed_key=echoed,
+                    )
+                encoding = response.headers.get("content-encoding", encoding)
+                await response.aread()
+            finally:
+                await response.aclose()
+            return response
         except httpx.TimeoutException as exc:
             raise ProviderTimeoutError(f"{self.name}: no response in time ({type(exc).__name__})") from exc
+        except httpx.DecodingError as exc:
+            raise ResponseDecodingError(
+                f"{self.name}: the response body could not be decoded (content-encoding {encoding!r}): {exc}"
+            ) from exc
         except httpx.TransportError as exc:
             detail = str(exc) or type(exc).__name__
             raise ServerError(f"{self.name}: connection failed: {detail}", status=0) from exc
+        except httpx.RequestError as exc:  # any other failure of the exchange: never a raw httpx error
+            detail = str(exc) or type(exc).__name__
+            raise ServerError(
+                f"{self.name}: request failed: {type(exc).__name__}: {detail}", status=0
+            ) from exc
 
     def _check(self, response: httpx.Response) -> Any:
         """Apply rate-limit headers, raise for a failure status, return the decoded body."""
@@ -254,7 +352,7 @@ class HttpProvider:
             return
         self.last_ratelimit = snapshot
         if self._quota is not None and self._clock is not None:
-            apply_ratelimit_snapshot(snapshot, self._quota, self._clock())
+            apply_ratelimit_snapshot(snapshot, self._quota, self._clock(), time_scale=self.time_scale)
 
     def __repr__(self) -> str:
         return f"HttpProvider({self.name!r}, {self.url!r})"

@@ -24,7 +24,9 @@ Routes:
   until the client gives up (``lost_mode="hold"``) or closes it without a response
   (``lost_mode="close"``). Every answer carries ``x-ratelimit-{limit,remaining,reset}-
   {requests,tokens}`` headers read from the provider's windows. ``Idempotency-Key`` is
-  the simulator's idempotency key (honoured when ``honours_idempotency``).
+  the simulator's idempotency key (honoured when ``honours_idempotency``); every answer to
+  a request that sent one echoes it, so a client can check the answer is its own (see
+  :mod:`aiqsim.http.httpx_provider` on responses misaligned on a keep-alive connection).
 - ``GET /ledger``: every answered HTTP request, every execution and every bill, as JSON (also
   :meth:`LocalProviderServer.ledger`), and ``in_flight``: chat requests received and not
   answered yet (a client that watches for a call to be under way, e.g. to kill itself mid-call).
@@ -401,7 +403,8 @@ class LocalProviderServer:
             status: int, payload: Any, outcome: str, headers: Mapping[str, str] | None = None, **extra: Any
         ) -> HttpReply:
             log(status, outcome, **extra)
-            return HttpReply.json(status, payload, {**self._ratelimit_headers(), **(headers or {})})
+            echo = {} if entry["key"] is None else {"idempotency-key": entry["key"]}
+            return HttpReply.json(status, payload, {**self._ratelimit_headers(), **echo, **(headers or {})})
 
         try:
             body = request.json()

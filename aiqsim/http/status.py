@@ -6,11 +6,14 @@ the same way:
 
 ========================================  ==========================================
 429 / 403 with a quota-exhausted body     :class:`QuotaExhaustedError` (fatal)
-429                                       :class:`RateLimitError` with Retry-After
+429                                       :class:`RateLimitError` with Retry-After and
+                                          ``quota_spent`` (:func:`rate_limit_quota_spent`)
 408                                       :class:`ProviderTimeoutError` (retryable)
 409 (idempotent request still running)    :class:`ServerError` (retryable)
 400, 404, 413, 422                        :class:`InvalidRequestError` (fatal)
-5xx                                       :class:`ServerError` (retryable)
+503                                       :class:`ServerError` with Retry-After
+                                          (RFC 9110 §10.2.3; urllib3 honours it too)
+other 5xx                                 :class:`ServerError` (retryable)
 other non-2xx (401, 403...)               :class:`HttpStatusError` (fatal)
 ========================================  ==========================================
 """
@@ -28,7 +31,7 @@ from aiqsim.core.failures import (
     RateLimitError,
     ServerError,
 )
-from aiqsim.http.headers import retry_after_from_headers
+from aiqsim.http.headers import parse_ratelimit_headers, retry_after_from_headers
 
 QUOTA_EXHAUSTED_CODES = frozenset(
     {"insufficient_quota", "billing_hard_limit_reached", "quota_exceeded", "billing_not_active"}
@@ -42,6 +45,23 @@ QUOTA_EXHAUSTED_PHRASES = (
     "insufficient_quota",
 )
 """Message fragments with the same meaning, for providers that only say it in prose."""
+
+RATE_QUOTA_SPENT_PHRASES = (
+    "rate limit reached for",  # OpenAI: "Rate limit reached for gpt-4 ... on requests per min (RPM)"
+    "would exceed your organization's rate limit",  # Anthropic
+    "would exceed the rate limit",
+    "quota exceeded",  # Google "Quota exceeded for quota metric ...", the local server's window
+    "resource_exhausted",
+    "resource has been exhausted",  # Google gRPC RESOURCE_EXHAUSTED
+)
+"""Fragments of a 429 body saying the account's rate-limit *window* is used up (so every request
+of the provider would be refused until it resets), as opposed to one overloaded request. Hard
+quota / credit exhaustion is recognised first by :func:`is_quota_exhausted` and is fatal."""
+
+_RETRY_AFTER_STATUSES = frozenset({429, 503})
+"""Statuses whose Retry-After is honoured (RFC 9110 §10.2.3 names 503 and 3xx; RFC 6585 429). 413
+also may carry one (urllib3's ``RETRY_AFTER_STATUS_CODES``), but 413 here is fatal: the request
+itself is too large, so waiting cannot help."""
 
 _INVALID_STATUSES = frozenset({400, 404, 413, 422})
 _MESSAGE_LIMIT = 300
@@ -94,6 +114,41 @@ def is_quota_exhausted(body: Any) -> bool:
     return any(phrase in message for phrase in QUOTA_EXHAUSTED_PHRASES)
 
 
+def says_rate_quota_spent(body: Any) -> bool:
+    """Whether a 429 body explicitly says the rate-limit quota window is spent (see
+    :data:`RATE_QUOTA_SPENT_PHRASES`); ``error.code``/``type`` are read as well as the message."""
+    error = error_object(body)
+    texts = [error_message(body)]
+    if error is not None:
+        texts.extend(str(error.get(field, "")) for field in ("code", "type", "status"))
+    lowered = " ".join(texts).lower()
+    return any(phrase in lowered for phrase in RATE_QUOTA_SPENT_PHRASES)
+
+
+def rate_limit_quota_spent(headers: Mapping[str, Any] | Any, body: Any) -> bool | None:
+    """What a 429 says about the account's quota, for ``RateLimitError.quota_spent`` (pure).
+
+    - ``True``: ``x-ratelimit-remaining-requests`` or ``-tokens`` is 0 (below one whole unit),
+      or the body explicitly says the quota window is spent (:func:`says_rate_quota_spent`);
+      every request of this provider would be refused until the window resets.
+    - ``False``: the server sent remaining counts and all of them are positive: quota remains,
+      this 429 is about this one request (an overloaded replica, a burst limit).
+    - ``None``: the server said neither.
+
+    A "spent" signal wins over a positive one: one exhausted dimension (tokens) refuses every
+    request even while another (requests) has room.
+    """
+    snapshot = parse_ratelimit_headers(headers)
+    remaining = [
+        value for value in (snapshot.remaining_requests, snapshot.remaining_tokens) if value is not None
+    ]
+    if any(value < 1 for value in remaining) or says_rate_quota_spent(body):
+        return True
+    if remaining:
+        return False
+    return None
+
+
 def error_for_status(
     status: int,
     *,
@@ -109,7 +164,8 @@ def error_for_status(
     clock for an HTTP-date Retry-After. ``time_scale`` converts the server's wall seconds
     into the caller's scheduler seconds (``retry_after_s = wall / time_scale``), matching
     :class:`~aiqsim.runtime.AsyncioRuntime` run with the same scale. ``source`` names the
-    provider in messages.
+    provider in messages. A 429's and a 503's Retry-After (``retry-after-ms`` preferred) land
+    in ``retry_after_s``; a 429 also says whether the quota is spent (:func:`rate_limit_quota_spent`).
     """
     if 200 <= status < 300:
         return None
@@ -117,9 +173,14 @@ def error_for_status(
     message = f"{source}: HTTP {status}" + (f": {detail}" if detail else "")
     if status in (429, 403) and is_quota_exhausted(body):
         return QuotaExhaustedError(message)
-    if status == 429:
+    retry_after_s: float | None = None
+    if status in _RETRY_AFTER_STATUSES:
         wall = retry_after_from_headers(headers, now_epoch_s)
-        return RateLimitError(message, retry_after_s=None if wall is None else wall / time_scale)
+        retry_after_s = None if wall is None else wall / time_scale
+    if status == 429:
+        return RateLimitError(
+            message, retry_after_s=retry_after_s, quota_spent=rate_limit_quota_spent(headers, body)
+        )
     if status == 408:
         return ProviderTimeoutError(message)
     if status == 409:
@@ -127,5 +188,5 @@ def error_for_status(
     if status in _INVALID_STATUSES:
         return InvalidRequestError(message)
     if status >= 500:
-        return ServerError(message, status=status)
+        return ServerError(message, status=status, retry_after_s=retry_after_s)
     return HttpStatusError(message, status=status)

@@ -5,7 +5,7 @@ once. During an outage every task burns all its attempts and the provider, when 
 back, meets a multiple of the normal load. A retry budget bounds that multiple per client:
 
 * :class:`RetryTokenBucket` is the AWS SDK "standard" retry mode quota (a token bucket that
-  retries drain and successes refill);
+  retries drain and successes refill), with presets for the pre-2026 and the 2026 AWS rules;
 * :class:`RetryRatioBudget` is the Google SRE per-client retry budget (retries at most a
   fixed fraction of requests over a sliding window).
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
-from aiqsim.overload.signals import ErrorPredicate, is_timeout
+from aiqsim.overload.signals import ErrorPredicate, is_rate_limited, is_timeout
 from aiqsim.overload.window import TimeWindow
 
 if TYPE_CHECKING:
@@ -50,21 +50,42 @@ class _RetryQuota:
 class RetryTokenBucket(OverloadGate):
     """The AWS SDK "standard" retry quota, per provider.
 
-    Each provider starts with ``capacity`` tokens. A retry costs ``retry_cost`` tokens
-    (``timeout_retry_cost`` when the failure that caused it was a timeout); with fewer
-    tokens left than the cost, the retry is refused ("retry budget exhausted") and the task
-    fails with its last error instead of adding load. A success on a first attempt returns
-    ``no_retry_refund`` tokens; a success on a retry returns what that retry took. The level
-    never exceeds ``capacity``. A failed retry returns nothing. First attempts are never
-    refused and cost nothing.
+    Each provider starts with ``capacity`` tokens. A retry costs what its cause costs
+    (:meth:`cost_of_retry_after`): ``throttling_retry_cost`` after a throttling error (a 429),
+    ``timeout_retry_cost`` after a timeout, ``retry_cost`` after any other retryable error.
+    With fewer tokens left than the cost, the retry is refused ("retry budget exhausted") and
+    the task fails with its last error instead of adding load. A success on a first attempt
+    returns ``no_retry_refund`` tokens; a success on a retry returns what that retry took.
+    The level never exceeds ``capacity``. A failed retry returns nothing. First attempts are
+    never refused and cost nothing.
 
-    Defaults are botocore's (``botocore/retries/quota.py``: ``RetryQuota.INITIAL_CAPACITY
-    = 500``; ``botocore/retries/standard.py``: ``RetryQuotaChecker._RETRY_COST = 5``,
-    ``_TIMEOUT_RETRY_REQUEST = 10``, ``_NO_RETRY_INCREMENT = 1``; "give back whatever quota
-    was associated with the last acquisition" on a 2xx after retries), i.e. the pre-2026
-    behaviour of the AWS SDKs' standard mode ("Retry behavior", AWS SDKs and Tools
-    Reference Guide). The 2026 revision of that guide raises the transient retry cost to 14:
-    pass ``retry_cost=14`` to model it.
+    The AWS rule sets, as named presets (both published, both tested against their numbers):
+
+    * :meth:`aws_standard` (also the constructor's defaults): the pre-2026 standard mode.
+      botocore ``botocore/retries/quota.py`` ``RetryQuota.INITIAL_CAPACITY = 500`` and
+      ``botocore/retries/standard.py`` ``RetryQuotaChecker._RETRY_COST = 5``,
+      ``_TIMEOUT_RETRY_REQUEST = 10``, ``_NO_RETRY_INCREMENT = 1``; "give back whatever quota
+      was associated with the last acquisition" on a 2xx after retries. A throttling retry
+      costs the ordinary 5. (The JS v3 SDK has the same constants: ``INITIAL_RETRY_TOKENS =
+      500``, ``RETRY_COST = 5``, ``TIMEOUT_RETRY_COST = 10``, ``NO_RETRY_INCREMENT = 1``.)
+    * :meth:`aws_2026`: the updated standard mode (opt-in with ``AWS_NEW_RETRIES_2026=true``,
+      announced as the default from November 2026; "Retry behavior", AWS SDKs and Tools
+      Reference Guide, and the "Announcing updated retry behavior for AWS SDKs and Tools"
+      post). A retry after a non-throttling error costs 14 tokens, timeouts included ("timeouts
+      are no longer treated differently from other transient errors"); a retry after a
+      throttling error costs 5 ("a discounted cost of 5 tokens"); capacity 500 and the success
+      increment of 1 are unchanged. Sources: aws/aws-sdk-go-v2 PR #3400, aws/aws-cli PR
+      #10342 ("a smaller quota cost (5) for throttling errors vs. the standard cost (14)"),
+      aws-sdk-kotlin ``STANDARD_RETRY_COST = 14``, ``STANDARD_THROTTLING_RETRY_COST = 5``,
+      smithy-python ``TokenBucketRetryStrategy(token_bucket_capacity=500,
+      success_increment=1, retry_cost=14, throttling_retry_cost=5)``. Raising ``retry_cost``
+      to 14 alone does *not* model it: throttling retries would cost 14 and timeouts 10.
+
+    The other 2026 changes (backoff bases of 50 ms / 1 s for throttling, 3 attempts,
+    ``x-amz-retry-after``) belong to the retry policy, not to this quota. Note the AWS rule
+    "when the retry quota cannot be acquired, return immediately with no delay": this gate
+    is asked in ``before_attempt``; whether that happens before or after the backoff sleep is
+    the scheduler's order.
 
     Bookkeeping. Charging happens in ``before_attempt`` of a retry (the decision to retry
     is the scheduler's, so only then is it known that a retry happens). With the attempt
@@ -77,6 +98,10 @@ class RetryTokenBucket(OverloadGate):
       provider (any task's), not necessarily this task's;
     * a retry's outcome settles the *mean* charge of the provider's retries in flight, so
       a successful retry refunds that mean. Charges and settlements still sum exactly.
+
+    Parameters ``throttling_retry_cost`` (default: ``retry_cost``, the pre-2026 rule) and
+    ``is_throttling_error`` (default: a :class:`~aiqsim.core.failures.RateLimitError`) select
+    the throttling discount; ``is_timeout_error`` selects timeouts.
     """
 
     asks_before_backoff: ClassVar[bool] = True
@@ -89,14 +114,40 @@ class RetryTokenBucket(OverloadGate):
         timeout_retry_cost: float = 10,
         no_retry_refund: float = 1,
         *,
+        throttling_retry_cost: float | None = None,
         is_timeout_error: ErrorPredicate = is_timeout,
+        is_throttling_error: ErrorPredicate = is_rate_limited,
     ) -> None:
         self.capacity = _check_positive("capacity", capacity)
         self.retry_cost = _check_positive("retry_cost", retry_cost, allow_zero=True)
         self.timeout_retry_cost = _check_positive("timeout_retry_cost", timeout_retry_cost, allow_zero=True)
+        self.throttling_retry_cost = (
+            self.retry_cost
+            if throttling_retry_cost is None
+            else _check_positive("throttling_retry_cost", throttling_retry_cost, allow_zero=True)
+        )
         self.no_retry_refund = _check_positive("no_retry_refund", no_retry_refund, allow_zero=True)
         self.is_timeout_error = is_timeout_error
+        self.is_throttling_error = is_throttling_error
         self._quotas: dict[str, _RetryQuota] = {}
+
+    @classmethod
+    def aws_standard(cls) -> RetryTokenBucket:
+        """The AWS SDKs' pre-2026 standard-mode retry quota (botocore): capacity 500, a retry
+        costs 5 (throttling included), a retry after a timeout 10, a first-attempt success
+        returns 1."""
+        return cls(
+            capacity=500, retry_cost=5, timeout_retry_cost=10, no_retry_refund=1, throttling_retry_cost=5
+        )
+
+    @classmethod
+    def aws_2026(cls) -> RetryTokenBucket:
+        """The AWS SDKs' 2026 standard-mode retry quota (``AWS_NEW_RETRIES_2026``): capacity
+        500, a retry after a throttling error costs 5, after any other transient error (a
+        timeout included) 14, a first-attempt success returns 1."""
+        return cls(
+            capacity=500, retry_cost=14, timeout_retry_cost=14, no_retry_refund=1, throttling_retry_cost=5
+        )
 
     def _quota(self, provider: str) -> _RetryQuota:
         quota = self._quotas.get(provider)
@@ -111,8 +162,13 @@ class RetryTokenBucket(OverloadGate):
         return self._quota(provider).level
 
     def cost_of_retry_after(self, error: BaseException) -> float:
-        """What a retry caused by ``error`` costs."""
-        return self.timeout_retry_cost if self.is_timeout_error(error) else self.retry_cost
+        """What a retry caused by ``error`` costs: the throttling cost for a throttling error,
+        else the timeout cost for a timeout, else the ordinary retry cost."""
+        if self.is_throttling_error(error):
+            return self.throttling_retry_cost
+        if self.is_timeout_error(error):
+            return self.timeout_retry_cost
+        return self.retry_cost
 
     def before_attempt(
         self,
