@@ -34,7 +34,10 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
     │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
     │   ├── TaskInterruptedError, AttemptRejectedError
-    │   └── HttpStatusError                an HTTP status with no better class
+    │   ├── HttpStatusError                an HTTP status with no better class
+│   └── HttpExchangeError (a ServerError)   the HTTP exchange itself broke: retryable
+│       ├── ResponseDecodingError          a body that cannot be decoded (broken gzip)
+│       └── ResponseMismatchError          an answer that echoes another request's key
     └── SweepError (RuntimeError)          sweep runs that failed, with the rows that worked
 
 One deliberate exception stands outside the tree: ``aiqsim.sim.crash.SimulatedCrash`` is a
@@ -64,6 +67,7 @@ from aiqsim.core.task import PriorityError
 from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.fleet.leases import LeaseLostError
 from aiqsim.http.loopback import ServerStartError
+from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
 from aiqsim.http.status import HttpStatusError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
@@ -91,6 +95,7 @@ __all__ = [
     "AttemptRejectedError",
     "ConfigurationError",
     "FingerprintError",
+    "HttpExchangeError",
     "HttpStatusError",
     "IllegalTransitionError",
     "InvalidRequestError",
@@ -105,6 +110,8 @@ __all__ = [
     "QuotaConfigError",
     "QuotaExhaustedError",
     "RateLimitError",
+    "ResponseDecodingError",
+    "ResponseMismatchError",
     "ScenarioError",
     "SchedulerArgumentError",
     "SchedulerClosedError",
