@@ -233,6 +233,8 @@ class JobSpec:
     name: str
     version: str
     stages: tuple[Stage, ...]
+    _digest: str = field(init=False, repr=False, compare=False, default="")
+    """SHA-256 of the stages' canonical identity, computed once: every job key includes it."""
 
     def __post_init__(self) -> None:
         _checked_name(self.name, "JobSpec name")
@@ -256,6 +258,7 @@ class JobSpec:
                         f"job {self.name!r}: stage {stage.name!r} comes after unknown stage {dep!r}"
                     )
         self.order()  # raises on a cycle
+        object.__setattr__(self, "_digest", fingerprint("job-stages", self.identity(), version=self.version))
 
     def stage(self, name: str) -> Stage:
         """The stage called ``name`` (``KeyError`` if none)."""
@@ -285,9 +288,7 @@ class JobSpec:
 
     def key(self, inputs: Any) -> str:
         """The job's idempotency key for ``inputs`` (a fingerprint; ``FingerprintError`` if not JSON-like)."""
-        return fingerprint(
-            f"job:{self.name}", inputs, params={"stages": self.identity()}, version=self.version
-        )
+        return fingerprint(f"job:{self.name}", inputs, params={"stages": self._digest}, version=self.version)
 
     def providers(self) -> set[str]:
         """Every provider a run of this job may call (fallbacks included)."""
@@ -676,12 +677,12 @@ class Jobs:
         """Hand a job that owns its key to the scheduler: every stage whose inputs are ready."""
         assert run.spec is not None
         run.done = {name for name in run.record.results if name in {s.name for s in run.spec.stages}}
-        if run.record.status is JobStatus.QUEUED:
-            self._move(run, JobStatus.RUNNING)
-        if len(run.done) == len(run.spec.stages):
-            self._finish(run, JobStatus.SUCCEEDED)  # every result was recorded before a crash
+        if len(run.done) == len(run.spec.stages):  # every result was recorded before a crash
+            if run.record.status is JobStatus.QUEUED:
+                self._move(run, JobStatus.RUNNING)
+            self._finish(run, JobStatus.SUCCEEDED)
             return
-        self._launch_ready(run)
+        self._launch_ready(run)  # the first stage's write also moves the job to running
 
     def _launch_ready(self, run: _JobRun) -> None:
         """Launch every stage not yet started whose ``after`` stages have all succeeded."""
@@ -724,7 +725,13 @@ class Jobs:
         ids = [f"{scheduler.rng.getrandbits(64):016x}" for _ in items]
         stage_tasks = {name: list(v) for name, v in run.record.stage_tasks.items()}
         stage_tasks[stage.name] = [*stage_tasks.get(stage.name, []), *ids]
-        self._write(run.record.evolve(stage_tasks=stage_tasks, updated_at=scheduler.runtime.now()), run)
+        now = scheduler.runtime.now()
+        old = run.record
+        if old.status is JobStatus.QUEUED:  # one write: queued -> running with its first stage's tasks
+            self._write(job_transition(old, JobStatus.RUNNING, now, stage_tasks=stage_tasks), run)
+            self._emit(old.status, run.record)
+        else:
+            self._write(old.evolve(stage_tasks=stage_tasks, updated_at=now), run)
         self._emit_stage(run, stage.name, "fallback" if fallback else "submitted", tuple(ids))
         phase.fallback = fallback
         phase.launching = True
