@@ -722,7 +722,7 @@ class Jobs:
         """
         scheduler = self.scheduler
         stage = phase.stage
-        ids = [f"{scheduler.rng.getrandbits(64):016x}" for _ in items]
+        ids = [self._new_task_id() for _ in items]
         stage_tasks = {name: list(v) for name, v in run.record.stage_tasks.items()}
         stage_tasks[stage.name] = [*stage_tasks.get(stage.name, []), *ids]
         now = scheduler.runtime.now()
@@ -764,6 +764,15 @@ class Jobs:
         phase.launching = False
         if not run.finished and not phase.pending:
             self._phase_done(run, phase)
+
+    def _new_task_id(self) -> str:
+        """A task id drawn from the scheduler's rng (as ``submit`` draws one) that the store does not
+        hold yet: a restarted process seeded like its predecessor draws the same ids again."""
+        scheduler = self.scheduler
+        while True:
+            task_id = f"{scheduler.rng.getrandbits(64):016x}"
+            if task_id not in self._stage_tasks and scheduler.store.get(task_id) is None:
+                return task_id
 
     def task_finished(self, record: TaskRecord) -> None:
         """Called by the scheduler each time a task ends: advance the job it is a stage of, if any."""
