@@ -122,3 +122,33 @@ def test_recovering_a_store_without_any_jobs_attaches_nothing() -> None:
 
     scheduler = runtime.run(main())
     assert scheduler.job_recovery is None and scheduler._jobs is None
+
+
+class TasksOnlyStore:
+    """A task store from before jobs (or a third-party one): the TaskStore methods, no job table."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str):
+        if "job" in name:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_a_store_without_a_job_table_still_recovers_tasks_and_refuses_jobs_clearly() -> None:
+    from aiqsim.core.errors import ConfigurationError
+    from aiqsim.sim.crash import CrashingStore
+
+    runtime = SimPyRuntime()
+    wrapped = CrashingStore(TasksOnlyStore(), counter=[0], crash_points=set(), on_crash=lambda: None)
+
+    async def main():
+        scheduler = Scheduler(runtime, [ScriptedProvider(runtime, name="a")], store=wrapped)
+        report = await scheduler.recover()  # the wrapper has job methods, the store it wraps has none
+        with pytest.raises(ConfigurationError, match="keeps no jobs"):
+            scheduler.submit_job(SPEC, {"x": 1})
+        return report, scheduler
+
+    report, scheduler = runtime.run(main())
+    assert report.queued_resumed == 0 and scheduler.job_recovery is None

@@ -81,6 +81,7 @@ __all__ = [
     "Jobs",
     "Stage",
     "jobs_of",
+    "keeps_jobs",
     "recover_jobs",
 ]
 
@@ -392,7 +393,7 @@ class Jobs:
         if getattr(scheduler, "_jobs", None) is not None:
             raise SchedulingError("this scheduler already has a Jobs orchestrator (scheduler.jobs)")
         store = scheduler.store
-        if not isinstance(store, JobStore):
+        if not keeps_jobs(store):
             raise ConfigurationError(
                 f"{type(store).__name__} keeps no jobs (it lacks the JobStore methods); use a store "
                 "from aiqsim.stores"
@@ -961,10 +962,16 @@ async def recover_jobs(
     jobs = getattr(scheduler, "_jobs", None)
     if jobs is None:
         store = scheduler.store
-        if not isinstance(store, JobStore) or not store.list_jobs(JobStatus.QUEUED, JobStatus.RUNNING):
+        if not keeps_jobs(store) or not store.list_jobs(JobStatus.QUEUED, JobStatus.RUNNING):  # type: ignore[attr-defined]
             return None
         jobs = Jobs(scheduler)
     return await jobs.recover(adopted)
+
+
+def keeps_jobs(store: object) -> bool:
+    """Whether ``store`` has a job table: it implements :class:`JobStore`, and so does the store it
+    wraps, if it is a wrapper with an ``inner`` store (e.g. :class:`~aiqsim.sim.crash.CrashingStore`)."""
+    return isinstance(store, JobStore) and isinstance(getattr(store, "inner", store), JobStore)
 
 
 def jobs_of(scheduler: Scheduler) -> Jobs:
