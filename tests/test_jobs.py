@@ -27,6 +27,7 @@ from aiqsim import (
     SimPyRuntime,
     Stage,
     TaskStatus,
+    derive_job_status,
 )
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
@@ -212,8 +213,12 @@ def test_a_build_that_raises_fails_the_job_with_its_error() -> None:
     spec = JobSpec("b", "1", [Stage("s", "llm", build=broken)])
 
     async def body(runtime):
-        handle = make_scheduler(runtime, providers(runtime, {"llm": 1.0})).submit_job(spec, {"x": 1})
-        return await handle.wait()
+        scheduler = make_scheduler(runtime, providers(runtime, {"llm": 1.0}))
+        handle = scheduler.submit_job(spec, {"x": 1})
+        assert handle.done()  # failed inside submit_job: nothing was sent
+        record = await handle.wait()
+        await scheduler.close()
+        return record
 
     record = run(body)
     assert (
@@ -367,6 +372,7 @@ def test_the_depth_limit_counts_a_job_once_however_many_stage_tasks_it_has_queue
         with pytest.raises(QueueFullError):
             scheduler.submit("llm", {"input": "plain2"}, priority=interactive)
         duplicate = scheduler.submit_job(spec, {"x": "j1"}, priority=interactive)  # waits: not refused
+        assert scheduler.jobs.depth(interactive) == 3  # ... and, waiting, holds no place
         records = [await h.wait() for h in (first, second, duplicate)]
         await blocker.wait()
         await plain.wait()
@@ -418,3 +424,37 @@ def test_job_transitions_and_stage_events_reach_the_event_sink() -> None:
     events = run(body)
     moves = [(e.time, e.old, e.new) for e in events if isinstance(e, JobTransition)]
     assert moves == [(0.0, None, "queued"), (0.0, "queued", "running"), (1.0, "running", "succeeded")]
+
+
+def test_stage_states_read_from_the_task_records_give_the_derived_job_state() -> None:
+    def many(inputs, results):
+        return [{"input": f"m{i}"} for i in range(3)]
+
+    spec = JobSpec(
+        "s",
+        "1",
+        [
+            Stage("one", "llm", build=many, fan_out=True),
+            Stage("two", "llm", after=("one",), build=named("two")),
+        ],
+    )
+
+    async def body(runtime):
+        provs = providers(runtime, {"llm": 1.0})
+        scheduler = make_scheduler(runtime, provs, quotas={"llm": QuotaLimits(concurrency=1)})
+        handle = scheduler.submit_job(spec, {"x": 1}, job_id="j")
+        await runtime.sleep(0.5)
+        early = scheduler.jobs.stage_states("j")
+        await runtime.sleep(3.0)  # the fan-out is done at 3.0, "two" runs 3.0-4.0
+        later = scheduler.jobs.stage_states("j")
+        await handle.wait()
+        return early, later, scheduler.jobs.stage_states("j"), scheduler.jobs.get("j")
+
+    early, later, end, record = run(body)
+    assert early == {"one": TaskStatus.RUNNING, "two": None}
+    assert later == {"one": TaskStatus.SUCCEEDED, "two": TaskStatus.RUNNING}
+    assert end == {"one": TaskStatus.SUCCEEDED, "two": TaskStatus.SUCCEEDED}
+    assert [derive_job_status(s) for s in (early, later, end)] == [TaskStatus.RUNNING] * 2 + [
+        TaskStatus.SUCCEEDED
+    ]
+    assert record.status is JobStatus.SUCCEEDED

@@ -547,9 +547,10 @@ class Jobs:
             if task is not None and task.queue_item is not None and task.record.priority is priority:
                 queued_stage_tasks += 1
                 waiting_jobs.add(job_id)
-        for run in self._runs.values():
-            if run.record.priority is priority and run.record.status is JobStatus.QUEUED:
-                waiting_jobs.add(run.record.id)
+        for run in self._runs.values():  # a duplicate waiting for its owner holds no place, as for tasks
+            record = run.record
+            if record.priority is priority and record.status is JobStatus.QUEUED and run.waiting_on is None:
+                waiting_jobs.add(record.id)
         return self.scheduler._queued[priority] - queued_stage_tasks + len(waiting_jobs)
 
     async def join(self) -> None:
