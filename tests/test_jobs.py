@@ -217,6 +217,7 @@ def test_a_build_that_raises_fails_the_job_with_its_error() -> None:
         handle = scheduler.submit_job(spec, {"x": 1})
         assert handle.done()  # failed inside submit_job: nothing was sent
         record = await handle.wait()
+        await runtime.sleep(0)  # let the dispatchers start, so that closing stops running coroutines
         await scheduler.close()
         return record
 
