@@ -459,3 +459,35 @@ def test_stage_states_read_from_the_task_records_give_the_derived_job_state() ->
         TaskStatus.SUCCEEDED
     ]
     assert record.status is JobStatus.SUCCEEDED
+
+
+def test_a_stage_retry_policy_replaces_the_schedulers_for_its_tasks_only() -> None:
+    def payload(name):
+        def build(inputs, results):
+            return {"input": name}
+
+        build.__qualname__ = f"payload.{name}"
+        return build
+
+    once = RetryPolicy(backoff=ExponentialBackoff(base_s=1.0, cap_s=8.0), max_attempts=1)
+    spec = JobSpec(
+        "retry",
+        "1",
+        [
+            Stage("patient", "llm", build=payload("p")),  # the scheduler's policy: 3 attempts
+            Stage("impatient", "llm", build=payload("i"), retry=once, fallback="backup"),
+        ],
+    )
+
+    async def body(runtime):
+        scripts = {"llm": {"p": ["500", "ok"], "i": ["500", "ok"]}}
+        provs = providers(runtime, {"llm": 1.0, "backup": 1.0}, scripts=scripts)
+        record = await make_scheduler(runtime, provs).submit_job(spec, {"x": 1}).wait()
+        return record, provs
+
+    record, provs = run(body)
+    assert record.status is JobStatus.SUCCEEDED
+    assert [name for _, name, _ in provs["llm"].calls].count("p") == 2  # retried after 1 s
+    assert [name for _, name, _ in provs["llm"].calls].count("i") == 1  # no retry: straight to the fallback
+    assert [name for _, name, _ in provs["backup"].calls] == ["i"]
+    assert record.finished_at == pytest.approx(3.0)  # p: 0-1, backoff 1 s, 2-3; i: 0-1, backup 1-2

@@ -44,8 +44,11 @@ first reconciles the tasks as always, then re-drives every unfinished job it ado
 results the job record holds are done; the others are submitted again, so finished ones dedup,
 in-flight ones (resumed by task recovery) are waited for, and only the rest run. A job whose spec
 (name, version) is not registered, or whose registered spec no longer matches the job's key,
-ends ``failed`` with that reason. Per-stage retry policies are not supported: the scheduler's
-retry policy applies to every stage (use a ``fallback`` for a stage that needs a way out).
+ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash is
+tried on its primary again (a poison input is remembered and not sent twice).
+
+Retries: a stage's ``retry`` policy replaces the scheduler's for its tasks (in this process; a
+stage task resumed from the store by ``recover()`` runs under the scheduler's policy).
 
 This module never imports asyncio, simpy or time: it runs on the runtime protocol like the
 scheduler itself.
@@ -65,6 +68,7 @@ from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
+from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.stores.base import LIVE_OWNER_STATUSES
 from aiqsim.stores.job_store import JobStore
 
@@ -149,6 +153,9 @@ class Stage:
             ``cost``, ``version``; its ``build``, if given, replaces the payload -- for a fan-out
             stage it must return a list as long as the primary's). ``after``/``fan_out`` of a
             fallback stage are ignored.
+        retry: this stage's retry policy (e.g. fewer attempts before the fallback); default: the
+            scheduler's. Held in this process only: a stage task that ``recover()`` resumes from
+            the store runs under the scheduler's policy.
     """
 
     name: str
@@ -160,6 +167,7 @@ class Stage:
     kind: str | None = None
     version: str = ""
     fallback: Stage | str | None = None
+    retry: RetryPolicy | None = None
 
     def __post_init__(self) -> None:
         _checked_name(self.name, "Stage name")
@@ -754,6 +762,7 @@ class Jobs:
                     version=target.version,
                     task_id=task_id,
                     job_stage=True,
+                    retry=target.retry,
                 )
                 run.task_ids.append(task_id)
         except Cancelled:
