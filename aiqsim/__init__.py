@@ -17,6 +17,7 @@ from aiqsim.core.backoff import (
     backoff_from_name,
     retry_delay,
 )
+from aiqsim.core.errors import AiqsimError, ConfigurationError, SchedulingError, StoreError
 from aiqsim.core.failures import (
     FailureClass,
     InvalidRequestError,
@@ -60,12 +61,27 @@ from aiqsim.stores import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """Fleet classes that need optional extras (redis, psycopg) are imported on first use."""
+    if name == "RedisQuota":
+        from aiqsim.fleet.redis_quota import RedisQuota
+
+        return RedisQuota
+    if name == "PostgresStore":
+        from aiqsim.stores.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module 'aiqsim' has no attribute {name!r}")
+
 __all__ = [
     "TRANSITIONS",
     "AgingShortestJobFirstPolicy",
+    "AiqsimError",
     "AsyncioRuntime",
     "BackoffStrategy",
     "Cancelled",
+    "ConfigurationError",
     "ConstantBackoff",
     "DecorrelatedJitter",
     "EqualJitter",
@@ -80,6 +96,7 @@ __all__ = [
     "MultiQuota",
     "NoBackoff",
     "PoisonInputError",
+    "PostgresStore",
     "Priority",
     "ProviderError",
     "ProviderRequest",
@@ -90,15 +107,18 @@ __all__ = [
     "QuotaExhaustedError",
     "QuotaLimits",
     "RateLimitError",
+    "RedisQuota",
     "Reservation",
     "RetryPolicy",
     "Scheduler",
+    "SchedulingError",
     "SchemaViolationError",
     "ServerError",
     "ShortestJobFirstPolicy",
     "SimPyRuntime",
     "SqliteStore",
     "StoreCorruptError",
+    "StoreError",
     "Submission",
     "TaskCancelledError",
     "TaskFailedError",
@@ -119,8 +139,8 @@ __all__ = [
 ]
 
 # Jobs: pipelines of calls (issue #15). Appended as one block so parallel edits above merge cleanly.
-from aiqsim.core.job import JobRecord, JobStatus, derive_job_status
-from aiqsim.scheduler.jobs import (
+from aiqsim.core.job import JobRecord, JobStatus, derive_job_status  # noqa: E402
+from aiqsim.scheduler.jobs import (  # noqa: E402
     JobCancelledError,
     JobFailedError,
     JobHandle,

@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let live clients correct buckets from x-ratelimit-*",
     )
+    _add_serve_parser(commands)
     return parser
 
 
@@ -339,6 +340,51 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "sweep": cmd_sweep, "compare": cmd_compare}
+
+
+def _add_serve_parser(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve one of a scenario's simulated providers as an OpenAI-compatible HTTP server",
+        description="Serve one simulated provider of SCENARIO over HTTP (OpenAI chat completions, /ledger, "
+        "/lookup/{key}) until Ctrl-C or SIGTERM. Prints the base URL and what the provider will do.",
+    )
+    serve.add_argument("scenario", help="scenario TOML file (see scenarios/)")
+    serve.add_argument("--provider", default=None, help="which provider (default: the scenario's only one)")
+    serve.add_argument("--port", type=int, default=0, help="port to listen on (default 0: any free port)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="wall seconds per scenario second (default 1; 0.1 runs the provider's clock 10x faster)",
+    )  # fmt: skip
+    serve.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
+    serve.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario key, e.g. --set providers.llm.supports_lookup=false (repeatable)",
+    )  # fmt: skip
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``aiqsim serve``: bad input (provider, port, time scale, seed) is refused before anything listens."""
+    from aiqsim.http.serve import check_serve_settings, serve
+    from aiqsim.sim.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
+    try:
+        settings = check_serve_settings(
+            scenario,
+            provider=args.provider,
+            seed=args.seed,
+            time_scale=args.time_scale,
+            port=args.port,
+            host=args.host,
+        )
+        return serve(scenario, settings, out=sys.stdout, err=sys.stderr)
+    except ConfigurationError as error:  # a bad setting, or an address that cannot be listened on
+        raise UsageError(str(error)) from None
+
+
+COMMANDS["serve"] = cmd_serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,3 +24,47 @@ settings.register_profile(
 )
 settings.register_profile("dev", parent=settings.get_profile("ci"), max_examples=300)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Real PostgreSQL and Redis servers (see tests/servers.py): a session fixture each.
+
+
+def _server(kind: str, env_var: str, start):  # type: ignore[no-untyped-def]
+    import contextlib
+
+    import pytest
+
+    from tests.servers import ServerUnavailable, in_ci
+
+    given = os.environ.get(env_var)
+    if given:
+        yield given
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            address = stack.enter_context(start())
+        except ServerUnavailable as error:
+            if in_ci():
+                pytest.fail(f"CI=true and no {kind} server: {error} (set {env_var} or install {kind})")
+            pytest.skip(f"no {kind} server here: {error} (set {env_var} to use one)")
+        yield address
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn():  # type: ignore[no-untyped-def]
+    """A DSN of a real PostgreSQL server (``AIQSIM_TEST_POSTGRES_DSN``, or a throwaway one)."""
+    from tests.servers import postgres_server
+
+    yield from _server("PostgreSQL", "AIQSIM_TEST_POSTGRES_DSN", postgres_server)
+
+
+@pytest.fixture(scope="session")
+def redis_url():  # type: ignore[no-untyped-def]
+    """A URL of a real Redis server (``AIQSIM_TEST_REDIS_URL``, or a throwaway one)."""
+    from tests.servers import redis_server
+
+    yield from _server("Redis", "AIQSIM_TEST_REDIS_URL", redis_server)

@@ -107,9 +107,17 @@ def say(message: object) -> None:
     print(message if isinstance(message, str) else json.dumps(message), flush=True)
 
 
+def open_race_store(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    if args.kind == "postgres":
+        from aiqsim.stores.postgres import PostgresStore
+
+        return PostgresStore(args.store, schema=args.schema)
+    return open_store(args.kind, args.store)
+
+
 async def race(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
-    store = open_store("sqlite", args.store)
+    store = open_race_store(args)
     provider = LedgerProvider(connect_ledger(args.ledger), rng, (0.005, 0.02))
     scheduler = Scheduler(
         AsyncioRuntime(),
@@ -127,8 +135,10 @@ async def race(args: argparse.Namespace) -> None:
     rng.shuffle(keys)
     handles = []
     for key in keys:
-        handles.append(scheduler.submit("llm", {"key": key}, key=key, task_id=f"{args.name}-{key}"))
-        await asyncio.sleep(rng.uniform(0.0, 0.004))
+        for copy in range(args.repeat):
+            task_id = f"{args.name}-{key}" + (f"-{copy}" if args.repeat > 1 else "")
+            handles.append(scheduler.submit("llm", {"key": key}, key=key, task_id=task_id))
+            await asyncio.sleep(rng.uniform(0.0, 0.004 / args.repeat))
     records = [await handle.wait() for handle in handles]
     await scheduler.close()
     store.close()
@@ -174,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     racer.add_argument("--keys", type=int, default=30)
     racer.add_argument("--seed", type=int, default=0)
     racer.add_argument("--go", required=True)
+    racer.add_argument("--kind", choices=["sqlite", "postgres"], default="sqlite")
+    racer.add_argument("--schema", default="aiqsim", help="PostgreSQL schema (with --kind postgres)")
+    racer.add_argument("--repeat", type=int, default=1, help="identical submissions of each key")
     worker = modes.add_parser("recover")
     worker.add_argument("--kind", choices=["sqlite", "json"], required=True)
     worker.add_argument("--store", required=True)

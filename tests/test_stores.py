@@ -35,16 +35,22 @@ from aiqsim.stores import (
 )
 from aiqsim.stores.sqlite import SCHEMA_VERSION
 
-KINDS = ["memory", "json", "sqlite"]
-FILE_KINDS = ["json", "sqlite"]
+KINDS = ["memory", "json", "sqlite", "postgres"]
+FILE_KINDS = ["json", "sqlite", "postgres"]
+"""Stores that keep records outside the process (a PostgreSQL schema counts as a file here)."""
 
 
 class Opener:
-    """Opens (and reopens) one store of a kind; memory 'reopens' to the same object."""
+    """Opens (and reopens) one store of a kind; memory 'reopens' to the same object.
 
-    def __init__(self, kind: str, directory: Path) -> None:
+    A PostgreSQL store gets a schema of its own on the session's server, dropped afterwards.
+    """
+
+    def __init__(self, kind: str, directory: Path, dsn: str | None = None) -> None:
         self.kind = kind
-        self.path = None if kind == "memory" else directory / f"tasks.{kind}"
+        self.path = None if kind in ("memory", "postgres") else directory / f"tasks.{kind}"
+        self.dsn = dsn
+        self.schema = f"t_{random.Random(str(directory)).getrandbits(48):012x}"
         self._memory: MemoryStore | None = None
         self.opened: list[TaskStore] = []
 
@@ -52,9 +58,24 @@ class Opener:
         if self.kind == "memory":
             self._memory = self._memory or MemoryStore()
             return self._memory
-        store = open_store(self.kind, self.path)
+        if self.kind == "postgres":
+            from aiqsim.stores.postgres import PostgresStore
+
+            assert self.dsn is not None
+            store: TaskStore = PostgresStore(self.dsn, schema=self.schema)
+        else:
+            store = open_store(self.kind, self.path)
         self.opened.append(store)
         return store
+
+    def cleanup(self) -> None:
+        for store in self.opened:
+            store.close()
+        if self.kind == "postgres":
+            from aiqsim.stores.postgres import PostgresStore
+
+            with PostgresStore(self.dsn, schema=self.schema) as store:
+                store.drop()
 
     def reopen(self, store: TaskStore) -> TaskStore:
         if self.kind == "memory":
@@ -63,20 +84,23 @@ class Opener:
         return self.open()
 
 
+def _opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    dsn = request.getfixturevalue("postgres_dsn") if request.param == "postgres" else None
+    return Opener(request.param, tmp_path, dsn)
+
+
 @pytest.fixture(params=KINDS)
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    opener = Opener(request.param, tmp_path)
+    opener = _opener(request, tmp_path)
     yield opener
-    for store in opener.opened:
-        store.close()
+    opener.cleanup()
 
 
 @pytest.fixture(params=FILE_KINDS)
 def file_opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    opener = Opener(request.param, tmp_path)
+    opener = _opener(request, tmp_path)
     yield opener
-    for store in opener.opened:
-        store.close()
+    opener.cleanup()
 
 
 def task(task_id: str, key: str = "", **fields: object) -> TaskRecord:
@@ -282,6 +306,8 @@ def test_closed_store_refuses_use(file_opener: Opener) -> None:
 
 
 def test_state_files_are_private(file_opener: Opener) -> None:
+    if file_opener.kind == "postgres":
+        pytest.skip("a PostgreSQL store has no files of its own; access is the server's roles")
     store = file_opener.open()
     store.insert_and_claim(task("a"))
     assert file_opener.path is not None
@@ -511,15 +537,13 @@ class Echo:
         return None
 
 
-@pytest.mark.parametrize("kind", FILE_KINDS)
-def test_scheduler_crash_and_recover_on_a_file_store(kind: str, tmp_path: Path) -> None:
+def test_scheduler_crash_and_recover_on_a_file_store(file_opener: Opener) -> None:
     """Crash a scheduler mid-run, reopen the file, recover: every task ends, duplicates dedupe."""
-    path = tmp_path / f"tasks.{kind}"
     inputs = [0, 1, 2, 0, 3, 1]
 
     def first_life() -> None:
         runtime = SimPyRuntime()
-        store = open_store(kind, path)
+        store = file_opener.open()
 
         async def main() -> None:
             scheduler = Scheduler(
@@ -539,7 +563,7 @@ def test_scheduler_crash_and_recover_on_a_file_store(kind: str, tmp_path: Path) 
 
     def second_life() -> tuple[object, list[TaskRecord], list[str]]:
         runtime = SimPyRuntime()
-        store = open_store(kind, path)
+        store = file_opener.open()
         provider = Echo(runtime)
 
         async def main() -> object:

@@ -22,6 +22,7 @@ from aiqsim.http.headers import (
     retry_after_from_headers,
 )
 from aiqsim.http.httpx_provider import HttpProvider
+from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.openai_errors import map_openai_error, openai_error_mapper
 from aiqsim.http.status import HttpStatusError, error_for_status, is_quota_exhausted
 
@@ -48,6 +49,7 @@ __all__ = [
     "Ledger",
     "LocalProviderServer",
     "RateLimitSnapshot",
+    "ServerStartError",
     "apply_ratelimit_snapshot",
     "error_for_status",
     "format_duration",

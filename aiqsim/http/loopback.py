@@ -18,13 +18,15 @@ Why asyncio streams in a thread of its own (and not ``http.server.ThreadingHTTPS
 Keep-alive is supported (HTTP/1.1 default, ``Connection: close`` honoured); request
 bodies need ``Content-Length`` (chunked uploads get 411). The server never closes an idle
 keep-alive connection by itself, which avoids the classic race of a client reusing a
-connection the server is closing. Bound to loopback only: this is a test and demo tool.
+connection the server is closing. Bound to loopback (127.0.0.1) unless another ``host`` is given:
+this is a test and demo tool, with no authentication.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import threading
 import time
@@ -33,6 +35,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from aiqsim.core.errors import ConfigurationError
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -84,6 +88,36 @@ class DropConnection:
 Handler = Callable[[HttpRequest], Awaitable[HttpReply | DropConnection]]
 
 
+class ServerStartError(ConfigurationError, RuntimeError):
+    """The server could not listen on the requested address (port in use, host not local...).
+
+    A :class:`~aiqsim.core.errors.ConfigurationError` (the address asked for cannot be used) and,
+    as :meth:`LoopbackHttpServer.start` always raised, a ``RuntimeError``. Nothing was started.
+    """
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {_authority(host, port)}: {reason}")
+        self.host = host
+        self.port = port
+        self.reason = reason
+
+
+def _authority(host: str, port: int) -> str:
+    """``host:port`` as it goes in a URL (IPv6 literals in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listen_failure(error: OSError) -> str:
+    """A short reason for a failed bind, in the words a user searches for."""
+    if error.errno == errno.EADDRINUSE:
+        return "the port is already in use (pick another with --port, or 0 for any free port)"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return "the address is not one of this machine's"
+    if error.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges)"
+    return error.strerror or str(error)
+
+
 class _BadRequest(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -91,7 +125,7 @@ class _BadRequest(Exception):
 
 
 class LoopbackHttpServer:
-    """Serve ``handler`` on ``127.0.0.1`` (ephemeral port by default) until :meth:`stop`.
+    """Serve ``handler`` on ``host`` (``127.0.0.1``; ephemeral port by default) until :meth:`stop`.
 
     The handler is a coroutine function run on the server's own loop; it returns an
     :class:`HttpReply` or a :class:`DropConnection`. ``on_start`` runs once on that loop,
@@ -106,8 +140,12 @@ class LoopbackHttpServer:
         port: int = 0,
         name: str = "aiqsim-loopback",
         on_start: Callable[[], None] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigurationError(f"port must be an integer from 0 (any free port) to 65535, got {port!r}")
         self._handler = handler
+        self.host = host
         self._on_start = on_start
         self._requested_port = port
         self._name = name
@@ -124,10 +162,10 @@ class LoopbackHttpServer:
     # ------------------------------------------------------------------ lifecycle
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>`` (after :meth:`start`)."""
+        """``http://<host>:<port>``, e.g. ``http://127.0.0.1:54321`` (after :meth:`start`)."""
         if self.port is None:
             raise RuntimeError("server not started")
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{_authority(self.host, self.port)}"
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -137,7 +175,10 @@ class LoopbackHttpServer:
         return self._loop
 
     def start(self, timeout: float = 10.0) -> LoopbackHttpServer:
-        """Start the thread and return once the socket listens."""
+        """Start the thread and return once the socket listens.
+
+        Raises :class:`ServerStartError` when the address cannot be listened on (the thread is gone).
+        """
         if self._thread is not None:
             raise RuntimeError("server already started")
         self._thread = threading.Thread(target=self._thread_main, name=self._name, daemon=True)
@@ -145,7 +186,12 @@ class LoopbackHttpServer:
         if not self._ready.wait(timeout):
             raise RuntimeError(f"{self._name} did not start within {timeout} s")
         if self._startup_error is not None:
-            raise RuntimeError(f"{self._name} failed to start") from self._startup_error
+            self._thread.join(timeout)
+            self._thread = None
+            error = self._startup_error
+            if isinstance(error, OSError):
+                raise ServerStartError(self.host, self._requested_port, _listen_failure(error)) from error
+            raise RuntimeError(f"{self._name} failed to start") from error
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -179,7 +225,7 @@ class LoopbackHttpServer:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         server = await asyncio.start_server(
-            self._on_connection, host="127.0.0.1", port=self._requested_port, limit=MAX_HEADER_BYTES
+            self._on_connection, host=self.host, port=self._requested_port, limit=MAX_HEADER_BYTES
         )
         self.port = server.sockets[0].getsockname()[1]
         if self._on_start is not None:

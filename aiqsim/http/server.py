@@ -25,10 +25,11 @@ Routes:
   (``lost_mode="close"``). Every answer carries ``x-ratelimit-{limit,remaining,reset}-
   {requests,tokens}`` headers read from the provider's windows. ``Idempotency-Key`` is
   the simulator's idempotency key (honoured when ``honours_idempotency``).
-- ``GET /ledger``: every HTTP request, every execution and every bill, as JSON (also
-  :meth:`LocalProviderServer.ledger`).
-- ``GET /lookup/{key}``: the stored result for an idempotency key (404 if none, or when
-  ``supports_lookup`` is off), for crash recovery.
+- ``GET /ledger``: every answered HTTP request, every execution and every bill, as JSON (also
+  :meth:`LocalProviderServer.ledger`), and ``in_flight``: chat requests received and not
+  answered yet (a client that watches for a call to be under way, e.g. to kill itself mid-call).
+- ``GET /lookup/{key}`` (also ``/v1/lookup/{key}``): the stored result for an idempotency key
+  (404 if none, or when ``supports_lookup`` is off), for crash recovery.
 
 Time: scenario seconds map to wall seconds by ``time_scale`` (wall = scenario x scale),
 as for :class:`~aiqsim.runtime.AsyncioRuntime`. On the wire everything is wall time, as a
@@ -82,6 +83,9 @@ from aiqsim.sim.providers import Execution, ProviderLedger, SimulatedProvider
 
 LostMode = Literal["hold", "close"]
 CHAT_PATH = "/v1/chat/completions"
+LOOKUP_PREFIXES = ("/lookup/", "/v1/lookup/")
+"""Where ``GET .../lookup/{key}`` is served: also under ``/v1``, so a client whose base URL is the
+OpenAI-style ``http://host:port/v1`` finds it with ``lookup_path="/lookup/{key}"``."""
 CLIENT_HEADER = "x-client-id"
 TASK_ID_HEADER = "x-aiqsim-task-id"
 ATTEMPT_HEADER = "x-aiqsim-attempt"
@@ -258,6 +262,8 @@ class LocalProviderServer:
         hold_s: float | None = None,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         model: str = "aiqsim-local",
+        port: int = 0,
+        host: str = "127.0.0.1",
     ) -> None:
         if lost_mode not in ("hold", "close"):
             raise ValueError(f"lost_mode must be 'hold' or 'close', got {lost_mode!r}")
@@ -275,9 +281,11 @@ class LocalProviderServer:
         self._requests: list[RequestEntry] = []
         self._arrivals = 0
         """Chat requests received so far: names a request that brings no task id or key of its own."""
+        self._in_flight = 0
+        """Chat requests being worked on and not answered yet (owned by the server loop)."""
         self._origin: float | None = None
         self._http = LoopbackHttpServer(
-            self._handle, name=f"aiqsim-provider-{config.name}", on_start=self._on_start
+            self._handle, name=f"aiqsim-provider-{config.name}", on_start=self._on_start, port=port, host=host
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -323,11 +331,16 @@ class LocalProviderServer:
     # ------------------------------------------------------------------ routing
     async def _handle(self, request: HttpRequest) -> HttpReply | DropConnection:
         if request.method == "POST" and request.path == CHAT_PATH:
-            return await self._chat(request)
+            self._in_flight += 1
+            try:
+                return await self._chat(request)
+            finally:
+                self._in_flight -= 1
         if request.method == "GET" and request.path == "/ledger":
-            return HttpReply.json(200, self.ledger().to_dict())
-        if request.method == "GET" and request.path.startswith("/lookup/"):
-            return await self._lookup(request.path[len("/lookup/") :])
+            return HttpReply.json(200, {**self.ledger().to_dict(), "in_flight": self._in_flight})
+        for prefix in LOOKUP_PREFIXES:
+            if request.method == "GET" and request.path.startswith(prefix):
+                return await self._lookup(request.path[len(prefix) :])
         return HttpReply.json(404, error_json(f"no route {request.method} {request.path}", "not_found"))
 
     async def _lookup(self, key: str) -> HttpReply:
@@ -477,12 +490,16 @@ def start_local_server(
     lost_mode: LostMode = "hold",
     hold_s: float | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    port: int = 0,
+    host: str = "127.0.0.1",
 ) -> LocalProviderServer:
     """Start a :class:`LocalProviderServer` for ``config``; use it as a context manager.
 
     ``time_scale``: wall seconds per scenario second. ``seed``: the simulated provider's
     random generator. ``lost_mode``/``hold_s``: how a lost response is lost (see the module
-    docstring; ``hold_s`` in wall seconds, ``None`` = until the client closes).
+    docstring; ``hold_s`` in wall seconds, ``None`` = until the client closes). ``port``
+    (0: any free port) and ``host`` (loopback by default): where to listen; an address that
+    cannot be used raises :class:`~aiqsim.http.loopback.ServerStartError`.
     """
     return LocalProviderServer(
         config,
@@ -491,4 +508,6 @@ def start_local_server(
         lost_mode=lost_mode,
         hold_s=hold_s,
         default_max_tokens=default_max_tokens,
+        port=port,
+        host=host,
     ).start()

@@ -195,6 +195,26 @@ class _Lane:
     """The dispatcher waits for a concurrency slot: only a release can unblock it, not new work."""
 
 
+def _lane_quota(given: QuotaLimits | Any, now: float) -> Any:
+    """A lane's quota: a local :class:`MultiQuota` built from :class:`QuotaLimits` (unlimited when
+    absent), or a quota object given as is — e.g. :class:`aiqsim.fleet.RedisQuota`, shared by a
+    fleet — with the same reserve/release/reconcile interface."""
+    if given is None:
+        return MultiQuota(QuotaLimits(), now=now)
+    if isinstance(given, QuotaLimits):
+        return MultiQuota(given, now=now)
+    missing = [name for name in _QUOTA_METHODS if not callable(getattr(given, name, None))]
+    if missing:
+        raise QuotaConfigError(
+            f"a quota must be QuotaLimits or an object with {', '.join(_QUOTA_METHODS)}; "
+            f"{type(given).__name__} lacks {', '.join(missing)}"
+        )
+    return given
+
+
+_QUOTA_METHODS = ("check_cost", "try_reserve", "time_until", "release", "cancel", "reconcile", "pause_until")
+
+
 def _checked_worker_id(value: str | None, what: str) -> str | None:
     """A worker id is a non-empty string; ``None`` means "no worker id" (tasks of a single user)."""
     if value is not None and (not isinstance(value, str) or not value):
@@ -209,7 +229,8 @@ class Scheduler:
         runtime: where the coroutines run (asyncio for production, SimPy for simulation).
         providers: provider adapters by name; a task goes to ``provider=`` or, by default,
             the provider named like its ``kind``.
-        quotas: client-side limits per provider name (unlimited when absent).
+        quotas: client-side limits per provider name (unlimited when absent): ``QuotaLimits``, or a
+            quota object shared with other workers (:class:`aiqsim.fleet.RedisQuota`).
         store: task store; an in-memory one by default.
         dispatch: dispatch policy for every lane (FIFO by default).
         retry: retry policy (full jitter, 5 attempts, 60 s attempt timeout by default).
@@ -269,7 +290,7 @@ class Scheduler:
             name: _Lane(
                 name=name,
                 provider=provider,
-                quota=MultiQuota(quotas.get(name, QuotaLimits()), now=now),
+                quota=_lane_quota(quotas.get(name), now),
                 queues={p: self.dispatch.new_queue() for p in Priority},
                 signal=Signal(runtime),
             )

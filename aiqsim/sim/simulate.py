@@ -236,7 +236,9 @@ def run_scenario(
     scenario: Scenario, seed: int, *, workdir: str | Path | None = None, **backend: Any
 ) -> SimulationResult:
     """Run the harness for ``scenario`` at ``seed``; ``backend`` (runtime, providers, executions,
-    on_new_scheduler) replaces the simulated defaults, e.g. for a live run over HTTP."""
+    on_new_scheduler, store_factory) replaces the simulated defaults, e.g. for a live run over HTTP
+    or a store the scenario format does not describe (a PostgreSQL schema: ``store_factory`` opens
+    it again at every restart, as a restarted process would)."""
     own_dir = workdir is None and scenario.store.kind != "memory" and scenario.store.path is None
     directory = Path(tempfile.mkdtemp(prefix="aiqsim-")) if own_dir else Path(workdir or ".")
     try:
@@ -279,6 +281,7 @@ class _Run:
         providers: Sequence[Any] | None = None,
         executions: Callable[[], list[Any]] | None = None,
         on_new_scheduler: Callable[[Scheduler], None] | None = None,
+        store_factory: Callable[[], TaskStore] | None = None,
     ) -> None:
         from aiqsim.sim.providers import ProviderLedger, SimulatedProvider
 
@@ -287,6 +290,9 @@ class _Run:
         self.directory = directory
         self.runtime = runtime if runtime is not None else SimPyRuntime()
         self.on_new_scheduler = on_new_scheduler
+        self.store_factory = store_factory
+        self.durable = scenario.store.kind != "memory" or store_factory is not None
+        """Whether the store lives outside the process (closed at a crash, reopened at a restart)."""
         if providers is None:
             ledger = ProviderLedger()
             self.providers = [
@@ -324,6 +330,8 @@ class _Run:
         return self.directory / ("tasks.json" if cfg.kind == "json" else "tasks.sqlite3")
 
     def _open_store(self) -> TaskStore:
+        if self.store_factory is not None:
+            return self.store_factory()
         kind = self.scenario.store.kind
         existing = getattr(self, "raw_store", None)
         if kind == "memory":
@@ -388,7 +396,7 @@ class _Run:
         self._crash(restart_after_s, torn_write)
 
     async def _restart_later(self, delay: float, torn_write: bool) -> None:
-        if self.scenario.store.kind != "memory":
+        if self.durable:
             self.raw_store.close()
             if torn_write and self.scenario.store.kind == "json":
                 from aiqsim.stores.json_file import JsonFileStore
@@ -491,7 +499,7 @@ class _Run:
         except Cancelled:
             pass  # the main task was cut at the horizon: whatever is not terminal is reported lost
         sim_time = self.runtime.now()
-        if self.down and self.scenario.store.kind != "memory":
+        if self.down and self.durable:
             self.raw_store = self._open_store()  # the run ended while the process was down
         records = self.raw_store.list_by_status()
         errors = [
@@ -499,7 +507,7 @@ class _Run:
             for name, err in getattr(self.runtime, "task_errors", ())
             if not isinstance(err, SimulatedCrash)
         ]
-        if self.scenario.store.kind != "memory":
+        if self.durable:
             self.raw_store.close()
         return SimulationResult(
             scenario=self.scenario,

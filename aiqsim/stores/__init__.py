@@ -3,6 +3,8 @@
 - :class:`MemoryStore`: in-process dict; fastest, survives only simulated crashes.
 - :class:`SqliteStore`: the default durable store; one SQLite file shared safely by processes.
 - :class:`JsonFileStore`: a human-readable JSON snapshot plus journal; single process only.
+- :class:`PostgresStore`: PostgreSQL, for workers on several hosts (the ``postgres`` extra; imported
+  on first use, so ``aiqsim.stores`` works without psycopg).
 """
 
 from __future__ import annotations
@@ -37,10 +39,19 @@ def open_store(kind: str, path: str | os.PathLike[str] | None = None) -> TaskSto
     return JsonFileStore(path) if kind == "json" else SqliteStore(path)
 
 
+def __getattr__(name: str) -> object:
+    if name == "PostgresStore":  # psycopg is an optional extra: import it only when asked for
+        from aiqsim.stores.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "STORE_KINDS",
     "JsonFileStore",
     "MemoryStore",
+    "PostgresStore",
     "SqliteStore",
     "StoreClosedError",
     "StoreCorruptError",

@@ -1,0 +1,116 @@
+"""Every exception aiqsim raises, from one place.
+
+Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family::
+
+    AiqsimError
+    ├── ConfigurationError (ValueError)    a setting, argument or file that cannot be used
+    │   ├── ScenarioError                  a scenario file or override (file, key path, expectation)
+    │   │                                  (TraceError, WorkloadTooLargeError are raised inside a run)
+    │   ├── TraceError, WorkloadTooLargeError
+    │   ├── QuotaConfigError               a quota that could never grant a request
+    │   ├── FingerprintError (TypeError)   a payload that has no canonical form
+    │   ├── JobSpecError                   a job spec that cannot run (cycle, unknown stage or provider)
+│   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
+    │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
+    ├── StoreError                         a task store could not be opened, read or written
+    │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
+    │   ├── StoreLockedError (RuntimeError)    another process holds a single-process store
+    │   ├── StoreClosedError (RuntimeError)    used after close()
+    │   └── StoreWriteError (OSError)          a change that was not persisted
+    ├── SchedulingError                    the scheduler refused work or a task gave no result
+    │   ├── QueueFullError (RuntimeError)      a queue at its depth limit; nothing was enqueued
+    │   ├── SchedulerClosedError (RuntimeError)
+    │   ├── TaskFailedError, TaskCancelledError   raised by ``await submission``
+    │   ├── IllegalTransitionError         a status change the transition table forbids
+    │   ├── IllegalJobTransitionError      the same, for a job
+    │   ├── JobFailedError, JobCancelledError   raised by ``await job_handle`` (stage and reason)
+│   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
+    │   └── InvalidStateError, SimulationDeadlock (RuntimeError)   the SimPy runtime
+    ├── ProviderError                      a provider call failed (classified by classify_failure)
+    │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
+    │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
+    │   ├── TaskInterruptedError, AttemptRejectedError
+    │   └── HttpStatusError                an HTTP status with no better class
+    └── SweepError (RuntimeError)          sweep runs that failed, with the rows that worked
+
+One deliberate exception stands outside the tree: ``aiqsim.sim.crash.SimulatedCrash`` is a
+``BaseException`` so that no ``except Exception`` in scheduler code can mistake a simulated
+process death for a failure and carry on. ``tests/test_errors.py`` walks every module and
+checks each public exception class descends from :class:`AiqsimError`.
+"""
+
+from __future__ import annotations
+
+from aiqsim.core.errors import AiqsimError, ConfigurationError, SchedulingError, StoreError
+from aiqsim.core.failures import (
+    AttemptRejectedError,
+    InvalidRequestError,
+    PoisonInputError,
+    ProviderError,
+    ProviderTimeoutError,
+    QuotaExhaustedError,
+    RateLimitError,
+    SchemaViolationError,
+    ServerError,
+    TaskInterruptedError,
+)
+from aiqsim.core.fingerprint import FingerprintError
+from aiqsim.core.job import IllegalJobTransitionError
+from aiqsim.core.states import IllegalTransitionError
+from aiqsim.core.token_bucket import QuotaConfigError
+from aiqsim.fleet.leases import LeaseLostError
+from aiqsim.http.loopback import ServerStartError
+from aiqsim.http.status import HttpStatusError
+from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
+from aiqsim.scheduler.jobs import JobCancelledError, JobFailedError, JobSpecError
+from aiqsim.scheduler.scheduler import (
+    QueueFullError,
+    SchedulerClosedError,
+    TaskCancelledError,
+    TaskFailedError,
+)
+from aiqsim.sim.scenario import ScenarioError
+from aiqsim.sim.sweep import SweepError
+from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
+from aiqsim.stores.base import StoreClosedError, StoreCorruptError, StoreLockedError, StoreWriteError
+
+__all__ = [
+    "AiqsimError",
+    "AttemptRejectedError",
+    "ConfigurationError",
+    "FingerprintError",
+    "HttpStatusError",
+    "IllegalJobTransitionError",
+    "IllegalTransitionError",
+    "InvalidRequestError",
+    "InvalidStateError",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobSpecError",
+    "LeaseLostError",
+    "PoisonInputError",
+    "ProviderError",
+    "ProviderTimeoutError",
+    "QueueFullError",
+    "QuotaConfigError",
+    "QuotaExhaustedError",
+    "RateLimitError",
+    "ScenarioError",
+    "SchedulerClosedError",
+    "SchedulingError",
+    "SchemaViolationError",
+    "ServerError",
+    "ServerStartError",
+    "SimulationDeadlock",
+    "StoreClosedError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreLockedError",
+    "StoreWriteError",
+    "SweepError",
+    "TaskCancelledError",
+    "TaskFailedError",
+    "TaskInterruptedError",
+    "TraceError",
+    "WorkloadTooLargeError",
+]

@@ -1,0 +1,143 @@
+"""Leases: a dead worker's tasks are adopted by a live one, automatically and exactly once.
+
+A worker of a fleet runs a :class:`LeaseKeeper` beside its scheduler. The keeper renews the
+worker's lease in the store every ``renew_every_s`` (the lease lasts ``ttl_s`` on the store's
+clock, which every host shares) and looks for workers whose lease has expired. An expired
+lease is adopted by exactly one live worker (an atomic update in the store), which then
+recovers the dead worker's tasks with :meth:`Scheduler.recover(workers=[dead])
+<aiqsim.scheduler.Scheduler.recover>`: running orphans are reconciled through the provider's
+lookup (no second call, no second bill), queued tasks run here. It is the explicit
+``recover(workers=[...])`` takeover, done for you when a heartbeat stops.
+
+The rule that makes this safe is fencing by the lease: a worker that finds its own lease
+adopted (it stalled longer than ``ttl_s`` — a long GC pause, a network partition — and was
+presumed dead) stops at once (``scheduler.crash()``) and raises :class:`LeaseLostError`, so
+two workers never run the same task. Choose ``ttl_s`` well above the longest stall you expect
+(several renew periods); a shorter one adopts sooner after a real crash.
+
+The store must support leases (:class:`aiqsim.stores.PostgresStore` does). The keeper runs on
+the scheduler's runtime (no clock of its own).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiqsim.core.errors import ConfigurationError, SchedulingError
+from aiqsim.runtime.protocol import Cancelled, TaskHandle
+
+if TYPE_CHECKING:
+    from aiqsim.scheduler.scheduler import RecoveryReport, Scheduler
+
+DEFAULT_TTL_S = 15.0
+
+
+class LeaseLostError(SchedulingError):
+    """This worker's lease was adopted by another worker: it stopped so no task runs twice."""
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """One dead worker's tasks taken over by this worker, with what recovery found."""
+
+    worker: str
+    report: RecoveryReport
+
+
+_LEASE_METHODS = ("renew_lease", "release_lease", "adopt_expired", "finish_adoption")
+
+
+class LeaseKeeper:
+    """Renews this worker's lease and adopts the tasks of workers whose lease expired.
+
+    Parameters:
+        scheduler: a scheduler with a ``worker_id`` and a store that supports leases.
+        ttl_s: how long a lease lasts without renewal (store clock, seconds).
+        renew_every_s: how often to renew and look for expired leases (default ``ttl_s / 3``).
+        requeue_interrupted: passed to ``recover`` for orphans the provider cannot account for.
+
+    Use ``keeper.start()`` after ``scheduler.recover()`` and ``await keeper.stop()`` on a clean
+    shutdown (which releases the lease, so nobody adopts a worker that left on purpose).
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        renew_every_s: float | None = None,
+        requeue_interrupted: bool = False,
+    ) -> None:
+        if scheduler.worker_id is None:
+            raise ConfigurationError("a LeaseKeeper needs a scheduler with a worker_id")
+        store = scheduler.store
+        missing = [name for name in _LEASE_METHODS if not callable(getattr(store, name, None))]
+        if missing:
+            raise ConfigurationError(
+                f"{type(store).__name__} does not support leases (lacks {', '.join(missing)}); "
+                "use PostgresStore"
+            )
+        if not (isinstance(ttl_s, int | float) and ttl_s > 0 and math.isfinite(ttl_s)):
+            raise ConfigurationError(f"ttl_s must be a positive number of seconds, got {ttl_s!r}")
+        renew = ttl_s / 3 if renew_every_s is None else renew_every_s
+        if not (isinstance(renew, int | float) and 0 < renew < ttl_s):
+            raise ConfigurationError(f"renew_every_s must be > 0 and < ttl_s ({ttl_s}), got {renew!r}")
+        self.scheduler = scheduler
+        self.store: Any = store
+        self.worker = scheduler.worker_id
+        self.ttl_s = float(ttl_s)
+        self.renew_every_s = float(renew)
+        self.requeue_interrupted = requeue_interrupted
+        self.adoptions: list[Adoption] = []
+        """Every takeover this keeper made, in order."""
+        self._handle: TaskHandle[None] | None = None
+
+    def beat(self) -> None:
+        """Renew the lease now; if it was adopted, stop the scheduler and raise :class:`LeaseLostError`."""
+        if not self.store.renew_lease(self.worker, self.ttl_s):
+            self.scheduler.crash()
+            raise LeaseLostError(
+                f"worker {self.worker!r}: its lease was adopted by another worker (it was presumed dead); "
+                "this scheduler stopped so that no task runs twice — restart it under a new worker id"
+            )
+
+    async def adopt(self) -> list[Adoption]:
+        """Take over every worker whose lease expired, recovering its tasks here."""
+        taken = []
+        for dead in self.store.adopt_expired(self.worker):
+            report = await self.scheduler.recover(
+                workers=[dead], requeue_interrupted=self.requeue_interrupted, unknown_providers="leave"
+            )
+            self.store.finish_adoption(dead, self.worker)
+            adoption = Adoption(dead, report)
+            self.adoptions.append(adoption)
+            taken.append(adoption)
+        return taken
+
+    async def run(self) -> None:
+        """Beat and adopt every ``renew_every_s`` until cancelled (or the lease is lost)."""
+        runtime = self.scheduler.runtime
+        scale = float(getattr(runtime, "time_scale", 1.0))  # the store's clock runs in wall seconds
+        while True:
+            self.beat()
+            await self.adopt()
+            await runtime.sleep(self.renew_every_s / scale)
+
+    def start(self) -> TaskHandle[None]:
+        """Start :meth:`run` on the scheduler's runtime (after ``recover()``); the first beat is now."""
+        self.beat()
+        self._handle = self.scheduler.runtime.spawn(self.run(), name=f"lease-{self.worker}")
+        return self._handle
+
+    async def stop(self) -> None:
+        """Stop renewing and release the lease (a clean shutdown leaves nothing to adopt)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            try:
+                await self._handle
+            except (Cancelled, LeaseLostError):
+                pass
+            self._handle = None
+        self.store.release_lease(self.worker)

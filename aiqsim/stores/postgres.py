@@ -1,0 +1,516 @@
+"""A task store on PostgreSQL, shared by workers on several hosts (psycopg 3, the ``postgres`` extra).
+
+Same contract as :class:`~aiqsim.stores.sqlite.SqliteStore`, on a server instead of a file:
+
+- Every write is one transaction (autocommit connection, ``BEGIN`` ... ``COMMIT`` per call);
+  a transition and its result are one ``UPDATE``.
+- A claim is ``INSERT INTO keys ... ON CONFLICT DO NOTHING``. When the key is taken, the
+  owner's key row is locked (``SELECT ... FOR UPDATE``) and replaced only if
+  :func:`~aiqsim.stores.base.claim_owner` says so (a failed or cancelled owner). Two workers
+  racing on one key, on any host, get exactly one owner: PostgreSQL makes the second
+  ``INSERT`` wait for the first transaction and then see its row.
+- Tables live in their own PostgreSQL schema (``schema="aiqsim"`` by default), so the store
+  can share a database with the application, and tests can give each store a fresh schema.
+  The schema version is kept in ``<schema>.meta``; a store of an older version is upgraded in
+  one transaction under an advisory lock (:data:`MIGRATIONS`), a newer one is refused with
+  :class:`~aiqsim.stores.base.StoreCorruptError` and left untouched.
+- Leases (schema version 2): a worker holds a lease that it renews (:meth:`renew_lease`, on the
+  database server's clock, which every host shares); a live worker adopts the tasks of a worker
+  whose lease expired (:meth:`adopt_expired`, exactly one adopter per dead worker), see
+  :class:`aiqsim.fleet.LeaseKeeper`.
+- ``notify=True`` (default) sends ``NOTIFY aiqsim_task_done, '<schema>:<task id>'`` in the
+  transaction that makes a task terminal, so a process waiting for a duplicate's owner on
+  another host can wake on it instead of polling (see :meth:`wait_for_terminal`).
+
+Errors: connection and server failures on writes raise
+:class:`~aiqsim.stores.base.StoreWriteError` (the change is not persisted; the transaction was
+rolled back); on reads, :class:`~aiqsim.stores.base.StoreError`. Durability is the server's:
+with PostgreSQL's default ``synchronous_commit = on`` a committed transition survives a crash of
+the server's host.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.stores.base import (
+    StoreClosedError,
+    StoreCorruptError,
+    StoreError,
+    StoreWriteError,
+    claim_owner,
+    record_from_stored,
+)
+
+SCHEMA_VERSION = 2
+DEFAULT_SCHEMA = "aiqsim"
+NOTIFY_CHANNEL = "aiqsim_task_done"
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+COLUMNS = (
+    "id",
+    "key",
+    "kind",
+    "provider",
+    "priority",
+    "status",
+    "cost_estimate",
+    "attempts",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "payload",
+    "result",
+    "error",
+    "deduped_from",
+    "worker",
+)
+_JSON_COLUMNS = frozenset({"payload", "result"})
+
+_SCHEMA_SQL = """
+CREATE TABLE {s}.meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE {s}.tasks (
+    seq BIGSERIAL PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    key TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    cost_estimate DOUBLE PRECISION NOT NULL,
+    attempts INTEGER NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    started_at DOUBLE PRECISION,
+    finished_at DOUBLE PRECISION,
+    payload TEXT NOT NULL,
+    result TEXT NOT NULL,
+    error TEXT,
+    deduped_from TEXT,
+    worker TEXT
+);
+CREATE INDEX tasks_by_status ON {s}.tasks (status, seq);
+CREATE TABLE {s}.keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL);
+CREATE TABLE {s}.poison (key TEXT PRIMARY KEY, error TEXT NOT NULL, recorded_at DOUBLE PRECISION NOT NULL);
+"""
+
+_LEASES_SQL = """
+CREATE TABLE {s}.leases (
+    worker TEXT PRIMARY KEY,
+    expires_at DOUBLE PRECISION NOT NULL,
+    adopted_by TEXT
+);
+"""
+
+MIGRATIONS: dict[int, str] = {1: _LEASES_SQL}
+"""SQL that upgrades a store from the key's schema version to the next one: version 2 adds leases."""
+
+_SERVER_NOW = "extract(epoch from clock_timestamp())"
+"""The database server's clock: the one clock every worker on every host agrees on."""
+
+EXPECTED_TABLES = {
+    "meta": ("name", "value"),
+    "tasks": ("seq", *COLUMNS),
+    "keys": ("key", "owner_id"),
+    "poison": ("key", "error", "recorded_at"),
+    "leases": ("worker", "expires_at", "adopted_by"),
+}
+
+
+def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
+    """The tables of a store of schema ``version`` (leases arrived in version 2)."""
+    return {name: cols for name, cols in EXPECTED_TABLES.items() if name != "leases" or version >= 2}
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as error:  # pragma: no cover - exercised only without the extra
+        raise StoreError(
+            "PostgresStore needs psycopg 3: pip install 'aiqsim[postgres]' (or psycopg[binary])"
+        ) from error
+    return psycopg
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class PostgresStore:
+    """:class:`~aiqsim.stores.base.TaskStore` in PostgreSQL, safe for many workers on many hosts.
+
+    Parameters:
+        dsn: a libpq connection string or URL (``postgresql://user@host:5432/db``).
+        schema: the PostgreSQL schema holding the store's tables (created if absent).
+        notify: send a notification when a task becomes terminal (see module docs).
+        connect_timeout_s: how long to wait for the server when connecting.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        notify: bool = True,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        if not isinstance(dsn, str) or not dsn:
+            raise StoreError(f"PostgresStore needs a connection string, got {dsn!r}")
+        if not isinstance(schema, str) or not _IDENTIFIER.match(schema):
+            raise StoreError(
+                f"schema must be a lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63 characters), "
+                f"got {schema!r}"
+            )
+        psycopg = _psycopg()
+        self.dsn = dsn
+        self.schema = schema
+        self.notify = notify
+        self._closed = False
+        self._errors = psycopg.Error
+        try:
+            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout_s)))
+        except psycopg.Error as error:
+            raise StoreError(f"cannot connect to PostgreSQL at {self._where()}: {error}") from error
+        try:
+            self._open_schema()
+        except BaseException:
+            self._conn.close()
+            raise
+        self._select = "SELECT " + ", ".join(f"t.{name}" for name in COLUMNS) + f" FROM {schema}.tasks t"
+
+    def _where(self) -> str:
+        """The DSN without its password, for messages."""
+        return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", self.dsn)
+
+    # ------------------------------------------------------------------ schema
+    def _open_schema(self) -> None:
+        s = self.schema
+        conn = self._conn
+        try:
+            with conn.transaction():
+                # One opener at a time creates or upgrades the schema (a lock scoped to this transaction).
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"aiqsim-schema:{s}",))
+                exists = conn.execute(
+                    "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = 'meta'",
+                    (s,),
+                ).fetchone()
+                if exists is None:
+                    self._check_empty_schema()
+                    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+                    conn.execute(_SCHEMA_SQL.format(s=s) + _LEASES_SQL.format(s=s))
+                    conn.execute(
+                        f"INSERT INTO {s}.meta (name, value) VALUES ('schema_version', %s)",
+                        (str(SCHEMA_VERSION),),
+                    )
+                    return
+                version = self._read_version()
+                if version > SCHEMA_VERSION:
+                    raise StoreCorruptError(
+                        f"{self._where()} schema {s!r}: schema version {version} (written by a newer "
+                        f"aiqsim); this build reads up to {SCHEMA_VERSION}; nothing was changed"
+                    )
+                self._check_tables(version)
+                while version < SCHEMA_VERSION:
+                    conn.execute(MIGRATIONS[version].format(s=s))
+                    version += 1
+                    conn.execute(
+                        f"UPDATE {s}.meta SET value = %s WHERE name = 'schema_version'", (str(version),)
+                    )
+        except self._errors as error:
+            raise StoreError(f"{self._where()} schema {s!r}: cannot open the store: {error}") from error
+
+    def _check_empty_schema(self) -> None:
+        """Refuse to build the store into a schema that already holds other tables of the same names."""
+        clash = self._conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+            "AND table_name IN ('tasks', 'keys', 'poison')",
+            (self.schema,),
+        ).fetchall()
+        if clash:
+            raise StoreCorruptError(
+                f"{self._where()} schema {self.schema!r} has tables {sorted(r[0] for r in clash)} but no "
+                "aiqsim meta table: not an aiqsim store; choose another schema"
+            )
+
+    def _read_version(self) -> int:
+        row = self._conn.execute(
+            f"SELECT value FROM {self.schema}.meta WHERE name = 'schema_version'"
+        ).fetchone()
+        if row is None or not str(row[0]).isdigit():
+            raise StoreCorruptError(
+                f"{self._where()} schema {self.schema!r}: no valid schema_version in meta"
+            )
+        return int(row[0])
+
+    def _check_tables(self, version: int) -> None:
+        for table, expected in expected_tables(version).items():
+            found = tuple(
+                row[0]
+                for row in self._conn.execute(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                    (self.schema, table),
+                )
+            )
+            if found != expected:
+                raise StoreCorruptError(
+                    f"{self._where()} schema {self.schema!r}: table {table!r} has columns {found}, "
+                    f"expected {expected} (schema version {version}); nothing was changed"
+                )
+
+    # ------------------------------------------------------------------ rows
+    def _decode(self, row: Sequence[Any]) -> TaskRecord:
+        data = dict(zip(COLUMNS, row, strict=True))
+        for name in _JSON_COLUMNS:
+            try:
+                data[name] = json.loads(data[name])
+            except (TypeError, ValueError) as error:
+                raise StoreCorruptError(
+                    f"{self._where()}: task {data['id']!r}: column {name!r} is not JSON ({error})"
+                ) from error
+        return record_from_stored(data, f"{self._where()} schema {self.schema!r}")
+
+    @staticmethod
+    def _encode(task: TaskRecord) -> tuple[Any, ...]:
+        data = task.to_dict()
+        return tuple(_json_text(data[name]) if name in _JSON_COLUMNS else data[name] for name in COLUMNS)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{self._where()}: store is closed")
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[Any]:
+        """One transaction; any server or connection failure becomes a StoreWriteError (rolled back)."""
+        self._check_open()
+        try:
+            with self._conn.transaction():
+                yield self._conn
+        except self._errors as error:
+            raise StoreWriteError(what, error) from error
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        self._check_open()
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except self._errors as error:
+            raise StoreError(f"{self._where()}: read failed: {error}") from error
+
+    # ------------------------------------------------------------------ TaskStore
+    def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
+        values = self._encode(task)  # a non-JSON payload fails here, before the transaction
+        s = self.schema
+        with self._write(f"insert task {task.id!r}") as conn:
+            inserted = conn.execute(
+                f"INSERT INTO {s}.tasks ({', '.join(COLUMNS)}) VALUES ({', '.join(['%s'] * len(COLUMNS))}) "
+                "ON CONFLICT (id) DO NOTHING",
+                values,
+            )
+            if inserted.rowcount != 1:
+                raise ValueError(f"task id {task.id!r} already exists")
+            return self._claim_in_transaction(conn, task)
+
+    def claim(self, task: TaskRecord) -> TaskRecord:
+        s = self.schema
+        with self._write(f"claim key of task {task.id!r}") as conn:
+            row = conn.execute(f"{self._select} WHERE t.id = %s", (task.id,)).fetchone()
+            if row is None:
+                raise KeyError(f"unknown task id {task.id!r}")
+            owner_row = conn.execute(f"SELECT owner_id FROM {s}.keys WHERE key = %s", (task.key,)).fetchone()
+            if owner_row is not None and owner_row[0] == task.id:
+                return self._decode(row)
+            return self._claim_in_transaction(conn, task)
+
+    def _claim_in_transaction(self, conn: Any, task: TaskRecord) -> TaskRecord:
+        s = self.schema
+        taken = conn.execute(
+            f"INSERT INTO {s}.keys (key, owner_id) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING",
+            (task.key, task.id),
+        )
+        if taken.rowcount == 1:
+            return task
+        conn.execute(f"SELECT owner_id FROM {s}.keys WHERE key = %s FOR UPDATE", (task.key,))
+        row = conn.execute(
+            f"{self._select} JOIN {s}.keys k ON k.owner_id = t.id WHERE k.key = %s", (task.key,)
+        ).fetchone()
+        owner = claim_owner(self._decode(row) if row is not None else None, task)
+        if owner is task:
+            conn.execute(f"UPDATE {s}.keys SET owner_id = %s WHERE key = %s", (task.id, task.key))
+        return owner
+
+    def update(self, task: TaskRecord) -> None:
+        values = self._encode(task)
+        assignments = ", ".join(f"{name} = %s" for name in COLUMNS[1:])
+        with self._write(f"task {task.id!r} -> {task.status.value}") as conn:
+            changed = conn.execute(
+                f"UPDATE {self.schema}.tasks SET {assignments} WHERE id = %s", (*values[1:], task.id)
+            )
+            if changed.rowcount != 1:
+                raise KeyError(f"unknown task id {task.id!r}")
+            if self.notify and task.status.is_terminal:
+                conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{self.schema}:{task.id}"))
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        rows = self._read(f"{self._select} WHERE t.id = %s", (task_id,))
+        return self._decode(rows[0]) if rows else None
+
+    def owner_of(self, key: str) -> TaskRecord | None:
+        rows = self._read(
+            f"{self._select} JOIN {self.schema}.keys k ON k.owner_id = t.id WHERE k.key = %s", (key,)
+        )
+        return self._decode(rows[0]) if rows else None
+
+    def list_by_status(self, *statuses: TaskStatus) -> list[TaskRecord]:
+        if statuses:
+            values = [TaskStatus(status).value for status in statuses]
+            rows = self._read(f"{self._select} WHERE t.status = ANY(%s) ORDER BY t.seq", (values,))
+        else:
+            rows = self._read(f"{self._select} ORDER BY t.seq")
+        return [self._decode(row) for row in rows]
+
+    def record_poison(self, key: str, error: str, now: float) -> None:
+        with self._write(f"poison record of key {key!r}") as conn:
+            conn.execute(
+                f"INSERT INTO {self.schema}.poison (key, error, recorded_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET error = excluded.error, recorded_at = excluded.recorded_at",
+                (key, error, float(now)),
+            )
+
+    def poison_error(self, key: str) -> str | None:
+        rows = self._read(f"SELECT error FROM {self.schema}.poison WHERE key = %s", (key,))
+        return rows[0][0] if rows else None
+
+    # ------------------------------------------------------------------ across hosts
+    def wait_for_terminal(self, task_ids: Sequence[str], timeout_s: float) -> set[str]:
+        """Block up to ``timeout_s`` for a terminal notification about any of ``task_ids``.
+
+        Returns the ids that were announced terminal (possibly empty on timeout). Uses a
+        separate ``LISTEN`` connection, opened on first use; callers must still read the
+        store afterwards, since a notification can arrive before they started listening.
+        """
+        self._check_open()
+        psycopg = _psycopg()
+        wanted = {f"{self.schema}:{task_id}" for task_id in task_ids}
+        try:
+            if getattr(self, "_listener", None) is None:
+                self._listener = psycopg.connect(self.dsn, autocommit=True)
+                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            found: set[str] = set()
+            for note in self._listener.notifies(timeout=timeout_s, stop_after=None):
+                if note.payload in wanted:
+                    found.add(note.payload.split(":", 1)[1])
+                    break
+            return found
+        except psycopg.Error as error:
+            raise StoreError(f"{self._where()}: waiting for notifications failed: {error}") from error
+
+    # ------------------------------------------------------------------ leases
+    def renew_lease(self, worker: str, ttl_s: float) -> bool:
+        """Hold (or extend) ``worker``'s lease for ``ttl_s`` seconds of the server's clock.
+
+        Returns False when the lease was already adopted by another worker: this worker was
+        presumed dead, its tasks now belong to someone else, and it must stop at once.
+        """
+        with self._write(f"lease of worker {worker!r}") as conn:
+            row = conn.execute(
+                f"INSERT INTO {self.schema}.leases (worker, expires_at) VALUES (%s, {_SERVER_NOW} + %s) "
+                f"ON CONFLICT (worker) DO UPDATE SET expires_at = excluded.expires_at "
+                f"WHERE {self.schema}.leases.adopted_by IS NULL RETURNING worker",
+                (worker, float(ttl_s)),
+            ).fetchone()
+            return row is not None
+
+    def release_lease(self, worker: str) -> None:
+        """Give up ``worker``'s lease (a clean shutdown: nothing is left to adopt)."""
+        with self._write(f"release lease of worker {worker!r}") as conn:
+            conn.execute(
+                f"DELETE FROM {self.schema}.leases WHERE worker = %s AND adopted_by IS NULL", (worker,)
+            )
+
+    def adopt_expired(self, adopter: str) -> list[str]:
+        """Take over every worker whose lease expired; returns their ids (each adopted by one worker only).
+
+        The ``UPDATE ... WHERE adopted_by IS NULL`` is the atomic step: of several live workers
+        looking at one expired lease, exactly one gets the row back. The adopter then recovers
+        the dead worker's tasks (:meth:`Scheduler.recover` with ``workers=[...]``).
+        """
+        with self._write(f"adoption by worker {adopter!r}") as conn:
+            rows = conn.execute(
+                f"UPDATE {self.schema}.leases SET adopted_by = %s "
+                f"WHERE adopted_by IS NULL AND worker != %s AND expires_at < {_SERVER_NOW} RETURNING worker",
+                (adopter, adopter),
+            ).fetchall()
+            return sorted(row[0] for row in rows)
+
+    def finish_adoption(self, dead: str, adopter: str) -> None:
+        """Forget the lease of a worker whose tasks ``adopter`` has recovered."""
+        with self._write(f"end of adoption of {dead!r}") as conn:
+            conn.execute(
+                f"DELETE FROM {self.schema}.leases WHERE worker = %s AND adopted_by = %s", (dead, adopter)
+            )
+
+    def leases(self) -> dict[str, tuple[float, str | None]]:
+        """Every lease: worker -> (seconds until it expires on the server's clock, adopter or None)."""
+        rows = self._read(f"SELECT worker, expires_at - {_SERVER_NOW}, adopted_by FROM {self.schema}.leases")
+        return {worker: (float(left), adopter) for worker, left, adopter in rows}
+
+    def notification_fileno(self) -> int:
+        """The socket of this store's ``LISTEN`` connection (opened on first use), to wait on with
+        :meth:`AsyncioRuntime.wait_readable <aiqsim.runtime.AsyncioRuntime.wait_readable>`: it becomes
+        readable when some worker, on any host, makes a task terminal."""
+        self._check_open()
+        psycopg = _psycopg()
+        try:
+            if getattr(self, "_listener", None) is None:
+                self._listener = psycopg.connect(self.dsn, autocommit=True)
+                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            return int(self._listener.fileno())
+        except psycopg.Error as error:
+            raise StoreError(f"{self._where()}: cannot listen for notifications: {error}") from error
+
+    def drain_notifications(self) -> set[str]:
+        """Task ids announced terminal since the last drain (without blocking); clears the socket."""
+        listener = getattr(self, "_listener", None)
+        if listener is None:
+            return set()
+        prefix = f"{self.schema}:"
+        try:
+            return {
+                note.payload[len(prefix) :]
+                for note in listener.notifies(timeout=0)
+                if note.payload.startswith(prefix)
+            }
+        except _psycopg().Error as error:
+            raise StoreError(f"{self._where()}: reading notifications failed: {error}") from error
+
+    def drop(self) -> None:
+        """Delete the store's schema and every record in it (for tests and teardown)."""
+        with self._write(f"drop schema {self.schema!r}") as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+
+    def close(self) -> None:
+        """Close the connections (idempotent); every committed write is already durable."""
+        if not self._closed:
+            self._closed = True
+            self._conn.close()
+            listener = getattr(self, "_listener", None)
+            if listener is not None:
+                listener.close()
+
+    def __len__(self) -> int:
+        return int(self._read(f"SELECT count(*) FROM {self.schema}.tasks")[0][0])
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {self._where()} schema={self.schema}{' closed' if self._closed else ''}>"

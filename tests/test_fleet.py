@@ -1,0 +1,117 @@
+"""A fleet against one provider account: four worker processes, one real Redis, one HTTP server.
+
+Two "hosts" of two worker processes each (they share nothing but Redis and the provider) drive
+the local provider server, whose server-side limit is the account's. With the quota shared
+through Redis, the fleet uses the account's whole limit and causes (almost) no 429s, whatever
+each worker's own load; with the limit split statically between the workers, an uneven load
+leaves capacity unused. Both figures are printed.
+
+Time: the server runs at ``TIME_SCALE`` (wall seconds per scenario second), so its 60 s
+window passes in a few wall seconds; the workers use the same scale for their runtimes and
+their quota, and RedisQuota converts the limit to Redis's wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiqsim.sim.config import ProviderConfig
+
+WORKER = Path(__file__).with_name("helpers_fleet_worker.py")
+TIME_SCALE = 0.25
+LIMIT_PER_MIN = 120.0
+"""The account's server-side limit (scenario time): 2 requests per scenario second, 8 per wall second."""
+DURATION_S = 180.0
+"""Scenario seconds of submissions: three server windows, 45 s of wall time."""
+WARMUP_S = 60.0
+"""Utilisation is measured after the first window (the first minute allows a burst of the limit)."""
+UNEVEN_RATES = (2.4, 0.6, 0.15, 0.15)
+"""Offered tasks per scenario second of each worker: 3.3 in all (1.65x the limit), very uneven."""
+
+
+def _run_fleet(redis_url: str | None, mode: str, account: str, go: Path) -> tuple[list[dict], object, float]:
+    """Run the four workers: their summaries, the server's ledger, the scenario time they started."""
+    from aiqsim.http.server import start_local_server
+
+    config = ProviderConfig(
+        name="llm", latency_base_s=0.2, latency_per_unit_s=0.0, server_requests_per_min=LIMIT_PER_MIN
+    )
+    with start_local_server(config, time_scale=TIME_SCALE, seed=1) as server:
+        procs = []
+        for n, rate in enumerate(UNEVEN_RATES):
+            host = "host-a" if n < 2 else "host-b"
+            command = [
+                sys.executable, str(WORKER), "--name", f"{host}/w{n}", "--url", server.url,
+                "--mode", mode, "--limit-per-min", str(LIMIT_PER_MIN), "--share", str(1 / len(UNEVEN_RATES)),
+                "--rate", str(rate), "--duration", str(DURATION_S), "--drain", "5",
+                "--time-scale", str(TIME_SCALE), "--seed", str(n), "--account", account, "--go", str(go),
+            ]  # fmt: skip
+            if redis_url is not None:
+                command += ["--redis", redis_url]
+            procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        summaries = []
+        try:
+            for proc in procs:  # every worker has imported everything and is waiting
+                line = proc.stdout.readline()  # type: ignore[union-attr]
+                assert line.strip() == "ready", proc.communicate(timeout=60)[1][-3000:]
+            started = server.runtime.now()
+            go.touch()
+            for proc in procs:
+                out, err = proc.communicate(timeout=180)
+                assert proc.returncode == 0, err[-3000:]
+                summaries.append(json.loads(out.strip().splitlines()[-1]))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        return summaries, server.ledger(), started
+
+
+def _window_figures(ledger: object, started: float) -> tuple[int, float]:
+    """(server 429s, admitted requests per scenario minute after the warm-up) from the ledger."""
+    requests = ledger.requests  # type: ignore[attr-defined]
+    rate_limited = sum(1 for entry in requests if entry.status == 429)
+    admitted = [entry.arrived_s - started for entry in requests if entry.status == 200]
+    steady = [t for t in admitted if WARMUP_S <= t < DURATION_S]
+    return rate_limited, len(steady) / ((DURATION_S - WARMUP_S) / 60.0)
+
+
+@pytest.mark.slow
+def test_a_shared_quota_uses_the_accounts_limit_without_429s(redis_url: str, tmp_path: Path) -> None:
+    import redis
+
+    redis.Redis.from_url(redis_url).delete(
+        "aiqsim:quota:fleet-shared:state", "aiqsim:quota:fleet-shared:slots"
+    )
+    summaries, ledger, started = _run_fleet(redis_url, "shared", "fleet-shared", tmp_path / "go")
+    rate_limited, per_min = _window_figures(ledger, started)
+    utilisation = per_min / LIMIT_PER_MIN
+    print(
+        f"shared Redis quota, 4 workers (uneven load {UNEVEN_RATES}/s): {rate_limited} server 429s, "
+        f"{per_min:.1f} admitted/min = {utilisation:.3f} of the limit"
+    )
+    assert rate_limited <= 1, f"{rate_limited} server 429s: the fleet overran the account's limit"
+    assert utilisation >= 0.95
+    assert sum(s["submitted"] for s in summaries) > 1.4 * LIMIT_PER_MIN * DURATION_S / 60  # it was saturated
+
+
+@pytest.mark.slow
+def test_a_static_split_wastes_capacity_under_uneven_load(tmp_path: Path) -> None:
+    _, ledger, started = _run_fleet(None, "split", "unused", tmp_path / "go")
+    rate_limited, per_min = _window_figures(ledger, started)
+    utilisation = per_min / LIMIT_PER_MIN
+    offered_share = [min(rate * 60, LIMIT_PER_MIN / 4) for rate in UNEVEN_RATES]
+    print(
+        f"static split (each worker 1/4 of the limit), same load: {rate_limited} server 429s, "
+        f"{per_min:.1f} admitted/min = {utilisation:.3f} of the limit; "
+        f"{1 - utilisation:.1%} of the account's capacity wasted "
+        f"(expected about {1 - sum(offered_share) / LIMIT_PER_MIN:.1%})"
+    )
+    assert rate_limited <= 1
+    assert utilisation < 0.8  # the two light workers cannot use their shares, the heavy one may not

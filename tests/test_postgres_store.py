@@ -1,0 +1,246 @@
+"""PostgresStore against a real PostgreSQL server: races between processes, schema versions.
+
+The TaskStore contract itself runs on PostgreSQL in tests/test_stores.py (``postgres`` is one of
+its store kinds); this module covers what only a server shared by processes shows.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.stores.base import StoreCorruptError, StoreError, StoreWriteError
+from tests.helpers_store_worker import connect_ledger
+
+WORKER = Path(__file__).with_name("helpers_store_worker.py")
+
+
+@pytest.fixture
+def schema(postgres_dsn: str, tmp_path: Path) -> Iterator[str]:
+    import psycopg
+
+    name = f"t_{random.Random(str(tmp_path)).getrandbits(48):012x}"
+    yield name
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # whatever state the test left it in
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+def _race(dsn: str, schema: str, tmp_path: Path, *, processes: int, keys: int, repeat: int) -> list:
+    ledger_path, go = tmp_path / "ledger.sqlite", tmp_path / "go"
+    connect_ledger(ledger_path).close()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                "race",
+                "--kind",
+                "postgres",
+                "--store",
+                dsn,
+                "--schema",
+                schema,
+                "--ledger",
+                str(ledger_path),
+                "--name",
+                f"p{n}",
+                "--keys",
+                str(keys),
+                "--repeat",
+                str(repeat),
+                "--seed",
+                str(n),
+                "--go",
+                str(go),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(processes)
+    ]
+    try:
+        for proc in procs:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line.strip() == "ready", proc.communicate(timeout=60)[1]
+        go.touch()
+        for proc in procs:
+            _, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, err
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    conn = sqlite3.connect(ledger_path)
+    executions = conn.execute("SELECT key, task_id, pid FROM executions").fetchall()
+    conn.close()
+    return executions
+
+
+def test_four_processes_1000_identical_submissions_execute_once(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """4 processes x 250 submissions of one input against one PostgreSQL store: 1 provider call."""
+    from aiqsim.stores.postgres import PostgresStore
+
+    executions = _race(postgres_dsn, schema, tmp_path, processes=4, keys=1, repeat=250)
+    assert len(executions) == 1, executions
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        records = store.list_by_status()
+    assert len(records) == 1000
+    counts = Counter(record.status for record in records)
+    assert counts == {TaskStatus.SUCCEEDED: 1, TaskStatus.DEDUPED: 999}, counts
+    owner = next(r for r in records if r.status is TaskStatus.SUCCEEDED)
+    assert owner.id == executions[0][1]
+    assert all(r.deduped_from == owner.id and r.result == owner.result for r in records if r is not owner)
+    print(f"1000 submissions from 4 processes: {len(executions)} execution, by {owner.id.split('-')[0]}")
+
+
+def test_four_processes_racing_on_30_keys_run_each_once(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    executions = _race(postgres_dsn, schema, tmp_path, processes=4, keys=30, repeat=1)
+    per_key = Counter(key for key, _, _ in executions)
+    assert set(per_key) == {f"key{n:02d}" for n in range(30)}
+    assert max(per_key.values()) == 1
+
+
+def test_a_newer_schema_version_is_refused_and_left_alone(postgres_dsn: str, schema: str) -> None:
+    from aiqsim.stores.postgres import PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm"))
+        store._conn.execute(f"UPDATE {schema}.meta SET value = '99' WHERE name = 'schema_version'")
+    with pytest.raises(StoreCorruptError, match="schema version 99"):
+        PostgresStore(postgres_dsn, schema=schema)
+    import psycopg
+
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute(f"SELECT value FROM {schema}.meta").fetchone() == ("99",)
+        assert conn.execute(f"SELECT count(*) FROM {schema}.tasks").fetchone() == (1,)
+
+
+def test_a_schema_holding_other_tables_is_refused(postgres_dsn: str, schema: str) -> None:
+    import psycopg
+
+    from aiqsim.stores.postgres import PostgresStore
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.tasks (x int)")
+    with pytest.raises(StoreCorruptError, match="not an aiqsim store"):
+        PostgresStore(postgres_dsn, schema=schema)
+
+
+def test_bad_arguments_and_an_unreachable_server_are_clear_errors() -> None:
+    from aiqsim.stores.postgres import PostgresStore
+
+    with pytest.raises(StoreError, match="schema must be"):
+        PostgresStore("postgresql://x@127.0.0.1:1/db", schema="Robert'); DROP TABLE")
+    with pytest.raises(
+        StoreError, match=r"cannot connect to PostgreSQL at postgresql://u:\*\*\*@127\.0\.0\.1:1"
+    ):
+        PostgresStore("postgresql://u:secret@127.0.0.1:1/db", connect_timeout_s=1)
+
+
+def test_a_write_on_a_lost_connection_is_a_store_write_error(postgres_dsn: str, schema: str) -> None:
+    from aiqsim.stores.postgres import PostgresStore
+
+    store = PostgresStore(postgres_dsn, schema=schema)
+    try:
+        store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm"))
+        store._conn.close()  # the server went away under us, as far as this connection can tell
+        with pytest.raises(StoreWriteError, match="not persisted: insert task 'b'"):
+            store.insert_and_claim(TaskRecord(id="b", key="k2", kind="llm", provider="llm"))
+    finally:
+        store.close()
+    with PostgresStore(postgres_dsn, schema=schema) as again:
+        assert [r.id for r in again.list_by_status()] == ["a"]
+
+
+def test_terminal_transitions_are_announced(postgres_dsn: str, schema: str) -> None:
+    from aiqsim.core.states import transition
+    from aiqsim.stores.postgres import PostgresStore
+
+    with (
+        PostgresStore(postgres_dsn, schema=schema) as waiter,
+        PostgresStore(postgres_dsn, schema=schema) as writer,
+    ):
+        record = TaskRecord(id="a", key="k", kind="llm", provider="llm")
+        writer.insert_and_claim(record)
+        assert waiter.wait_for_terminal(["a"], timeout_s=0.05) == set()  # starts listening, nothing yet
+        running = transition(record, TaskStatus.RUNNING, 1.0)
+        writer.update(running)
+        writer.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={"ok": json.dumps(1)}))
+        assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
+
+
+def test_a_version_1_store_is_upgraded_keeping_its_records(postgres_dsn: str, schema: str) -> None:
+    import psycopg
+
+    from aiqsim.stores.postgres import SCHEMA_VERSION, PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm", payload={"x": 1}))
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # what version 1 left behind
+        conn.execute(f"DROP TABLE {schema}.leases")
+        conn.execute(f"UPDATE {schema}.meta SET value = '1' WHERE name = 'schema_version'")
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        assert store.get("a") is not None and store.get("a").payload == {"x": 1}  # type: ignore[union-attr]
+        assert store.renew_lease("w", 5.0)
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute(f"SELECT value FROM {schema}.meta").fetchone() == (str(SCHEMA_VERSION),)
+
+
+def test_leases_expire_and_are_adopted_by_exactly_one_worker(postgres_dsn: str, schema: str) -> None:
+    import time
+
+    from aiqsim.stores.postgres import PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as a, PostgresStore(postgres_dsn, schema=schema) as b:
+        assert a.renew_lease("dead", 0.2) and b.renew_lease("b", 30.0) and a.renew_lease("c", 30.0)
+        assert b.adopt_expired("b") == []  # nobody expired yet
+        time.sleep(0.3)
+        assert b.adopt_expired("b") == ["dead"]
+        assert a.adopt_expired("c") == []  # already adopted: one adopter only
+        assert not a.renew_lease("dead", 5.0)  # the presumed-dead worker is fenced off
+        assert b.leases()["dead"][1] == "b"
+        b.finish_adoption("dead", "b")
+        assert "dead" not in b.leases()
+
+
+def test_a_worker_whose_lease_was_adopted_stops(postgres_dsn: str, schema: str) -> None:
+    from aiqsim.fleet import LeaseKeeper, LeaseLostError
+    from aiqsim.runtime import SimPyRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.stores.postgres import PostgresStore
+    from tests.fakes import ScriptedProvider
+
+    with (
+        PostgresStore(postgres_dsn, schema=schema) as store,
+        PostgresStore(postgres_dsn, schema=schema) as peer,
+    ):
+        runtime = SimPyRuntime()
+        scheduler = Scheduler(runtime, [ScriptedProvider(runtime, "llm")], store=store, worker_id="slow")
+        keeper = LeaseKeeper(scheduler, ttl_s=0.2)
+        keeper.beat()
+        import time
+
+        time.sleep(0.3)  # the worker stalls past its lease ...
+        assert peer.adopt_expired("peer") == ["slow"]  # ... and is presumed dead
+        with pytest.raises(LeaseLostError, match="presumed dead"):
+            keeper.beat()
+        from aiqsim.scheduler.scheduler import SchedulerClosedError
+
+        with pytest.raises(SchedulerClosedError):
+            scheduler.submit("llm", {"x": 1})
