@@ -74,6 +74,7 @@ def __getattr__(name: str) -> object:
         return PostgresStore
     raise AttributeError(f"module 'aiqsim' has no attribute {name!r}")
 
+
 __all__ = [
     "TRANSITIONS",
     "AgingShortestJobFirstPolicy",
