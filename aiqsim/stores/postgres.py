@@ -18,6 +18,8 @@ Same contract as :class:`~aiqsim.stores.sqlite.SqliteStore`, on a server instead
   database server's clock, which every host shares); a live worker adopts the tasks of a worker
   whose lease expired (:meth:`adopt_expired`, exactly one adopter per dead worker), see
   :class:`aiqsim.fleet.LeaseKeeper`.
+- Jobs (schema version 3): ``jobs`` and ``job_keys`` beside the task tables, the
+  :class:`~aiqsim.stores.job_store.JobStore` methods claiming a job's key as tasks claim theirs.
 - ``notify=True`` (default) sends ``NOTIFY aiqsim_task_done, '<schema>:<task id>'`` in the
   transaction that makes a task terminal, so a process waiting for a duplicate's owner on
   another host can wake on it instead of polling (see :meth:`wait_for_terminal`).
