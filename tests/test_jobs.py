@@ -31,6 +31,7 @@ from aiqsim import (
 )
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
+from aiqsim.stores import MemoryStore
 from tests.fakes import ScriptedProvider
 
 RETRY = RetryPolicy(backoff=ExponentialBackoff(base_s=1.0, cap_s=8.0), max_attempts=3, attempt_timeout_s=100)
@@ -491,3 +492,32 @@ def test_a_stage_retry_policy_replaces_the_schedulers_for_its_tasks_only() -> No
     assert [name for _, name, _ in provs["llm"].calls].count("i") == 1  # no retry: straight to the fallback
     assert [name for _, name, _ in provs["backup"].calls] == ["i"]
     assert record.finished_at == pytest.approx(3.0)  # p: 0-1, backoff 1 s, 2-3; i: 0-1, backup 1-2
+
+
+def test_a_duplicate_of_a_job_another_process_runs_waits_for_it_through_the_store() -> None:
+    spec = JobSpec("x", "1", [Stage("a", "llm", build=named("a"))])
+
+    async def body(runtime):
+        store = MemoryStore()  # shared, as two processes share one SQLite file
+        provs_one = providers(runtime, {"llm": 2.0})
+        provs_two = providers(runtime, {"llm": 2.0})
+        one = make_scheduler(runtime, provs_one, store=store, duplicate_poll_s=0.25, worker_id="one")
+        two = make_scheduler(runtime, provs_two, store=store, duplicate_poll_s=0.25, worker_id="two")
+        first = one.submit_job(spec, {"x": 1}, job_id="first")
+        await runtime.sleep(0.1)
+        second = two.submit_job(spec, {"x": 1}, job_id="second")  # the owner is in the other process
+        cancelled = one.submit_job(spec, {"x": 2}, job_id="cancelled")
+        await runtime.sleep(0.1)
+        takeover = two.submit_job(spec, {"x": 2}, job_id="takeover")
+        await runtime.sleep(0.1)
+        cancelled.cancel()  # the owner is cancelled: the waiting duplicate takes its key over
+        return [await h.wait() for h in (first, second, cancelled, takeover)], provs_one, provs_two
+
+    (first, second, cancelled, takeover), provs_one, provs_two = run(body)
+    assert first.status is JobStatus.SUCCEEDED and first.finished_at == pytest.approx(2.0)
+    assert second.status is JobStatus.DEDUPED and second.deduped_from == "first"
+    assert second.finished_at == pytest.approx(2.0 + 0.1)  # seen at the next poll after 2.0 (0.1 + 8 x 0.25)
+    assert cancelled.status is JobStatus.CANCELLED
+    assert takeover.status is JobStatus.SUCCEEDED  # ran in process two after the cancel was seen
+    assert [name for _, name, _ in provs_one["llm"].calls] == ["a:1", "a:2"]  # a:2 cancelled while running
+    assert [name for _, name, _ in provs_two["llm"].calls] == ["a:2"]
