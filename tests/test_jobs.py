@@ -521,3 +521,20 @@ def test_a_duplicate_of_a_job_another_process_runs_waits_for_it_through_the_stor
     assert takeover.status is JobStatus.SUCCEEDED  # ran in process two after the cancel was seen
     assert [name for _, name, _ in provs_one["llm"].calls] == ["a:1", "a:2"]  # a:2 cancelled while running
     assert [name for _, name, _ in provs_two["llm"].calls] == ["a:2"]
+
+
+def test_a_stage_running_its_fallback_shows_running_not_failed() -> None:
+    spec = JobSpec("sf", "1", [Stage("tts", "tts", build=named("tts"), fallback="tts_backup")])
+
+    async def body(runtime):
+        provs = providers(runtime, {"tts": 1.0, "tts_backup": 2.0}, scripts={"tts": {"tts:1": ["invalid"]}})
+        scheduler = make_scheduler(runtime, provs)
+        handle = scheduler.submit_job(spec, {"x": 1}, job_id="j")
+        await runtime.sleep(1.5)  # the primary failed at 1.0; the backup runs 1.0-3.0
+        during = scheduler.jobs.stage_states("j")
+        await handle.wait()
+        return during, scheduler.jobs.stage_states("j")
+
+    during, after = run(body)
+    assert during == {"tts": TaskStatus.RUNNING}
+    assert after == {"tts": TaskStatus.SUCCEEDED}

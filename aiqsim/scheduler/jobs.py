@@ -519,14 +519,25 @@ class Jobs:
             raise KeyError(f"unknown job id {job_id!r}")
         spec = self._specs.get((record.name, record.version))
         names = [s.name for s in spec.stages] if spec is not None else list(record.stage_tasks)
+        run = self._runs.get(job_id)
+        tasks = self.scheduler.store
         states: dict[str, TaskStatus | None] = {}
         for name in names:
+            phase = run.phases.get(name) if run is not None else None
             if name in record.results:
                 states[name] = TaskStatus.SUCCEEDED
-                continue
-            tasks = [self.scheduler.store.get(tid) for tid in record.stage_tasks.get(name, ())]
-            present = [t.status for t in tasks if t is not None]
-            states[name] = stage_status(present)
+            elif phase is not None:  # live here: each element's current task (its fallback's, once taken)
+                current = {index: task_id for task_id, index in phase.pending.items()}
+                parts: list[TaskStatus | None] = []
+                for index, outcome in enumerate(phase.outcomes):
+                    task = tasks.get(current[index]) if index in current else outcome
+                    parts.append(None if task is None else task.status)
+                states[name] = stage_status(parts)
+            elif record.status.is_terminal:
+                states[name] = TaskStatus.FAILED if name == record.failed_stage else None
+            else:  # another process's job: what its stage tasks say
+                found = [tasks.get(task_id) for task_id in record.stage_tasks.get(name, ())]
+                states[name] = stage_status([task.status for task in found if task is not None])
         return states
 
     def cancel(self, job_id: str) -> bool:
