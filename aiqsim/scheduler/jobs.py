@@ -478,7 +478,7 @@ class Jobs:
             )
         now = scheduler.runtime.now()
         record = JobRecord(
-            id=job_id if job_id is not None else f"job-{scheduler.rng.getrandbits(64):016x}",
+            id=job_id if job_id is not None else self._new_job_id(),
             key=key,
             name=spec.name,
             version=spec.version,
@@ -786,6 +786,13 @@ class Jobs:
         phase.launching = False
         if not run.finished and not phase.pending:
             self._phase_done(run, phase)
+
+    def _new_job_id(self) -> str:
+        """A job id from the scheduler's rng that the store does not hold yet (see :meth:`_new_task_id`)."""
+        while True:
+            job_id = f"job-{self.scheduler.rng.getrandbits(64):016x}"
+            if self.store.get_job(job_id) is None:
+                return job_id
 
     def _new_task_id(self) -> str:
         """A task id drawn from the scheduler's rng (as ``submit`` draws one) that the store does not
