@@ -538,3 +538,29 @@ def test_a_stage_running_its_fallback_shows_running_not_failed() -> None:
     during, after = run(body)
     assert during == {"tts": TaskStatus.RUNNING}
     assert after == {"tts": TaskStatus.SUCCEEDED}
+
+
+def test_an_empty_fan_out_succeeds_at_once_with_an_empty_list_and_feeds_the_next_stage() -> None:
+    def nothing(inputs, results):
+        return []
+
+    def count(inputs, results):
+        return {"input": f"count:{len(results['parts'])}"}
+
+    spec = JobSpec(
+        "e0",
+        "1",
+        [
+            Stage("parts", "tts", build=nothing, fan_out=True),
+            Stage("n", "llm", after=("parts",), build=count),
+        ],
+    )
+
+    async def body(runtime):
+        provs = providers(runtime, {"tts": 1.0, "llm": 1.0})
+        return await make_scheduler(runtime, provs).submit_job(spec, {"x": 1}).wait(), provs
+
+    record, provs = run(body)
+    assert record.status is JobStatus.SUCCEEDED and record.finished_at == pytest.approx(1.0)
+    assert record.results == {"parts": [], "n": {"output": "done:count:0"}}
+    assert provs["tts"].calls == []
