@@ -140,12 +140,18 @@ def _check_seed(seed: int | None) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from aiqsim.lab.output_files import check_targets, require_table_format, staged_directory
+    from aiqsim.sim.preflight import check_runnable
     from aiqsim.sim.scenario import load_scenario
     from aiqsim.sim.simulate import simulate
 
     _check_seed(args.seed)
+    require_table_format(args.format)
     scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
+    check_runnable(scenario)
     _prepare_out_dir(args.out)
+    if args.out is not None:
+        check_targets(args.out, output_names(args.format, charts=not args.no_charts))
     horizon = scenario.duration_s
     print(
         f"simulating {scenario.name!r}: {horizon:,.0f} s of arrivals on the virtual clock...", file=sys.stderr
@@ -159,10 +165,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\nsimulated {result.sim_time_s:,.1f} s in {wall:.2f} s of wall time")
     _warn_about(result)
     if args.out is not None:
-        try:
-            written = write_outputs(result, args.out, table_format=args.format, charts=not args.no_charts)
+        try:  # all files are written to a staging folder, then moved into place together
+            with staged_directory(args.out) as staging:
+                staged = write_outputs(result, staging, table_format=args.format, charts=not args.no_charts)
         except OSError as error:
-            raise UsageError(f"--out {args.out}: cannot write ({error.strerror or error})") from None
+            reason = error.strerror or error
+            message = f"--out {args.out}: cannot write ({reason}); nothing in it was replaced"
+            raise UsageError(message) from None
+        written = [args.out / path.name for path in staged]
         print(f"wrote {len(written)} files to {args.out}/: {', '.join(p.name for p in written)}")
     return 0
 
@@ -186,6 +196,15 @@ def _warn_about(result: Any) -> None:
             f"warning: {len(result.task_errors)} internal task error(s): {result.task_errors[:3]}",
             file=sys.stderr,
         )
+
+
+CHART_NAMES = ("retry_storm_timeline.png", "latency_cdf.png", "cost_duplication.png")
+
+
+def output_names(table_format: str, *, charts: bool = True) -> list[str]:
+    """The file names :func:`write_outputs` writes (so ``--out`` can be checked before the run)."""
+    tables = [f"{name}.{table_format}" for name in ("tasks", "calls", "timeline")]
+    return [*tables, "summary.json", *(CHART_NAMES if charts else ())]
 
 
 def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: bool = True) -> list[Path]:
@@ -230,12 +249,14 @@ def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: 
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from aiqsim.sim.preflight import check_runnable
     from aiqsim.sim.scenario import ScenarioError, load_scenario
 
     failures = 0
     for path in args.scenario:
         try:
             scenario = load_scenario(path)
+            check_runnable(scenario)  # what `run` would find before simulating (e.g. store.path)
         except ScenarioError as error:
             print(f"aiqsim validate: error: {error}", file=sys.stderr)
             failures += 1
@@ -265,8 +286,9 @@ def _grid(pairs: Sequence[str]) -> dict[str, list[Any]]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from aiqsim.lab.output_files import require_table_format
     from aiqsim.sim.scenario import load_scenario
-    from aiqsim.sim.sweep import SweepError, grid_points, sweep
+    from aiqsim.sim.sweep import SweepError, check_sweep_size, grid_points, grid_size, sweep
 
     if args.seeds < 1:
         raise UsageError("--seeds must be >= 1")
@@ -278,9 +300,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: is a directory; give a file name")
     if args.out.suffix not in (".csv", ".parquet"):
         raise UsageError(f"--out {args.out}: expected a .csv or .parquet file name")
+    require_table_format(args.out.suffix[1:])
     _prepare_out_dir(args.out.parent)
     scenario = load_scenario(args.scenario)
     grid = _grid(args.grid)
+    check_sweep_size(grid_size(grid) if grid else 1, args.seeds)  # before building any list of runs
     for point in grid_points(grid) if grid else []:  # every combination, before spending time
         load_scenario(args.scenario, overrides=point)
     try:
@@ -304,12 +328,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _write_frame(frame: Any, path: Path) -> None:
+    """Write ``frame`` to a temp file next to ``path``, then rename it (an earlier file stays whole)."""
+    import os
+
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         if path.suffix == ".parquet":
-            frame.to_parquet(path, index=False)
+            frame.to_parquet(temp, index=False)
         else:
-            frame.to_csv(path, index=False)
+            frame.to_csv(temp, index=False)
+        os.replace(temp, path)
     except OSError as error:
+        temp.unlink(missing_ok=True)
         raise UsageError(f"--out {path}: cannot write ({error.strerror or error})") from None
 
 
@@ -318,8 +348,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from aiqsim.sim.scenario import load_scenario
 
     _check_seed(args.seed)
-    if not args.time_scale > 0:
-        raise UsageError("--time-scale must be > 0")
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise UsageError(f"--time-scale {args.time_scale}: expected a finite number > 0, e.g. 0.2")
     scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
     estimate = (scenario.duration_s + 30) * args.time_scale
     print(
@@ -336,6 +366,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         diff_text = "-" if diff != diff else f"{diff:+.1%}"
         simulated, live = _format_value(row["simulated"]), _format_value(row["live"])
         print(f"{key:<{width}}  {simulated:>12}  {live:>12}  {diff_text:>10}")
+    agreement = frame.attrs.get("latency_agreement")
+    if agreement is not None:
+        print(f"\n{agreement.describe()}")
     return 0
 
 
@@ -397,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         return COMMANDS[args.command](args)
-    except (ScenarioError, UsageError) as error:
+    except (ScenarioError, UsageError, ConfigurationError) as error:
         print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

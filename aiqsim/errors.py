@@ -16,6 +16,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
     │   ├── StoreLockedError (RuntimeError)    another process holds a single-process store
     │   ├── StoreClosedError (RuntimeError)    used after close()
+│   ├── StoreAccessError (PermissionError) files this process may not read or write; refused at open
     │   └── StoreWriteError (OSError)          a change that was not persisted
     ├── SchedulingError                    the scheduler refused work or a task gave no result
     │   ├── QueueFullError (RuntimeError)      a queue at its depth limit; nothing was enqueued
@@ -72,7 +73,13 @@ from aiqsim.scheduler.scheduler import (
 from aiqsim.sim.scenario import ScenarioError
 from aiqsim.sim.sweep import SweepError
 from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
-from aiqsim.stores.base import StoreClosedError, StoreCorruptError, StoreLockedError, StoreWriteError
+from aiqsim.stores.base import (
+    StoreAccessError,
+    StoreClosedError,
+    StoreCorruptError,
+    StoreLockedError,
+    StoreWriteError,
+)
 
 __all__ = [
     "AiqsimError",
@@ -102,6 +109,7 @@ __all__ = [
     "ServerError",
     "ServerStartError",
     "SimulationDeadlock",
+    "StoreAccessError",
     "StoreClosedError",
     "StoreCorruptError",
     "StoreError",

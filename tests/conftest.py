@@ -6,12 +6,17 @@ and a slow example is not a bug, and a moderate example count to keep the suite 
 with ``@reproduce_failure``; examples stay randomised (``derandomize=False``) so new runs
 keep exploring, and the failure database replays earlier failures first.
 Select another profile with ``HYPOTHESIS_PROFILE=dev pytest ...``.
+
+Under ``CI=true`` (as ``.ci/run`` sets it) a skipped test fails: see
+:func:`pytest_runtest_makereport`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -51,9 +56,6 @@ def _server(kind: str, env_var: str, start):  # type: ignore[no-untyped-def]
         yield address
 
 
-import pytest  # noqa: E402
-
-
 @pytest.fixture(scope="session")
 def postgres_dsn():  # type: ignore[no-untyped-def]
     """A DSN of a real PostgreSQL server (``AIQSIM_TEST_POSTGRES_DSN``, or a throwaway one)."""
@@ -68,3 +70,26 @@ def redis_url():  # type: ignore[no-untyped-def]
     from tests.servers import redis_server
 
     yield from _server("Redis", "AIQSIM_TEST_REDIS_URL", redis_server)
+
+
+# ------------------------------------------------------------------ CI: a skip is a failure
+def running_in_ci() -> bool:
+    """True when the ``CI`` environment variable says so (``.ci/run`` sets ``CI=true``)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under CI, turn every skipped test into a failure that says why it was skipped.
+
+    A skip means a prerequisite was missing (a package not declared in ``[test]``, a service not
+    started). On a developer's machine that is worth a skip; in CI it would hide exactly the
+    missing-dependency failure a user meets, so the run must fail instead (expected failures,
+    ``xfail``, are not skips and are left alone).
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if running_in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which must run every test: {reason}"

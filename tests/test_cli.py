@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,3 +159,125 @@ def test_a_scenario_without_arrivals_says_so_and_still_writes_tables(tmp_path: P
     assert result.returncode == 0, result.stderr
     assert "produced no arrivals" in result.stderr
     assert "task_id" in (out / "tasks.csv").read_text().splitlines()[0]
+
+
+NO_PYARROW = (
+    "import sys; sys.modules['pyarrow'] = None  # as if pyarrow were not installed\n"
+    "from aiqsim.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def aiqsim_without_pyarrow(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a real subprocess in which ``import pyarrow`` fails, as on a machine without it."""
+    return subprocess.run(
+        [sys.executable, "-c", NO_PYARROW, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_parquet_without_pyarrow_is_refused_before_any_work(tmp_path: Path) -> None:
+    out = tmp_path / "pq"
+    result = aiqsim_without_pyarrow(
+        "run", "scenarios/retry_storm_429.toml", "--out", str(out), "--format", "parquet"
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr  # one line
+    assert "pyarrow" in result.stderr and "pip install 'aiqsim[parquet]'" in result.stderr
+    assert "simulating" not in result.stderr and result.stdout == ""  # before any simulation
+    assert not out.exists()
+    table = tmp_path / "sweep.parquet"
+    result = aiqsim_without_pyarrow(
+        "sweep", "scenarios/retry_storm_429.toml", "--grid", "retry.base_s=1", "--seeds", "1",
+        "--engine", "serial", "--out", str(table),
+    )  # fmt: skip
+    assert result.returncode == 2 and "pip install 'aiqsim[parquet]'" in result.stderr, result.stderr
+    assert "sweep" not in result.stdout and not table.exists()
+    # CSV needs no pyarrow: the same shim runs a CSV sweep to the end
+    result = aiqsim_without_pyarrow(
+        "sweep", "scenarios/double_click_storm.toml", "--grid", "retry.base_s=1", "--seeds", "1",
+        "--engine", "serial", "--out", str(tmp_path / "ok.csv"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_output_that_cannot_be_written_leaves_the_earlier_files_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tasks.csv").write_text("earlier run\n", encoding="utf-8")
+    (out / "calls.csv").mkdir()  # a folder where the run writes a file
+    result = aiqsim("run", "scenarios/retry_storm_429.toml", "--out", str(out), "--no-charts")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "calls.csv" in result.stderr and "is a directory" in result.stderr
+    assert "tasks_submitted" not in result.stdout  # refused before simulating
+    assert (out / "tasks.csv").read_text(encoding="utf-8") == "earlier run\n"
+    assert sorted(p.name for p in out.iterdir()) == ["calls.csv", "tasks.csv"]  # no staging left behind
+
+
+def test_staged_outputs_move_into_place_only_when_all_were_written(tmp_path: Path) -> None:
+    from aiqsim.lab.output_files import OutputPathError, staged_directory
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.csv").write_text("old a", encoding="utf-8")
+    # the body fails half-way: nothing moves
+    with pytest.raises(OSError, match="disk full"), staged_directory(out) as staging:
+        (staging / "a.csv").write_text("new a", encoding="utf-8")
+        raise OSError("disk full")
+    assert (out / "a.csv").read_text(encoding="utf-8") == "old a"
+    # a folder appears at one target while the files are written: refused, nothing moves
+    with pytest.raises(OutputPathError, match=r"b\.csv: is a directory"), staged_directory(out) as staging:
+        (staging / "a.csv").write_text("new a", encoding="utf-8")
+        (staging / "b.csv").write_text("new b", encoding="utf-8")
+        (out / "b.csv").mkdir()
+    assert (out / "a.csv").read_text(encoding="utf-8") == "old a"
+    (out / "b.csv").rmdir()
+    # all written: all moved, staging gone
+    with staged_directory(out) as staging:
+        (staging / "a.csv").write_text("new a", encoding="utf-8")
+        (staging / "b.csv").write_text("new b", encoding="utf-8")
+    assert sorted(p.name for p in out.iterdir()) == ["a.csv", "b.csv"]
+    assert (out / "a.csv").read_text(encoding="utf-8") == "new a"
+
+
+def _scenario_with(path: Path, old: str, new: str) -> Path:
+    text = (ROOT / "scenarios" / "retry_storm_429.toml").read_text(encoding="utf-8")
+    assert old in text
+    path.write_text(text.replace(old, new), encoding="utf-8")
+    return path
+
+
+def test_more_bad_input_is_refused_up_front_with_one_message(tmp_path: Path) -> None:
+    huge = _scenario_with(tmp_path / "huge.toml", "rate_per_s = 3", "rate_per_s = 1e12")
+    missing = tmp_path / "missing" / "dir" / "x.sqlite"
+    stored = _scenario_with(
+        tmp_path / "stored.toml", "[retry]", f'[store]\nkind = "sqlite"\npath = "{missing}"\n\n[retry]'
+    )
+    csv = tmp_path / "x.csv"
+    cases = [
+        (("sweep", "scenarios/retry_storm_429.toml", "--grid", "retry.base_s=1", "--seeds", "1000000000",
+          "--engine", "serial", "--out", str(csv)), ["1,000,000,000 runs", "at most 100,000"]),
+        (("sweep", "scenarios/retry_storm_429.toml", "--grid", "retry.base_s=1,2", "--seeds", "60000",
+          "--out", str(csv)), ["120,000 runs", "at most 50,000 seeds"]),
+        (("compare", "scenarios/retry_storm_429.toml", "--time-scale", "inf"),
+         ["--time-scale inf", "finite"]),
+        (("compare", "scenarios/retry_storm_429.toml", "--time-scale", "nan"),
+         ["--time-scale nan", "finite"]),
+        (("validate", str(huge)), ["workloads[0]", "rate_per_s", "at most 2,000,000"]),
+        (("run", str(huge)), ["workloads[0]", "at most 2,000,000"]),
+        (("run", "scenarios/retry_storm_429.toml", "--set", "store.kind=sqlite", "--set",
+          f"store.path={missing}"), ["store.path", str(missing), "does not exist"]),
+        (("validate", str(stored)), ["store.path", "does not exist"]),
+    ]  # fmt: skip
+    for args, fragments in cases:
+        result = aiqsim(*args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        one_line = result.stderr.strip().count("\n") == 0
+        assert "Traceback" not in result.stderr and one_line, (args, result.stderr)
+        assert "simulating" not in result.stderr and "live run" not in result.stderr, args  # before any work
+        for fragment in fragments:
+            assert fragment in result.stderr, (args, fragment, result.stderr)
+    assert not csv.exists() and not missing.parent.exists()

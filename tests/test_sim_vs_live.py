@@ -9,11 +9,21 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from aiqsim.http.live import compare_sim_and_live
+from aiqsim.http.agreement import (
+    CALL_LATENCY_TOLERANCE,
+    latency_agreement,
+    server_lag_p50,
+    transport_p50,
+)
+from aiqsim.http.live import run_live
+from aiqsim.sim.config import Scenario
+from aiqsim.sim.scenario import load_scenario
+from aiqsim.sim.simulate import SimulationResult, simulate
 
 SCENARIO = """
 [scenario]
@@ -62,25 +72,71 @@ def scenario_path(tmp_path: Path) -> Path:
 
 
 TIME_SCALE = 0.4
-"""One scenario second lasts 0.4 s of wall time: the run takes ~18 s."""
+"""One scenario second lasts 0.4 s of wall time: the live run takes ~18 s."""
 
 
-def test_live_run_matches_the_simulation(scenario_path: Path) -> None:
-    frame = compare_sim_and_live(scenario_path, time_scale=TIME_SCALE)
-    sim, live = frame["simulated"], frame["live"]
+@dataclass(frozen=True)
+class Runs:
+    scenario: Scenario
+    simulated: SimulationResult
+    live: SimulationResult
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """One simulated and one live run of the scenario, shared by the tests of this module (the live
+    run is the slow part)."""
+    path = tmp_path_factory.mktemp("sim_vs_live") / "sim_vs_live.toml"
+    path.write_text(textwrap.dedent(SCENARIO), encoding="utf-8")
+    scenario = load_scenario(path)
+    return Runs(scenario, simulate(scenario), run_live(scenario, time_scale=TIME_SCALE))
+
+
+def test_live_run_matches_the_simulation(runs: Runs) -> None:
+    sim, live = runs.simulated.summary, runs.live.summary
     assert live["tasks_lost"] == 0 and live["tasks_submitted"] == sim["tasks_submitted"]
     assert sim["rate_limited"] > 10  # enough 429s for the comparison to mean something
     assert live["rate_limited"] == pytest.approx(sim["rate_limited"], rel=0.05)
     assert live["retries"] == pytest.approx(sim["retries"], rel=0.05)
-    # Latency is the one wall-clock figure. The same requests meet the same fates in both runs (the
-    # provider's draws are keyed by request, not by arrival order), so what differs is time: each
-    # HTTP round trip and late timer adds a few ms of wall time (x 2.5 in scenario time here), and a
-    # 429 reaches the client a little later, shifting when the Retry-After pause of the lane starts.
-    # Measured: +1.7 % on an idle machine, +4 to +6 % with two CPU hogs on two cores. The scale,
-    # the load (16 slots about half busy, so lag does not pile up in a long queue) and the ~90 tasks
-    # (a median in a dense part of the distribution, not between two clusters) give that margin.
-    assert live["latency_p50_s"] == pytest.approx(sim["latency_p50_s"], rel=0.10)
     assert live["billed_calls"] == sim["billed_calls"]
+    # Latency is the one wall-clock figure. The same requests meet the same fates in both runs (the
+    # provider's draws are keyed by request, not by arrival order); what differs is time, and on a
+    # loaded machine by a lot: at load 7-13 on 2 cores the wire and the client's loop added 0.1-1.8
+    # scenario s per attempt and the end-to-end p50 ran +10 % to +100 % over the simulated one. So
+    # the two-sided check is on the provider's own clock, with the server's timer lag measured in
+    # this run and subtracted (aiqsim.http.agreement); the end-to-end p50 is bounded by the lag and
+    # transport measured in this run. The figures are printed, so a failure shows its noise floor.
+    agreement = latency_agreement(runs.simulated, runs.live)
+    print(agreement.describe())
+    assert agreement.agrees, agreement.describe()
+    assert abs(agreement.call_relative_difference) <= CALL_LATENCY_TOLERANCE
+
+
+@pytest.mark.parametrize("factor", [1.2, 1 / 1.2])
+def test_a_latency_model_changed_by_20_percent_is_reported_as_a_mismatch(runs: Runs, factor: float) -> None:
+    """The comparison has teeth in both directions: the same live run against a simulation whose
+    provider is 20 % slower (or the live one 20 % slower than it) is a mismatch, by the provider
+    clock check, whatever the load."""
+    changed = simulate(
+        runs.scenario,
+        overrides={
+            "providers.llm.latency_base_s": 0.5 * factor,
+            "providers.llm.latency_per_unit_s": 0.004 * factor,
+        },
+    )
+    agreement = latency_agreement(changed, runs.live)
+    print(agreement.describe())
+    assert not agreement.agrees
+    assert any("the latency models differ" in problem for problem in agreement.problems)
+    expected = 1 / factor - 1  # live / simulated - 1 for a model scaled by `factor` on the simulated side
+    assert agreement.call_relative_difference == pytest.approx(expected, abs=CALL_LATENCY_TOLERANCE)
+
+
+def test_the_measured_noise_floor_is_zero_on_the_virtual_clock(runs: Runs) -> None:
+    simulated = runs.simulated
+    assert server_lag_p50(simulated.executions) == 0.0
+    assert transport_p50(simulated.events, simulated.executions) == 0.0
+    assert latency_agreement(simulated, simulated).call_relative_difference == 0.0
 
 
 def test_compare_command_prints_both_summaries(scenario_path: Path) -> None:
@@ -94,4 +150,8 @@ def test_compare_command_prints_both_summaries(scenario_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     header = result.stdout.splitlines()[0]
     assert "simulated" in header and "live" in header
-    assert any(line.startswith("rate_limited") for line in result.stdout.splitlines())
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("rate_limited") for line in lines)
+    for row in ("call_latency_p50_s", "server_lag_p50_s", "transport_p50_s"):  # the measured noise floor
+        assert any(line.startswith(row) for line in lines), row
+    assert any(line.startswith(("latency agrees", "latency MISMATCH")) for line in lines)

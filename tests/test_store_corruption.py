@@ -7,6 +7,7 @@ file) is recovered from silently and safely.
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 
 from aiqsim.core.states import transition
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.stores import JsonFileStore, SqliteStore, StoreCorruptError
+from aiqsim.stores import JsonFileStore, SqliteStore, StoreCorruptError, StoreWriteError
 
 
 def task(n: int, key: str | None = None) -> TaskRecord:
@@ -64,10 +65,34 @@ def json_path(tmp_path: Path) -> Path:
     return path
 
 
-def edit_document(path: Path, change: Callable[[dict], None]) -> None:
+def read_document(path: Path) -> dict:
+    """The snapshot as one flat dict (a version-2 file's ``store`` fields lifted to the top)."""
     doc = json.loads(path.read_text())
+    if doc.get("version") == 2:
+        return {"format": doc["format"], "version": 2, **doc["store"]}
+    return doc
+
+
+def write_document(path: Path, view: dict) -> None:
+    """Write ``view`` back: version 2 in its checksummed layout (a valid seal), anything else plainly."""
+    if view.get("version") != 2:
+        path.write_text(json.dumps(view))
+        return
+    body = json.dumps(
+        {k: v for k, v in view.items() if k not in ("format", "version")}, separators=(",", ":")
+    )
+    head = json.dumps(view["format"]).encode()
+    path.write_bytes(
+        b'{"format":%b,"version":2,"crc":"%08x","store":%b}\n'
+        % (head, zlib.crc32(body.encode()), body.encode())
+    )
+
+
+def edit_document(path: Path, change: Callable[[dict], None]) -> None:
+    """Change the snapshot's content and re-seal it, so what is refused is the content itself."""
+    doc = read_document(path)
     change(doc)
-    path.write_text(json.dumps(doc))
+    write_document(path, doc)
 
 
 def test_json_intact_file_opens(json_path: Path) -> None:
@@ -184,13 +209,21 @@ def test_json_torn_last_line_is_ignored_and_cut(journaled: Path, cut: int) -> No
         assert [r.id for r in store.list_by_status()][-2:] == ["t13", "t99"]
 
 
-def test_json_garbled_last_line_and_zero_fill_are_torn_tails(journaled: Path) -> None:
+def test_json_zero_filled_tail_after_whole_lines_is_torn(journaled: Path) -> None:
+    """Zeros after the last newline (a size extended, its data never written) are a torn append."""
+    lines = journal_lines(journaled)
+    write_journal(journaled, [*lines, b"\0" * 64])
+    with JsonFileStore(journaled) as store:
+        assert store.torn_tail_recovered
+        assert len(store) == 15
+    assert journal_lines(journaled) == lines
+
+
+def test_json_garbled_whole_last_line_before_a_zero_tail_is_refused(journaled: Path) -> None:
     lines = journal_lines(journaled)
     garbled = lines[-1].replace(b"t14", b"t41")  # complete line, checksum no longer matches
     write_journal(journaled, [*lines[:-1], garbled, b"\0" * 64])
-    with JsonFileStore(journaled) as store:
-        assert store.torn_tail_recovered
-        assert len(store) == 14
+    assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "journal", "line 5")
 
 
 def test_json_damaged_middle_line_is_corruption(journaled: Path) -> None:
@@ -210,7 +243,7 @@ def test_json_journal_sequence_gap_is_corruption(journaled: Path) -> None:
 
 
 def test_json_journal_entry_that_contradicts_the_snapshot_is_corruption(journaled: Path) -> None:
-    last_seq = json.loads(journaled.read_text())["last_seq"]
+    last_seq = read_document(journaled)["last_seq"]
     bogus = {"seq": last_seq + 6, "op": "update", "task": {**task(500).to_dict()}}
     write_journal(
         journaled, [*journal_lines(journaled), journal_line(bogus), journal_line({**bogus, "seq": 0})]
@@ -221,7 +254,7 @@ def test_json_journal_entry_that_contradicts_the_snapshot_is_corruption(journale
 
 
 def test_json_journal_entry_with_invalid_record_is_corruption(journaled: Path) -> None:
-    last_seq = json.loads(journaled.read_text())["last_seq"]
+    last_seq = read_document(journaled)["last_seq"]
     bad = {"seq": last_seq + 6, "op": "update", "task": {**task(3).to_dict(), "status": "exploded"}}
     write_journal(journaled, [*journal_lines(journaled), journal_line(bad), journal_line({**bad, "seq": 0})])
     assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "invalid status 'exploded'")
@@ -296,8 +329,8 @@ def test_sqlite_intact_file_opens(sqlite_path: Path) -> None:
     [
         (lambda p: p.write_text("id,status\nt1,queued\n"), "not an SQLite database"),
         (lambda p: p.write_bytes(b""), "empty file"),
-        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "malformed"),
-        (lambda p: p.write_bytes(p.read_bytes()[:4096]), "malformed"),
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "truncated"),
+        (lambda p: p.write_bytes(p.read_bytes()[:4096]), "truncated"),
         (lambda p: p.write_bytes(p.read_bytes()[:50]), "truncated: 50 bytes"),
         (lambda p: hand_edit(p, "PRAGMA user_version = 7"), "schema version 7 (written by a newer aiqsim)"),
         (lambda p: hand_edit(p, "PRAGMA user_version = 0"), "schema version 0"),
@@ -374,14 +407,149 @@ def test_json_hand_edited_last_line_is_refused_not_cut_off(journaled: Path) -> N
 @pytest.mark.parametrize(
     "damage",
     [
-        # the newline (the last byte of the append) made it to disk, part of what precedes it did not
         pytest.param(lambda line: line[: len(line) // 2] + b"\n", id="cut-in-half-then-newline"),
         pytest.param(lambda line: line[:20] + b"\0" * (len(line) - 21) + b"\n", id="zero-filled"),
+        pytest.param(lambda line: line.replace(b'"entry":{', b'"entry":['), id="brace-flipped"),
+        pytest.param(lambda line: line[:-3] + bytes([line[-3] ^ 0x20]) + line[-2:], id="last-brace-flipped"),
     ],
 )
-def test_json_last_line_cut_apart_is_a_torn_tail(journaled: Path, damage) -> None:  # type: ignore[no-untyped-def]
+def test_json_whole_last_line_that_fails_is_refused_not_cut_off(journaled: Path, damage) -> None:  # type: ignore[no-untyped-def]
+    """A last line WITH its newline was written whole; cutting it off would silently drop t14,
+    whose insert had been acknowledged. Only bytes after the last newline are a torn append."""
     lines = journal_lines(journaled)
     write_journal(journaled, [*lines[:-1], damage(lines[-1])])
-    with JsonFileStore(journaled) as store:
-        assert store.torn_tail_recovered
-        assert len(store) == 14
+    assert_refused_untouched(
+        journaled.parent, lambda: JsonFileStore(journaled), "journal", "line 5", "not a torn append"
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_json_whole_last_line_with_one_flipped_byte_is_refused(journaled: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    lines = journal_lines(journaled)
+    last = bytearray(lines[-1])
+    position = rng.randrange(len(last) - 1)  # any byte but the newline
+    last[position] ^= rng.randrange(1, 256)
+    if last.count(b"\n") != 1:  # the flip made a newline: the line is no longer one line
+        pytest.skip("flip produced a newline")
+    write_journal(journaled, [*lines[:-1], bytes(last)])
+    assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "journal", "line 5")
+
+
+# ============================================================================ issue #13: damage that opened
+# silently or leaked raw sqlite3 errors; each case now refused at open with the file untouched, and the
+# same damage met at run time (``validate=False``) is a project error, never a raw sqlite3 one.
+def write_invalid_utf8(path: Path, column: str, task_id: str = "t5") -> None:
+    """Store bytes that are not UTF-8 as TEXT (SQLite keeps what it is given)."""
+    bad = b'{"n":"\xff\xfe"}' if column in ("payload", "result") else b"ll\xffm"
+    hand_edit(path, f"UPDATE tasks SET {column} = CAST(X'{bad.hex()}' AS TEXT) WHERE id = '{task_id}'")
+
+
+@pytest.mark.parametrize("column", ["kind", "payload", "error"])
+def test_sqlite_invalid_utf8_is_refused_at_open(sqlite_path: Path, column: str) -> None:
+    write_invalid_utf8(sqlite_path, column)
+    assert_refused_untouched(
+        sqlite_path.parent, lambda: SqliteStore(sqlite_path), str(sqlite_path), "task 't5'", "not valid UTF-8"
+    )
+
+
+def test_sqlite_invalid_utf8_met_at_run_time_is_store_corrupt_error(sqlite_path: Path) -> None:
+    write_invalid_utf8(sqlite_path, "payload")
+    with SqliteStore(sqlite_path, validate=False) as store:
+        assert store.get("t4") is not None  # the other rows still read
+        with pytest.raises(StoreCorruptError, match="cannot read task 't5'"):
+            store.get("t5")
+        with pytest.raises(StoreCorruptError, match=str(sqlite_path)):
+            store.list_by_status()
+
+
+def stale_status_index(path: Path, task_id: str) -> None:
+    """Make ``tasks_by_status`` disagree with its table: ``task_id`` turns running while the
+    index (detached from the schema meanwhile) still files it under queued."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    sql, root = conn.execute(
+        "SELECT sql, rootpage FROM sqlite_master WHERE name = 'tasks_by_status'"
+    ).fetchone()
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("DELETE FROM sqlite_master WHERE name = 'tasks_by_status'")
+    conn.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"UPDATE tasks SET status = 'running', started_at = 1.5 WHERE id = '{task_id}'")
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute(
+        "INSERT INTO sqlite_master (type, name, tbl_name, rootpage, sql) VALUES ('index', ?, 'tasks', ?, ?)",
+        ("tasks_by_status", root, sql),
+    )
+    conn.close()
+
+
+def test_sqlite_corrupted_status_index_is_refused_at_open(sqlite_path: Path) -> None:
+    """quick_check passed this file and recover() then never saw the running task (list_by_status
+    used the index); the open-time integrity_check compares every index with its table."""
+    stale_status_index(sqlite_path, "t7")
+    conn = sqlite3.connect(sqlite_path)
+    assert conn.execute("SELECT id FROM tasks WHERE status = 'running'").fetchall() == []  # the damage
+    conn.close()
+    assert_refused_untouched(
+        sqlite_path.parent,
+        lambda: SqliteStore(sqlite_path),
+        str(sqlite_path),
+        "integrity check failed",
+        "tasks_by_status",
+    )
+
+
+def test_sqlite_write_on_a_damaged_file_is_store_write_error(sqlite_path: Path) -> None:
+    stale_status_index(sqlite_path, "t7")
+    with SqliteStore(sqlite_path, validate=False) as store:
+        running = store.get("t7")
+        assert running is not None and running.status is TaskStatus.RUNNING
+        with pytest.raises(StoreWriteError, match=r"update of task 't7' to succeeded.*malformed") as raised:
+            store.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={}))
+        assert isinstance(raised.value.__cause__, sqlite3.DatabaseError)
+        store.insert_and_claim(task(900))  # a write that does not touch the damaged entry still works
+        assert store.get("t900") is not None
+
+
+@pytest.mark.parametrize("cut", [1, 100, 4096], ids=["one-byte", "hundred-bytes", "one-page"])
+def test_sqlite_file_cut_short_is_refused(sqlite_path: Path, cut: int) -> None:
+    """SQLite zero-fills a short last page, so a file one byte short opened with a changed value."""
+    sqlite_path.write_bytes(sqlite_path.read_bytes()[:-cut])
+    assert_refused_untouched(
+        sqlite_path.parent, lambda: SqliteStore(sqlite_path), str(sqlite_path), "truncated"
+    )
+
+
+# ---------------------------------------------------------------------------- JSON snapshot checksum (#13)
+def test_json_snapshot_with_a_flipped_payload_byte_is_refused(json_path: Path) -> None:
+    """Before the checksum, this opened with task t3's payload silently altered ("x" -> "y")."""
+    raw = json_path.read_bytes()
+    position = raw.index(b'"pad":"xxxx') + 8
+    json_path.write_bytes(raw[:position] + b"y" + raw[position + 1 :])
+    assert_refused_untouched(
+        json_path.parent, lambda: JsonFileStore(json_path), str(json_path), "checksum mismatch"
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_json_snapshot_with_any_flipped_byte_is_refused(json_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    raw = bytearray(json_path.read_bytes())
+    raw[rng.randrange(len(raw) - 1)] ^= rng.randrange(1, 256)  # any byte but the final newline
+    json_path.write_bytes(bytes(raw))
+    assert_refused_untouched(json_path.parent, lambda: JsonFileStore(json_path), str(json_path))
+
+
+def test_json_reformatted_snapshot_is_refused(json_path: Path) -> None:
+    json_path.write_text(json.dumps(json.loads(json_path.read_text()), indent=2))  # same content, re-laid out
+    assert_refused_untouched(json_path.parent, lambda: JsonFileStore(json_path), "checksummed layout")
+
+
+def test_json_version_1_snapshot_still_opens_and_is_rewritten_as_version_2(json_path: Path) -> None:
+    view = read_document(json_path)
+    json_path.write_text(json.dumps({**view, "version": 1}))  # what an older aiqsim wrote
+    with JsonFileStore(json_path) as store:
+        assert len(store) == 30 and store.get("t4").result == {"n": 4}
+        store.compact()
+    doc = json.loads(json_path.read_text())
+    assert doc["version"] == 2 and len(doc["store"]["tasks"]) == 30

@@ -305,14 +305,15 @@ def test_closed_store_refuses_use(file_opener: Opener) -> None:
         store.insert_and_claim(task("a"))
 
 
-def test_state_files_are_private(file_opener: Opener) -> None:
-    if file_opener.kind == "postgres":
-        pytest.skip("a PostgreSQL store has no files of its own; access is the server's roles")
+@pytest.mark.parametrize("kind", ["json", "sqlite"])  # a PostgreSQL store has no files: the server's roles
+def test_state_files_are_private(kind: str, tmp_path: Path) -> None:
+    file_opener = Opener(kind, tmp_path)
     store = file_opener.open()
     store.insert_and_claim(task("a"))
     assert file_opener.path is not None
     for path in file_opener.path.parent.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    file_opener.cleanup()
 
 
 def test_open_store_factory_validates_its_arguments(tmp_path: Path) -> None:
@@ -332,8 +333,8 @@ def test_json_document_is_versioned(tmp_path: Path) -> None:
         store.insert_and_claim(task("a"))
         store.compact()
     doc = json.loads(path.read_text())
-    assert (doc["format"], doc["version"]) == ("aiqsim-taskstore", 2)  # 2: with the job table
-    assert [t["id"] for t in doc["tasks"]] == ["a"] and doc["owners"] == {"key-a": "a"}
+    assert (doc["format"], doc["version"]) == ("aiqsim-taskstore", 2)
+    assert [t["id"] for t in doc["store"]["tasks"]] == ["a"] and doc["store"]["owners"] == {"key-a": "a"}
 
 
 def test_json_journal_is_compacted_into_the_snapshot(tmp_path: Path) -> None:
@@ -343,7 +344,7 @@ def test_json_journal_is_compacted_into_the_snapshot(tmp_path: Path) -> None:
         store.insert_and_claim(task(f"t{n}"))
     journal_lines = store.journal_path.read_bytes().count(b"\n")
     assert journal_lines < 25  # compaction emptied it along the way
-    assert len(json.loads(path.read_text())["tasks"]) + journal_lines == 25
+    assert len(json.loads(path.read_text())["store"]["tasks"]) + journal_lines == 25
     store.close()
     with JsonFileStore(path) as again:
         assert [r.id for r in again.list_by_status()] == [f"t{n}" for n in range(25)]

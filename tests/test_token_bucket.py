@@ -384,13 +384,10 @@ def test_per_minute_limits_become_buckets_with_one_minute_burst() -> None:
         quota.try_reserve(1001.0, 0.0)
 
 
-@pytest.mark.parametrize(
-    "limits",
-    [QuotaLimits(requests_per_min=0), QuotaLimits(tokens_per_min=-5), QuotaLimits(concurrency=0)],
-)
-def test_impossible_limits_are_refused(limits: QuotaLimits) -> None:
-    with pytest.raises(QuotaConfigError):
-        MultiQuota(limits)
+@pytest.mark.parametrize("limits", [{"requests_per_min": 0}, {"tokens_per_min": -5}, {"concurrency": 0}])
+def test_impossible_limits_are_refused(limits: dict[str, float]) -> None:
+    with pytest.raises(QuotaConfigError):  # when the limits are built, before any quota uses them
+        QuotaLimits(**limits)
 
 
 def test_reconcile_charges_or_refunds_the_difference() -> None:

@@ -254,8 +254,11 @@ def test_no_arrival_starts_after_the_duration_but_clicks_stay_together():
 
 def test_runaway_generation_is_refused(monkeypatch):
     monkeypatch.setattr(workloads_module, "MAX_ARRIVALS_PER_WORKLOAD", 500)
-    with pytest.raises(ValueError, match="more than 500 arrivals"):
+    # refused when the scenario is read, from its arithmetic, before any arrival is drawn
+    with pytest.raises(ValueError, match="about 6,000 arrivals; at most 500 fit"):
         arrivals_of({"type": "poisson", "provider": "llm", "rate_per_s": 100}, duration_s=60)
+    with pytest.raises(ValueError, match="count is 501; at most 500 arrivals fit"):
+        arrivals_of({"type": "burst", "provider": "llm", "count": 501}, duration_s=60)
 
 
 # --- trace replay -------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from aiqsim.core.errors import ConfigurationError
+
 
 class TaskStatus(enum.StrEnum):
     """The six states a task can be in. Transitions are owned by :mod:`aiqsim.core.states`."""
@@ -26,11 +28,26 @@ class TaskStatus(enum.StrEnum):
 _TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.DEDUPED})
 
 
+class PriorityError(ConfigurationError):
+    """A ``priority`` that is neither a :class:`Priority`, its value, nor its name."""
+
+
 class Priority(enum.IntEnum):
     """Dispatch class. Lower value is served first; interactive always overtakes background."""
 
     INTERACTIVE = 0
     BACKGROUND = 1
+
+    @classmethod
+    def _missing_(cls, value: object) -> Priority:
+        """Accept the names as documented (``"interactive"``, ``"Background"``: any case), so
+        ``submit(priority="interactive")`` works; anything else is refused naming what is accepted."""
+        if isinstance(value, str):
+            member = cls.__members__.get(value.strip().upper())
+            if member is not None:
+                return member
+        accepted = ", ".join(f"Priority.{m.name} ({m.name.lower()!r} or {m.value})" for m in cls)
+        raise PriorityError(f"priority: expected one of {accepted}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ is never earlier than the exact one (so it always moves the clock).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from aiqsim.core.errors import ConfigurationError
@@ -187,6 +188,31 @@ class QuotaLimits:
     concurrency: int | None = None
     request_burst: float | None = None
     token_burst: float | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a limit no bucket could enforce here, naming the field, rather than fail later inside
+        a comparison (``concurrency="4"``) or at the first reservation."""
+        for name in ("requests_per_min", "tokens_per_min", "request_burst", "token_burst"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not _is_real(value) or not (math.isfinite(value) and value > 0):
+                raise QuotaConfigError(
+                    f"QuotaLimits({name}=...): expected a finite number > 0 or None, got {value!r}"
+                )
+        if self.concurrency is not None and (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, numbers.Integral)
+            or self.concurrency < 1
+        ):
+            raise QuotaConfigError(
+                f"QuotaLimits(concurrency=...): expected an integer >= 1 or None, got {self.concurrency!r}"
+            )
+
+
+def _is_real(value: object) -> bool:
+    """A plain real number (int or float, not a bool, not a string that looks like one)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 class MultiQuota:

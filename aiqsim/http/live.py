@@ -121,14 +121,29 @@ def compare_sim_and_live(
     overrides: Mapping[str, Any] | None = None,
     header_corrections: bool = False,
 ) -> pd.DataFrame:
-    """Both summaries side by side (columns ``simulated``, ``live``, ``relative_difference``)."""
+    """Both summaries side by side (columns ``simulated``, ``live``, ``relative_difference``).
+
+    Besides the summary keys, three rows come from :mod:`aiqsim.http.agreement`:
+    ``call_latency_p50_s`` (the provider's own clock), ``server_lag_p50_s`` and
+    ``transport_p50_s`` (the live run's measured timer lag per call and wire lag per attempt). The verdict, a
+    :class:`~aiqsim.http.agreement.LatencyAgreement`, is in ``frame.attrs["latency_agreement"]``.
+    """
+    from aiqsim.http.agreement import call_latency_p50, latency_agreement, server_lag_p50, transport_p50
+
     scenario = resolve_scenario(scenario, overrides)
-    simulated = simulate(scenario, seed=seed).summary
-    live = run_live(scenario, seed=seed, time_scale=time_scale, header_corrections=header_corrections).summary
+    sim_result = simulate(scenario, seed=seed)
+    live_result = run_live(scenario, seed=seed, time_scale=time_scale, header_corrections=header_corrections)
+    simulated, live = dict(sim_result.summary), dict(live_result.summary)
+    for summary, result in ((simulated, sim_result), (live, live_result)):
+        summary["call_latency_p50_s"] = call_latency_p50(result.executions)
+        summary["server_lag_p50_s"] = server_lag_p50(result.executions)
+        summary["transport_p50_s"] = transport_p50(result.events, result.executions)
+    keys = [*COMPARED_KEYS, "call_latency_p50_s", "server_lag_p50_s", "transport_p50_s"]
     frame = pd.DataFrame(
-        {"simulated": [simulated[k] for k in COMPARED_KEYS], "live": [live[k] for k in COMPARED_KEYS]},
-        index=list(COMPARED_KEYS),
+        {"simulated": [simulated[k] for k in keys], "live": [live[k] for k in keys]},
+        index=keys,
     )
     base = frame["simulated"].astype(float).abs().replace(0.0, float("nan"))
     frame["relative_difference"] = (frame["live"].astype(float) - frame["simulated"].astype(float)) / base
+    frame.attrs["latency_agreement"] = latency_agreement(sim_result, live_result)
     return frame

@@ -42,6 +42,7 @@ from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 from aiqsim.runtime.protocol import Cancelled, Future, Runtime, TaskHandle
 from aiqsim.runtime.sync import Signal
+from aiqsim.scheduler.arguments import checked_cost_estimate, checked_providers
 from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy, QueueItem, TaskQueue
 from aiqsim.scheduler.events import AttemptRecord, EventSink, QuotaSample, TaskTransition
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
@@ -265,6 +266,7 @@ class Scheduler:
         duplicate_poll_s: float = 0.5,
         worker_id: str | None = None,
     ) -> None:
+        providers = checked_providers(providers)
         self.worker_id = _checked_worker_id(worker_id, "worker_id")
         self.runtime = runtime
         self.store: TaskStore = store if store is not None else MemoryStore()
@@ -375,6 +377,7 @@ class Scheduler:
         if cost_estimate is None:
             estimate = getattr(lane.provider, "estimate_cost", None)
             cost_estimate = float(estimate(kind, payload)) if callable(estimate) else 0.0
+        cost_estimate = checked_cost_estimate(cost_estimate)
         lane.quota.check_cost(cost_estimate)
         if key is None:
             key = fingerprint(kind, payload, params=params, version=version)

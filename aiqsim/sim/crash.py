@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.stores.base import TaskStore
+from aiqsim.stores.base import PurgeReport, TaskStore
 
 
 class SimulatedCrash(BaseException):
@@ -81,6 +81,20 @@ class CrashingStore:
 
     def poison_error(self, key: str) -> str | None:
         return self.inner.poison_error(key)
+
+    @property
+    def deferred_commit(self) -> bool:
+        return self.inner.deferred_commit
+
+    def flush(self) -> int:
+        self._check_alive()
+        return self.inner.flush()
+
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        self._check_alive()
+        return self.inner.purge(
+            now, finished_older_than_s=finished_older_than_s, keys_older_than_s=keys_older_than_s
+        )
 
     def close(self) -> None:
         self.inner.close()

@@ -139,6 +139,9 @@ class Execution:
     ``start`` is when the request arrived, ``end`` when the server answered (or, for a lost
     response, when it finished and billed the work; the client never hears of it).
     ``billed`` calls cost ``cost``; ``units`` is the request's prompt + output units.
+    ``service_s`` is how long the provider model meant the call to take (its latency draw; None
+    for calls answered without one): ``end - start`` exceeds it only by the runtime's timer lag,
+    which is 0 on the virtual clock and what a live server's loop adds in real time.
     """
 
     provider: str
@@ -152,6 +155,7 @@ class Execution:
     cost: float
     units: int
     response_lost: bool = False
+    service_s: float | None = None
 
 
 class ProviderLedger:
@@ -536,7 +540,7 @@ class SimulatedProvider:
         self, request: ProviderRequest, job: SimJob, start: float, delay: float, outcome: Outcome
     ) -> ProviderResponse:
         await self.runtime.sleep(delay)
-        self._record(request, start, self.runtime.now(), outcome, job.units)
+        self._record(request, start, self.runtime.now(), outcome, job.units, service_s=delay)
         if outcome == "outage":
             raise ServerError(f"{self.name!r} is unavailable (outage)", status=503)
         raise ServerError(f"{self.name!r} failed while processing", status=500)
@@ -545,7 +549,9 @@ class SimulatedProvider:
         self, request: ProviderRequest, job: SimJob, start: float, latency: float
     ) -> ProviderResponse:
         await self.runtime.sleep(latency)
-        self._record(request, start, self.runtime.now(), "schema_violation", job.units, billed=True)
+        self._record(
+            request, start, self.runtime.now(), "schema_violation", job.units, billed=True, service_s=latency
+        )
         raise SchemaViolationError(f"response for input {job.input!r} does not match the schema")
 
     async def _replay(
@@ -582,7 +588,9 @@ class SimulatedProvider:
             waiters = self._in_flight.pop(request.idempotency_key, []) if owns_in_flight else []
         result = {"input": job.input, "output_units": job.output_units, "provider": self.name}
         end = self.runtime.now()
-        self._record(request, start, end, "ok", job.units, billed=True, lost=lost, result=result)
+        self._record(
+            request, start, end, "ok", job.units, billed=True, lost=lost, result=result, service_s=latency
+        )
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -637,6 +645,7 @@ class SimulatedProvider:
         billed: bool = False,
         lost: bool = False,
         result: Any = None,
+        service_s: float | None = None,
     ) -> None:
         cost = self.config.price_per_1k_units * units / 1000.0 if billed else 0.0
         execution = Execution(
@@ -651,5 +660,6 @@ class SimulatedProvider:
             cost=cost,
             units=units,
             response_lost=lost,
+            service_s=service_s,
         )
         self.ledger.record(execution, result)

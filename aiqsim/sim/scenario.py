@@ -64,7 +64,13 @@ from aiqsim.sim.config import (
     StoreConfig,
     WorkloadConfig,
 )
-from aiqsim.sim.workloads import BUILTIN_TRACES, TraceError, is_builtin_trace, read_trace
+from aiqsim.sim.workloads import (
+    BUILTIN_TRACES,
+    TraceError,
+    arrival_overflow,
+    is_builtin_trace,
+    read_trace,
+)
 
 __all__ = [
     "ScenarioError",
@@ -757,6 +763,9 @@ def _workload(
             f"{path}.end_s",
             f"expected a number > start_s ({_fmt(workload.start_s)}), got {describe(workload.end_s)}",
         )
+    too_many = arrival_overflow(workload, duration_s)
+    if too_many is not None:
+        raise reader.error(path, too_many)
     quota = quotas.get(workload.provider)
     largest = _largest_fixed_units(workload.cost) if workload.type != "trace" else None
     if quota is not None and quota.units_per_min is not None and largest is not None:

@@ -8,6 +8,7 @@ records. Every random stream is derived from the seed, so a run replays exactly.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiqsim.core.backoff import backoff_from_name
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import describe_error
 from aiqsim.core.task import Priority, TaskRecord
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
@@ -30,7 +32,7 @@ from aiqsim.scheduler.scheduler import QueueFullError, RecoveryReport, Scheduler
 from aiqsim.sim import metrics
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.crash import CrashingStore, SimulatedCrash
-from aiqsim.stores.base import TaskStore
+from aiqsim.stores.base import StoreOpenError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -225,11 +227,21 @@ def resolve_scenario(scenario: Scenario | str | Path, overrides: Mapping[str, An
     from aiqsim.sim.scenario import apply_overrides, load_scenario, parse_scenario, scenario_to_dict
 
     if not isinstance(scenario, Scenario):
-        return load_scenario(scenario, overrides=overrides)
+        return load_scenario(checked_scenario_path(scenario), overrides=overrides)
     if not overrides:
         return scenario
     source = scenario.source or scenario.name
     return parse_scenario(apply_overrides(scenario_to_dict(scenario), overrides), source=source)
+
+
+def checked_scenario_path(scenario: Any) -> str | Path:
+    """``scenario`` if it can name a scenario file (a ``str`` or ``os.PathLike``), else a
+    :class:`~aiqsim.core.errors.ConfigurationError` that says what ``simulate``/``sweep`` accept."""
+    if isinstance(scenario, str | os.PathLike) and str(scenario):
+        return scenario
+    raise ConfigurationError(
+        f"scenario: expected a Scenario or the path of a scenario TOML file, got {scenario!r}"
+    )
 
 
 def run_scenario(
@@ -239,6 +251,9 @@ def run_scenario(
     on_new_scheduler, store_factory) replaces the simulated defaults, e.g. for a live run over HTTP
     or a store the scenario format does not describe (a PostgreSQL schema: ``store_factory`` opens
     it again at every restart, as a restarted process would)."""
+    from aiqsim.sim.preflight import check_runnable
+
+    check_runnable(scenario)  # a store.path that cannot be created fails now, not after the arrivals
     own_dir = workdir is None and scenario.store.kind != "memory" and scenario.store.path is None
     directory = Path(tempfile.mkdtemp(prefix="aiqsim-")) if own_dir else Path(workdir or ".")
     try:
@@ -347,7 +362,14 @@ class _Run:
                 "store.path",
                 f"{path} already exists (from an earlier run?); delete it or choose another path",
             )
-        return open_store(kind, path)
+        try:
+            return open_store(kind, path)
+        except StoreOpenError as error:  # e.g. store.path in a folder that does not exist
+            from aiqsim.sim.scenario import ScenarioError
+
+            raise ScenarioError(
+                self.scenario.source or self.scenario.name, "store.path", str(error)
+            ) from None
 
     def _new_scheduler(self) -> Scheduler:
         scenario = self.scenario

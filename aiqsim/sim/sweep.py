@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from aiqsim.core.errors import AiqsimError
+from aiqsim.core.errors import AiqsimError, ConfigurationError
 from aiqsim.lab.progress import Progress
 from aiqsim.sim.config import Scenario
 
@@ -33,6 +33,28 @@ class RunFailure:
     error: str
 
 
+MAX_SWEEP_RUNS = 100_000
+"""Most runs one sweep accepts: every row is held in memory until the frame is built (about 3 KB
+a row with its summary), and at tens of milliseconds a run this is already hours of work.
+Larger studies are several sweeps (split the seeds or the grid) whose files are concatenated."""
+
+
+class SweepTooLargeError(ConfigurationError):
+    """A sweep of more runs than :data:`MAX_SWEEP_RUNS`, refused before any run starts."""
+
+
+def check_sweep_size(points: int, seeds: int) -> None:
+    """Raise :class:`SweepTooLargeError` if ``points x seeds`` runs exceed :data:`MAX_SWEEP_RUNS`."""
+    runs = points * seeds
+    if runs > MAX_SWEEP_RUNS:
+        most_seeds = MAX_SWEEP_RUNS // max(points, 1)
+        raise SweepTooLargeError(
+            f"{points:,} grid point(s) x {seeds:,} seed(s) = {runs:,} runs; a sweep holds at most "
+            f"{MAX_SWEEP_RUNS:,} runs in memory (with {points:,} point(s): at most {most_seeds:,} seeds). "
+            "Split it into several sweeps."
+        )
+
+
 class SweepError(AiqsimError, RuntimeError):
     """Some runs failed. ``failures`` says which; ``results`` holds the rows of the runs that worked."""
 
@@ -42,6 +64,14 @@ class SweepError(AiqsimError, RuntimeError):
         super().__init__(f"{len(failures)} sweep run(s) failed:\n" + "\n".join(lines) + more)
         self.failures = failures
         self.results = results
+
+
+def grid_size(grid: Mapping[str, Sequence[Any]]) -> int:
+    """How many points the grid has (the product of its value counts), without building them."""
+    size = 1
+    for values in grid.values():
+        size *= len(values) if isinstance(values, Sized) and not isinstance(values, str | bytes) else 1
+    return size
 
 
 def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -97,7 +127,14 @@ def sweep(
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
     if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario)
+        from aiqsim.sim.simulate import checked_scenario_path
+
+        scenario = load_scenario(checked_scenario_path(scenario))
+    size = grid_size(grid) if grid else 1
+    if isinstance(seeds, Sized):
+        check_sweep_size(size, len(seeds))
+    seeds = list(itertools.islice(seeds, MAX_SWEEP_RUNS // max(size, 1) + 1))  # never an endless list
+    check_sweep_size(size, len(seeds))
     points = grid_points(grid) if grid else [{}]
     jobs = [(index, point, int(seed)) for index, point in enumerate(points) for seed in seeds]
     if not jobs:

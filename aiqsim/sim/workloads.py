@@ -207,6 +207,38 @@ def split_units(units: int, kind: ProviderKind, output_fraction: float) -> tuple
     return units - output, output
 
 
+ARRIVAL_BOUND_SIGMAS = 6.0
+"""How many standard deviations above its mean a Poisson count is allowed to reach in the up-front check."""
+
+
+def arrival_overflow(workload: WorkloadConfig, duration_s: float) -> str | None:
+    """Why ``workload`` would generate more than :data:`MAX_ARRIVALS_PER_WORKLOAD` user actions, or None.
+
+    Pure arithmetic on the configuration, so scenario validation (``aiqsim validate``) refuses
+    what generation would refuse only after drawing two million arrivals: a burst's ``count``,
+    or a Poisson mean ``rate_per_s x window`` whose upper tail (mean + 6 sd) passes the limit.
+    Below that bound the generator's own check is practically never reached.
+    """
+    limit = MAX_ARRIVALS_PER_WORKLOAD
+    if workload.type == "burst":
+        count = workload.count or 0
+        return None if count <= limit else f"count is {count:,}; at most {limit:,} arrivals fit"
+    if workload.type == "trace":
+        return None  # bounded by the trace file, which validation reads in full
+    if workload.count is not None and workload.count <= limit:
+        return None
+    end = duration_s if workload.end_s is None else min(workload.end_s, duration_s)
+    mean = workload.rate_per_s * max(0.0, end - workload.start_s)
+    if mean + ARRIVAL_BOUND_SIGMAS * math.sqrt(mean) <= limit:
+        return None
+    fits = limit / max(end - workload.start_s, 1e-300)
+    return (
+        f"rate_per_s {workload.rate_per_s:g} over {end - workload.start_s:g} s means about {mean:,.0f} "
+        f"arrivals; at most {limit:,} fit (rate_per_s up to about {fits * 0.99:,.4g} over this window, "
+        "or set count)"
+    )
+
+
 def _poisson_times(
     rng: random.Random, rate: float, start: float, end: float, count: int | None
 ) -> list[float]:

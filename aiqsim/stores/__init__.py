@@ -12,15 +12,19 @@ from __future__ import annotations
 import os
 
 from aiqsim.stores.base import (
+    PurgeReport,
+    StoreAccessError,
     StoreClosedError,
     StoreCorruptError,
     StoreLockedError,
+    StoreOpenError,
     StoreWriteError,
     TaskStore,
     claim_owner,
 )
 from aiqsim.stores.json_file import JsonFileStore
 from aiqsim.stores.memory import MemoryStore
+from aiqsim.stores.retention import RetentionPolicy, purge_periodically
 from aiqsim.stores.sqlite import SqliteStore
 
 STORE_KINDS = ("memory", "json", "sqlite")
@@ -52,14 +56,19 @@ __all__ = [
     "JsonFileStore",
     "MemoryStore",
     "PostgresStore",
+    "PurgeReport",
+    "RetentionPolicy",
     "SqliteStore",
+    "StoreAccessError",
     "StoreClosedError",
     "StoreCorruptError",
     "StoreLockedError",
+    "StoreOpenError",
     "StoreWriteError",
     "TaskStore",
     "claim_owner",
     "open_store",
+    "purge_periodically",
 ]
 
 # Jobs (issue #15): the job-table protocol every store implements.

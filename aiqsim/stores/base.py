@@ -2,15 +2,24 @@
 
 Store calls are synchronous and short: both runtimes are single-threaded and a store
 write is one transaction. Every method that changes state is atomic on its own.
+
+Group commit: a store whose :attr:`TaskStore.deferred_commit` is true stages its writes and
+makes them durable together in :meth:`TaskStore.flush` (one transaction, one fsync). A caller
+must then acknowledge a change (resolve a submission, report a task done) only after the flush
+that covers it returned. A store that commits every write on its own has
+``deferred_commit = False`` and a ``flush()`` that returns 0.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from aiqsim.core.errors import StoreError
+from aiqsim.core.errors import ConfigurationError, StoreError
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 
 LIVE_OWNER_STATUSES = frozenset({TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.SUCCEEDED})
@@ -25,8 +34,33 @@ class StoreLockedError(StoreError, RuntimeError):
     """Another process holds a single-process store (e.g. a JSON state file) open."""
 
 
+class StoreAccessError(StoreError, PermissionError):
+    """The store's files cannot be read or written by this process (permissions, read-only file
+    system). Raised when the store is opened, before anything is written; the message names
+    the path and what is missing. A ``PermissionError`` too, which is what callers saw before."""
+
+
 class StoreClosedError(StoreError, RuntimeError):
     """A store was used after :meth:`TaskStore.close`."""
+
+
+class StoreOpenError(StoreError, OSError):
+    """A store file that cannot be created at the path the caller gave (a missing folder, no
+    permission to write in it). Nothing was written; the message names that path."""
+
+
+def check_store_location(path: Path) -> None:
+    """Raise :class:`StoreOpenError` naming ``path`` unless its folder exists; writable for a new file.
+
+    Called before a store creates anything, so the error names the user's path rather than a
+    temp or lock file the store would have created next to it.
+    """
+    folder = path.parent
+    if not folder.is_dir():
+        problem = "does not exist" if not folder.exists() else "is not a directory"
+        raise StoreOpenError(f"{path}: cannot create the store: the folder {folder} {problem}")
+    if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        raise StoreOpenError(f"{path}: cannot create the store: no permission to write in {folder}")
 
 
 class StoreWriteError(StoreError, OSError):
@@ -82,7 +116,38 @@ class TaskStore(Protocol):
         """The recorded poison error for ``key``, if any."""
         ...
 
-    def close(self) -> None: ...
+    deferred_commit: bool
+    """True when writes are staged until :meth:`flush` (``SqliteStore(group_commit=True)``);
+    False when every write method is durable when it returns (every other store)."""
+
+    def flush(self) -> int:
+        """Make every staged write durable in one transaction; return how many writes it covered.
+
+        Returns 0 without doing anything when :attr:`deferred_commit` is false. On failure
+        nothing staged is kept and :class:`StoreWriteError` names what was lost.
+        """
+        ...
+
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        """Delete finished tasks and expired idempotency keys in one transaction (see :func:`plan_purge`)."""
+        ...
+
+    def close(self) -> None:
+        """Release the store; a deferred store flushes first (``close(flush=False)`` drops staged writes)."""
+        ...
+
+
+MAX_DESCRIBED_WRITES = 5
+"""How many lost writes :func:`describe_writes` names one by one before it only counts."""
+
+
+def describe_writes(whats: list[str]) -> str:
+    """Name a batch of writes for an error message: ``"3 staged writes: a; b; c"`` (long lists cut)."""
+    if len(whats) == 1:
+        return whats[0]
+    shown = "; ".join(whats[:MAX_DESCRIBED_WRITES])
+    more = f"; and {len(whats) - MAX_DESCRIBED_WRITES} more" if len(whats) > MAX_DESCRIBED_WRITES else ""
+    return f"{len(whats)} staged writes: {shown}{more}"
 
 
 def claim_owner(current_owner: TaskRecord | None, candidate: TaskRecord) -> TaskRecord:
@@ -151,3 +216,113 @@ def record_from_stored(data: Any, source: str) -> TaskRecord:
         where = f"{source}: task {task_id!r}" if isinstance(task_id, str) else source
         raise StoreCorruptError(f"{where}: {problem}")
     return TaskRecord.from_dict(data)
+
+
+# ---------------------------------------------------------------------------- retention
+@dataclass(frozen=True)
+class PurgeCandidate:
+    """What the retention rule needs to know about one finished task (no payload, no result)."""
+
+    task_id: str
+    key: str
+    status: TaskStatus
+    finished_at: float
+    """When it reached its terminal state (``updated_at`` for records that lack ``finished_at``)."""
+    owns_key: bool
+    """Whether the store's key table names this task as its key's owner."""
+
+
+@dataclass(frozen=True)
+class PurgePlan:
+    """What one purge deletes: task rows and ``(key, owner_id)`` ownership entries."""
+
+    task_ids: tuple[str, ...]
+    keys: tuple[tuple[str, str], ...]
+    kept_for_keys: int
+    """Tasks past the finished-task TTL kept because they own a key still within its TTL."""
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """The outcome of one :meth:`TaskStore.purge` (all of it committed in one transaction)."""
+
+    now: float
+    finished_older_than_s: float
+    keys_older_than_s: float
+    tasks_removed: int
+    keys_removed: int
+    kept_for_keys: int
+
+
+def check_purge_ttls(finished_older_than_s: float, keys_older_than_s: float) -> None:
+    """Refuse a TTL that is negative or NaN (``ConfigurationError``) before anything is read.
+
+    ``math.inf`` is allowed and means "never" (e.g. keep idempotency keys forever)."""
+    for name, value in (
+        ("finished_older_than_s", finished_older_than_s),
+        ("keys_older_than_s", keys_older_than_s),
+    ):
+        if not (_is_number(value) and value >= 0):
+            raise ConfigurationError(f"{name} must be a number of seconds >= 0 (inf: never), got {value!r}")
+
+
+def plan_purge(
+    candidates: Iterable[PurgeCandidate],
+    *,
+    now: float,
+    finished_older_than_s: float,
+    keys_older_than_s: float,
+) -> PurgePlan:
+    """The retention rule every store applies (pure: the store supplies ``candidates`` and ``now``).
+
+    Like Celery's ``result_expires``, with idempotency keys on a clock of their own:
+
+    - only terminal tasks (succeeded, failed, cancelled, deduped) are ever deleted; queued and
+      running tasks, and so every live owner's key, are never touched, whatever their age;
+    - a succeeded task that owns its key is what a duplicate submission is answered from, so the
+      key and that task are kept until the key is ``keys_older_than_s`` old, even past
+      ``finished_older_than_s``; after that a duplicate runs (and bills) again;
+    - every other terminal task (duplicates, failed or cancelled owners, whose key a new
+      submission may take anyway) goes once it is ``finished_older_than_s`` old, with its key;
+    - poison records are not candidates: a poisoned input stays refused.
+
+    Age is ``now - finished_at``; a task stamped after ``now`` (another clock origin) is kept.
+    """
+    check_purge_ttls(finished_older_than_s, keys_older_than_s)
+    task_ids: list[str] = []
+    keys: list[tuple[str, str]] = []
+    kept_for_keys = 0
+    for candidate in candidates:
+        if not candidate.status.is_terminal:
+            continue
+        age = now - candidate.finished_at
+        task_expired = age >= finished_older_than_s
+        if candidate.owns_key and candidate.status in LIVE_OWNER_STATUSES:
+            if age < keys_older_than_s:
+                kept_for_keys += int(task_expired)
+                continue
+            keys.append((candidate.key, candidate.task_id))
+        elif candidate.owns_key and task_expired:
+            keys.append((candidate.key, candidate.task_id))
+        if task_expired:
+            task_ids.append(candidate.task_id)
+    return PurgePlan(task_ids=tuple(task_ids), keys=tuple(keys), kept_for_keys=kept_for_keys)
+
+
+def purge_candidate(record: TaskRecord, owns_key: bool) -> PurgeCandidate:
+    """The :class:`PurgeCandidate` for a stored record."""
+    finished = record.finished_at if record.finished_at is not None else record.updated_at
+    return PurgeCandidate(record.id, record.key, record.status, finished, owns_key)
+
+
+def purge_report(
+    plan: PurgePlan, now: float, finished_older_than_s: float, keys_older_than_s: float
+) -> PurgeReport:
+    return PurgeReport(
+        now=now,
+        finished_older_than_s=finished_older_than_s,
+        keys_older_than_s=keys_older_than_s,
+        tasks_removed=len(plan.task_ids),
+        keys_removed=len(plan.keys),
+        kept_for_keys=plan.kept_for_keys,
+    )

@@ -2,10 +2,14 @@
 
 Layout next to ``path`` (all files mode 0600):
 
-- ``path``: the snapshot, a versioned JSON document
-  ``{"format": "aiqsim-taskstore", "version": 1, "last_seq": N, "tasks": [...], "owners": {...},
-  "poison": {...}}``. It is only ever replaced atomically: written to a temp file in the same
-  directory, flushed and fsynced, ``os.replace``-d over the old one, then the directory is fsynced.
+- ``path``: the snapshot, a versioned, checksummed JSON document (version 2)
+  ``{"format":"aiqsim-taskstore","version":2,"crc":"<crc32 of the store bytes>","store":{"last_seq":N,
+  "tasks":[...],"owners":{...},"poison":{...}}}``, written compactly in exactly that order so the
+  checksum covers the ``store`` value's bytes as they are on disk; a flipped byte anywhere in it is
+  refused instead of opening with an altered payload. Version 1 files (the same fields at the top
+  level, no checksum) are still read; the next snapshot rewrites them as version 2. It is only ever
+  replaced atomically: written to a temp file in the same directory, flushed and fsynced,
+  ``os.replace``-d over the old one, then the directory is fsynced.
 - ``path.journal``: one JSON line per change since the snapshot,
   ``{"crc":"<crc32 of entry bytes>","entry":{"seq": n, "op": ...}}``, fsynced per append.
 - ``path.lock``: an advisory ``flock`` held while the store is open.
@@ -15,15 +19,27 @@ Why a journal: rewriting the whole snapshot per write costs O(number of tasks) (
 when it holds as many entries as the store holds tasks (and at least ``compact_min_entries``),
 so compaction stays O(1) amortised per write.
 
-Crash safety: a crash mid-append leaves a torn last line, detected by its missing newline,
-by zero bytes in or after it, or by framing that does not parse; it is ignored and cut off on
-the next open. A last line that is whole and well-formed but fails its checksum is not what a
-crash leaves behind (the newline is the last byte written): that is damage or a hand edit,
-refused like any other bad line. A crash mid-snapshot leaves a stale temp file,
+Crash safety: a crash mid-append leaves a torn last line: bytes after the last newline (the
+newline is the last byte an append writes). Only that is ignored and cut off on the next open.
+A line that ends with its newline was written whole, so if it fails its checksum or does not
+parse -- the last line included -- that is damage or a hand edit, refused like any other bad
+line (cutting it off would silently drop a task whose write had been acknowledged). A crash
+mid-snapshot leaves a stale temp file,
 ignored and removed on the next open. A crash between replacing the snapshot and emptying the
 journal is harmless: journal entries carry sequence numbers and those already in the snapshot
 (``seq <= last_seq``) are skipped. Anything else that does not decode raises
 :class:`~aiqsim.stores.base.StoreCorruptError` and leaves every file untouched.
+
+Write failures (disk full, read-only file, I/O error) raise
+:class:`~aiqsim.stores.base.StoreWriteError` naming the change that was not persisted; a partial
+line is taken back, nothing changes in memory, and the next write succeeds once the cause is
+gone. A store whose directory or journal this process cannot write or read is refused at open
+with :class:`~aiqsim.stores.base.StoreAccessError`.
+
+Not protected against: deleting ``path.journal`` (or replacing the snapshot) behind a running
+store's back. The store keeps appending to the unlinked journal, and the next open finds no
+journal and silently misses every write since the last snapshot. No store can detect files
+removed from under it by another program; do not clean a store's directory while it is open.
 
 Single process only: the lock makes a second process (or a second open in this process) fail
 with :class:`~aiqsim.stores.base.StoreLockedError` instead of interleaving writes. Use
@@ -44,13 +60,21 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from aiqsim.core.errors import StoreError
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
+    PurgeReport,
+    StoreAccessError,
     StoreClosedError,
     StoreCorruptError,
     StoreLockedError,
+    StoreWriteError,
+    check_store_location,
     claim_owner,
+    plan_purge,
+    purge_candidate,
+    purge_report,
     record_from_stored,
 )
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
@@ -58,13 +82,15 @@ from aiqsim.stores.job_store import claim_job_owner, job_from_stored
 FORMAT = "aiqsim-taskstore"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
-"""Version 2 adds ``jobs`` and ``job_owners`` (jobs, issue #15); a version-1 file reads as having no
-jobs and is written as version 2 at its next compaction. A file from a newer aiqsim is refused."""
+"""Snapshot versions this build opens: 1 (no checksum) and 2 (checksummed, written by this build).
+A ``store`` may hold ``jobs`` and ``job_owners`` (jobs, issue #15); without them it holds no jobs."""
 FILE_MODE = 0o600
 DEFAULT_COMPACT_MIN_ENTRIES = 1000
 
 _LINE = re.compile(rb'\{"crc":"([0-9a-f]{8})","entry":(.*)\}')
-_OPS = frozenset({"insert", "claim", "update", "poison"})
+_SNAPSHOT_PREFIX = b'{"format":"%s","version":%d,"crc":"' % (FORMAT.encode(), VERSION)
+_SNAPSHOT = re.compile(re.escape(_SNAPSHOT_PREFIX) + rb'([0-9a-f]{8})","store":(.*)\}\n?', re.DOTALL)
+_OPS = frozenset({"insert", "claim", "update", "poison", "purge"})
 _JOB_OPS = frozenset({"job_insert", "job_claim", "job_update"})
 _OPS = _OPS | _JOB_OPS
 
@@ -108,6 +134,7 @@ class JsonFileStore:
         if compact_min_entries < 1:
             raise ValueError(f"compact_min_entries must be >= 1, got {compact_min_entries}")
         self.path = Path(path)
+        check_store_location(self.path)
         self.journal_path = self.path.with_name(self.path.name + ".journal")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.fsync = fsync
@@ -122,6 +149,8 @@ class JsonFileStore:
         self._journal_size = 0
         self._journal_fd: int | None = None
         self._closed = False
+        self.deferred_commit = False
+        """Every write is appended and fsynced before its method returns; :meth:`flush` returns 0."""
         self.torn_tail_recovered = False
         """True when opening found (and cut off) an incomplete last journal line."""
         self.stale_temp_files_removed = 0
@@ -129,9 +158,25 @@ class JsonFileStore:
         self.last_compaction_error: OSError | None = None
         """Why the last automatic compaction failed (e.g. disk full); the journal keeps growing meanwhile."""
         self._compact_deferred_to = 0
-        self._lock_fd: int | None = self._acquire_lock()
+        self._journal_needs_cut = False
+        """A failed append's partial line could not be taken back yet; cut before the next append."""
+        self._lock_fd: int | None = None
         try:
+            self._lock_fd = self._acquire_lock()
+            self._check_writable()
             self._open()
+        except StoreError:
+            self._release()
+            raise
+        except PermissionError as error:
+            self._release()
+            raise StoreAccessError(
+                f"{self.path}: cannot open the store ({error.strerror or error}: {error.filename}); "
+                "nothing was written"
+            ) from error
+        except OSError as error:
+            self._release()
+            raise StoreWriteError(f"opening the store at {self.path}", error) from error
         except BaseException:
             self._release()
             raise
@@ -169,9 +214,29 @@ class JsonFileStore:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the holder's pid is only a hint for the error above: a full disk must not stop the open
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
         return fd
+
+    def _check_writable(self) -> None:
+        """Refuse, before anything is read or written, a store this process could not keep writing:
+        the snapshot is replaced through a temp file in its directory, so that must be writable."""
+        effective = os.access in os.supports_effective_ids
+        directory = self.path.parent
+        if not os.access(directory, os.W_OK | os.X_OK, effective_ids=effective):
+            raise StoreAccessError(
+                f"{self.path}: the store's directory {directory} is not writable by this process (snapshots "
+                "are replaced through a temp file there); it was not opened. Fix the permissions."
+            )
+        for path in (self.path, self.journal_path):  # a file made read-only is not to be replaced either
+            if path.exists() and not os.access(path, os.R_OK | os.W_OK, effective_ids=effective):
+                raise StoreAccessError(
+                    f"{path}: not writable by this process; the store was not opened and nothing was "
+                    "written. Fix the permissions, or open a writable copy."
+                )
 
     def _temp_files(self) -> list[Path]:
         return sorted(self.path.parent.glob(f".{glob.escape(self.path.name)}.tmp-*"))
@@ -205,6 +270,10 @@ class JsonFileStore:
     def _read(self, where: Path) -> bytes:
         try:
             return where.read_bytes()
+        except PermissionError as error:
+            raise StoreAccessError(
+                f"{where}: cannot be read by this process ({error.strerror or error}); it was not opened"
+            ) from error
         except OSError as error:
             raise self._corrupt(where, f"cannot be read ({error.strerror or error})") from error
 
@@ -223,11 +292,14 @@ class JsonFileStore:
             )
         version = doc.get("version")
         if not isinstance(version, int) or isinstance(version, bool) or version not in READABLE_VERSIONS:
-            newer = isinstance(version, int) and version > VERSION
+            newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
             hint = " (written by a newer aiqsim)" if newer else ""
+            readable = " or ".join(map(str, READABLE_VERSIONS))
             raise self._corrupt(
-                self.path, f"unsupported version {version!r}{hint}; this build reads {VERSION}"
+                self.path, f"unsupported version {version!r}{hint}; this build reads {readable}"
             )
+        if version >= 2:
+            doc = self._checked_store(raw, doc)
         tasks, owners, poison, last_seq = (
             doc.get(name) for name in ("tasks", "owners", "poison", "last_seq")
         )
@@ -253,7 +325,7 @@ class JsonFileStore:
         self._load_jobs(doc)
 
     def _load_jobs(self, doc: dict[str, Any]) -> None:
-        """The job table of a version-2 snapshot (absent in version 1: no jobs)."""
+        """The job table of a snapshot's store (absent in version 1 and in stores without jobs)."""
         jobs, owners = doc.get("jobs", []), doc.get("job_owners", {})
         if not isinstance(jobs, list) or not isinstance(owners, dict):
             raise self._corrupt(self.path, "'jobs' must be a list and 'job_owners' an object")
@@ -269,6 +341,22 @@ class JsonFileStore:
                     self.path, f"job key {key!r} is owned by {owner_id!r}, not a job with that key"
                 )
             self._job_owners[key] = owner_id
+
+    def _checked_store(self, raw: bytes, doc: dict[str, Any]) -> Any:
+        """The ``store`` object of a version-2 snapshot, once its checksum matches its bytes."""
+        match = _SNAPSHOT.fullmatch(raw)
+        if match is None:
+            raise self._corrupt(
+                self.path,
+                "version 2 snapshot is not in its checksummed layout (reformatted or hand-edited?)",
+            )
+        expected, body = int(match.group(1), 16), match.group(2)
+        if zlib.crc32(body) != expected:
+            raise self._corrupt(
+                self.path,
+                f"checksum mismatch (crc32 {zlib.crc32(body):08x}, recorded {expected:08x}): damaged",
+            )
+        return doc.get("store")
 
     def _poison_value(self, entry: Any, where: Path) -> tuple[str, float]:
         if (
@@ -293,14 +381,17 @@ class JsonFileStore:
             offset += len(line) + 1
             entry = self._parse_line(line)
             if entry is None:
-                if number == len(complete) and not tail.strip(b"\0") and self._looks_torn(line, tail):
-                    self.torn_tail_recovered = True  # a damaged last line: a crash mid-append
-                    break
-                raise self._corrupt(self.journal_path, f"line {number} fails its checksum or does not parse")
+                last = (
+                    " (the last line, but it ends with its newline: written whole, so not a torn append)"
+                    if number == len(complete)
+                    else ""
+                )
+                raise self._corrupt(
+                    self.journal_path, f"line {number} fails its checksum or does not parse{last}"
+                )
             entries.append((entry, offset))
-        else:
-            if tail:
-                self.torn_tail_recovered = True  # an incomplete last line: a crash mid-append
+        if tail:
+            self.torn_tail_recovered = True  # no newline yet: an append cut short by a crash
         valid_length = entries[-1][1] if entries else 0
         previous: int | None = None
         for number, (entry, _) in enumerate(entries, start=1):
@@ -327,21 +418,6 @@ class JsonFileStore:
             self._seq = seq
             self._journal_entries += 1
         return valid_length
-
-    @staticmethod
-    def _looks_torn(line: bytes, tail: bytes) -> bool:
-        """Whether a bad last line is what an interrupted append leaves: zero-filled blocks in it or
-        after it, or framing cut apart. A well-formed line with a wrong checksum is not."""
-        if b"\0" in line or tail:
-            return True
-        match = _LINE.fullmatch(line)
-        if match is None:
-            return True
-        try:
-            json.loads(match.group(2))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return True
-        return False
 
     @staticmethod
     def _parse_line(line: bytes) -> dict[str, Any] | None:
@@ -377,6 +453,8 @@ class JsonFileStore:
                     f"{source}: claim of {entry['key']!r} by unknown task {entry['owner_id']!r}"
                 )
             self._owners[owner.key] = owner.id
+        elif op == "purge":
+            self._apply_purge(entry["tasks"], entry["keys"], source)
         else:
             if not isinstance(entry["key"], str):
                 raise StoreCorruptError(f"{source}: poison key must be a string")
@@ -401,25 +479,50 @@ class JsonFileStore:
         if op == "job_insert" and entry["owner"] is True:
             self._job_owners[job.key] = job.id
 
+    def _apply_purge(self, task_ids: Any, keys: Any, source: str) -> None:
+        """Apply a purge entry, all or nothing: it may only name finished tasks and their own keys."""
+        if not isinstance(task_ids, list) or not isinstance(keys, list):
+            raise StoreCorruptError(f"{source}: purge entry needs 'tasks' and 'keys' lists")
+        for task_id in task_ids:
+            record = self._tasks.get(task_id) if isinstance(task_id, str) else None
+            if record is None or not record.status.is_terminal:
+                raise StoreCorruptError(f"{source}: purge of unknown or unfinished task {task_id!r}")
+        for pair in keys:
+            if not (isinstance(pair, list) and len(pair) == 2 and self._owners.get(pair[0]) == pair[1]):
+                raise StoreCorruptError(f"{source}: purge of key {pair!r} that task does not own")
+        for key, _ in keys:
+            del self._owners[key]
+        for task_id in task_ids:
+            del self._tasks[task_id]
+
     # ------------------------------------------------------------------ writing
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"{self.path}: store is closed")
 
-    def _commit(self, entry: dict[str, Any]) -> None:
-        """Durably append ``entry`` to the journal, then apply it in memory (never the other way round)."""
+    def _commit(self, entry: dict[str, Any], what: str) -> None:
+        """Durably append ``entry`` to the journal, then apply it in memory (never the other way round).
+
+        A failed append raises :class:`StoreWriteError` naming ``what``; its partial line is taken
+        back (now or before the next append) and memory is unchanged, so the store stays usable.
+        """
         self._check_open()
         assert self._journal_fd is not None
         seq = self._seq + 1
         body = _dumps({"seq": seq, **entry})  # may raise TypeError for a non-JSON payload: nothing written
         line = b'{"crc":"%08x","entry":%b}\n' % (zlib.crc32(body), body)
         try:
+            if self._journal_needs_cut:
+                os.ftruncate(self._journal_fd, self._journal_size)
+                self._journal_needs_cut = False
             _write_all(self._journal_fd, line)
             if self.fsync:
                 os.fsync(self._journal_fd)
+        except OSError as error:
+            self._take_back_partial_line()
+            raise StoreWriteError(what, error) from error
         except BaseException:
-            with contextlib.suppress(OSError):  # take back a partial line so the next append is not glued on
-                os.ftruncate(self._journal_fd, self._journal_size)
+            self._take_back_partial_line()
             raise
         self._journal_size += len(line)
         self._apply(json.loads(body), f"{self.journal_path}: seq {seq}")  # exactly what a reopen would see
@@ -430,24 +533,34 @@ class JsonFileStore:
         ):
             try:
                 self.compact()
-            except OSError as error:  # the write itself is durable: report it as done, compact later
+            except StoreWriteError as error:  # the write itself is durable: report it as done, compact later
                 self.last_compaction_error = error
                 self._compact_deferred_to = 2 * self._journal_entries
 
-    def _snapshot_document(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "last_seq": self._seq,
-            "tasks": [record.to_dict() for record in self._tasks.values()],
-            "owners": dict(self._owners),
-            "poison": {key: {"error": e, "recorded_at": t} for key, (e, t) in self._poison.items()},
-            "jobs": [job.to_dict() for job in self._jobs.values()],
-            "job_owners": dict(self._job_owners),
-        }
+    def _take_back_partial_line(self) -> None:
+        """Cut the journal back to its last whole line so the next append is not glued onto a fragment."""
+        assert self._journal_fd is not None
+        try:
+            os.ftruncate(self._journal_fd, self._journal_size)
+        except OSError:
+            self._journal_needs_cut = True  # retried before the next append, which fails if it still cannot
+
+    def _snapshot_bytes(self) -> bytes:
+        """The version-2 snapshot: format, version and checksum first, then the checksummed ``store``."""
+        body = _dumps(
+            {
+                "last_seq": self._seq,
+                "tasks": [record.to_dict() for record in self._tasks.values()],
+                "owners": dict(self._owners),
+                "poison": {key: {"error": e, "recorded_at": t} for key, (e, t) in self._poison.items()},
+                "jobs": [job.to_dict() for job in self._jobs.values()],
+                "job_owners": dict(self._job_owners),
+            }
+        )
+        return b'%s%08x","store":%b}\n' % (_SNAPSHOT_PREFIX, zlib.crc32(body), body)
 
     def _write_snapshot(self) -> None:
-        data = _dumps(self._snapshot_document()) + b"\n"
+        data = self._snapshot_bytes()
         temp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         temp.unlink(missing_ok=True)
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
@@ -466,13 +579,28 @@ class JsonFileStore:
             _fsync_directory(self.path.parent)
 
     def compact(self) -> None:
-        """Fold the journal into a new snapshot (atomic replace), then empty the journal."""
+        """Fold the journal into a new snapshot (atomic replace), then empty the journal.
+
+        Raises :class:`StoreWriteError` if the snapshot cannot be written; nothing is lost then
+        (every write is still in the journal and the old snapshot is intact).
+        """
         self._check_open()
         assert self._journal_fd is not None
-        self._write_snapshot()
-        os.ftruncate(self._journal_fd, 0)
-        if self.fsync:
-            os.fsync(self._journal_fd)
+        what = "compaction of the journal into a new snapshot (every write is still in the journal)"
+        try:
+            self._write_snapshot()
+        except OSError as error:
+            raise StoreWriteError(what, error) from error
+        try:
+            os.ftruncate(self._journal_fd, 0)
+            if self.fsync:
+                os.fsync(self._journal_fd)
+        except OSError as error:  # the snapshot holds every entry: replay skips them (seq <= last_seq)
+            self._journal_needs_cut = False
+            self._journal_size = os.fstat(self._journal_fd).st_size
+            raise StoreWriteError(
+                "emptying the journal after a compaction (nothing is lost)", error
+            ) from error
         self._journal_size = 0
         self._journal_entries = 0
         self._compact_deferred_to = 0
@@ -484,7 +612,10 @@ class JsonFileStore:
         if task.id in self._tasks:
             raise ValueError(f"task id {task.id!r} already exists")
         owner = claim_owner(self.owner_of(task.key), task)
-        self._commit({"op": "insert", "task": task.to_dict(), "owner": owner is task})
+        self._commit(
+            {"op": "insert", "task": task.to_dict(), "owner": owner is task},
+            f"insert of task {task.id!r} ({task.status.value})",
+        )
         return owner
 
     def claim(self, task: TaskRecord) -> TaskRecord:
@@ -495,14 +626,19 @@ class JsonFileStore:
             return self._tasks[task.id]
         owner = claim_owner(self.owner_of(task.key), task)
         if owner is task:
-            self._commit({"op": "claim", "key": task.key, "owner_id": task.id})
+            self._commit(
+                {"op": "claim", "key": task.key, "owner_id": task.id},
+                f"claim of key {task.key!r} by task {task.id!r}",
+            )
         return owner
 
     def update(self, task: TaskRecord) -> None:
         self._check_open()
         if task.id not in self._tasks:
             raise KeyError(f"unknown task id {task.id!r}")
-        self._commit({"op": "update", "task": task.to_dict()})
+        self._commit(
+            {"op": "update", "task": task.to_dict()}, f"update of task {task.id!r} to {task.status.value}"
+        )
 
     def get(self, task_id: str) -> TaskRecord | None:
         self._check_open()
@@ -521,7 +657,9 @@ class JsonFileStore:
         return [record for record in self._tasks.values() if record.status in wanted]
 
     def record_poison(self, key: str, error: str, now: float) -> None:
-        self._commit({"op": "poison", "key": key, "error": error, "recorded_at": now})
+        self._commit(
+            {"op": "poison", "key": key, "error": error, "recorded_at": now}, f"poison record for key {key!r}"
+        )
 
     def poison_error(self, key: str) -> str | None:
         self._check_open()
@@ -534,7 +672,9 @@ class JsonFileStore:
         if job.id in self._jobs:
             raise ValueError(f"job id {job.id!r} already exists")
         owner = claim_job_owner(self.job_owner_of(job.key), job)
-        self._commit({"op": "job_insert", "job": job.to_dict(), "owner": owner is job})
+        self._commit(
+            {"op": "job_insert", "job": job.to_dict(), "owner": owner is job}, f"insert of job {job.id!r}"
+        )
         return owner
 
     def claim_job(self, job: JobRecord) -> JobRecord:
@@ -545,14 +685,16 @@ class JsonFileStore:
             return self._jobs[job.id]
         owner = claim_job_owner(self.job_owner_of(job.key), job)
         if owner is job:
-            self._commit({"op": "job_claim", "key": job.key, "owner_id": job.id})
+            self._commit(
+                {"op": "job_claim", "key": job.key, "owner_id": job.id}, f"claim of job key by {job.id!r}"
+            )
         return owner
 
     def update_job(self, job: JobRecord) -> None:
         self._check_open()
         if job.id not in self._jobs:
             raise KeyError(f"unknown job id {job.id!r}")
-        self._commit({"op": "job_update", "job": job.to_dict()})
+        self._commit({"op": "job_update", "job": job.to_dict()}, f"job {job.id!r} -> {job.status.value}")
 
     def get_job(self, job_id: str) -> JobRecord | None:
         self._check_open()
@@ -570,8 +712,45 @@ class JsonFileStore:
         wanted = set(statuses)
         return [job for job in self._jobs.values() if job.status in wanted]
 
-    def close(self) -> None:
-        """Close the journal and release the lock (idempotent). Nothing is lost: every write is durable."""
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`.
+
+        The purge is one journal entry (one atomic append); a snapshot then folds it in so the
+        space is given back (a failed compaction is kept in :attr:`last_compaction_error`).
+        """
+        self._check_open()
+        plan = plan_purge(
+            (
+                purge_candidate(t, self._owners.get(t.key) == t.id)
+                for t in self._tasks.values()
+                if t.status.is_terminal
+            ),
+            now=now,
+            finished_older_than_s=finished_older_than_s,
+            keys_older_than_s=keys_older_than_s,
+        )
+        if plan.task_ids or plan.keys:
+            what = f"purge of {len(plan.task_ids)} finished tasks and {len(plan.keys)} keys"
+            self._commit(
+                {"op": "purge", "tasks": list(plan.task_ids), "keys": [list(k) for k in plan.keys]}, what
+            )
+            if not self._closed and self._journal_entries:
+                try:
+                    self.compact()
+                except StoreWriteError as error:  # the purge is durable; the space comes back later
+                    self.last_compaction_error = error
+        return purge_report(plan, now, finished_older_than_s, keys_older_than_s)
+
+    def flush(self) -> int:
+        """Nothing is ever staged (each write is durable on return): returns 0."""
+        self._check_open()
+        return 0
+
+    def close(self, *, flush: bool = True) -> None:
+        """Close the journal and release the lock (idempotent). Nothing is lost: every write is durable.
+
+        ``flush`` is accepted for the protocol's sake; there is never anything staged.
+        """
         if self._closed:
             return
         self._closed = True

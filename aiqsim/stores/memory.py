@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.stores.base import claim_owner
+from aiqsim.stores.base import PurgeReport, claim_owner, plan_purge, purge_candidate, purge_report
 from aiqsim.stores.job_store import claim_job_owner
 
 
@@ -22,6 +22,8 @@ class MemoryStore:
         self._jobs: dict[str, JobRecord] = {}
         self._job_owners: dict[str, str] = {}
         self.writes = 0
+        self.deferred_commit = False
+        """Every write is applied when its method returns; :meth:`flush` has nothing to do."""
 
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
         if task.id in self._tasks:
@@ -72,8 +74,32 @@ class MemoryStore:
     def poison_error(self, key: str) -> str | None:
         return self._poison.get(key)
 
-    def close(self) -> None:
-        pass
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`."""
+        plan = plan_purge(
+            (
+                purge_candidate(t, self._owners.get(t.key) == t.id)
+                for t in self._tasks.values()
+                if t.status.is_terminal
+            ),
+            now=now,
+            finished_older_than_s=finished_older_than_s,
+            keys_older_than_s=keys_older_than_s,
+        )
+        for key, owner_id in plan.keys:
+            if self._owners.get(key) == owner_id:
+                del self._owners[key]
+        for task_id in plan.task_ids:
+            del self._tasks[task_id]
+        self.writes += 1
+        return purge_report(plan, now, finished_older_than_s, keys_older_than_s)
+
+    def flush(self) -> int:
+        """Nothing is ever staged here: returns 0."""
+        return 0
+
+    def close(self, *, flush: bool = True) -> None:
+        """Nothing to release (``flush`` is accepted for the protocol's sake)."""
 
     # ------------------------------------------------------------------ jobs (JobStore)
     def insert_and_claim_job(self, job: JobRecord) -> JobRecord:

@@ -42,11 +42,16 @@ from typing import Any
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
+    PurgeCandidate,
+    PurgeReport,
     StoreClosedError,
     StoreCorruptError,
     StoreError,
     StoreWriteError,
+    check_purge_ttls,
     claim_owner,
+    plan_purge,
+    purge_report,
     record_from_stored,
 )
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
@@ -199,6 +204,10 @@ def _json_text(value: Any) -> str:
 
 class PostgresStore:
     """:class:`~aiqsim.stores.base.TaskStore` in PostgreSQL, safe for many workers on many hosts.
+
+    Every write commits before it returns (``deferred_commit`` is False): PostgreSQL already
+    groups the WAL flushes of concurrent transactions (``commit_delay``), and a transaction held
+    open across a scheduler's awaits would hold row locks other hosts wait on.
 
     Parameters:
         dsn: a libpq connection string or URL (``postgresql://user@host:5432/db``).
@@ -534,6 +543,41 @@ class PostgresStore:
             rows = self._read(f"{self._job_select} ORDER BY j.seq")
         return [self._decode_job(row) for row in rows]
 
+    deferred_commit = False
+
+    def flush(self) -> int:
+        """Nothing is ever staged here (see the class docs): returns 0."""
+        self._check_open()
+        return 0
+
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`, in one
+        transaction; candidates are read without their payloads.
+
+        ``now`` is on the clock the tasks were stamped with (the scheduler's), as for every store.
+        """
+        check_purge_ttls(finished_older_than_s, keys_older_than_s)
+        cutoff = float(now) - min(finished_older_than_s, keys_older_than_s)
+        terminal = [status.value for status in TaskStatus if status.is_terminal]
+        s = self.schema
+        with self._write("purge of finished tasks and expired keys") as conn:
+            rows = conn.execute(
+                "SELECT t.id, t.key, t.status, coalesce(t.finished_at, t.updated_at), k.owner_id IS NOT NULL "
+                f"FROM {s}.tasks t LEFT JOIN {s}.keys k ON k.key = t.key AND k.owner_id = t.id "
+                "WHERE t.status = ANY(%s) AND coalesce(t.finished_at, t.updated_at) <= %s",
+                (terminal, cutoff),
+            ).fetchall()
+            plan = plan_purge(
+                (PurgeCandidate(i, k, TaskStatus(st), float(f), bool(o)) for i, k, st, f, o in rows),
+                now=float(now),
+                finished_older_than_s=finished_older_than_s,
+                keys_older_than_s=keys_older_than_s,
+            )
+            with conn.cursor() as cursor:
+                cursor.executemany(f"DELETE FROM {s}.keys WHERE key = %s AND owner_id = %s", plan.keys)
+                cursor.executemany(f"DELETE FROM {s}.tasks WHERE id = %s", [(i,) for i in plan.task_ids])
+        return purge_report(plan, float(now), finished_older_than_s, keys_older_than_s)
+
     # ------------------------------------------------------------------ across hosts
     def wait_for_terminal(self, task_ids: Sequence[str], timeout_s: float) -> set[str]:
         """Block up to ``timeout_s`` for a terminal notification about any of ``task_ids``.
@@ -642,8 +686,8 @@ class PostgresStore:
         with self._write(f"drop schema {self.schema!r}") as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
 
-    def close(self) -> None:
-        """Close the connections (idempotent); every committed write is already durable."""
+    def close(self, *, flush: bool = True) -> None:
+        """Close the connections (idempotent); every write is already durable (nothing is staged)."""
         if not self._closed:
             self._closed = True
             self._conn.close()

@@ -14,6 +14,17 @@ and replaced only if :func:`~aiqsim.stores.base.claim_owner` says so (a failed o
 owner). Two processes racing on one key therefore get exactly one owner. ``busy_timeout`` makes
 a process wait for the other's transaction instead of failing with "database is locked".
 
+Group commit (``group_commit=True``, :attr:`SqliteStore.deferred_commit`): every write method
+stages its change inside one open ``BEGIN IMMEDIATE`` transaction (each write in a savepoint of
+its own, so a write that fails takes back only itself) and :meth:`SqliteStore.flush` commits
+everything staged in one transaction -- one fsync under ``synchronous=FULL`` for the whole
+window. Reads on this connection see staged rows; other connections do not see them until the
+flush. The claim stays atomic across processes because the write lock is held from the first
+staged write to the flush. The trade: that lock is held for the whole commit window, so another
+process's write waits up to that long (its ``busy_timeout_s`` must exceed the window), and a
+staged write is not durable -- a crash loses exactly the writes not yet flushed, so a caller may
+acknowledge a change only after the :meth:`~SqliteStore.flush` that covers it returned.
+
 Durability: WAL journal with ``synchronous=FULL`` by default. In WAL mode ``NORMAL`` survives a
 killed process but may roll back the last commits on power loss or an OS crash, and a lost
 ``running`` or ``succeeded`` write is exactly what makes a task run (and bill) twice. FULL costs
@@ -25,6 +36,34 @@ malformed file, a wrong schema version or an invalid row raises
 :class:`~aiqsim.stores.base.StoreCorruptError` and the file stays byte-for-byte as it was.
 A new store file is built under a temp name and linked into place, so a crash during creation
 never leaves a half-initialised store behind.
+
+What opening checks (``validate=True``, the default), and why: the file's size against its header
+(whole pages, at least the recorded page count: SQLite reads a short last page as zeros, so a file
+one byte short would open with a changed value); ``PRAGMA integrity_check`` rather than
+``quick_check`` -- only the former compares every index with its table, and a stale
+``tasks_by_status`` index made ``list_by_status(RUNNING)`` miss a running task, so ``recover()``
+never reconciled it; every text column decodes as UTF-8 (SQLite keeps any bytes as text, and
+Python cannot read such a row at all); every row's types and values; every key's owner. All of it
+is O(n), paid once per open (and so once per ``recover()`` after a restart): at 100k tasks about
+0.74 s of CPU in all, of which integrity_check 0.21 s vs 0.08 s for quick_check, the UTF-8 pass
+0.31 s and the row scan 0.20 s (``benchmarks/bench_store_checks.py``; wall time 2-4x that on the
+loaded 2-core machine). A recovery that misses an orphan bills twice, which outweighs a fraction
+of a second per start. ``validate=False`` skips the O(n) part for a store known good; damage met
+later still surfaces as an error, never as a wrong answer read quietly.
+
+Errors: no raw ``sqlite3`` exception leaves the store. A read that fails is
+:class:`~aiqsim.stores.base.StoreCorruptError` (damage) or ``StoreError`` (lock, I/O); a write that
+fails (disk full, I/O error, lock timeout, a page found malformed) is
+:class:`~aiqsim.stores.base.StoreWriteError` naming the change that was not persisted, and the
+store stays usable. A store this process cannot write (file, ``-wal``/``-shm``, or the directory
+WAL needs) is refused at open with :class:`~aiqsim.stores.base.StoreAccessError`: there is no
+read-only mode, and SQLite would otherwise open it read-only without a word.
+
+Not protected against: deleting (or replacing) the ``-wal`` file, or the database file, while a
+process has the store open. Committed transactions live in the WAL until a checkpoint copies them
+into the main file; a ``-wal`` removed behind SQLite's back takes them with it, and the next open
+silently sees the store as of the last checkpoint. Neither SQLite nor this store can detect files
+removed from under them by another program; never clean a store's directory while it is in use.
 """
 
 from __future__ import annotations
@@ -39,9 +78,24 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from aiqsim.core.errors import StoreError
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
-from aiqsim.stores.base import StoreClosedError, StoreCorruptError, claim_owner, record_from_stored
+from aiqsim.stores.base import (
+    PurgeCandidate,
+    PurgeReport,
+    StoreAccessError,
+    StoreClosedError,
+    StoreCorruptError,
+    StoreWriteError,
+    check_purge_ttls,
+    check_store_location,
+    claim_owner,
+    describe_writes,
+    plan_purge,
+    purge_report,
+    record_from_stored,
+)
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
 
 SCHEMA_VERSION = 3
@@ -75,6 +129,8 @@ COLUMNS = (
 _ADDED_IN_VERSION = {"worker": 2}
 """Columns that a store of an older schema version does not have yet (read as NULL there)."""
 _JSON_COLUMNS = frozenset({"payload", "result"})
+_TRANSIENT_CODES = frozenset({5, 6, 7, 10, 13, 14})
+"""Primary SQLite result codes that are not damage: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN."""
 
 
 def _select_for(version: int) -> str:
@@ -198,10 +254,22 @@ SELECT seq FROM tasks WHERE
 """
 
 
+_TEXT_COLUMNS_V1 = ("id", "key", "kind", "provider", "status", "payload", "result", "error", "deduped_from")
+
+
 def _suspect_rows(version: int) -> str:
     """Rows whose column types or values a valid record cannot have (checked in SQL, then decoded)."""
     extra = " OR typeof(worker) NOT IN ('text', 'null')" if version >= 2 else ""
     return f"{_SUSPECT_ROWS_V1}{extra} ORDER BY seq"
+
+
+def _text_columns(version: int) -> tuple[str, ...]:
+    return _TEXT_COLUMNS_V1 + (("worker",) if version >= 2 else ())
+
+
+def _access(path: Path, mode: int) -> bool:
+    """``os.access`` with the effective ids where the platform allows it (setuid-safe)."""
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
 
 
 _BAD_KEY = """
@@ -225,7 +293,9 @@ class SqliteStore:
         path: the database file; created (empty store, mode 0600) if absent.
         synchronous: SQLite ``synchronous`` level, ``"FULL"`` by default (see module docs).
         busy_timeout_s: how long a write waits for another process's transaction.
-        validate: scan every row on open (default). Costs O(rows) once per open.
+        validate: run the full open-time checks (default; see module docs). O(rows) once per open.
+        group_commit: stage writes until :meth:`flush` (see module docs); off by default, when
+            every write method commits (and fsyncs) on its own.
     """
 
     def __init__(
@@ -235,6 +305,7 @@ class SqliteStore:
         synchronous: str = "FULL",
         busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
         validate: bool = True,
+        group_commit: bool = False,
     ) -> None:
         synchronous = synchronous.upper()
         if synchronous not in SYNCHRONOUS_LEVELS:
@@ -244,20 +315,43 @@ class SqliteStore:
         self.path = Path(path)
         self.synchronous = synchronous
         self.busy_timeout_s = busy_timeout_s
+        self.deferred_commit = bool(group_commit)
+        """True when writes are staged until :meth:`flush` (``group_commit=True``)."""
+        self._staged: list[str] = []
+        """What each write staged in the open transaction changed, in order (group commit)."""
+        self._lost: list[str] = []
+        """Staged writes SQLite rolled back under a later failed write; the next flush reports them."""
+        self._lost_cause: BaseException | None = None
         self._closed = False
-        self._remove_stale_temps()
-        if not self.path.exists():
-            self._create()
+        check_store_location(self.path)  # a missing folder: StoreOpenError naming the path given
+        try:
+            self._remove_stale_temps()
+            if not self.path.exists():
+                self._create()
+        except PermissionError as error:
+            raise StoreAccessError(
+                f"{self.path}: cannot create or inspect the store ({error.strerror or error}); "
+                "nothing was written"
+            ) from error
+        except (OSError, sqlite3.Error) as error:  # e.g. a full disk while the empty store is built
+            raise StoreWriteError(f"creation of an empty store at {self.path}", error) from error
         self._check_header()
-        self._conn = self._connect(self.path)
+        self._check_writable()
+        try:
+            self._conn = self._connect(self.path)
+        except sqlite3.Error as error:
+            raise StoreError(f"{self.path}: cannot open the store ({error}); nothing was written") from error
         try:
             version = self._validate(full=validate)
-            mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            try:
+                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+                if version < SCHEMA_VERSION:
+                    self._upgrade()
+            except sqlite3.Error as error:
+                raise StoreError(f"{self.path}: cannot prepare the store for writing ({error})") from error
             if str(mode).lower() != "wal":
                 raise StoreCorruptError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
-            self._conn.execute(f"PRAGMA synchronous = {synchronous}")
-            if version < SCHEMA_VERSION:
-                self._upgrade()
         except BaseException:
             self._conn.close()
             raise
@@ -317,9 +411,22 @@ class SqliteStore:
         return StoreCorruptError(f"{self.path}: {problem}; the file was left untouched")
 
     def _check_header(self) -> None:
+        """Refuse what is not a whole SQLite file, from its first 100 bytes and its size.
+
+        SQLite reads a short last page as if the missing bytes were zeros, so a file cut short
+        by even one byte would open with a changed value. Its size must therefore be whole pages
+        and at least the page count the header records (when that count is valid). A non-empty
+        ``-wal`` beside it may legitimately hold pages the file lacks (a checkpoint cut short), so
+        the size is then left to ``integrity_check``.
+        """
         try:
             with open(self.path, "rb") as handle:
                 header = handle.read(SQLITE_HEADER_SIZE)
+                size = os.fstat(handle.fileno()).st_size
+        except PermissionError as error:
+            raise StoreAccessError(
+                f"{self.path}: the store file cannot be read ({error.strerror or error}); it was not opened"
+            ) from error
         except OSError as error:
             raise self._corrupt(f"cannot be read ({error.strerror or error})") from error
         if not header:
@@ -328,6 +435,49 @@ class SqliteStore:
             raise self._corrupt("not an SQLite database")
         if len(header) < SQLITE_HEADER_SIZE:
             raise self._corrupt(f"truncated: {len(header)} bytes, shorter than the SQLite header")
+        wal = Path(f"{self.path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            return
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        if page_size < 512 or page_size & (page_size - 1):
+            raise self._corrupt(f"invalid page size {page_size} in the SQLite header")
+        if size % page_size:
+            raise self._corrupt(
+                f"truncated or extended: {size} bytes is not a whole number of {page_size}-byte pages"
+            )
+        page_count = int.from_bytes(header[28:32], "big")
+        count_valid = header[92:96] == header[24:28] and page_count > 0
+        if count_valid and size < page_count * page_size:
+            raise self._corrupt(
+                f"truncated: {size} bytes, but the header records {page_count} pages of {page_size}"
+            )
+
+    def _check_writable(self) -> None:
+        """Refuse a store this process could read but not write, before SQLite opens it.
+
+        Otherwise SQLite opens it read-only without a word and the first write fails with
+        ``attempt to write a readonly database``. WAL mode also needs to create ``-wal`` and
+        ``-shm`` beside the file, so the directory must be writable unless both already are.
+        A store is opened for writing or not at all (there is no read-only mode).
+        """
+        problems = []
+        if not _access(self.path, os.R_OK | os.W_OK):
+            problems.append("the file is not writable")
+        sides = [Path(f"{self.path}{suffix}") for suffix in ("-wal", "-shm")]
+        for side in sides:
+            if side.exists() and not _access(side, os.R_OK | os.W_OK):
+                problems.append(f"{side.name} is not writable")
+        if not _access(self.path.parent, os.W_OK | os.X_OK) and not all(side.exists() for side in sides):
+            problems.append(
+                f"its directory {self.path.parent} is not writable (the WAL journal's "
+                f"{self.path.name}-wal and -shm are created there)"
+            )
+        if problems:
+            raise StoreAccessError(
+                f"{self.path}: the store is read-only for this process ({'; '.join(problems)}); it was not "
+                "opened and nothing was written. Fix the permissions, or open a writable copy."
+            )
 
     def _validate(self, *, full: bool) -> int:
         """Refuse anything but an intact task store of a readable version, without writing a byte.
@@ -350,9 +500,10 @@ class SqliteStore:
                     raise self._corrupt(f"table {table!r} has columns {found}, expected {expected}")
             if not full:
                 return version
-            check = [row[0] for row in conn.execute("PRAGMA quick_check")]
+            check = [row[0] for row in conn.execute("PRAGMA integrity_check")]
             if check != ["ok"]:
                 raise self._corrupt(f"integrity check failed: {'; '.join(map(str, check[:3]))}")
+            self._check_utf8(version)
             for (seq,) in conn.execute(_suspect_rows(version)).fetchall():
                 row = conn.execute(f"{_select_for(version)} WHERE t.seq = ?", (seq,)).fetchone()
                 self._decode(row)  # raises with the precise problem; rows Python can read pass
@@ -369,6 +520,25 @@ class SqliteStore:
         except sqlite3.DatabaseError as error:
             raise self._corrupt(f"unreadable database ({error})") from error
         return version
+
+    def _check_utf8(self, version: int) -> None:
+        """Refuse text that is not UTF-8 (SQLite keeps whatever bytes it is given as text; Python
+        then cannot read that row at all). Each row's text columns come to Python as one blob,
+        joined in SQL by an ASCII separator (so a sequence cut at a column boundary still fails);
+        only non-ASCII blobs are decoded. ~0.5-1 s at 100k tasks (``benchmarks/bench_store_checks.py``).
+        """
+        columns = _text_columns(version)
+        joined = " || '|' || ".join(f"coalesce({name}, '')" for name in columns)
+        for seq, blob in self._conn.execute(f"SELECT seq, CAST({joined} AS BLOB) FROM tasks"):
+            if blob.isascii():
+                continue
+            try:
+                blob.decode("utf-8")
+            except UnicodeDecodeError as error:
+                task_id = blob.split(b"|", 1)[0].decode("utf-8", "replace")
+                raise self._corrupt(
+                    f"task {task_id!r} (row {seq}): holds text that is not valid UTF-8 ({error})"
+                ) from error
 
     def _upgrade(self) -> None:
         """Bring a validated older store to :data:`SCHEMA_VERSION` in one transaction.
@@ -431,28 +601,129 @@ class SqliteStore:
             raise StoreClosedError(f"{self.path}: store is closed")
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
+    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write: its own ``BEGIN IMMEDIATE`` transaction, or a savepoint in the staged one.
+
+        ``what`` names the change for :class:`StoreWriteError`. A ``ValueError``/``KeyError`` the
+        body raises (duplicate id, unknown id) takes back this write only and propagates as is;
+        an SQLite failure (disk full, read-only file, I/O error, lock timeout) becomes a
+        :class:`StoreWriteError` naming every change that was not persisted.
+        """
         self._check_open()
+        if self.deferred_commit:
+            with self._staged_write(what) as conn:
+                yield conn
+            return
+        with self._transaction(what) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """A ``BEGIN IMMEDIATE`` transaction of its own, committed on success."""
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute("BEGIN IMMEDIATE")
             yield conn
             conn.execute("COMMIT")
+        except sqlite3.Error as error:
+            self._rollback()
+            raise StoreWriteError(what, error) from error
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self._rollback()
             raise
 
-    def _read_one(self, sql: str, params: Sequence[Any]) -> TaskRecord | None:
+    @contextlib.contextmanager
+    def _staged_write(self, what: str) -> Iterator[sqlite3.Connection]:
+        conn = self._conn
+        try:
+            if not conn.in_transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            conn.execute("SAVEPOINT aiqsim_write")
+        except sqlite3.Error as error:
+            raise StoreWriteError(what, error) from error
+        try:
+            yield conn
+            conn.execute("RELEASE aiqsim_write")
+        except BaseException as error:
+            self._undo_staged_write(error)
+            if isinstance(error, sqlite3.Error):
+                lost = "; rolled back with it: " + describe_writes(self._lost) if self._lost else ""
+                raise StoreWriteError(what + lost, error) from error
+            raise
+        self._staged.append(what)
+
+    def _undo_staged_write(self, error: BaseException) -> None:
+        """Take back the failed write only; if SQLite already dropped the whole transaction (it
+        does on a full disk or an I/O error), the earlier staged writes are lost with it."""
+        conn = self._conn
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK TO aiqsim_write")
+                conn.execute("RELEASE aiqsim_write")
+                return
+            except sqlite3.Error:
+                self._rollback()
+        if self._staged:
+            self._lost.extend(self._staged)
+            self._lost_cause = error
+            self._staged = []
+
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # the transaction is gone either way
+                self._conn.execute("ROLLBACK")
+
+    def flush(self) -> int:
+        """Commit every staged write in one transaction; return how many writes it made durable.
+
+        A no-op returning 0 unless :attr:`deferred_commit`. On failure everything staged is
+        rolled back and :class:`StoreWriteError` names it; so are staged writes an earlier
+        failure already rolled back, which were never durable either. The store stays usable:
+        the next write opens a new transaction.
+        """
         self._check_open()
-        row = self._conn.execute(sql, params).fetchone()
+        if not self.deferred_commit:
+            return 0
+        lost, cause = self._lost, self._lost_cause
+        self._lost, self._lost_cause = [], None
+        staged, self._staged = self._staged, []
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as error:
+                self._rollback()
+                raise StoreWriteError(describe_writes(lost + staged), error) from error
+        if lost:
+            raise StoreWriteError(describe_writes(lost), cause)
+        return len(staged)
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        """A read; a raw SQLite failure becomes a project error that says what could not be read.
+
+        Damage (malformed pages or index, text that is not UTF-8) is :class:`StoreCorruptError`;
+        a lock or I/O failure, which says nothing about the file's contents, is :class:`StoreError`.
+        Nothing is written either way.
+        """
+        self._check_open()
+        try:
+            yield self._conn
+        except sqlite3.Error as error:
+            code = getattr(error, "sqlite_errorcode", None)
+            transient = code is not None and code & 0xFF in _TRANSIENT_CODES
+            if transient:
+                raise StoreError(f"{self.path}: cannot read {what} ({error}); nothing was changed") from error
+            raise self._corrupt(f"cannot read {what} ({error})") from error
+
+    def _read_one(self, sql: str, params: Sequence[Any], what: str) -> TaskRecord | None:
+        with self._reading(what) as conn:
+            row = conn.execute(sql, params).fetchone()
         return self._decode(row) if row is not None else None
 
     # ------------------------------------------------------------------ TaskStore
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
         values = self._encode(task)  # a non-JSON payload fails here, before the transaction
-        with self._write() as conn:
+        with self._write(f"insert of task {task.id!r} ({task.status.value})") as conn:
             try:
                 conn.execute(
                     f"INSERT INTO tasks ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
@@ -463,7 +734,7 @@ class SqliteStore:
             return self._claim_in_transaction(conn, task)
 
     def claim(self, task: TaskRecord) -> TaskRecord:
-        with self._write() as conn:
+        with self._write(f"claim of key {task.key!r} by task {task.id!r}") as conn:
             row = conn.execute(f"{_SELECT} WHERE t.id = ?", (task.id,)).fetchone()
             if row is None:
                 raise KeyError(f"unknown task id {task.id!r}")
@@ -489,38 +760,71 @@ class SqliteStore:
     def update(self, task: TaskRecord) -> None:
         values = self._encode(task)
         assignments = ", ".join(f"{name} = ?" for name in COLUMNS[1:])
-        with self._write() as conn:
+        with self._write(f"update of task {task.id!r} to {task.status.value}") as conn:
             changed = conn.execute(f"UPDATE tasks SET {assignments} WHERE id = ?", (*values[1:], task.id))
             if changed.rowcount != 1:
                 raise KeyError(f"unknown task id {task.id!r}")
 
     def get(self, task_id: str) -> TaskRecord | None:
-        return self._read_one(f"{_SELECT} WHERE t.id = ?", (task_id,))
+        return self._read_one(f"{_SELECT} WHERE t.id = ?", (task_id,), f"task {task_id!r}")
 
     def owner_of(self, key: str) -> TaskRecord | None:
-        return self._read_one(f"{_SELECT} JOIN keys k ON k.owner_id = t.id WHERE k.key = ?", (key,))
+        return self._read_one(
+            f"{_SELECT} JOIN keys k ON k.owner_id = t.id WHERE k.key = ?", (key,), f"the owner of key {key!r}"
+        )
 
     def list_by_status(self, *statuses: TaskStatus) -> list[TaskRecord]:
-        self._check_open()
-        if statuses:
-            values = [TaskStatus(status).value for status in statuses]
-            sql = f"{_SELECT} WHERE t.status IN ({', '.join('?' * len(values))}) ORDER BY t.seq"
-            rows = self._conn.execute(sql, values).fetchall()
-        else:
-            rows = self._conn.execute(f"{_SELECT} ORDER BY t.seq").fetchall()
+        values = [TaskStatus(status).value for status in statuses]
+        with self._reading(f"the tasks in {values or 'any status'}") as conn:
+            if values:
+                sql = f"{_SELECT} WHERE t.status IN ({', '.join('?' * len(values))}) ORDER BY t.seq"
+                rows = conn.execute(sql, values).fetchall()
+            else:
+                rows = conn.execute(f"{_SELECT} ORDER BY t.seq").fetchall()
         return [self._decode(row) for row in rows]
 
     def record_poison(self, key: str, error: str, now: float) -> None:
-        with self._write() as conn:
+        with self._write(f"poison record for key {key!r}") as conn:
             conn.execute(
                 "INSERT INTO poison (key, error, recorded_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET error = excluded.error, recorded_at = excluded.recorded_at",
                 (key, error, float(now)),
             )
 
-    def poison_error(self, key: str) -> str | None:
+    def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
+        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`, in one
+        transaction of its own (with group commit, the staged writes are flushed first).
+
+        Candidates are read without their payloads (terminal tasks finished before the earlier of
+        the two cutoffs); SQLite reuses the freed pages, the file does not shrink (``VACUUM`` does).
+        """
         self._check_open()
-        row = self._conn.execute("SELECT error FROM poison WHERE key = ?", (key,)).fetchone()
+        check_purge_ttls(finished_older_than_s, keys_older_than_s)
+        if self.deferred_commit:
+            self.flush()
+        cutoff = float(now) - min(finished_older_than_s, keys_older_than_s)
+        terminal = [status.value for status in TaskStatus if status.is_terminal]
+        with self._transaction("purge of finished tasks and expired keys") as conn:
+            rows = conn.execute(
+                "SELECT t.id, t.key, t.status, coalesce(t.finished_at, t.updated_at), k.owner_id IS NOT NULL "
+                "FROM tasks t LEFT JOIN keys k ON k.key = t.key AND k.owner_id = t.id "
+                f"WHERE t.status IN ({', '.join('?' * len(terminal))}) "
+                "AND coalesce(t.finished_at, t.updated_at) <= ?",
+                (*terminal, cutoff),
+            ).fetchall()
+            plan = plan_purge(
+                (PurgeCandidate(i, k, TaskStatus(st), float(f), bool(o)) for i, k, st, f, o in rows),
+                now=float(now),
+                finished_older_than_s=finished_older_than_s,
+                keys_older_than_s=keys_older_than_s,
+            )
+            conn.executemany("DELETE FROM keys WHERE key = ? AND owner_id = ?", plan.keys)
+            conn.executemany("DELETE FROM tasks WHERE id = ?", [(task_id,) for task_id in plan.task_ids])
+        return purge_report(plan, float(now), finished_older_than_s, keys_older_than_s)
+
+    def poison_error(self, key: str) -> str | None:
+        with self._reading(f"the poison record of key {key!r}") as conn:
+            row = conn.execute("SELECT error FROM poison WHERE key = ?", (key,)).fetchone()
         return row[0] if row is not None else None
 
     # ------------------------------------------------------------------ JobStore
@@ -540,14 +844,14 @@ class SqliteStore:
             _json_text(data[name]) if name in _JOB_JSON_COLUMNS else data[name] for name in JOB_COLUMNS
         )
 
-    def _read_job(self, sql: str, params: Sequence[Any]) -> JobRecord | None:
-        self._check_open()
-        row = self._conn.execute(sql, params).fetchone()
+    def _read_job(self, sql: str, params: Sequence[Any], what: str) -> JobRecord | None:
+        with self._reading(what) as conn:
+            row = conn.execute(sql, params).fetchone()
         return self._decode_job(row) if row is not None else None
 
     def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
         values = self._encode_job(job)  # non-JSON inputs fail here, before the transaction
-        with self._write() as conn:
+        with self._write(f"insert of job {job.id!r} ({job.status.value})") as conn:
             try:
                 conn.execute(_JOB_INSERT, values)
             except sqlite3.IntegrityError as error:
@@ -555,7 +859,7 @@ class SqliteStore:
             return self._claim_job_in_transaction(conn, job)
 
     def claim_job(self, job: JobRecord) -> JobRecord:
-        with self._write() as conn:
+        with self._write(f"claim of job key {job.key!r} by job {job.id!r}") as conn:
             row = conn.execute(f"{_JOB_SELECT} WHERE j.id = ?", (job.id,)).fetchone()
             if row is None:
                 raise KeyError(f"unknown job id {job.id!r}")
@@ -582,36 +886,51 @@ class SqliteStore:
     def update_job(self, job: JobRecord) -> None:
         values = self._encode_job(job)
         assignments = ", ".join(f"{name} = ?" for name in JOB_COLUMNS[1:])
-        with self._write() as conn:
+        with self._write(f"update of job {job.id!r} to {job.status.value}") as conn:
             changed = conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values[1:], job.id))
             if changed.rowcount != 1:
                 raise KeyError(f"unknown job id {job.id!r}")
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        return self._read_job(f"{_JOB_SELECT} WHERE j.id = ?", (job_id,))
+        return self._read_job(f"{_JOB_SELECT} WHERE j.id = ?", (job_id,), f"job {job_id!r}")
 
     def job_owner_of(self, key: str) -> JobRecord | None:
-        return self._read_job(f"{_JOB_SELECT} JOIN job_keys k ON k.owner_id = j.id WHERE k.key = ?", (key,))
+        return self._read_job(
+            f"{_JOB_SELECT} JOIN job_keys k ON k.owner_id = j.id WHERE k.key = ?",
+            (key,),
+            f"the owner of job key {key!r}",
+        )
 
     def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
-        self._check_open()
-        if statuses:
-            values = [JobStatus(status).value for status in statuses]
-            sql = f"{_JOB_SELECT} WHERE j.status IN ({', '.join('?' * len(values))}) ORDER BY j.seq"
-            rows = self._conn.execute(sql, values).fetchall()
-        else:
-            rows = self._conn.execute(f"{_JOB_SELECT} ORDER BY j.seq").fetchall()
+        values = [JobStatus(status).value for status in statuses]
+        with self._reading(f"the jobs in {values or 'any status'}") as conn:
+            if values:
+                sql = f"{_JOB_SELECT} WHERE j.status IN ({', '.join('?' * len(values))}) ORDER BY j.seq"
+                rows = conn.execute(sql, values).fetchall()
+            else:
+                rows = conn.execute(f"{_JOB_SELECT} ORDER BY j.seq").fetchall()
         return [self._decode_job(row) for row in rows]
 
-    def close(self) -> None:
-        """Close the connection (idempotent); every committed write is already durable."""
-        if not self._closed:
+    def close(self, *, flush: bool = True) -> None:
+        """Close the connection (idempotent); every committed write is already durable.
+
+        With group commit, staged writes are flushed first (``flush=False`` drops them, as a
+        crash would); a failed flush still closes the store, then raises its
+        :class:`StoreWriteError`.
+        """
+        if self._closed:
+            return
+        try:
+            if flush and self.deferred_commit:
+                self.flush()
+        finally:
             self._closed = True
-            self._conn.close()
+            self._staged = []
+            self._conn.close()  # an open transaction is rolled back: nothing staged survives
 
     def __len__(self) -> int:
-        self._check_open()
-        return int(self._conn.execute("SELECT count(*) FROM tasks").fetchone()[0])
+        with self._reading("the task count") as conn:
+            return int(conn.execute("SELECT count(*) FROM tasks").fetchone()[0])
 
     def __enter__(self) -> SqliteStore:
         return self

@@ -1,0 +1,74 @@
+"""Checks of the arguments a user hands to :class:`~aiqsim.scheduler.Scheduler` and its ``submit``.
+
+Each check runs at the call, before anything is queued, stored or sent to a provider, and
+raises a :class:`~aiqsim.core.errors.ConfigurationError` (a ``ValueError``) that names the
+argument and says what is accepted. Without them a bad value surfaced late and far from its
+cause: a negative ``cost_estimate`` was accepted, the provider was called and billed, and only
+then did the quota's reconciliation fail with an internal message.
+
+Pure functions: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from aiqsim.core.errors import ConfigurationError
+
+__all__ = ["SchedulerArgumentError", "checked_cost_estimate", "checked_providers"]
+
+
+class SchedulerArgumentError(ConfigurationError):
+    """An argument of ``Scheduler(...)`` or ``Scheduler.submit(...)`` that cannot be used."""
+
+
+def checked_cost_estimate(value: Any) -> float:
+    """``cost_estimate`` as a float: a finite real number >= 0 (tokens, characters...)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SchedulerArgumentError(
+            f"cost_estimate: expected a finite number >= 0 (the call's expected token count), got {value!r}"
+        )
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise SchedulerArgumentError(
+            f"cost_estimate: expected a finite number >= 0 (the call's expected token count), got {value!r}"
+        )
+    return number
+
+
+def checked_providers(providers: Any) -> dict[str, Any]:
+    """The providers by name: at least one, each with a non-empty string ``name``, no name twice.
+
+    ``providers`` is an iterable of provider objects (named by their ``name``) or a mapping
+    name -> provider (the mapping's keys are the lane names).
+    """
+    if isinstance(providers, Mapping):
+        by_name = dict(providers)
+        bad = [name for name in by_name if not isinstance(name, str) or not name]
+        if bad:
+            raise SchedulerArgumentError(f"providers: mapping keys must be non-empty names, got {bad!r}")
+    else:
+        if isinstance(providers, str | bytes) or not isinstance(providers, Iterable):
+            raise SchedulerArgumentError(
+                f"providers: expected a list of providers or a mapping name -> provider, got {providers!r}"
+            )
+        by_name = {}
+        for provider in providers:
+            name = getattr(provider, "name", None)
+            if not isinstance(name, str) or not name:
+                raise SchedulerArgumentError(
+                    f"providers: every provider needs a non-empty string .name, got {provider!r}"
+                )
+            if name in by_name:
+                raise SchedulerArgumentError(
+                    f"providers: two providers are named {name!r}; each lane needs its own name"
+                )
+            by_name[name] = provider
+    if not by_name:
+        raise SchedulerArgumentError(
+            "providers: expected at least one provider; a scheduler without providers cannot run any task"
+        )
+    return by_name

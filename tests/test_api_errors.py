@@ -1,0 +1,155 @@
+"""Python API misuse is refused at the call, by a project error that names the argument.
+
+Each case is one a user met (issue #12): the wrong value used to be accepted and fail later —
+after the provider was called and billed, inside a comparison, or naming a hidden temp file.
+Every test checks the error's family, that the message names the argument and what is
+accepted, and that nothing happened before it (no provider call, no task stored, no file).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiqsim.core.errors import AiqsimError, ConfigurationError, StoreError
+from aiqsim.core.task import Priority
+from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
+from aiqsim.runtime.simpy_runtime import SimPyRuntime
+from aiqsim.scheduler.scheduler import Scheduler
+from aiqsim.sim.simulate import simulate
+from aiqsim.sim.sweep import sweep
+from aiqsim.stores import JsonFileStore, MemoryStore, SqliteStore, StoreOpenError
+from tests.fakes import ScriptedProvider
+
+
+def _scheduler(**kwargs: Any) -> tuple[SimPyRuntime, ScriptedProvider, Scheduler, MemoryStore]:
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime)
+    store = MemoryStore()
+    return runtime, provider, Scheduler(runtime, [provider], store=store, **kwargs), store
+
+
+@pytest.mark.parametrize("cost", [-10, -0.5, math.nan, math.inf, -math.inf, "300", True])
+def test_a_cost_estimate_that_is_not_a_finite_count_is_refused_before_any_call(cost: Any) -> None:
+    runtime, provider, scheduler, store = _scheduler()  # no token quota: nothing else would catch it
+
+    async def main() -> None:
+        with pytest.raises(ConfigurationError, match="cost_estimate") as caught:
+            scheduler.submit("llm", {"input": "a"}, cost_estimate=cost)
+        assert "finite number >= 0" in str(caught.value)
+        await scheduler.join()
+
+    runtime.run(main())
+    assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_a_valid_cost_estimate_still_runs() -> None:
+    runtime, provider, scheduler, _ = _scheduler()
+
+    async def main() -> Any:
+        return await scheduler.submit("llm", {"input": "a"}, cost_estimate=0).wait()
+
+    assert runtime.run(main()).status == "succeeded"
+    assert len(provider.calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("interactive", Priority.INTERACTIVE),
+        ("Background", Priority.BACKGROUND),
+        (" INTERACTIVE ", Priority.INTERACTIVE),
+        (0, Priority.INTERACTIVE),
+        (Priority.BACKGROUND, Priority.BACKGROUND),
+    ],
+)
+def test_submit_accepts_the_documented_priority_names_in_any_case(given: Any, expected: Priority) -> None:
+    runtime, _, scheduler, _ = _scheduler()
+
+    async def main() -> Any:
+        return await scheduler.submit("llm", {"input": "a"}, priority=given).wait()
+
+    assert runtime.run(main()).priority is expected
+
+
+@pytest.mark.parametrize("given", ["urgent", "", 7, None, 1.5])
+def test_an_unknown_priority_names_the_accepted_ones(given: Any) -> None:
+    _, provider, scheduler, store = _scheduler()
+    with pytest.raises(ConfigurationError) as caught:
+        scheduler.submit("llm", {"input": "a"}, priority=given)
+    message = str(caught.value)
+    assert message.startswith("priority:")
+    assert "'interactive'" in message and "'background'" in message and repr(given) in message
+    assert provider.calls == [] and store.list_by_status() == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("concurrency", "4"),
+        ("concurrency", 0),
+        ("concurrency", 2.5),
+        ("concurrency", True),
+        ("requests_per_min", "500"),
+        ("requests_per_min", 0),
+        ("requests_per_min", math.nan),
+        ("tokens_per_min", -5),
+        ("tokens_per_min", math.inf),
+        ("request_burst", 0),
+        ("token_burst", "10"),
+    ],
+)
+def test_quota_limits_refuse_wrong_types_and_values_when_built(field: str, value: Any) -> None:
+    with pytest.raises(QuotaConfigError) as caught:
+        QuotaLimits(**{field: value})
+    assert isinstance(caught.value, ConfigurationError) and isinstance(caught.value, ValueError)
+    assert f"QuotaLimits({field}=...)" in str(caught.value) and repr(value) in str(caught.value)
+
+
+def test_quota_limits_accept_what_the_docs_show() -> None:
+    import numpy as np
+
+    limits = QuotaLimits(
+        requests_per_min=500, request_burst=10, tokens_per_min=200_000.0, concurrency=np.int64(16)
+    )
+    assert limits.concurrency == 16
+
+
+def test_a_scheduler_without_providers_is_refused() -> None:
+    for providers in ([], {}, ()):
+        with pytest.raises(ConfigurationError, match="providers: expected at least one provider"):
+            Scheduler(SimPyRuntime(), providers)
+
+
+def test_providers_that_are_not_providers_or_share_a_name_are_refused() -> None:
+    runtime = SimPyRuntime()
+    with pytest.raises(ConfigurationError, match="providers: expected a list"):
+        Scheduler(runtime, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"non-empty string \.name"):
+        Scheduler(runtime, [object()])  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError, match="two providers are named 'llm'"):
+        Scheduler(runtime, [ScriptedProvider(runtime), ScriptedProvider(runtime)])
+
+
+@pytest.mark.parametrize("store_class", [SqliteStore, JsonFileStore])
+def test_a_store_in_a_missing_folder_names_the_users_path(tmp_path: Path, store_class: type) -> None:
+    path = tmp_path / "nonexistent" / "dir" / "x.sqlite3"
+    with pytest.raises(StoreOpenError) as caught:
+        store_class(path)
+    assert isinstance(caught.value, StoreError) and isinstance(caught.value, AiqsimError)
+    assert isinstance(caught.value, OSError)  # callers catching OSError keep working
+    message = str(caught.value)
+    assert message.startswith(f"{path}:") and "does not exist" in message
+    assert ".tmp-" not in message and ".lock" not in message
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+@pytest.mark.parametrize("scenario", [None, 3, "", b"scenarios/retry_storm_429.toml"])
+def test_simulate_and_sweep_say_what_a_scenario_is(scenario: Any) -> None:
+    with pytest.raises(ConfigurationError, match="scenario: expected a Scenario or the path"):
+        simulate(scenario)
+    with pytest.raises(ConfigurationError, match="scenario: expected a Scenario or the path"):
+        sweep(scenario, {}, progress=False)
