@@ -170,3 +170,44 @@ def test_a_restarted_process_seeded_like_its_predecessor_draws_fresh_job_ids() -
 
     first, second = runtime.run(main())
     assert first.id != second.id and second.status is JobStatus.SUCCEEDED
+
+
+class FailingJobWrites(MemoryStore):
+    """A memory store whose disk 'fills up' when a job's first result is written, until ``heal()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    def update_job(self, job) -> None:  # type: ignore[no-untyped-def]
+        if self.broken and job.results:
+            from aiqsim.stores import StoreWriteError
+
+            raise StoreWriteError(f"job {job.id!r} result", OSError(28, "No space left on device"))
+        super().update_job(job)
+
+
+def test_a_job_whose_progress_cannot_be_written_resolves_failed_and_recovers_later() -> None:
+    runtime = SimPyRuntime()
+    store = FailingJobWrites()
+    provs = {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in ("a", "b")}
+
+    async def main():
+        before = make(runtime, store, provs)
+        handle = before.submit_job(SPEC, {"x": 1}, job_id="j")
+        in_process = await runtime.wait_for(handle.wait(), 60)  # resolves: it does not hang
+        stored = store.get_job("j")
+        store.broken = False  # the disk has room again; a new process recovers
+        before.crash()
+        after = make(runtime, store, provs)
+        await after.recover()
+        return in_process, stored, await after.jobs.handle("j").wait()
+
+    in_process, stored, recovered = runtime.run(main())
+    assert in_process.status is JobStatus.FAILED and in_process.error.startswith(
+        "store write failed: StoreWriteError"
+    )
+    assert "recover() re-drives it" in in_process.error
+    assert stored.status is JobStatus.RUNNING and stored.results == {}  # the last write that succeeded
+    assert recovered.status is JobStatus.SUCCEEDED
+    assert len(provs["a"].calls) == 1 and len(provs["b"].calls) == 1  # stage a was reused, not re-run

@@ -56,11 +56,12 @@ scheduler itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aiqsim.core.errors import ConfigurationError, SchedulingError
+from aiqsim.core.errors import ConfigurationError, SchedulingError, StoreError
 from aiqsim.core.failures import describe_error
 from aiqsim.core.fingerprint import fingerprint
 from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_transition, stage_status
@@ -493,7 +494,8 @@ class Jobs:
         self._runs[record.id] = run
         self._emit(None, record)
         scheduler._ensure_started()
-        self._follow_owner(run, owner)
+        with self._unpersisted(run):
+            self._follow_owner(run, owner)
         return JobHandle(self, record.id, key, run.future)
 
     def handle(self, job_id: str) -> JobHandle | None:
@@ -551,8 +553,9 @@ class Jobs:
             if waiters and job_id in waiters:
                 waiters.remove(job_id)
             run.waiting_on = None
-        self._finish(run, JobStatus.CANCELLED)
-        self._stop_stages(run, cancel_running=True)
+        with self._unpersisted(run):
+            self._finish(run, JobStatus.CANCELLED)
+            self._stop_stages(run, cancel_running=True)
         return True
 
     def depth(self, priority: Priority) -> int:
@@ -630,7 +633,8 @@ class Jobs:
                 for task_id in stage_ids:
                     self._stage_tasks[task_id] = (record.id, stage_name)
             if record.status is JobStatus.RUNNING:
-                self._start(run)
+                with self._unpersisted(run):
+                    self._start(run)
                 resumed += 1
                 continue
             owner = self.store.claim_job(record)
@@ -638,7 +642,8 @@ class Jobs:
                 resumed += 1
             else:
                 reattached += 1
-            self._follow_owner(run, owner)
+            with self._unpersisted(run):
+                self._follow_owner(run, owner)
         if self._runs:
             self.scheduler._ensure_started()
         return JobRecoveryReport(resumed, reattached, unknown, left)
@@ -664,17 +669,18 @@ class Jobs:
             if waiter is None or waiter.waiting_on != owner.id:
                 continue
             waiter.waiting_on = None
-            if owner.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-                self._finish(
-                    waiter,
-                    JobStatus.DEDUPED,
-                    results=dict(owner.results),
-                    error=owner.error,
-                    failed_stage=owner.failed_stage,
-                    deduped_from=owner.id,
-                )
-            else:  # the owner was cancelled: the first waiter takes the key over
-                self._follow_owner(waiter, self.store.claim_job(waiter.record))
+            with self._unpersisted(waiter):
+                if owner.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+                    self._finish(
+                        waiter,
+                        JobStatus.DEDUPED,
+                        results=dict(owner.results),
+                        error=owner.error,
+                        failed_stage=owner.failed_stage,
+                        deduped_from=owner.id,
+                    )
+                else:  # the owner was cancelled: the first waiter takes the key over
+                    self._follow_owner(waiter, self.store.claim_job(waiter.record))
 
     async def _watch_foreign_owner(self, owner_id: str) -> None:
         """Poll the store for a job owned by another process until that run is terminal."""
@@ -816,7 +822,8 @@ class Jobs:
             return
         phase.outcomes[phase.pending.pop(record.id)] = record
         if not phase.pending and not phase.launching:
-            self._phase_done(run, phase)
+            with self._unpersisted(run):
+                self._phase_done(run, phase)
 
     def _phase_done(self, run: _JobRun, phase: _StagePhase) -> None:
         """Every task of a stage (or of its fallback) ended: fall back, fail, or record the result."""
@@ -916,6 +923,43 @@ class Jobs:
         self._emit(record.status, done)
 
     # ------------------------------------------------------------------ transitions
+    @contextlib.contextmanager
+    def _unpersisted(self, run: _JobRun) -> Iterator[None]:
+        """Around each step that writes a job: if the store refuses a write, end the job here.
+
+        The handle must not wait forever for a job whose progress cannot be recorded. It resolves
+        ``failed`` in this process, saying the store failed and that the stored record stops at
+        the last write that succeeded, from which ``recover()`` re-drives the job.
+        """
+        try:
+            yield
+        except StoreError as error:
+            if self._crashed or self.scheduler._crashed:
+                raise
+            self._abandon(run, error)
+
+    def _abandon(self, run: _JobRun, error: StoreError) -> None:
+        if run.finished:
+            return
+        run.finished = True
+        self._runs.pop(run.record.id, None)
+        now = self.scheduler.runtime.now()
+        old = run.record
+        record = old if old.status is not JobStatus.QUEUED else job_transition(old, JobStatus.RUNNING, now)
+        if not record.status.is_terminal:
+            message = (
+                f"store write failed: {describe_error(error)}; this job's later progress was not "
+                "persisted (recover() re-drives it from the last write that succeeded)"
+            )
+            record = job_transition(record, JobStatus.FAILED, now, error=message)
+        run.record = record
+        self._emit(old.status, record)
+        run.future.set_result(record)
+        if record.id in self._waiters:
+            self._resolve_waiters(record)
+        if not self._runs:
+            self._idle.notify()
+
     def _write(self, record: JobRecord, run: _JobRun | None = None) -> None:
         """Persist ``record`` (and make it ``run``'s record); a crashed process writes nothing."""
         if self._crashed or self.scheduler._crashed:
