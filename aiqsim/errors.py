@@ -9,35 +9,38 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TraceError, WorkloadTooLargeError
     │   ├── QuotaConfigError               a quota that could never grant a request
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
-│   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
-│   ├── SchedulerArgumentError         a bad argument to Scheduler() or submit(), named
-│   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
-│   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
-│   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
-│   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
+    │   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
+    │   ├── SchedulerArgumentError         a bad argument to Scheduler() or submit(), named
+    │   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
+    │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
+    │   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
+    │   ├── JobSpecError                   a job spec that cannot run (cycle, unknown stage or provider)
+    │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
     │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
     │   ├── StoreLockedError (RuntimeError)    another process holds a single-process store
     │   ├── StoreClosedError (RuntimeError)    used after close()
-│   ├── StoreOpenError (OSError)           a store that cannot be created at the path given
-│   │   └── StoreAccessError (PermissionError) files this process may not read or write
+    │   ├── StoreOpenError (OSError)           a store that cannot be created at the path given
+    │   │   └── StoreAccessError (PermissionError) files this process may not read or write
     │   └── StoreWriteError (OSError)          a change that was not persisted
     ├── SchedulingError                    the scheduler refused work or a task gave no result
     │   ├── QueueFullError (RuntimeError)      a queue at its depth limit; nothing was enqueued
     │   ├── SchedulerClosedError (RuntimeError)
     │   ├── TaskFailedError, TaskCancelledError   raised by ``await submission``
     │   ├── IllegalTransitionError         a status change the transition table forbids
-│   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
+    │   ├── IllegalJobTransitionError      the same, for a job
+    │   ├── JobFailedError, JobCancelledError   raised by ``await job_handle`` (stage and reason)
+    │   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
     │   └── InvalidStateError, SimulationDeadlock (RuntimeError)   the SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
     │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
     │   ├── TaskInterruptedError, AttemptRejectedError
     │   ├── HttpStatusError                an HTTP status with no better class
-│   └── HttpExchangeError (a ServerError)   the HTTP exchange itself broke: retryable
-│       ├── ResponseDecodingError          a body that cannot be decoded (broken gzip)
-│       └── ResponseMismatchError          an answer that echoes another request's key
+    │   └── HttpExchangeError (a ServerError)   the HTTP exchange itself broke: retryable
+    │       ├── ResponseDecodingError          a body that cannot be decoded (broken gzip)
+    │       └── ResponseMismatchError          an answer that echoes another request's key
     └── SweepError (RuntimeError)          sweep runs that failed, with the rows that worked
 
 One deliberate exception stands outside the tree: ``aiqsim.sim.crash.SimulatedCrash`` is a
@@ -62,6 +65,7 @@ from aiqsim.core.failures import (
     TaskInterruptedError,
 )
 from aiqsim.core.fingerprint import FingerprintError
+from aiqsim.core.job import IllegalJobTransitionError
 from aiqsim.core.states import IllegalTransitionError
 from aiqsim.core.task import PriorityError
 from aiqsim.core.token_bucket import QuotaConfigError
@@ -72,6 +76,7 @@ from aiqsim.http.status import HttpStatusError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError
+from aiqsim.scheduler.jobs import JobCancelledError, JobFailedError, JobSpecError
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
     SchedulerClosedError,
@@ -97,9 +102,13 @@ __all__ = [
     "FingerprintError",
     "HttpExchangeError",
     "HttpStatusError",
+    "IllegalJobTransitionError",
     "IllegalTransitionError",
     "InvalidRequestError",
     "InvalidStateError",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobSpecError",
     "LeaseLostError",
     "OutputPathError",
     "PoisonInputError",
