@@ -168,14 +168,20 @@ def test_insert_claim_update_get_list_and_reopen(opener: Opener) -> None:
     store.close()
 
 
-def test_a_job_with_inputs_that_are_not_json_is_refused_and_nothing_is_stored(opener: Opener) -> None:
-    if opener.kind == "memory":
-        pytest.skip("the memory store keeps objects as they are: nothing to refuse")
+@pytest.mark.parametrize("kind", ["json", "sqlite", "postgres"])  # memory keeps objects as they are
+def test_a_job_with_inputs_that_are_not_json_is_refused_and_nothing_is_stored(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    opener = Opener(kind, tmp_path, request.getfixturevalue("postgres_dsn") if kind == "postgres" else None)
     store = opener.open()
-    with pytest.raises(TypeError):
-        store.insert_and_claim_job(job("j", inputs={"x": object()}))
-    assert store.list_jobs() == [] and store.job_owner_of("job-key") is None
-    store.close()
+    try:
+        with pytest.raises(TypeError):
+            store.insert_and_claim_job(job("j", inputs={"x": object()}))
+        assert store.list_jobs() == [] and store.job_owner_of("job-key") is None
+    finally:
+        if kind == "postgres":
+            store.drop()
+        store.close()
 
 
 # ---------------------------------------------------------------------------- damage and upgrades
