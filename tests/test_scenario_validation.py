@@ -278,7 +278,7 @@ def test_full_mapping_is_valid_and_the_writer_round_trips(tmp_path):
 def test_every_config_field_has_a_key_in_the_file_layout():
     """If a field is added to aiqsim.sim.config, the loader must learn it (and vice versa)."""
     top_level = {
-        *("providers", "workloads", "quotas", "retry", "dispatch", "store", "crashes", "overload", "source"),
+        *("providers", "workloads", "quotas", "retry", "dispatch", "store", "crashes", "overload", "source", "jobs"),
     }
     for record, table in SECTION_FIELDS.items():
         names = {f.name for f in dataclasses.fields(record)}
