@@ -22,6 +22,7 @@ from aiqsim.core.backoff import backoff_from_name
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
 from aiqsim.scheduler.dispatch import dispatch_policy_from_name
 from aiqsim.sim.config import Scenario
+from aiqsim.sim.job_workloads import generate_job_arrivals
 from aiqsim.sim.scenario import (
     SECTION_FIELDS,
     ScenarioError,
@@ -278,7 +279,8 @@ def test_full_mapping_is_valid_and_the_writer_round_trips(tmp_path):
 def test_every_config_field_has_a_key_in_the_file_layout():
     """If a field is added to aiqsim.sim.config, the loader must learn it (and vice versa)."""
     top_level = {
-        *("providers", "workloads", "quotas", "retry", "dispatch", "store", "crashes", "overload", "source", "jobs"),
+        *("providers", "workloads", "quotas", "retry", "dispatch", "store", "crashes", "overload", "source"),
+        "jobs",
     }
     for record, table in SECTION_FIELDS.items():
         names = {f.name for f in dataclasses.fields(record)}
@@ -1064,7 +1066,8 @@ def test_every_shipped_scenario_loads_and_is_small(path):
     assert parse_scenario(scenario_to_dict(scenario), source=scenario.source or "") == scenario
     json.dumps(scenario_to_dict(scenario))  # reports can serialise it
     arrivals = generate_arrivals(scenario, random.Random(scenario.seed))
-    assert 100 <= len(arrivals) <= 5000
+    jobs = generate_job_arrivals(scenario, scenario.seed)  # a job is one submission too
+    assert 100 <= len(arrivals) + len(jobs) <= 5000
 
 
 def test_shipped_scenarios_show_what_their_names_say():

@@ -7,14 +7,17 @@ after every crash (the stage fingerprints, hence the idempotency keys, stay the 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from aiqsim.sim.config import ProviderKind
-from aiqsim.sim.job_config import StageConfig
+from aiqsim.scheduler.jobs import JobSpec, Stage
+from aiqsim.sim.config import ProviderKind, Scenario
+from aiqsim.sim.job_config import JobConfig, StageConfig
 from aiqsim.sim.workloads import split_units
 
-__all__ = ["output_units_of", "stage_payloads", "stage_units"]
+__all__ = ["StageBuilder", "job_spec", "job_specs", "output_units_of", "stage_payloads", "stage_units"]
 
 
 def output_units_of(result: Any) -> int:
@@ -65,3 +68,54 @@ def stage_payloads(
             }
         )
     return payloads
+
+
+def fans_out(stage: StageConfig) -> bool:
+    """Whether the stage may make more than one call per job (its build then returns a list)."""
+    fanout = stage.fanout
+    return not (fanout.dist == "fixed" and round(fanout.mean) <= 1)
+
+
+@dataclass(frozen=True)
+class StageBuilder:
+    """The ``build`` of one template stage: ``(inputs, results) -> payload`` (a list when it fans out).
+
+    A frozen value object rather than a closure, so it is a plain deterministic function of its
+    arguments and of the template, as the scheduler requires of a build.
+    """
+
+    stage: StageConfig
+    kind: ProviderKind
+    fan_out: bool
+
+    def __call__(self, inputs: Mapping[str, Any], results: Mapping[str, Any]) -> Any:
+        payloads = stage_payloads(self.stage, self.kind, inputs, results)
+        return payloads if self.fan_out else payloads[0]
+
+
+def job_spec(template: JobConfig, scenario: Scenario) -> JobSpec:
+    """The production scheduler's :class:`~aiqsim.scheduler.jobs.JobSpec` for a scenario's template.
+
+    The spec's version is a digest of the template and of its providers' kinds: change the
+    template and its jobs get new keys (a build's code is known to the job key only by name).
+    """
+    kinds = {stage.name: scenario.provider(stage.provider).kind for stage in template.stages}
+    digest = hashlib.sha256(repr((template, sorted(kinds.items()))).encode("utf-8")).hexdigest()[:16]
+    stages = tuple(
+        Stage(
+            name=stage.name,
+            provider=stage.provider,
+            after=stage.after,
+            build=StageBuilder(stage, kinds[stage.name], fans_out(stage)),
+            fan_out=fans_out(stage),
+            fallback=stage.fallback,
+        )
+        for stage in template.stages
+    )
+    return JobSpec(name=template.name, version=digest, stages=stages)
+
+
+def job_specs(scenario: Scenario) -> dict[str, JobSpec]:
+    """A spec for every template a workload of the scenario submits, by template name."""
+    used = {workload.job for workload in scenario.workloads if workload.job is not None}
+    return {t.name: job_spec(t, scenario) for t in scenario.jobs if t.name in used}

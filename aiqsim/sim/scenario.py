@@ -886,16 +886,18 @@ def _job_workload(
 ) -> WorkloadConfig:
     for key in _JOB_WORKLOAD_EXCLUDED:
         if key in values:
-            allowed = sorted(set(_WORKLOAD_KEYS[values["type"]]) - set(_JOB_WORKLOAD_EXCLUDED))
+            allowed = set(_WORKLOAD_KEYS[values["type"]]) - set(_JOB_WORKLOAD_EXCLUDED)
+            listed = ", ".join(k for k in _WORKLOAD.fields if k in allowed)
             raise reader.error(
                 f"{path}.{key}",
                 "does not apply to a job workload (its stages name the providers and sizes); "
-                f"keys for a {values['type']} job workload: {', '.join(k for k in _WORKLOAD.fields if k in allowed)}",
+                f"keys for a {values['type']} job workload: {listed}",
             )
     if values["job"] not in jobs:
         declared = ", ".join(jobs) or "none declared"
         raise reader.error(
-            f"{path}.job", f"expected the name of a [[jobs]] template ({declared}), got {describe(values['job'])}"
+            f"{path}.job",
+            f"expected the name of a [[jobs]] template ({declared}), got {describe(values['job'])}",
         )
     workload = WorkloadConfig(**values)
     if not workload.start_s < duration_s:
@@ -973,7 +975,8 @@ def _stage(
         listed = ", ".join(stage.after) or "none"
         raise reader.error(
             f"{path}.size.stage",
-            f"expected one of the stages this stage waits for (after = {listed}), got {describe(stage.size.stage)}",
+            f"expected one of the stages this stage waits for (after = {listed}), "
+            f"got {describe(stage.size.stage)}",
         )
     largest = None
     if stage.size.dist == "fixed":
@@ -994,7 +997,8 @@ def _stage(
             raise reader.error(
                 f"{path}.size.{key}",
                 f"expected calls of at most {_fmt(capacity)} units (the client quota of {name!r} can never "
-                f"grant more: quotas.{name}.unit_burst, or units_per_min when unset), got {per_call} per call",
+                f"grant more: quotas.{name}.unit_burst, or units_per_min when unset), "
+                f"got {per_call} per call",
             )
     return stage
 
@@ -1010,9 +1014,10 @@ def _jobs(
     for i, values in enumerate(raw):
         path = f"jobs[{i}]"
         if values["name"] in seen:
+            first = seen[values["name"]]
             raise reader.error(
                 f"{path}.name",
-                f"expected a unique job name, got {describe(values['name'])} (also jobs[{seen[values['name']]}])",
+                f"expected a unique job name, got {describe(values['name'])} (also jobs[{first}])",
             )
         seen[values["name"]] = i
         if not values["stages"]:
