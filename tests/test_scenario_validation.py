@@ -834,6 +834,14 @@ def test_overrides_on_arrays_the_file_does_not_have(tmp_path):
         load_scenario(write(tmp_path, mapping), overrides={"crashes[0].at_s": 3})
 
 
+def test_override_errors_render_a_nested_path_once():
+    """Regression: the walked path was doubled after an index (``providers[0]providers[0].outages[3]``)."""
+    mapping = full_mapping()
+    with pytest.raises(ScenarioError) as caught:
+        apply_overrides(mapping, {"providers.llm.outages[3].start_s": 1})
+    assert "unknown override path: providers[0].outages[3] does not exist" in str(caught.value)
+
+
 def test_apply_overrides_refuses_a_non_table():
     with pytest.raises(ScenarioError, match="expected a table at the top level, got an array"):
         apply_overrides([1], {"retry.base_s": 1})  # type: ignore[arg-type]

@@ -1202,7 +1202,7 @@ def split_key_path(path: str, *, source: str = "<override>") -> list[str | int]:
 def _render_path(parts: list[str | int]) -> str:
     text = ""
     for part in parts:
-        text += f"[{part}]" if isinstance(part, int) else _join(text, part)
+        text = f"{text}[{part}]" if isinstance(part, int) else _join(text, part)
     return text
 
 
