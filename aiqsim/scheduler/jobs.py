@@ -53,7 +53,7 @@ scheduler itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +69,7 @@ from aiqsim.stores.base import LIVE_OWNER_STATUSES
 from aiqsim.stores.job_store import JobStore
 
 if TYPE_CHECKING:
-    from aiqsim.scheduler.scheduler import Scheduler, Submission
+    from aiqsim.scheduler.scheduler import Scheduler
 
 __all__ = [
     "JobCancelledError",
@@ -354,14 +354,26 @@ class JobRecoveryReport:
 
 
 @dataclass(eq=False)
+class _StagePhase:
+    """A stage in progress: its tasks still out (id -> element index) and the outcomes so far."""
+
+    stage: Stage
+    outcomes: list[TaskRecord | None]
+    pending: dict[str, int] = field(default_factory=dict)
+    fallback: bool = False
+    launching: bool = False
+    primary_error: str | None = None
+
+
+@dataclass(eq=False)
 class _JobRun:
     """In-process state of a job that is not yet terminal here."""
 
     record: JobRecord
     spec: JobSpec | None
     future: Future[JobRecord]
-    stage_done: dict[str, Future[None]] = field(default_factory=dict)
-    workers: list[TaskHandle[None]] = field(default_factory=list)
+    done: set[str] = field(default_factory=set)
+    phases: dict[str, _StagePhase] = field(default_factory=dict)
     task_ids: list[str] = field(default_factory=list)
     waiting_on: str | None = None
     finished: bool = False
@@ -390,7 +402,7 @@ class Jobs:
         self._runs: dict[str, _JobRun] = {}
         self._waiters: dict[str, list[str]] = {}
         self._watchers: dict[str, TaskHandle[None]] = {}
-        self._stage_tasks: dict[str, str] = {}
+        self._stage_tasks: dict[str, tuple[str, str]] = {}  # task id -> (job id, stage name)
         self._idle = Signal(scheduler.runtime)
         self._crashed = False
         for spec in specs:
@@ -528,7 +540,7 @@ class Jobs:
         live = self.scheduler._live
         queued_stage_tasks = 0
         waiting_jobs: set[str] = set()
-        for task_id, job_id in self._stage_tasks.items():
+        for task_id, (job_id, _) in self._stage_tasks.items():
             task = live.get(task_id)
             if task is not None and task.queue_item is not None and task.record.priority is priority:
                 queued_stage_tasks += 1
@@ -554,9 +566,6 @@ class Jobs:
     def crash(self) -> None:
         """Called by ``Scheduler.crash``: every job coroutine stops where it is, nothing more is written."""
         self._crashed = True
-        for run in self._runs.values():
-            for worker in run.workers:
-                worker.cancel()
         for watcher in self._watchers.values():
             watcher.cancel()
         self._watchers.clear()
@@ -595,9 +604,9 @@ class Jobs:
                 self._write(record)
             run = _JobRun(record=record, spec=spec, future=self.scheduler.runtime.create_future())
             self._runs[record.id] = run
-            for stage_ids in record.stage_tasks.values():
+            for stage_name, stage_ids in record.stage_tasks.items():
                 for task_id in stage_ids:
-                    self._stage_tasks[task_id] = record.id
+                    self._stage_tasks[task_id] = (record.id, stage_name)
             if record.status is JobStatus.RUNNING:
                 self._start(run)
                 resumed += 1
@@ -659,90 +668,158 @@ class Jobs:
             self._resolve_waiters(owner)
 
     # ------------------------------------------------------------------ running a job
+    # Stage progress is driven synchronously from the scheduler's task completions
+    # (``task_finished``), not by coroutines awaiting them: the next stage of a job is in its
+    # provider's queue in the same instant the previous one ends, before any dispatcher looks
+    # for work, so an interactive job never lets background work take the slot between stages.
     def _start(self, run: _JobRun) -> None:
+        """Hand a job that owns its key to the scheduler: every stage whose inputs are ready."""
         assert run.spec is not None
-        runtime = self.scheduler.runtime
-        run.stage_done = {stage.name: runtime.create_future() for stage in run.spec.stages}
-        for name, _ in run.record.results.items():
-            if name in run.stage_done:
-                run.stage_done[name].set_result(None)
-        if all(future.done() for future in run.stage_done.values()):
-            # every result was recorded before a crash, the final write was not
-            run.workers.append(runtime.spawn(self._complete_recorded(run), name=f"job-{run.record.id}"))
+        run.done = {name for name in run.record.results if name in {s.name for s in run.spec.stages}}
+        if run.record.status is JobStatus.QUEUED:
+            self._move(run, JobStatus.RUNNING)
+        if len(run.done) == len(run.spec.stages):
+            self._finish(run, JobStatus.SUCCEEDED)  # every result was recorded before a crash
             return
+        self._launch_ready(run)
+
+    def _launch_ready(self, run: _JobRun) -> None:
+        """Launch every stage not yet started whose ``after`` stages have all succeeded."""
+        assert run.spec is not None
         for stage in run.spec.stages:
-            if stage.name not in run.record.results:
-                run.workers.append(
-                    runtime.spawn(self._run_stage(run, stage), name=f"job-{run.record.id}-{stage.name}")
-                )
+            if run.finished:
+                return
+            if stage.name in run.done or stage.name in run.phases:
+                continue
+            if all(dep in run.done for dep in stage.after):
+                self._launch_stage(run, stage)
 
-    async def _complete_recorded(self, run: _JobRun) -> None:
-        if run.record.status is JobStatus.QUEUED:
-            self._move(run, JobStatus.RUNNING)
-        self._finish(run, JobStatus.SUCCEEDED)
-
-    async def _run_stage(self, run: _JobRun, stage: Stage) -> None:
-        for dep in stage.after:
-            await run.stage_done[dep]
-        if run.finished:
-            return
-        if run.record.status is JobStatus.QUEUED:
-            self._move(run, JobStatus.RUNNING)
-        inputs = run.record.inputs
+    def _launch_stage(self, run: _JobRun, stage: Stage) -> None:
         try:
-            payloads = self._build(stage, inputs, run.record.results)
+            payloads = self._build(stage, run.record.inputs, run.record.results)
         except Exception as error:
             self._fail(run, stage.name, f"build raised {describe_error(error)}")
             return
-        submissions = self._submit_stage(run, stage, stage, payloads)
-        if submissions is None:
+        phase = _StagePhase(stage=stage, outcomes=[None] * len(payloads))
+        run.phases[stage.name] = phase
+        self._submit_phase(run, phase, stage, list(enumerate(payloads)), fallback=False)
+
+    def _submit_phase(
+        self,
+        run: _JobRun,
+        phase: _StagePhase,
+        target: Stage,
+        items: list[tuple[int, Any]],
+        *,
+        fallback: bool,
+    ) -> None:
+        """Submit one task per ``(element index, payload)`` on ``target``'s provider.
+
+        Task ids are drawn (from the scheduler's rng, as ``submit`` would) and written into the
+        job record *before* the tasks exist, so a task that ends inside ``submit`` (a duplicate
+        of a finished call) is already known as this stage's when it reports back.
+        """
+        scheduler = self.scheduler
+        stage = phase.stage
+        ids = [f"{scheduler.rng.getrandbits(64):016x}" for _ in items]
+        stage_tasks = {name: list(v) for name, v in run.record.stage_tasks.items()}
+        stage_tasks[stage.name] = [*stage_tasks.get(stage.name, []), *ids]
+        self._write(run.record.evolve(stage_tasks=stage_tasks, updated_at=scheduler.runtime.now()), run)
+        self._emit_stage(run, stage.name, "fallback" if fallback else "submitted", tuple(ids))
+        phase.fallback = fallback
+        phase.launching = True
+        for task_id, (index, _) in zip(ids, items, strict=True):
+            phase.pending[task_id] = index
+            self._stage_tasks[task_id] = (run.record.id, stage.name)
+        try:
+            for task_id, (_, payload) in zip(ids, items, strict=True):
+                if run.finished:
+                    break
+                cost = target.cost(payload) if callable(target.cost) else target.cost
+                scheduler.submit(
+                    target.task_kind,
+                    payload,
+                    provider=target.provider,
+                    priority=run.record.priority,
+                    cost_estimate=cost,
+                    version=target.version,
+                    task_id=task_id,
+                    job_stage=True,
+                )
+                run.task_ids.append(task_id)
+        except Cancelled:
+            raise
+        except Exception as error:
+            phase.launching = False
+            what = "fallback submission" if fallback else "submission"
+            self._fail(run, stage.name, f"{what} refused: {describe_error(error)}")
             return
-        records = [await submission.wait() for submission in submissions]
-        if run.finished:
+        phase.launching = False
+        if not run.finished and not phase.pending:
+            self._phase_done(run, phase)
+
+    def task_finished(self, record: TaskRecord) -> None:
+        """Called by the scheduler each time a task ends: advance the job it is a stage of, if any."""
+        owner = self._stage_tasks.get(record.id)
+        if owner is None:
             return
-        if any(record.status is TaskStatus.CANCELLED for record in records):
+        run = self._runs.get(owner[0])
+        if run is None or run.finished:
+            return
+        phase = run.phases.get(owner[1])
+        if phase is None or record.id not in phase.pending:
+            return
+        phase.outcomes[phase.pending.pop(record.id)] = record
+        if not phase.pending and not phase.launching:
+            self._phase_done(run, phase)
+
+    def _phase_done(self, run: _JobRun, phase: _StagePhase) -> None:
+        """Every task of a stage (or of its fallback) ended: fall back, fail, or record the result."""
+        stage = phase.stage
+        outcomes = [record for record in phase.outcomes if record is not None]
+        if any(record.status is TaskStatus.CANCELLED for record in outcomes):
             self._cancel_from_stage(run, stage.name)
             return
-        failed = [i for i, record in enumerate(records) if not _succeeded(record)]
+        failed = [i for i, record in enumerate(phase.outcomes) if record is None or not _succeeded(record)]
         fallback = stage.fallback_stage()
-        if failed and fallback is not None:
+        if failed and fallback is not None and not phase.fallback:
+            phase.primary_error = _error_of(phase.outcomes[failed[0]])
             try:
-                alternatives = (
-                    payloads
-                    if fallback.build is None
-                    else self._build(fallback, inputs, run.record.results, stage)
-                )
+                if fallback.build is None:
+                    alternatives = [phase.outcomes[i].payload for i in failed]  # type: ignore[union-attr]
+                else:
+                    built = self._build(fallback, run.record.inputs, run.record.results, stage)
+                    alternatives = [built[i] for i in failed]
             except Exception as error:
                 self._fail(run, stage.name, f"fallback build raised {describe_error(error)}")
                 return
-            retried = self._submit_stage(
-                run, stage, fallback, [alternatives[i] for i in failed], fallback=True
+            self._submit_phase(
+                run, phase, fallback, list(zip(failed, alternatives, strict=True)), fallback=True
             )
-            if retried is None:
-                return
-            again = [await submission.wait() for submission in retried]
-            if run.finished:
-                return
-            if any(record.status is TaskStatus.CANCELLED for record in again):
-                self._cancel_from_stage(run, stage.name)
-                return
-            primary_error = records[failed[0]].error
-            for index, record in zip(failed, again, strict=True):
-                records[index] = record
-            still = [record for record in again if not _succeeded(record)]
-            if still:
-                reason = f"{primary_error}; fallback {fallback.provider!r} failed too: {still[0].error}"
-                self._fail(run, stage.name, reason)
-                return
-        elif failed:
-            self._fail(run, stage.name, str(records[failed[0]].error))
             return
-        results = [record.result for record in records]
+        if failed:
+            reason = _error_of(phase.outcomes[failed[0]])
+            if phase.fallback:
+                assert fallback is not None
+                reason = f"{phase.primary_error}; fallback {fallback.provider!r} failed too: {reason}"
+            self._fail(run, stage.name, reason)
+            return
+        results = [record.result for record in outcomes]
         result: Any = results if stage.fan_out else results[0]
-        self._record_result(run, stage.name, result, tuple(record.id for record in records))
-        run.stage_done[stage.name].set_result(None)
-        if all(future.done() for future in run.stage_done.values()):
+        del run.phases[stage.name]
+        self._write(
+            run.record.evolve(
+                results={**run.record.results, stage.name: result}, updated_at=self.scheduler.runtime.now()
+            ),
+            run,
+        )
+        run.done.add(stage.name)
+        self._emit_stage(run, stage.name, "succeeded", tuple(record.id for record in outcomes))
+        assert run.spec is not None
+        if len(run.done) == len(run.spec.stages):
             self._finish(run, JobStatus.SUCCEEDED)
+        else:
+            self._launch_ready(run)
 
     def _build(
         self, stage: Stage, inputs: Any, results: Mapping[str, Any], primary: Stage | None = None
@@ -755,47 +832,6 @@ class Jobs:
         if not isinstance(payload, list | tuple):
             raise TypeError(f"a fan-out stage's build must return a list, got {type(payload).__name__}")
         return list(payload)
-
-    def _submit_stage(
-        self, run: _JobRun, stage: Stage, target: Stage, payloads: Sequence[Any], *, fallback: bool = False
-    ) -> list[Submission] | None:
-        """Submit one task per payload on ``target``'s provider; None (job failed) if any is refused."""
-        scheduler = self.scheduler
-        submissions: list[Submission] = []
-        try:
-            for payload in payloads:
-                cost = target.cost(payload) if callable(target.cost) else target.cost
-                submission = scheduler.submit(
-                    target.task_kind,
-                    payload,
-                    provider=target.provider,
-                    priority=run.record.priority,
-                    cost_estimate=cost,
-                    version=target.version,
-                    job_stage=True,
-                )
-                self._stage_tasks[submission.id] = run.record.id
-                run.task_ids.append(submission.id)
-                submissions.append(submission)
-        except Cancelled:
-            raise
-        except Exception as error:
-            for submission in submissions:
-                scheduler.cancel(submission.id)
-            what = "fallback of " if fallback else ""
-            self._fail(run, stage.name, f"{what}submission refused: {describe_error(error)}")
-            return None
-        ids = [submission.id for submission in submissions]
-        stage_tasks = {name: list(v) for name, v in run.record.stage_tasks.items()}
-        stage_tasks[stage.name] = [*stage_tasks.get(stage.name, []), *ids]
-        self._write(run.record.evolve(stage_tasks=stage_tasks, updated_at=scheduler.runtime.now()), run)
-        self._emit_stage(run, stage.name, "fallback" if fallback else "submitted", tuple(ids))
-        return submissions
-
-    def _record_result(self, run: _JobRun, stage: str, result: Any, task_ids: tuple[str, ...]) -> None:
-        results = {**run.record.results, stage: result}
-        self._write(run.record.evolve(results=results, updated_at=self.scheduler.runtime.now()), run)
-        self._emit_stage(run, stage, "succeeded", task_ids)
 
     def _fail(self, run: _JobRun, stage: str, reason: str) -> None:
         if run.finished:
@@ -814,9 +850,7 @@ class Jobs:
         self._stop_stages(run, cancel_running=True)
 
     def _stop_stages(self, run: _JobRun, *, cancel_running: bool) -> None:
-        """Stop a finished job's stage coroutines and cancel its queued (and running) stage tasks."""
-        for worker in run.workers:
-            worker.cancel()
+        """Cancel a finished job's queued (and, with ``cancel_running``, running) stage tasks."""
         live = self.scheduler._live
         for task_id in run.task_ids:
             task = live.get(task_id)
@@ -856,8 +890,9 @@ class Jobs:
         record = self._move(run, status, **changes)
         run.finished = True
         del self._runs[record.id]
-        for task_id in run.task_ids:
-            self._stage_tasks.pop(task_id, None)
+        for task_ids in record.stage_tasks.values():
+            for task_id in task_ids:
+                self._stage_tasks.pop(task_id, None)
         run.future.set_result(record)
         if record.id in self._waiters:
             self._resolve_waiters(record)
@@ -888,6 +923,10 @@ class Jobs:
         events = self.scheduler.events
         if events is not None:
             events(StageEvent(self.scheduler.runtime.now(), run.record.id, stage, event, task_ids, error))
+
+
+def _error_of(record: TaskRecord | None) -> str:
+    return "the task never started" if record is None else str(record.error)
 
 
 def _succeeded(record: TaskRecord) -> bool:

@@ -966,6 +966,8 @@ class Scheduler:
         live.future.set_result(record)
         if record.id in self._waiters:
             self._resolve_waiters(record)
+        if self._jobs is not None:  # a job's next stage is queued in this same instant
+            self._jobs.task_finished(record)
         if not self._live:
             self._idle.notify()
 
