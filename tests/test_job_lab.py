@@ -244,17 +244,21 @@ def test_double_clicked_jobs_dedup_and_bill_nothing() -> None:
     assert (deduped["cost"] == 0).all()
 
 
-def test_a_crash_mid_run_leaves_every_job_terminal_and_bills_no_stage_twice() -> None:
+@pytest.mark.parametrize("store", ["memory", "json", "sqlite"])
+def test_a_crash_mid_run_leaves_every_job_terminal_and_bills_no_stage_twice(store: str) -> None:
     stages = [
         {"name": "a", "provider": "p1"},
         {"name": "b", "provider": "p2", "after": ["a"], "fanout": {"dist": "fixed", "mean": 3}},
     ]
     providers = [provider("p1", 1.0, honours_idempotency=True), provider("p2", 2.0, honours_idempotency=True)]
-    mapping = scenario(stages, providers, crashes=[{"at_s": 4.0, "restart_after_s": 2.0}])
+    mapping = scenario(
+        stages, providers, crashes=[{"at_s": 4.0, "restart_after_s": 2.0}], store={"kind": store}
+    )
     mapping["workloads"] = [{"type": "poisson", "job": "edit", "rate_per_s": 2.0, "count": 10}]
     result = run(mapping, seed=3)
     s = result.summary
     assert s["crashes"] == 1
+    assert s["jobs_submitted"] == 10  # arrivals while the process was down are submitted after the restart
     assert s["jobs_lost"] == 0 and s["tasks_lost"] == 0
     assert s["jobs_succeeded"] + s["jobs_failed"] + s["jobs_deduped"] == s["jobs_submitted"]
     assert s["duplicate_billed_calls"] == 0
