@@ -244,6 +244,21 @@ def test_double_clicked_jobs_dedup_and_bill_nothing() -> None:
     assert (deduped["cost"] == 0).all()
 
 
+def test_jobs_refused_at_the_door_are_rejected_rows_counted_once_per_job() -> None:
+    # five interactive jobs at once, each fanning out to 3 calls on one slow lane; the interactive
+    # depth limit of 2 counts a waiting job once (not its 3 calls): 2 accepted, 3 rejected.
+    stages = [{"name": "a", "provider": "p1", "fanout": {"dist": "fixed", "mean": 3}}]
+    mapping = scenario(stages, [provider("p1", 10.0)], quotas={"p1": {"concurrency": 1}})
+    mapping["dispatch"] = {"interactive_limit": 2}
+    mapping["workloads"] = [{"type": "burst", "job": "edit", "count": 5, "priority": "interactive"}]
+    result = run(mapping)
+    s = result.summary
+    assert (s["jobs_submitted"], s["jobs_rejected"]) == (2, 3)
+    assert s["jobs_succeeded"] == 2
+    rejected = result.jobs[result.jobs.status == "rejected"]
+    assert len(rejected) == 3 and rejected["error"].str.contains("QueueFullError").all()
+
+
 @pytest.mark.parametrize("store", ["memory", "json", "sqlite"])
 def test_a_crash_mid_run_leaves_every_job_terminal_and_bills_no_stage_twice(store: str) -> None:
     stages = [

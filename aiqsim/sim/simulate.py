@@ -514,8 +514,10 @@ class _Run:
     def _offer(self, arrival: Arrival | JobArrival) -> None:
         """Submit one arrival; a refusal at the door (queue full, a cost the quota can never grant)
         is recorded as a ``rejected`` row, as a user would see an error."""
-        if not hasattr(arrival, "task_id"):  # a JobArrival
-            self._offer_job(arrival)  # type: ignore[arg-type]
+        from aiqsim.sim.job_workloads import JobArrival
+
+        if isinstance(arrival, JobArrival):
+            self._offer_job(arrival)
             return
         if self.down:
             self.backlog.append(arrival)
