@@ -440,3 +440,25 @@ def test_job_scenarios_round_trip_and_take_overrides_by_name() -> None:
         ScenarioError, match=re.escape("no jobs[0].stages entry named 'voice'; declared: script, tts")
     ):
         apply_overrides(scenario_to_dict(parsed), {"jobs.edit.stages.voice.fallback": "p3"})
+
+
+def test_a_live_run_over_http_sizes_later_stages_from_earlier_results_as_the_simulation_does() -> None:
+    # Regression: live HTTP providers returned the chat text as the result, so a from_stage size saw
+    # no output units and every later stage shrank to 1 unit (a pipeline's live cost was a quarter).
+    from aiqsim.http.live import run_live
+
+    stages = [
+        {"name": "script", "provider": "p1", "size": {"dist": "fixed", "mean": 1000, "output_fraction": 0.5}},
+        {
+            "name": "tts",
+            "provider": "p2",
+            "after": ["script"],
+            "size": {"dist": "from_stage", "stage": "script"},
+        },
+    ]
+    parsed = parse_scenario(scenario(stages, [provider("p1", 1.0), provider("p2", 1.0, kind="tts")]))
+    simulated = simulate(parsed)
+    live = run_live(parsed, time_scale=0.05)
+    assert only_job(live)["status"] == "succeeded"
+    for result in (simulated, live):
+        assert list(result.calls[result.calls.provider == "p2"]["units"]) == [500]

@@ -21,6 +21,18 @@ from aiqsim.runtime.asyncio_runtime import AsyncioRuntime
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.simulate import SimulationResult, resolve_scenario, run_scenario, simulate
 
+
+def simulator_result(body: Any) -> Any:
+    """The simulator's own result, which the local servers send whole under ``result`` beside the chat
+    completion, so a live job builds its later stages from the same results as a simulated one
+    (a from_stage size needs the earlier stage's ``output_units``); else the chat text."""
+    from aiqsim.http.chat import chat_content
+
+    if isinstance(body, Mapping) and isinstance(body.get("result"), Mapping):
+        return body["result"]
+    return chat_content(body)
+
+
 DEFAULT_TIME_SCALE = 0.05
 """Wall seconds per scenario second for live runs (a 60 s scenario takes 3 s)."""
 
@@ -63,6 +75,7 @@ def run_live(
                 timeout=_client_timeout(scenario, time_scale),
                 lookup_path="/lookup/{key}" if scenario.provider(name).supports_lookup else None,
                 send_task_headers=True,
+                parse_result=simulator_result,
             )
             for name, server in servers.items()
         ]
