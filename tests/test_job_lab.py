@@ -462,3 +462,13 @@ def test_a_live_run_over_http_sizes_later_stages_from_earlier_results_as_the_sim
     assert only_job(live)["status"] == "succeeded"
     for result in (simulated, live):
         assert list(result.calls[result.calls.provider == "p2"]["units"]) == [500]
+
+
+def test_compare_shows_the_job_numbers_of_both_runs() -> None:
+    from aiqsim.http.live import compare_sim_and_live
+
+    stages = [{"name": "a", "provider": "p1"}, {"name": "b", "provider": "p2", "after": ["a"]}]
+    frame = compare_sim_and_live(parse_scenario(scenario(stages, THREE)), time_scale=0.05)
+    assert frame.loc["jobs_succeeded", "simulated"] == frame.loc["jobs_succeeded", "live"] == 1
+    assert frame.loc["job_latency_p50_s", "simulated"] == pytest.approx(3.0, abs=EPS)
+    assert frame.loc["job_latency_p50_s", "live"] > 0  # wall clock (first connections, load): not compared

@@ -125,6 +125,18 @@ COMPARED_KEYS = (
     "sim_time_s",
 )
 
+COMPARED_JOB_KEYS = (
+    "jobs_submitted",
+    "jobs_succeeded",
+    "jobs_failed",
+    "jobs_deduped",
+    "jobs_lost",
+    "job_latency_p50_s",
+    "job_latency_p95_s",
+    "cost_per_job",
+)
+"""Compared too when the scenario submits jobs."""
+
 
 def compare_sim_and_live(
     scenario: Scenario | str | Path,
@@ -138,9 +150,10 @@ def compare_sim_and_live(
     scenario = resolve_scenario(scenario, overrides)
     simulated = simulate(scenario, seed=seed).summary
     live = run_live(scenario, seed=seed, time_scale=time_scale, header_corrections=header_corrections).summary
+    keys = [*COMPARED_KEYS, *(COMPARED_JOB_KEYS if "jobs_submitted" in simulated else ())]
     frame = pd.DataFrame(
-        {"simulated": [simulated[k] for k in COMPARED_KEYS], "live": [live[k] for k in COMPARED_KEYS]},
-        index=list(COMPARED_KEYS),
+        {"simulated": [simulated[k] for k in keys], "live": [live[k] for k in keys]},
+        index=keys,
     )
     base = frame["simulated"].astype(float).abs().replace(0.0, float("nan"))
     frame["relative_difference"] = (frame["live"].astype(float) - frame["simulated"].astype(float)) / base
