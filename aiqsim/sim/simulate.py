@@ -42,10 +42,11 @@ if TYPE_CHECKING:
 
 
 class SimulationResult:
-    """Outcome of one simulated run: ``summary`` (dict) and DataFrames ``tasks``, ``calls``, ``timeline``.
+    """Outcome of one simulated run: ``summary`` (dict) and DataFrames ``tasks``, ``calls``, ``timeline``
+    (and ``jobs`` when the scenario submits jobs; the summary then has the job keys too).
 
-    The DataFrames are built on first access; ``records``, ``executions`` and ``events`` hold the
-    raw flat records they come from.
+    The DataFrames are built on first access; ``records``, ``executions``, ``events`` and
+    ``job_records`` hold the raw flat records they come from.
     """
 
     def __init__(
