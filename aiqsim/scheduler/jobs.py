@@ -81,6 +81,7 @@ __all__ = [
     "Jobs",
     "Stage",
     "jobs_of",
+    "keeps_jobs",
     "recover_jobs",
 ]
 
@@ -233,6 +234,8 @@ class JobSpec:
     name: str
     version: str
     stages: tuple[Stage, ...]
+    _digest: str = field(init=False, repr=False, compare=False, default="")
+    """SHA-256 of the stages' canonical identity, computed once: every job key includes it."""
 
     def __post_init__(self) -> None:
         _checked_name(self.name, "JobSpec name")
@@ -256,6 +259,7 @@ class JobSpec:
                         f"job {self.name!r}: stage {stage.name!r} comes after unknown stage {dep!r}"
                     )
         self.order()  # raises on a cycle
+        object.__setattr__(self, "_digest", fingerprint("job-stages", self.identity(), version=self.version))
 
     def stage(self, name: str) -> Stage:
         """The stage called ``name`` (``KeyError`` if none)."""
@@ -285,9 +289,7 @@ class JobSpec:
 
     def key(self, inputs: Any) -> str:
         """The job's idempotency key for ``inputs`` (a fingerprint; ``FingerprintError`` if not JSON-like)."""
-        return fingerprint(
-            f"job:{self.name}", inputs, params={"stages": self.identity()}, version=self.version
-        )
+        return fingerprint(f"job:{self.name}", inputs, params={"stages": self._digest}, version=self.version)
 
     def providers(self) -> set[str]:
         """Every provider a run of this job may call (fallbacks included)."""
@@ -391,7 +393,7 @@ class Jobs:
         if getattr(scheduler, "_jobs", None) is not None:
             raise SchedulingError("this scheduler already has a Jobs orchestrator (scheduler.jobs)")
         store = scheduler.store
-        if not isinstance(store, JobStore):
+        if not keeps_jobs(store):
             raise ConfigurationError(
                 f"{type(store).__name__} keeps no jobs (it lacks the JobStore methods); use a store "
                 "from aiqsim.stores"
@@ -676,12 +678,12 @@ class Jobs:
         """Hand a job that owns its key to the scheduler: every stage whose inputs are ready."""
         assert run.spec is not None
         run.done = {name for name in run.record.results if name in {s.name for s in run.spec.stages}}
-        if run.record.status is JobStatus.QUEUED:
-            self._move(run, JobStatus.RUNNING)
-        if len(run.done) == len(run.spec.stages):
-            self._finish(run, JobStatus.SUCCEEDED)  # every result was recorded before a crash
+        if len(run.done) == len(run.spec.stages):  # every result was recorded before a crash
+            if run.record.status is JobStatus.QUEUED:
+                self._move(run, JobStatus.RUNNING)
+            self._finish(run, JobStatus.SUCCEEDED)
             return
-        self._launch_ready(run)
+        self._launch_ready(run)  # the first stage's write also moves the job to running
 
     def _launch_ready(self, run: _JobRun) -> None:
         """Launch every stage not yet started whose ``after`` stages have all succeeded."""
@@ -721,10 +723,16 @@ class Jobs:
         """
         scheduler = self.scheduler
         stage = phase.stage
-        ids = [f"{scheduler.rng.getrandbits(64):016x}" for _ in items]
+        ids = [self._new_task_id() for _ in items]
         stage_tasks = {name: list(v) for name, v in run.record.stage_tasks.items()}
         stage_tasks[stage.name] = [*stage_tasks.get(stage.name, []), *ids]
-        self._write(run.record.evolve(stage_tasks=stage_tasks, updated_at=scheduler.runtime.now()), run)
+        now = scheduler.runtime.now()
+        old = run.record
+        if old.status is JobStatus.QUEUED:  # one write: queued -> running with its first stage's tasks
+            self._write(job_transition(old, JobStatus.RUNNING, now, stage_tasks=stage_tasks), run)
+            self._emit(old.status, run.record)
+        else:
+            self._write(old.evolve(stage_tasks=stage_tasks, updated_at=now), run)
         self._emit_stage(run, stage.name, "fallback" if fallback else "submitted", tuple(ids))
         phase.fallback = fallback
         phase.launching = True
@@ -757,6 +765,15 @@ class Jobs:
         phase.launching = False
         if not run.finished and not phase.pending:
             self._phase_done(run, phase)
+
+    def _new_task_id(self) -> str:
+        """A task id drawn from the scheduler's rng (as ``submit`` draws one) that the store does not
+        hold yet: a restarted process seeded like its predecessor draws the same ids again."""
+        scheduler = self.scheduler
+        while True:
+            task_id = f"{scheduler.rng.getrandbits(64):016x}"
+            if task_id not in self._stage_tasks and scheduler.store.get(task_id) is None:
+                return task_id
 
     def task_finished(self, record: TaskRecord) -> None:
         """Called by the scheduler each time a task ends: advance the job it is a stage of, if any."""
@@ -945,10 +962,16 @@ async def recover_jobs(
     jobs = getattr(scheduler, "_jobs", None)
     if jobs is None:
         store = scheduler.store
-        if not isinstance(store, JobStore) or not store.list_jobs(JobStatus.QUEUED, JobStatus.RUNNING):
+        if not keeps_jobs(store) or not store.list_jobs(JobStatus.QUEUED, JobStatus.RUNNING):  # type: ignore[attr-defined]
             return None
         jobs = Jobs(scheduler)
     return await jobs.recover(adopted)
+
+
+def keeps_jobs(store: object) -> bool:
+    """Whether ``store`` has a job table: it implements :class:`JobStore`, and so does the store it
+    wraps, if it is a wrapper with an ``inner`` store (e.g. :class:`~aiqsim.sim.crash.CrashingStore`)."""
+    return isinstance(store, JobStore) and isinstance(getattr(store, "inner", store), JobStore)
 
 
 def jobs_of(scheduler: Scheduler) -> Jobs:
