@@ -12,7 +12,8 @@ waits for that run's outcome. An owner goes into its provider's dispatch queue
 (interactive before background, order by the dispatch policy). Each provider lane has one
 dispatcher that starts the chosen task as soon as the provider's multi-dimension quota
 can cover it. The task then runs its attempts inside ``running``: failures are classified,
-retries back off (honouring Retry-After, which also pauses the lane for everyone) and
+retries back off (honouring Retry-After, which pauses the lane for everyone when the
+rate-limit scope says the quota is spent, see :mod:`aiqsim.scheduler.rate_limit_scope`) and
 re-enter the lane ahead of new work of the same priority.
 """
 
@@ -43,8 +44,15 @@ from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, 
 from aiqsim.runtime.protocol import Cancelled, Future, Runtime, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy, QueueItem, TaskQueue
-from aiqsim.scheduler.events import AttemptRecord, EventSink, QuotaSample, TaskTransition
+from aiqsim.scheduler.events import (
+    AttemptRecord,
+    EventSink,
+    LanePaused,
+    QuotaSample,
+    TaskTransition,
+)
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
+from aiqsim.scheduler.rate_limit_scope import RateLimitHistory, RateLimitScope, pauses_lane
 from aiqsim.scheduler.retry import (
     AttemptGate,
     RetryPolicy,
@@ -189,6 +197,8 @@ class _Lane:
     dispatcher: TaskHandle[None] | None = None
     slot_blocked: bool = False
     """The dispatcher waits for a concurrency slot: only a release can unblock it, not new work."""
+    rate_limits: RateLimitHistory = field(default_factory=RateLimitHistory)
+    """The lane's recent share of 429s (read by the ``adaptive`` rate-limit scope)."""
 
 
 def _checked_worker_id(value: str | None, what: str) -> str | None:
@@ -807,7 +817,7 @@ class Scheduler:
                     retry_after = error.retry_after_s if isinstance(error, RateLimitError) else None
                     pause, too_long = policy.retry_after_wait(retry_after)
                     if pause is not None:
-                        lane.quota.pause_until(now + pause)
+                        self._pause_for_rate_limit(lane, error, record.id, now, pause)
                     for gate in self.gates:
                         tell_gate(gate, lane.name, is_retry, failure, error, now, task_id=record.id)
                     if too_long:
@@ -850,6 +860,7 @@ class Scheduler:
                 for gate in self.gates:
                     tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
                 self._emit_attempt(live, attempts, start, now, None, "done", None, None, usage)
+                lane.rate_limits.record_success(now, policy.adaptive_rule)
                 self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
                 return
         except Cancelled:
@@ -873,6 +884,27 @@ class Scheduler:
             if live.record.status.is_terminal or self._crashed:
                 raise
             self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+
+    def _pause_for_rate_limit(
+        self, lane: _Lane, error: BaseException, task_id: str, now: float, pause: float
+    ) -> None:
+        """Pause the whole lane for a 429's Retry-After when the rate-limit scope says so.
+
+        The task that saw the 429 waits it out in any case (its retry delay is floored by it).
+        """
+        policy = self.retry
+        scope = policy.rate_limit_scope
+        quota_spent = error.quota_spent if isinstance(error, RateLimitError) else None
+        looks_spent = lane.rate_limits.record_rate_limit(task_id, now, policy.adaptive_rule)
+        if not pauses_lane(scope, quota_spent, looks_spent):
+            return
+        lane.quota.pause_until(now + pause)
+        if self.events is not None:
+            if scope is RateLimitScope.LANE:
+                reason = "scope=lane"
+            else:
+                reason = "quota_spent" if quota_spent else "repeated_429s"
+            self.events(LanePaused(now, lane.name, lane.quota.paused_until, task_id, reason))
 
     async def _fail_poison(self, live: _Live, attempts: int, error: BaseException) -> None:
         record = live.record
