@@ -362,7 +362,11 @@ class Scheduler:
             TaskStatus.SUCCEEDED,
         )
         limit = self._limits[priority]
-        if not is_duplicate and limit is not None and self._queued[priority] >= limit:
+        # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue.
+        counts_against_limit = not is_duplicate or (
+            existing is not None and self._would_promote(existing.id, priority)
+        )
+        if counts_against_limit and limit is not None and self._queued[priority] >= limit:
             raise QueueFullError(
                 f"too many {priority.name.lower()} requests: {self._queued[priority]} already queued "
                 f"(limit {limit}); try again later"
@@ -609,10 +613,48 @@ class Scheduler:
         else:
             live.waiting_on = owner.id
             self._waiters.setdefault(owner.id, []).append(record.id)
-            if owner.id not in self._live and owner.id not in self._watchers:
+            owner_live = self._live.get(owner.id)
+            if owner_live is not None:
+                self._inherit_priority(owner_live, record.priority)
+            elif owner.id not in self._watchers:
                 self._watchers[owner.id] = self.runtime.spawn(
                     self._watch_foreign_owner(owner.id), name=f"watch-{owner.id}"
                 )
+
+    def _would_promote(self, owner_id: str, priority: Priority) -> bool:
+        """Whether a duplicate of ``priority`` would move its owner, queued here, into a higher queue."""
+        owner = self._live.get(owner_id)
+        return owner is not None and owner.queue_item is not None and priority < owner.record.priority
+
+    def _inherit_priority(self, owner: _Live, priority: Priority) -> None:
+        """Raise a live owner to its waiter's priority, so no waiter waits behind a lower class.
+
+        Without this, an interactive duplicate of a queued background task waits for the
+        background backlog ahead of its owner (priority inversion through dedup). A queued owner
+        moves to the waiter's queue (behind the work already queued there); a running owner waiting
+        for a retry ticket has its ticket moved; a running owner in backoff asks for its next ticket
+        in the new class; an owner whose call is in flight has nothing to move. The new priority is
+        the owner's from then on (its record carries it, persisted with its next transition; after
+        a crash, :meth:`recover` re-attaches the waiter and the owner inherits again).
+        """
+        old = owner.record.priority
+        if priority >= old:
+            return
+        owner.record = owner.record.evolve(priority=priority)
+        lane = self._lanes[owner.record.provider]
+        if owner.queue_item is not None:
+            lane.queues[old].pop(owner.queue_item)
+            self._queued[old] -= 1
+            owner.queue_item = None
+            self._enqueue(owner)
+        else:
+            tickets = lane.retries[old]
+            for ticket in tickets:
+                if ticket.task_id == owner.record.id and not ticket.removed and not ticket.future.done():
+                    tickets.remove(ticket)
+                    lane.retries[priority].append(ticket)
+                    lane.signal.notify()
+                    break
 
     def _enqueue(self, live: _Live) -> None:
         record = live.record
