@@ -48,6 +48,7 @@ from aiqsim.scheduler.events import (
     AttemptRecord,
     EventSink,
     LanePaused,
+    QueueRejected,
     QuotaSample,
     TaskTransition,
 )
@@ -65,11 +66,22 @@ from aiqsim.stores.base import TaskStore
 from aiqsim.stores.memory import MemoryStore
 
 DEFAULT_INTERACTIVE_LIMIT = 5
+DEFAULT_BACKGROUND_LIMIT = 2_000
+"""Queued background tasks allowed by default. Past it, ``submit`` raises :class:`QueueFullError`
+instead of letting a backlog the quota cannot serve grow without bound (at 10x the quota it grew by
+~6,700 tasks in 2 minutes, ~2 KB each, and every queued task waits behind all of them). 2,000 is
+about 4 MB and far above the deepest backlog of the shipped scenarios (under 1,000); raise it, or pass
+``None``, for batch jobs that queue more on purpose."""
 _PRIORITIES = tuple(Priority)  # iterating the enum itself is measurably slow on the dispatch path
 
 
 class QueueFullError(SchedulingError, RuntimeError):
-    """Too many queued requests of one priority: the submission was refused and nothing enqueued."""
+    """Too many queued requests of one priority: the submission was refused and nothing enqueued.
+
+    Arrivals outpace what the provider's quota lets through. Retry later (the queue drains at the
+    quota's rate), shed or defer work upstream, raise ``interactive_limit``/``background_limit``,
+    or add quota. Each refusal is also a :class:`~aiqsim.scheduler.events.QueueRejected` event.
+    """
 
 
 class SchedulerClosedError(SchedulingError, RuntimeError):
@@ -220,7 +232,9 @@ class Scheduler:
         dispatch: dispatch policy for every lane (FIFO by default).
         retry: retry policy (full jitter, 5 attempts, 60 s attempt timeout by default).
         interactive_limit: queued interactive tasks allowed at once; one more raises
-            :class:`QueueFullError`. ``background_limit`` likewise (unbounded by default).
+            :class:`QueueFullError`. ``background_limit`` likewise (:data:`DEFAULT_BACKGROUND_LIMIT`
+            by default; ``None``: unbounded). Duplicates enqueue nothing and are exempt, except an
+            interactive duplicate that lifts its queued owner into the interactive queue.
         rng: the only source of randomness (jitter, task ids). Seed it for reproducible runs.
         events: a sink for :mod:`aiqsim.scheduler.events` records (e.g. ``list.append``).
         gates: overload guards consulted before each attempt (retry budgets, breakers...).
@@ -242,7 +256,7 @@ class Scheduler:
         dispatch: DispatchPolicy | None = None,
         retry: RetryPolicy | None = None,
         interactive_limit: int | None = DEFAULT_INTERACTIVE_LIMIT,
-        background_limit: int | None = None,
+        background_limit: int | None = DEFAULT_BACKGROUND_LIMIT,
         rng: random.Random | None = None,
         events: EventSink | None = None,
         gates: Iterable[AttemptGate] = (),
@@ -367,10 +381,7 @@ class Scheduler:
             existing is not None and self._would_promote(existing.id, priority)
         )
         if counts_against_limit and limit is not None and self._queued[priority] >= limit:
-            raise QueueFullError(
-                f"too many {priority.name.lower()} requests: {self._queued[priority]} already queued "
-                f"(limit {limit}); try again later"
-            )
+            raise self._queue_full(lane, priority, limit)
         now = self.runtime.now()
         record = TaskRecord(
             id=task_id if task_id is not None else f"{self.rng.getrandbits(64):016x}",
@@ -391,6 +402,18 @@ class Scheduler:
         self._ensure_started()
         self._follow_owner(live, owner)
         return Submission(record.id, key, live.future, self.runtime.create_future)
+
+    def _queue_full(self, lane: _Lane, priority: Priority, limit: int) -> QueueFullError:
+        """The refusal of one more ``priority`` task, reported as an event first."""
+        queued = self._queued[priority]
+        name = priority.name.lower()
+        if self.events is not None:
+            in_lane = len(lane.queues[priority])
+            self.events(QueueRejected(self.runtime.now(), lane.name, int(priority), queued, limit, in_lane))
+        return QueueFullError(
+            f"too many {name} requests: {queued} already queued (limit {limit}), nothing was enqueued. "
+            f"Retry later (the queue drains at the provider's quota), raise {name}_limit, or add quota"
+        )
 
     def cancel(self, task_id: str) -> bool:
         """Cancel a queued or running task of this scheduler; False if it is not live here.

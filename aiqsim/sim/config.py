@@ -92,7 +92,7 @@ class DispatchConfig:
     policy: str = "fifo"
     max_wait_s: float = 30.0
     interactive_limit: int | None = 5
-    background_limit: int | None = None
+    background_limit: int | None = 2_000
 
 
 @dataclass(frozen=True, slots=True)
