@@ -7,10 +7,20 @@ from aiqsim.scheduler.dispatch import (
     ShortestJobFirstPolicy,
     dispatch_policy_from_name,
 )
-from aiqsim.scheduler.events import AttemptRecord, QuotaSample, SchedulerEvent, TaskTransition
+from aiqsim.scheduler.events import (
+    AttemptRecord,
+    LanePaused,
+    QueueRejected,
+    QuotaSample,
+    SchedulerEvent,
+    TaskTransition,
+)
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
+from aiqsim.scheduler.rate_limit_scope import DEFAULT_RATE_LIMIT_SCOPE, AdaptiveScopeRule, RateLimitScope
 from aiqsim.scheduler.retry import AttemptGate, RetryPolicy
 from aiqsim.scheduler.scheduler import (
+    DEFAULT_BACKGROUND_LIMIT,
+    DEFAULT_INTERACTIVE_LIMIT,
     QueueFullError,
     RecoveryReport,
     Scheduler,
@@ -21,16 +31,23 @@ from aiqsim.scheduler.scheduler import (
 )
 
 __all__ = [
+    "DEFAULT_BACKGROUND_LIMIT",
+    "DEFAULT_INTERACTIVE_LIMIT",
+    "DEFAULT_RATE_LIMIT_SCOPE",
+    "AdaptiveScopeRule",
     "AgingShortestJobFirstPolicy",
     "AttemptGate",
     "AttemptRecord",
     "DispatchPolicy",
     "FifoPolicy",
+    "LanePaused",
     "Provider",
     "ProviderRequest",
     "ProviderResponse",
     "QueueFullError",
+    "QueueRejected",
     "QuotaSample",
+    "RateLimitScope",
     "RecoveryReport",
     "RetryPolicy",
     "Scheduler",
