@@ -67,9 +67,10 @@ def rate_limit_scope(value: RateLimitScope | str) -> RateLimitScope:
 class AdaptiveScopeRule:
     """When ``adaptive`` reads 429s that carry no quota signal as "the quota is spent".
 
-    The lane looks spent when, over the last ``window_s`` or so (exponentially decayed counts),
-    at least ``min_share`` of its attempt outcomes were 429s and the recent 429s came from at least
-    ``min_tasks`` different tasks (one task retrying into its own 429s proves nothing).
+    The lane looks spent when, over the last ``window_s`` or so (exponentially decayed counts), 429s
+    were at least ``min_share`` of its attempts that either succeeded or got a 429 (other failures
+    are not counted), and the recent 429s came from at least ``min_tasks`` different tasks (one task
+    retrying into its own 429s proves nothing).
     Random 429s stay near their own rate (5% is far below 0.3); a spent server window refuses
     about the share of requests the client sends above the server's rate (half at twice it), and
     all of them while it is full.
@@ -112,7 +113,7 @@ class RateLimitHistory:
             self.updated_at = now
 
     def record_success(self, now: float, rule: AdaptiveScopeRule) -> None:
-        """An attempt of the lane got an answer that was not a 429."""
+        """An attempt of the lane succeeded (other failures are not counted either way)."""
         self._decay(now, rule)
         self.attempts += 1.0
 
