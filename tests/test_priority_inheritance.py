@@ -151,3 +151,37 @@ def test_cancelling_a_lifted_owner_removes_it_from_the_queue_it_is_in() -> None:
     assert owner.status is TaskStatus.CANCELLED
     assert duplicate.status is TaskStatus.SUCCEEDED and duplicate.finished_at == 2.0
     assert scheduler.queued() == 0
+
+
+def test_an_owner_resumed_after_its_waiter_by_recovery_still_inherits(tmp_path: Any) -> None:
+    """Recovery walks queued tasks in store order; a waiter listed before its owner (here: a failed
+    interactive task retried by hand while a newer background task held its key) is attached before
+    the owner is live. The owner must still go first when it is resumed."""
+    from aiqsim import SqliteStore
+
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0, script={"k": ["invalid", "ok"], "stuck": ["hang"]})
+    store = SqliteStore(tmp_path / "tasks.sqlite3")
+
+    async def main() -> tuple[Any, Any]:
+        first = _scheduler(runtime, provider, store=store)
+        failed = first.submit("llm", {"input": "k"}, priority=Priority.INTERACTIVE)
+        assert (await failed.wait()).status is TaskStatus.FAILED
+        first.submit("llm", {"input": "stuck"})  # holds the only slot until the crash
+        await runtime.sleep(0.5)
+        for i in range(5):
+            first.submit("llm", {"input": f"b{i}"})
+        owner = first.submit("llm", {"input": "k"})  # background, takes the failed task's key
+        first.retry_failed(failed.id)  # now a waiter on the queued owner
+        first.crash()
+        second = _scheduler(runtime, provider, store=store)
+        await second.recover()
+        await second.join()
+        return store.get(owner.id), store.get(failed.id)
+
+    owner, waiter = runtime.run(main())
+    store.close()
+    after_crash = [name for _, name, _ in provider.calls[2:]]
+    assert after_crash == ["k", "b0", "b1", "b2", "b3", "b4"]  # before the background queued ahead of it
+    assert owner.priority is Priority.INTERACTIVE and owner.status is TaskStatus.SUCCEEDED
+    assert waiter.status is TaskStatus.DEDUPED and waiter.deduped_from == owner.id

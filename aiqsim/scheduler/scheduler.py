@@ -631,6 +631,11 @@ class Scheduler:
         record = live.record
         if owner.id == record.id:
             self._enqueue(live)
+            waiting = self._waiters.get(record.id)
+            if waiting:  # waiters attached before this owner was live here (recovery order)
+                priorities = [self._live[w].record.priority for w in waiting if w in self._live]
+                if priorities:
+                    self._inherit_priority(live, min(priorities))
         elif owner.status is TaskStatus.SUCCEEDED:
             self._finish(live, TaskStatus.DEDUPED, result=owner.result, deduped_from=owner.id)
         else:
