@@ -83,6 +83,7 @@ def run_scheduler(
             quotas={"noop": QuotaLimits(requests_per_min=REQUESTS_PER_MIN, concurrency=CONCURRENCY)},
             store=store,  # type: ignore[arg-type]
             rng=random.Random(0),
+            background_limit=None,  # all calls are submitted at once, as to the tenacity stack
         )
         for index in range(calls):
             scheduler.submit("noop", {"n": index}, key=f"call-{index}" if explicit_keys else None)

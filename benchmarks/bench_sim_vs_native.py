@@ -185,6 +185,7 @@ def run_scheduler(
         dispatch=FifoPolicy(),
         retry=retry,
         rng=random.Random(f"scheduler-{seed}"),
+        background_limit=None,  # the native model's queue is unbounded too
     )
     ids: list[str] = []
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 import time
 from collections import Counter
@@ -111,7 +112,14 @@ def test_429_storm_is_absorbed_and_retry_after_is_honoured() -> None:
     runtime = AsyncioRuntime(time_scale=scale)
     # the attempt timeout is generous in wall time (1.5 s), so a slow moment on a busy machine
     # cannot turn into a client-side timeout and a second execution
-    retry = RetryPolicy(backoff=FullJitter(base_s=0.5, cap_s=5.0), max_attempts=30, attempt_timeout_s=300.0)
+    # every 429 pauses the client's whole lane, which is what iter_retry_violations checks per client
+    # (with the adaptive default, a random 429 holds back only the task that saw it)
+    retry = RetryPolicy(
+        backoff=FullJitter(base_s=0.5, cap_s=5.0),
+        max_attempts=30,
+        attempt_timeout_s=300.0,
+        rate_limit_scope="lane",
+    )
     clients = {name: [f"{name} prompt {i}" for i in range(8)] for name in ("a", "b", "c")}
     with start_local_server(config, time_scale=scale, seed=3) as server:
         records = runtime.run(run_clients(server.url, runtime, clients, retry=retry))
@@ -134,6 +142,37 @@ def test_429_storm_is_absorbed_and_retry_after_is_honoured() -> None:
     admitted = sorted(execution.start for execution in ledger.executions if execution.outcome == "ok")
     for index, start in enumerate(admitted):
         assert len([t for t in admitted[index:] if t < start + WINDOW_S - WINDOW_TOLERANCE_S]) <= 8
+
+
+def test_with_the_default_scope_each_task_still_waits_out_its_own_retry_after() -> None:
+    # random 429s hold back only the task that saw them (rate_limit_scope "adaptive"), but that task's
+    # next request never arrives before its Retry-After has passed
+    config = ProviderConfig(
+        name="llm",
+        latency_base_s=0.2,
+        latency_per_unit_s=0.0,
+        rate_limit_prob=0.4,
+        rate_limit_retry_after_s=10.0,
+    )
+    scale = 0.005
+    runtime = AsyncioRuntime(time_scale=scale)
+    retry = RetryPolicy(backoff=FullJitter(base_s=0.1, cap_s=1.0), max_attempts=30, attempt_timeout_s=300.0)
+    clients = {"a": [f"prompt {i}" for i in range(24)]}
+    with start_local_server(config, time_scale=scale, seed=3) as server:
+        records = runtime.run(run_clients(server.url, runtime, clients, retry=retry, concurrency=4))
+        ledger = server.ledger()
+    assert all(r.status is TaskStatus.SUCCEEDED for r in records["a"])
+    throttled = [entry for entry in ledger.requests if entry.status == 429]
+    assert len(throttled) >= 3, ledger.outcomes()
+    by_key: dict[str, list[Any]] = {}
+    for entry in sorted(ledger.requests, key=lambda entry: entry.arrived_wall):
+        by_key.setdefault(entry.key, []).append(entry)
+    for entries in by_key.values():
+        not_before = -math.inf
+        for entry in entries:
+            assert entry.arrived_wall + 1e-3 >= not_before, entry
+            if entry.status == 429 and entry.retry_after_wall is not None:
+                not_before = entry.responded_wall + entry.retry_after_wall
 
 
 def test_retry_violation_check_catches_a_client_that_ignores_retry_after() -> None:

@@ -170,12 +170,13 @@ def test_aging_bounds_the_wait_of_a_large_task_that_plain_sjf_starves() -> None:
     assert big_aged.started_at <= 10.0 + refill_time + 1e-9
 
 
-def test_a_retry_after_pauses_the_provider_for_every_task() -> None:
+def test_a_retry_after_pauses_the_provider_for_every_task_with_lane_scope() -> None:
     runtime = SimPyRuntime()
     provider = ScriptedProvider(runtime, latency_s=1.0, script={"x": ["429:10", "ok"]})
 
     async def main():
-        scheduler = Scheduler(runtime, [provider], retry=RetryPolicy(backoff=ExponentialBackoff(0.5, 4.0)))
+        retry = RetryPolicy(backoff=ExponentialBackoff(0.5, 4.0), rate_limit_scope="lane")
+        scheduler = Scheduler(runtime, [provider], retry=retry)
         first = scheduler.submit("llm", {"input": "x"})
         await runtime.sleep(1.5)
         other = scheduler.submit("llm", {"input": "y"})
@@ -202,7 +203,9 @@ def test_a_retry_after_beyond_the_ceiling_fails_that_task_and_pauses_the_lane_fo
     provider = ScriptedProvider(runtime, latency_s=1.0, script={"x": ["429:86400000", "ok"]})
 
     async def main():
-        retry = RetryPolicy(backoff=ExponentialBackoff(0.5, 4.0), max_retry_after_s=max_retry_after_s)
+        retry = RetryPolicy(
+            backoff=ExponentialBackoff(0.5, 4.0), max_retry_after_s=max_retry_after_s, rate_limit_scope="lane"
+        )
         scheduler = Scheduler(runtime, [provider], retry=retry)
         first = scheduler.submit("llm", {"input": "x"})
         await runtime.sleep(1.5)

@@ -53,7 +53,10 @@ def run_parity_scenario(runtime):
         [provider],
         quotas={"llm": QuotaLimits(concurrency=2)},
         retry=RetryPolicy(
-            backoff=ExponentialBackoff(base_s=1.0, cap_s=8.0), max_attempts=4, attempt_timeout_s=30
+            backoff=ExponentialBackoff(base_s=1.0, cap_s=8.0),
+            max_attempts=4,
+            attempt_timeout_s=30,
+            rate_limit_scope="lane",  # the timeline below was laid out around b's lane-wide pause
         ),
         rng=random.Random(7),
     )

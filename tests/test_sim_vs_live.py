@@ -51,6 +51,9 @@ base_s = 1.0
 cap_s = 8
 max_attempts = 8
 attempt_timeout_s = 20
+# Every 429 pauses the lane, as before the scope existed: 25% random 429s sit near the adaptive
+# scope's 30% threshold, where a few ms of HTTP latency flip its pause decisions between the runs.
+rate_limit_scope = "lane"
 
 [[workloads]]
 type = "poisson"

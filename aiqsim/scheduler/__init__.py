@@ -10,6 +10,8 @@ from aiqsim.scheduler.dispatch import (
 )
 from aiqsim.scheduler.events import (
     AttemptRecord,
+    LanePaused,
+    QueueRejected,
     QuotaSample,
     SchedulerEvent,
     StoreWriteFailed,
@@ -17,9 +19,12 @@ from aiqsim.scheduler.events import (
     UsageAnomaly,
 )
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
+from aiqsim.scheduler.rate_limit_scope import DEFAULT_RATE_LIMIT_SCOPE, AdaptiveScopeRule, RateLimitScope
 from aiqsim.scheduler.recovery_lookup import LookupRetry
 from aiqsim.scheduler.retry import AttemptGate, RetryPolicy
 from aiqsim.scheduler.scheduler import (
+    DEFAULT_BACKGROUND_LIMIT,
+    DEFAULT_INTERACTIVE_LIMIT,
     QueueFullError,
     RecoveryReport,
     Scheduler,
@@ -30,18 +35,25 @@ from aiqsim.scheduler.scheduler import (
 )
 
 __all__ = [
+    "DEFAULT_BACKGROUND_LIMIT",
     "DEFAULT_COMMIT_WINDOW_S",
+    "DEFAULT_INTERACTIVE_LIMIT",
+    "DEFAULT_RATE_LIMIT_SCOPE",
+    "AdaptiveScopeRule",
     "AgingShortestJobFirstPolicy",
     "AttemptGate",
     "AttemptRecord",
     "DispatchPolicy",
     "FifoPolicy",
+    "LanePaused",
     "LookupRetry",
     "Provider",
     "ProviderRequest",
     "ProviderResponse",
     "QueueFullError",
+    "QueueRejected",
     "QuotaSample",
+    "RateLimitScope",
     "RecoveryReport",
     "RetryPolicy",
     "Scheduler",

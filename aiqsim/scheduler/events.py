@@ -94,5 +94,46 @@ class UsageAnomaly:
     reason: str
 
 
-SchedulerEvent = TaskTransition | AttemptRecord | QuotaSample | StoreWriteFailed | UsageAnomaly
+@dataclass(frozen=True, slots=True)
+class LanePaused:
+    """A 429's Retry-After paused a whole provider lane until ``until`` (no attempt starts before it).
+
+    ``task_id`` saw the 429; ``reason`` says why the pause reached the lane and not only that task:
+    ``"scope=lane"`` (the policy pauses the lane for every 429), ``"quota_spent"`` (the provider said
+    its quota is used up) or ``"repeated_429s"`` (a large recent share of 429s, from several tasks).
+    """
+
+    time: float
+    provider: str
+    until: float
+    task_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRejected:
+    """``submit`` refused a task because its priority's queue was full (:class:`QueueFullError`).
+
+    ``queued`` tasks of that priority were waiting in the scheduler (all lanes) against ``limit``;
+    ``queued_in_lane`` of them for ``provider``. A run of these means arrivals outpace the
+    provider's quota: the signal to shed load upstream, raise the limit or add quota.
+    """
+
+    time: float
+    provider: str
+    priority: int
+    queued: int
+    limit: int
+    queued_in_lane: int
+
+
+SchedulerEvent = (
+    TaskTransition
+    | AttemptRecord
+    | QuotaSample
+    | StoreWriteFailed
+    | UsageAnomaly
+    | LanePaused
+    | QueueRejected
+)
 EventSink = Callable[[SchedulerEvent], None]

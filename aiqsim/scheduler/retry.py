@@ -9,6 +9,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.backoff import BackoffStrategy, FullJitter
 from aiqsim.core.failures import POISON_AFTER_ATTEMPTS, FailureClass
+from aiqsim.scheduler.rate_limit_scope import (
+    DEFAULT_RATE_LIMIT_SCOPE,
+    AdaptiveScopeRule,
+    RateLimitScope,
+    rate_limit_scope,
+)
 
 DEFAULT_MAX_RETRY_AFTER_S = 300.0
 """Five minutes: longer than any per-minute quota window, short of a spent daily quota."""
@@ -26,6 +32,11 @@ class RetryPolicy:
     for more (a day: a spent daily quota, or a broken header) fails that task at once instead
     of retrying before the server allows it, and pauses the provider for at most this long, so
     one answer cannot freeze a lane for days. ``None`` trusts any value.
+
+    ``rate_limit_scope`` says what a 429's Retry-After pauses: ``"lane"`` (every task of the
+    provider), ``"task"`` (only the task that saw it) or ``"adaptive"`` (the default: the lane when
+    the 429 says the quota is spent, per ``adaptive_rule``, else the task); see
+    :mod:`aiqsim.scheduler.rate_limit_scope`. The task that saw the 429 always waits it out.
     """
 
     backoff: BackoffStrategy = field(default_factory=lambda: FullJitter(base_s=0.5, cap_s=60.0))
@@ -34,8 +45,13 @@ class RetryPolicy:
     honour_retry_after: bool = True
     poison_after: int = POISON_AFTER_ATTEMPTS
     max_retry_after_s: float | None = DEFAULT_MAX_RETRY_AFTER_S
+    rate_limit_scope: RateLimitScope = DEFAULT_RATE_LIMIT_SCOPE
+    adaptive_rule: AdaptiveScopeRule = field(default_factory=AdaptiveScopeRule)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "rate_limit_scope", rate_limit_scope(self.rate_limit_scope))
+        if not isinstance(self.adaptive_rule, AdaptiveScopeRule):
+            raise TypeError(f"adaptive_rule must be an AdaptiveScopeRule, got {self.adaptive_rule!r}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.attempt_timeout_s is not None and not self.attempt_timeout_s > 0:

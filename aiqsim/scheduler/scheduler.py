@@ -12,7 +12,8 @@ waits for that run's outcome. An owner goes into its provider's dispatch queue
 (interactive before background, order by the dispatch policy). Each provider lane has one
 dispatcher that starts the chosen task as soon as the provider's multi-dimension quota
 can cover it. The task then runs its attempts inside ``running``: failures are classified,
-retries back off (honouring Retry-After, which also pauses the lane for everyone) and
+retries back off (honouring Retry-After, which pauses the lane for everyone when the
+rate-limit scope says the quota is spent, see :mod:`aiqsim.scheduler.rate_limit_scope`) and
 re-enter the lane ahead of new work of the same priority.
 """
 
@@ -50,12 +51,15 @@ from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy, QueueItem, Tas
 from aiqsim.scheduler.events import (
     AttemptRecord,
     EventSink,
+    LanePaused,
+    QueueRejected,
     QuotaSample,
     StoreWriteFailed,
     TaskTransition,
     UsageAnomaly,
 )
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
+from aiqsim.scheduler.rate_limit_scope import RateLimitHistory, RateLimitScope, pauses_lane
 from aiqsim.scheduler.recovery_lookup import LookupRetry, lookup_with_retries
 from aiqsim.scheduler.retry import (
     AttemptGate,
@@ -74,11 +78,22 @@ if TYPE_CHECKING:
     from aiqsim.scheduler.jobs import JobHandle, JobRecoveryReport, Jobs, JobSpec
 
 DEFAULT_INTERACTIVE_LIMIT = 5
+DEFAULT_BACKGROUND_LIMIT = 2_000
+"""Queued background tasks allowed by default. Past it, ``submit`` raises :class:`QueueFullError`
+instead of letting a backlog the quota cannot serve grow without bound (at 10x the quota it grew by
+~6,700 tasks in 2 minutes, ~2 KB each, and every queued task waits behind all of them). 2,000 is
+about 4 MB and far above the deepest backlog of the shipped scenarios (under 1,000); raise it, or pass
+``None``, for batch jobs that queue more on purpose."""
 _PRIORITIES = tuple(Priority)  # iterating the enum itself is measurably slow on the dispatch path
 
 
 class QueueFullError(SchedulingError, RuntimeError):
-    """Too many queued requests of one priority: the submission was refused and nothing enqueued."""
+    """Too many queued requests of one priority: the submission was refused and nothing enqueued.
+
+    Arrivals outpace what the provider's quota lets through. Retry later (the queue drains at the
+    quota's rate), shed or defer work upstream, raise ``interactive_limit``/``background_limit``,
+    or add quota. Each refusal is also a :class:`~aiqsim.scheduler.events.QueueRejected` event.
+    """
 
 
 class SchedulerClosedError(SchedulingError, RuntimeError):
@@ -264,6 +279,8 @@ class _Lane:
     dispatcher: TaskHandle[None] | None = None
     slot_blocked: bool = False
     """The dispatcher waits for a concurrency slot: only a release can unblock it, not new work."""
+    rate_limits: RateLimitHistory = field(default_factory=RateLimitHistory)
+    """The lane's recent share of 429s (read by the ``adaptive`` rate-limit scope)."""
 
 
 def _lane_quota(given: QuotaLimits | Any, now: float) -> Any:
@@ -306,7 +323,9 @@ class Scheduler:
         dispatch: dispatch policy for every lane (FIFO by default).
         retry: retry policy (full jitter, 5 attempts, 60 s attempt timeout by default).
         interactive_limit: queued interactive tasks allowed at once; one more raises
-            :class:`QueueFullError`. ``background_limit`` likewise (unbounded by default).
+            :class:`QueueFullError`. ``background_limit`` likewise (:data:`DEFAULT_BACKGROUND_LIMIT`
+            by default; ``None``: unbounded). Duplicates enqueue nothing and are exempt, except an
+            interactive duplicate that lifts its queued owner into the interactive queue.
         rng: the only source of randomness (jitter, task ids). Seed it for reproducible runs.
         events: a sink for :mod:`aiqsim.scheduler.events` records (e.g. ``list.append``).
         gates: overload guards consulted before each attempt (retry budgets, breakers...).
@@ -350,7 +369,7 @@ class Scheduler:
         dispatch: DispatchPolicy | None = None,
         retry: RetryPolicy | None = None,
         interactive_limit: int | None = DEFAULT_INTERACTIVE_LIMIT,
-        background_limit: int | None = None,
+        background_limit: int | None = DEFAULT_BACKGROUND_LIMIT,
         rng: random.Random | None = None,
         events: EventSink | None = None,
         gates: Iterable[AttemptGate] = (),
@@ -495,11 +514,13 @@ class Scheduler:
             TaskStatus.SUCCEEDED,
         )
         limit = self._limits[priority]
-        if not is_duplicate and not job_stage and limit is not None and self._depth(priority) >= limit:
-            raise QueueFullError(
-                f"too many {priority.name.lower()} requests: {self._queued[priority]} already queued "
-                f"(limit {limit}); try again later"
-            )
+        # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
+        # a job's stage tasks are counted as their job (see Jobs.depth).
+        counts_against_limit = not job_stage and (
+            not is_duplicate or (existing is not None and self._would_promote(existing.id, priority))
+        )
+        if counts_against_limit and limit is not None and self._depth(priority) >= limit:
+            raise self._queue_full(lane, priority, limit)
         now = self.runtime.now()
         record = TaskRecord(
             id=task_id if task_id is not None else f"{self.rng.getrandbits(64):016x}",
@@ -559,6 +580,18 @@ class Scheduler:
     def _depth(self, priority: Priority) -> int:
         """Queued requests of ``priority`` as its depth limit counts them (a job counts once)."""
         return self._queued[priority] if self._jobs is None else self._jobs.depth(priority)
+
+    def _queue_full(self, lane: _Lane, priority: Priority, limit: int) -> QueueFullError:
+        """The refusal of one more ``priority`` task, reported as an event first."""
+        queued = self._queued[priority]
+        name = priority.name.lower()
+        if self.events is not None:
+            in_lane = len(lane.queues[priority])
+            self.events(QueueRejected(self.runtime.now(), lane.name, int(priority), queued, limit, in_lane))
+        return QueueFullError(
+            f"too many {name} requests: {queued} already queued (limit {limit}), nothing was enqueued. "
+            f"Retry later (the queue drains at the provider's quota), raise {name}_limit, or add quota"
+        )
 
     def cancel(self, task_id: str) -> bool:
         """Cancel a queued or running task of this scheduler; False if it is not live here.
@@ -812,6 +845,11 @@ class Scheduler:
         record = live.record
         if owner.id == record.id:
             self._enqueue(live)
+            waiting = self._waiters.get(record.id)
+            if waiting:  # waiters attached before this owner was live here (recovery order)
+                priorities = [self._live[w].record.priority for w in waiting if w in self._live]
+                if priorities:
+                    self._inherit_priority(live, min(priorities))
         elif owner.status is TaskStatus.SUCCEEDED:
             self._finish(live, TaskStatus.DEDUPED, result=owner.result, deduped_from=owner.id)
         elif owner.id in self._unpersisted and owner.id not in self._live:
@@ -819,7 +857,10 @@ class Scheduler:
         else:
             live.waiting_on = owner.id
             self._waiters.setdefault(owner.id, []).append(record.id)
-            if owner.id not in self._live and owner.id not in self._watchers:
+            owner_live = self._live.get(owner.id)
+            if owner_live is not None:
+                self._inherit_priority(owner_live, record.priority)
+            elif owner.id not in self._watchers:
                 self._watchers[owner.id] = self.runtime.spawn(
                     self._watch_foreign_owner(owner.id), name=f"watch-{owner.id}"
                 )
@@ -856,6 +897,41 @@ class Scheduler:
             return
         self._staged(record.id)
         self._follow_owner(live, owner)
+
+    def _would_promote(self, owner_id: str, priority: Priority) -> bool:
+        """Whether a duplicate of ``priority`` would move its owner, queued here, into a higher queue."""
+        owner = self._live.get(owner_id)
+        return owner is not None and owner.queue_item is not None and priority < owner.record.priority
+
+    def _inherit_priority(self, owner: _Live, priority: Priority) -> None:
+        """Raise a live owner to its waiter's priority, so no waiter waits behind a lower class.
+
+        Without this, an interactive duplicate of a queued background task waits for the
+        background backlog ahead of its owner (priority inversion through dedup). A queued owner
+        moves to the waiter's queue (behind the work already queued there); a running owner waiting
+        for a retry ticket has its ticket moved; a running owner in backoff asks for its next ticket
+        in the new class; an owner whose call is in flight has nothing to move. The new priority is
+        the owner's from then on (its record carries it, persisted with its next transition; after
+        a crash, :meth:`recover` re-attaches the waiter and the owner inherits again).
+        """
+        old = owner.record.priority
+        if priority >= old:
+            return
+        owner.record = owner.record.evolve(priority=priority)
+        lane = self._lanes[owner.record.provider]
+        if owner.queue_item is not None:
+            lane.queues[old].pop(owner.queue_item)
+            self._queued[old] -= 1
+            owner.queue_item = None
+            self._enqueue(owner)
+        else:
+            tickets = lane.retries[old]
+            for ticket in tickets:
+                if ticket.task_id == owner.record.id and not ticket.removed and not ticket.future.done():
+                    tickets.remove(ticket)
+                    lane.retries[priority].append(ticket)
+                    lane.signal.notify()
+                    break
 
     def _enqueue(self, live: _Live) -> None:
         record = live.record
@@ -1071,7 +1147,7 @@ class Scheduler:
                     retry_after = retry_after_of(error)
                     pause, too_long = policy.retry_after_wait(retry_after)
                     if pause is not None and isinstance(error, RateLimitError):
-                        lane.quota.pause_until(now + pause)
+                        self._pause_for_rate_limit(lane, error, record.id, now, pause)
                     for gate in self.gates:
                         tell_gate(gate, lane.name, is_retry, failure, error, now, task_id=record.id)
                     if too_long:
@@ -1131,6 +1207,7 @@ class Scheduler:
                 for gate in self.gates:
                     tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
                 self._emit_attempt(live, attempts, start, now, None, "done", None, None, usage)
+                lane.rate_limits.record_success(now, policy.adaptive_rule)
                 self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
                 return
         except Cancelled:
@@ -1211,6 +1288,27 @@ class Scheduler:
                     )
                 )
         return verdict.usage
+
+    def _pause_for_rate_limit(
+        self, lane: _Lane, error: BaseException, task_id: str, now: float, pause: float
+    ) -> None:
+        """Pause the whole lane for a 429's Retry-After when the rate-limit scope says so.
+
+        The task that saw the 429 waits it out in any case (its retry delay is floored by it).
+        """
+        policy = self.retry
+        scope = policy.rate_limit_scope
+        quota_spent = error.quota_spent if isinstance(error, RateLimitError) else None
+        looks_spent = lane.rate_limits.record_rate_limit(task_id, now, policy.adaptive_rule)
+        if not pauses_lane(scope, quota_spent, looks_spent):
+            return
+        lane.quota.pause_until(now + pause)
+        if self.events is not None:
+            if scope is RateLimitScope.LANE:
+                reason = "scope=lane"
+            else:
+                reason = "quota_spent" if quota_spent else "repeated_429s"
+            self.events(LanePaused(now, lane.name, lane.quota.paused_until, task_id, reason))
 
     async def _fail_poison(self, live: _Live, attempts: int, error: BaseException) -> None:
         record = live.record

@@ -17,6 +17,7 @@ OutageMode = Literal["error", "slow"]
 PriorityName = Literal["interactive", "background"]
 WorkloadType = Literal["poisson", "burst", "double_click", "trace"]
 StoreKind = Literal["memory", "json", "sqlite"]
+RateLimitScopeName = Literal["lane", "task", "adaptive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,7 @@ class ProviderConfig:
     server_units_per_min: float | None = None
     rate_limit_prob: float = 0.0
     rate_limit_retry_after_s: float | None = 1.0
+    reports_quota: bool = True
     server_error_prob: float = 0.0
     timeout_prob: float = 0.0
     quota_exhausted_prob: float = 0.0
@@ -82,6 +84,7 @@ class RetryConfig:
     attempt_timeout_s: float | None = 30.0
     honour_retry_after: bool = True
     max_retry_after_s: float | None = 300.0
+    rate_limit_scope: RateLimitScopeName = "adaptive"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +94,7 @@ class DispatchConfig:
     policy: str = "fifo"
     max_wait_s: float = 30.0
     interactive_limit: int | None = 5
-    background_limit: int | None = None
+    background_limit: int | None = 2_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,10 @@ One call goes through these steps, in this order:
    ``server_requests_per_min`` and ``server_units_per_min`` (units = prompt + output). A
    request that would exceed either is rejected at once with a 429 whose Retry-After is
    the whole number of seconds (rounded up) until the window has room for it. Nothing
-   is billed. Retry storms emerge from this rule, not from a scripted failure rate.
+   is billed. Retry storms emerge from this rule, not from a scripted failure rate. The 429
+   says the quota is spent (``RateLimitError.quota_spent=True``, as ``x-ratelimit-remaining: 0``
+   would); a random 429 (step 3) says what the windows hold (``None`` without windows, or with
+   ``reports_quota = false``: a server that does not say).
 3. **Random failures**, decided by per-request draws (see Randomness below): a random 429, quota
    exhausted (fatal), invalid request, a 500 after part of the latency (not billed),
    and a schema violation for poison payloads after the full latency (billed: the server
@@ -450,10 +453,18 @@ class SimulatedProvider:
                     f"request of {job.units} units exceeds {self.name!r}'s limit of "
                     f"{config.server_units_per_min:g} units per minute"
                 )
-            raise RateLimitError("server quota exceeded", retry_after_s=_retry_after_header(wait))
+            raise RateLimitError(
+                "server quota exceeded",
+                retry_after_s=_retry_after_header(wait),
+                quota_spent=True if config.reports_quota else None,
+            )
         if draws.rate_limit < config.rate_limit_prob:
             self._record(request, start, start, "rate_limited", job.units)
-            raise RateLimitError("rate limited", retry_after_s=config.rate_limit_retry_after_s)
+            raise RateLimitError(
+                "rate limited",
+                retry_after_s=config.rate_limit_retry_after_s,
+                quota_spent=self._quota_spent(start),
+            )
         self._admit(job.units, start)
 
         if draws.quota_exhausted < config.quota_exhausted_prob:
@@ -613,6 +624,15 @@ class SimulatedProvider:
         if errors:
             return errors[0]
         return max(active, key=lambda o: o.slow_factor)
+
+    def _quota_spent(self, now: float) -> bool | None:
+        """What a 429's ``x-ratelimit-remaining-*`` headers would say (``RateLimitError.quota_spent``):
+        ``True`` if a server window has less than one whole request or unit left, ``False`` if every
+        window has room, ``None`` when the server has no quota windows (it sends no such headers)."""
+        usage = self.window_usage(now)
+        if not usage or not self.config.reports_quota:
+            return None
+        return any(limit - used < 1.0 for limit, used, _ in usage.values())
 
     def _quota_wait(self, units: int, now: float) -> float | None:
         """``None`` if the server quota admits the request now, else seconds until it would (may be inf)."""

@@ -375,6 +375,7 @@ _PROVIDER = _Table(
         "server_units_per_min": _Optional(_POSITIVE),
         "rate_limit_prob": _PROBABILITY,
         "rate_limit_retry_after_s": _Optional(_NON_NEGATIVE),
+        "reports_quota": _Boolean(),
         "server_error_prob": _PROBABILITY,
         "timeout_prob": _PROBABILITY,
         "quota_exhausted_prob": _PROBABILITY,
@@ -408,6 +409,7 @@ _RETRY = _Table(
         "attempt_timeout_s": _Optional(_POSITIVE),
         "honour_retry_after": _Boolean(),
         "max_retry_after_s": _Optional(_POSITIVE),
+        "rate_limit_scope": _Choice(("lane", "task", "adaptive")),
     },
     what="retry policy",
 )

@@ -183,6 +183,7 @@ def retry_policy(scenario: Scenario) -> RetryPolicy:
         attempt_timeout_s=r.attempt_timeout_s,
         honour_retry_after=r.honour_retry_after,
         max_retry_after_s=r.max_retry_after_s,
+        rate_limit_scope=r.rate_limit_scope,
     )
 
 

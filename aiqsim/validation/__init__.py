@@ -4,6 +4,9 @@
   theory (M/M/c, Erlang C).
 - :mod:`aiqsim.validation.aws_jitter`: the backoff objects against the findings of Marc Brooker's
   "Exponential Backoff And Jitter" (AWS Architecture Blog, 2015).
+- :mod:`aiqsim.validation.rate_limit_scope_study`: both sides of a 429 pause's scope (random 429s vs a
+  spent server quota), the evidence for the default ``rate_limit_scope`` (imported on its own: it runs
+  :func:`aiqsim.sim.simulate`).
 """
 
 from aiqsim.validation.aws_jitter import (
