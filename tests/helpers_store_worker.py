@@ -125,7 +125,7 @@ async def race(args: argparse.Namespace) -> None:
         quotas={"llm": QuotaLimits(concurrency=4)},
         store=store,
         rng=rng,
-        duplicate_poll_s=0.02,
+        duplicate_poll_s=args.poll,
     )
     say("ready")
     go = Path(args.go)
@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     racer.add_argument("--kind", choices=["sqlite", "postgres"], default="sqlite")
     racer.add_argument("--schema", default="aiqsim", help="PostgreSQL schema (with --kind postgres)")
     racer.add_argument("--repeat", type=int, default=1, help="identical submissions of each key")
+    racer.add_argument("--poll", type=float, default=0.02, help="duplicate_poll_s of the scheduler")
     worker = modes.add_parser("recover")
     worker.add_argument("--kind", choices=["sqlite", "json"], required=True)
     worker.add_argument("--store", required=True)

@@ -58,6 +58,7 @@ from aiqsim.scheduler.events import (
     TaskTransition,
     UsageAnomaly,
 )
+from aiqsim.scheduler.foreign_owner import FOREIGN_SAFETY_POLL_S, announces_changes, store_change
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
 from aiqsim.scheduler.rate_limit_scope import RateLimitHistory, RateLimitScope, pauses_lane
 from aiqsim.scheduler.recovery_lookup import LookupRetry, lookup_with_retries
@@ -963,13 +964,27 @@ class Scheduler:
                 self._claim_and_follow(waiter)
 
     async def _watch_foreign_owner(self, owner_id: str) -> None:
-        """Poll the store for a key owned by another process until that run is terminal."""
+        """Wait until the run of a key owned by another process is terminal.
+
+        A store that announces terminal transitions (PostgreSQL's ``NOTIFY``) on a runtime that can
+        wait on a descriptor wakes the watcher when one happens, anywhere in the fleet; it looks at
+        the store then, and otherwise only every ``max(FOREIGN_SAFETY_POLL_S, duplicate_poll_s)``
+        as a safety net. Otherwise it polls every
+        ``duplicate_poll_s`` (see :func:`~aiqsim.scheduler.foreign_owner.store_change`).
+        """
+        notified = announces_changes(self.runtime, self.store)
         try:
+            if notified:
+                self.store.notification_fileno()  # listen first, then look: nothing falls in between
             while True:
-                await self.runtime.sleep(self.duplicate_poll_s)
-                owner = self.store.get(owner_id)
+                if not notified:
+                    await self.runtime.sleep(self.duplicate_poll_s)
+                owner = self.store.get(owner_id)  # after LISTEN began: no announcement is missed
                 if owner is None or owner.status.is_terminal:
                     break
+                if notified:
+                    safety_poll = max(FOREIGN_SAFETY_POLL_S, self.duplicate_poll_s)
+                    await store_change(self.runtime, self.store, safety_poll)
         finally:
             self._watchers.pop(owner_id, None)
         if owner is not None:
