@@ -201,6 +201,8 @@ def latency_cdf(tasks: pd.DataFrame, by: str = "priority", *, title: str = "") -
                 continue
             if outcome != "succeeded":
                 failed_total += len(values)
+            if single:  # one group: colour by outcome (green results, vermillion failures)
+                colour = ROLE_COLOURS["successes" if outcome == "succeeded" else "failed"]
             ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", color=colour, ls=style,
                     label=f"{prefix}{outcome}, n={len(values)}")  # fmt: skip
     ax.set_xlabel("time from arrival to result or failure (s)")
