@@ -145,7 +145,7 @@ def retry_storm_timeline(
             offered_per_s, color=OKABE_ITO[3], ls=":", lw=1.6, label=f"offered load {offered_per_s:.3g}/s"
         )
     for i, (name, at) in enumerate((marks or {}).items()):
-        ax.axvline(at, color=OKABE_ITO[7] if i % 2 == 0 else OKABE_ITO[4], ls="-." if i % 2 == 0 else ":",
+        ax.axvline(at, color=OKABE_ITO[7], ls="-." if i % 2 == 0 else ":",
                    lw=1.3, label=f"{name} at {at:g} s")  # fmt: skip
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("calls per second (calls/s)")
