@@ -115,7 +115,7 @@ def smallest_meeting(
             f"no {param} in {sorted(bands[param])} keeps {metric} <= {target:g} on every seed; the closest, "
             f"{param}={format_value(closest[param])}, reaches {closest[f'{metric} max']:.4g}"
         )
-    value = meeting.iloc[0][param]
+    value = meeting[param].iloc[0]  # from the column, so the swept value keeps its type (120, not 120.0)
     rule = (
         f"smallest {param} whose worst of {int(meeting.iloc[0]['seeds'])} seeds keeps {metric} <= {target:g}"
     )
@@ -159,7 +159,7 @@ def best_setting(
         )
     if tie_break:
         rule += f"; ties go to the lower mean {tie_break}"
-    settings = {p: _plain(best[p]) for p in params}
+    settings = {p: _plain(ordered[p].iloc[0]) for p in params}
     return Decision(scenario_file, settings, rule, _first(ordered, bands, params))
 
 
