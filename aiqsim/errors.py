@@ -9,6 +9,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TraceError, WorkloadTooLargeError
     │   ├── QuotaConfigError               a quota that could never grant a request
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
+    │   ├── NoSettingMeetsError            no swept setting meets a decision's target on every seed
 │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
@@ -57,6 +58,7 @@ from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.fleet.leases import LeaseLostError
 from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.status import HttpStatusError
+from aiqsim.lab.decisions import NoSettingMeetsError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
@@ -79,6 +81,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidStateError",
     "LeaseLostError",
+    "NoSettingMeetsError",
     "PoisonInputError",
     "ProviderError",
     "ProviderTimeoutError",
