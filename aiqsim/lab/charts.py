@@ -52,10 +52,11 @@ def _style(ax: Axes) -> None:
 def _title(ax: Axes, prefix: str, finding: str) -> None:
     """``prefix: finding`` (or just the finding) in printable text, wrapped to the figure's width."""
     text = f"{prefix}: {finding}" if prefix else finding
-    width = max(30, int(ax.figure.get_figwidth() * 8.5))  # ~ characters per line at 11 pt
+    # ~ characters per line at 11 pt over the axes, which share the figure's width with an outside legend
+    width = max(30, int(ax.figure.get_figwidth() * 6))
     if len(text) > width:
         text = "\n".join(textwrap.wrap(text, width))
-    ax.set_title(printable(text), fontsize=11)
+    ax.set_title(_literal(printable(text)), fontsize=11)
 
 
 def _legend_outside(
@@ -67,6 +68,11 @@ def _legend_outside(
     if handles:
         ax.legend(handles, [printable(str(label)) for label in labels or []], loc="upper left",
                   bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)  # fmt: skip
+
+
+def _literal(text: str) -> str:
+    """``text`` with ``$`` escaped, so "$3.73 to $0.68" is not typeset as mathtext between the two signs."""
+    return text.replace("\\$", "$").replace("$", "\\$")
 
 
 def run_references(result: Any, provider: str | None = None) -> dict[str, float | None]:
@@ -275,13 +281,14 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     cost_ax.set_ylim(0, top * 1.45 if top > 0 else 1.0)  # headroom for the two-line label inside the axes
     for xi, first, dup in zip(x, first_cost, dup_cost, strict=True):
         share = dup / (first + dup) if first + dup > 0 else 0.0
-        cost_ax.annotate(f"${first + dup:.3g} billed\n{share:.1%} duplicated", (xi, first + dup), ha="center",
-                         va="bottom", fontsize=9, xytext=(0, 3), textcoords="offset points")  # fmt: skip
+        label = _literal(f"${first + dup:.3g} billed\n{share:.1%} duplicated")
+        cost_ax.annotate(label, (xi, first + dup), ha="center", va="bottom", fontsize=9, xytext=(0, 3),
+                         textcoords="offset points")  # fmt: skip
     cost_ax.set_xticks(x, [printable(p) for p in providers])
     cost_ax.set_ylabel("billed cost ($)")
     total = float(first_cost.sum() + dup_cost.sum())
     share = float(dup_cost.sum()) / total if total > 0 else 0.0
-    cost_ax.set_title(f"{share:.1%} of ${total:.3g} billed twice", fontsize=11)
+    cost_ax.set_title(_literal(f"{share:.1%} of ${total:.3g} billed twice"), fontsize=11)
     _legend_outside(cost_ax)
     if title:
         fig.suptitle(printable(title))
@@ -314,17 +321,20 @@ def metric_vs_parameter(
     """
     fig, ax = _new_figure()
     groups = [(None, sweep)] if hue is None else list(sweep.groupby(hue, sort=True))
+    every = sweep.groupby([x] if hue is None else [hue, x])[y].mean().to_numpy(dtype=float)
+    finite = every[np.isfinite(every)]
+    # two lines closer than 1% of the plotted range everywhere would be drawn one on top of the other
+    tolerance = 0.01 * float(np.ptp(finite)) if len(finite) else 0.0
     drawn: list[tuple[str, np.ndarray]] = []
     for i, (name, group) in enumerate(groups):
         stats = _mean_and_band(group, x, y)
         label = axis_label(y).split(" (")[0] if name is None else short_setting(hue or "", name)
         colour = OKABE_ITO[i % len(OKABE_ITO)]
         means = stats["mean"].to_numpy(dtype=float)
-        twin = next((other for other, values in drawn if len(values) == len(means)
-                     and np.allclose(values, means, equal_nan=True)), None)  # fmt: skip
+        twin = next((other for other, values in drawn if _same_line(values, means, tolerance)), None)
         if twin is not None:
             ax.plot(stats[x], means, marker="o", mfc="none", ms=9, ls="--", color=colour,
-                    label=f"{label} (same as {twin})")  # fmt: skip
+                    label=f"{label} (same as {twin}, within 1% of the range)")  # fmt: skip
         else:
             ax.plot(stats[x], means, marker="o", color=colour, label=label)
             ax.fill_between(stats[x], stats["low"], stats["high"], alpha=0.2, color=colour)
@@ -346,6 +356,10 @@ def metric_vs_parameter(
     )
     _title(ax, "", title or finding)
     return fig
+
+
+def _same_line(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
+    return len(a) == len(b) and bool(np.allclose(a, b, rtol=0.0, atol=tolerance, equal_nan=True))
 
 
 def cost_duplication(sweep: pd.DataFrame, x: str, *, hue: str | None = None) -> Figure:
@@ -436,8 +450,16 @@ def pareto(
     ax.plot(front["cost"], front["latency"], color=OKABE_ITO[1], lw=1.5, label="Pareto frontier")
     for number, (_, row) in enumerate(front.iterrows(), start=1):
         setting = ", ".join(short_setting(p, row[p]) for p in params)
-        ax.plot(row["cost"], row["latency"], marker=f"${number}$", ms=11, ls="none", color=OKABE_ITO[7],
-                label=f"{number}: {setting}")  # fmt: skip
+        ax.annotate(
+            str(number),
+            (row["cost"], row["latency"]),
+            xytext=(6, 6),
+            textcoords="offset points",
+            fontsize=10,
+            fontweight="bold",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},
+        )
+        ax.plot([], [], ls="none", label=f"{number}: {printable(setting)}")  # fmt: skip
     ax.set_xlabel(axis_label(cost))
     ax.set_ylabel(axis_label(latency))
     _legend_outside(ax)
