@@ -127,6 +127,19 @@ def test_every_chart_type_is_readable_on_shipped_scenarios(storm, crash, grid) -
         "cost duplication": charts.cost_duplication(grid, "retry.attempt_timeout_s", hue="retry.base_s"),
         "heatmap": charts.heatmap(grid, "retry.attempt_timeout_s", "retry.base_s", "success_latency_p99_s"),
         "pareto": charts.pareto(grid, ["retry.attempt_timeout_s", "retry.base_s"]),
+        "heatmap, quota keys": charts.heatmap(
+            sweep(
+                SCENARIOS / "retry_storm_429.toml",
+                {"quotas.llm.requests_per_min": [100, 120, 150], "quotas.llm.request_burst": [1, 60]},
+                seeds=[0],
+                engine="serial",
+                progress=False,
+            ),
+            "quotas.llm.requests_per_min",
+            "quotas.llm.request_burst",
+            "quota_utilization",
+            fmt="{:.2f}",
+        ),
     }
     for name, fig in figures.items():
         try:

@@ -70,6 +70,15 @@ AXIS_LABELS: dict[str, str] = {
 }
 """Readable axis labels, each with its unit, for the keys the lab sweeps and reports."""
 
+_QUOTA_LABELS = {
+    "requests_per_min": "client request quota (requests/min)",
+    "units_per_min": "client token quota (tokens/min)",
+    "request_burst": "client request burst (requests)",
+    "unit_burst": "client token burst (tokens)",
+    "concurrency": "client concurrency (calls in flight)",
+}
+"""Labels for ``quotas.<provider>.<name>`` keys (the label leaves the provider name out)."""
+
 _SUFFIX_UNITS = (
     ("units_per_min", "tokens/min"),
     ("requests_per_min", "requests/min"),
@@ -93,10 +102,10 @@ def axis_label(key: str) -> str:
     if key in AXIS_LABELS:
         return AXIS_LABELS[key]
     name = key.split(".")[-1]
+    if key.startswith("quotas.") and name in _QUOTA_LABELS:
+        return _QUOTA_LABELS[name]
     for suffix, unit in _SUFFIX_UNITS:
         if name.endswith(suffix):
-            if key.startswith("quotas.") and suffix in ("units_per_min", "requests_per_min"):
-                return f"client {name.replace('_', ' ')} quota ({unit})"
             return f"{key} ({unit})"
     return key
 
@@ -106,7 +115,7 @@ def short_setting(key: str, value: object) -> str:
     label = axis_label(key)
     name, _, unit = label.partition(" (")
     unit = unit.rstrip(")")
-    words = name.replace("attempt ", "").replace("backoff ", "")
+    words = name.replace("attempt ", "").replace("backoff ", "").replace("client ", "")
     if unit in ("", "name"):
         return f"{words} {value}"
     return f"{words} {value:g} {unit}" if isinstance(value, int | float) else f"{words} {value} {unit}"

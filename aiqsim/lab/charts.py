@@ -403,11 +403,13 @@ def heatmap(
             ax.text(col, row, fmt.format(v), ha="center", va="center", color=colour, fontsize=9)
     fig.colorbar(image, ax=ax, label=axis_label(value))
     if np.isfinite(data).any():
-        row, col = np.unravel_index(np.nanargmin(data), data.shape)
-        finding = (
-            f"lowest {fmt.format(data[row, col])} at {short_setting(y, table.index[row])}, "
-            f"{short_setting(x, table.columns[col])}"
-        )
+        low = np.unravel_index(np.nanargmin(data), data.shape)
+        high = np.unravel_index(np.nanargmax(data), data.shape)
+
+        def where(cell: tuple[int, ...]) -> str:
+            return f"{short_setting(y, table.index[cell[0]])}, {short_setting(x, table.columns[cell[1]])}"
+
+        finding = f"from {fmt.format(data[low])} ({where(low)}) to {fmt.format(data[high])} ({where(high)})"
     else:
         finding = "no data"
     _title(ax, title or axis_label(value).split(" (")[0], finding)
