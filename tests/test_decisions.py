@@ -67,6 +67,8 @@ def test_best_setting_applies_constraints_to_the_worst_seed_then_takes_the_best_
     )
     assert decision.settings == {"quotas.llm.units_per_min": 600}  # 800 is faster but meets 429s
     assert "rate_limited <= 0" in decision.rule
+    # the evidence lists the chosen setting first, then every candidate from best to worst mean
+    assert list(decision.evidence["quotas.llm.units_per_min"]) == [600, 800, 400, 200]
     unconstrained = best_setting(
         SWEEP,
         ["quotas.llm.units_per_min"],

@@ -160,7 +160,8 @@ def best_setting(
     if tie_break:
         rule += f"; ties go to the lower mean {tie_break}"
     settings = {p: _plain(ordered[p].iloc[0]) for p in params}
-    return Decision(scenario_file, settings, rule, _first(ordered, bands, params))
+    ranked = bands.sort_values(keys, ascending=[not maximize] + [True] * (len(keys) - 1), kind="stable")
+    return Decision(scenario_file, settings, rule, _first(ordered, ranked, params))
 
 
 def _plain(value: Any) -> Any:
