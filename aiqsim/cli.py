@@ -257,7 +257,10 @@ def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: 
 
         figures = {
             "retry_storm_timeline.png": ch.retry_storm_timeline(
-                result.timeline, title=f"{result.scenario.name}"
+                result.timeline,
+                title=f"{result.scenario.name}",
+                marks=ch.crash_marks(result),
+                **ch.run_references(result),
             ),
             "latency_cdf.png": ch.latency_cdf(
                 result.tasks[result.tasks["status"] != "rejected"], by="priority"

@@ -15,6 +15,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
     │   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
     │   ├── JobSpecError                   a job spec that cannot run (cycle, unknown stage or provider)
+    │   ├── NoSettingMeetsError            no swept setting meets a decision's target on every seed
     │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
@@ -73,6 +74,7 @@ from aiqsim.fleet.leases import LeaseLostError
 from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
 from aiqsim.http.status import HttpStatusError
+from aiqsim.lab.decisions import NoSettingMeetsError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError
@@ -110,6 +112,7 @@ __all__ = [
     "JobFailedError",
     "JobSpecError",
     "LeaseLostError",
+    "NoSettingMeetsError",
     "OutputPathError",
     "PoisonInputError",
     "PriorityError",

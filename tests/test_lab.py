@@ -44,10 +44,10 @@ def test_retry_storm_timeline_has_attempts_429s_successes_and_the_bucket(storm) 
     storm_with_bucket = simulate(
         SCENARIOS / "retry_storm_429.toml", overrides={"quotas.llm.requests_per_min": 150}
     )
-    fig = charts.retry_storm_timeline(storm_with_bucket.timeline, title="t")
+    fig = charts.retry_storm_timeline(storm_with_bucket.timeline, title="t", show_bucket=True)
     main, twin = fig.axes
-    assert labels(main) == ["attempts/s", "429s/s", "successes/s"]
-    assert main.get_xlabel() == "simulated time (s)"
+    assert labels(main)[:3] == ["attempts/s", "429s/s", "successes/s"]
+    assert main.get_xlabel() == "simulated time (s)" and main.get_ylabel() == "calls per second (calls/s)"
     assert labels(twin) == ["client request bucket"] and twin.get_ylabel() == "bucket level (requests)"
     attempts = main.get_lines()[0].get_ydata()
     step = storm.scenario.timeline_step_s
@@ -62,7 +62,12 @@ def test_latency_cdf_has_one_monotone_line_per_group(storm) -> None:
     tasks = pd.concat([storm.tasks.assign(run="a"), storm.tasks.assign(run="b")])
     fig = charts.latency_cdf(tasks, by="run")
     ax = fig.axes[0]
-    assert labels(ax) == ["run=a", "run=b"]
+    outcomes = storm.summary["tasks_succeeded"], storm.summary["tasks_failed"]
+    assert labels(ax) == [
+        f"run={run}: {outcome}, n={n}"
+        for run in "ab"
+        for outcome, n in zip(["succeeded", "failed (time to failure)"], outcomes, strict=True)
+    ]
     for line in ax.get_lines():
         y = line.get_ydata()
         assert (y[1:] >= y[:-1]).all() and y[-1] == pytest.approx(1.0)
@@ -87,19 +92,25 @@ def test_cost_breakdown_splits_attempts_by_outcome_and_cost_into_first_and_dupli
 def test_metric_vs_parameter_draws_means_with_seed_bands(grid) -> None:
     fig = charts.cost_duplication(grid, "retry.attempt_timeout_s", hue="retry.base_s")
     ax = fig.axes[0]
-    assert labels(ax) == ["retry.base_s=0.5", "retry.base_s=2.0"]
-    assert len(ax.collections) == 2  # one confidence band per line
-    expected = grid[grid["retry.base_s"] == 0.5].groupby("retry.attempt_timeout_s")["cost_duplicated"].mean()
-    assert list(ax.get_lines()[0].get_ydata()) == pytest.approx(list(expected))
+    per_base = grid.groupby(["retry.base_s", "retry.attempt_timeout_s"])["cost_duplicated"].mean()
+    # on this grid the backoff base does not change what is duplicated: the second line would hide
+    # under the first, so it is named as identical (dashed, hollow markers, no second band)
+    assert list(per_base.loc[0.5]) == pytest.approx(list(per_base.loc[2.0]))
+    assert labels(ax) == ["base 0.5 s", "base 2 s (same as base 0.5 s, within 1% of the range)"]
+    assert len(ax.collections) == 1  # one confidence band per distinct line
+    assert list(ax.get_lines()[0].get_ydata()) == pytest.approx(list(per_base.loc[0.5]))
     plt.close(fig)
 
 
 def test_heatmap_cells_are_means_over_seeds(grid) -> None:
-    fig = charts.heatmap(grid, "retry.attempt_timeout_s", "retry.base_s", "latency_p99_s")
+    fig = charts.heatmap(grid, "retry.attempt_timeout_s", "retry.base_s", "success_latency_p99_s")
     ax = fig.axes[0]
     image = ax.get_images()[0].get_array()
     expected = grid.pivot_table(
-        index="retry.base_s", columns="retry.attempt_timeout_s", values="latency_p99_s", aggfunc="mean"
+        index="retry.base_s",
+        columns="retry.attempt_timeout_s",
+        values="success_latency_p99_s",
+        aggfunc="mean",
     )
     assert image.shape == expected.shape
     assert image[0][0] == pytest.approx(expected.iloc[0, 0])
@@ -116,7 +127,7 @@ def test_pareto_chart_marks_the_frontier(grid) -> None:
     fig = charts.pareto(grid, ["retry.attempt_timeout_s", "retry.base_s"])
     ax = fig.axes[0]
     assert "Pareto frontier" in labels(ax)
-    assert ax.get_xlabel() == "cost_total" and ax.get_ylabel() == "latency_p99_s"
+    assert ax.get_xlabel() == "billed cost ($)" and ax.get_ylabel() == "p99 latency of succeeded tasks (s)"
     plt.close(fig)
 
 
@@ -142,9 +153,47 @@ def test_tuning_panel_starts_from_the_file_and_names_bad_keys() -> None:
     panel = TuningPanel(path, {"quotas.llm.requests_per_min": (10, 200), "retry.base_s": (1.0, 5.0)})
     assert panel.overrides() == {}
     assert panel.last_result.summary == simulate(path).summary
+    # the slider shows the file's 0.5 (its range widened), not the nearest end of (1.0, 5.0)
+    assert panel.controls["retry.base_s"].value == 0.5 and panel.controls["retry.base_s"].min == 0.5
+    assert panel.simulated_settings() == {"quotas.llm.requests_per_min": "unset", "retry.base_s": "0.5"}
     for bad, fragment in (
         ({"retry.nosuch": (0, 1)}, "retry has no key 'nosuch'"),
         ({"providers.gpt.timeout_prob": (0.0, 1.0)}, "no providers entry named 'gpt'"),
     ):
         with pytest.raises(ScenarioError, match=fragment):
             TuningPanel(path, bad)
+
+
+def test_tuning_panel_shows_unset_and_can_run_the_value_its_slider_started_on() -> None:
+    """Regression: over an unset quota the slider showed 60 but ran no quota, and 70 -> 60 ran no quota."""
+    path = SCENARIOS / "retry_storm_429.toml"
+    key = "quotas.llm.requests_per_min"
+    panel = TuningPanel(path, {key: (60, 240, 10)})
+    slider, unset = panel.controls[key], panel.unset[key]
+    # first run: the file as written, and the panel says the quota is unset, not "60"
+    assert unset.value is True and panel.last_result.scenario.quotas["llm"].requests_per_min is None
+    assert panel.simulated_settings()[key] == "unset"
+    assert "<b>unset</b>" in panel.table.value
+    storm_429s = panel.last_result.summary["rate_limited"]
+    assert storm_429s > 100
+    slider.value = 70  # moving the slider sets the key and unticks "unset", in one run
+    assert unset.value is False and panel.runs == 2
+    assert panel.last_result.scenario.quotas["llm"].requests_per_min == 70
+    slider.value = 60  # back to the start value: 60/min must run, not the file's unset quota
+    assert panel.runs == 3
+    assert panel.last_result.scenario.quotas["llm"].requests_per_min == 60
+    assert panel.simulated_settings()[key] == "60" and "<b>60</b>" in panel.table.value
+    expected = simulate(path, overrides={key: 60}).summary["rate_limited"]
+    assert panel.last_result.summary["rate_limited"] == expected < storm_429s
+    unset.value = True  # and back to no quota at all, shown as such
+    assert panel.runs == 4 and panel.last_result.scenario.quotas["llm"].requests_per_min is None
+    assert panel.last_result.summary["rate_limited"] == storm_429s
+    assert panel.simulated_settings()[key] == "unset"
+
+
+def test_tuning_panel_dropdown_shows_a_file_value_it_was_not_given() -> None:
+    panel = TuningPanel(SCENARIOS / "retry_storm_429.toml", {"retry.strategy": ["full_jitter", "none"]})
+    assert panel.controls["retry.strategy"].value == "exponential"  # the file's, added to the choices
+    assert panel.overrides() == {} and panel.simulated_settings() == {"retry.strategy": "exponential"}
+    panel.controls["retry.strategy"].value = "none"
+    assert panel.last_result.scenario.retry.strategy == "none"

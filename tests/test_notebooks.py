@@ -53,6 +53,36 @@ def test_notebook_runs_headless(path: Path) -> None:
         if "image/png" in output.get("data", {})
     )
     assert images >= 1, f"{path.name} drew no chart"
+    printed = "".join(
+        output.get("text", "")
+        for cell in book.cells[_decision_index(book) :]
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "stream"
+    )
+    assert "Recommended: " in printed and "aiqsim run " in printed, f"{path.name} computed no decision"
+
+
+def _decision_index(book: nbformat.NotebookNode) -> int:
+    headings = [
+        i
+        for i, cell in enumerate(book.cells)
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("## Decision")
+    ]
+    assert headings, "no '## Decision' section"
+    return headings[-1]
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_every_notebook_ends_in_a_computed_decision(path: Path) -> None:
+    """The last section is "## Decision"; its code builds the decision from the notebook's own results
+    (a lab.decisions rule or Decision) and prints the recommendation with the --set line."""
+    book = nbformat.read(path, as_version=4)
+    start = _decision_index(book)
+    assert all(cell.cell_type == "code" for cell in book.cells[start + 1 :]), "the Decision section is last"
+    code = "\n".join(cell.source for cell in book.cells[start + 1 :])
+    assert "from aiqsim.lab.decisions import" in code
+    assert ".command" in code and "Recommended: " in code
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)

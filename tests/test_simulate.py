@@ -6,6 +6,7 @@ import math
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from aiqsim.sim.metrics import SUMMARY_KEYS
@@ -76,7 +77,7 @@ def test_summary_has_every_documented_key_and_consistent_counts(tmp_path: Path) 
     assert s["rate_limited"] == int((result.calls["outcome"] == "rate_limited").sum())
     assert s["billed_calls"] == int(result.calls["billed"].sum())
     assert math.isclose(s["cost_total"], result.calls.loc[result.calls["billed"], "cost"].sum())
-    assert s["latency_p50_s"] <= s["latency_p95_s"] <= s["latency_p99_s"]
+    assert s["success_latency_p50_s"] <= s["success_latency_p95_s"] <= s["success_latency_p99_s"]
     assert 0 < s["quota_utilization"] <= 1.05
     assert result.task_errors == []
 
@@ -107,7 +108,7 @@ def test_overrides_apply_with_validation(tmp_path: Path) -> None:
     path = write_scenario(tmp_path)
     slow = simulate(path, overrides={"quotas.llm.concurrency": 1})
     fast = simulate(path, overrides={"quotas.llm.concurrency": 12})
-    assert slow.summary["latency_p99_s"] > fast.summary["latency_p99_s"]
+    assert slow.summary["success_latency_p99_s"] > fast.summary["success_latency_p99_s"]
     scenario = load_scenario(path)
     assert simulate(scenario, overrides={"quotas.llm.concurrency": 1}).summary == slow.summary
 
@@ -146,3 +147,43 @@ def test_latency_counts_from_the_users_arrival_even_across_a_crash(tmp_path: Pat
     started = during_downtime.dropna(subset=["wait_s"])
     assert len(started) > 0
     assert (started["wait_s"] >= 21 - started["arrived_at"] - 1e-9).all()
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+@pytest.fixture(scope="module")
+def storm_seed_1():
+    """retry_storm_429 seed 1: 81 tasks fail after max_attempts and utilisation reads just above 1."""
+    return simulate(SHIPPED / "retry_storm_429.toml", seed=1)
+
+
+def test_success_latency_and_time_to_failure_are_reported_apart(storm_seed_1) -> None:
+    s, tasks = storm_seed_1.summary, storm_seed_1.tasks
+    succeeded = tasks.loc[tasks["status"].isin(["succeeded", "deduped"]), "latency_s"].to_numpy(float)
+    failed = tasks.loc[tasks["status"] == "failed", "latency_s"].to_numpy(float)
+    assert len(failed) > 10 and len(succeeded) > 10, "the storm must both fail and succeed tasks"
+    for q in (50, 95, 99):
+        assert s[f"success_latency_p{q}_s"] == pytest.approx(np.percentile(succeeded, q))
+    for q in (50, 99):
+        assert s[f"failure_time_p{q}_s"] == pytest.approx(np.percentile(failed, q))
+    # the mixed percentile the old latency_p50_s reported is neither of the two
+    mixed = np.percentile(np.concatenate([succeeded, failed]), 50)
+    assert mixed != pytest.approx(s["success_latency_p50_s"])
+    assert s["goodput_per_s"] == pytest.approx(len(succeeded) / s["sim_time_s"])
+    for key in ("success_latency_p50_s", "failure_time_p50_s", "goodput_per_s"):
+        assert "succeeded" in SUMMARY_KEYS[key] or "failed" in SUMMARY_KEYS[key], key
+
+
+def test_quota_utilization_is_work_over_the_quota_rate_and_may_pass_one_by_one_window(storm_seed_1) -> None:
+    scenario, calls, tasks = storm_seed_1.scenario, storm_seed_1.calls, storm_seed_1.tasks
+    (provider,) = scenario.providers
+    executed = calls[~calls["outcome"].isin(["rate_limited", "replay"])]
+    span = executed["end"].max() - tasks["created_at"].min()
+    rate_per_s = provider.server_requests_per_min / 60.0
+    utilisation = storm_seed_1.summary["quota_utilization"]
+    assert utilisation == pytest.approx(len(executed) / (rate_per_s * span))
+    # the sliding 60 s window admitted a full minute's quota at the start: above 1, within one window
+    assert 1.0 < utilisation <= 1.0 + 60.0 / span
+    assert "may pass 1" in SUMMARY_KEYS["quota_utilization"]
+    assert "60 s / span" in SUMMARY_KEYS["quota_utilization"]

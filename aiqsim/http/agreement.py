@@ -6,7 +6,7 @@ the same latencies and errors. What differs is time. Every attempt crosses the w
 waits for two event loops to wake; on a loaded machine that adds tens of wall milliseconds per
 attempt (x 1/time_scale in scenario seconds), and it shifts the dynamics too: a 429 reaches the
 client late, so the lane's Retry-After pause starts late for everyone. The end-to-end
-``latency_p50_s`` therefore drifts upwards with the load (+2 % idle, +10 to +40 % at load 4 to 9
+``success_latency_p50_s`` therefore drifts upwards with the load (+2 % idle, +10 to +40 % at load 4 to 9
 on 2 cores), and a fixed tolerance on it is either flaky or toothless.
 
 So the comparison is made where the wall clock adds least, and the noise that remains is
@@ -98,7 +98,7 @@ class LatencyAgreement:
     """The latency part of a sim-vs-live comparison and its verdict.
 
     ``call_*``: provider-clock medians of successful calls (see the module docs); ``server_lag_s``
-    the live server's measured timer lag per call. ``task_*``: the end-to-end ``latency_p50_s`` of
+    the live server's measured timer lag per call. ``task_*``: the end-to-end ``success_latency_p50_s`` of
     both runs. ``transport_s``: the live run's measured wire and client lag per attempt;
     ``attempts_per_task``: mean attempts of the live run's tasks. ``problems`` lists every check
     that failed, in words; empty when the runs agree.
@@ -160,8 +160,8 @@ def latency_agreement(
         call_simulated_s=call_latency_p50(simulated.executions),
         call_live_s=call_latency_p50(live.executions),
         server_lag_s=server_lag_p50(live.executions),
-        task_simulated_s=float(simulated.summary["latency_p50_s"]),
-        task_live_s=float(live.summary["latency_p50_s"]),
+        task_simulated_s=float(simulated.summary["success_latency_p50_s"]),
+        task_live_s=float(live.summary["success_latency_p50_s"]),
         transport_s=transport_p50(live.events, live.executions),
         attempts_per_task=statistics.fmean(attempts) if attempts else 0.0,
         tolerance=tolerance,

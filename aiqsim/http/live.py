@@ -118,10 +118,10 @@ COMPARED_KEYS = (
     "billed_calls",
     "duplicate_billed_calls",
     "cost_total",
-    "latency_p50_s",
-    "latency_p95_s",
-    "latency_p99_s",
-    "throughput_per_s",
+    "success_latency_p50_s",
+    "success_latency_p95_s",
+    "success_latency_p99_s",
+    "goodput_per_s",
     "sim_time_s",
 )
 

@@ -3,71 +3,230 @@
 Each function draws one question: is there a retry storm, who waits how long, what do
 duplicates cost, which settings are on the latency/cost frontier. Where a sweep has several
 seeds, lines carry a 95% confidence band over the seeds.
+
+One style throughout (:mod:`aiqsim.lab.chart_style`): a colour-blind-safe palette, a unit on every
+axis, titles that state what the data shows (computed from it), reference lines for the limits the
+story is about, legends outside the plotted area so they never cover a line, and text the installed
+fonts can draw.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from aiqsim.lab.chart_style import (
+    OKABE_ITO,
+    ROLE_COLOURS,
+    SEQUENTIAL_CMAP,
+    axis_label,
+    printable,
+    short_setting,
+    text_colour_for,
+)
 
-def _new_figure(width: float = 9.0, height: float = 4.5) -> tuple[Figure, plt.Axes]:
+SUCCESS = ("succeeded", "deduped")
+"""Task statuses in which the user got a result (the tasks a latency of succeeded tasks counts)."""
+
+
+def _new_figure(width: float = 9.0, height: float = 4.5) -> tuple[Figure, Axes]:
     fig, ax = plt.subplots(figsize=(width, height), constrained_layout=True)
+    _style(ax)
     return fig, ax
 
 
-def retry_storm_timeline(timeline: pd.DataFrame, provider: str | None = None, *, title: str = "") -> Figure:
-    """Attempts, 429s and successes per interval, with the client bucket level (tokens if the provider
-    has a token quota, else requests) on a second axis."""
+def _style(ax: Axes) -> None:
+    ax.set_prop_cycle(color=list(OKABE_ITO))
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=9)
+
+
+def _title(ax: Axes, prefix: str, finding: str) -> None:
+    """``prefix: finding`` (or just the finding) in printable text, wrapped to the figure's width."""
+    text = f"{prefix}: {finding}" if prefix else finding
+    # ~ characters per line at 11 pt over the axes, which share the figure's width with an outside legend
+    width = max(30, int(ax.figure.get_figwidth() * 6))
+    if len(text) > width:
+        text = "\n".join(textwrap.wrap(text, width))
+    ax.set_title(_literal(printable(text)), fontsize=11)
+
+
+def _legend_outside(
+    ax: Axes, handles: Sequence[Any] | None = None, labels: Sequence[str] | None = None
+) -> None:
+    """A legend to the right of the axes, where it cannot cover a line (constrained layout makes room)."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, [printable(str(label)) for label in labels or []], loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)  # fmt: skip
+
+
+def _literal(text: str) -> str:
+    """``text`` with ``$`` escaped, so "$3.73 to $0.68" is not typeset as mathtext between the two signs."""
+    return text.replace("\\$", "$").replace("$", "\\$")
+
+
+def run_references(result: Any, provider: str | None = None) -> dict[str, float | None]:
+    """The two rates a retry-storm timeline is about, read from a simulation result.
+
+    ``server_rate_per_s``: the provider's server request quota per second (None without one).
+    ``offered_per_s``: submissions per second over the scenario's ``duration_s`` (the offered load).
+    Pass them to :func:`retry_storm_timeline` (``**run_references(result)``).
+    """
+    scenario = result.scenario
+    providers = [p for p in scenario.providers if provider is None or p.name == provider]
+    rates = [p.server_requests_per_min for p in providers if p.server_requests_per_min is not None]
+    tasks = result.tasks
+    if provider is not None:
+        tasks = tasks[tasks["provider"] == provider]
+    duration = float(scenario.duration_s)
+    arrived = int((tasks["arrived_at"] <= duration).sum()) if duration > 0 else 0
+    return {
+        "server_rate_per_s": sum(rates) / 60.0 if rates else None,
+        "offered_per_s": arrived / duration if duration > 0 else None,
+    }
+
+
+def crash_marks(result: Any) -> dict[str, float]:
+    """``{"crash": t, "restart": t + delay}`` for each timed crash of a result's scenario (for ``marks``)."""
+    marks: dict[str, float] = {}
+    for i, crash in enumerate(c for c in result.scenario.crashes if c.at_s is not None):
+        suffix = "" if i == 0 else f" {i + 1}"
+        marks[f"crash{suffix}"] = float(crash.at_s)
+        marks[f"restart{suffix}"] = float(crash.at_s + crash.restart_after_s)
+    return marks
+
+
+def retry_storm_timeline(
+    timeline: pd.DataFrame,
+    provider: str | None = None,
+    *,
+    title: str = "",
+    server_rate_per_s: float | None = None,
+    offered_per_s: float | None = None,
+    marks: Mapping[str, float] | None = None,
+    show_bucket: bool = False,
+) -> Figure:
+    """Attempts, 429s, errors and successes per second over time, against the configured limits.
+
+    ``server_rate_per_s`` and ``offered_per_s`` draw horizontal reference lines (see
+    :func:`run_references`); ``marks`` draws labelled vertical lines (e.g. :func:`crash_marks`). A
+    series that is zero throughout (429s in a 503 outage) is left out and named in the legend's place.
+    ``show_bucket`` adds the client bucket level on a second axis (tokens if the provider has a token
+    quota, else requests); it is off by default because a token level (hundreds of thousands) would
+    dominate the chart.
+    """
     frame = timeline if provider is None else timeline[timeline["provider"] == provider]
     grouped = frame.groupby("t", as_index=True)
-    counts = grouped[["attempts", "rate_limited", "successes"]].sum()
+    series = [c for c in ("attempts", "rate_limited", "errors", "successes") if c in frame]
+    counts = grouped[series].sum()
     step = float(np.diff(counts.index.to_numpy()[:2])[0]) if len(counts) > 1 else 1.0
-    fig, ax = _new_figure()
-    ax.plot(counts.index, counts["attempts"] / step, label="attempts/s", color="tab:blue")
-    ax.plot(counts.index, counts["rate_limited"] / step, label="429s/s", color="tab:red")
-    ax.plot(counts.index, counts["successes"] / step, label="successes/s", color="tab:green")
+    fig, ax = _new_figure(10.0, 4.5)
+    names = {
+        "attempts": "attempts/s",
+        "rate_limited": "429s/s",
+        "errors": "errors/s",
+        "successes": "successes/s",
+    }
+    absent = []
+    for column in series:
+        if column in ("rate_limited", "errors") and not counts[column].any():
+            absent.append(names[column].removesuffix("/s"))
+            continue
+        ax.plot(counts.index, counts[column] / step, label=names[column], color=ROLE_COLOURS[column], lw=1.4)
+    if server_rate_per_s is not None:
+        ax.axhline(server_rate_per_s, color=ROLE_COLOURS["reference"], ls="--", lw=1.2,
+                   label=f"server quota {server_rate_per_s:.3g}/s")  # fmt: skip
+    if offered_per_s is not None:
+        ax.axhline(
+            offered_per_s, color=OKABE_ITO[3], ls=":", lw=1.6, label=f"offered load {offered_per_s:.3g}/s"
+        )
+    for i, (name, at) in enumerate((marks or {}).items()):
+        ax.axvline(at, color=OKABE_ITO[7], ls="-." if i % 2 == 0 else ":",
+                   lw=1.3, label=f"{name} at {at:g} s")  # fmt: skip
     ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("calls per second")
-    ax.set_title(title or "Retry storm timeline" + (f" ({provider})" if provider else ""))
+    ax.set_ylabel("calls per second (calls/s)")
+    ax.set_ylim(bottom=0)
     handles, labels = ax.get_legend_handles_labels()
-    for column, label, unit in (
-        ("tokens_level", "client token bucket", "units"),
-        ("requests_level", "client request bucket", "requests"),
-    ):
-        if column in frame and frame[column].notna().any():
-            level = grouped[column].mean()
-            twin = ax.twinx()
-            twin.plot(level.index, level, color="tab:gray", linestyle="--", label=label)
-            twin.set_ylabel(f"bucket level ({unit})")
-            h2, l2 = twin.get_legend_handles_labels()
-            handles, labels = handles + h2, labels + l2
-            break
-    ax.legend(handles, labels, loc="upper right")
+    if show_bucket:
+        for column, label, unit in (
+            ("tokens_level", "client token bucket", "tokens"),
+            ("requests_level", "client request bucket", "requests"),
+        ):
+            if column in frame and frame[column].notna().any():
+                level = grouped[column].mean()
+                twin = ax.twinx()
+                twin.plot(level.index, level, color=OKABE_ITO[5], linestyle="--", label=label)
+                twin.set_ylabel(f"bucket level ({unit})")
+                twin.set_ylim(bottom=0)
+                h2, l2 = twin.get_legend_handles_labels()
+                handles, labels = handles + h2, labels + l2
+                break
+    if absent:
+        handles = [*handles, plt.Line2D([], [], color="none")]
+        labels = [*labels, f"no {' or '.join(absent)} in this run"]
+    _legend_outside(ax, handles, labels)
+    total = counts.sum()
+    finding = f"{int(total['attempts'])} attempts for {int(total['successes'])} successes"
+    if total.get("rate_limited"):
+        finding += f", {int(total['rate_limited'])} answered 429"
+    if total.get("errors"):
+        finding += f", {int(total['errors'])} errors"
+    prefix = title or ("Retry storm timeline" + (f" ({provider})" if provider else ""))
+    _title(ax, prefix, finding)
     return fig
 
 
 def latency_cdf(tasks: pd.DataFrame, by: str = "priority", *, title: str = "") -> Figure:
-    """Empirical CDF of submit-to-terminal latency, one line per value of ``by``."""
+    """Empirical CDF of arrival-to-result latency of succeeded tasks, one solid line per value of ``by``;
+    failed tasks are drawn apart, dashed, as arrival-to-failure time (a fast failure is not a fast
+    answer). The y axis is the fraction of each group's tasks *with that outcome*."""
     fig, ax = _new_figure()
-    done = tasks.dropna(subset=["latency_s"])
-    for name, group in done.groupby(by, sort=True):
-        values = np.sort(group["latency_s"].to_numpy(dtype=float))
-        if len(values) == 0:
-            continue
-        ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=f"{by}={name}")
-    ax.set_xlabel("latency, arrival to terminal (s)")
-    ax.set_ylabel("fraction of tasks")
+    finished = tasks.dropna(subset=["latency_s"])
+    groups = list(finished.groupby(by, sort=True)) if not finished.empty else []
+    single = len(groups) <= 1
+    failed_total = 0
+    for i, (name, group) in enumerate(groups):
+        colour = OKABE_ITO[i % len(OKABE_ITO)]
+        prefix = "" if single else f"{by}={name}: "
+        for outcome, mask, style in (
+            ("succeeded", group["status"].isin(SUCCESS), "-"),
+            ("failed (time to failure)", group["status"] == "failed", "--"),
+        ):
+            values = np.sort(group.loc[mask, "latency_s"].to_numpy(dtype=float))
+            if len(values) == 0:
+                continue
+            if outcome != "succeeded":
+                failed_total += len(values)
+            if single:  # one group: colour by outcome (green results, vermillion failures)
+                colour = ROLE_COLOURS["successes" if outcome == "succeeded" else "failed"]
+            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", color=colour, ls=style,
+                    label=f"{prefix}{outcome}, n={len(values)}")  # fmt: skip
+    ax.set_xlabel("time from arrival to result or failure (s)")
+    ax.set_ylabel("fraction of tasks with that outcome (0-1)")
     ax.set_ylim(0, 1.02)
-    ax.set_title(title or f"Latency CDF by {by}")
-    if ax.get_lines():
-        ax.legend(loc="lower right")
-    ax.grid(alpha=0.3)
+    ax.set_xlim(left=0)
+    _legend_outside(ax)
+    succeeded = finished.loc[finished["status"].isin(SUCCESS), "latency_s"].astype(float)
+    finding = (
+        f"succeeded tasks p50 {succeeded.quantile(0.5):.3g} s, p99 {succeeded.quantile(0.99):.3g} s"
+        if len(succeeded)
+        else "no task succeeded"
+    )
+    if failed_total:
+        failed = finished.loc[finished["status"] == "failed", "latency_s"].astype(float)
+        finding += f"; {failed_total} failed after a median {failed.median():.3g} s"
+    default = "Latency CDF" + ("" if single else f" by {by}")
+    _title(ax, title or default, finding)
     return fig
 
 
@@ -75,9 +234,13 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     """Where the calls and the money went, per provider.
 
     Left: provider attempts by outcome (accepted, lost after billing, 429, other errors). Right: billed cost
-    split into first executions and duplicate executions of the same idempotency key, labelled.
+    split into first executions and duplicate executions of the same idempotency key, labelled inside the
+    axes (the y range leaves room for the label, so it never reaches the title).
     """
-    fig, (calls_ax, cost_ax) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    fig, (calls_ax, cost_ax) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    for ax in (calls_ax, cost_ax):
+        _style(ax)
+        ax.grid(axis="x", visible=False)
     providers = sorted(calls["provider"].unique()) if not calls.empty else []
     x = np.arange(len(providers))
     lost = calls["response_lost"].astype(bool)
@@ -88,10 +251,10 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
         "other errors": ~calls["outcome"].isin(["ok", "replay", "rate_limited"]) & ~lost,
     }
     colors = {
-        "answered": "tab:green",
-        "lost after billing": "tab:orange",
-        "429": "tab:red",
-        "other errors": "tab:gray",
+        "answered": ROLE_COLOURS["successes"],
+        "lost after billing": OKABE_ITO[3],
+        "429": ROLE_COLOURS["rate_limited"],
+        "other errors": ROLE_COLOURS["errors"],
     }
     bottom = np.zeros(len(providers))
     for name, mask in categories.items():
@@ -100,28 +263,35 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
         bottom += counts
     for ax in (calls_ax, cost_ax):
         ax.set_xlim(-1.0, max(1, len(providers)))  # keep bars slim when there is a single provider
-    calls_ax.set_xticks(x, providers)
-    calls_ax.set_ylabel("provider attempts")
-    calls_ax.set_title("attempts by outcome")
-    calls_ax.legend()
+        ax.set_xlabel("provider (name)")
+    calls_ax.set_xticks(x, [printable(p) for p in providers])
+    calls_ax.set_ylabel("provider attempts (calls)")
+    total_calls = int(bottom.sum())
+    answered = int(categories["answered"].sum())
+    calls_ax.set_title(printable(f"{answered} of {total_calls} attempts answered"), fontsize=11)
+    _legend_outside(calls_ax)
 
     billed = calls[calls["billed"].astype(bool)].sort_values("start", kind="stable")
     duplicate = billed.duplicated("key", keep="first")
     first_cost = np.array([billed[(billed["provider"] == p) & ~duplicate]["cost"].sum() for p in providers])
     dup_cost = np.array([billed[(billed["provider"] == p) & duplicate]["cost"].sum() for p in providers])
-    cost_ax.bar(x, first_cost, 0.5, label="first execution", color="tab:blue")
-    cost_ax.bar(x, dup_cost, 0.5, bottom=first_cost, label="duplicate execution", color="tab:red")
+    cost_ax.bar(x, first_cost, 0.5, label="first execution", color=OKABE_ITO[0])
+    cost_ax.bar(x, dup_cost, 0.5, bottom=first_cost, label="duplicate execution", color=OKABE_ITO[1])
+    top = float((first_cost + dup_cost).max()) if len(providers) else 0.0
+    cost_ax.set_ylim(0, top * 1.45 if top > 0 else 1.0)  # headroom for the two-line label inside the axes
     for xi, first, dup in zip(x, first_cost, dup_cost, strict=True):
         share = dup / (first + dup) if first + dup > 0 else 0.0
-        cost_ax.annotate(f"{first + dup:.3g} billed\n{share:.1%} duplicated", (xi, first + dup), ha="center",
-                         va="bottom", fontsize=8)  # fmt: skip
-    cost_ax.set_xticks(x, providers)
-    cost_ax.set_ylabel("billed cost")
-    cost_ax.set_title("cost and duplication")
-    cost_ax.margins(y=0.2)
-    cost_ax.legend(loc="lower right")
+        label = _literal(f"${first + dup:.3g} billed\n{share:.1%} duplicated")
+        cost_ax.annotate(label, (xi, first + dup), ha="center", va="bottom", fontsize=9, xytext=(0, 3),
+                         textcoords="offset points")  # fmt: skip
+    cost_ax.set_xticks(x, [printable(p) for p in providers])
+    cost_ax.set_ylabel("billed cost ($)")
+    total = float(first_cost.sum() + dup_cost.sum())
+    share = float(dup_cost.sum()) / total if total > 0 else 0.0
+    cost_ax.set_title(_literal(f"{share:.1%} of ${total:.3g} billed twice"), fontsize=11)
+    _legend_outside(cost_ax)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(printable(title))
     return fig
 
 
@@ -134,50 +304,115 @@ def _mean_and_band(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
 
 
 def metric_vs_parameter(
-    sweep: pd.DataFrame, x: str, y: str, *, hue: str | None = None, title: str = "", logx: bool = False
+    sweep: pd.DataFrame,
+    x: str,
+    y: str,
+    *,
+    hue: str | None = None,
+    title: str = "",
+    logx: bool = False,
+    reference: Mapping[str, float] | None = None,
 ) -> Figure:
     """Mean of ``y`` against ``x`` over seeds with a 95% band, one line per ``hue`` value.
 
-    E.g. duplicate cost against backoff base, or p99 latency against bucket size.
+    E.g. duplicate cost against backoff base, or p99 latency against bucket size. A line identical to
+    one already drawn (it would hide underneath) is drawn dashed with hollow markers and labelled
+    "same as ...". ``reference`` draws labelled horizontal lines (a latency target, a limit).
     """
     fig, ax = _new_figure()
     groups = [(None, sweep)] if hue is None else list(sweep.groupby(hue, sort=True))
-    for name, group in groups:
+    every = sweep.groupby([x] if hue is None else [hue, x])[y].mean().to_numpy(dtype=float)
+    finite = every[np.isfinite(every)]
+    # two lines closer than 1% of the plotted range everywhere would be drawn one on top of the other
+    tolerance = 0.01 * float(np.ptp(finite)) if len(finite) else 0.0
+    drawn: list[tuple[str, np.ndarray]] = []
+    for i, (name, group) in enumerate(groups):
         stats = _mean_and_band(group, x, y)
-        label = y if name is None else f"{hue}={name}"
-        ax.plot(stats[x], stats["mean"], marker="o", label=label)
-        ax.fill_between(stats[x], stats["low"], stats["high"], alpha=0.2)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+        label = axis_label(y).split(" (")[0] if name is None else short_setting(hue or "", name)
+        colour = OKABE_ITO[i % len(OKABE_ITO)]
+        means = stats["mean"].to_numpy(dtype=float)
+        twin = next((other for other, values in drawn if _same_line(values, means, tolerance)), None)
+        if twin is not None:
+            ax.plot(stats[x], means, marker="o", mfc="none", ms=9, ls="--", color=colour,
+                    label=f"{label} (same as {twin}, within 1% of the range)")  # fmt: skip
+        else:
+            ax.plot(stats[x], means, marker="o", color=colour, label=label)
+            ax.fill_between(stats[x], stats["low"], stats["high"], alpha=0.2, color=colour)
+        drawn.append((label, means))
+    for i, (name, value) in enumerate((reference or {}).items()):
+        ax.axhline(value, color=ROLE_COLOURS["reference"], ls="--" if i == 0 else ":", lw=1.2, label=name)
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y))
     if logx:
         ax.set_xscale("log")
-    ax.set_title(title or f"{y} vs {x}")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    if hue is not None or reference:
+        _legend_outside(ax)
+    overall = _mean_and_band(sweep, x, y)
+    low_row = overall.loc[overall["mean"].idxmin()] if overall["mean"].notna().any() else None
+    finding = (
+        f"{axis_label(y).split(' (')[0]} lowest at {short_setting(x, low_row[x])}"
+        if low_row is not None
+        else "no data"
+    )
+    _title(ax, "", title or finding)
     return fig
+
+
+def _same_line(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
+    return len(a) == len(b) and bool(np.allclose(a, b, rtol=0.0, atol=tolerance, equal_nan=True))
 
 
 def cost_duplication(sweep: pd.DataFrame, x: str, *, hue: str | None = None) -> Figure:
     """Duplicated cost against a parameter (backoff base, attempt timeout...), with seed bands."""
-    return metric_vs_parameter(sweep, x, "cost_duplicated", hue=hue, title=f"Duplicated cost vs {x}")
+    stats = sweep.groupby(x)["cost_duplicated"].mean()
+    finding = (
+        f"duplicated cost falls from ${stats.iloc[0]:.3g} to ${stats.iloc[-1]:.3g} as "
+        f"{axis_label(x).split(' (')[0]} goes {stats.index[0]:g} to {stats.index[-1]:g}"
+        if len(stats) > 1
+        else f"duplicated cost vs {axis_label(x)}"
+    )
+    if len(stats) > 1 and stats.iloc[-1] > stats.iloc[0]:
+        finding = finding.replace("falls", "rises")
+    return metric_vs_parameter(sweep, x, "cost_duplicated", hue=hue, title=finding)
 
 
 def heatmap(
     sweep: pd.DataFrame, x: str, y: str, value: str, *, title: str = "", fmt: str = "{:.3g}"
 ) -> Figure:
-    """Mean ``value`` over seeds on the ``x`` by ``y`` grid, annotated cell by cell."""
+    """Mean ``value`` over seeds on the ``x`` by ``y`` grid, annotated cell by cell.
+
+    Each annotation is black or white by the luminance of its cell (readable on bright and dark cells).
+    """
     table = sweep.pivot_table(index=y, columns=x, values=value, aggfunc="mean").sort_index()
-    fig, ax = _new_figure(1.2 + 1.1 * max(3, table.shape[1]), 1.2 + 0.7 * max(3, table.shape[0]))
-    image = ax.imshow(table.to_numpy(dtype=float), origin="lower", aspect="auto", cmap="viridis")
-    ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns])
-    ax.set_yticks(range(table.shape[0]), [str(i) for i in table.index])
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    for (row, col), v in np.ndenumerate(table.to_numpy(dtype=float)):
+    fig, ax = _new_figure(2.4 + 1.1 * max(3, table.shape[1]), 1.4 + 0.7 * max(3, table.shape[0]))
+    ax.grid(False)
+    data = table.to_numpy(dtype=float)
+    image = ax.imshow(data, origin="lower", aspect="auto", cmap=SEQUENTIAL_CMAP)
+    ax.set_xticks(
+        range(table.shape[1]),
+        [printable(f"{c:g}" if isinstance(c, float) else str(c)) for c in table.columns],
+    )
+    ax.set_yticks(
+        range(table.shape[0]), [printable(f"{i:g}" if isinstance(i, float) else str(i)) for i in table.index]
+    )
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y))
+    for (row, col), v in np.ndenumerate(data):
         if not math.isnan(v):
-            ax.text(col, row, fmt.format(v), ha="center", va="center", color="white", fontsize=8)
-    fig.colorbar(image, ax=ax, label=value)
-    ax.set_title(title or f"{value} over {x} × {y}")
+            colour = text_colour_for(image.cmap(image.norm(v)))
+            ax.text(col, row, fmt.format(v), ha="center", va="center", color=colour, fontsize=9)
+    fig.colorbar(image, ax=ax, label=axis_label(value))
+    if np.isfinite(data).any():
+        low = np.unravel_index(np.nanargmin(data), data.shape)
+        high = np.unravel_index(np.nanargmax(data), data.shape)
+
+        def where(cell: tuple[int, ...]) -> str:
+            return f"{short_setting(y, table.index[cell[0]])}, {short_setting(x, table.columns[cell[1]])}"
+
+        finding = f"from {fmt.format(data[low])} ({where(low)}) to {fmt.format(data[high])} ({where(high)})"
+    else:
+        finding = "no data"
+    _title(ax, title or axis_label(value).split(" (")[0], finding)
     return fig
 
 
@@ -197,29 +432,43 @@ def pareto(
     sweep: pd.DataFrame,
     params: Sequence[str],
     *,
-    latency: str = "latency_p99_s",
+    latency: str = "success_latency_p99_s",
     cost: str = "cost_total",
     title: str = "",
 ) -> Figure:
     """Latency against cost for every grid point (mean over seeds, with seed error bars); the
-    non-dominated points are joined as the frontier."""
+    non-dominated points are joined as the frontier, numbered, and named in the legend in words
+    ("timeout 2 s, base 0.5 s") so labels never sit on the points or on each other."""
     stats = sweep.groupby(list(params))[[latency, cost]].agg(["mean", "std"]).reset_index()
     flat = pd.DataFrame({p: stats[p] for p in params})
     flat["cost"] = stats[(cost, "mean")]
     flat["latency"] = stats[(latency, "mean")]
     flat["cost_std"] = stats[(cost, "std")].fillna(0.0)
     flat["latency_std"] = stats[(latency, "std")].fillna(0.0)
-    fig, ax = _new_figure()
-    ax.errorbar(
-        flat["cost"], flat["latency"], xerr=flat["cost_std"], yerr=flat["latency_std"], fmt="o", alpha=0.6
-    )
+    fig, ax = _new_figure(10.0, 4.8)
+    ax.errorbar(flat["cost"], flat["latency"], xerr=flat["cost_std"], yerr=flat["latency_std"], fmt="o",
+                color=OKABE_ITO[5], alpha=0.7, label="setting (mean, bars: seed s.d.)")  # fmt: skip
     front = pareto_front(flat, "cost", "latency")
-    ax.plot(front["cost"], front["latency"], color="tab:red", marker="o", label="Pareto frontier")
-    for _, row in front.iterrows():
-        ax.annotate(", ".join(f"{p}={row[p]}" for p in params), (row["cost"], row["latency"]), fontsize=7)
-    ax.set_xlabel(cost)
-    ax.set_ylabel(latency)
-    ax.set_title(title or "Latency vs cost across the sweep")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    ax.plot(front["cost"], front["latency"], color=OKABE_ITO[1], lw=1.5, label="Pareto frontier")
+    for number, (_, row) in enumerate(front.iterrows(), start=1):
+        setting = ", ".join(short_setting(p, row[p]) for p in params)
+        ax.annotate(
+            str(number),
+            (row["cost"], row["latency"]),
+            xytext=(6, 6),
+            textcoords="offset points",
+            fontsize=10,
+            fontweight="bold",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},
+        )
+        ax.plot([], [], ls="none", label=f"{number}: {printable(setting)}")  # fmt: skip
+    ax.set_xlabel(axis_label(cost))
+    ax.set_ylabel(axis_label(latency))
+    _legend_outside(ax)
+    best = front.iloc[0]
+    finding = (
+        f"{len(front)} of {len(flat)} settings on the frontier; cheapest "
+        f"{', '.join(short_setting(p, best[p]) for p in params)}"
+    )
+    _title(ax, title, finding)
     return fig

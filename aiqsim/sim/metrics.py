@@ -40,17 +40,26 @@ SUMMARY_KEYS: dict[str, str] = {
     "duplicate_billed_calls": "billed executions beyond the first for the same idempotency key",
     "cost_total": "money billed by all providers",
     "cost_duplicated": "money billed for duplicate executions",
-    "latency_p50_s": "median arrival-to-terminal time over terminal tasks (s); arrival is when the user "
-    "submitted, which is earlier than the task record when the process was down",
-    "latency_p95_s": "95th percentile arrival-to-terminal time (s)",
-    "latency_p99_s": "99th percentile arrival-to-terminal time (s)",
-    "interactive_latency_p99_s": "99th percentile arrival-to-terminal time of interactive tasks (s)",
-    "background_latency_p99_s": "99th percentile arrival-to-terminal time of background tasks (s)",
-    "quota_utilization": "work executed / the server quota over the span from the first submission to the "
-    "last execution (units if the provider has a units quota, else requests; mean over providers with a "
-    "server quota; NaN if none; a sliding window admits a full minute's quota at once, so short runs can "
-    "exceed 1, and idle gaps in the workload pull it down)",
-    "throughput_per_s": "tasks that ended succeeded or deduped per simulated second",
+    "success_latency_p50_s": "median arrival-to-result time of tasks that succeeded (ended succeeded or "
+    "deduped) (s); failed tasks are excluded (see failure_time_*); arrival is when the user submitted, "
+    "which is earlier than the task record when the process was down",
+    "success_latency_p95_s": "95th percentile arrival-to-result time of tasks that succeeded (s)",
+    "success_latency_p99_s": "99th percentile arrival-to-result time of tasks that succeeded (s)",
+    "failure_time_p50_s": "median arrival-to-failure time of tasks that ended failed (s): how long a user "
+    "waited to learn the task would not succeed; NaN when none failed",
+    "failure_time_p99_s": "99th percentile arrival-to-failure time of tasks that ended failed (s)",
+    "interactive_success_latency_p99_s": "99th percentile arrival-to-result time of interactive tasks "
+    "that succeeded (s)",
+    "background_success_latency_p99_s": "99th percentile arrival-to-result time of background tasks "
+    "that succeeded (s)",
+    "quota_utilization": "work executed / (the server quota's rate x the span from the first submission "
+    "to the last execution's end): the fraction of the server's steady rate used while work was pending "
+    "(units if the provider has a units quota, else requests; mean over providers with a server quota; "
+    "NaN if none). It may pass 1, by at most one window's quota over the same span (<= 1 + 60 s / span): "
+    "the server's sliding 60 s window admits a full minute's quota at once, so a run that opens with a "
+    "burst uses the window before the steady rate has paid for it; idle gaps in the workload pull it down",
+    "goodput_per_s": "successes (tasks that ended succeeded or deduped) per simulated second of the run "
+    "(sim_time_s); attempts, retries and failures do not count",
     "sim_time_s": "virtual time at which the run ended (s)",
     "crashes": "simulated process crashes",
     "orphans_reconciled": "running tasks found after a restart and completed from the provider's record",
@@ -59,6 +68,9 @@ SUMMARY_KEYS: dict[str, str] = {
     "max_executions_per_key": "most provider executions for one idempotency key",
 }
 """Every summary key with its definition (also the order of the summary table)."""
+
+SUCCESS_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.DEDUPED})
+"""Terminal states in which the user got a result: what success latency and goodput count."""
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -85,11 +97,16 @@ def summarize(
         Priority.INTERACTIVE: [],
         Priority.BACKGROUND: [],
     }
+    failure_times: list[float] = []
     for r in records:
-        if r.status.is_terminal and r.finished_at is not None:
-            latency = r.finished_at - (arrivals.get(r.id, r.created_at) if arrivals else r.created_at)
-            latencies[None].append(latency)
-            latencies[r.priority].append(latency)
+        if r.finished_at is None:
+            continue
+        elapsed = r.finished_at - (arrivals.get(r.id, r.created_at) if arrivals else r.created_at)
+        if r.status in SUCCESS_STATUSES:
+            latencies[None].append(elapsed)
+            latencies[r.priority].append(elapsed)
+        elif r.status is TaskStatus.FAILED:
+            failure_times.append(elapsed)
     attempts = len(executions)
     tasks_attempted = len({e.task_id for e in executions})
     billed = [e for e in executions if e.billed]
@@ -129,13 +146,15 @@ def summarize(
         "duplicate_billed_calls": duplicate_billed,
         "cost_total": float(sum(e.cost for e in billed)),
         "cost_duplicated": cost_duplicated,
-        "latency_p50_s": _percentile(latencies[None], 50),
-        "latency_p95_s": _percentile(latencies[None], 95),
-        "latency_p99_s": _percentile(latencies[None], 99),
-        "interactive_latency_p99_s": _percentile(latencies[Priority.INTERACTIVE], 99),
-        "background_latency_p99_s": _percentile(latencies[Priority.BACKGROUND], 99),
+        "success_latency_p50_s": _percentile(latencies[None], 50),
+        "success_latency_p95_s": _percentile(latencies[None], 95),
+        "success_latency_p99_s": _percentile(latencies[None], 99),
+        "failure_time_p50_s": _percentile(failure_times, 50),
+        "failure_time_p99_s": _percentile(failure_times, 99),
+        "interactive_success_latency_p99_s": _percentile(latencies[Priority.INTERACTIVE], 99),
+        "background_success_latency_p99_s": _percentile(latencies[Priority.BACKGROUND], 99),
         "quota_utilization": quota_utilization(scenario, executions, records),
-        "throughput_per_s": done / sim_time_s if sim_time_s > 0 else math.nan,
+        "goodput_per_s": done / sim_time_s if sim_time_s > 0 else math.nan,
         "sim_time_s": sim_time_s,
         "crashes": len(recoveries),
         "orphans_reconciled": sum(r.orphans_completed for r in recoveries),
@@ -146,10 +165,13 @@ def summarize(
 
 
 def quota_utilization(scenario: Scenario, executions: Sequence[Any], records: Sequence[TaskRecord]) -> float:
-    """Executed units over the server quota available while work was pending, averaged over providers.
+    """Executed work over the server quota's steady rate while work was pending, averaged over providers.
 
     "While work was pending" runs from the first submission to the last execution's end for that
-    provider, so idle tails after the workload do not count against utilisation.
+    provider, so idle tails after the workload do not count against utilisation. The denominator is the
+    quota's *rate* times that span, not the most its sliding 60 s window can admit: the window lets a full
+    minute's quota through at once, so the ratio can pass 1 by up to ``60 s / span`` (one window's worth),
+    as :data:`SUMMARY_KEYS` states and ``tests/test_simulate.py`` checks.
     """
     ratios = []
     for provider in scenario.providers:

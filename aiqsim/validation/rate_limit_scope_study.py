@@ -132,7 +132,7 @@ def random_429_throughput(
         rate_limit_prob=rate_limit_prob,
         seed=seed,
         tasks=tasks,
-        tasks_per_s=float(summary["throughput_per_s"]),
+        tasks_per_s=float(summary["goodput_per_s"]),
         rate_limited=int(summary["rate_limited"]),
         lane_pauses=_lane_pauses(result.events),
     )
@@ -207,7 +207,7 @@ def server_quota_overrun(
         accepted=accepted,
         lane_pauses=_lane_pauses(result.events),
         tasks_failed=int(summary["tasks_failed"]),
-        tasks_per_s=float(summary["throughput_per_s"]),
+        tasks_per_s=float(summary["goodput_per_s"]),
     )
 
 

@@ -1,0 +1,159 @@
+"""The lab charts' shared style: a colour-blind-safe palette, axis labels with units, printable text.
+
+Every chart in :mod:`aiqsim.lab.charts` draws through these helpers so the figures read the same way:
+Okabe-Ito colours (distinguishable with the common colour-vision deficiencies), a unit on every axis,
+text the installed fonts can draw (no "Glyph missing" warnings and empty boxes for a scenario name in
+a script the font lacks), and heatmap annotations whose colour follows the cell's luminance.
+"""
+
+from __future__ import annotations
+
+import functools
+import unicodedata
+from collections.abc import Sequence
+
+from matplotlib import font_manager
+from matplotlib.colors import to_rgb
+
+OKABE_ITO: tuple[str, ...] = (
+    "#0072B2",  # blue
+    "#D55E00",  # vermillion
+    "#009E73",  # bluish green
+    "#E69F00",  # orange
+    "#CC79A7",  # reddish purple
+    "#56B4E9",  # sky blue
+    "#F0E442",  # yellow (fills only: too light for thin lines on white)
+    "#000000",  # black
+)
+"""Okabe & Ito's colour-blind-safe palette, in the order lines take it."""
+
+ROLE_COLOURS: dict[str, str] = {
+    "attempts": OKABE_ITO[0],
+    "rate_limited": OKABE_ITO[1],
+    "successes": OKABE_ITO[2],
+    "errors": OKABE_ITO[4],
+    "reference": "#555555",
+    "failed": OKABE_ITO[1],
+}
+"""One colour per meaning, the same in every chart (429s are always vermillion, successes green)."""
+
+SEQUENTIAL_CMAP = "cividis"
+"""Heatmap colour map: perceptually uniform and readable with colour-vision deficiencies."""
+
+AXIS_LABELS: dict[str, str] = {
+    "retry.base_s": "backoff base (s)",
+    "retry.cap_s": "backoff cap (s)",
+    "retry.max_attempts": "max attempts (attempts)",
+    "retry.attempt_timeout_s": "attempt timeout (s)",
+    "retry.strategy": "backoff strategy (name)",
+    "dispatch.max_wait_s": "aging bound max_wait_s (s)",
+    "dispatch.policy": "dispatch policy (name)",
+    "tasks_failed": "failed tasks (tasks)",
+    "tasks_succeeded": "succeeded tasks (tasks)",
+    "attempts": "provider attempts (calls)",
+    "retries": "retries (calls)",
+    "rate_limited": "429 answers (calls)",
+    "attempts_per_task": "attempts per task (calls/task)",
+    "cost_total": "billed cost ($)",
+    "cost_duplicated": "duplicated cost ($)",
+    "duplicate_billed_calls": "duplicate billed calls (calls)",
+    "success_latency_p50_s": "p50 latency of succeeded tasks (s)",
+    "success_latency_p95_s": "p95 latency of succeeded tasks (s)",
+    "success_latency_p99_s": "p99 latency of succeeded tasks (s)",
+    "failure_time_p50_s": "p50 time to failure of failed tasks (s)",
+    "failure_time_p99_s": "p99 time to failure of failed tasks (s)",
+    "interactive_success_latency_p99_s": "interactive p99 latency of succeeded tasks (s)",
+    "background_success_latency_p99_s": "background p99 latency of succeeded tasks (s)",
+    "goodput_per_s": "goodput (successes/s)",
+    "quota_utilization": "quota utilisation (fraction of server rate)",
+    "sim_time_s": "run length (s)",
+}
+"""Readable axis labels, each with its unit, for the keys the lab sweeps and reports."""
+
+_QUOTA_LABELS = {
+    "requests_per_min": "client request quota (requests/min)",
+    "units_per_min": "client token quota (tokens/min)",
+    "request_burst": "client request burst (requests)",
+    "unit_burst": "client token burst (tokens)",
+    "concurrency": "client concurrency (calls in flight)",
+}
+"""Labels for ``quotas.<provider>.<name>`` keys (the label leaves the provider name out)."""
+
+_SUFFIX_UNITS = (
+    ("units_per_min", "tokens/min"),
+    ("requests_per_min", "requests/min"),
+    ("request_burst", "requests"),
+    ("unit_burst", "tokens"),
+    ("_per_min", "per min"),
+    ("_per_s", "per s"),
+    ("_prob", "probability"),
+    ("_s", "s"),
+    ("concurrency", "calls in flight"),
+)
+
+
+def axis_label(key: str) -> str:
+    """A human label with a unit for a summary key or a dotted scenario key.
+
+    Known keys come from :data:`AXIS_LABELS`; others get their unit from the name's suffix (the
+    scenario format puts units in names: ``_s``, ``_per_min``, ``_prob``); a key with neither is
+    returned as it is, which the chart tests catch for every chart the lab ships.
+    """
+    if key in AXIS_LABELS:
+        return AXIS_LABELS[key]
+    name = key.split(".")[-1]
+    if key.startswith("quotas.") and name in _QUOTA_LABELS:
+        return _QUOTA_LABELS[name]
+    for suffix, unit in _SUFFIX_UNITS:
+        if name.endswith(suffix):
+            return f"{key} ({unit})"
+    return key
+
+
+def short_setting(key: str, value: object) -> str:
+    """``retry.attempt_timeout_s``, 2 -> ``"timeout 2 s"``: a setting short enough for a point label."""
+    label = axis_label(key)
+    name, _, unit = label.partition(" (")
+    unit = unit.rstrip(")")
+    words = name.replace("attempt ", "").replace("backoff ", "").replace("client ", "")
+    if unit in ("", "name"):
+        return f"{words} {value}"
+    return f"{words} {value:g} {unit}" if isinstance(value, int | float) else f"{words} {value} {unit}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _has_glyph(char: str) -> bool:
+    from matplotlib import rcParams
+    from matplotlib.ft2font import FT2Font
+
+    path = font_manager.findfont(font_manager.FontProperties(family=rcParams["font.family"]))
+    return FT2Font(path).get_char_index(ord(char)) != 0
+
+
+def printable(text: str) -> str:
+    """``text`` with every character the default font cannot draw folded to ASCII, or to ``?``.
+
+    Accented Latin letters the font has stay as they are; a letter the font lacks is decomposed
+    (NFKD) and its ASCII base kept; anything else becomes ``?``. Matplotlib would otherwise warn
+    "Glyph ... missing from font(s)" and draw an empty box.
+    """
+    out = []
+    for char in text:
+        if char.isascii() or char in "\n\t" or _has_glyph(char):
+            out.append(char)
+            continue
+        folded = "".join(c for c in unicodedata.normalize("NFKD", char) if c.isascii())
+        out.append(folded or "?")
+    return "".join(out)
+
+
+def text_colour_for(rgb: Sequence[float] | str) -> str:
+    """Black or white, whichever reads better on a cell of colour ``rgb`` (WCAG relative luminance)."""
+
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(c) for c in to_rgb(rgb))  # type: ignore[arg-type]
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    # contrast with black (L + 0.05) / 0.05 against white 1.05 / (L + 0.05): equal at L ~ 0.179
+    return "black" if luminance > 0.179 else "white"
