@@ -83,7 +83,7 @@ def test_json_intact_file_opens(json_path: Path) -> None:
         (lambda p: p.write_bytes(b"\xff\xfe garbage"), "not valid JSON"),
         (lambda p: p.write_text("[1, 2, 3]"), "not an aiqsim task store"),
         (lambda p: edit_document(p, lambda d: d.update(format="something-else")), "not an aiqsim task store"),
-        (lambda p: edit_document(p, lambda d: d.update(version=2)), "newer aiqsim"),
+        (lambda p: edit_document(p, lambda d: d.update(version=3)), "newer aiqsim"),
         (lambda p: edit_document(p, lambda d: d.update(version="1")), "unsupported version '1'"),
         (lambda p: edit_document(p, lambda d: d.pop("owners")), "'owners'"),
         (lambda p: edit_document(p, lambda d: d["tasks"][3].update(status="done")), "invalid status 'done'"),

@@ -332,7 +332,7 @@ def test_json_document_is_versioned(tmp_path: Path) -> None:
         store.insert_and_claim(task("a"))
         store.compact()
     doc = json.loads(path.read_text())
-    assert (doc["format"], doc["version"]) == ("aiqsim-taskstore", 1)
+    assert (doc["format"], doc["version"]) == ("aiqsim-taskstore", 2)  # 2: with the job table
     assert [t["id"] for t in doc["tasks"]] == ["a"] and doc["owners"] == {"key-a": "a"}
 
 
@@ -482,13 +482,14 @@ def test_sqlite_upgrade_never_relabels_a_file_a_newer_aiqsim_upgraded_meanwhile(
         path,
         "ALTER TABLE tasks ADD COLUMN worker TEXT",
         "ALTER TABLE tasks ADD COLUMN lease REAL",
-        "PRAGMA user_version = 3",
+        f"PRAGMA user_version = {SCHEMA_VERSION + 1}",
     )
-    with pytest.raises(StoreCorruptError, match=r"schema version 3 \(written by a newer aiqsim\)"):
+    newer = SCHEMA_VERSION + 1
+    with pytest.raises(StoreCorruptError, match=rf"schema version {newer} \(written by a newer aiqsim\)"):
         SqliteStore(path)
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == newer
     finally:
         conn.close()
 
