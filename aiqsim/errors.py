@@ -10,6 +10,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── QuotaConfigError               a quota that could never grant a request
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
 │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
+    │   ├── KitOptionError                 a bad --aiqsim-* pytest option (aiqsim.testing)
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
     │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
@@ -22,6 +23,8 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TaskFailedError, TaskCancelledError   raised by ``await submission``
     │   ├── IllegalTransitionError         a status change the transition table forbids
 │   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
+    │   ├── InvariantViolation (AssertionError)   a crash test found a broken recovery guarantee
+    │   ├── WorkerFailedError (RuntimeError)      a SIGKILL test's worker failed on its own
     │   └── InvalidStateError, SimulationDeadlock (RuntimeError)   the SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
@@ -68,6 +71,9 @@ from aiqsim.sim.scenario import ScenarioError
 from aiqsim.sim.sweep import SweepError
 from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
 from aiqsim.stores.base import StoreClosedError, StoreCorruptError, StoreLockedError, StoreWriteError
+from aiqsim.testing.invariants import InvariantViolation
+from aiqsim.testing.options import KitOptionError
+from aiqsim.testing.sigkill import WorkerFailedError
 
 __all__ = [
     "AiqsimError",
@@ -78,6 +84,8 @@ __all__ = [
     "IllegalTransitionError",
     "InvalidRequestError",
     "InvalidStateError",
+    "InvariantViolation",
+    "KitOptionError",
     "LeaseLostError",
     "PoisonInputError",
     "ProviderError",
@@ -103,5 +111,6 @@ __all__ = [
     "TaskFailedError",
     "TaskInterruptedError",
     "TraceError",
+    "WorkerFailedError",
     "WorkloadTooLargeError",
 ]
