@@ -83,6 +83,12 @@ def test_check_none_lost_names_what_the_store_does_not_have() -> None:
 
 def test_check_success_has_result() -> None:
     check_success_has_result([record("a", TaskStatus.SUCCEEDED)])
+    # a duplicate of a failed owner shares its failure: deduped with an error and no result is fine
+    shared_failure = transition(record("d", TaskStatus.QUEUED), TaskStatus.DEDUPED, 2.0, error="poison")
+    check_success_has_result([shared_failure])
+    shared_success = transition(record("e", TaskStatus.QUEUED), TaskStatus.DEDUPED, 2.0)
+    with pytest.raises(InvariantViolation, match=r"task 'e' \(key 'key-e'\) is deduped without a result"):
+        check_success_has_result([shared_success])
     with pytest.raises(InvariantViolation, match=r"task 'a' \(key 'key-a'\) is succeeded without a result"):
         check_success_has_result([record("a", TaskStatus.SUCCEEDED, result=None)])
 

@@ -99,9 +99,18 @@ def check_none_lost(
 
 
 def check_success_has_result(tasks: Iterable[TaskRecord], jobs: Iterable[JobRecord] = ()) -> None:
-    """A succeeded (or deduped) task has a result; a succeeded job has a result for every stage it ran."""
-    done = (TaskStatus.SUCCEEDED, TaskStatus.DEDUPED)
-    empty = [t for t in tasks if t.status in done and t.result is None]
+    """A succeeded task has a result, and so has a task deduped from a succeeded one; a succeeded job
+    has a result for every stage it ran.
+
+    A task deduped from a *failed* owner shares that failure (its ``error`` is set, no result): it
+    is not a success.
+    """
+    empty = [
+        t
+        for t in tasks
+        if t.result is None
+        and (t.status is TaskStatus.SUCCEEDED or (t.status is TaskStatus.DEDUPED and t.error is None))
+    ]
     lines = [f"task {t.id!r} (key {t.key!r}) is {t.status.value} without a result" for t in empty]
     offenders = [t.id for t in empty]
     for job in jobs:
