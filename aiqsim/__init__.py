@@ -74,6 +74,7 @@ def __getattr__(name: str) -> object:
         return PostgresStore
     raise AttributeError(f"module 'aiqsim' has no attribute {name!r}")
 
+
 __all__ = [
     "TRANSITIONS",
     "AgingShortestJobFirstPolicy",
@@ -139,8 +140,8 @@ __all__ = [
 ]
 
 # Jobs: pipelines of calls (issue #15). Appended as one block so parallel edits above merge cleanly.
-from aiqsim.core.job import JobRecord, JobStatus, derive_job_status
-from aiqsim.scheduler.jobs import (
+from aiqsim.core.job import JobRecord, JobStatus, derive_job_status  # noqa: E402
+from aiqsim.scheduler.jobs import (  # noqa: E402
     JobCancelledError,
     JobFailedError,
     JobHandle,

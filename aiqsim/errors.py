@@ -9,6 +9,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TraceError, WorkloadTooLargeError
     │   ├── QuotaConfigError               a quota that could never grant a request
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
+    │   ├── JobSpecError                   a job spec that cannot run (cycle, unknown stage or provider)
 │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   ├── KitOptionError                 a bad --aiqsim-* pytest option (aiqsim.testing)
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
@@ -22,6 +23,8 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── SchedulerClosedError (RuntimeError)
     │   ├── TaskFailedError, TaskCancelledError   raised by ``await submission``
     │   ├── IllegalTransitionError         a status change the transition table forbids
+    │   ├── IllegalJobTransitionError      the same, for a job
+    │   ├── JobFailedError, JobCancelledError   raised by ``await job_handle`` (stage and reason)
 │   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
     │   ├── InvariantViolation (AssertionError)   a crash test found a broken recovery guarantee
     │   ├── WorkerFailedError (RuntimeError)      a SIGKILL test's worker failed on its own
@@ -55,12 +58,14 @@ from aiqsim.core.failures import (
     TaskInterruptedError,
 )
 from aiqsim.core.fingerprint import FingerprintError
+from aiqsim.core.job import IllegalJobTransitionError
 from aiqsim.core.states import IllegalTransitionError
 from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.fleet.leases import LeaseLostError
 from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.status import HttpStatusError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
+from aiqsim.scheduler.jobs import JobCancelledError, JobFailedError, JobSpecError
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
     SchedulerClosedError,
@@ -81,10 +86,14 @@ __all__ = [
     "ConfigurationError",
     "FingerprintError",
     "HttpStatusError",
+    "IllegalJobTransitionError",
     "IllegalTransitionError",
     "InvalidRequestError",
     "InvalidStateError",
     "InvariantViolation",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobSpecError",
     "KitOptionError",
     "LeaseLostError",
     "PoisonInputError",

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,20 +45,41 @@ def job(job_id: str, key: str = "job-key", **fields: object) -> JobRecord:
     return replace(base, **fields)
 
 
-@pytest.fixture(params=["memory", "json", "sqlite"])
-def store_kind(request: pytest.FixtureRequest) -> str:
-    return request.param
+class Opener:
+    """Opens (and reopens) one store of a kind; the memory store 'reopens' to the same object."""
+
+    def __init__(self, kind: str, directory: Path, dsn: str | None) -> None:
+        self.kind = kind
+        self.directory = directory
+        self.dsn = dsn
+        self.schema = f"j_{random.Random(str(directory)).getrandbits(48):012x}"
+
+    def open(self):
+        if self.kind == "postgres":
+            from aiqsim.stores.postgres import PostgresStore
+
+            return PostgresStore(self.dsn, schema=self.schema)  # type: ignore[arg-type]
+        if self.kind == "memory":
+            return MemoryStore()
+        return open_store(self.kind, self.directory / f"jobs.{self.kind}")
+
+    def reopen(self, store):
+        if self.kind == "memory":
+            return store
+        store.close()
+        return self.open()
 
 
-def opened(kind: str, directory: Path):
-    return MemoryStore() if kind == "memory" else open_store(kind, directory / f"jobs.{kind}")
+@pytest.fixture(params=["memory", "json", "sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    dsn = request.getfixturevalue("postgres_dsn") if request.param == "postgres" else None  # a real server
+    opener = Opener(request.param, tmp_path, dsn)
+    yield opener
+    if request.param == "postgres":
+        from aiqsim.stores.postgres import PostgresStore
 
-
-def reopened(kind: str, store, directory: Path):
-    if kind == "memory":
-        return store
-    store.close()
-    return opened(kind, directory)
+        with PostgresStore(dsn, schema=opener.schema) as store:  # type: ignore[arg-type]
+            store.drop()
 
 
 # ---------------------------------------------------------------------------- pure rules
@@ -109,8 +132,8 @@ def test_job_records_round_trip_through_dicts() -> None:
 
 
 # ---------------------------------------------------------------------------- the contract
-def test_insert_claim_update_get_list_and_reopen(store_kind: str, tmp_path: Path) -> None:
-    store = opened(store_kind, tmp_path)
+def test_insert_claim_update_get_list_and_reopen(opener: Opener) -> None:
+    store = opener.open()
     assert isinstance(store, JobStore)
     first = job("j1")
     assert store.insert_and_claim_job(first) == first
@@ -124,7 +147,7 @@ def test_insert_claim_update_get_list_and_reopen(store_kind: str, tmp_path: Path
     store.update_job(running)
     with pytest.raises(KeyError):
         store.update_job(job("nope"))
-    store = reopened(store_kind, store, tmp_path)
+    store = opener.reopen(store)
     assert store.get_job("j1") == running and store.get_job("nope") is None
     assert store.job_owner_of("job-key") == running
     assert [j.id for j in store.list_jobs()] == ["j1", "j2", "j3"]
@@ -137,7 +160,7 @@ def test_insert_claim_update_get_list_and_reopen(store_kind: str, tmp_path: Path
     assert store.claim_job(store.get_job("j2")).id == "j2"  # claiming again is a no-op
     with pytest.raises(KeyError):
         store.claim_job(job("nope"))
-    store = reopened(store_kind, store, tmp_path)
+    store = opener.reopen(store)
     assert store.job_owner_of("job-key").id == "j2"
     assert store.get_job("j1").error == "stage 'video' failed: x"
     store.insert_and_claim(task("a"))  # tasks and jobs live side by side
@@ -145,11 +168,10 @@ def test_insert_claim_update_get_list_and_reopen(store_kind: str, tmp_path: Path
     store.close()
 
 
-@pytest.mark.parametrize("store_kind", ["json", "sqlite"])  # the memory store keeps objects as they are
-def test_a_job_with_inputs_that_are_not_json_is_refused_and_nothing_is_stored(
-    store_kind: str, tmp_path: Path
-) -> None:
-    store = opened(store_kind, tmp_path)
+def test_a_job_with_inputs_that_are_not_json_is_refused_and_nothing_is_stored(opener: Opener) -> None:
+    if opener.kind == "memory":
+        pytest.skip("the memory store keeps objects as they are: nothing to refuse")
+    store = opener.open()
     with pytest.raises(TypeError):
         store.insert_and_claim_job(job("j", inputs={"x": object()}))
     assert store.list_jobs() == [] and store.job_owner_of("job-key") is None

@@ -27,9 +27,11 @@ from aiqsim import (
     SimPyRuntime,
     Stage,
     TaskStatus,
+    derive_job_status,
 )
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
+from aiqsim.stores import MemoryStore
 from tests.fakes import ScriptedProvider
 
 RETRY = RetryPolicy(backoff=ExponentialBackoff(base_s=1.0, cap_s=8.0), max_attempts=3, attempt_timeout_s=100)
@@ -212,8 +214,13 @@ def test_a_build_that_raises_fails_the_job_with_its_error() -> None:
     spec = JobSpec("b", "1", [Stage("s", "llm", build=broken)])
 
     async def body(runtime):
-        handle = make_scheduler(runtime, providers(runtime, {"llm": 1.0})).submit_job(spec, {"x": 1})
-        return await handle.wait()
+        scheduler = make_scheduler(runtime, providers(runtime, {"llm": 1.0}))
+        handle = scheduler.submit_job(spec, {"x": 1})
+        assert handle.done()  # failed inside submit_job: nothing was sent
+        record = await handle.wait()
+        await runtime.sleep(0)  # let the dispatchers start, so that closing stops running coroutines
+        await scheduler.close()
+        return record
 
     record = run(body)
     assert (
@@ -367,6 +374,7 @@ def test_the_depth_limit_counts_a_job_once_however_many_stage_tasks_it_has_queue
         with pytest.raises(QueueFullError):
             scheduler.submit("llm", {"input": "plain2"}, priority=interactive)
         duplicate = scheduler.submit_job(spec, {"x": "j1"}, priority=interactive)  # waits: not refused
+        assert scheduler.jobs.depth(interactive) == 3  # ... and, waiting, holds no place
         records = [await h.wait() for h in (first, second, duplicate)]
         await blocker.wait()
         await plain.wait()
@@ -418,3 +426,141 @@ def test_job_transitions_and_stage_events_reach_the_event_sink() -> None:
     events = run(body)
     moves = [(e.time, e.old, e.new) for e in events if isinstance(e, JobTransition)]
     assert moves == [(0.0, None, "queued"), (0.0, "queued", "running"), (1.0, "running", "succeeded")]
+
+
+def test_stage_states_read_from_the_task_records_give_the_derived_job_state() -> None:
+    def many(inputs, results):
+        return [{"input": f"m{i}"} for i in range(3)]
+
+    spec = JobSpec(
+        "s",
+        "1",
+        [
+            Stage("one", "llm", build=many, fan_out=True),
+            Stage("two", "llm", after=("one",), build=named("two")),
+        ],
+    )
+
+    async def body(runtime):
+        provs = providers(runtime, {"llm": 1.0})
+        scheduler = make_scheduler(runtime, provs, quotas={"llm": QuotaLimits(concurrency=1)})
+        handle = scheduler.submit_job(spec, {"x": 1}, job_id="j")
+        await runtime.sleep(0.5)
+        early = scheduler.jobs.stage_states("j")
+        await runtime.sleep(3.0)  # the fan-out is done at 3.0, "two" runs 3.0-4.0
+        later = scheduler.jobs.stage_states("j")
+        await handle.wait()
+        return early, later, scheduler.jobs.stage_states("j"), scheduler.jobs.get("j")
+
+    early, later, end, record = run(body)
+    assert early == {"one": TaskStatus.RUNNING, "two": None}
+    assert later == {"one": TaskStatus.SUCCEEDED, "two": TaskStatus.RUNNING}
+    assert end == {"one": TaskStatus.SUCCEEDED, "two": TaskStatus.SUCCEEDED}
+    assert [derive_job_status(s) for s in (early, later, end)] == [TaskStatus.RUNNING] * 2 + [
+        TaskStatus.SUCCEEDED
+    ]
+    assert record.status is JobStatus.SUCCEEDED
+
+
+def test_a_stage_retry_policy_replaces_the_schedulers_for_its_tasks_only() -> None:
+    def payload(name):
+        def build(inputs, results):
+            return {"input": name}
+
+        build.__qualname__ = f"payload.{name}"
+        return build
+
+    once = RetryPolicy(backoff=ExponentialBackoff(base_s=1.0, cap_s=8.0), max_attempts=1)
+    spec = JobSpec(
+        "retry",
+        "1",
+        [
+            Stage("patient", "llm", build=payload("p")),  # the scheduler's policy: 3 attempts
+            Stage("impatient", "llm", build=payload("i"), retry=once, fallback="backup"),
+        ],
+    )
+
+    async def body(runtime):
+        scripts = {"llm": {"p": ["500", "ok"], "i": ["500", "ok"]}}
+        provs = providers(runtime, {"llm": 1.0, "backup": 1.0}, scripts=scripts)
+        record = await make_scheduler(runtime, provs).submit_job(spec, {"x": 1}).wait()
+        return record, provs
+
+    record, provs = run(body)
+    assert record.status is JobStatus.SUCCEEDED
+    assert [name for _, name, _ in provs["llm"].calls].count("p") == 2  # retried after 1 s
+    assert [name for _, name, _ in provs["llm"].calls].count("i") == 1  # no retry: straight to the fallback
+    assert [name for _, name, _ in provs["backup"].calls] == ["i"]
+    assert record.finished_at == pytest.approx(3.0)  # p: 0-1, backoff 1 s, 2-3; i: 0-1, backup 1-2
+
+
+def test_a_duplicate_of_a_job_another_process_runs_waits_for_it_through_the_store() -> None:
+    spec = JobSpec("x", "1", [Stage("a", "llm", build=named("a"))])
+
+    async def body(runtime):
+        store = MemoryStore()  # shared, as two processes share one SQLite file
+        provs_one = providers(runtime, {"llm": 2.0})
+        provs_two = providers(runtime, {"llm": 2.0})
+        one = make_scheduler(runtime, provs_one, store=store, duplicate_poll_s=0.25, worker_id="one")
+        two = make_scheduler(runtime, provs_two, store=store, duplicate_poll_s=0.25, worker_id="two")
+        first = one.submit_job(spec, {"x": 1}, job_id="first")
+        await runtime.sleep(0.1)
+        second = two.submit_job(spec, {"x": 1}, job_id="second")  # the owner is in the other process
+        cancelled = one.submit_job(spec, {"x": 2}, job_id="cancelled")
+        await runtime.sleep(0.1)
+        takeover = two.submit_job(spec, {"x": 2}, job_id="takeover")
+        await runtime.sleep(0.1)
+        cancelled.cancel()  # the owner is cancelled: the waiting duplicate takes its key over
+        return [await h.wait() for h in (first, second, cancelled, takeover)], provs_one, provs_two
+
+    (first, second, cancelled, takeover), provs_one, provs_two = run(body)
+    assert first.status is JobStatus.SUCCEEDED and first.finished_at == pytest.approx(2.0)
+    assert second.status is JobStatus.DEDUPED and second.deduped_from == "first"
+    assert second.finished_at == pytest.approx(2.0 + 0.1)  # seen at the next poll after 2.0 (0.1 + 8 x 0.25)
+    assert cancelled.status is JobStatus.CANCELLED
+    assert takeover.status is JobStatus.SUCCEEDED  # ran in process two after the cancel was seen
+    assert [name for _, name, _ in provs_one["llm"].calls] == ["a:1", "a:2"]  # a:2 cancelled while running
+    assert [name for _, name, _ in provs_two["llm"].calls] == ["a:2"]
+
+
+def test_a_stage_running_its_fallback_shows_running_not_failed() -> None:
+    spec = JobSpec("sf", "1", [Stage("tts", "tts", build=named("tts"), fallback="tts_backup")])
+
+    async def body(runtime):
+        provs = providers(runtime, {"tts": 1.0, "tts_backup": 2.0}, scripts={"tts": {"tts:1": ["invalid"]}})
+        scheduler = make_scheduler(runtime, provs)
+        handle = scheduler.submit_job(spec, {"x": 1}, job_id="j")
+        await runtime.sleep(1.5)  # the primary failed at 1.0; the backup runs 1.0-3.0
+        during = scheduler.jobs.stage_states("j")
+        await handle.wait()
+        return during, scheduler.jobs.stage_states("j")
+
+    during, after = run(body)
+    assert during == {"tts": TaskStatus.RUNNING}
+    assert after == {"tts": TaskStatus.SUCCEEDED}
+
+
+def test_an_empty_fan_out_succeeds_at_once_with_an_empty_list_and_feeds_the_next_stage() -> None:
+    def nothing(inputs, results):
+        return []
+
+    def count(inputs, results):
+        return {"input": f"count:{len(results['parts'])}"}
+
+    spec = JobSpec(
+        "e0",
+        "1",
+        [
+            Stage("parts", "tts", build=nothing, fan_out=True),
+            Stage("n", "llm", after=("parts",), build=count),
+        ],
+    )
+
+    async def body(runtime):
+        provs = providers(runtime, {"tts": 1.0, "llm": 1.0})
+        return await make_scheduler(runtime, provs).submit_job(spec, {"x": 1}).wait(), provs
+
+    record, provs = run(body)
+    assert record.status is JobStatus.SUCCEEDED and record.finished_at == pytest.approx(1.0)
+    assert record.results == {"parts": [], "n": {"output": "done:count:0"}}
+    assert provs["tts"].calls == []

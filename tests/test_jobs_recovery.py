@@ -152,3 +152,21 @@ def test_a_store_without_a_job_table_still_recovers_tasks_and_refuses_jobs_clear
 
     report, scheduler = runtime.run(main())
     assert report.queued_resumed == 0 and scheduler.job_recovery is None
+
+
+def test_a_restarted_process_seeded_like_its_predecessor_draws_fresh_job_ids() -> None:
+    runtime = SimPyRuntime()
+    store = MemoryStore()
+    provs = {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in ("a", "b")}
+
+    async def main():
+        before = make(runtime, store, provs)
+        first = await before.submit_job(SPEC, {"x": 1}).wait()
+        before.crash()
+        after = make(runtime, store, provs)  # the same seed: the same draws
+        await after.recover()
+        second = await after.submit_job(SPEC, {"x": 2}).wait()
+        return first, second
+
+    first, second = runtime.run(main())
+    assert first.id != second.id and second.status is JobStatus.SUCCEEDED

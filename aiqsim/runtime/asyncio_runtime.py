@@ -25,6 +25,7 @@ class AsyncioRuntime:
         self.time_scale = float(time_scale)
         self._loop = loop
         self._origin = time.monotonic()
+        self._readers: dict[int, list[asyncio.Future[None]]] = {}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -58,6 +59,27 @@ class AsyncioRuntime:
             # Deliver it, as SimPyRuntime and Python >= 3.12 do.
             if task is not None and task.cancelling() > requested:
                 raise asyncio.CancelledError()
+
+    def wait_readable(self, fileno: int) -> Awaitable[None]:
+        """Resolve when the file descriptor ``fileno`` has data to read (e.g. a PostgreSQL ``LISTEN``
+        connection that received a notification). Optional runtime capability: real I/O exists only
+        on this runtime, so scheduler code checks for it and falls back to polling elsewhere.
+
+        Several waiters may wait on one descriptor; all are woken together.
+        """
+        future: asyncio.Future[None] = self.loop.create_future()
+        waiters = self._readers.get(fileno)
+        if waiters is None:
+            waiters = self._readers[fileno] = []
+            self.loop.add_reader(fileno, self._readable, fileno)
+        waiters.append(future)
+        return future
+
+    def _readable(self, fileno: int) -> None:
+        self.loop.remove_reader(fileno)
+        for future in self._readers.pop(fileno, ()):
+            if not future.done():
+                future.set_result(None)
 
     def run(self, coro: Coroutine[Any, Any, T], *, until: float | None = None) -> T:
         """Run ``coro`` as the main task on a fresh event loop and return its result.

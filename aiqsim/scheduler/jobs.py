@@ -44,8 +44,11 @@ first reconciles the tasks as always, then re-drives every unfinished job it ado
 results the job record holds are done; the others are submitted again, so finished ones dedup,
 in-flight ones (resumed by task recovery) are waited for, and only the rest run. A job whose spec
 (name, version) is not registered, or whose registered spec no longer matches the job's key,
-ends ``failed`` with that reason. Per-stage retry policies are not supported: the scheduler's
-retry policy applies to every stage (use a ``fallback`` for a stage that needs a way out).
+ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash is
+tried on its primary again (a poison input is remembered and not sent twice).
+
+Retries: a stage's ``retry`` policy replaces the scheduler's for its tasks (in this process; a
+stage task resumed from the store by ``recover()`` runs under the scheduler's policy).
 
 This module never imports asyncio, simpy or time: it runs on the runtime protocol like the
 scheduler itself.
@@ -65,6 +68,7 @@ from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
+from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.stores.base import LIVE_OWNER_STATUSES
 from aiqsim.stores.job_store import JobStore
 
@@ -149,6 +153,9 @@ class Stage:
             ``cost``, ``version``; its ``build``, if given, replaces the payload -- for a fan-out
             stage it must return a list as long as the primary's). ``after``/``fan_out`` of a
             fallback stage are ignored.
+        retry: this stage's retry policy (e.g. fewer attempts before the fallback); default: the
+            scheduler's. Held in this process only: a stage task that ``recover()`` resumes from
+            the store runs under the scheduler's policy.
     """
 
     name: str
@@ -160,6 +167,7 @@ class Stage:
     kind: str | None = None
     version: str = ""
     fallback: Stage | str | None = None
+    retry: RetryPolicy | None = None
 
     def __post_init__(self) -> None:
         _checked_name(self.name, "Stage name")
@@ -470,7 +478,7 @@ class Jobs:
             )
         now = scheduler.runtime.now()
         record = JobRecord(
-            id=job_id if job_id is not None else f"job-{scheduler.rng.getrandbits(64):016x}",
+            id=job_id if job_id is not None else self._new_job_id(),
             key=key,
             name=spec.name,
             version=spec.version,
@@ -511,14 +519,25 @@ class Jobs:
             raise KeyError(f"unknown job id {job_id!r}")
         spec = self._specs.get((record.name, record.version))
         names = [s.name for s in spec.stages] if spec is not None else list(record.stage_tasks)
+        run = self._runs.get(job_id)
+        tasks = self.scheduler.store
         states: dict[str, TaskStatus | None] = {}
         for name in names:
+            phase = run.phases.get(name) if run is not None else None
             if name in record.results:
                 states[name] = TaskStatus.SUCCEEDED
-                continue
-            tasks = [self.scheduler.store.get(tid) for tid in record.stage_tasks.get(name, ())]
-            present = [t.status for t in tasks if t is not None]
-            states[name] = stage_status(present)
+            elif phase is not None:  # live here: each element's current task (its fallback's, once taken)
+                current = {index: task_id for task_id, index in phase.pending.items()}
+                parts: list[TaskStatus | None] = []
+                for index, outcome in enumerate(phase.outcomes):
+                    task = tasks.get(current[index]) if index in current else outcome
+                    parts.append(None if task is None else task.status)
+                states[name] = stage_status(parts)
+            elif record.status.is_terminal:
+                states[name] = TaskStatus.FAILED if name == record.failed_stage else None
+            else:  # another process's job: what its stage tasks say
+                found = [tasks.get(task_id) for task_id in record.stage_tasks.get(name, ())]
+                states[name] = stage_status([task.status for task in found if task is not None])
         return states
 
     def cancel(self, job_id: str) -> bool:
@@ -547,9 +566,10 @@ class Jobs:
             if task is not None and task.queue_item is not None and task.record.priority is priority:
                 queued_stage_tasks += 1
                 waiting_jobs.add(job_id)
-        for run in self._runs.values():
-            if run.record.priority is priority and run.record.status is JobStatus.QUEUED:
-                waiting_jobs.add(run.record.id)
+        for run in self._runs.values():  # a duplicate waiting for its owner holds no place, as for tasks
+            record = run.record
+            if record.priority is priority and record.status is JobStatus.QUEUED and run.waiting_on is None:
+                waiting_jobs.add(record.id)
         return self.scheduler._queued[priority] - queued_stage_tasks + len(waiting_jobs)
 
     async def join(self) -> None:
@@ -753,6 +773,7 @@ class Jobs:
                     version=target.version,
                     task_id=task_id,
                     job_stage=True,
+                    retry=target.retry,
                 )
                 run.task_ids.append(task_id)
         except Cancelled:
@@ -765,6 +786,13 @@ class Jobs:
         phase.launching = False
         if not run.finished and not phase.pending:
             self._phase_done(run, phase)
+
+    def _new_job_id(self) -> str:
+        """A job id from the scheduler's rng that the store does not hold yet (see :meth:`_new_task_id`)."""
+        while True:
+            job_id = f"job-{self.scheduler.rng.getrandbits(64):016x}"
+            if self.store.get_job(job_id) is None:
+                return job_id
 
     def _new_task_id(self) -> str:
         """A task id drawn from the scheduler's rng (as ``submit`` draws one) that the store does not

@@ -177,6 +177,7 @@ class _Live:
     started: bool = False
     cancel_requested: bool = False
     waiting_on: str | None = None
+    retry: RetryPolicy | None = None  # this task's own policy (a job stage's), else the scheduler's
 
 
 @dataclass(eq=False)
@@ -351,6 +352,7 @@ class Scheduler:
         version: str = "",
         task_id: str | None = None,
         job_stage: bool = False,
+        retry: RetryPolicy | None = None,
     ) -> Submission:
         """Queue one call and return its :class:`Submission` handle.
 
@@ -359,7 +361,9 @@ class Scheduler:
         limit, ``ValueError`` for an unknown provider, and
         :class:`~aiqsim.core.token_bucket.QuotaConfigError` for a cost the quota could never grant.
         ``job_stage`` is set by :mod:`aiqsim.scheduler.jobs` for a job's stage tasks: the depth
-        limit counts their job once, not each of them.
+        limit counts their job once, not each of them. ``retry`` replaces the scheduler's retry
+        policy for this task in this process (not persisted: a task resumed by :meth:`recover`
+        runs under the scheduler's policy).
         """
         if self._closed:
             raise SchedulerClosedError("scheduler is closed")
@@ -400,7 +404,7 @@ class Scheduler:
             worker=self.worker_id,
         )
         owner = self.store.insert_and_claim(record)
-        live = _Live(record=record, future=self.runtime.create_future())
+        live = _Live(record=record, future=self.runtime.create_future(), retry=retry)
         self._live[record.id] = live
         self._emit_transition(None, record)
         self._ensure_started()
@@ -796,7 +800,7 @@ class Scheduler:
     async def _run(self, lane: _Lane, live: _Live, reservation: Reservation | None) -> None:
         live.started = True
         runtime = self.runtime
-        policy = self.retry
+        policy = self.retry if live.retry is None else live.retry
         if live.cancel_requested:
             assert reservation is not None
             lane.quota.cancel(reservation, runtime.now())
