@@ -206,6 +206,8 @@ class CrashOutcome:
     recoveries: tuple[RecoveryReport, ...]
     task_errors: tuple[str, ...]
     snapshot: _CrashSnapshot | None = None
+    details: dict[str, str] = field(default_factory=dict)
+    """Key -> what its executions were and in which process lives (for messages)."""
 
     def executions_per_key(self, *, checked_only: bool = True) -> dict[str, int]:
         """Executions per key (only the keys held to "at most once" by default)."""
@@ -303,6 +305,7 @@ class CrashDriver:
         provider's calls when it honours keys or recovery can look them up or does not re-send
         orphans; ``True``/``False`` hold every execution, or none.
         """
+        __tracebackhide__ = True  # pytest shows the user's test line, not the driver's internals
         plan = _Plan(
             scenario,
             providers,
@@ -371,7 +374,7 @@ class CrashDriver:
             outcome.submitted, outcome.tasks, submitted_jobs=outcome.submitted_jobs, jobs=outcome.jobs
         )
         invariants.check_success_has_result(outcome.tasks, outcome.jobs)
-        invariants.check_at_most_once([key for key, _ in outcome.executions])
+        invariants.check_at_most_once([key for key, _ in outcome.executions], details=outcome.details)
         snapshot = outcome.snapshot
         if snapshot is not None:
             after = [key for key, at in outcome.all_executions if at >= snapshot.restart_at]
@@ -596,7 +599,15 @@ class _Case:
             for name, error in self.runtime.task_errors
             if not isinstance(error, SimulatedCrash | Cancelled)
         )
+        details: dict[str, list[str]] = {}
+        for effect in self.world.effects.entries:
+            details.setdefault(effect.key, []).append(
+                f"{effect.what} at t={effect.at:g}s in life {effect.life}"
+            )
+        for provider, key, at in calls:
+            details.setdefault(key, []).append(f"{provider} call started at t={at:g}s")
         return CrashOutcome(
+            details={key: "; ".join(texts) for key, texts in details.items()},
             case=self.case,
             crashed=self.snapshot is not None,
             writes=self.counter[0],

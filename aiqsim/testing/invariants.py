@@ -127,15 +127,25 @@ def check_success_has_result(tasks: Iterable[TaskRecord], jobs: Iterable[JobReco
         )
 
 
-def check_at_most_once(executions: Mapping[str, int] | Iterable[str], *, what: str = "executed") -> None:
+def check_at_most_once(
+    executions: Mapping[str, int] | Iterable[str],
+    *,
+    what: str = "executed",
+    details: Mapping[str, str] | None = None,
+) -> None:
     """Each idempotency key was executed (billed) at most once.
 
-    ``executions`` is either a mapping key -> count or an iterable with one key per execution.
+    ``executions`` is either a mapping key -> count or an iterable with one key per execution;
+    ``details`` (key -> text) adds what is known of a repeated key's executions to the message.
     """
     counts = Counter(executions) if not isinstance(executions, Mapping) else Counter(dict(executions))
     repeated = sorted((key for key, n in counts.items() if n > 1), key=lambda key: (-counts[key], key))
     if repeated:
-        lines = [f"key {key!r} was {what} {counts[key]} times" for key in repeated]
+        details = details or {}
+        lines = [
+            f"key {key!r} was {what} {counts[key]} times" + (f" ({details[key]})" if key in details else "")
+            for key in repeated
+        ]
         raise InvariantViolation("at most once", f"work done more than once: {_listing(lines)}", repeated)
 
 
