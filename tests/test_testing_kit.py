@@ -463,3 +463,36 @@ def test_report_outcomes_are_plain_data() -> None:
     outcome = report.outcomes[-1]
     json.dumps({"case": str(outcome.case), "per_key": outcome.executions_per_key()})
     assert outcome.crashed and outcome.snapshot is not None
+
+
+# ------------------------------------------------------------------------------- PostgreSQL
+def test_driver_and_store_fixture_on_postgres(postgres_dsn: str, tmp_path: Path) -> None:
+    import os
+
+    import psycopg
+
+    factory = StoreFactory("postgres", tmp_path, postgres_dsn=postgres_dsn, schema="kit_test")
+    driver = CrashDriver(CrashOptions(seeds=(0,), sample=8), store=factory)
+    report = driver.run(
+        documents, providers=llm(server_error_prob=0.2), recover_options={"requeue_interrupted": True}
+    )
+    assert report.cases == 9
+    with psycopg.connect(postgres_dsn) as conn:  # every case's schema was dropped afterwards
+        left = conn.execute(
+            "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'kit_test%'"
+        ).fetchall()
+    assert left == []
+
+    (tmp_path / "test_fresh.py").write_text(FRESH_TEST, encoding="utf-8")
+    env = {**os.environ, "AIQSIM_TEST_POSTGRES_DSN": postgres_dsn}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-v", "-k", "store"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "stores memory/json/sqlite/postgres" in done.stdout
+    assert "test_store[store=postgres] FIXTURE store postgres resolved" in done.stdout
