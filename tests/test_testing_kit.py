@@ -352,6 +352,26 @@ def test_kill_and_restart_reports_a_worker_that_never_gets_ready(tmp_path: Path)
         kill_and_restart(command, kills=1, seed=0)
 
 
+SLEEPER = (
+    "import os, sys, time\n"
+    "marker = sys.argv[1]\n"
+    "print('ready', flush=True)\n"
+    "first = not os.path.exists(marker)\n"
+    "open(marker, 'a').close()\n"
+    "time.sleep(60 if first else 0)\n"
+    "print('done')\n"
+)
+
+
+def test_the_sigkill_fixture_kills_at_a_seeded_moment_and_restarts(aiqsim_sigkill, tmp_path: Path) -> None:
+    command = [sys.executable, "-c", SLEEPER, str(tmp_path / "started")]
+    report = aiqsim_sigkill(command, kills=1, kill_window_s=0.05)
+    assert report.seed == 0  # the run's first seed
+    assert [run.killed for run in report.runs] == [True, False]
+    assert report.runs[0].kill_after_s is not None and report.runs[0].kill_after_s < 0.05
+    assert report.runs[0].returncode == -9 and report.final.lines == ["ready", "done"]
+
+
 # ------------------------------------------------------------------------------- the plugin
 def pytest_in(directory: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run ``python -m pytest`` in ``directory`` with the installed aiqsim (the plugin by entry point)."""
