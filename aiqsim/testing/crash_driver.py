@@ -326,7 +326,7 @@ class CrashDriver:
                 _duplicates(outcome),
                 (outcome,) if keep_outcomes else (),
             )
-        failures: list[tuple[CrashCase, CrashOutcome | InvariantViolation]] = []
+        failures: list[tuple[CrashCase, InvariantViolation]] = []
         writes: dict[int, int] = {}
         points: dict[int, tuple[int, ...]] = {}
         kept: list[CrashOutcome] = []
@@ -387,7 +387,8 @@ class CrashDriver:
             )
 
     def _judge(self, results: Sequence[tuple[CrashCase, CrashOutcome]], total: int | None) -> None:
-        failures: list[tuple[CrashCase, CrashOutcome | InvariantViolation]] = []
+        __tracebackhide__ = True
+        failures: list[tuple[CrashCase, InvariantViolation]] = []
         for case, outcome in results:
             if case.crash_point and not outcome.crashed:
                 raise ConfigurationError(
@@ -406,10 +407,9 @@ class CrashDriver:
         return f"re-run exactly this case: {target}{case.replay_option}"
 
     def _failure(
-        self, failures: Sequence[tuple[CrashCase, CrashOutcome | InvariantViolation]], total: int | None
+        self, failures: Sequence[tuple[CrashCase, InvariantViolation]], total: int | None
     ) -> InvariantViolation:
         case, first = failures[0]
-        assert isinstance(first, InvariantViolation)
         store = self.store.kind if self.store is not None else "memory"
         lines = [
             f"aiqsim crash test failed at {case} [store: {store}]",
