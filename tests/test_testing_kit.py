@@ -214,6 +214,41 @@ def test_driver_catches_blind_resends_and_replays_the_exact_case() -> None:
     assert report.duplicate_executions > 0
 
 
+def test_lost_responses_retried_within_a_life_are_counted_not_blamed_on_recovery() -> None:
+    from aiqsim import RetryPolicy
+
+    providers = llm(timeout_prob=0.3)  # lost after billing: the retry executes the key again
+    options = {"retry": RetryPolicy(max_attempts=4, attempt_timeout_s=3)}
+    recover = {"requeue_interrupted": True}  # safe: lookup answers for what the provider did
+    report = CrashDriver(CrashOptions(seeds=(0,))).run(
+        documents, providers=providers, scheduler_options=options, recover_options=recover
+    )
+    assert report.duplicate_executions > 0  # every one a retry after a lost response, none a re-send
+    with pytest.raises(InvariantViolation, match="no crash"):  # "every execution" fails without a crash
+        CrashDriver(CrashOptions(seeds=(0,))).run(
+            documents,
+            providers=providers,
+            scheduler_options=options,
+            recover_options=recover,
+            at_most_once=True,
+        )
+
+
+def test_without_lookup_a_resubmitted_interrupted_key_pays_again_and_is_counted() -> None:
+    """recover() fails the orphans (no lookup, no re-send); the double click of an interrupted
+    document is a new submission of its key and executes again: the documented cost, counted."""
+    report = CrashDriver(CrashOptions(seeds=(0, 1))).run(
+        documents, providers=llm(), recover_options={"use_lookup": False}
+    )
+    assert report.duplicate_executions > 0
+    with pytest.raises(
+        InvariantViolation, match=r"was executed 2 times \(llm call started at t=.*; llm call"
+    ):
+        CrashDriver(CrashOptions(seeds=(0, 1))).run(
+            documents, providers=llm(), recover_options={"use_lookup": False}, at_most_once=True
+        )
+
+
 def test_driver_replay_of_a_point_beyond_the_run_says_so() -> None:
     driver = CrashDriver(CrashOptions(replay=CrashCase(0, 10_000)))
     with pytest.raises(ValueError, match="never reaches crash point 10000"):

@@ -301,9 +301,11 @@ class CrashDriver:
         ``providers(world)`` builds the providers of a case; ``jobs`` are registered in every life
         before ``recover()``; ``scheduler_options`` are passed to :class:`Scheduler` (quotas, retry,
         ...); ``recover_options`` to ``recover()`` (``requeue_interrupted``, ``use_lookup``).
-        ``at_most_once``: ``None`` holds the recorded side effects to "at most once" and a simulated
-        provider's calls when it honours keys or recovery can look them up or does not re-send
-        orphans; ``True``/``False`` hold every execution, or none.
+        ``at_most_once``: ``None`` holds the recorded side effects to "at most once", and a simulated
+        provider's calls: all of them when it honours keys; when recovery looks orphans up, no key
+        executed both before the crash and after the restart (a retry after a lost response may
+        execute a key twice within one life); none without lookup (duplicates are counted in the
+        report). ``True``/``False`` hold every execution, or none.
         """
         __tracebackhide__ = True  # pytest shows the user's test line, not the driver's internals
         plan = _Plan(
@@ -563,14 +565,40 @@ class _Case:
         finished = {t.key: t.id for t in tasks if t.status is TaskStatus.SUCCEEDED}
         self.snapshot = _CrashSnapshot(now + self.driver.restart_after_s, finished, tasks, jobs)
 
-    def _checked(self, provider: str) -> bool:
-        """Whether the ``ok`` calls of simulated provider ``provider`` are held to "at most once"."""
+    def _rule(self, provider: str) -> str:
+        """How the ``ok`` calls of simulated provider ``provider`` are held to "at most once".
+
+        ``"all"``: every execution (the provider honours keys: a repeat is answered from its
+        record, never executed again). ``"across_crash"``: recovery looks the orphans up, so no key
+        may be executed both before the crash and after the restart; a retry within one life after
+        a lost response may still execute a key twice, as with any provider that ignores keys.
+        ``"none"``: without lookup an orphan is failed (and a later submission of its key pays
+        again, as documented) or re-sent blindly: duplicates are only counted.
+        """
         if self.plan.at_most_once is not None:
-            return self.plan.at_most_once
+            return "all" if self.plan.at_most_once else "none"
         config = next(p.config for p in self.world.simulated if p.name == provider)
-        requeue = bool(self.plan.recover_options.get("requeue_interrupted", False))
+        if config.honours_idempotency:
+            return "all"
         use_lookup = bool(self.plan.recover_options.get("use_lookup", True))
-        return config.honours_idempotency or (config.supports_lookup and use_lookup) or not requeue
+        return "across_crash" if config.supports_lookup and use_lookup else "none"
+
+    def _checked_calls(self, calls: Sequence[tuple[str, str, float]]) -> list[tuple[str, float]]:
+        """The ``(key, start)`` of the simulated calls held to "at most once" (see :meth:`_rule`);
+        for ``across_crash``, one call before the crash and one after it, per key that has both."""
+        checked: list[tuple[str, float]] = []
+        restart_at = self.snapshot.restart_at if self.snapshot is not None else None
+        spans: dict[str, dict[bool, float]] = {}
+        for provider, key, at in calls:
+            rule = self._rule(provider)
+            if rule == "all":
+                checked.append((key, at))
+            elif rule == "across_crash" and restart_at is not None:
+                spans.setdefault(key, {}).setdefault(at >= restart_at, at)
+        for key, sides in spans.items():
+            if len(sides) == 2:
+                checked += [(key, sides[False]), (key, sides[True])]
+        return checked
 
     def execute(self) -> CrashOutcome:
         try:
@@ -593,7 +621,7 @@ class _Case:
             (e.provider, e.key, e.start) for e in self.world.provider_ledger.executions if e.outcome == "ok"
         ]
         checked = [] if self.plan.at_most_once is False else list(effects)
-        checked += [(key, at) for provider, key, at in calls if self._checked(provider)]
+        checked += self._checked_calls(calls)
         errors = tuple(
             f"{name}: {describe_error(error)}"
             for name, error in self.runtime.task_errors
