@@ -34,6 +34,7 @@ from aiqsim.testing import (
     check_all_terminal,
     check_at_most_once,
     check_finished_work_not_rerun,
+    check_job_stages_billed_once,
     check_jobs_not_rebilled,
     check_none_lost,
     check_success_has_result,
@@ -125,6 +126,27 @@ def test_finished_work_and_finished_job_stages_must_not_run_again() -> None:
         InvariantViolation, match=r"job 'j1' \(edit\) stage 'script' \(task 's1', key 'ks1'\)"
     ):
         check_jobs_not_rebilled([job], tasks, ["ks2", "ks1"])
+
+
+def test_a_job_stage_executed_under_two_keys_is_reported() -> None:
+    tasks = [
+        record("a1", TaskStatus.FAILED, key="ka1"),  # interrupted by the crash, after the provider did it
+        record("a2", TaskStatus.SUCCEEDED, key="ka2"),  # the same stage built again: another payload
+        record("b1", TaskStatus.SUCCEEDED, key="kb1"),
+        record("b2", TaskStatus.SUCCEEDED, key="kb2"),
+    ]
+    job = JobRecord(
+        id="j1",
+        key="jk",
+        name="edit",
+        version="1",
+        status=TaskStatus.SUCCEEDED,
+        results={"script": "s", "tts": ["p1", "p2"]},
+        stage_tasks={"script": ["a1", "a2"], "tts": ["b1", "b2"]},
+    )
+    check_job_stages_billed_once([job], tasks, ["ka2", "kb1", "kb2"])  # two fan-out elements: fine
+    with pytest.raises(InvariantViolation, match=r"job 'j1' \(edit\) stage 'script' was executed under 2"):
+        check_job_stages_billed_once([job], tasks, ["ka1", "ka2", "kb1", "kb2"])
 
 
 # ------------------------------------------------------------------------------- options
@@ -322,6 +344,50 @@ def test_driver_resumes_jobs_without_rebilling_finished_stages(kind: str, tmp_pa
     finals = [o for o in report.outcomes if o.case.crash_point == 0]
     assert all(j.status is TaskStatus.SUCCEEDED for o in finals for j in o.jobs)
     assert all(len(o.jobs) == 3 for o in report.outcomes)
+
+
+BUILDS = Counter[str]()
+
+
+def stamped_script(inputs: Any, results: Any) -> dict[str, Any]:
+    """A user's bug: the payload carries a value that changes each time it is built (a timestamp)."""
+    BUILDS["script"] += 1
+    return {
+        "input": f"script-{inputs['n']} built #{BUILDS['script']}",
+        "prompt_units": 10,
+        "output_units": 30,
+    }
+
+
+STAMPED = JobSpec(
+    "stamped",
+    "1",
+    [
+        Stage("script", "llm", build=stamped_script),
+        Stage("voice", "tts", after=("script",), build=voice_payload, fan_out=True),
+    ],
+)
+
+
+async def stamped_narrations(life: Life) -> None:
+    for n in range(3):
+        life.submit_job(STAMPED, {"n": n}, job_id=f"job-{n}")
+        await life.runtime.sleep(0.3)
+    await life.join()
+
+
+def test_driver_catches_a_job_stage_whose_build_is_not_deterministic() -> None:
+    def providers(world):  # type: ignore[no-untyped-def]
+        return [
+            world.simulated_provider("llm", latency_base_s=0.5),
+            world.simulated_provider("tts", kind="tts"),
+        ]
+
+    with pytest.raises(
+        InvariantViolation, match="stage 'script' was executed under 2 different keys"
+    ) as caught:
+        CrashDriver(CrashOptions(seeds=(0,))).run(stamped_narrations, providers=providers, jobs=[STAMPED])
+    assert "is its build function deterministic?" in str(caught.value)
 
 
 # ------------------------------------------------------------------------------- SIGKILL helper

@@ -40,6 +40,7 @@ _WHERE = {
     "check_all_terminal": "aiqsim.testing.invariants",
     "check_at_most_once": "aiqsim.testing.invariants",
     "check_finished_work_not_rerun": "aiqsim.testing.invariants",
+    "check_job_stages_billed_once": "aiqsim.testing.invariants",
     "check_jobs_not_rebilled": "aiqsim.testing.invariants",
     "check_none_lost": "aiqsim.testing.invariants",
     "check_success_has_result": "aiqsim.testing.invariants",

@@ -271,6 +271,7 @@ class CrashDriver:
         self.horizon_s = float(horizon_s)
         self.label = label
         self.max_failures = max(1, max_failures)
+        self._fan_out: dict[tuple[str, str, str], bool] = {}
 
     # ------------------------------------------------------------------ public API
     def on(self, store: StoreFactory) -> CrashDriver:
@@ -308,6 +309,10 @@ class CrashDriver:
         report). ``True``/``False`` hold every execution, or none.
         """
         __tracebackhide__ = True  # pytest shows the user's test line, not the driver's internals
+        jobs = tuple(jobs)
+        self._fan_out = {
+            (spec.name, spec.version, stage.name): stage.fan_out for spec in jobs for stage in spec.stages
+        }
         plan = _Plan(
             scenario,
             providers,
@@ -377,6 +382,15 @@ class CrashDriver:
         )
         invariants.check_success_has_result(outcome.tasks, outcome.jobs)
         invariants.check_at_most_once([key for key, _ in outcome.executions], details=outcome.details)
+        fan_out = self._fan_out
+        invariants.check_job_stages_billed_once(
+            outcome.jobs,
+            outcome.tasks,
+            [key for key, _ in outcome.all_executions],
+            fan_out=(lambda job, stage: fan_out.get((job.name, job.version, stage), False))
+            if fan_out
+            else None,
+        )
         snapshot = outcome.snapshot
         if snapshot is not None:
             after = [key for key, at in outcome.all_executions if at >= snapshot.restart_at]

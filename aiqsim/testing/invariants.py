@@ -14,13 +14,15 @@ The rules:
 - each idempotency key is executed (billed) at most once -- where that can be promised, i.e.
   when the provider honours keys, or recovery can look up what it already did;
 - work finished before a crash is not executed again after it (for jobs: a resumed job does
-  not re-bill its finished stages).
+  not re-bill its finished stages);
+- a job stage is billed under one key per element: a stage whose payload came out different when
+  it was built again after a restart (a timestamp, a uuid, a dict built in set order) ran twice.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from aiqsim.core.errors import SchedulingError
@@ -32,6 +34,7 @@ __all__ = [
     "check_all_terminal",
     "check_at_most_once",
     "check_finished_work_not_rerun",
+    "check_job_stages_billed_once",
     "check_jobs_not_rebilled",
     "check_none_lost",
     "check_success_has_result",
@@ -196,4 +199,43 @@ def check_jobs_not_rebilled(
     if lines:
         raise InvariantViolation(
             "jobs not re-billed", f"a resumed job re-billed a finished stage: {_listing(lines)}", offenders
+        )
+
+
+def check_job_stages_billed_once(
+    jobs: Iterable[JobRecord],
+    tasks: Iterable[TaskRecord],
+    executed_keys: Iterable[str],
+    *,
+    fan_out: Callable[[JobRecord, str], bool] | None = None,
+) -> None:
+    """Each finished stage of a job was executed under at most one key per element.
+
+    A stage's tasks are in ``job.stage_tasks``; a finished stage has one element (or, for a fan-out
+    stage -- ``fan_out(job, stage)``, by default "its result is a list" -- one per item of its
+    result). Executed under more keys than that, the stage ran twice with different payloads: its
+    ``build`` is not deterministic, so a re-driven job could not find the first run under its key.
+    """
+    key_of = {t.id: t.key for t in tasks}
+    executed = set(executed_keys)
+    lines, offenders = [], []
+    for job in jobs:
+        for stage, task_ids in sorted(job.stage_tasks.items()):
+            if stage not in job.results:
+                continue  # never finished: how many elements it has is not known
+            result = job.results[stage]
+            many = fan_out(job, stage) if fan_out is not None else isinstance(result, list)
+            elements = len(result) if many and isinstance(result, list) else 1
+            billed = sorted({key_of[i] for i in task_ids if i in key_of and key_of[i] in executed})
+            if len(billed) > elements:
+                lines.append(
+                    f"job {job.id!r} ({job.name}) stage {stage!r} was executed under {len(billed)} "
+                    f"different keys for {elements} element(s) ({', '.join(repr(k[:12]) for k in billed)}): "
+                    "its payload was built differently after the restart; "
+                    "is its build function deterministic?"
+                )
+                offenders.append(job.id)
+    if lines:
+        raise InvariantViolation(
+            "job stages billed once", f"a job stage ran twice: {_listing(lines)}", offenders
         )
