@@ -17,6 +17,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── JobSpecError                   a job spec that cannot run (cycle, unknown stage or provider)
     │   ├── NoSettingMeetsError            no swept setting meets a decision's target on every seed
     │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
+    │   ├── KitOptionError                 a bad --aiqsim-* pytest option (aiqsim.testing)
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
     │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
@@ -33,6 +34,8 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── IllegalJobTransitionError      the same, for a job
     │   ├── JobFailedError, JobCancelledError   raised by ``await job_handle`` (stage and reason)
     │   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
+    │   ├── InvariantViolation (AssertionError)   a crash test found a broken recovery guarantee
+    │   ├── WorkerFailedError (RuntimeError)      a SIGKILL test's worker failed on its own
     │   └── InvalidStateError, SimulationDeadlock (RuntimeError)   the SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
@@ -96,6 +99,9 @@ from aiqsim.stores.base import (
     StoreOpenError,
     StoreWriteError,
 )
+from aiqsim.testing.invariants import InvariantViolation
+from aiqsim.testing.options import KitOptionError
+from aiqsim.testing.sigkill import WorkerFailedError
 
 __all__ = [
     "AiqsimError",
@@ -108,9 +114,11 @@ __all__ = [
     "IllegalTransitionError",
     "InvalidRequestError",
     "InvalidStateError",
+    "InvariantViolation",
     "JobCancelledError",
     "JobFailedError",
     "JobSpecError",
+    "KitOptionError",
     "LeaseLostError",
     "NoSettingMeetsError",
     "OutputPathError",
@@ -146,5 +154,6 @@ __all__ = [
     "TaskFailedError",
     "TaskInterruptedError",
     "TraceError",
+    "WorkerFailedError",
     "WorkloadTooLargeError",
 ]

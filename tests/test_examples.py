@@ -29,6 +29,7 @@ def run_example(name: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_example_is_tested() -> None:
     tested = {"production_worker.py", "crash_and_recover.py"}
+    tested.add("test_my_pipeline.py")  # run with pytest by tests/test_testing_kit.py
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 
 

@@ -20,7 +20,6 @@ import json
 import random
 import signal
 import sqlite3
-import subprocess
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.runtime import SimPyRuntime
 from aiqsim.scheduler import ProviderRequest, ProviderResponse, Scheduler
 from aiqsim.stores import TaskStore, open_store
+from aiqsim.testing import WorkerRun, kill_and_restart
 from tests.helpers_store_worker import WORKLOAD, connect_ledger, expected_result
 
 WORKER = Path(__file__).with_name("helpers_store_worker.py")
@@ -81,47 +81,38 @@ def check_store(kind: str, store_path: Path, ledger_path: Path) -> dict[str, Tas
 
 
 def run_with_kills(kind: str, lookup: bool, kills_wanted: int, seed: int, directory: Path) -> Outcome:
-    rng = random.Random(seed)
+    """The kill loop of the public kit (:func:`aiqsim.testing.kill_and_restart`), with the store
+    checked after every kill."""
     store_path, ledger_path = directory / f"tasks.{kind}", directory / "ledger.sqlite"
     connect_ledger(ledger_path).close()
-    outcome = Outcome()
     flag = "--lookup" if lookup else "--no-lookup"
-    while outcome.runs < MAX_RUNS:
-        outcome.runs += 1
-        command = [sys.executable, str(WORKER), "recover", "--kind", kind, "--store", str(store_path)]
-        command += ["--ledger", str(ledger_path), flag, "--seed", str(rng.randrange(2**31))]
-        command += ["--latency-scale", str(LATENCY_SCALE)]
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            first = proc.stdout.readline()  # type: ignore[union-attr]
-            assert first.strip() == "opened", (
-                f"worker failed to open the store: {first}{proc.communicate()[1]}"
-            )
-            killed = False
-            if outcome.kills < kills_wanted:
-                try:
-                    proc.wait(timeout=rng.uniform(0.0, KILL_WINDOW_S))
-                except subprocess.TimeoutExpired:
-                    proc.send_signal(signal.SIGKILL)
-                    killed = True
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        lines = out.splitlines()
-        outcome.recoveries += [
-            json.loads(line)["recovered"] for line in lines if line.startswith('{"recovered"')
-        ]
-        if killed:
-            assert proc.returncode == -signal.SIGKILL
-            outcome.kills += 1
-            outcome.killed_pids.add(proc.pid)
-            check_store(kind, store_path, ledger_path)
-            continue
-        assert proc.returncode == 0 and lines[-1:] == ["done"], err
-        return outcome
-    raise AssertionError(f"workload not finished after {MAX_RUNS} runs")
+
+    def command(number: int, rng: random.Random) -> list[str]:
+        argv = [sys.executable, str(WORKER), "recover", "--kind", kind, "--store", str(store_path)]
+        argv += ["--ledger", str(ledger_path), flag, "--seed", str(rng.randrange(2**31))]
+        return [*argv, "--latency-scale", str(LATENCY_SCALE)]
+
+    def after_kill(run: WorkerRun) -> None:
+        assert run.returncode == -signal.SIGKILL
+        check_store(kind, store_path, ledger_path)
+
+    report = kill_and_restart(
+        command,
+        kills=kills_wanted,
+        seed=seed,
+        kill_window_s=KILL_WINDOW_S,
+        ready_line="opened",
+        max_runs=MAX_RUNS,
+        after_kill=after_kill,
+    )
+    assert report.final.lines[-1:] == ["done"], report.final.stderr
+    lines = [line for run in report.runs for line in run.lines]
+    return Outcome(
+        kills=report.kills,
+        runs=len(report.runs),
+        killed_pids=set(report.killed_pids),
+        recoveries=[json.loads(line)["recovered"] for line in lines if line.startswith('{"recovered"')],
+    )
 
 
 VARIANTS = [

@@ -1,0 +1,619 @@
+"""aiqsim.testing: the invariant checks, the crash driver, the SIGKILL helper and the pytest plugin.
+
+Everything runs the real parts: the real scheduler on the SimPy clock, real SQLite and JSON
+files, real pytest subprocesses (the plugin loaded through its entry point, in a project with no
+conftest), a real worker process killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiqsim.core.job import JobRecord
+from aiqsim.core.states import transition
+from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.scheduler.jobs import JobSpec, Stage
+from aiqsim.sim.scenario import ScenarioError
+from aiqsim.testing import (
+    CrashCase,
+    CrashDriver,
+    CrashOptions,
+    InvariantViolation,
+    KitOptionError,
+    Life,
+    StoreFactory,
+    check_all_terminal,
+    check_at_most_once,
+    check_finished_work_not_rerun,
+    check_job_stages_billed_once,
+    check_jobs_not_rebilled,
+    check_none_lost,
+    check_success_has_result,
+    kill_and_restart,
+    provider_config,
+    select_crash_points,
+)
+from aiqsim.testing.options import parse_crash_points, parse_replay, parse_seeds
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "test_my_pipeline.py"
+WORKER = Path(__file__).with_name("helpers_store_worker.py")
+
+
+def record(task_id: str, status: TaskStatus, *, key: str | None = None, result: Any = "r") -> TaskRecord:
+    """A task record walked to ``status`` through the legal transitions."""
+    rec = TaskRecord(id=task_id, key=key or f"key-{task_id}", kind="llm", provider="llm")
+    path = {
+        TaskStatus.QUEUED: [],
+        TaskStatus.RUNNING: [TaskStatus.RUNNING],
+        TaskStatus.SUCCEEDED: [TaskStatus.RUNNING, TaskStatus.SUCCEEDED],
+        TaskStatus.FAILED: [TaskStatus.RUNNING, TaskStatus.FAILED],
+    }[status]
+    for step in path:
+        rec = transition(rec, step, 1.0, **({"result": result} if step is TaskStatus.SUCCEEDED else {}))
+    return rec
+
+
+# ------------------------------------------------------------------------------- invariants
+def test_check_all_terminal_names_the_stranded_task_and_job() -> None:
+    check_all_terminal([record("a", TaskStatus.SUCCEEDED), record("b", TaskStatus.FAILED)])
+    job = JobRecord(id="j1", key="jk", name="edit", version="1")
+    with pytest.raises(InvariantViolation, match=r"task 'b' \(key 'key-b'\) is still running") as caught:
+        check_all_terminal([record("a", TaskStatus.SUCCEEDED), record("b", TaskStatus.RUNNING)], [job])
+    assert "job 'j1' (edit) is still queued" in str(caught.value)
+    assert caught.value.offenders == ("b", "j1")
+    assert isinstance(caught.value, AssertionError)
+
+
+def test_check_none_lost_names_what_the_store_does_not_have() -> None:
+    check_none_lost(["a"], [record("a", TaskStatus.SUCCEEDED)])
+    with pytest.raises(InvariantViolation, match="task 'z' was submitted but is not in the store") as caught:
+        check_none_lost(["a", "z"], [record("a", TaskStatus.SUCCEEDED)], submitted_jobs=["j9"])
+    assert "job 'j9'" in str(caught.value)
+    assert caught.value.rule == "none lost"
+
+
+def test_check_success_has_result() -> None:
+    check_success_has_result([record("a", TaskStatus.SUCCEEDED)])
+    # a duplicate of a failed owner shares its failure: deduped with an error and no result is fine
+    shared_failure = transition(record("d", TaskStatus.QUEUED), TaskStatus.DEDUPED, 2.0, error="poison")
+    check_success_has_result([shared_failure])
+    shared_success = transition(record("e", TaskStatus.QUEUED), TaskStatus.DEDUPED, 2.0)
+    with pytest.raises(InvariantViolation, match=r"task 'e' \(key 'key-e'\) is deduped without a result"):
+        check_success_has_result([shared_success])
+    with pytest.raises(InvariantViolation, match=r"task 'a' \(key 'key-a'\) is succeeded without a result"):
+        check_success_has_result([record("a", TaskStatus.SUCCEEDED, result=None)])
+
+
+def test_check_at_most_once_counts_per_key_and_lists_the_worst_first() -> None:
+    check_at_most_once(["k1", "k2"])
+    check_at_most_once({"k1": 1})
+    with pytest.raises(InvariantViolation) as caught:
+        check_at_most_once(["k1", "k2", "k2", "k1", "k2"], what="billed")
+    assert (
+        str(caught.value)
+        == "work done more than once: key 'k2' was billed 3 times; key 'k1' was billed 2 times"
+    )
+    many = [f"k{n}" for n in range(8)] * 2
+    with pytest.raises(InvariantViolation, match="and 3 more"):
+        check_at_most_once(many)
+
+
+def test_finished_work_and_finished_job_stages_must_not_run_again() -> None:
+    check_finished_work_not_rerun({"k1": "a"}, ["k2"])
+    with pytest.raises(InvariantViolation, match=r"key 'k1' \(task 'a'\) had succeeded before the crash"):
+        check_finished_work_not_rerun({"k1": "a"}, ["k2", "k1"])
+    tasks = [record("s1", TaskStatus.SUCCEEDED, key="ks1"), record("s2", TaskStatus.RUNNING, key="ks2")]
+    job = JobRecord(
+        id="j1",
+        key="jk",
+        name="edit",
+        version="1",
+        results={"script": "x"},
+        stage_tasks={"script": ["s1"], "tts": ["s2"]},
+    )
+    check_jobs_not_rebilled([job], tasks, ["ks2"])  # the unfinished stage may run again
+    with pytest.raises(
+        InvariantViolation, match=r"job 'j1' \(edit\) stage 'script' \(task 's1', key 'ks1'\)"
+    ):
+        check_jobs_not_rebilled([job], tasks, ["ks2", "ks1"])
+
+
+def test_a_job_stage_executed_under_two_keys_is_reported() -> None:
+    tasks = [
+        record("a1", TaskStatus.FAILED, key="ka1"),  # interrupted by the crash, after the provider did it
+        record("a2", TaskStatus.SUCCEEDED, key="ka2"),  # the same stage built again: another payload
+        record("b1", TaskStatus.SUCCEEDED, key="kb1"),
+        record("b2", TaskStatus.SUCCEEDED, key="kb2"),
+    ]
+    job = JobRecord(
+        id="j1",
+        key="jk",
+        name="edit",
+        version="1",
+        status=TaskStatus.SUCCEEDED,
+        results={"script": "s", "tts": ["p1", "p2"]},
+        stage_tasks={"script": ["a1", "a2"], "tts": ["b1", "b2"]},
+    )
+    check_job_stages_billed_once([job], tasks, ["ka2", "kb1", "kb2"])  # two fan-out elements: fine
+    with pytest.raises(InvariantViolation, match=r"job 'j1' \(edit\) stage 'script' was executed under 2"):
+        check_job_stages_billed_once([job], tasks, ["ka1", "ka2", "kb1", "kb2"])
+
+
+# ------------------------------------------------------------------------------- options
+def test_option_parsing_and_messages() -> None:
+    assert parse_seeds("4") == (0, 1, 2, 3)
+    assert parse_crash_points("all") is None
+    assert parse_crash_points("sample:7") == 7
+    assert parse_replay("3:17") == CrashCase(3, 17)
+    assert parse_replay(None) is None
+    for bad, parse in (("0", parse_seeds), ("x", parse_seeds), ("sample:0", parse_crash_points)):
+        with pytest.raises(KitOptionError, match="expects"):
+            parse(bad)
+    with pytest.raises(KitOptionError, match="SEED:POINT"):
+        parse_replay("3-17")
+    assert CrashCase(3, 17).replay_option == "--aiqsim-replay 3:17"
+
+
+def test_crash_point_samples_are_seeded_and_within_range() -> None:
+    assert select_crash_points(5, 0, None) == [1, 2, 3, 4, 5]
+    assert select_crash_points(5, 0, 9) == [1, 2, 3, 4, 5]
+    first = select_crash_points(100, 3, 10)
+    assert first == select_crash_points(100, 3, 10)
+    assert len(first) == 10 and all(1 <= k <= 100 for k in first) and first == sorted(first)
+    assert first != select_crash_points(100, 4, 10)
+
+
+def test_provider_config_reads_scenario_keys_with_the_scenario_checks() -> None:
+    config = provider_config("tts", kind="tts", timeout_prob=0.2, outages=[{"start_s": 1, "end_s": 2}])
+    assert config.name == "tts" and config.timeout_prob == 0.2 and config.outages[0].end_s == 2
+    with pytest.raises(ScenarioError, match=r"providers\[0\].timeout_prob"):
+        provider_config(timeout_prob=2.0)
+    with pytest.raises(ScenarioError, match="unknown key"):
+        provider_config(retry_prob=0.1)
+
+
+# ------------------------------------------------------------------------------- the driver
+async def documents(life: Life) -> None:
+    """Eight requests, two of them double clicks of earlier ones, arriving 0.2 s apart."""
+    for n in range(8):
+        payload = {"input": f"doc-{n % 6}", "prompt_units": 10, "output_units": 20}
+        life.submit("llm", payload, task_id=f"t{n}")
+        await life.runtime.sleep(0.2)
+    await life.join()
+
+
+def llm(**fields: Any):  # type: ignore[no-untyped-def]
+    def providers(world):  # type: ignore[no-untyped-def]
+        return [world.simulated_provider("llm", latency_base_s=0.4, latency_sigma=0.3, **fields)]
+
+    return providers
+
+
+def test_driver_with_lookup_loses_nothing_and_bills_each_key_once() -> None:
+    driver = CrashDriver(CrashOptions(seeds=(0, 1)))
+    report = driver.run(
+        documents,
+        providers=llm(server_error_prob=0.2),
+        recover_options={"requeue_interrupted": True},
+        keep_outcomes=True,
+    )
+    assert report.cases == sum(len(p) for p in report.crash_points.values()) + 2
+    assert all(report.crash_points[s] == tuple(range(1, report.writes_per_seed[s] + 1)) for s in (0, 1))
+    assert report.duplicate_executions == 0
+    completed = sum(r.orphans_completed for o in report.outcomes for r in o.recoveries)
+    assert completed > 0  # some crashes did land mid-call, and lookup finished those calls
+
+
+def test_driver_catches_blind_resends_and_replays_the_exact_case() -> None:
+    providers = llm(supports_lookup=False)
+    recover = {"requeue_interrupted": True}
+    driver = CrashDriver(CrashOptions(seeds=(0, 1, 2)), label="tests/x.py::t")
+    with pytest.raises(InvariantViolation) as caught:
+        driver.run(documents, providers=providers, recover_options=recover, at_most_once=True)
+    message = str(caught.value)
+    assert re.search(r"key '[0-9a-f]+' was executed 2 times", message), message
+    case = caught.value.case  # type: ignore[attr-defined]
+    assert f"pytest 'tests/x.py::t' --aiqsim-replay {case.seed}:{case.crash_point}" in message
+    first_line = message.splitlines()[1]
+
+    replayed = CrashDriver(CrashOptions(replay=case), label="tests/x.py::t")
+    with pytest.raises(InvariantViolation) as again:
+        replayed.run(documents, providers=providers, recover_options=recover, at_most_once=True)
+    assert str(again.value).splitlines()[1] == first_line  # the same key broke the same rule
+
+    # the same provider is not held to "at most once" by default: it cannot promise it
+    report = driver.run(documents, providers=providers, recover_options=recover)
+    assert report.duplicate_executions > 0
+
+
+def test_lost_responses_retried_within_a_life_are_counted_not_blamed_on_recovery() -> None:
+    from aiqsim import RetryPolicy
+
+    providers = llm(timeout_prob=0.3)  # lost after billing: the retry executes the key again
+    options = {"retry": RetryPolicy(max_attempts=4, attempt_timeout_s=3)}
+    recover = {"requeue_interrupted": True}  # safe: lookup answers for what the provider did
+    report = CrashDriver(CrashOptions(seeds=(0,))).run(
+        documents, providers=providers, scheduler_options=options, recover_options=recover
+    )
+    assert report.duplicate_executions > 0  # every one a retry after a lost response, none a re-send
+    with pytest.raises(InvariantViolation, match="no crash"):  # "every execution" fails without a crash
+        CrashDriver(CrashOptions(seeds=(0,))).run(
+            documents,
+            providers=providers,
+            scheduler_options=options,
+            recover_options=recover,
+            at_most_once=True,
+        )
+
+
+def test_without_lookup_a_resubmitted_interrupted_key_pays_again_and_is_counted() -> None:
+    """recover() fails the orphans (no lookup, no re-send); the double click of an interrupted
+    document is a new submission of its key and executes again: the documented cost, counted."""
+    report = CrashDriver(CrashOptions(seeds=(0, 1))).run(
+        documents, providers=llm(), recover_options={"use_lookup": False}
+    )
+    assert report.duplicate_executions > 0
+    with pytest.raises(
+        InvariantViolation, match=r"was executed 2 times \(llm call started at t=.*; llm call"
+    ):
+        CrashDriver(CrashOptions(seeds=(0, 1))).run(
+            documents, providers=llm(), recover_options={"use_lookup": False}, at_most_once=True
+        )
+
+
+def test_driver_replay_of_a_point_beyond_the_run_says_so() -> None:
+    driver = CrashDriver(CrashOptions(replay=CrashCase(0, 10_000)))
+    with pytest.raises(ValueError, match="never reaches crash point 10000"):
+        driver.run(documents, providers=llm())
+
+
+def test_driver_detects_a_scenario_that_is_not_deterministic() -> None:
+    runs = Counter[str]()
+
+    async def drifting(life: Life) -> None:  # submits less each time it is called: a hidden global
+        runs["calls"] += 1
+        for n in range(max(1, 6 - runs["calls"])):
+            life.submit("llm", {"input": f"d{n}", "prompt_units": 1, "output_units": 1}, task_id=f"t{n}")
+        await life.join()
+
+    with pytest.raises(InvariantViolation, match="not deterministic"):
+        CrashDriver(CrashOptions(seeds=(0,))).run(drifting, providers=llm())
+
+
+def test_driver_reports_a_stranded_task() -> None:
+    async def walks_away(life: Life) -> None:
+        life.submit("llm", {"input": "x", "prompt_units": 1, "output_units": 1}, task_id="t0")
+
+    driver = CrashDriver(CrashOptions(seeds=(0,)), horizon_s=0.1)  # cut before the call can end
+    with pytest.raises(InvariantViolation, match=r"task 't0' \(key '[0-9a-f]+'\) is still running"):
+        driver.run(walks_away, providers=llm())
+
+
+def script_payload(inputs: Any, results: Any) -> dict[str, Any]:
+    return {"input": f"script-{inputs['n']}", "prompt_units": 10, "output_units": 30}
+
+
+def voice_payload(inputs: Any, results: Any) -> list[dict[str, Any]]:
+    return [
+        {"input": f"{results['script']['input']}-p{i}", "prompt_units": 5, "output_units": 5}
+        for i in range(2)
+    ]
+
+
+PIPELINE = JobSpec(
+    "narrate",
+    "1",
+    [
+        Stage("script", "llm", build=script_payload),
+        Stage("voice", "tts", after=("script",), build=voice_payload, fan_out=True),
+    ],
+)
+
+
+async def narrations(life: Life) -> None:
+    for n in range(3):
+        life.submit_job(PIPELINE, {"n": n}, job_id=f"job-{n}")
+        await life.runtime.sleep(0.3)
+    await life.join()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "json"])
+def test_driver_resumes_jobs_without_rebilling_finished_stages(kind: str, tmp_path: Path) -> None:
+    def providers(world):  # type: ignore[no-untyped-def]
+        return [
+            world.simulated_provider("llm", latency_base_s=0.5, server_error_prob=0.1),
+            world.simulated_provider("tts", kind="tts", latency_base_s=0.3),
+        ]
+
+    # every crash point of two seeds in memory; a seeded sample of 12 on the (slower) file stores
+    options = CrashOptions(seeds=(0, 1)) if kind == "memory" else CrashOptions(seeds=(0,), sample=12)
+    driver = CrashDriver(options, store=StoreFactory(kind, tmp_path))
+    report = driver.run(narrations, providers=providers, jobs=[PIPELINE], keep_outcomes=True)
+    assert report.cases == sum(len(points) + 1 for points in report.crash_points.values())
+    assert report.cases >= (60 if kind == "memory" else 13)
+    finals = [o for o in report.outcomes if o.case.crash_point == 0]
+    assert all(j.status is TaskStatus.SUCCEEDED for o in finals for j in o.jobs)
+    assert all(len(o.jobs) == 3 for o in report.outcomes)
+
+
+BUILDS = Counter[str]()
+
+
+def stamped_script(inputs: Any, results: Any) -> dict[str, Any]:
+    """A user's bug: the payload carries a value that changes each time it is built (a timestamp)."""
+    BUILDS["script"] += 1
+    return {
+        "input": f"script-{inputs['n']} built #{BUILDS['script']}",
+        "prompt_units": 10,
+        "output_units": 30,
+    }
+
+
+STAMPED = JobSpec(
+    "stamped",
+    "1",
+    [
+        Stage("script", "llm", build=stamped_script),
+        Stage("voice", "tts", after=("script",), build=voice_payload, fan_out=True),
+    ],
+)
+
+
+async def stamped_narrations(life: Life) -> None:
+    for n in range(3):
+        life.submit_job(STAMPED, {"n": n}, job_id=f"job-{n}")
+        await life.runtime.sleep(0.3)
+    await life.join()
+
+
+def test_driver_catches_a_job_stage_whose_build_is_not_deterministic() -> None:
+    def providers(world):  # type: ignore[no-untyped-def]
+        return [
+            world.simulated_provider("llm", latency_base_s=0.5),
+            world.simulated_provider("tts", kind="tts"),
+        ]
+
+    with pytest.raises(
+        InvariantViolation, match="stage 'script' was executed under 2 different keys"
+    ) as caught:
+        CrashDriver(CrashOptions(seeds=(0,))).run(stamped_narrations, providers=providers, jobs=[STAMPED])
+    assert "is its build function deterministic?" in str(caught.value)
+
+
+# ------------------------------------------------------------------------------- SIGKILL helper
+def test_kill_and_restart_a_real_worker_loses_nothing(tmp_path: Path) -> None:
+    from tests.helpers_store_worker import WORKLOAD, connect_ledger
+
+    store_path, ledger_path = tmp_path / "tasks.sqlite", tmp_path / "ledger.sqlite"
+    connect_ledger(ledger_path).close()
+    opened_after_kill: list[int] = []
+
+    def command(number: int, rng):  # type: ignore[no-untyped-def]
+        return [
+            sys.executable,
+            str(WORKER),
+            "recover",
+            "--kind",
+            "sqlite",
+            "--store",
+            str(store_path),
+            "--ledger",
+            str(ledger_path),
+            "--lookup",
+            "--seed",
+            str(rng.randrange(2**31)),
+            "--latency-scale",
+            "3",
+        ]
+
+    def after_kill(run) -> None:  # type: ignore[no-untyped-def]
+        from aiqsim.stores import open_store
+
+        store = open_store("sqlite", store_path)  # loads after every kill
+        opened_after_kill.append(len(store.list_by_status()))
+        store.close()
+
+    report = kill_and_restart(
+        command, kills=3, seed=7, ready_line="opened", kill_window_s=0.2, after_kill=after_kill
+    )
+    assert report.kills == 3 and len(opened_after_kill) == 3
+    assert report.final.lines[-1] == "done" and not report.final.killed
+    assert all(run.returncode == -9 for run in report.runs if run.killed)
+
+    from aiqsim.stores import open_store
+
+    store = open_store("sqlite", store_path)
+    try:
+        tasks = store.list_by_status()
+    finally:
+        store.close()
+    check_all_terminal(tasks)
+    check_none_lost([task_id for task_id, _ in WORKLOAD], tasks)
+    check_success_has_result(tasks)
+    with sqlite3.connect(ledger_path) as ledger:
+        executed = [key for (key,) in ledger.execute("SELECT key FROM executions")]
+    check_at_most_once(executed)  # the worker's provider supports lookup
+
+
+def test_kill_and_restart_reports_a_worker_that_never_gets_ready(tmp_path: Path) -> None:
+    from aiqsim.testing import WorkerFailedError
+
+    command = [sys.executable, "-c", "import sys; print('not ready'); sys.exit(3)"]
+    with pytest.raises(WorkerFailedError, match="expected the ready line 'ready' first, got 'not ready"):
+        kill_and_restart(command, kills=1, seed=0)
+
+
+SLEEPER = (
+    "import os, sys, time\n"
+    "marker = sys.argv[1]\n"
+    "print('ready', flush=True)\n"
+    "first = not os.path.exists(marker)\n"
+    "open(marker, 'a').close()\n"
+    "time.sleep(60 if first else 0)\n"
+    "print('done')\n"
+)
+
+
+def test_the_sigkill_fixture_kills_at_a_seeded_moment_and_restarts(aiqsim_sigkill, tmp_path: Path) -> None:
+    command = [sys.executable, "-c", SLEEPER, str(tmp_path / "started")]
+    report = aiqsim_sigkill(command, kills=1, kill_window_s=0.05)
+    assert report.seed == 0  # the run's first seed
+    assert [run.killed for run in report.runs] == [True, False]
+    assert report.runs[0].kill_after_s is not None and report.runs[0].kill_after_s < 0.05
+    assert report.runs[0].returncode == -9 and report.final.lines == ["ready", "done"]
+
+
+# ------------------------------------------------------------------------------- the plugin
+def pytest_in(directory: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m pytest`` in ``directory`` with the installed aiqsim (the plugin by entry point)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+FRESH_TEST = """
+from aiqsim.sim.providers import SimulatedProvider
+from aiqsim.scheduler import Scheduler
+
+
+def test_runtime_and_provider(aiqsim_runtime, aiqsim_provider):
+    provider = aiqsim_provider("llm", latency_base_s=2.0, honours_idempotency=True)
+    assert isinstance(provider, SimulatedProvider) and provider.config.honours_idempotency
+
+    async def main():
+        scheduler = Scheduler(aiqsim_runtime, [provider])
+        handle = scheduler.submit("llm", {"input": "x", "prompt_units": 1, "output_units": 0})
+        result = await handle
+        await scheduler.close()
+        return result
+
+    assert aiqsim_runtime.run(main())["input"] == "x"
+    assert aiqsim_runtime.now() >= 2.0  # virtual seconds
+    print("FIXTURE runtime+provider resolved")
+
+
+def test_store(aiqsim_store):
+    store = aiqsim_store.open()
+    assert store.list_by_status() == []
+    store.close()
+    print(f"FIXTURE store {aiqsim_store.kind} resolved")
+
+
+async def one_call(life):
+    life.submit("llm", {"input": "x", "prompt_units": 1, "output_units": 1}, task_id="t0")
+    await life.join()
+
+
+def test_crash(aiqsim_crash):
+    report = aiqsim_crash.run(one_call, providers=lambda world: [world.simulated_provider("llm")])
+    print(f"FIXTURE crash seeds={list(report.seeds)} cases={report.cases}")
+"""
+
+
+def test_a_fresh_project_gets_the_fixtures_without_a_conftest(tmp_path: Path) -> None:
+    (tmp_path / "test_fresh.py").write_text(FRESH_TEST, encoding="utf-8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test_fresh.py"]
+    done = pytest_in(tmp_path, "-s", "-v")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "aiqsim: 3 seeds, all crash points; stores memory/json/sqlite" in out
+    assert "FIXTURE runtime+provider resolved" in out
+    for kind in ("memory", "json", "sqlite"):
+        assert f"test_store[store={kind}] FIXTURE store {kind} resolved" in out
+    assert "FIXTURE crash seeds=[0, 1, 2]" in out
+    assert "5 passed" in out
+
+    deeper = pytest_in(
+        tmp_path, "-s", "-k", "crash", "--aiqsim-seeds", "5", "--aiqsim-crash-points", "sample:2"
+    )
+    assert deeper.returncode == 0, deeper.stdout + deeper.stderr
+    assert "aiqsim: 5 seeds, 2 crash points per seed" in deeper.stdout
+    assert "FIXTURE crash seeds=[0, 1, 2, 3, 4] cases=15" in deeper.stdout  # 5 x (no crash + 2 points)
+
+    bad = pytest_in(tmp_path, "--aiqsim-crash-points", "some")
+    assert bad.returncode == 4  # pytest's usage error
+    assert "--aiqsim-crash-points expects 'all' or 'sample:K'" in bad.stderr
+
+
+def test_the_plugin_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, aiqsim.testing.plugin; "
+        "print([m for m in ('pandas', 'matplotlib', 'numpy', 'ipywidgets') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------- the example
+def test_the_example_catches_the_users_non_idempotent_charge() -> None:
+    run = pytest_in(ROOT, str(EXAMPLE), "-q", "--aiqsim-seeds", "1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "4 passed, 1 xfailed" in run.stdout
+
+    shown = pytest_in(ROOT, str(EXAMPLE), "-q", "--runxfail", "-k", "every_time")
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    caught = re.search(r"key 'ticket-\d+' was executed 2 times", shown.stdout)
+    assert caught, shown.stdout
+    replay = re.search(r"--aiqsim-replay (\d+:\d+)", shown.stdout)
+    assert replay, shown.stdout
+    print(f"\n[example] caught: {caught.group(0)}; replay {replay.group(1)}")
+
+    again = pytest_in(
+        ROOT, str(EXAMPLE), "-q", "--runxfail", "-k", "every_time", "--aiqsim-replay", replay.group(1)
+    )
+    assert again.returncode == 1
+    assert caught.group(0) in again.stdout  # the replayed case breaks the same key
+
+
+def test_report_outcomes_are_plain_data() -> None:
+    report = CrashDriver(CrashOptions(seeds=(0,))).run(documents, providers=llm(), keep_outcomes=True)
+    outcome = report.outcomes[-1]
+    json.dumps({"case": str(outcome.case), "per_key": outcome.executions_per_key()})
+    assert outcome.crashed and outcome.snapshot is not None
+
+
+# ------------------------------------------------------------------------------- PostgreSQL
+def test_driver_and_store_fixture_on_postgres(postgres_dsn: str, tmp_path: Path) -> None:
+    import os
+
+    import psycopg
+
+    factory = StoreFactory("postgres", tmp_path, postgres_dsn=postgres_dsn, schema="kit_test")
+    driver = CrashDriver(CrashOptions(seeds=(0,), sample=8), store=factory)
+    report = driver.run(
+        documents, providers=llm(server_error_prob=0.2), recover_options={"requeue_interrupted": True}
+    )
+    assert report.cases == 9
+    with psycopg.connect(postgres_dsn) as conn:  # every case's schema was dropped afterwards
+        left = conn.execute(
+            "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'kit_test%'"
+        ).fetchall()
+    assert left == []
+
+    (tmp_path / "test_fresh.py").write_text(FRESH_TEST, encoding="utf-8")
+    env = {**os.environ, "AIQSIM_TEST_POSTGRES_DSN": postgres_dsn}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-v", "-k", "store"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "stores memory/json/sqlite/postgres" in done.stdout
+    assert "test_store[store=postgres] FIXTURE store postgres resolved" in done.stdout
