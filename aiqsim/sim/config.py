@@ -17,6 +17,8 @@ OutageMode = Literal["error", "slow"]
 PriorityName = Literal["interactive", "background"]
 WorkloadType = Literal["poisson", "burst", "double_click", "trace"]
 StoreKind = Literal["memory", "json", "sqlite"]
+FleetQuotaMode = Literal["shared", "split"]
+FleetRouting = Literal["round_robin", "weighted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +206,25 @@ class OverloadConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """N scheduler instances (workers, each with its own queues and dispatchers) on one simulation.
+
+    ``quota``: ``shared`` gives every worker the same quota object per provider (in production,
+    :class:`aiqsim.fleet.RedisQuota`); ``split`` gives each the ``[quotas.*]`` limits divided by
+    ``workers`` (:func:`aiqsim.core.fleet_quota.split_quota_limits`). Arrivals go to workers
+    ``round_robin`` or at random in proportion to ``weights`` (``weighted``: one weight per worker).
+    ``slot_poll_s``: how soon a worker looks again when every shared concurrency slot is taken.
+    The default (one worker) is the plain single scheduler.
+    """
+
+    workers: int = 1
+    quota: FleetQuotaMode = "shared"
+    routing: FleetRouting = "round_robin"
+    weights: tuple[float, ...] = ()
+    slot_poll_s: float = 0.02
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """A whole simulation: providers, client quotas, policies, workload, crashes, horizon, seed.
 
@@ -228,6 +249,8 @@ class Scenario:
     overload: OverloadConfig = field(default_factory=OverloadConfig)
     jobs: tuple[JobConfig, ...] = ()
     """Job templates (``[[jobs]]``) that ``job`` workloads submit."""
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    """How many scheduler instances run, how they share the quota, how arrivals reach them."""
     source: str | None = None
     """Path of the file it was loaded from, for error messages and reports."""
 
