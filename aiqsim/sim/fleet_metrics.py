@@ -131,8 +131,12 @@ def summarize_fleet(
             arrived = arrivals.get(r.id, r.created_at) if arrivals else r.created_at
             latencies[worker_of[r.id]].append(r.finished_at - arrived)
     for i in range(workers):
-        summary[f"worker{i}_offered_share"] = mean(offered_by_worker[:, i]) if len(offered_by_worker) else math.nan
-        summary[f"worker{i}_utilization"] = mean(admitted_by_worker[:, i]) if len(admitted_by_worker) else math.nan
+        summary[f"worker{i}_offered_share"] = (
+            mean(offered_by_worker[:, i]) if len(offered_by_worker) else math.nan
+        )
+        summary[f"worker{i}_utilization"] = (
+            mean(admitted_by_worker[:, i]) if len(admitted_by_worker) else math.nan
+        )
         summary[f"worker{i}_latency_p95_s"] = (
             float(np.percentile(latencies[i], 95)) if latencies[i] else math.nan
         )

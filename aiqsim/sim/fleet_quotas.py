@@ -23,7 +23,8 @@ def worker_quotas(fleet: FleetConfig, limits: Mapping[str, QuotaLimits], now: fl
         return [dict(limits)]
     if fleet.quota == "shared":
         shared = {
-            name: SharedMultiQuota(limit, now=now, slot_poll_s=fleet.slot_poll_s) for name, limit in limits.items()
+            name: SharedMultiQuota(limit, now=now, slot_poll_s=fleet.slot_poll_s)
+            for name, limit in limits.items()
         }
         return [dict(shared) for _ in range(fleet.workers)]
     per_provider = {name: split_quota_limits(limit, fleet.workers) for name, limit in limits.items()}

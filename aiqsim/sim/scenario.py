@@ -1127,8 +1127,6 @@ def _fleet(
             "fleet.weights",
             f'expected one weight per worker ({fleet.workers}) with routing = "weighted", got {got}',
         )
-    if fleet.routing != "weighted" and "weights" in values:
-        raise reader.error("fleet.weights", 'only applies with fleet.routing = "weighted"')
     if fleet.workers > 1 and crashes:
         raise reader.error(
             "crashes",
@@ -1143,13 +1141,15 @@ def _fleet(
             largest = _largest_fixed_units(workload.cost)
             if quota.units_per_min is None or largest is None:
                 continue
-            capacity = (quota.unit_burst if quota.unit_burst is not None else quota.units_per_min) / fleet.workers
+            capacity = (
+                quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
+            ) / fleet.workers
             if largest > capacity:
                 raise reader.error(
                     "fleet.quota",
                     f"a split over {fleet.workers} workers leaves each {_fmt(capacity)} units of "
                     f"{workload.provider!r} at once, less than workloads[{i}]'s tasks of {largest} units "
-                    "(they could never be granted); use quota = \"shared\" or fewer workers",
+                    '(they could never be granted); use quota = "shared" or fewer workers',
                 )
     return fleet
 
@@ -1453,10 +1453,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
 
 
 def _fleet_dict(fleet: FleetConfig) -> dict[str, Any]:
-    """The fleet's keys; ``weights`` only with weighted routing (it is refused otherwise)."""
+    """The fleet's keys (``weights`` as a list, as in the file)."""
     values = _record_dict(fleet, _FLEET)
-    if fleet.routing != "weighted":
-        del values["weights"]
-    else:
-        values["weights"] = list(fleet.weights)
+    values["weights"] = list(fleet.weights)
     return values

@@ -480,7 +480,8 @@ class _Run:
             interactive_limit=scenario.dispatch.interactive_limit,
             background_limit=scenario.dispatch.background_limit,
             rng=random.Random(
-                f"{self.seed}:scheduler:{self.incarnation}" + (f":{fleet_worker_id(worker)}" if worker else "")
+                f"{self.seed}:scheduler:{self.incarnation}"
+                + (f":{fleet_worker_id(worker)}" if worker else "")
             ),
             events=self.events.append,
             gates=gates,
@@ -625,7 +626,8 @@ class _Run:
     def _busy(self) -> bool:
         """Tasks or jobs not yet terminal in a live scheduler (any worker of the fleet)."""
         return any(
-            scheduler.in_flight or (self.job_specs and scheduler.jobs.in_flight) for scheduler in self.schedulers
+            scheduler.in_flight or (self.job_specs and scheduler.jobs.in_flight)
+            for scheduler in self.schedulers
         )
 
     async def _sample_quotas(self) -> None:
