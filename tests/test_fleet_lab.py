@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.fleet_quota import SharedMultiQuota, split_quota_limits
+from aiqsim.core.fleet_quota import SharedMultiQuota, WorkerCappedQuota, split_quota_limits
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
 from aiqsim.sim import simulate
 from aiqsim.sim.fleet_metrics import FLEET_SUMMARY_KEYS, fleet_key_meaning
@@ -257,3 +257,50 @@ def test_the_fleet_section_round_trips() -> None:
     scenario = load_scenario(FLEET)
     assert scenario.fleet.weights == (8.0, 2.0, 1.0, 1.0)
     assert parse_scenario(scenario_to_dict(scenario), source=scenario.source or "") == scenario
+
+
+# --- a worker's own concurrency cap --------------------------------------------------------------
+
+
+def test_worker_concurrency_caps_each_worker_on_top_of_the_shared_quota() -> None:
+    result = simulate(
+        FLEET,
+        overrides={
+            "scenario.duration_s": 60,
+            "quotas.llm.concurrency": "none",
+            "providers.llm.latency_base_s": 4.0,
+            "fleet.routing": "round_robin",
+            "fleet.worker_concurrency": 2,
+        },
+    )
+    assert result.summary["tasks_lost"] == 0
+    calls = result.calls.merge(result.tasks[["task_id", "worker"]], on="task_id")
+    peak_fleet = 0
+    for worker, mine in [(None, calls), *calls.groupby("worker")]:
+        edges = sorted([(s, 1) for s in mine["start"]] + [(e, -1) for e in mine["end"]])
+        level = peak = 0
+        for _, step in edges:  # at equal times an end (-1) sorts before a start (+1)
+            level += step
+            peak = max(peak, level)
+        if worker is None:
+            peak_fleet = peak
+        else:
+            assert peak <= 2, (worker, peak)
+    assert peak_fleet > 2  # the cap is per worker, not for the fleet
+
+
+def test_worker_capped_quota_waits_for_its_own_release_and_delegates_the_rest() -> None:
+    shared = SharedMultiQuota(QuotaLimits(requests_per_min=60, request_burst=5, concurrency=3))
+    a, b = WorkerCappedQuota(shared, 1), WorkerCappedQuota(shared, 2)
+    first = a.try_reserve(1, 0.0)
+    assert first is not None and a.try_reserve(1, 0.0) is None
+    assert math.isinf(a.time_until(1, 0.0))  # its own release will wake it
+    assert b.try_reserve(1, 0.0) is not None and b.try_reserve(1, 0.0) is not None
+    assert shared.in_flight == 3 and b.time_until(1, 0.0) == math.inf  # b's own two slots are taken
+    a.release(first, 1.0)
+    assert a.in_flight == 0 and shared.in_flight == 2
+    b.pause_until(10.0)
+    assert a.time_until(1, 1.0) == pytest.approx(9.0)  # a 429 seen by one pauses the other
+    assert a.levels(1.0)[2] == 0 and b.levels(1.0)[2] == 2
+    with pytest.raises(ConfigurationError, match="concurrency"):
+        WorkerCappedQuota(shared, 0)

@@ -12,15 +12,18 @@ account's limits:
 - **Split**: each worker gets a static share, :func:`split_quota_limits` (the limits divided by N).
   No coordination, but a worker with little traffic cannot lend its share to a busy one.
 
+Either way a worker may also cap its own calls in flight (:class:`WorkerCappedQuota`).
+
 Nothing here reads a clock: every method takes ``now`` like :class:`MultiQuota`.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
+from aiqsim.core.token_bucket import MultiQuota, QuotaLimits, Reservation
 
 DEFAULT_SLOT_POLL_S = 0.02
 """How soon a worker looks again when every shared concurrency slot is taken (as RedisQuota does)."""
@@ -93,3 +96,76 @@ def split_quota_limits(limits: QuotaLimits, workers: int) -> list[QuotaLimits]:
             )
         )
     return shares
+
+
+class WorkerCappedQuota:
+    """A worker's own concurrency cap on top of a quota it may share with other workers.
+
+    A worker process can hold only so many calls at once (its connection pool, its memory),
+    whatever the account would allow: this quota grants a reservation only while the worker holds
+    fewer than ``concurrency`` slots *and* the ``inner`` quota (a :class:`SharedMultiQuota`, a
+    :class:`aiqsim.fleet.RedisQuota` or a private :class:`MultiQuota`) grants it. Waiting for one of
+    its own slots is waiting for its own release, which wakes its dispatcher, so ``time_until`` is
+    ``inf`` then, as with a private pool. Everything else (buckets, pause, reconcile) is the inner
+    quota's.
+    """
+
+    def __init__(self, inner: Any, concurrency: int) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(f"concurrency: expected an integer >= 1, got {concurrency!r}")
+        self.inner = inner
+        self.concurrency = concurrency
+        self.in_flight = 0
+        """Slots this worker holds now."""
+
+    @property
+    def tokens(self) -> Any:
+        """The inner quota's token bucket (``None`` when it has none, or keeps it elsewhere)."""
+        return getattr(self.inner, "tokens", None)
+
+    @property
+    def limits(self) -> Any:
+        """The inner quota's limits."""
+        return getattr(self.inner, "limits", None)
+
+    def check_cost(self, tokens: float) -> None:
+        """Raise now if ``tokens`` could never be reserved (the inner quota decides)."""
+        self.inner.check_cost(tokens)
+
+    def try_reserve(self, tokens: float, now: float) -> Reservation | None:
+        """One slot of this worker's and a reservation of the inner quota, or nothing."""
+        if self.in_flight >= self.concurrency:
+            return None
+        reservation = self.inner.try_reserve(tokens, now)
+        if reservation is not None:
+            self.in_flight += reservation.slots
+        return reservation
+
+    def time_until(self, tokens: float, now: float) -> float:
+        """``inf`` while this worker's own slots are all taken, else the inner quota's wait."""
+        if self.in_flight >= self.concurrency:
+            return math.inf
+        return self.inner.time_until(tokens, now)
+
+    def release(self, reservation: Reservation, now: float) -> None:
+        """Free the slot here and in the inner quota."""
+        self.in_flight = max(0, self.in_flight - reservation.slots)
+        self.inner.release(reservation, now)
+
+    def cancel(self, reservation: Reservation, now: float) -> None:
+        """Undo an unused reservation here and in the inner quota."""
+        self.in_flight = max(0, self.in_flight - reservation.slots)
+        self.inner.cancel(reservation, now)
+
+    def reconcile(self, reservation: Reservation, actual_tokens: float, now: float) -> float:
+        """Settle the token estimate in the inner quota; returns actual - estimate."""
+        return self.inner.reconcile(reservation, actual_tokens, now)
+
+    def pause_until(self, until: float) -> None:
+        """Pause the inner quota (a 429 pauses everyone who shares it)."""
+        self.inner.pause_until(until)
+
+    def levels(self, now: float) -> tuple[float, float, int]:
+        """The inner quota's bucket levels, and this worker's slots in use."""
+        requests, tokens, _ = self.inner.levels(now)
+        return requests, tokens, self.in_flight

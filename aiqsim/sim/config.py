@@ -214,7 +214,8 @@ class FleetConfig:
     ``workers`` (:func:`aiqsim.core.fleet_quota.split_quota_limits`). Arrivals go to workers
     ``round_robin`` or at random in proportion to ``weights`` (``weighted``: one weight per worker).
     ``slot_poll_s``: how soon a worker looks again when every shared concurrency slot is taken.
-    The default (one worker) is the plain single scheduler.
+    ``worker_concurrency``: each worker's own cap on calls in flight per provider, on top of the quota
+    (a process holds only so many). The default (one worker) is the plain single scheduler.
     """
 
     workers: int = 1
@@ -222,6 +223,7 @@ class FleetConfig:
     routing: FleetRouting = "round_robin"
     weights: tuple[float, ...] = ()
     slot_poll_s: float = 0.02
+    worker_concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -616,6 +616,7 @@ _FLEET = _Table(
         "routing": _Choice(("round_robin", "weighted")),
         "weights": _Weights(),
         "slot_poll_s": _POSITIVE,
+        "worker_concurrency": _Optional(_Integer(1)),
     },
     what="fleet",
 )

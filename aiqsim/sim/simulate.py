@@ -397,7 +397,9 @@ class _Run:
 
         fleet = scenario.fleet
         self.router = ArrivalRouter(fleet, random.Random(f"{seed}:fleet:routing"))
-        self.worker_quotas = worker_quotas(fleet, quota_limits(scenario), self.runtime.now())
+        self.worker_quotas = worker_quotas(
+            fleet, quota_limits(scenario), self.runtime.now(), [p.name for p in scenario.providers]
+        )
         self.scheduler = self._new_scheduler()
         self.schedulers = [self.scheduler, *(self._new_scheduler(worker=i) for i in range(1, fleet.workers))]
         """Every worker of the fleet (``[fleet] workers``); ``self.scheduler`` is worker 0."""
