@@ -89,7 +89,7 @@ def test_shared_workers_hold_the_same_quota_object_and_split_workers_their_own_s
     assert all(s.quota("llm") is shared[0].quota("llm") for s in shared)
     assert len({id(s.quota("llm")) for s in split}) == 4
     assert [s.quota("llm").limits.concurrency for s in split] == [2, 2, 2, 2]
-    assert all(s.quota("llm").limits.requests_per_min == 30 for s in split)
+    assert all(s.quota("llm").limits.requests_per_min == 29 for s in split)
 
 
 def test_split_shares_add_up_to_the_account() -> None:
