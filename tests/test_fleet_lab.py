@@ -304,3 +304,14 @@ def test_worker_capped_quota_waits_for_its_own_release_and_delegates_the_rest() 
     assert a.levels(1.0)[2] == 0 and b.levels(1.0)[2] == 2
     with pytest.raises(ConfigurationError, match="concurrency"):
         WorkerCappedQuota(shared, 0)
+
+
+def test_job_workloads_run_in_a_fleet_with_every_job_finished() -> None:
+    path = SCENARIOS / "ai_edit_pipeline.toml"
+    overrides = {"scenario.duration_s": 200}
+    alone = simulate(path, overrides=overrides).summary
+    for quota in ("shared", "split"):
+        fleet = simulate(path, overrides={**overrides, "fleet.workers": 3, "fleet.quota": quota})
+        assert fleet.summary["jobs_submitted"] == alone["jobs_submitted"]  # the same arrivals, routed
+        assert fleet.summary["jobs_lost"] == 0 and fleet.summary["tasks_lost"] == 0
+        assert set(fleet.tasks["worker"]) == {0, 1, 2}
