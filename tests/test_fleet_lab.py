@@ -17,6 +17,7 @@ from aiqsim.core.fleet_quota import SharedMultiQuota, WorkerCappedQuota, split_q
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
 from aiqsim.sim import simulate
 from aiqsim.sim.fleet_metrics import FLEET_SUMMARY_KEYS, fleet_key_meaning
+from aiqsim.sim.fleet_routing import fleet_worker_index
 from aiqsim.sim.scenario import ScenarioError, load_scenario, parse_scenario, scenario_to_dict
 from aiqsim.sim.simulate import run_scenario
 
@@ -315,3 +316,9 @@ def test_job_workloads_run_in_a_fleet_with_every_job_finished() -> None:
         assert fleet.summary["jobs_submitted"] == alone["jobs_submitted"]  # the same arrivals, routed
         assert fleet.summary["jobs_lost"] == 0 and fleet.summary["tasks_lost"] == 0
         assert set(fleet.tasks["worker"]) == {0, 1, 2}
+
+
+def test_worker_ids_map_to_indexes_and_foreign_ids_to_none() -> None:
+    assert [fleet_worker_index(w) for w in (None, "worker-0", "worker-12")] == [0, 0, 12]
+    foreign = ("host-a/worker-1", "worker-", "worker-x", "worker-\u0663")  # the last: an Arabic-Indic 3
+    assert [fleet_worker_index(w) for w in foreign] == [None] * 4

@@ -74,7 +74,7 @@ def summarize_fleet(
 ) -> dict[str, float]:
     """:data:`FLEET_SUMMARY_KEYS` and the per-worker keys for ``workers`` workers."""
     workers = scenario.fleet.workers
-    worker_of = {r.id: fleet_worker_index(r.worker) for r in records}
+    worker_of = {r.id: fleet_worker_index(r.worker) or 0 for r in records}  # foreign ids count as 0
     rejected = list(rejected)
     offered_ratio, used_ratio, wasted_ratio = [], [], []
     offered_by_worker = np.zeros((0, workers))

@@ -22,13 +22,15 @@ def fleet_worker_id(index: int) -> str:
     return f"{WORKER_ID_PREFIX}{index}"
 
 
-def fleet_worker_index(worker_id: str | None) -> int:
-    """The index of a fleet worker from a task record's ``worker`` (``None``: the single scheduler, 0)."""
+def fleet_worker_index(worker_id: str | None) -> int | None:
+    """The index of a fleet worker from a task record's ``worker``: ``None`` (the single scheduler) is 0;
+    an id the simulated fleet did not give (a store shared with other processes) is ``None``."""
     if worker_id is None:
         return 0
-    if not worker_id.startswith(WORKER_ID_PREFIX) or not worker_id[len(WORKER_ID_PREFIX) :].isdigit():
-        raise ValueError(f"not a fleet worker id: {worker_id!r}")
-    return int(worker_id[len(WORKER_ID_PREFIX) :])
+    digits = worker_id[len(WORKER_ID_PREFIX) :]
+    if not worker_id.startswith(WORKER_ID_PREFIX) or not (digits.isascii() and digits.isdigit()):
+        return None
+    return int(digits)
 
 
 class ArrivalRouter:
