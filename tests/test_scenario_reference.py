@@ -25,6 +25,7 @@ HEADERS = {
     "[[jobs.stages]]": job_config.StageConfig,
     "[jobs.stages.size]": job_config.StageSizeConfig,
     "[jobs.stages.fanout]": job_config.FanoutConfig,
+    "[fleet]": config.FleetConfig,
 }
 
 

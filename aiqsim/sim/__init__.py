@@ -5,7 +5,8 @@
 >>> result.summary["rate_limited"], result.tasks.head()
 """
 
-from aiqsim.sim.config import Scenario
+from aiqsim.sim.config import FleetConfig, Scenario
+from aiqsim.sim.fleet_metrics import FLEET_SUMMARY_KEYS, summarize_fleet
 from aiqsim.sim.job_metrics import JOB_SUMMARY_KEYS
 from aiqsim.sim.job_workloads import JobArrival, generate_job_arrivals
 from aiqsim.sim.metrics import SUMMARY_KEYS
@@ -16,10 +17,12 @@ from aiqsim.sim.sweep import RunFailure, SweepError, sweep
 from aiqsim.sim.workloads import Arrival, generate_arrivals
 
 __all__ = [
+    "FLEET_SUMMARY_KEYS",
     "JOB_SUMMARY_KEYS",
     "SUMMARY_KEYS",
     "Arrival",
     "Execution",
+    "FleetConfig",
     "JobArrival",
     "ProviderLedger",
     "RunFailure",
@@ -33,5 +36,6 @@ __all__ = [
     "load_scenario",
     "parse_scenario",
     "simulate",
+    "summarize_fleet",
     "sweep",
 ]

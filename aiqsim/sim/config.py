@@ -18,6 +18,8 @@ PriorityName = Literal["interactive", "background"]
 WorkloadType = Literal["poisson", "burst", "double_click", "trace"]
 StoreKind = Literal["memory", "json", "sqlite"]
 RateLimitScopeName = Literal["lane", "task", "adaptive"]
+FleetQuotaMode = Literal["shared", "split"]
+FleetRouting = Literal["round_robin", "weighted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +209,27 @@ class OverloadConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """N scheduler instances (workers, each with its own queues and dispatchers) on one simulation.
+
+    ``quota``: ``shared`` gives every worker the same quota object per provider (in production,
+    :class:`aiqsim.fleet.RedisQuota`); ``split`` gives each the ``[quotas.*]`` limits divided by
+    ``workers`` (:func:`aiqsim.core.fleet_quota.split_quota_limits`). Arrivals go to workers
+    ``round_robin`` or at random in proportion to ``weights`` (``weighted``: one weight per worker).
+    ``slot_poll_s``: how soon a worker looks again when every shared concurrency slot is taken.
+    ``worker_concurrency``: each worker's own cap on calls in flight per provider, on top of the quota
+    (a process holds only so many). The default (one worker) is the plain single scheduler.
+    """
+
+    workers: int = 1
+    quota: FleetQuotaMode = "shared"
+    routing: FleetRouting = "round_robin"
+    weights: tuple[float, ...] = ()
+    slot_poll_s: float = 0.02
+    worker_concurrency: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """A whole simulation: providers, client quotas, policies, workload, crashes, horizon, seed.
 
@@ -231,6 +254,8 @@ class Scenario:
     overload: OverloadConfig = field(default_factory=OverloadConfig)
     jobs: tuple[JobConfig, ...] = ()
     """Job templates (``[[jobs]]``) that ``job`` workloads submit."""
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    """How many scheduler instances run, how they share the quota, how arrivals reach them."""
     source: str | None = None
     """Path of the file it was loaded from, for error messages and reports."""
 

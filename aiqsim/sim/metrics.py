@@ -197,7 +197,7 @@ def quota_utilization(scenario: Scenario, executions: Sequence[Any], records: Se
 # ---------------------------------------------------------------------- DataFrames (analysis edge)
 TASK_COLUMNS = [
     "task_id", "key", "provider", "priority", "status", "cost_estimate", "attempts", "arrived_at",
-    "created_at", "started_at", "finished_at", "wait_s", "latency_s", "error", "deduped_from",
+    "created_at", "started_at", "finished_at", "wait_s", "latency_s", "error", "deduped_from", "worker",
 ]  # fmt: skip
 """Columns of the ``tasks`` DataFrame (present even when a run has no tasks)."""
 
@@ -207,12 +207,15 @@ def tasks_frame(
     rejected: Iterable[dict[str, Any]] = (),
     arrivals: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
-    """One row per task: ids, status, priority name, timestamps, attempts, wait and latency.
+    """One row per task: ids, status, priority name, timestamps, attempts, wait and latency, and the
+    index of the fleet worker that held it (``worker``; 0 without a ``[fleet]``).
 
     ``arrived_at`` is when the user submitted (``arrivals``, default ``created_at``); wait and latency
     count from it, so time spent while the process was down is not hidden.
     """
     import pandas as pd
+
+    from aiqsim.sim.fleet_routing import fleet_worker_index
 
     rows = []
     for r in records:
@@ -234,6 +237,7 @@ def tasks_frame(
                 "latency_s": None if r.finished_at is None else r.finished_at - arrived,
                 "error": r.error,
                 "deduped_from": r.deduped_from,
+                "worker": fleet_worker_index(r.worker),
             }
         )
     rows.extend(rejected)

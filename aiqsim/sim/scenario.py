@@ -27,6 +27,7 @@ A scenario file looks like this (units are in the key names)::
     [[workloads]]             # a job workload names a template instead of a provider
     type = "poisson"
     job = "edit"
+    [fleet]                   # FleetConfig: workers, quota ("shared"/"split"), routing, weights
 
 Everything is validated before a :class:`Scenario` exists: unknown keys, wrong types (a bool
 is not a number), out-of-range values and broken references all raise :class:`ScenarioError`
@@ -61,6 +62,7 @@ from aiqsim.sim.config import (
     CostConfig,
     CrashConfig,
     DispatchConfig,
+    FleetConfig,
     OutageConfig,
     OverloadConfig,
     ProviderConfig,
@@ -303,6 +305,18 @@ class _Names:
         if len(set(names)) != len(names):
             raise _Invalid
         return names
+
+
+@dataclass(frozen=True, slots=True)
+class _Weights:
+    """An array of numbers > 0 (``weights = [4, 2, 1, 1]``); a tuple of floats."""
+
+    expected: str = "an array of numbers > 0"
+
+    def __call__(self, value: Any) -> tuple[float, ...]:
+        if not isinstance(value, list | tuple):
+            raise _Invalid
+        return tuple(_Number(0.0, low_open=True)(item) for item in value)
 
 
 _PROBABILITY = _Number(0.0, 1.0)
@@ -594,6 +608,21 @@ _OVERLOAD = _Table(
     what="overload protection",
 )
 
+MAX_FLEET_WORKERS = 1000
+"""More scheduler instances than this in one simulation is a typo, not a fleet."""
+
+_FLEET = _Table(
+    {
+        "workers": _Integer(1),
+        "quota": _Choice(("shared", "split")),
+        "routing": _Choice(("round_robin", "weighted")),
+        "weights": _Weights(),
+        "slot_poll_s": _POSITIVE,
+        "worker_concurrency": _Optional(_Integer(1)),
+    },
+    what="fleet",
+)
+
 _SCENARIO_SECTION = _Table(
     {
         "name": _Text(non_empty=True),
@@ -619,6 +648,7 @@ _FILE = _Table(
         "crashes": _Array(_CRASH, "[[crashes]]"),
         "overload": _OVERLOAD,
         "jobs": _Array(_JOB, "[[jobs]]", named=True),
+        "fleet": _FLEET,
     },
     required=frozenset({"scenario", "providers", "workloads"}),
     what="scenario file",
@@ -640,6 +670,7 @@ SECTION_FIELDS: dict[type, _Table] = {
     StageConfig: _STAGE,
     StageSizeConfig: _STAGE_SIZE,
     FanoutConfig: _FANOUT,
+    FleetConfig: _FLEET,
 }
 """Which file table describes which config record (tests check they list the same fields)."""
 
@@ -1080,6 +1111,52 @@ def _overload(values: dict[str, Any], reader: _Reader) -> OverloadConfig:
     return overload
 
 
+def _fleet(
+    values: dict[str, Any],
+    quotas: Mapping[str, ClientQuotaConfig],
+    workloads: tuple[WorkloadConfig, ...],
+    crashes: tuple[CrashConfig, ...],
+    reader: _Reader,
+) -> FleetConfig:
+    """The ``[fleet]`` section, with the checks that span keys and sections."""
+    fleet = FleetConfig(**values)
+    if fleet.workers > MAX_FLEET_WORKERS:
+        raise reader.error(
+            "fleet.workers", f"expected at most {MAX_FLEET_WORKERS} workers, got {describe(fleet.workers)}"
+        )
+    if fleet.routing == "weighted" and len(fleet.weights) != fleet.workers:
+        got = f"{len(fleet.weights)} weight(s)" if "weights" in values else "none"
+        raise reader.error(
+            "fleet.weights",
+            f'expected one weight per worker ({fleet.workers}) with routing = "weighted", got {got}',
+        )
+    if fleet.workers > 1 and crashes:
+        raise reader.error(
+            "crashes",
+            f"crashes are not simulated in a fleet yet (fleet.workers = {fleet.workers}); "
+            "remove [[crashes]] or set fleet.workers = 1",
+        )
+    if fleet.quota == "split" and fleet.workers > 1:
+        for i, workload in enumerate(workloads):
+            quota = quotas.get(workload.provider)
+            if workload.job is not None or workload.type == "trace" or quota is None:
+                continue
+            largest = _largest_fixed_units(workload.cost)
+            if quota.units_per_min is None or largest is None:
+                continue
+            capacity = (
+                quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
+            ) / fleet.workers
+            if largest > capacity:
+                raise reader.error(
+                    "fleet.quota",
+                    f"a split over {fleet.workers} workers leaves each {_fmt(capacity)} units of "
+                    f"{workload.provider!r} at once, less than workloads[{i}]'s tasks of {largest} units "
+                    '(they could never be granted); use quota = "shared" or fewer workers',
+                )
+    return fleet
+
+
 def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Scenario:
     """Validate a scenario mapping (as parsed from TOML) into a :class:`Scenario`.
 
@@ -1126,6 +1203,7 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         crashes=crashes,
         overload=_overload(values.get("overload", {}), reader),
         jobs=jobs,
+        fleet=_fleet(values.get("fleet", {}), quotas, workloads, crashes, reader),
         source=source,
         **header,
     )
@@ -1373,4 +1451,12 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         "crashes": [_record_dict(crash, _CRASH) for crash in scenario.crashes],
         "overload": _record_dict(scenario.overload, _OVERLOAD),
         "jobs": [_record_dict(job, _JOB) for job in scenario.jobs],
+        "fleet": _fleet_dict(scenario.fleet),
     }
+
+
+def _fleet_dict(fleet: FleetConfig) -> dict[str, Any]:
+    """The fleet's keys (``weights`` as a list, as in the file)."""
+    values = _record_dict(fleet, _FLEET)
+    values["weights"] = list(fleet.weights)
+    return values

@@ -97,6 +97,10 @@ class SimulationResult:
             recoveries=recoveries,
             arrivals=self.arrival_times,
         )
+        if scenario.fleet.workers > 1:
+            from aiqsim.sim.fleet_metrics import summarize_fleet
+
+            self.summary.update(summarize_fleet(scenario, records, executions, rejected, self.arrival_times))
         self.job_records = list(job_records)
         """The final record of every job (empty when the scenario submits no jobs)."""
         self.rejected_jobs = list(rejected_jobs)
@@ -389,7 +393,17 @@ class _Run:
         self.changed = Signal(self.runtime)
         self.raw_store: TaskStore = self._open_store()
         self._check_store_keeps_jobs()
+        from aiqsim.sim.fleet_quotas import worker_quotas
+        from aiqsim.sim.fleet_routing import ArrivalRouter
+
+        fleet = scenario.fleet
+        self.router = ArrivalRouter(fleet, random.Random(f"{seed}:fleet:routing"))
+        self.worker_quotas = worker_quotas(
+            fleet, quota_limits(scenario), self.runtime.now(), [p.name for p in scenario.providers]
+        )
         self.scheduler = self._new_scheduler()
+        self.schedulers = [self.scheduler, *(self._new_scheduler(worker=i) for i in range(1, fleet.workers))]
+        """Every worker of the fleet (``[fleet] workers``); ``self.scheduler`` is worker 0."""
 
     # -- process life ------------------------------------------------------------------------
     def _store_path(self) -> Path:
@@ -442,8 +456,12 @@ class _Run:
                 "store with a job table",
             )
 
-    def _new_scheduler(self) -> Scheduler:
+    def _new_scheduler(self, worker: int = 0) -> Scheduler:
+        """A scheduler incarnation for fleet worker ``worker`` (the only one without a ``[fleet]``)."""
+        from aiqsim.sim.fleet_routing import fleet_worker_id
+
         scenario = self.scenario
+        fleet = scenario.fleet.workers > 1
         store = CrashingStore(
             self.raw_store,
             counter=self.write_counter,
@@ -456,7 +474,7 @@ class _Run:
         scheduler = Scheduler(
             self.runtime,
             self.providers,
-            quotas=quota_limits(scenario),
+            quotas=self.worker_quotas[worker],
             store=store,
             dispatch=dispatch_policy_from_name(
                 scenario.dispatch.policy, max_wait_s=scenario.dispatch.max_wait_s
@@ -464,10 +482,14 @@ class _Run:
             retry=retry_policy(scenario),
             interactive_limit=scenario.dispatch.interactive_limit,
             background_limit=scenario.dispatch.background_limit,
-            rng=random.Random(f"{self.seed}:scheduler:{self.incarnation}"),
+            rng=random.Random(
+                f"{self.seed}:scheduler:{self.incarnation}"
+                + (f":{fleet_worker_id(worker)}" if worker else "")
+            ),
             events=self.events.append,
             gates=gates,
             commit_window_s=scenario.store.commit_window_s,
+            worker_id=fleet_worker_id(worker) if fleet else None,
         )
         if self.job_specs:  # registered before recover(), so it can re-drive the stored jobs
             from aiqsim.scheduler.jobs import Jobs
@@ -505,6 +527,7 @@ class _Run:
         self.raw_store = self._open_store()
         self.torn_writes_recovered += int(getattr(self.raw_store, "torn_tail_recovered", False))
         self.scheduler = self._new_scheduler()
+        self.schedulers[0] = self.scheduler  # crashes are refused in a fleet: the one worker restarted
         self.down = False
         try:
             self.recoveries.append(
@@ -526,8 +549,9 @@ class _Run:
         if self.down:
             self.backlog.append(arrival)
             return
+        worker = self.router.route()
         try:
-            self.scheduler.submit_job(
+            self.schedulers[worker].submit_job(
                 self.job_specs[arrival.job],
                 arrival.inputs,
                 priority=Priority.INTERACTIVE if arrival.priority == "interactive" else Priority.BACKGROUND,
@@ -543,6 +567,7 @@ class _Run:
                     "arrived_at": arrival.time,
                     "created_at": arrival.time,
                     "error": describe_error(refusal),
+                    "worker": worker,
                 }
             )
         except SimulatedCrash:
@@ -559,8 +584,9 @@ class _Run:
         if self.down:
             self.backlog.append(arrival)
             return
+        worker = self.router.route()
         try:
-            self.scheduler.submit(
+            self.schedulers[worker].submit(
                 arrival.provider,
                 arrival.payload,
                 provider=arrival.provider,
@@ -580,6 +606,7 @@ class _Run:
                     "attempts": 0,
                     "arrived_at": arrival.time,
                     "created_at": arrival.time,
+                    "worker": worker,
                 }
             )
         except SimulatedCrash:
@@ -591,16 +618,28 @@ class _Run:
             await scheduler.jobs.join()
         self.changed.notify()
 
+    async def _notify_when_fleet_idle(self) -> None:
+        """Notify once every worker of the fleet has been seen idle."""
+        for scheduler in self.schedulers:
+            await scheduler.join()
+            if self.job_specs:
+                await scheduler.jobs.join()
+        self.changed.notify()
+
     def _busy(self) -> bool:
-        """Tasks or jobs not yet terminal in the live scheduler."""
-        return bool(self.scheduler.in_flight or (self.job_specs and self.scheduler.jobs.in_flight))
+        """Tasks or jobs not yet terminal in a live scheduler (any worker of the fleet)."""
+        return any(
+            scheduler.in_flight or (self.job_specs and scheduler.jobs.in_flight)
+            for scheduler in self.schedulers
+        )
 
     async def _sample_quotas(self) -> None:
         """Sample every lane's quota each timeline step, so quiet stretches show in the timeline too."""
         step = self.scenario.timeline_step_s
         while True:
             if not self.down:
-                self.scheduler.sample_quotas()
+                for scheduler in self.schedulers:
+                    scheduler.sample_quotas()
             await self.runtime.sleep(step)
 
     async def _main(self) -> None:
@@ -627,7 +666,12 @@ class _Run:
             self._offer(arrival)
         while self.down or self._busy():
             if not self.down:
-                runtime.spawn(self._notify_when_idle(self.scheduler), name="idle-watch")
+                watch = (
+                    self._notify_when_idle(self.scheduler)
+                    if len(self.schedulers) == 1
+                    else self._notify_when_fleet_idle()
+                )
+                runtime.spawn(watch, name="idle-watch")
             await self.changed.wait()
 
     def execute(self) -> SimulationResult:
