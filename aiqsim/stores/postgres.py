@@ -54,6 +54,9 @@ from aiqsim.stores.base import (
     purge_report,
     record_from_stored,
 )
+from aiqsim.stores.columns import COLUMNS, JOB_COLUMNS
+from aiqsim.stores.columns import JOB_JSON_COLUMNS as _JOB_JSON_COLUMNS
+from aiqsim.stores.columns import JSON_COLUMNS as _JSON_COLUMNS
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
 
 SCHEMA_VERSION = 3
@@ -61,26 +64,6 @@ DEFAULT_SCHEMA = "aiqsim"
 NOTIFY_CHANNEL = "aiqsim_task_done"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
-COLUMNS = (
-    "id",
-    "key",
-    "kind",
-    "provider",
-    "priority",
-    "status",
-    "cost_estimate",
-    "attempts",
-    "created_at",
-    "updated_at",
-    "started_at",
-    "finished_at",
-    "payload",
-    "result",
-    "error",
-    "deduped_from",
-    "worker",
-)
-_JSON_COLUMNS = frozenset({"payload", "result"})
 
 _SCHEMA_SQL = """
 CREATE TABLE {s}.meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -117,27 +100,6 @@ CREATE TABLE {s}.leases (
 );
 """
 
-JOB_COLUMNS = (
-    "id",
-    "key",
-    "name",
-    "version",
-    "priority",
-    "status",
-    "created_at",
-    "updated_at",
-    "started_at",
-    "finished_at",
-    "inputs",
-    "results",
-    "stage_tasks",
-    "failed_stage",
-    "error",
-    "deduped_from",
-    "worker",
-)
-"""Columns of the ``jobs`` table (schema version 3: jobs, issue #15), after ``seq``."""
-_JOB_JSON_COLUMNS = frozenset({"inputs", "results", "stage_tasks"})
 
 _JOBS_SQL = """
 CREATE TABLE {s}.jobs (

@@ -96,6 +96,9 @@ from aiqsim.stores.base import (
     purge_report,
     record_from_stored,
 )
+from aiqsim.stores.columns import COLUMNS, JOB_COLUMNS
+from aiqsim.stores.columns import JOB_JSON_COLUMNS as _JOB_JSON_COLUMNS
+from aiqsim.stores.columns import JSON_COLUMNS as _JSON_COLUMNS
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
 
 SCHEMA_VERSION = 3
@@ -107,28 +110,8 @@ SYNCHRONOUS_LEVELS = ("OFF", "NORMAL", "FULL", "EXTRA")
 SQLITE_HEADER = b"SQLite format 3\x00"
 SQLITE_HEADER_SIZE = 100
 
-COLUMNS = (
-    "id",
-    "key",
-    "kind",
-    "provider",
-    "priority",
-    "status",
-    "cost_estimate",
-    "attempts",
-    "created_at",
-    "updated_at",
-    "started_at",
-    "finished_at",
-    "payload",
-    "result",
-    "error",
-    "deduped_from",
-    "worker",
-)
 _ADDED_IN_VERSION = {"worker": 2}
 """Columns that a store of an older schema version does not have yet (read as NULL there)."""
-_JSON_COLUMNS = frozenset({"payload", "result"})
 _TRANSIENT_CODES = frozenset({5, 6, 7, 10, 13, 14})
 """Primary SQLite result codes that are not damage: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN."""
 
@@ -167,27 +150,6 @@ CREATE TABLE keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE poison (key TEXT PRIMARY KEY, error TEXT NOT NULL, recorded_at REAL NOT NULL) WITHOUT ROWID;
 """
 
-JOB_COLUMNS = (
-    "id",
-    "key",
-    "name",
-    "version",
-    "priority",
-    "status",
-    "created_at",
-    "updated_at",
-    "started_at",
-    "finished_at",
-    "inputs",
-    "results",
-    "stage_tasks",
-    "failed_stage",
-    "error",
-    "deduped_from",
-    "worker",
-)
-"""Columns of the ``jobs`` table (schema version 3, jobs of issue #15), after ``seq``."""
-_JOB_JSON_COLUMNS = frozenset({"inputs", "results", "stage_tasks"})
 _JOB_SELECT = "SELECT " + ", ".join(f"j.{name}" for name in JOB_COLUMNS) + " FROM jobs j"
 _JOB_INSERT = f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
 JOB_SCHEMA = (
