@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from aiqsim.core.failures import ProviderTimeoutError, SchemaViolationError, ServerError
 from aiqsim.core.token_bucket import MultiQuota
-from aiqsim.http.chat import chat_body, chat_content, estimate_chat_tokens, total_tokens
+from aiqsim.http.chat import chat_body, chat_content, completion_tokens, estimate_chat_tokens, total_tokens
 from aiqsim.http.headers import RateLimitSnapshot, apply_ratelimit_snapshot, parse_ratelimit_headers
 from aiqsim.http.status import error_for_status
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
@@ -183,7 +183,13 @@ class HttpProvider:
             headers["x-aiqsim-attempt"] = str(request.attempt)
         response = await self._send("POST", self.url, headers=headers, json=self.body_for(request))
         body = self._check(response)
-        return ProviderResponse(result=self._result(body), usage=total_tokens(body))
+        snapshot = parse_ratelimit_headers(response.headers)
+        return ProviderResponse(
+            result=self._result(body),
+            usage=total_tokens(body),
+            output_units=completion_tokens(body),
+            ratelimit=None if snapshot.is_empty else snapshot,
+        )
 
     async def lookup(self, idempotency_key: str) -> ProviderResponse | None:
         """Ask the server whether it already did the work for ``idempotency_key``.
@@ -233,6 +239,8 @@ class HttpProvider:
             source=self.name,
         )
         if error is not None:
+            snapshot = parse_ratelimit_headers(response.headers)
+            error.ratelimit = None if snapshot.is_empty else snapshot  # for the call log
             raise error
         if not decoded:
             raise SchemaViolationError(

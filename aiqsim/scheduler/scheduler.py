@@ -1085,7 +1085,9 @@ class Scheduler:
                 lane.signal.notify()
                 for gate in self.gates:
                     tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
-                self._emit_attempt(live, attempts, start, now, None, "done", None, None, usage)
+                self._emit_attempt(
+                    live, attempts, start, now, None, "done", None, None, usage, response=response
+                )
                 self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
                 return
         except Cancelled:
@@ -1377,6 +1379,7 @@ class Scheduler:
                     old=None if old is None else old.value,
                     new=record.status.value,
                     attempts=record.attempts,
+                    cost_estimate=record.cost_estimate,
                 )
             )
 
@@ -1391,9 +1394,11 @@ class Scheduler:
         retry_after: float | None,
         delay: float | None,
         usage: float | None = None,
+        response: ProviderResponse | None = None,
     ) -> None:
         if self.events is not None:
             record = live.record
+            seen = response if response is not None else error
             self.events(
                 AttemptRecord(
                     task_id=record.id,
@@ -1408,6 +1413,8 @@ class Scheduler:
                     usage=usage,
                     retry_after_s=retry_after,
                     delay_s=delay,
+                    output_units=getattr(response, "output_units", None),
+                    ratelimit=getattr(seen, "ratelimit", None),
                 )
             )
 
