@@ -284,8 +284,6 @@ def _write_parquet(path: Path, columns: tuple[str, ...], rows: list[tuple[Any, .
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as error:
-        raise ConfigurationError(
-            "a Parquet call log needs pyarrow: pip install 'aiqsim[parquet]'"
-        ) from error
+        raise ConfigurationError("a Parquet call log needs pyarrow: pip install 'aiqsim[parquet]'") from error
     data = {name: [row[i] for row in rows] for i, name in enumerate(columns)}
     pq.write_table(pa.table(data), path)
