@@ -22,7 +22,6 @@ the :mod:`csv` module, and Parquet through pyarrow, imported only when asked for
 from __future__ import annotations
 
 import csv
-import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -99,6 +98,10 @@ class CallLog:
     ``directory/tasks.csv`` and ``directory/calls.csv`` (``format="csv"`` only: Parquet files are
     written whole, at :meth:`write`); call :meth:`close` (or use ``with``) at the end.
     """
+
+    wants_quota_samples = False
+    """Tells the scheduler not to build a :class:`~aiqsim.scheduler.events.QuotaSample` per grant for
+    this sink (the log does not record them; a ``forward`` sink behind it does not get them either)."""
 
     def __init__(
         self,
@@ -214,8 +217,8 @@ class CallLog:
         if self._writers is None:
             return
         try:
-            self._writers[0].writerows(_csv_row(row) for row in self.tasks_rows)
-            self._writers[1].writerows(_csv_row(row) for row in self.calls_rows)
+            self._writers[0].writerows(self.tasks_rows)  # csv writes None as "" and floats by repr
+            self._writers[1].writerows(self.calls_rows)
             for file in self._files:
                 file.flush()
         except OSError as error:
@@ -259,7 +262,7 @@ class CallLog:
                     with open(path, "w", newline="", encoding="utf-8") as file:
                         writer = csv.writer(file)
                         writer.writerow(columns)
-                        writer.writerows(_csv_row(row) for row in rows)
+                        writer.writerows(rows)  # None as an empty cell, floats in full precision
             else:
                 _write_parquet(paths[0], TASK_LOG_COLUMNS, tasks)
                 _write_parquet(paths[1], CALL_LOG_COLUMNS, self.calls_rows)
@@ -270,13 +273,6 @@ class CallLog:
 
 class CallLogError(AiqsimError, OSError):
     """The call log could not be written where asked (a missing or read-only folder, a full disk)."""
-
-
-def _csv_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Floats in full precision (``repr``), ``None`` as an empty cell."""
-    return tuple(
-        "" if v is None else repr(v) if isinstance(v, float) and math.isfinite(v) else v for v in row
-    )
 
 
 def _write_parquet(path: Path, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:

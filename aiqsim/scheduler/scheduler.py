@@ -364,6 +364,8 @@ class Scheduler:
         self.retry = retry if retry is not None else RetryPolicy()
         self.rng = rng if rng is not None else random.Random()
         self.events = events
+        # a sink may decline the per-grant quota samples (the call log does: it has no use for them)
+        self._quota_events = events is not None and getattr(events, "wants_quota_samples", True)
         self.gates = tuple(gates)
         self._early_gates, self._late_gates = split_gates(self.gates)
         self.poison_fallback = poison_fallback
@@ -916,7 +918,7 @@ class Scheduler:
                 await lane.signal.wait(None if lane.slot_blocked else max(wait, 0.0))
                 lane.slot_blocked = False
                 continue
-            if self.events is not None:
+            if self._quota_events:
                 self._emit_quota(lane, now)
             if isinstance(candidate, _Ticket):
                 lane.retries[priority].popleft()
