@@ -61,7 +61,7 @@ def test_bad_constraints_are_refused(text: str) -> None:
 
 
 def test_unknown_key_is_refused_before_any_run(storm: Path) -> None:
-    with pytest.raises(ScenarioError, match="retry.nonsense"):
+    with pytest.raises(ScenarioError, match=r"retry\.nonsense"):
         tune(storm, ["retry.nonsense=1:2"], trials=1, progress=False)
 
 
