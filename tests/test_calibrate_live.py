@@ -34,7 +34,7 @@ name = "llm"
 latency_base_s = 0.5
 latency_per_unit_s = 0.004
 latency_sigma = 0.25
-server_requests_per_min = 300
+server_requests_per_min = 150
 rate_limit_prob = 0.1
 rate_limit_retry_after_s = 2.0
 server_error_prob = 0.05
@@ -53,7 +53,7 @@ attempt_timeout_s = 30
 [[workloads]]
 type = "poisson"
 provider = "llm"
-rate_per_s = 4.0
+rate_per_s = 2.0
 [workloads.cost]
 dist = "lognormal"
 mean = 300
@@ -77,7 +77,7 @@ def test_calibrated_simulation_predicts_the_live_run(tmp_path: Path) -> None:
     live.call_log.write(log)
     # the log holds what the HTTP client saw: the server's x-ratelimit-* and completion tokens
     calls = live.call_log.as_dicts()[1]
-    assert all(c["limit_requests"] == 300 for c in calls if c["outcome_class"] == "ok")
+    assert all(c["limit_requests"] == 150 for c in calls if c["outcome_class"] == "ok")
     assert all(c["output_units"] is not None for c in calls if c["outcome_class"] == "ok")
 
     fitted = calibrate(log, settings=path, duration_s=120)
@@ -140,4 +140,4 @@ def test_call_log_as_the_production_sink_streams_what_a_replay_records(tmp_path:
     calls = CallLog().extend(events).as_dicts()[1]
     assert len(calls) >= 40
     answered = [c for c in calls if c["outcome_class"] in ("ok", "rate_limited", "server_error")]
-    assert answered and all(c["limit_requests"] == 300 for c in answered)
+    assert answered and all(c["limit_requests"] == 150 for c in answered)
