@@ -37,9 +37,6 @@ def _quantiles(n: int) -> np.ndarray:
 
 
 def _provider_section(calibration: Calibration, name: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fit = calibration.providers[name]
