@@ -473,6 +473,7 @@ def calibrate(
             raise ConfigurationError(f"duration_s: expected a finite number, got {duration_s!r}")
     stretch = 1.0 if duration_s is None else duration_s / max(end - origin, 1e-9)
 
+    defaults = ProviderConfig(name="defaults")  # slots dataclass: defaults live on instances only
     providers = []
     for fit in fits.values():
         known = None
@@ -483,7 +484,7 @@ def calibrate(
                 known = None
         price = price_per_1k_units
         if price is None:
-            price = known.price_per_1k_units if known is not None else ProviderConfig.price_per_1k_units
+            price = known.price_per_1k_units if known is not None else defaults.price_per_1k_units
         providers.append(
             ProviderConfig(
                 name=fit.name,
@@ -496,7 +497,7 @@ def calibrate(
                 rate_limit_prob=fit.rate_limit_prob,
                 rate_limit_retry_after_s=fit.rate_limit_retry_after_s
                 if fit.rate_limit_retry_after_s is not None
-                else ProviderConfig.rate_limit_retry_after_s,
+                else defaults.rate_limit_retry_after_s,
                 server_error_prob=fit.server_error_prob,
                 timeout_prob=fit.timeout_prob,
                 quota_exhausted_prob=fit.quota_exhausted_prob,

@@ -213,19 +213,27 @@ def _require_optuna() -> Any:
     return optuna
 
 
+def _values(spec: ParamSpec) -> list[Any]:
+    if spec.kind == "choice":
+        return list(spec.choices)
+    if spec.kind == "int":
+        return [int(spec.low), int(spec.high)]  # type: ignore[arg-type]
+    return [spec.low, spec.high]
+
+
 def _check_settings(scenario: Scenario, params: Sequence[ParamSpec]) -> None:
-    """Every corner of the search space must be a valid scenario: refuse it now, not at trial 57."""
+    """Every value a parameter can take, with the others at their first value, must give a valid
+    scenario (keys that only apply together, such as a burst and its rate, are set together):
+    refuse it now, not at trial 57."""
     from aiqsim.sim.simulate import resolve_scenario
 
     keys = [p.key for p in params]
     if len(set(keys)) != len(keys):
         raise ConfigurationError(f"--param: a key is given twice ({', '.join(keys)})")
+    base = {spec.key: _values(spec)[0] for spec in params}
     for spec in params:
-        values = list(spec.choices) if spec.kind == "choice" else [spec.low, spec.high]
-        if spec.kind == "int":
-            values = [int(v) for v in values]  # type: ignore[arg-type]
-        for value in values:
-            resolve_scenario(scenario, {spec.key: value})
+        for value in _values(spec):
+            resolve_scenario(scenario, {**base, spec.key: value})
 
 
 class _Runner:
@@ -338,8 +346,10 @@ def tune(
     _check_settings(scenario, specs)
     optuna = _require_optuna()
 
+    # Optuna >= 5 takes constraints from the trial (set_constraint); older ones from constraints_func.
+    on_trial = hasattr(optuna.trial.Trial, "set_constraint")
     constraints_func = None
-    if limits:
+    if limits and not on_trial:
 
         def constraints_func(trial: Any) -> list[float]:
             return list(trial.user_attrs.get("violations", [math.inf] * len(limits)))
@@ -374,6 +384,12 @@ def tune(
     bar = Progress(remaining, label=f"tune {scenario.name}", enabled=progress)
     failures: list[str] = []
 
+    def _constrain(trial: Any, violations: list[float]) -> None:
+        trial.set_user_attr("violations", violations)
+        if limits and on_trial:
+            for limit, violation in zip(limits, violations, strict=True):
+                trial.set_constraint(str(limit), min(violation, 1e300))
+
     def evaluate(trial: Any) -> Any:
         point: dict[str, Any] = {}
         for spec in specs:
@@ -388,12 +404,12 @@ def tune(
         errors = [error for _, error in rows if error is not None]
         if errors:
             failures.append(f"{point}: {errors[0]}")
-            trial.set_user_attr("violations", [math.inf] * len(limits))
+            _constrain(trial, [math.inf] * len(limits))
             raise _TrialFailed(errors[0])
         frame = pd.DataFrame([row for row, _ in rows])
         means = {key: float(frame[key].mean()) for key in SUMMARY_KEYS if key in frame}
         trial.set_user_attr("means", means)
-        trial.set_user_attr("violations", [c.violation(means[c.metric]) for c in limits])
+        _constrain(trial, [c.violation(means[c.metric]) for c in limits])
         values = [means[name] for name in objectives]
         if any(math.isnan(v) for v in values):
             raise _TrialFailed(f"objective is NaN at {point}")
