@@ -153,3 +153,21 @@ def test_latency_estimator_recovers_a_known_line() -> None:
 def test_a_folder_without_a_log_is_refused_with_its_name(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="tasks"):
         calibrate(tmp_path)
+
+
+def test_without_headers_the_limit_is_estimated_from_where_429s_start(tmp_path: Path) -> None:
+    """A provider that sends no x-ratelimit-* headers: the limit comes from the attempts admitted in
+    the minute before each 429 at the busiest times (retry_storm_429: 180 offered per minute against a
+    server limit of 120)."""
+    import pandas as pd
+
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "retry_storm_429.toml"
+    simulate(scenario, seed=0).call_log.write(tmp_path / "log")
+    calls = pd.read_csv(tmp_path / "log" / "calls.csv")
+    for column in CALL_LOG_COLUMNS[-6:]:  # as a provider without rate-limit headers would leave them
+        calls[column] = None
+    calls.to_csv(tmp_path / "log" / "calls.csv", index=False)
+    fit = calibrate(tmp_path / "log").providers["llm"]
+    assert fit.limits_from == "429s"
+    assert fit.server_requests_per_min == pytest.approx(120, rel=0.10)
+    assert fit.random_429s <= 0.05 * fit.limit_429s  # the storm's 429s are the limit's, not random
