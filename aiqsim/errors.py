@@ -14,6 +14,9 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
 │   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
 │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
 │   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
+│   ├── CallLogError (OSError)         a call log that cannot be written where asked
+│   ├── CalibrationError               a call log that cannot be calibrated from
+│   ├── TuneError (RuntimeError)       a tuning run in which no trial could run
 │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
@@ -65,9 +68,11 @@ from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.fleet.leases import LeaseLostError
 from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.status import HttpStatusError
+from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError
+from aiqsim.scheduler.call_log import CallLogError
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
     SchedulerClosedError,
@@ -89,6 +94,8 @@ from aiqsim.stores.base import (
 __all__ = [
     "AiqsimError",
     "AttemptRejectedError",
+    "CalibrationError",
+    "CallLogError",
     "ConfigurationError",
     "FingerprintError",
     "HttpStatusError",
@@ -127,5 +134,6 @@ __all__ = [
     "TaskFailedError",
     "TaskInterruptedError",
     "TraceError",
+    "TuneError",
     "WorkloadTooLargeError",
 ]

@@ -171,3 +171,24 @@ def test_without_headers_the_limit_is_estimated_from_where_429s_start(tmp_path: 
     assert fit.limits_from == "429s"
     assert fit.server_requests_per_min == pytest.approx(120, rel=0.10)
     assert fit.random_429s <= 0.05 * fit.limit_429s  # the storm's 429s are the limit's, not random
+
+
+def test_call_log_where_it_cannot_be_written_is_a_call_log_error(tmp_path: Path) -> None:
+    from aiqsim.scheduler.call_log import CallLog, CallLogError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CallLogError, match="file"):
+        CallLog(blocker / "log")
+    with pytest.raises(CallLogError):
+        CallLog().write(blocker / "log")
+
+
+def test_parquet_call_log_calibrates_like_csv(truth: Path, tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    log = simulate(truth, seed=4, overrides={"scenario.duration_s": 120}).call_log
+    log.write(tmp_path / "csv")
+    log.write(tmp_path / "parquet", format="parquet")
+    from_csv = calibrate(tmp_path / "csv").providers["llm"]
+    from_parquet = calibrate(tmp_path / "parquet").providers["llm"]
+    assert from_csv == from_parquet

@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from aiqsim.core.errors import AiqsimError, ConfigurationError
+from aiqsim.core.errors import ConfigurationError
+from aiqsim.lab.lab_errors import CalibrationError
 from aiqsim.lab.toml_out import dumps_toml
 from aiqsim.scheduler.call_log import CALL_LOG_COLUMNS, TASK_LOG_COLUMNS
 from aiqsim.sim.providers import WINDOW_S
@@ -70,10 +71,6 @@ latency fit is flagged (lognormal noise assumed by the model does not describe t
 POOR_FIT_DISPERSION = 2.0
 """Index of dispersion (variance / mean of arrivals per 10 s) above which arrivals are flagged as
 burstier than Poisson."""
-
-
-class CalibrationError(AiqsimError, ValueError):
-    """A log that cannot be calibrated from (missing files or columns, no calls); says which."""
 
 
 # ---------------------------------------------------------------------- reading

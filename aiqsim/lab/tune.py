@@ -31,7 +31,8 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from aiqsim.core.errors import AiqsimError, ConfigurationError
+from aiqsim.core.errors import ConfigurationError
+from aiqsim.lab.lab_errors import TuneError
 from aiqsim.lab.toml_out import dumps_toml
 from aiqsim.sim.config import Scenario
 
@@ -48,10 +49,6 @@ __all__ = [
 ParamKind = Literal["float", "log", "int", "choice"]
 SAMPLERS = ("tpe", "nsga2", "random")
 ENGINES = ("serial", "local", "dask")
-
-
-class TuneError(AiqsimError, RuntimeError):
-    """A tuning run that could not finish: every trial failed, or the optimiser is missing."""
 
 
 @dataclass(frozen=True, slots=True)

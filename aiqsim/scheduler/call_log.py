@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from aiqsim.core.errors import AiqsimError, ConfigurationError
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.task import Priority
 from aiqsim.scheduler.events import AttemptRecord, SchedulerEvent, TaskTransition
 
@@ -271,8 +271,9 @@ class CallLog:
         return paths
 
 
-class CallLogError(AiqsimError, OSError):
-    """The call log could not be written where asked (a missing or read-only folder, a full disk)."""
+class CallLogError(ConfigurationError, OSError):
+    """The call log could not be written where asked (a missing or read-only folder, a full disk);
+    like ``OutputPathError``, a place to write that cannot be used."""
 
 
 def _write_parquet(path: Path, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
