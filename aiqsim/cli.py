@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="let live clients correct buckets from x-ratelimit-*",
     )
     _add_serve_parser(commands)
+    from aiqsim.lab.lab_commands import add_lab_parsers
+
+    add_lab_parsers(commands)  # calibrate, tune
     return parser
 
 
@@ -445,6 +448,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 COMMANDS["serve"] = cmd_serve
+
+
+def _lab_command(name: str) -> Any:
+    def command(args: argparse.Namespace) -> int:
+        from aiqsim.lab.lab_commands import LAB_COMMANDS
+
+        return LAB_COMMANDS[name](args)
+
+    return command
+
+
+COMMANDS.update({name: _lab_command(name) for name in ("calibrate", "tune")})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

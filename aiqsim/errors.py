@@ -18,6 +18,9 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── NoSettingMeetsError            no swept setting meets a decision's target on every seed
     │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   ├── KitOptionError                 a bad --aiqsim-* pytest option (aiqsim.testing)
+    │   ├── CallLogError (OSError)         a call log that cannot be written where asked
+    │   ├── CalibrationError               a call log that cannot be calibrated from
+    │   ├── TuneError (RuntimeError)       a tuning run in which no trial could run
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
     │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
@@ -78,9 +81,11 @@ from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
 from aiqsim.http.status import HttpStatusError
 from aiqsim.lab.decisions import NoSettingMeetsError
+from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError
+from aiqsim.scheduler.call_log import CallLogError
 from aiqsim.scheduler.jobs import JobCancelledError, JobFailedError, JobSpecError
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
@@ -106,6 +111,8 @@ from aiqsim.testing.sigkill import WorkerFailedError
 __all__ = [
     "AiqsimError",
     "AttemptRejectedError",
+    "CalibrationError",
+    "CallLogError",
     "ConfigurationError",
     "FingerprintError",
     "HttpExchangeError",
@@ -154,6 +161,7 @@ __all__ = [
     "TaskFailedError",
     "TaskInterruptedError",
     "TraceError",
+    "TuneError",
     "WorkerFailedError",
     "WorkloadTooLargeError",
 ]

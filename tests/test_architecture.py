@@ -98,3 +98,28 @@ def test_the_checker_catches_what_it_claims(tmp_path: pathlib.Path) -> None:
 def test_scheduler_package_is_checked() -> None:
     files = _python_files("scheduler")
     assert any(p.name == "scheduler.py" for p in files)
+
+
+def test_the_call_log_writer_stays_light() -> None:
+    """The call log is written on the production scheduler's path: no pandas (or numpy) there, and
+    pyarrow only inside the function that writes Parquet when asked for (rooms.md: call log)."""
+    path = PACKAGE / "scheduler" / "call_log.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top_level = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top_level |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            top_level.add(node.module.split(".")[0])
+    anywhere = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert not {"pandas", "numpy"} & anywhere
+    assert "pyarrow" not in top_level

@@ -688,7 +688,7 @@ def test_http_provider_posts_json_with_the_idempotency_key(scripted: ScriptedSer
         scripted, "ok", HttpReply.json(200, body), headers={"Authorization": "Bearer t"}, model="m"
     )
     response = run(call_once(provider, make_request("hello", key="abc-123")))
-    assert response == ProviderResponse(result="hello back", usage=7.0)
+    assert response == ProviderResponse(result="hello back", usage=7.0, output_units=4.0)
     seen = scripted.seen[-1]
     assert seen.method == "POST" and seen.path == "/case/ok"
     assert seen.headers["idempotency-key"] == "abc-123"

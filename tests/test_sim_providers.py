@@ -109,7 +109,7 @@ def test_latency_formula_without_noise_and_billing():
     assert t1 == 0.5 + 0.02 * 100
     assert t2 == t1 + 0.5 + 0.02 * 25
     assert first == ProviderResponse(
-        result={"input": "a", "output_units": 100, "provider": "llm"}, usage=200.0
+        result={"input": "a", "output_units": 100, "provider": "llm"}, usage=200.0, output_units=100.0
     )
     assert second.result == {"input": "b", "output_units": 25, "provider": "llm"}
     ok_a, ok_b = provider.ledger.executions

@@ -10,10 +10,17 @@ import enum
 import math
 
 from aiqsim.core.errors import AiqsimError
+from aiqsim.core.ratelimit import RateLimitSnapshot
 
 
 class ProviderError(AiqsimError):
-    """Base of every failure a provider adapter reports."""
+    """Base of every failure a provider adapter reports.
+
+    ``ratelimit`` is what the provider said about its limits on the failed answer (its
+    ``x-ratelimit-*`` headers), when an adapter saw any: observed for the call log, never acted on.
+    """
+
+    ratelimit: RateLimitSnapshot | None = None
 
 
 class RateLimitError(ProviderError):

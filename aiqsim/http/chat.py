@@ -126,6 +126,15 @@ def total_tokens(body: Any) -> float | None:
     return None
 
 
+def completion_tokens(body: Any) -> float | None:
+    """``usage.completion_tokens`` of a response (what the model generated), or ``None``."""
+    usage = body.get("usage") if isinstance(body, Mapping) else None
+    value = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def completion_json(
     completion_id: str, model: str, content: str, prompt: int, output: int, created: int
 ) -> dict[str, Any]:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.core.retry_after import delta_seconds, parse_retry_after
 from aiqsim.core.token_bucket import MultiQuota
 
@@ -119,33 +119,6 @@ def _number(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimitSnapshot:
-    """What one response's ``x-ratelimit-*`` headers said (``None`` where a header was absent)."""
-
-    limit_requests: float | None = None
-    remaining_requests: float | None = None
-    reset_requests_s: float | None = None
-    limit_tokens: float | None = None
-    remaining_tokens: float | None = None
-    reset_tokens_s: float | None = None
-
-    @property
-    def is_empty(self) -> bool:
-        """True when the response carried none of the headers."""
-        return all(
-            value is None
-            for value in (
-                self.limit_requests,
-                self.remaining_requests,
-                self.reset_requests_s,
-                self.limit_tokens,
-                self.remaining_tokens,
-                self.reset_tokens_s,
-            )
-        )
 
 
 def parse_ratelimit_headers(headers: Mapping[str, Any] | Any) -> RateLimitSnapshot:

@@ -43,7 +43,7 @@ from urllib.parse import quote
 
 from aiqsim.core.failures import ProviderTimeoutError, SchemaViolationError, ServerError
 from aiqsim.core.token_bucket import MultiQuota
-from aiqsim.http.chat import chat_body, chat_content, estimate_chat_tokens, total_tokens
+from aiqsim.http.chat import chat_body, chat_content, completion_tokens, estimate_chat_tokens, total_tokens
 from aiqsim.http.headers import (
     RateLimitSnapshot,
     apply_ratelimit_snapshot,
@@ -248,7 +248,13 @@ class HttpProvider:
             "POST", self.url, headers=headers, json=self.body_for(request), sent_key=request.idempotency_key
         )
         body = self._check(response)
-        return ProviderResponse(result=self._result(body), usage=total_tokens(body))
+        snapshot = parse_ratelimit_headers(response.headers)
+        return ProviderResponse(
+            result=self._result(body),
+            usage=total_tokens(body),
+            output_units=completion_tokens(body),
+            ratelimit=None if snapshot.is_empty else snapshot,
+        )
 
     async def lookup(self, idempotency_key: str) -> ProviderResponse | None:
         """Ask the server whether it already did the work for ``idempotency_key``.
@@ -331,6 +337,8 @@ class HttpProvider:
             source=self.name,
         )
         if error is not None:
+            snapshot = parse_ratelimit_headers(response.headers)
+            error.ratelimit = None if snapshot.is_empty else snapshot  # for the call log
             raise error
         if not decoded:
             raise SchemaViolationError(

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aiqsim.core.ratelimit import RateLimitSnapshot
+
 
 @dataclass(frozen=True, slots=True)
 class TaskTransition:
@@ -23,6 +25,8 @@ class TaskTransition:
     old: str | None
     new: str
     attempts: int
+    cost_estimate: float | None = None
+    """What the task was expected to cost in quota units (for the call log's cost model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,10 @@ class AttemptRecord:
     usage: float | None
     retry_after_s: float | None
     delay_s: float | None
+    output_units: float | None = None
+    """What the provider said it generated (completion tokens), when it said so."""
+    ratelimit: RateLimitSnapshot | None = None
+    """The provider's ``x-ratelimit-*`` view on this answer (success or error), when it sent one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.core.task import Priority
 
 
@@ -28,10 +29,14 @@ class ProviderRequest:
 @dataclass(frozen=True, slots=True)
 class ProviderResponse:
     """A successful call. ``usage`` is the actual cost in the quota's unit (tokens, characters);
-    ``None`` means the estimate was right."""
+    ``None`` means the estimate was right. ``output_units`` is the part of it the provider generated
+    (completion tokens), when it says so, and ``ratelimit`` what it said about its own limits on this
+    answer: both only observed (the call log records them for calibration), never acted on here."""
 
     result: Any
     usage: float | None = None
+    output_units: float | None = None
+    ratelimit: RateLimitSnapshot | None = None
 
 
 @runtime_checkable

@@ -388,6 +388,8 @@ class Scheduler:
         self.retry = retry if retry is not None else RetryPolicy()
         self.rng = rng if rng is not None else random.Random()
         self.events = events
+        # a sink may decline the per-grant quota samples (the call log does: it has no use for them)
+        self._quota_events = events is not None and getattr(events, "wants_quota_samples", True)
         self.gates = tuple(gates)
         self._early_gates, self._late_gates = split_gates(self.gates)
         self.poison_fallback = poison_fallback
@@ -1052,7 +1054,7 @@ class Scheduler:
                 await lane.signal.wait(None if lane.slot_blocked else max(wait, 0.0))
                 lane.slot_blocked = False
                 continue
-            if self.events is not None:
+            if self._quota_events:
                 self._emit_quota(lane, now)
             if isinstance(candidate, _Ticket):
                 lane.retries[priority].popleft()
@@ -1221,7 +1223,9 @@ class Scheduler:
                 lane.signal.notify()
                 for gate in self.gates:
                     tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
-                self._emit_attempt(live, attempts, start, now, None, "done", None, None, usage)
+                self._emit_attempt(
+                    live, attempts, start, now, None, "done", None, None, usage, response=response
+                )
                 lane.rate_limits.record_success(now, policy.adaptive_rule)
                 self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
                 return
@@ -1537,6 +1541,7 @@ class Scheduler:
                     old=None if old is None else old.value,
                     new=record.status.value,
                     attempts=record.attempts,
+                    cost_estimate=record.cost_estimate,
                 )
             )
 
@@ -1551,9 +1556,11 @@ class Scheduler:
         retry_after: float | None,
         delay: float | None,
         usage: float | None = None,
+        response: ProviderResponse | None = None,
     ) -> None:
         if self.events is not None:
             record = live.record
+            seen = response if response is not None else error
             self.events(
                 AttemptRecord(
                     task_id=record.id,
@@ -1568,6 +1575,8 @@ class Scheduler:
                     usage=usage,
                     retry_after_s=retry_after,
                     delay_s=delay,
+                    output_units=getattr(response, "output_units", None),
+                    ratelimit=getattr(seen, "ratelimit", None),
                 )
             )
 

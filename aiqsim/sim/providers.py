@@ -58,18 +58,20 @@ import random
 import struct
 from collections import deque
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Any, Literal, get_args
 
 from aiqsim.core.failures import (
     InvalidRequestError,
+    ProviderError,
     ProviderTimeoutError,
     QuotaExhaustedError,
     RateLimitError,
     SchemaViolationError,
     ServerError,
 )
+from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.sim.config import OutageConfig, ProviderConfig
@@ -430,7 +432,38 @@ class SimulatedProvider:
         return float(SimJob.from_payload(payload).units)
 
     async def call(self, request: ProviderRequest) -> ProviderResponse:
-        """Serve one attempt; raises :mod:`aiqsim.core.failures` errors as a real API would."""
+        """Serve one attempt; raises :mod:`aiqsim.core.failures` errors as a real API would.
+
+        Like the HTTP server's ``x-ratelimit-*`` headers, every answer (a response or a
+        :class:`~aiqsim.core.failures.ProviderError`, except a lost response, which is no answer)
+        carries a :class:`~aiqsim.core.ratelimit.RateLimitSnapshot` of the server windows when the
+        provider has any, so a simulated call log holds what a live one holds.
+        """
+        try:
+            response = await self._call(request)
+        except ProviderError as error:
+            if not isinstance(error, ProviderTimeoutError):
+                error.ratelimit = self.ratelimit_snapshot(self.runtime.now())
+            raise
+        snapshot = self.ratelimit_snapshot(self.runtime.now())
+        return response if snapshot is None else replace(response, ratelimit=snapshot)
+
+    def ratelimit_snapshot(self, now: float) -> RateLimitSnapshot | None:
+        """The server windows at ``now`` as a provider's ``x-ratelimit-*`` headers state them
+        (remaining rounded down to whole units, as :mod:`aiqsim.http.server` sends them);
+        ``None`` for a provider without server limits."""
+        windows = self.window_usage(now)
+        if not windows:
+            return None
+        fields: dict[str, float] = {}
+        for name, (limit, used, reset) in windows.items():
+            suffix = "requests" if name == "requests" else "tokens"
+            fields[f"limit_{suffix}"] = limit
+            fields[f"remaining_{suffix}"] = float(math.floor(max(0.0, limit - used)))
+            fields[f"reset_{suffix}_s"] = reset
+        return RateLimitSnapshot(**fields)
+
+    async def _call(self, request: ProviderRequest) -> ProviderResponse:
         runtime, config = self.runtime, self.config
         start = runtime.now()
         draws = self._draws(request)
@@ -580,7 +613,9 @@ class SimulatedProvider:
         assert found is not None, "a replay follows a completed execution of the same key"
         execution, result = found
         self._record(request, start, self.runtime.now(), "replay", job.units)
-        return ProviderResponse(result=result, usage=float(execution.units))
+        return ProviderResponse(
+            result=result, usage=float(execution.units), output_units=float(job.output_units)
+        )
 
     async def _execute(
         self,
@@ -607,7 +642,7 @@ class SimulatedProvider:
                 waiter.set_result(None)
         if lost:
             return _LOST
-        return ProviderResponse(result=result, usage=float(job.units))
+        return ProviderResponse(result=result, usage=float(job.units), output_units=float(job.output_units))
 
     async def _wait_in_flight(self, key: str) -> None:
         waiter: Future[Any] = self.runtime.create_future()

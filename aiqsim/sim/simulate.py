@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from aiqsim.core.job import JobRecord
+    from aiqsim.scheduler.call_log import CallLog
     from aiqsim.sim.job_workloads import JobArrival
     from aiqsim.sim.workloads import Arrival
 
@@ -147,6 +148,14 @@ class SimulationResult:
         return metrics.timeline_frame(
             self.executions, self.events, self.scenario.timeline_step_s, max(self.sim_time_s, 1e-9)
         )
+
+    @cached_property
+    def call_log(self) -> CallLog:
+        """The run's call log (:mod:`aiqsim.scheduler.call_log`): the same tasks/calls rows, written by
+        the same code, as a production scheduler's ``CallLog`` sink records; ``.write(folder)`` saves it."""
+        from aiqsim.scheduler.call_log import CallLog
+
+        return CallLog().extend(self.events)
 
     def breaker_transitions(self) -> list[Any]:
         """Every circuit-breaker state change in the run (time, provider, old, new), in time order."""

@@ -1,0 +1,571 @@
+"""Calibrate a scenario from call logs: fit the provider and the workload that production saw.
+
+Input: one or more call logs (folders with ``tasks.csv``/``calls.csv`` or ``.parquet``, written by
+:class:`aiqsim.scheduler.call_log.CallLog`, from production or from ``simulate()``). Output: an
+ordinary scenario (:class:`~aiqsim.sim.config.Scenario`, TOML via :meth:`Calibration.to_toml`) whose
+simulated providers and workloads reproduce the log, plus the fits and their diagnostics.
+
+What is fitted, per provider (the family :class:`~aiqsim.sim.providers.SimulatedProvider` uses):
+
+- **latency** of successful calls ``L = (base + per_unit * x) * N``, ``x`` the output units (the
+  usage when the provider reported no output split), ``N`` lognormal with mean 1 and log-sd
+  ``sigma``. Estimator: since ``E[L | x] = base + per_unit * x`` and ``sd(L | x)`` is proportional to
+  it, iteratively reweighted least squares on ``L`` with weights ``1 / fitted^2`` (the quasi-likelihood
+  estimator for constant coefficient of variation; unbiased for the mean line, unlike least squares
+  on ``log L``, which is biased by the unknown ``-sigma^2/2``). ``sigma`` is the standard deviation
+  of ``log(L / fitted)``. The report's QQ plot compares those log residuals with a normal.
+- **server limits**: ``x-ratelimit-limit-{requests,tokens}`` when the log holds them (the mode over
+  answers); without headers, where 429s start: the attempts the server admitted in the 60 s before
+  each limit 429 (median over the 429s seen at the busiest times).
+- **429s**: a 429 is the server limit when the answer said the window was spent (remaining requests
+  < 1 or remaining tokens below the attempt's size), else random; ``rate_limit_prob`` = random 429s
+  / attempts past the limit check, and their Retry-After (median) ``rate_limit_retry_after_s``.
+- **failures** in the order the simulated server decides them: quota exhausted and invalid request
+  among admitted attempts, 5xx among those, lost responses (client timeouts) among the rest.
+
+And the workload, per (provider, priority): a Poisson process with a piecewise-constant rate over
+``arrival_bins`` equal intervals (its diurnal shape; one bin is a homogeneous Poisson fit), the cost
+distribution (``fixed`` when every estimate is equal, else ``lognormal`` with the sample mean and
+log-sd), the output fraction, and duplicate submissions (as ``distinct_inputs`` solving
+``E[repeats] = observed repeats`` under uniform draws of inputs).
+
+The client's own settings (quotas, retry, dispatch) are not in a log: pass ``settings`` (a scenario
+whose client tables are copied) or get the defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from aiqsim.core.errors import ConfigurationError
+from aiqsim.lab.lab_errors import CalibrationError
+from aiqsim.lab.toml_out import dumps_toml
+from aiqsim.scheduler.call_log import CALL_LOG_COLUMNS, TASK_LOG_COLUMNS
+from aiqsim.sim.providers import WINDOW_S
+
+if TYPE_CHECKING:
+    from aiqsim.sim.config import Scenario
+
+__all__ = [
+    "Calibration",
+    "CalibrationError",
+    "LatencyFit",
+    "ProviderFit",
+    "WorkloadFit",
+    "calibrate",
+    "fit_latency",
+    "read_call_log",
+]
+
+POOR_FIT_LOG_RESIDUAL_KS = 0.08
+"""Kolmogorov-Smirnov distance of the standardised log residuals from a normal above which the
+latency fit is flagged (lognormal noise assumed by the model does not describe the data)."""
+
+POOR_FIT_DISPERSION = 2.0
+"""Index of dispersion (variance / mean of arrivals per 10 s) above which arrivals are flagged as
+burstier than Poisson."""
+
+
+# ---------------------------------------------------------------------- reading
+def read_call_log(location: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(tasks, calls) DataFrames of the call log in folder ``location`` (CSV or Parquet)."""
+    folder = Path(location)
+    if not folder.is_dir():
+        raise CalibrationError(f"{folder}: not a call-log folder (expected tasks.csv and calls.csv in it)")
+    frames = []
+    for name, columns in (("tasks", TASK_LOG_COLUMNS), ("calls", CALL_LOG_COLUMNS)):
+        csv_path, parquet_path = folder / f"{name}.csv", folder / f"{name}.parquet"
+        try:
+            if csv_path.exists():
+                frame = pd.read_csv(csv_path)
+            elif parquet_path.exists():
+                frame = pd.read_parquet(parquet_path)
+            else:
+                raise CalibrationError(f"{folder}: no {name}.csv or {name}.parquet")
+        except (OSError, ValueError, ImportError) as error:
+            if isinstance(error, CalibrationError):
+                raise
+            raise CalibrationError(f"{folder}: cannot read {name}: {error}") from error
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise CalibrationError(f"{folder}/{name}: missing column(s) {', '.join(missing)}")
+        frames.append(frame)
+    return frames[0], frames[1]
+
+
+def _concat_logs(locations: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Several logs as one, each shifted to start where the previous one ended (keys stay apart)."""
+    tasks_all, calls_all = [], []
+    offset = 0.0
+    for index, location in enumerate(locations):
+        tasks, calls = read_call_log(location)
+        t0 = float(np.nanmin(np.concatenate([tasks["submitted_at"].to_numpy(float), [np.inf]])))
+        if not math.isfinite(t0):
+            t0 = 0.0
+        shift = offset - t0
+        for frame, cols in (
+            (tasks, ("submitted_at", "started_at", "finished_at")),
+            (calls, ("start", "end")),
+        ):
+            for col in cols:
+                frame[col] = frame[col].astype(float) + shift
+            frame["key"] = f"{index}:" + frame["key"].astype(str)
+            frame["task_id"] = f"{index}:" + frame["task_id"].astype(str)
+        ends = np.concatenate([tasks["finished_at"].dropna().to_numpy(float), calls["end"].to_numpy(float)])
+        offset = float(ends.max()) if len(ends) else offset
+        tasks_all.append(tasks)
+        calls_all.append(calls)
+    return pd.concat(tasks_all, ignore_index=True), pd.concat(calls_all, ignore_index=True)
+
+
+# ---------------------------------------------------------------------- fits
+@dataclass(frozen=True, slots=True)
+class LatencyFit:
+    """``L = (base_s + per_unit_s * x) * lognormal(mean 1, sigma)`` fitted to ``n`` successful calls."""
+
+    base_s: float
+    per_unit_s: float
+    sigma: float
+    n: int
+    regressor: str
+    """``output_units`` or ``usage``: what ``x`` was."""
+    ks_distance: float
+    """KS distance of the standardised log residuals from N(0, 1) (small is good)."""
+
+
+def fit_latency(x: np.ndarray, latency: np.ndarray, *, iterations: int = 5) -> tuple[float, float, float]:
+    """(base, per_unit, sigma) by IRLS with weights ``1/fitted^2`` (see the module docstring).
+
+    A negative intercept or slope is clipped to 0 and the other coefficient refitted, since the
+    simulated provider accepts neither.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(latency, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y) & (y > 0)
+    x, y = x[keep], y[keep]
+    if len(y) < 3:
+        raise CalibrationError(f"latency: {len(y)} successful call(s); at least 3 are needed for a fit")
+    weights = np.ones_like(y)
+    base, slope = float(np.median(y)), 0.0
+    for _ in range(iterations):
+        design = np.column_stack([np.ones_like(x), x]) * np.sqrt(weights)[:, None]
+        (base, slope), *_ = np.linalg.lstsq(design, y * np.sqrt(weights), rcond=None)
+        if slope < 0:
+            base, slope = float(np.average(y, weights=weights)), 0.0
+        if base < 0:
+            base = 0.0
+            slope = float(np.sum(weights * x * y) / max(np.sum(weights * x * x), 1e-300))
+        fitted = np.maximum(base + slope * x, 1e-12)
+        weights = 1.0 / fitted**2
+    log_residuals = np.log(y / np.maximum(base + slope * x, 1e-12))
+    sigma = float(np.std(log_residuals, ddof=2)) if len(y) > 2 else 0.0
+    return float(base), float(slope), sigma
+
+
+def _ks_normal(values: np.ndarray) -> float:
+    from statistics import NormalDist
+
+    if len(values) < 2 or np.std(values) == 0:
+        return 0.0
+    z = np.sort((values - values.mean()) / values.std())
+    cdf = np.array([NormalDist().cdf(v) for v in z])
+    n = len(z)
+    return float(max(np.max(np.arange(1, n + 1) / n - cdf), np.max(cdf - np.arange(n) / n)))
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderFit:
+    """Everything fitted for one provider, with the counts each rate was estimated from."""
+
+    name: str
+    latency: LatencyFit
+    server_requests_per_min: float | None
+    server_units_per_min: float | None
+    limits_from: str
+    """``headers``, ``429s`` (estimated from where 429s start) or ``none`` (no 429 and no header)."""
+    rate_limit_prob: float
+    rate_limit_retry_after_s: float | None
+    server_error_prob: float
+    timeout_prob: float
+    quota_exhausted_prob: float
+    invalid_request_prob: float
+    attempts: int
+    limit_429s: int
+    random_429s: int
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadFit:
+    """One (provider, priority) stream of submissions: piecewise Poisson rates, sizes, duplicates."""
+
+    provider: str
+    priority: str
+    start_s: float
+    end_s: float
+    rates_per_s: tuple[float, ...]
+    """Rate in each of the equal bins between ``start_s`` and ``end_s``."""
+    submissions: int
+    cost_dist: str
+    cost_mean: float
+    cost_sigma: float
+    output_fraction: float
+    duplicate_fraction: float
+    distinct_inputs: int | None
+    dispersion: float
+    """Variance / mean of arrivals per 10 s after removing the fitted rate (1 for Poisson)."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The result of :func:`calibrate`: the scenario, the fits behind it and the fits' warnings."""
+
+    scenario: Scenario
+    providers: dict[str, ProviderFit]
+    workloads: list[WorkloadFit]
+    flags: list[str]
+    """Poor fits and guesses, one sentence each (empty when every fit looks right)."""
+    tasks: pd.DataFrame = field(repr=False)
+    calls: pd.DataFrame = field(repr=False)
+
+    def to_toml(self) -> str:
+        """The calibrated scenario as a scenario file (``aiqsim validate`` accepts it)."""
+        from aiqsim.sim.scenario import scenario_to_dict
+
+        return dumps_toml(scenario_to_dict(self.scenario))
+
+    def write(self, path: str | Path) -> Path:
+        """Write :meth:`to_toml` to ``path``; returns it."""
+        target = Path(path)
+        try:
+            target.write_text(self.to_toml(), encoding="utf-8")
+        except OSError as error:
+            raise CalibrationError(f"cannot write {target}: {error}") from error
+        return target
+
+
+def _mode(values: pd.Series) -> float | None:
+    values = values.dropna()
+    if values.empty:
+        return None
+    return float(values.round(6).mode().iloc[0])
+
+
+def _limit_429_mask(calls: pd.DataFrame) -> pd.Series:
+    """Which 429s the server limit caused, from the remaining counts the answer carried."""
+    limited = calls["outcome_class"] == "rate_limited"
+    size = calls["usage"].fillna(calls["cost_estimate"]).astype(float)
+    spent_requests = calls["remaining_requests"].astype(float) < 1
+    spent_tokens = calls["remaining_tokens"].astype(float) < size
+    return limited & (spent_requests | spent_tokens)
+
+
+def _limit_from_429s(calls: pd.DataFrame) -> tuple[float | None, pd.Series]:
+    """Without headers: a 429 at a time when the server had admitted (nearly) as many attempts in
+    the last minute as it ever did is a limit 429; the limit is the median of those counts."""
+    limited = (calls["outcome_class"] == "rate_limited").to_numpy()
+    admitted_starts = np.sort(calls.loc[~limited, "start"].to_numpy(float))
+    if not limited.any() or len(admitted_starts) == 0:
+        return None, pd.Series(False, index=calls.index)
+    starts = calls["start"].to_numpy(float)
+    counts = np.searchsorted(admitted_starts, starts, side="left") - np.searchsorted(
+        admitted_starts, starts - WINDOW_S, side="left"
+    )
+    busiest = counts[limited].max()
+    at_limit = limited & (counts >= 0.9 * busiest)
+    if not at_limit.any():
+        return None, pd.Series(False, index=calls.index)
+    return float(np.median(counts[at_limit])), pd.Series(at_limit, index=calls.index)
+
+
+def _fit_provider(name: str, calls: pd.DataFrame, flags: list[str]) -> ProviderFit:
+    sent = calls[calls["outcome_class"] != "rejected_locally"]
+    classes = sent["outcome_class"].value_counts().to_dict()
+    ok = sent[sent["outcome_class"] == "ok"]
+    use_output = ok["output_units"].notna().mean() > 0.9 if len(ok) else False
+    regressor = "output_units" if use_output else "usage"
+    x = ok[regressor].fillna(ok["cost_estimate"]).to_numpy(float)
+    base, slope, sigma = fit_latency(x, ok["latency_s"].to_numpy(float))
+    residuals = np.log(ok["latency_s"].to_numpy(float) / np.maximum(base + slope * x, 1e-12))
+    ks = _ks_normal(residuals[np.isfinite(residuals)])
+    latency = LatencyFit(base, slope, sigma, len(ok), regressor, ks)
+    if ks > POOR_FIT_LOG_RESIDUAL_KS:
+        flags.append(
+            f"{name}: latency residuals are not lognormal (KS distance {ks:.3f} > "
+            f"{POOR_FIT_LOG_RESIDUAL_KS}); see the QQ plot"
+        )
+
+    has_headers = sent["limit_requests"].notna().any() or sent["limit_tokens"].notna().any()
+    if has_headers:
+        rpm, upm = _mode(sent["limit_requests"]), _mode(sent["limit_tokens"])
+        limit_mask = _limit_429_mask(sent)
+        limits_from = "headers"
+    else:
+        rpm, limit_mask = _limit_from_429s(sent)
+        upm = None
+        limits_from = "429s" if rpm is not None else "none"
+        if rpm is not None:
+            flags.append(f"{name}: no x-ratelimit headers; server limit estimated from 429s ({rpm:g}/min)")
+    limited = sent["outcome_class"] == "rate_limited"
+    limit_429s = int((limited & limit_mask).sum())
+    random_mask = limited & ~limit_mask
+    random_429s = int(random_mask.sum())
+    past_limit = len(sent) - limit_429s
+    admitted = past_limit - random_429s
+    qe = classes.get("quota_exhausted", 0)
+    inv = classes.get("invalid_request", 0)
+    s5 = classes.get("server_error", 0)
+    schema = classes.get("schema_violation", 0)
+    timeouts = classes.get("timeout", 0)
+    after_checks = admitted - qe - inv
+    executed = after_checks - s5
+
+    def ratio(numerator: int, denominator: int) -> float:
+        return float(numerator / denominator) if denominator > 0 else 0.0
+
+    retry_after = sent.loc[random_mask, "retry_after_s"].dropna()
+    return ProviderFit(
+        name=name,
+        latency=latency,
+        server_requests_per_min=rpm,
+        server_units_per_min=upm,
+        limits_from=limits_from,
+        rate_limit_prob=ratio(random_429s, past_limit),
+        rate_limit_retry_after_s=float(retry_after.median()) if len(retry_after) else None,
+        server_error_prob=ratio(s5, after_checks),
+        timeout_prob=ratio(timeouts, executed - schema),
+        quota_exhausted_prob=ratio(qe, admitted),
+        invalid_request_prob=ratio(inv, admitted),
+        attempts=len(sent),
+        limit_429s=limit_429s,
+        random_429s=random_429s,
+        counts={str(k): int(v) for k, v in classes.items()},
+    )
+
+
+def _distinct_for(submissions: int, repeats: int) -> int | None:
+    """``D`` such that drawing ``submissions`` inputs uniformly from ``D`` repeats ``repeats`` times."""
+    if repeats <= 0 or submissions < 2:
+        return None
+    target = submissions - repeats  # distinct inputs seen
+
+    def seen(d: float) -> float:
+        return d * (1.0 - (1.0 - 1.0 / d) ** submissions)
+
+    low, high = max(1.0, float(target)), float(submissions) * 1e6
+    for _ in range(200):
+        mid = math.sqrt(low * high)
+        if seen(mid) < target:
+            low = mid
+        else:
+            high = mid
+    return max(1, round(high))
+
+
+def _fit_workload(
+    provider: str, priority: str, tasks: pd.DataFrame, calls: pd.DataFrame, bins: int, flags: list[str]
+) -> WorkloadFit:
+    times = np.sort(tasks["submitted_at"].to_numpy(float))
+    start, end = float(times[0]), float(times[-1])
+    n = len(times)
+    span = max(end - start, 1e-9)
+    # the ML rate of a Poisson process observed over [start, end] with its first event at start
+    edges = np.linspace(start, end, bins + 1)
+    counts = np.histogram(times, bins=edges)[0] if bins > 1 else np.array([n])
+    width = span / bins
+    rates = tuple(float(c / width) for c in counts)
+    window = 10.0
+    if span >= 3 * window:
+        per_window = np.histogram(times, bins=np.arange(start, end + window, window))[0]
+        expected = np.repeat(np.array(rates) * window, 1)
+        centre = (np.arange(len(per_window)) + 0.5) * window + start
+        index = np.clip(((centre - start) / width).astype(int), 0, bins - 1)
+        expected = np.array(rates)[index] * window
+        dispersion = float(np.sum((per_window - expected) ** 2) / max(np.sum(expected), 1e-9))
+    else:
+        dispersion = 1.0
+    if dispersion > POOR_FIT_DISPERSION:
+        flags.append(
+            f"{provider}/{priority}: arrivals are burstier than Poisson (dispersion {dispersion:.2f}); "
+            "consider more arrival bins or replaying the log"
+        )
+    costs = tasks["cost_estimate"].dropna().to_numpy(float)
+    if len(costs) == 0 or np.all(costs == costs[0]):
+        dist, mean, sigma = "fixed", float(costs[0]) if len(costs) else 1.0, 0.0
+    else:
+        positive = costs[costs > 0]
+        dist, mean, sigma = "lognormal", float(positive.mean()), float(np.std(np.log(positive), ddof=1))
+    ok = calls[(calls["outcome_class"] == "ok") & calls["output_units"].notna() & (calls["usage"] > 0)]
+    fraction = float(np.median(ok["output_units"] / ok["usage"])) if len(ok) else 0.2
+    repeats = int(tasks["key"].duplicated().sum())
+    return WorkloadFit(
+        provider=provider,
+        priority=priority,
+        start_s=start,
+        end_s=end,
+        rates_per_s=rates,
+        submissions=n,
+        cost_dist=dist,
+        cost_mean=mean,
+        cost_sigma=sigma,
+        output_fraction=min(max(fraction, 0.0), 1.0),
+        duplicate_fraction=repeats / n,
+        distinct_inputs=_distinct_for(n, repeats),
+        dispersion=dispersion,
+    )
+
+
+def calibrate(
+    logs: str | Path | Iterable[str | Path],
+    *,
+    settings: Scenario | str | Path | None = None,
+    name: str = "calibrated",
+    arrival_bins: int = 1,
+    price_per_1k_units: float | None = None,
+    duration_s: float | None = None,
+) -> Calibration:
+    """Fit a scenario to the call logs at ``logs`` (see the module docstring for what and how).
+
+    ``settings`` supplies the client's tables (quotas, retry, dispatch, overload, store) and the
+    providers' prices and idempotency behaviour, which no log shows; ``arrival_bins`` is how many
+    equal intervals the arrival rate is piecewise constant over; ``price_per_1k_units`` overrides
+    the price (else the settings' provider's, else the default). ``duration_s`` is how long the
+    scenario's arrivals last (default: the log's span; several logs are laid end to end, so their
+    span is the sum): the fitted rates are kept and their shape is stretched to it.
+    """
+    from aiqsim.sim.config import CostConfig, ProviderConfig, WorkloadConfig
+    from aiqsim.sim.scenario import parse_scenario, scenario_to_dict
+    from aiqsim.sim.simulate import resolve_scenario
+
+    locations = [logs] if isinstance(logs, str | Path) else list(logs)
+    if not locations:
+        raise ConfigurationError("logs: give at least one call-log folder")
+    if isinstance(arrival_bins, bool) or not isinstance(arrival_bins, int) or arrival_bins < 1:
+        raise ConfigurationError(f"arrival_bins: expected an integer >= 1, got {arrival_bins!r}")
+    base = resolve_scenario(settings) if settings is not None else None
+    tasks, calls = _concat_logs(locations)
+    if calls.empty:
+        raise CalibrationError(f"{', '.join(map(str, locations))}: the log holds no provider calls")
+    flags: list[str] = []
+    fits = {
+        name_: _fit_provider(name_, group, flags) for name_, group in calls.groupby("provider", sort=True)
+    }
+    workloads = [
+        _fit_workload(p, prio, group, calls[calls["provider"] == p], arrival_bins, flags)
+        for (p, prio), group in tasks.groupby(["provider", "priority"], sort=True)
+    ]
+    origin = min(w.start_s for w in workloads)
+    end = max(w.end_s for w in workloads)
+    if duration_s is not None:
+        if isinstance(duration_s, bool) or not isinstance(duration_s, int | float) or not duration_s > 0:
+            raise ConfigurationError(f"duration_s: expected a number > 0, got {duration_s!r}")
+        if not math.isfinite(duration_s):
+            raise ConfigurationError(f"duration_s: expected a finite number, got {duration_s!r}")
+    stretch = 1.0 if duration_s is None else duration_s / max(end - origin, 1e-9)
+
+    defaults = ProviderConfig(name="defaults")  # slots dataclass: defaults live on instances only
+    providers = []
+    for fit in fits.values():
+        known = None
+        if base is not None:
+            try:
+                known = base.provider(fit.name)
+            except KeyError:
+                known = None
+        price = price_per_1k_units
+        if price is None:
+            price = known.price_per_1k_units if known is not None else defaults.price_per_1k_units
+        providers.append(
+            ProviderConfig(
+                name=fit.name,
+                kind=known.kind if known is not None else "llm",
+                latency_base_s=fit.latency.base_s,
+                latency_per_unit_s=fit.latency.per_unit_s,
+                latency_sigma=fit.latency.sigma,
+                server_requests_per_min=fit.server_requests_per_min,
+                server_units_per_min=fit.server_units_per_min,
+                rate_limit_prob=fit.rate_limit_prob,
+                rate_limit_retry_after_s=fit.rate_limit_retry_after_s
+                if fit.rate_limit_retry_after_s is not None
+                else defaults.rate_limit_retry_after_s,
+                server_error_prob=fit.server_error_prob,
+                timeout_prob=fit.timeout_prob,
+                quota_exhausted_prob=fit.quota_exhausted_prob,
+                invalid_request_prob=fit.invalid_request_prob,
+                honours_idempotency=known.honours_idempotency if known is not None else False,
+                supports_lookup=known.supports_lookup if known is not None else True,
+                price_per_1k_units=price,
+            )
+        )
+    workload_configs = []
+    for w in workloads:
+        if w.cost_dist == "fixed":
+            cost = CostConfig(dist="fixed", mean=w.cost_mean, output_fraction=w.output_fraction)
+        else:
+            cost = CostConfig(
+                dist="lognormal", mean=w.cost_mean, sigma=w.cost_sigma, output_fraction=w.output_fraction
+            )
+        width = (w.end_s - w.start_s) / len(w.rates_per_s)
+        for index, rate in enumerate(w.rates_per_s):
+            if rate <= 0:
+                continue
+            workload_configs.append(
+                WorkloadConfig(
+                    type="poisson",
+                    provider=w.provider,
+                    priority=w.priority,  # type: ignore[arg-type]
+                    rate_per_s=rate,
+                    start_s=(w.start_s - origin + index * width) * stretch,
+                    end_s=(w.start_s - origin + (index + 1) * width) * stretch,
+                    cost=cost,
+                    distinct_inputs=w.distinct_inputs,
+                )
+            )
+    document: dict[str, Any] = {}
+    if base is not None:
+        document = scenario_to_dict(base)
+    document.setdefault("scenario", {})
+    document["scenario"].update(
+        {
+            "name": name,
+            "description": f"Calibrated from {len(locations)} call log(s): {len(tasks)} tasks, "
+            f"{len(calls)} attempts. " + " ".join(flags),
+            "duration_s": max((end - origin) * stretch, 1e-3),
+        }
+    )
+    document["providers"] = [_provider_dict(p) for p in providers]
+    document["workloads"] = [_workload_dict(w) for w in workload_configs]
+    document.pop("crashes", None)
+    quotas = document.get("quotas", {})
+    document["quotas"] = {k: v for k, v in quotas.items() if k in fits}
+    scenario = parse_scenario(document, source=name)
+    return Calibration(scenario, fits, workloads, flags, tasks, calls)
+
+
+def _provider_dict(p: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    values = asdict(p)
+    values.pop("outages", None)
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _workload_dict(w: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    values = asdict(w)
+    keep = {"type", "provider", "priority", "rate_per_s", "start_s", "end_s", "cost", "distinct_inputs"}
+    values = {k: v for k, v in values.items() if k in keep and v is not None}
+    cost = values["cost"]
+    if cost["dist"] == "fixed":
+        values["cost"] = {"dist": "fixed", "mean": cost["mean"], "output_fraction": cost["output_fraction"]}
+    else:
+        values["cost"] = {k: cost[k] for k in ("dist", "mean", "sigma", "output_fraction")}
+    return values

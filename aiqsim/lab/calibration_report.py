@@ -1,0 +1,149 @@
+"""The calibration report: every fit drawn against the data it came from, poor fits flagged.
+
+One self-contained HTML file (charts embedded as PNG): per provider, the latency scatter with the
+fitted line, a QQ plot of the log residuals against a normal (the lognormal noise assumption),
+residuals against the regressor, and a table of the fitted rates with the counts behind them; per
+workload, arrivals per interval against the fitted piecewise rate, and a QQ plot of inter-arrival
+gaps against the exponential (the Poisson assumption).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from aiqsim.lab.calibrate import Calibration, CalibrationError
+
+__all__ = ["calibration_report_html", "write_calibration_report"]
+
+
+def _png(figure: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
+    plt.close(figure)
+    return "<img src='data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode() + "'/>"
+
+
+def _quantiles(n: int) -> np.ndarray:
+    return (np.arange(1, n + 1) - 0.5) / n
+
+
+def _provider_section(calibration: Calibration, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fit = calibration.providers[name]
+    calls = calibration.calls
+    ok = calls[(calls["provider"] == name) & (calls["outcome_class"] == "ok")]
+    x = ok[fit.latency.regressor].fillna(ok["cost_estimate"]).to_numpy(float)
+    y = ok["latency_s"].to_numpy(float)
+    mean = fit.latency.base_s + fit.latency.per_unit_s * x
+    residuals = np.log(y / np.maximum(mean, 1e-12))
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].scatter(x, y, s=4, alpha=0.4)
+    grid = np.linspace(0, x.max() if len(x) else 1, 50)
+    axes[0].plot(grid, fit.latency.base_s + fit.latency.per_unit_s * grid, color="C3", label="fitted mean")
+    axes[0].set(xlabel=fit.latency.regressor, ylabel="latency (s)", title=f"{name}: latency")
+    axes[0].legend()
+    sample = np.sort(residuals)
+    theory = np.array([NormalDist(-fit.latency.sigma**2 / 2, fit.latency.sigma or 1e-9).inv_cdf(q) for q in
+                       _quantiles(len(sample))])  # fmt: skip
+    axes[1].scatter(theory, sample, s=4)
+    lims = [
+        min(theory.min(initial=0), sample.min(initial=0)),
+        max(theory.max(initial=0), sample.max(initial=0)),
+    ]
+    axes[1].plot(lims, lims, color="C3")
+    axes[1].set(xlabel="lognormal model quantile", ylabel="log residual", title="QQ: log residuals")
+    axes[2].scatter(x, residuals, s=4, alpha=0.4)
+    axes[2].axhline(-(fit.latency.sigma**2) / 2, color="C3")
+    axes[2].set(xlabel=fit.latency.regressor, ylabel="log residual", title="residuals")
+    lat = fit.latency
+    rows = [
+        (
+            "latency",
+            f"({lat.base_s:.4g} s + {lat.per_unit_s:.4g} s x {lat.regressor}) x lognormal(sigma "
+            f"{lat.sigma:.3g}); {lat.n} calls; KS {lat.ks_distance:.3f}",
+        ),
+        (
+            "server limits",
+            f"{fit.server_requests_per_min} requests/min, {fit.server_units_per_min} units/min "
+            f"(from {fit.limits_from})",
+        ),
+        (
+            "429s",
+            f"{fit.limit_429s} at the limit, {fit.random_429s} random: rate_limit_prob "
+            f"{fit.rate_limit_prob:.4g}, Retry-After {fit.rate_limit_retry_after_s}",
+        ),
+        ("5xx", f"{fit.server_error_prob:.4g}"),
+        ("lost responses (timeouts)", f"{fit.timeout_prob:.4g}"),
+        ("quota exhausted / invalid", f"{fit.quota_exhausted_prob:.4g} / {fit.invalid_request_prob:.4g}"),
+        ("attempts by class", ", ".join(f"{k}: {v}" for k, v in sorted(fit.counts.items()))),
+    ]
+    table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<h2>Provider {html.escape(name)}</h2><table>{table}</table>{_png(figure)}"
+
+
+def _workload_section(calibration: Calibration, index: int) -> str:
+    import matplotlib.pyplot as plt
+
+    w = calibration.workloads[index]
+    tasks = calibration.tasks
+    mine = tasks[(tasks["provider"] == w.provider) & (tasks["priority"] == w.priority)]
+    times = np.sort(mine["submitted_at"].to_numpy(float))
+    figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    width = max((w.end_s - w.start_s) / max(20, len(w.rates_per_s)), 1e-9)
+    edges = np.arange(w.start_s, w.end_s + width, width)
+    counts = np.histogram(times, bins=edges)[0]
+    axes[0].bar(edges[:-1], counts / width, width=width, align="edge", alpha=0.5, label="observed")
+    bins = np.linspace(w.start_s, w.end_s, len(w.rates_per_s) + 1)
+    axes[0].step(bins, [*w.rates_per_s, w.rates_per_s[-1]], where="post", color="C3", label="fitted rate")
+    axes[0].set(xlabel="time (s)", ylabel="arrivals/s", title=f"{w.provider}/{w.priority}: arrivals")
+    axes[0].legend()
+    gaps = np.sort(np.diff(times))
+    if len(gaps):
+        theory = -np.log(1 - _quantiles(len(gaps))) * gaps.mean()
+        axes[1].scatter(theory, gaps, s=4)
+        axes[1].plot([0, theory.max()], [0, theory.max()], color="C3")
+    axes[1].set(xlabel="exponential quantile (s)", ylabel="gap (s)", title="QQ: inter-arrival gaps")
+    text = (
+        f"{w.submissions} submissions, rates {', '.join(f'{r:.4g}' for r in w.rates_per_s)} /s; cost "
+        f"{w.cost_dist} mean {w.cost_mean:.4g} sigma {w.cost_sigma:.3g}, output fraction "
+        f"{w.output_fraction:.3g}; duplicates {w.duplicate_fraction:.2%} (distinct_inputs "
+        f"{w.distinct_inputs}); dispersion {w.dispersion:.2f}"
+    )
+    return (
+        f"<h2>Workload {html.escape(w.provider)}/{html.escape(w.priority)}</h2><p>{html.escape(text)}</p>"
+        + _png(figure)
+    )
+
+
+def calibration_report_html(calibration: Calibration) -> str:
+    """The report as one HTML document."""
+    flags = calibration.flags or ["none: every fit is within its checks"]
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>aiqsim calibration</title>",
+        "<style>body{font-family:sans-serif;max-width:1400px} th{text-align:left;padding-right:1em}</style>",
+        f"<h1>Calibration: {html.escape(calibration.scenario.name)}</h1>",
+        "<h2>Flags</h2><ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in flags) + "</ul>",
+    ]
+    parts += [_provider_section(calibration, name) for name in calibration.providers]
+    parts += [_workload_section(calibration, i) for i in range(len(calibration.workloads))]
+    return "\n".join(parts)
+
+
+def write_calibration_report(calibration: Calibration, path: str | Path) -> Path:
+    """Write :func:`calibration_report_html` to ``path``; returns it."""
+    target = Path(path)
+    try:
+        target.write_text(calibration_report_html(calibration), encoding="utf-8")
+    except OSError as error:
+        raise CalibrationError(f"cannot write the report {target}: {error}") from error
+    return target

@@ -1,0 +1,491 @@
+"""Find a scenario's best client settings with a real optimiser (Optuna), on the virtual clock.
+
+``tune(scenario, params, objective=..., constraints=...)`` searches the given ranges of scenario keys
+(the same dotted keys as ``--set``). Each trial is the mean of one simulation per replication seed,
+and every trial uses the *same* seeds (common random numbers: two settings are compared on the same
+arrivals and the same per-request fates, so the difference is the settings', not the noise's).
+
+- one objective: Optuna's TPE sampler; several: NSGA-II, and the result is the Pareto front;
+- constraints (``latency_p99_s<=30``) are passed to the sampler (``constraints_func``), so it learns
+  where the feasible region is; the best trial is the best *feasible* one;
+- reproducible: the sampler is seeded (``seed``); the replication seeds are ``0..seeds-1``;
+- resumable: with ``storage`` (an SQLite file), a tuning run that stops keeps its finished trials
+  and the next call with the same arguments continues to ``trials`` in all;
+- runs in this process (``engine="serial"``), in local worker processes (``"local"``: one trial's
+  seeds in parallel) or on Dask (``"dask"``).
+
+Optuna is an extra (``pip install 'aiqsim[optuna]'``), imported only when a tuning run starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from aiqsim.core.errors import ConfigurationError
+from aiqsim.lab.lab_errors import TuneError
+from aiqsim.lab.toml_out import dumps_toml
+from aiqsim.sim.config import Scenario
+
+__all__ = [
+    "Constraint",
+    "ParamSpec",
+    "TuneError",
+    "TuneResult",
+    "parse_constraint",
+    "parse_param",
+    "tune",
+]
+
+ParamKind = Literal["float", "log", "int", "choice"]
+SAMPLERS = ("tpe", "nsga2", "random")
+ENGINES = ("serial", "local", "dask")
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    """One searched key: ``low..high`` (``float``, ``log``-uniform or ``int``) or a list of ``choices``."""
+
+    key: str
+    kind: ParamKind
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] = ()
+
+    def describe(self) -> str:
+        """The spec as ``--param`` takes it."""
+        if self.kind == "choice":
+            return f"{self.key}={','.join(map(str, self.choices))}"
+        suffix = "" if self.kind == "float" else f":{self.kind}"
+        return f"{self.key}={self.low:g}:{self.high:g}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """``metric <= bound`` or ``metric >= bound`` on the mean over the replication seeds."""
+
+    metric: str
+    op: Literal["<=", ">="]
+    bound: float
+
+    def violation(self, value: float) -> float:
+        """How far ``value`` is on the wrong side (<= 0 means satisfied; NaN counts as violated)."""
+        if math.isnan(value):
+            return math.inf
+        return value - self.bound if self.op == "<=" else self.bound - value
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.bound:g}"
+
+
+def _scalar(text: str) -> Any:
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def parse_param(text: str) -> ParamSpec:
+    """``KEY=LOW:HIGH[:log|int|float]`` or ``KEY=V1,V2,...`` as a :class:`ParamSpec`.
+
+    Raises :class:`ConfigurationError` (naming the text) for a bad range: low >= high, a log range
+    that is not > 0, non-integer ``int`` bounds, fewer than two choices.
+    """
+    if "=" not in text:
+        raise ConfigurationError(f"--param {text!r}: expected KEY=LOW:HIGH[:log|int] or KEY=V1,V2,...")
+    key, _, spec = text.partition("=")
+    key, spec = key.strip(), spec.strip()
+    if not key or not spec:
+        raise ConfigurationError(f"--param {text!r}: expected KEY=LOW:HIGH[:log|int] or KEY=V1,V2,...")
+    if ":" in spec:
+        parts = spec.split(":")
+        kind = parts[2].strip().lower() if len(parts) == 3 else "float"
+        if len(parts) not in (2, 3) or kind not in ("float", "log", "int"):
+            raise ConfigurationError(f"--param {text!r}: a range is LOW:HIGH or LOW:HIGH:log|int|float")
+        try:
+            low, high = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise ConfigurationError(f"--param {text!r}: LOW and HIGH must be numbers") from None
+        if not (math.isfinite(low) and math.isfinite(high)) or not low < high:
+            raise ConfigurationError(f"--param {text!r}: expected finite LOW < HIGH")
+        if kind == "log" and low <= 0:
+            raise ConfigurationError(f"--param {text!r}: a log range needs LOW > 0")
+        if kind == "int" and not (low.is_integer() and high.is_integer()):
+            raise ConfigurationError(f"--param {text!r}: an int range needs whole-number bounds")
+        return ParamSpec(key, kind, low, high)  # type: ignore[arg-type]
+    choices = tuple(_scalar(part.strip()) for part in spec.split(",") if part.strip())
+    if len(choices) < 2 or len(set(map(repr, choices))) != len(choices):
+        raise ConfigurationError(f"--param {text!r}: give at least two distinct choices")
+    return ParamSpec(key, "choice", choices=choices)
+
+
+_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=)\s*(\S+)\s*$")
+
+
+def parse_constraint(text: str) -> Constraint:
+    """``METRIC<=BOUND`` or ``METRIC>=BOUND`` (``METRIC`` a summary key) as a :class:`Constraint`."""
+    from aiqsim.sim.metrics import SUMMARY_KEYS
+
+    match = _CONSTRAINT.match(text)
+    if match is None:
+        raise ConfigurationError(f"--constraint {text!r}: expected METRIC<=BOUND or METRIC>=BOUND")
+    metric, op, bound_text = match.groups()
+    if metric not in SUMMARY_KEYS:
+        raise ConfigurationError(f"--constraint {text!r}: unknown metric {metric!r}; see `aiqsim run` output")
+    try:
+        bound = float(bound_text)
+    except ValueError:
+        raise ConfigurationError(f"--constraint {text!r}: the bound must be a number") from None
+    if not math.isfinite(bound):
+        raise ConfigurationError(f"--constraint {text!r}: the bound must be finite")
+    return Constraint(metric, op, bound)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """Every trial (``trials``: one row each, with parameters, metric means and feasibility), the best
+    feasible trial's settings, and for several objectives the Pareto front."""
+
+    trials: pd.DataFrame
+    best_params: dict[str, Any]
+    best_values: dict[str, float]
+    objectives: tuple[str, ...]
+    directions: tuple[str, ...]
+    pareto: pd.DataFrame = field(repr=False)
+    feasible: bool = True
+    """False when no trial met the constraints (``best_params`` is then the least violating)."""
+
+    def set_line(self) -> str:
+        """The best settings as ``--set`` arguments for ``aiqsim run``."""
+        return " ".join(f"--set {key}={_format(value)}" for key, value in self.best_params.items())
+
+    def toml_patch(self) -> str:
+        """The best settings as a TOML document in the scenario file's layout."""
+        return dumps_toml(_nest(self.best_params))
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = key.split(".")
+        if parts[0] == "scenario":
+            parts = ["scenario", *parts[1:]]
+        if any("[" in part for part in parts):  # a list element: keep the dotted key, quoted
+            nested[key] = value
+            continue
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def _require_optuna() -> Any:
+    try:
+        import optuna
+    except ImportError as error:
+        raise ConfigurationError("tuning needs Optuna: pip install 'aiqsim[optuna]'") from error
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def _values(spec: ParamSpec) -> list[Any]:
+    if spec.kind == "choice":
+        return list(spec.choices)
+    if spec.kind == "int":
+        return [int(spec.low), int(spec.high)]  # type: ignore[arg-type]
+    return [spec.low, spec.high]
+
+
+def _check_settings(scenario: Scenario, params: Sequence[ParamSpec]) -> None:
+    """Every value a parameter can take, with the others at their first value, must give a valid
+    scenario (keys that only apply together, such as a burst and its rate, are set together):
+    refuse it now, not at trial 57."""
+    from aiqsim.sim.simulate import resolve_scenario
+
+    keys = [p.key for p in params]
+    if len(set(keys)) != len(keys):
+        raise ConfigurationError(f"--param: a key is given twice ({', '.join(keys)})")
+    base = {spec.key: _values(spec)[0] for spec in params}
+    for spec in params:
+        for value in _values(spec):
+            resolve_scenario(scenario, {**base, spec.key: value})
+
+
+class _Runner:
+    """Runs one trial's replications on the chosen engine (the pool lives for the whole tuning run)."""
+
+    def __init__(self, scenario: Scenario, engine: str, workers: int | None, address: str | None) -> None:
+        self.scenario = scenario
+        self.engine = engine
+        self.pool: Any = None
+        self.client: Any = None
+        self.cluster: Any = None
+        if engine == "local":
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1)
+        elif engine == "dask":
+            try:
+                from dask.distributed import Client, LocalCluster
+            except ImportError as error:
+                raise ConfigurationError(
+                    "engine='dask' needs dask[distributed]: pip install 'aiqsim[dask]'"
+                ) from error
+            if address is None:
+                self.cluster = LocalCluster(
+                    n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, dashboard_address=None
+                )
+                self.client = Client(self.cluster)
+            else:
+                self.client = Client(address)
+
+    def run(
+        self, point: dict[str, Any], seeds: Sequence[int]
+    ) -> list[tuple[dict[str, Any] | None, str | None]]:
+        from aiqsim.sim.sweep import _safe_run
+
+        if self.engine == "serial":
+            return [_safe_run(self.scenario, point, seed) for seed in seeds]
+        if self.engine == "local":
+            return list(self.pool.map(_safe_run, [self.scenario] * len(seeds), [point] * len(seeds), seeds))
+        futures = [self.client.submit(_safe_run, self.scenario, point, seed, pure=False) for seed in seeds]
+        return self.client.gather(futures)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        if self.client is not None:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def tune(
+    scenario: Scenario | str | Path,
+    params: Sequence[ParamSpec | str],
+    *,
+    objective: str | Sequence[str] = "cost_total",
+    directions: str | Sequence[str] = "minimize",
+    constraints: Sequence[Constraint | str] = (),
+    trials: int = 50,
+    seeds: int = 3,
+    seed: int = 0,
+    sampler: str | None = None,
+    engine: str = "serial",
+    workers: int | None = None,
+    address: str | None = None,
+    storage: str | Path | None = None,
+    progress: bool = True,
+) -> TuneResult:
+    """Search ``params`` for the settings that optimise ``objective`` (see the module docstring).
+
+    ``params`` are :class:`ParamSpec` or their ``--param`` text; ``objective`` one summary key (TPE)
+    or several (NSGA-II, Pareto front), each minimised unless ``directions`` says ``maximize``;
+    ``constraints`` are :class:`Constraint` or ``"latency_p99_s<=30"``; ``sampler`` overrides the
+    choice (``"random"`` is the baseline search). ``storage`` is an SQLite file that makes the run
+    resumable. Bad input raises :class:`ConfigurationError` before any simulation.
+    """
+    from aiqsim.lab.progress import Progress
+    from aiqsim.sim.metrics import SUMMARY_KEYS
+    from aiqsim.sim.simulate import checked_scenario_path
+
+    if not isinstance(scenario, Scenario):
+        from aiqsim.sim.scenario import load_scenario
+
+        scenario = load_scenario(checked_scenario_path(scenario))
+    specs = [p if isinstance(p, ParamSpec) else parse_param(p) for p in params]
+    if not specs:
+        raise ConfigurationError("params: give at least one parameter to tune")
+    objectives = (objective,) if isinstance(objective, str) else tuple(objective)
+    if not objectives:
+        raise ConfigurationError("objective: give at least one summary key")
+    for name in objectives:
+        if name not in SUMMARY_KEYS:
+            raise ConfigurationError(
+                f"objective {name!r}: unknown summary key; one of {', '.join(SUMMARY_KEYS)}"
+            )
+    dirs = (directions,) * len(objectives) if isinstance(directions, str) else tuple(directions)
+    if len(dirs) != len(objectives) or any(d not in ("minimize", "maximize") for d in dirs):
+        raise ConfigurationError(
+            f"directions: expected 'minimize' or 'maximize' per objective, got {directions!r}"
+        )
+    limits = [c if isinstance(c, Constraint) else parse_constraint(c) for c in constraints]
+    for name, value, least in (("trials", trials, 1), ("seeds", seeds, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigurationError(f"{name}: expected an integer >= {least}, got {value!r}")
+    if engine not in ENGINES:
+        raise ConfigurationError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+    sampler_name = sampler or ("tpe" if len(objectives) == 1 else "nsga2")
+    if sampler_name not in SAMPLERS:
+        raise ConfigurationError(f"sampler: expected one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    _check_settings(scenario, specs)
+    optuna = _require_optuna()
+
+    # Optuna >= 5 takes constraints from the trial (set_constraint); older ones from constraints_func.
+    on_trial = hasattr(optuna.trial.Trial, "set_constraint")
+    constraints_func = None
+    if limits and not on_trial:
+
+        def constraints_func(trial: Any) -> list[float]:
+            return list(trial.user_attrs.get("violations", [math.inf] * len(limits)))
+
+    if sampler_name == "tpe":
+        chosen = optuna.samplers.TPESampler(seed=seed, constraints_func=constraints_func, multivariate=True)
+    elif sampler_name == "nsga2":
+        chosen = optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints_func)
+    else:
+        chosen = optuna.samplers.RandomSampler(seed=seed)
+    identity = json.dumps(
+        [scenario.name, [s.describe() for s in specs], objectives, dirs, [str(c) for c in limits], seeds,
+         seed, sampler_name],
+        sort_keys=True,
+    )  # fmt: skip
+    study_name = "aiqsim-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
+    url = None
+    if storage is not None:
+        url = f"sqlite:///{Path(storage).resolve()}"
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=url,
+        sampler=chosen,
+        directions=list(dirs),
+        load_if_exists=True,
+    )
+    complete = optuna.trial.TrialState.COMPLETE
+    done = len([t for t in study.trials if t.state == complete])
+    remaining = max(0, trials - done)
+    replications = list(range(seeds))
+    runner = _Runner(scenario, engine, workers, address) if remaining else None
+    bar = Progress(remaining, label=f"tune {scenario.name}", enabled=progress)
+    failures: list[str] = []
+
+    def _constrain(trial: Any, violations: list[float]) -> None:
+        trial.set_user_attr("violations", violations)
+        if limits and on_trial:
+            for limit, violation in zip(limits, violations, strict=True):
+                trial.set_constraint(str(limit), min(violation, 1e300))
+
+    def evaluate(trial: Any) -> Any:
+        point: dict[str, Any] = {}
+        for spec in specs:
+            if spec.kind == "choice":
+                point[spec.key] = trial.suggest_categorical(spec.key, list(spec.choices))
+            elif spec.kind == "int":
+                point[spec.key] = trial.suggest_int(spec.key, int(spec.low), int(spec.high))  # type: ignore[arg-type]
+            else:
+                point[spec.key] = trial.suggest_float(spec.key, spec.low, spec.high, log=spec.kind == "log")
+        assert runner is not None
+        rows = runner.run(point, replications)
+        errors = [error for _, error in rows if error is not None]
+        if errors:
+            failures.append(f"{point}: {errors[0]}")
+            _constrain(trial, [math.inf] * len(limits))
+            raise _TrialFailed(errors[0])
+        frame = pd.DataFrame([row for row, _ in rows])
+        means = {key: float(frame[key].mean()) for key in SUMMARY_KEYS if key in frame}
+        trial.set_user_attr("means", means)
+        _constrain(trial, [c.violation(means[c.metric]) for c in limits])
+        values = [means[name] for name in objectives]
+        if any(math.isnan(v) for v in values):
+            raise _TrialFailed(f"objective is NaN at {point}")
+        return values[0] if len(values) == 1 else values
+
+    try:
+        if remaining:
+            study.optimize(
+                evaluate, n_trials=remaining, catch=(_TrialFailed,), callbacks=[lambda *_: bar.advance()]
+            )
+    finally:
+        if runner is not None:
+            runner.close()
+    return _result(study, specs, objectives, dirs, limits, failures, optuna)
+
+
+class _TrialFailed(Exception):
+    """A trial whose simulations raised or whose objective is NaN (Optuna records it as failed)."""
+
+
+def _result(
+    study: Any,
+    specs: Sequence[ParamSpec],
+    objectives: tuple[str, ...],
+    dirs: tuple[str, ...],
+    limits: Sequence[Constraint],
+    failures: list[str],
+    optuna: Any,
+) -> TuneResult:
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not complete:
+        detail = f": {failures[0]}" if failures else ""
+        raise TuneError(f"no trial completed{detail}")
+    rows = []
+    for t in complete:
+        violations = t.user_attrs.get("violations", [])
+        rows.append(
+            {
+                "trial": t.number,
+                **{s.key: t.params[s.key] for s in specs},
+                **t.user_attrs.get("means", {}),
+                "violation": max([0.0, *violations]),
+                "feasible": all(v <= 0 for v in violations),
+            }
+        )
+    frame = pd.DataFrame(rows)
+    sign = [1.0 if d == "minimize" else -1.0 for d in dirs]
+    feasible = frame[frame["feasible"]]
+    any_feasible = not feasible.empty
+    pool = feasible if any_feasible else frame.sort_values("violation").head(1)
+    pareto_mask = _pareto(pool, objectives, sign)
+    # one objective: the best value; several: the Pareto trial best on the first (the primary) one
+    front = pool[pareto_mask]
+    best = front.loc[(sign[0] * front[objectives[0]]).idxmin()]
+    frame["pareto"] = frame["trial"].isin(pool.loc[pareto_mask, "trial"])
+    best_params = {s.key: _plain(best[s.key]) for s in specs}
+    best_values = {name: float(best[name]) for name in objectives}
+    return TuneResult(
+        trials=frame,
+        best_params=best_params,
+        best_values=best_values,
+        objectives=objectives,
+        directions=dirs,
+        pareto=frame[frame["pareto"]].sort_values(list(objectives)).reset_index(drop=True),
+        feasible=any_feasible,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python ones (for TOML and ``--set``)."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _pareto(frame: pd.DataFrame, objectives: Sequence[str], sign: Sequence[float]) -> pd.Series:
+    values = frame[list(objectives)].to_numpy(float) * sign
+    keep = []
+    for i, row in enumerate(values):
+        dominated = any(
+            (other <= row).all() and (other < row).any() for j, other in enumerate(values) if j != i
+        )
+        keep.append(not dominated)
+    return pd.Series(keep, index=frame.index)

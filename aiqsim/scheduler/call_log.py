@@ -1,0 +1,286 @@
+"""The call log: what production did, in the format the lab calibrates from.
+
+A :class:`CallLog` is a scheduler event sink (``Scheduler(events=CallLog(...))``). It turns the
+scheduler's flat events into two tables, one row per task and one row per provider attempt, as the
+*client* saw them: submit time, priority, cost estimate against the usage the provider reported,
+outcome class, Retry-After, and the provider's ``x-ratelimit-*`` view. :func:`aiqsim.sim.simulate`
+results are turned into the same tables by the same class (``result.call_log``), so one analysis
+(:func:`aiqsim.lab.calibrate`) reads a production log and a simulated one alike.
+
+Two modes:
+
+- ``CallLog()`` keeps every row in memory (``tasks_rows``/``calls_rows``); :meth:`CallLog.write`
+  saves them as ``tasks.csv`` + ``calls.csv`` (or ``.parquet``) in a folder.
+- ``CallLog(directory)`` streams: attempt rows are appended to ``calls.csv`` and a task's row to
+  ``tasks.csv`` when it ends, ``flush_rows`` rows at a time; only tasks not yet finished are held,
+  so memory stays bounded in a long-running process. :meth:`CallLog.close` writes the rest.
+
+No pandas here (the scheduler's side of the project stays light): rows are tuples, CSV goes through
+the :mod:`csv` module, and Parquet through pyarrow, imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.task import Priority
+from aiqsim.scheduler.events import AttemptRecord, SchedulerEvent, TaskTransition
+
+__all__ = [
+    "CALL_LOG_COLUMNS",
+    "CALL_LOG_FORMAT_VERSION",
+    "OUTCOME_CLASSES",
+    "TASK_LOG_COLUMNS",
+    "CallLog",
+    "CallLogError",
+    "CallLogFormat",
+    "outcome_class",
+]
+
+CALL_LOG_FORMAT_VERSION = 1
+"""Bumped whenever a column changes meaning; written nowhere yet (the column list is the contract)."""
+
+TASK_LOG_COLUMNS: tuple[str, ...] = (
+    "task_id", "key", "provider", "priority", "status", "cost_estimate", "attempts",
+    "submitted_at", "started_at", "finished_at", "latency_s",
+)  # fmt: skip
+"""One row per task: ``submitted_at`` is when the scheduler accepted it, ``latency_s`` submit to end."""
+
+CALL_LOG_COLUMNS: tuple[str, ...] = (
+    "task_id", "key", "provider", "priority", "attempt", "start", "end", "latency_s",
+    "outcome", "outcome_class", "decision", "cost_estimate", "usage", "output_units",
+    "retry_after_s", "delay_s",
+    "limit_requests", "remaining_requests", "reset_requests_s",
+    "limit_tokens", "remaining_tokens", "reset_tokens_s",
+)  # fmt: skip
+"""One row per attempt, as the client saw it (``outcome`` is the error type name or ``ok``)."""
+
+OUTCOME_CLASSES: dict[str, str] = {
+    "ok": "ok",
+    "RateLimitError": "rate_limited",
+    "ServerError": "server_error",
+    "ProviderTimeoutError": "timeout",
+    "TimeoutError": "timeout",
+    "QuotaExhaustedError": "quota_exhausted",
+    "InvalidRequestError": "invalid_request",
+    "SchemaViolationError": "schema_violation",
+    "PoisonInputError": "schema_violation",
+    "AttemptRejectedError": "rejected_locally",
+}
+"""Client outcome (error type name) -> the class calibration counts; anything else is ``other``."""
+
+CallLogFormat = Literal["csv", "parquet"]
+
+_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "deduped"})
+
+
+def outcome_class(outcome: str) -> str:
+    """The calibration class of a client outcome name (``"RateLimitError"`` -> ``"rate_limited"``)."""
+    return OUTCOME_CLASSES.get(outcome, "other")
+
+
+def _priority_name(priority: int) -> str:
+    try:
+        return Priority(priority).name.lower()
+    except ValueError:
+        return str(priority)
+
+
+class CallLog:
+    """A scheduler event sink that records the call log (see the module docstring).
+
+    ``forward`` receives every event after the log has seen it, so a log can sit in front of another
+    sink (``CallLog(forward=events.append)``). With ``directory`` the log streams to
+    ``directory/tasks.csv`` and ``directory/calls.csv`` (``format="csv"`` only: Parquet files are
+    written whole, at :meth:`write`); call :meth:`close` (or use ``with``) at the end.
+    """
+
+    wants_quota_samples = False
+    """Tells the scheduler not to build a :class:`~aiqsim.scheduler.events.QuotaSample` per grant for
+    this sink (the log does not record them; a ``forward`` sink behind it does not get them either)."""
+
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        *,
+        forward: Callable[[SchedulerEvent], None] | None = None,
+        flush_rows: int = 1000,
+    ) -> None:
+        if isinstance(flush_rows, bool) or not isinstance(flush_rows, int) or flush_rows < 1:
+            raise ConfigurationError(f"flush_rows: expected an integer >= 1, got {flush_rows!r}")
+        self.forward = forward
+        self.flush_rows = flush_rows
+        self.tasks_rows: list[tuple[Any, ...]] = []
+        """Finished tasks' rows not yet written (all of them when the log does not stream)."""
+        self.calls_rows: list[tuple[Any, ...]] = []
+        """Attempt rows not yet written (all of them when the log does not stream)."""
+        self._open: dict[str, list[Any]] = {}
+        """Task id -> its row so far, for tasks not finished yet."""
+        self.directory = None if directory is None else Path(directory)
+        self._files: list[Any] = []
+        self._writers: tuple[Any, Any] | None = None
+        if self.directory is not None:
+            self._writers = self._open_streams(self.directory)
+
+    # ------------------------------------------------------------------ the sink
+    def __call__(self, event: SchedulerEvent) -> None:
+        """Record ``event`` (a :data:`~aiqsim.scheduler.events.SchedulerEvent`); others are ignored."""
+        if type(event) is AttemptRecord:
+            self._attempt(event)
+        elif type(event) is TaskTransition:
+            self._transition(event)
+        if self.forward is not None:
+            self.forward(event)
+
+    def _transition(self, event: TaskTransition) -> None:
+        row = self._open.get(event.task_id)
+        if row is None:
+            row = [
+                event.task_id, event.key, event.provider, _priority_name(event.priority), event.new,
+                event.cost_estimate, event.attempts, event.time, None, None, None,
+            ]  # fmt: skip
+            self._open[event.task_id] = row
+        row[4] = event.new
+        row[6] = event.attempts
+        if event.new == "running" and row[8] is None:
+            row[8] = event.time
+        if event.new in _TERMINAL:
+            row[9] = event.time
+            row[10] = event.time - row[7]
+            del self._open[event.task_id]
+            self.tasks_rows.append(tuple(row))
+            if self._writers is not None and len(self.tasks_rows) >= self.flush_rows:
+                self.flush()
+
+    def _attempt(self, a: AttemptRecord) -> None:
+        task = self._open.get(a.task_id)
+        snapshot = a.ratelimit
+        if snapshot is None:
+            limits: tuple[Any, ...] = (None, None, None, None, None, None)
+        else:
+            limits = (
+                snapshot.limit_requests,
+                snapshot.remaining_requests,
+                snapshot.reset_requests_s,
+                snapshot.limit_tokens,
+                snapshot.remaining_tokens,
+                snapshot.reset_tokens_s,
+            )
+        self.calls_rows.append(
+            (
+                a.task_id, a.key, a.provider, task[3] if task is not None else None, a.attempt,
+                a.start, a.end, a.end - a.start, a.outcome, OUTCOME_CLASSES.get(a.outcome, "other"),
+                a.decision, a.cost_estimate, a.usage, a.output_units, a.retry_after_s, a.delay_s,
+                *limits,
+            )
+        )  # fmt: skip
+        if self._writers is not None and len(self.calls_rows) >= self.flush_rows:
+            self.flush()
+
+    # ------------------------------------------------------------------ feeding and reading
+    def extend(self, events: Iterable[SchedulerEvent]) -> CallLog:
+        """Record every event of ``events`` in order (e.g. a finished simulation's); returns ``self``."""
+        for event in events:
+            self(event)
+        return self
+
+    def open_tasks(self) -> list[tuple[Any, ...]]:
+        """Rows of tasks not finished yet (status as last seen, no ``finished_at``)."""
+        return [tuple(row) for row in self._open.values()]
+
+    def as_dicts(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(task rows, call rows) held in memory as dicts, unfinished tasks included."""
+        tasks = [dict(zip(TASK_LOG_COLUMNS, row, strict=True)) for row in self.tasks_rows + self.open_tasks()]
+        calls = [dict(zip(CALL_LOG_COLUMNS, row, strict=True)) for row in self.calls_rows]
+        return tasks, calls
+
+    # ------------------------------------------------------------------ files
+    def _open_streams(self, directory: Path) -> tuple[Any, Any]:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            tasks = open(directory / "tasks.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
+            calls = open(directory / "calls.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
+        except OSError as error:
+            raise CallLogError(f"cannot write the call log in {directory}: {error}") from error
+        self._files = [tasks, calls]
+        writers = csv.writer(tasks), csv.writer(calls)
+        writers[0].writerow(TASK_LOG_COLUMNS)
+        writers[1].writerow(CALL_LOG_COLUMNS)
+        return writers
+
+    def flush(self) -> None:
+        """Append the rows held so far to the streamed files (nothing to do when not streaming)."""
+        if self._writers is None:
+            return
+        try:
+            self._writers[0].writerows(self.tasks_rows)  # csv writes None as "" and floats by repr
+            self._writers[1].writerows(self.calls_rows)
+            for file in self._files:
+                file.flush()
+        except OSError as error:
+            raise CallLogError(f"cannot append to the call log in {self.directory}: {error}") from error
+        self.tasks_rows.clear()
+        self.calls_rows.clear()
+
+    def close(self) -> None:
+        """Flush and close the streamed files; tasks still open are written as they stand."""
+        if self._writers is None:
+            return
+        self.tasks_rows.extend(self.open_tasks())
+        self._open.clear()
+        self.flush()
+        for file in self._files:
+            file.close()
+        self._writers = None
+
+    def __enter__(self) -> CallLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def write(self, directory: str | Path, format: CallLogFormat = "csv") -> tuple[Path, Path]:
+        """Save the rows held in memory (unfinished tasks included) as ``tasks.<format>`` and
+        ``calls.<format>`` in ``directory``; returns the two paths."""
+        if format not in ("csv", "parquet"):
+            raise ConfigurationError(f"format: expected 'csv' or 'parquet', got {format!r}")
+        if self._writers is not None:
+            raise ConfigurationError("this call log streams to its directory; close() it instead of write()")
+        folder = Path(directory)
+        tasks = self.tasks_rows + self.open_tasks()
+        paths = folder / f"tasks.{format}", folder / f"calls.{format}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if format == "csv":
+                for path, columns, rows in zip(
+                    paths, (TASK_LOG_COLUMNS, CALL_LOG_COLUMNS), (tasks, self.calls_rows), strict=True
+                ):
+                    with open(path, "w", newline="", encoding="utf-8") as file:
+                        writer = csv.writer(file)
+                        writer.writerow(columns)
+                        writer.writerows(rows)  # None as an empty cell, floats in full precision
+            else:
+                _write_parquet(paths[0], TASK_LOG_COLUMNS, tasks)
+                _write_parquet(paths[1], CALL_LOG_COLUMNS, self.calls_rows)
+        except OSError as error:
+            raise CallLogError(f"cannot write the call log in {folder}: {error}") from error
+        return paths
+
+
+class CallLogError(ConfigurationError, OSError):
+    """The call log could not be written where asked (a missing or read-only folder, a full disk);
+    like ``OutputPathError``, a place to write that cannot be used."""
+
+
+def _write_parquet(path: Path, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise ConfigurationError("a Parquet call log needs pyarrow: pip install 'aiqsim[parquet]'") from error
+    data = {name: [row[i] for row in rows] for i, name in enumerate(columns)}
+    pq.write_table(pa.table(data), path)

@@ -1,0 +1,126 @@
+"""What recording the call log costs the production scheduler on asyncio.
+
+The scheduler on :class:`aiqsim.AsyncioRuntime` with a memory store sends ``CALLS`` calls to a no-op
+provider (one trip through the event loop per call), four ways, interleaved round by round so
+machine load hits them alike:
+
+- ``no sink``: ``Scheduler(events=None)``, the baseline;
+- ``a sink that drops every event``: what building the events costs the scheduler, for any sink;
+- ``CallLog in memory``: ``Scheduler(events=CallLog())`` (rows kept while serving, written after the
+  last call: the writing time is shown apart, it is not paid while calls are served);
+- ``CallLog streaming``: ``Scheduler(events=CallLog(folder))`` (CSV appended every 1,000 rows, flushed,
+  closed at the end: the production set-up).
+
+A no-op provider is the worst case: a real call takes milliseconds to seconds, so the log's
+microseconds per call vanish against it. Target (issue #17): <= 10% fewer calls/s.
+
+Run: ``python benchmarks/bench_call_log.py [ROUNDS]`` (5 rounds, about 30 s). Prints a markdown table
+with min and median calls/s and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from aiqsim import AsyncioRuntime, ProviderRequest, ProviderResponse, QuotaLimits, Scheduler
+from aiqsim.scheduler.call_log import CallLog
+from aiqsim.stores.memory import MemoryStore
+
+CALLS = 10_000
+
+
+class NoopProvider:
+    """Answers every call after one trip through the event loop."""
+
+    name = "noop"
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse:
+        await asyncio.sleep(0)
+        return ProviderResponse(result=request.payload, usage=1.0, output_units=1.0)
+
+
+def _nop(event: object) -> None:
+    """A sink that drops everything: what building the events costs the scheduler."""
+
+
+def run(mode: str, folder: Path) -> float:
+    """Calls per second through the scheduler with the given event sink."""
+    runtime = AsyncioRuntime()
+    log: CallLog | None = None
+    if mode == "nop":
+        log = _nop  # type: ignore[assignment]
+    elif mode == "memory":
+        log = CallLog()
+    elif mode == "stream":
+        log = CallLog(folder)
+
+    async def submit_all_and_join() -> None:
+        scheduler = Scheduler(
+            runtime,
+            [NoopProvider()],
+            quotas={"noop": QuotaLimits(requests_per_min=1e9, concurrency=64)},
+            store=MemoryStore(),
+            rng=random.Random(0),
+            events=log,
+        )
+        for index in range(CALLS):
+            scheduler.submit("noop", {"n": index}, key=f"call-{index}", cost_estimate=1.0)
+        await scheduler.join()
+        await scheduler.close()
+
+    gc.collect()
+    start = time.perf_counter()
+    runtime.run(submit_all_and_join())
+    served = time.perf_counter() - start
+    if isinstance(log, CallLog):
+        if mode == "memory":
+            log.write(folder / "memory")
+        else:
+            log.close()
+    WRITE_SECONDS.setdefault(mode, []).append(time.perf_counter() - start - served)
+    return CALLS / served
+
+
+WRITE_SECONDS: dict[str, list[float]] = {}
+"""Seconds spent after the last call writing (memory: the whole CSV; streaming: the last flush)."""
+
+
+def main() -> int:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    modes = {
+        "none": "no sink",
+        "nop": "a sink that drops every event",
+        "memory": "CallLog in memory (CSV written after)",
+        "stream": "CallLog streaming CSV",
+    }
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(rounds):
+            for mode in modes:
+                rates[mode].append(run(mode, Path(tmp) / f"{mode}-{round_}"))
+    after = os.getloadavg()
+    base = statistics.median(rates["none"])
+    print(f"{CALLS:,} no-op calls per run, {rounds} rounds interleaved; load average {before[0]:.2f} before, "
+          f"{after[0]:.2f} after (1 min)\n")  # fmt: skip
+    print("| sink | min calls/s | median calls/s | median vs no sink | then writing (median s) |")
+    print("|---|---:|---:|---:|---:|")
+    for mode, label in modes.items():
+        median = statistics.median(rates[mode])
+        write = statistics.median(WRITE_SECONDS[mode])
+        print(
+            f"| {label} | {min(rates[mode]):,.0f} | {median:,.0f} | {median / base - 1:+.1%} | {write:.3f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""`aiqsim calibrate` and `aiqsim tune` from the command line: the happy path writes what it says, and
+bad input is one message with exit status 2 before any simulation (issue #17)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from aiqsim.cli import main
+from aiqsim.sim import simulate
+
+pytest.importorskip("optuna")
+
+ROOT = Path(__file__).resolve().parent.parent
+STORM = ROOT / "scenarios" / "retry_storm_429.toml"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "small.toml"
+    path.write_text(STORM.read_text().replace("duration_s = 120", "duration_s = 20"))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--param", "retry.nonsense=1:2"], "retry.nonsense"),
+        (["--param", "retry.base_s=5:0.1:log"], "LOW < HIGH"),
+        (["--param", "retry.base_s=0.1:5", "--constraint", "latency_p99_s=30"], "METRIC<=BOUND"),
+        (["--param", "retry.base_s=0.1:5", "--constraint", "speed<=30"], "unknown metric"),
+        (["--param", "retry.base_s=0.1:5", "--objective", "speed"], "unknown summary key"),
+        ([], "--param"),
+    ],
+)
+def test_tune_refuses_bad_input_with_status_2(
+    small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    out = tmp_path / "tune.csv"
+    assert main(["tune", str(small), *argv, "--trials", "3", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing was run or written
+
+
+def test_tune_writes_trials_patch_and_resumes(
+    small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "tune.csv"
+    params = [
+        "retry.base_s=0.1:5:log",
+        "quotas.llm.requests_per_min=60:200:int",
+        "quotas.llm.request_burst=1:60:int",
+        "dispatch.policy=fifo,sjf,sjf_aging",
+    ]
+    argv = [
+        "tune",
+        str(small),
+        *(arg for p in params for arg in ("--param", p)),
+        "--objective",
+        "rate_limited",
+    ]
+    argv += [
+        "--constraint",
+        "latency_p99_s<=60",
+        "--seeds",
+        "2",
+        "--seed",
+        "1",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main([*argv, "--trials", "3"]) == 0
+    assert main([*argv, "--trials", "5"]) == 0  # resumed: 3 kept, 2 more
+    printed = capsys.readouterr().out
+    trials = pd.read_csv(out)
+    assert len(trials) == 5
+    patch = tomllib.loads((tmp_path / "tune.csv.best.toml").read_text())
+    set_line = [line.strip() for line in printed.splitlines() if line.strip().startswith("--set")][-1]
+    overrides = dict(item.split("=", 1) for item in set_line.replace("--set ", "").split())
+    assert set(overrides) == {p.split("=")[0] for p in params}
+    assert patch["dispatch"]["policy"] == overrides["dispatch.policy"]
+    best = trials[trials["feasible"]].sort_values("rate_limited").iloc[0]
+    assert patch["quotas"]["llm"]["request_burst"] == best["quotas.llm.request_burst"]
+    # the --set line reproduces the trial's figures (mean over the two replication seeds)
+    again = [
+        simulate(small, seed=s, overrides={k: patch_value(v) for k, v in overrides.items()}) for s in (0, 1)
+    ]
+    assert sum(r.summary["rate_limited"] for r in again) / 2 == best["rate_limited"]
+
+
+def patch_value(text: str) -> object:
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def test_two_objectives_give_a_pareto_front_on_local_processes(small: Path, tmp_path: Path) -> None:
+    from aiqsim.lab.tune import tune
+
+    result = tune(small, ["retry.base_s=0.05:5:log"], objective=["rate_limited", "latency_p95_s"], trials=6,
+                  seeds=2, engine="local", workers=2, progress=False)  # fmt: skip
+    front = result.pareto
+    assert len(front) >= 1
+    for _, row in front.iterrows():  # nothing in the front is dominated by any trial
+        dominated = (result.trials["rate_limited"] <= row["rate_limited"]) & (
+            result.trials["latency_p95_s"] <= row["latency_p95_s"]
+        ) & ((result.trials["rate_limited"] < row["rate_limited"]) | (
+            result.trials["latency_p95_s"] < row["latency_p95_s"]))  # fmt: skip
+        assert not dominated.any()
+
+
+def test_calibrate_cli_writes_a_scenario_validate_accepts_and_a_report(small: Path, tmp_path: Path) -> None:
+    simulate(small, seed=2).call_log.write(tmp_path / "log")
+    out, report = tmp_path / "mine.toml", tmp_path / "report.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "aiqsim", "calibrate", str(tmp_path / "log"), "--out", str(out), "--report",
+         str(report), "--settings", str(small)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert main(["validate", str(out)]) == 0
+    text = report.read_text()
+    assert "QQ" not in text or "data:image/png;base64," in text
+    assert text.count("data:image/png;base64,") >= 2
+
+
+def test_calibrate_cli_refuses_a_folder_without_a_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["calibrate", str(tmp_path), "--out", str(tmp_path / "x.toml")]) == 2
+    assert "tasks.csv" in capsys.readouterr().err
+    assert not (tmp_path / "x.toml").exists()
