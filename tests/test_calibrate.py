@@ -133,7 +133,7 @@ def test_calibrated_scenario_reproduces_latency_and_429s_on_fresh_seeds(
     seeds = range(100, 106)
     original = [simulate(truth, seed=s).summary for s in seeds]
     again = [simulate(path, seed=s).summary for s in seeds]
-    for key in ("latency_p50_s", "latency_p99_s", "rate_limited"):
+    for key in ("success_latency_p50_s", "success_latency_p99_s", "rate_limited"):
         want = np.mean([s[key] for s in original])
         got = np.mean([s[key] for s in again])
         assert got == pytest.approx(want, rel=0.10), key

@@ -86,13 +86,13 @@ def test_calibrated_simulation_predicts_the_live_run(tmp_path: Path) -> None:
     scenario = fitted.write(tmp_path / "calibrated.toml")
     predicted = [simulate(scenario, seed=s).summary for s in range(20, 26)]
     lines = []
-    for key in ("latency_p50_s", "latency_p99_s", "rate_limited"):
+    for key in ("success_latency_p50_s", "success_latency_p99_s", "rate_limited"):
         want = float(live.summary[key])
         got = float(np.mean([p[key] for p in predicted]))
         spread = float(np.std([p[key] for p in predicted]))
         lines.append(f"{key}: live {want:.4g}, predicted {got:.4g} (seed sd {spread:.3g})")
     print("\n".join(lines))
-    for key in ("latency_p50_s", "latency_p99_s", "rate_limited"):
+    for key in ("success_latency_p50_s", "success_latency_p99_s", "rate_limited"):
         want = float(live.summary[key])
         got = float(np.mean([p[key] for p in predicted]))
         assert got == pytest.approx(want, rel=TOLERANCE), "\n".join(lines)

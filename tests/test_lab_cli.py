@@ -32,7 +32,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
     [
         (["--param", "retry.nonsense=1:2"], "retry.nonsense"),
         (["--param", "retry.base_s=5:0.1:log"], "LOW < HIGH"),
-        (["--param", "retry.base_s=0.1:5", "--constraint", "latency_p99_s=30"], "METRIC<=BOUND"),
+        (["--param", "retry.base_s=0.1:5", "--constraint", "success_latency_p99_s=30"], "METRIC<=BOUND"),
         (["--param", "retry.base_s=0.1:5", "--constraint", "speed<=30"], "unknown metric"),
         (["--param", "retry.base_s=0.1:5", "--objective", "speed"], "unknown summary key"),
         ([], "--param"),
@@ -67,7 +67,7 @@ def test_tune_writes_trials_patch_and_resumes(
     ]
     argv += [
         "--constraint",
-        "latency_p99_s<=60",
+        "success_latency_p99_s<=60",
         "--seeds",
         "2",
         "--seed",
@@ -107,15 +107,16 @@ def patch_value(text: str) -> object:
 def test_two_objectives_give_a_pareto_front_on_local_processes(small: Path, tmp_path: Path) -> None:
     from aiqsim.lab.tune import tune
 
-    result = tune(small, ["retry.base_s=0.05:5:log"], objective=["rate_limited", "latency_p95_s"], trials=6,
+    objective = ["rate_limited", "success_latency_p95_s"]
+    result = tune(small, ["retry.base_s=0.05:5:log"], objective=objective, trials=6,
                   seeds=2, engine="local", workers=2, progress=False)  # fmt: skip
     front = result.pareto
     assert len(front) >= 1
     for _, row in front.iterrows():  # nothing in the front is dominated by any trial
         dominated = (result.trials["rate_limited"] <= row["rate_limited"]) & (
-            result.trials["latency_p95_s"] <= row["latency_p95_s"]
+            result.trials["success_latency_p95_s"] <= row["success_latency_p95_s"]
         ) & ((result.trials["rate_limited"] < row["rate_limited"]) | (
-            result.trials["latency_p95_s"] < row["latency_p95_s"]))  # fmt: skip
+            result.trials["success_latency_p95_s"] < row["success_latency_p95_s"]))  # fmt: skip
         assert not dominated.any()
 
 

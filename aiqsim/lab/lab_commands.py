@@ -46,7 +46,7 @@ def add_lab_parsers(commands: Any) -> None:
     tune.add_argument("--maximize", action="store_true", help="maximise the objective(s) instead")
     tune.add_argument(
         "--constraint", action="append", default=[], metavar="METRIC<=BOUND",
-        help="e.g. latency_p99_s<=30, on the mean over seeds (repeatable)",
+        help="e.g. success_latency_p99_s<=30, on the mean over seeds (repeatable)",
     )  # fmt: skip
     tune.add_argument("--trials", type=int, default=50, help="trials in all (a resumed run counts old ones)")
     tune.add_argument("--seeds", type=int, default=3, help="replication seeds 0..N-1 per trial (default 3)")

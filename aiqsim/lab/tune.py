@@ -6,7 +6,7 @@ and every trial uses the *same* seeds (common random numbers: two settings are c
 arrivals and the same per-request fates, so the difference is the settings', not the noise's).
 
 - one objective: Optuna's TPE sampler; several: NSGA-II, and the result is the Pareto front;
-- constraints (``latency_p99_s<=30``) are passed to the sampler (``constraints_func``), so it learns
+- constraints (``success_latency_p99_s<=30``) are passed to the sampler (``constraints_func``), so it learns
   where the feasible region is; the best trial is the best *feasible* one;
 - reproducible: the sampler is seeded (``seed``); the replication seeds are ``0..seeds-1``;
 - resumable: with ``storage`` (an SQLite file), a tuning run that stops keeps its finished trials
@@ -303,7 +303,7 @@ def tune(
 
     ``params`` are :class:`ParamSpec` or their ``--param`` text; ``objective`` one summary key (TPE)
     or several (NSGA-II, Pareto front), each minimised unless ``directions`` says ``maximize``;
-    ``constraints`` are :class:`Constraint` or ``"latency_p99_s<=30"``; ``sampler`` overrides the
+    ``constraints`` are :class:`Constraint` or ``"success_latency_p99_s<=30"``; ``sampler`` overrides the
     choice (``"random"`` is the baseline search). ``storage`` is an SQLite file that makes the run
     resumable. Bad input raises :class:`ConfigurationError` before any simulation.
     """
