@@ -138,3 +138,30 @@ __all__ = [
     "retry_delay",
     "transition",
 ]
+
+# Jobs: pipelines of calls (issue #15). Appended as one block so parallel edits above merge cleanly.
+from aiqsim.core.job import JobRecord, JobStatus, derive_job_status  # noqa: E402
+from aiqsim.scheduler.jobs import (  # noqa: E402
+    JobCancelledError,
+    JobFailedError,
+    JobHandle,
+    JobRecoveryReport,
+    Jobs,
+    JobSpec,
+    JobSpecError,
+    Stage,
+)
+
+__all__ += [
+    "JobCancelledError",
+    "JobFailedError",
+    "JobHandle",
+    "JobRecord",
+    "JobRecoveryReport",
+    "JobSpec",
+    "JobSpecError",
+    "JobStatus",
+    "Jobs",
+    "Stage",
+    "derive_job_status",
+]

@@ -14,6 +14,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
 │   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
 │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
 │   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
+    │   ├── JobSpecError                   a job spec that cannot run (cycle, unknown stage or provider)
 │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
@@ -28,6 +29,8 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── SchedulerClosedError (RuntimeError)
     │   ├── TaskFailedError, TaskCancelledError   raised by ``await submission``
     │   ├── IllegalTransitionError         a status change the transition table forbids
+    │   ├── IllegalJobTransitionError      the same, for a job
+    │   ├── JobFailedError, JobCancelledError   raised by ``await job_handle`` (stage and reason)
 │   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
     │   └── InvalidStateError, SimulationDeadlock (RuntimeError)   the SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
@@ -59,6 +62,7 @@ from aiqsim.core.failures import (
     TaskInterruptedError,
 )
 from aiqsim.core.fingerprint import FingerprintError
+from aiqsim.core.job import IllegalJobTransitionError
 from aiqsim.core.states import IllegalTransitionError
 from aiqsim.core.task import PriorityError
 from aiqsim.core.token_bucket import QuotaConfigError
@@ -68,6 +72,7 @@ from aiqsim.http.status import HttpStatusError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError
+from aiqsim.scheduler.jobs import JobCancelledError, JobFailedError, JobSpecError
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
     SchedulerClosedError,
@@ -92,9 +97,13 @@ __all__ = [
     "ConfigurationError",
     "FingerprintError",
     "HttpStatusError",
+    "IllegalJobTransitionError",
     "IllegalTransitionError",
     "InvalidRequestError",
     "InvalidStateError",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobSpecError",
     "LeaseLostError",
     "OutputPathError",
     "PoisonInputError",

@@ -56,7 +56,6 @@ def _server(kind: str, env_var: str, start):  # type: ignore[no-untyped-def]
         yield address
 
 
-
 @pytest.fixture(scope="session")
 def postgres_dsn():  # type: ignore[no-untyped-def]
     """A DSN of a real PostgreSQL server (``AIQSIM_TEST_POSTGRES_DSN``, or a throwaway one)."""
@@ -71,6 +70,8 @@ def redis_url():  # type: ignore[no-untyped-def]
     from tests.servers import redis_server
 
     yield from _server("Redis", "AIQSIM_TEST_REDIS_URL", redis_server)
+
+
 # ------------------------------------------------------------------ CI: a skip is a failure
 def running_in_ci() -> bool:
     """True when the ``CI`` environment variable says so (``.ci/run`` sets ``CI=true``)."""

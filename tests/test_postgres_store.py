@@ -194,12 +194,32 @@ def test_a_version_1_store_is_upgraded_keeping_its_records(postgres_dsn: str, sc
         store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm", payload={"x": 1}))
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # what version 1 left behind
         conn.execute(f"DROP TABLE {schema}.leases")
+        conn.execute(f"DROP TABLE {schema}.jobs, {schema}.job_keys")  # version 3's
         conn.execute(f"UPDATE {schema}.meta SET value = '1' WHERE name = 'schema_version'")
     with PostgresStore(postgres_dsn, schema=schema) as store:
         assert store.get("a") is not None and store.get("a").payload == {"x": 1}  # type: ignore[union-attr]
         assert store.renew_lease("w", 5.0)
     with psycopg.connect(postgres_dsn) as conn:
         assert conn.execute(f"SELECT value FROM {schema}.meta").fetchone() == (str(SCHEMA_VERSION),)
+
+
+def test_a_version_2_store_is_upgraded_with_the_job_tables(postgres_dsn: str, schema: str) -> None:
+    import psycopg
+
+    from aiqsim.core.job import JobRecord
+    from aiqsim.stores.postgres import PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm", payload={"x": 1}))
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # what version 2 left behind
+        conn.execute(f"DROP TABLE {schema}.jobs, {schema}.job_keys")
+        conn.execute(f"UPDATE {schema}.meta SET value = '2' WHERE name = 'schema_version'")
+    job = JobRecord(id="j", key="jk", name="edit", version="1", inputs={"clip": "a"})
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        assert store.get("a") is not None and store.list_jobs() == []
+        assert store.insert_and_claim_job(job) == job
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        assert store.job_owner_of("jk") == job
 
 
 def test_leases_expire_and_are_adopted_by_exactly_one_worker(postgres_dsn: str, schema: str) -> None:

@@ -483,13 +483,14 @@ def test_sqlite_upgrade_never_relabels_a_file_a_newer_aiqsim_upgraded_meanwhile(
         path,
         "ALTER TABLE tasks ADD COLUMN worker TEXT",
         "ALTER TABLE tasks ADD COLUMN lease REAL",
-        "PRAGMA user_version = 3",
+        f"PRAGMA user_version = {SCHEMA_VERSION + 1}",
     )
-    with pytest.raises(StoreCorruptError, match=r"schema version 3 \(written by a newer aiqsim\)"):
+    newer = SCHEMA_VERSION + 1
+    with pytest.raises(StoreCorruptError, match=rf"schema version {newer} \(written by a newer aiqsim\)"):
         SqliteStore(path)
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == newer
     finally:
         conn.close()
 

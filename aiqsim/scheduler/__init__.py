@@ -57,3 +57,29 @@ __all__ = [
     "UsageAnomaly",
     "dispatch_policy_from_name",
 ]
+
+# Jobs (issue #15), appended as one block.
+from aiqsim.scheduler.job_events import JobTransition, StageEvent
+from aiqsim.scheduler.jobs import (
+    JobCancelledError,
+    JobFailedError,
+    JobHandle,
+    JobRecoveryReport,
+    Jobs,
+    JobSpec,
+    JobSpecError,
+    Stage,
+)
+
+__all__ += [
+    "JobCancelledError",
+    "JobFailedError",
+    "JobHandle",
+    "JobRecoveryReport",
+    "JobSpec",
+    "JobSpecError",
+    "JobTransition",
+    "Jobs",
+    "Stage",
+    "StageEvent",
+]

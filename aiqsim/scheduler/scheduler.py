@@ -23,7 +23,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiqsim.core.backoff import retry_delay
 from aiqsim.core.errors import SchedulingError
@@ -69,6 +69,9 @@ from aiqsim.scheduler.retry import (
 from aiqsim.scheduler.store_writes import describe_change, persist
 from aiqsim.stores.base import StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from aiqsim.scheduler.jobs import JobHandle, JobRecoveryReport, Jobs, JobSpec
 
 DEFAULT_INTERACTIVE_LIMIT = 5
 _PRIORITIES = tuple(Priority)  # iterating the enum itself is measurably slow on the dispatch path
@@ -245,6 +248,7 @@ class _Unpersisted:
 
     what: str
     outcome: TaskRecord | None
+    retry: RetryPolicy | None = None  # this task's own policy (a job stage's), else the scheduler's
 
 
 @dataclass(eq=False)
@@ -409,6 +413,8 @@ class Scheduler:
         """Submissions resolved with ``StoreWriteError`` (their outcome, or their owner's, not persisted)."""
         self.anomalies: Counter[str] = Counter()
         """Provider anomalies seen and defused, by kind (e.g. ``"usage"``)."""
+        self._jobs: Jobs | None = None  # created on first use of jobs (aiqsim.scheduler.jobs)
+        self.job_recovery: JobRecoveryReport | None = None  # what the last recover() did to jobs
 
     # ------------------------------------------------------------------ public API
     @property
@@ -454,6 +460,8 @@ class Scheduler:
         params: Mapping[str, Any] | None = None,
         version: str = "",
         task_id: str | None = None,
+        job_stage: bool = False,
+        retry: RetryPolicy | None = None,
     ) -> Submission:
         """Queue one call and return its :class:`Submission` handle.
 
@@ -461,6 +469,10 @@ class Scheduler:
         payload). Raises :class:`QueueFullError` when the priority's queue is at its depth
         limit, ``ValueError`` for an unknown provider, and
         :class:`~aiqsim.core.token_bucket.QuotaConfigError` for a cost the quota could never grant.
+        ``job_stage`` is set by :mod:`aiqsim.scheduler.jobs` for a job's stage tasks: the depth
+        limit counts their job once, not each of them. ``retry`` replaces the scheduler's retry
+        policy for this task in this process (not persisted: a task resumed by :meth:`recover`
+        runs under the scheduler's policy).
         """
         if self._closed:
             raise SchedulerClosedError("scheduler is closed")
@@ -483,7 +495,7 @@ class Scheduler:
             TaskStatus.SUCCEEDED,
         )
         limit = self._limits[priority]
-        if not is_duplicate and limit is not None and self._queued[priority] >= limit:
+        if not is_duplicate and not job_stage and limit is not None and self._depth(priority) >= limit:
             raise QueueFullError(
                 f"too many {priority.name.lower()} requests: {self._queued[priority]} already queued "
                 f"(limit {limit}); try again later"
@@ -504,7 +516,7 @@ class Scheduler:
         owner = persist(describe_change(None, record), self.store.insert_and_claim, record)
         self._staged(record.id)
         accepted = self._commit.durable() if self._commit is not None else None
-        live = _Live(record=record, future=self.runtime.create_future())
+        live = _Live(record=record, future=self.runtime.create_future(), retry=retry)
         self._live[record.id] = live
         self._emit_transition(None, record)
         self._ensure_started()
@@ -521,6 +533,32 @@ class Scheduler:
         submission = self.submit(kind, payload, **options)
         await submission.accepted()
         return submission
+
+    def submit_job(
+        self,
+        spec: JobSpec,
+        inputs: Any,
+        *,
+        priority: Priority = Priority.BACKGROUND,
+        job_id: str | None = None,
+    ) -> JobHandle:
+        """Run a pipeline of calls (a :class:`~aiqsim.scheduler.jobs.JobSpec`) on ``inputs``.
+
+        Returns a :class:`~aiqsim.scheduler.jobs.JobHandle`: ``await`` it for ``{stage: result}``.
+        Rules (idempotency, depth limit, failure, recovery): :mod:`aiqsim.scheduler.jobs`.
+        """
+        return self.jobs.submit(spec, inputs, priority=priority, job_id=job_id)
+
+    @property
+    def jobs(self) -> Jobs:
+        """This scheduler's jobs orchestrator (created on first use; see :mod:`aiqsim.scheduler.jobs`)."""
+        from aiqsim.scheduler.jobs import jobs_of
+
+        return jobs_of(self)
+
+    def _depth(self, priority: Priority) -> int:
+        """Queued requests of ``priority`` as its depth limit counts them (a job counts once)."""
+        return self._queued[priority] if self._jobs is None else self._jobs.depth(priority)
 
     def cancel(self, task_id: str) -> bool:
         """Cancel a queued or running task of this scheduler; False if it is not live here.
@@ -579,6 +617,8 @@ class Scheduler:
 
     async def close(self, *, cancel_pending: bool = True) -> None:
         """Stop taking work; cancel what is still live (or wait for it) and stop the dispatchers."""
+        if self._jobs is not None:  # a job's later stages are submitted while it runs
+            await self._jobs.close(cancel_pending=cancel_pending)
         self._closed = True  # refuse new submissions while the live ones finish
         if cancel_pending:
             for task_id in list(self._live):
@@ -603,6 +643,8 @@ class Scheduler:
         """
         self._crashed = True
         self._closed = True
+        if self._jobs is not None:
+            self._jobs.crash()
         for live in self._live.values():
             if live.runner is not None:
                 live.runner.cancel()
@@ -733,6 +775,9 @@ class Scheduler:
             lost = await self._commit.durable()
             if lost is not None:
                 raise lost
+        from aiqsim.scheduler.jobs import recover_jobs  # jobs build on this module
+
+        self.job_recovery = await recover_jobs(self, adopted)  # re-drive jobs once their tasks are settled
         return RecoveryReport(
             completed, failed, requeued, resumed, reattached, left, len(unknown), tuple(undecided)
         )
@@ -946,7 +991,7 @@ class Scheduler:
     async def _run(self, lane: _Lane, live: _Live, reservation: Reservation | None) -> None:
         live.started = True
         runtime = self.runtime
-        policy = self.retry
+        policy = self.retry if live.retry is None else live.retry
         if live.cancel_requested or live.lost is not None:
             assert reservation is not None
             lane.quota.cancel(reservation, runtime.now())
@@ -1284,6 +1329,8 @@ class Scheduler:
         live.future.set_result(record)
         if record.id in self._waiters:
             self._resolve_waiters(record)
+        if self._jobs is not None:  # a job's next stage is queued in this same instant
+            self._jobs.task_finished(record)
         if not self._live:
             self._idle.notify()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import PurgeReport, TaskStore
 
@@ -97,6 +98,33 @@ class CrashingStore:
 
     def close(self) -> None:
         self.inner.close()
+
+    # jobs: writes count (and may crash) like task writes
+    def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
+        self._check_alive()
+        owner = self.inner.insert_and_claim_job(job)  # type: ignore[attr-defined]
+        self._wrote()
+        return owner
+
+    def claim_job(self, job: JobRecord) -> JobRecord:
+        self._check_alive()
+        owner = self.inner.claim_job(job)  # type: ignore[attr-defined]
+        self._wrote()
+        return owner
+
+    def update_job(self, job: JobRecord) -> None:
+        self._check_alive()
+        self.inner.update_job(job)  # type: ignore[attr-defined]
+        self._wrote()
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        return self.inner.get_job(job_id)  # type: ignore[attr-defined]
+
+    def job_owner_of(self, key: str) -> JobRecord | None:
+        return self.inner.job_owner_of(key)  # type: ignore[attr-defined]
+
+    def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
+        return self.inner.list_jobs(*statuses)  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
         return len(self.inner.list_by_status())

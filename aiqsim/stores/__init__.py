@@ -70,3 +70,8 @@ __all__ = [
     "open_store",
     "purge_periodically",
 ]
+
+# Jobs (issue #15): the job-table protocol every store implements.
+from aiqsim.stores.job_store import JobStore, claim_job_owner  # noqa: E402
+
+__all__ += ["JobStore", "claim_job_owner"]

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from aiqsim.core.errors import StoreError
+from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
     PurgeReport,
@@ -76,11 +77,13 @@ from aiqsim.stores.base import (
     purge_report,
     record_from_stored,
 )
+from aiqsim.stores.job_store import claim_job_owner, job_from_stored
 
 FORMAT = "aiqsim-taskstore"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
-"""Snapshot versions this build opens: 1 (no checksum) and 2 (checksummed, written by this build)."""
+"""Snapshot versions this build opens: 1 (no checksum) and 2 (checksummed, written by this build).
+A ``store`` may hold ``jobs`` and ``job_owners`` (jobs, issue #15); without them it holds no jobs."""
 FILE_MODE = 0o600
 DEFAULT_COMPACT_MIN_ENTRIES = 1000
 
@@ -88,6 +91,8 @@ _LINE = re.compile(rb'\{"crc":"([0-9a-f]{8})","entry":(.*)\}')
 _SNAPSHOT_PREFIX = b'{"format":"%s","version":%d,"crc":"' % (FORMAT.encode(), VERSION)
 _SNAPSHOT = re.compile(re.escape(_SNAPSHOT_PREFIX) + rb'([0-9a-f]{8})","store":(.*)\}\n?', re.DOTALL)
 _OPS = frozenset({"insert", "claim", "update", "poison", "purge"})
+_JOB_OPS = frozenset({"job_insert", "job_claim", "job_update"})
+_OPS = _OPS | _JOB_OPS
 
 
 def _dumps(value: Any) -> bytes:
@@ -137,6 +142,8 @@ class JsonFileStore:
         self._tasks: dict[str, TaskRecord] = {}
         self._owners: dict[str, str] = {}
         self._poison: dict[str, tuple[str, float]] = {}
+        self._jobs: dict[str, JobRecord] = {}
+        self._job_owners: dict[str, str] = {}
         self._seq = 0
         self._journal_entries = 0
         self._journal_size = 0
@@ -315,6 +322,25 @@ class JsonFileStore:
         for key, entry in poison.items():
             self._poison[key] = self._poison_value(entry, self.path)
         self._seq = last_seq
+        self._load_jobs(doc)
+
+    def _load_jobs(self, doc: dict[str, Any]) -> None:
+        """The job table of a snapshot's store (absent in version 1 and in stores without jobs)."""
+        jobs, owners = doc.get("jobs", []), doc.get("job_owners", {})
+        if not isinstance(jobs, list) or not isinstance(owners, dict):
+            raise self._corrupt(self.path, "'jobs' must be a list and 'job_owners' an object")
+        for index, data in enumerate(jobs):
+            job = job_from_stored(data, f"{self.path}: jobs[{index}]")
+            if job.id in self._jobs:
+                raise self._corrupt(self.path, f"job id {job.id!r} appears twice")
+            self._jobs[job.id] = job
+        for key, owner_id in owners.items():
+            owner = self._jobs.get(owner_id) if isinstance(owner_id, str) else None
+            if owner is None or owner.key != key:
+                raise self._corrupt(
+                    self.path, f"job key {key!r} is owned by {owner_id!r}, not a job with that key"
+                )
+            self._job_owners[key] = owner_id
 
     def _checked_store(self, raw: bytes, doc: dict[str, Any]) -> Any:
         """The ``store`` object of a version-2 snapshot, once its checksum matches its bytes."""
@@ -407,6 +433,9 @@ class JsonFileStore:
     def _apply(self, entry: dict[str, Any], source: str) -> None:
         """Apply one journal entry to the in-memory state (replay and live writes alike)."""
         op = entry["op"]
+        if op in _JOB_OPS:
+            self._apply_job(entry, source)
+            return
         if op in ("insert", "update"):
             record = record_from_stored(entry["task"], source)
             known = record.id in self._tasks
@@ -430,6 +459,25 @@ class JsonFileStore:
             if not isinstance(entry["key"], str):
                 raise StoreCorruptError(f"{source}: poison key must be a string")
             self._poison[entry["key"]] = self._poison_value(entry, Path(source))
+
+    def _apply_job(self, entry: dict[str, Any], source: str) -> None:
+        """Apply one job journal entry (``job_insert``, ``job_update``, ``job_claim``)."""
+        op = entry["op"]
+        if op == "job_claim":
+            owner = self._jobs.get(entry["owner_id"])
+            if owner is None or owner.key != entry["key"]:
+                raise StoreCorruptError(
+                    f"{source}: claim of job key {entry['key']!r} by unknown job {entry['owner_id']!r}"
+                )
+            self._job_owners[owner.key] = owner.id
+            return
+        job = job_from_stored(entry["job"], source)
+        known = job.id in self._jobs
+        if known == (op == "job_insert"):
+            raise StoreCorruptError(f"{source}: {op} of {'known' if known else 'unknown'} job {job.id!r}")
+        self._jobs[job.id] = job
+        if op == "job_insert" and entry["owner"] is True:
+            self._job_owners[job.key] = job.id
 
     def _apply_purge(self, task_ids: Any, keys: Any, source: str) -> None:
         """Apply a purge entry, all or nothing: it may only name finished tasks and their own keys."""
@@ -505,6 +553,8 @@ class JsonFileStore:
                 "tasks": [record.to_dict() for record in self._tasks.values()],
                 "owners": dict(self._owners),
                 "poison": {key: {"error": e, "recorded_at": t} for key, (e, t) in self._poison.items()},
+                "jobs": [job.to_dict() for job in self._jobs.values()],
+                "job_owners": dict(self._job_owners),
             }
         )
         return b'%s%08x","store":%b}\n' % (_SNAPSHOT_PREFIX, zlib.crc32(body), body)
@@ -615,6 +665,52 @@ class JsonFileStore:
         self._check_open()
         entry = self._poison.get(key)
         return entry[0] if entry is not None else None
+
+    # ------------------------------------------------------------------ JobStore
+    def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
+        self._check_open()
+        if job.id in self._jobs:
+            raise ValueError(f"job id {job.id!r} already exists")
+        owner = claim_job_owner(self.job_owner_of(job.key), job)
+        self._commit(
+            {"op": "job_insert", "job": job.to_dict(), "owner": owner is job}, f"insert of job {job.id!r}"
+        )
+        return owner
+
+    def claim_job(self, job: JobRecord) -> JobRecord:
+        self._check_open()
+        if job.id not in self._jobs:
+            raise KeyError(f"unknown job id {job.id!r}")
+        if self._job_owners.get(job.key) == job.id:
+            return self._jobs[job.id]
+        owner = claim_job_owner(self.job_owner_of(job.key), job)
+        if owner is job:
+            self._commit(
+                {"op": "job_claim", "key": job.key, "owner_id": job.id}, f"claim of job key by {job.id!r}"
+            )
+        return owner
+
+    def update_job(self, job: JobRecord) -> None:
+        self._check_open()
+        if job.id not in self._jobs:
+            raise KeyError(f"unknown job id {job.id!r}")
+        self._commit({"op": "job_update", "job": job.to_dict()}, f"job {job.id!r} -> {job.status.value}")
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        self._check_open()
+        return self._jobs.get(job_id)
+
+    def job_owner_of(self, key: str) -> JobRecord | None:
+        self._check_open()
+        owner_id = self._job_owners.get(key)
+        return self._jobs.get(owner_id) if owner_id is not None else None
+
+    def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
+        self._check_open()
+        if not statuses:
+            return list(self._jobs.values())
+        wanted = set(statuses)
+        return [job for job in self._jobs.values() if job.status in wanted]
 
     def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
         """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`.

@@ -6,8 +6,10 @@ scheduler), which makes it the fastest store for crash-recovery sweeps.
 
 from __future__ import annotations
 
+from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import PurgeReport, claim_owner, plan_purge, purge_candidate, purge_report
+from aiqsim.stores.job_store import claim_job_owner
 
 
 class MemoryStore:
@@ -17,6 +19,8 @@ class MemoryStore:
         self._tasks: dict[str, TaskRecord] = {}
         self._owners: dict[str, str] = {}
         self._poison: dict[str, str] = {}
+        self._jobs: dict[str, JobRecord] = {}
+        self._job_owners: dict[str, str] = {}
         self.writes = 0
         self.deferred_commit = False
         """Every write is applied when its method returns; :meth:`flush` has nothing to do."""
@@ -96,6 +100,49 @@ class MemoryStore:
 
     def close(self, *, flush: bool = True) -> None:
         """Nothing to release (``flush`` is accepted for the protocol's sake)."""
+
+    # ------------------------------------------------------------------ jobs (JobStore)
+    def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
+        if job.id in self._jobs:
+            raise ValueError(f"job id {job.id!r} already exists")
+        owner_id = self._job_owners.get(job.key)
+        owner = claim_job_owner(self._jobs.get(owner_id) if owner_id is not None else None, job)
+        self._jobs[job.id] = job
+        if owner is job:
+            self._job_owners[job.key] = job.id
+        self.writes += 1
+        return owner
+
+    def claim_job(self, job: JobRecord) -> JobRecord:
+        if job.id not in self._jobs:
+            raise KeyError(f"unknown job id {job.id!r}")
+        owner_id = self._job_owners.get(job.key)
+        if owner_id == job.id:
+            return self._jobs[job.id]
+        owner = claim_job_owner(self._jobs.get(owner_id) if owner_id is not None else None, job)
+        if owner is job:
+            self._job_owners[job.key] = job.id
+            self.writes += 1
+        return owner
+
+    def update_job(self, job: JobRecord) -> None:
+        if job.id not in self._jobs:
+            raise KeyError(f"unknown job id {job.id!r}")
+        self._jobs[job.id] = job
+        self.writes += 1
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        return self._jobs.get(job_id)
+
+    def job_owner_of(self, key: str) -> JobRecord | None:
+        owner_id = self._job_owners.get(key)
+        return self._jobs.get(owner_id) if owner_id is not None else None
+
+    def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
+        if not statuses:
+            return list(self._jobs.values())
+        wanted = set(statuses)
+        return [job for job in self._jobs.values() if job.status in wanted]
 
     def __len__(self) -> int:
         return len(self._tasks)

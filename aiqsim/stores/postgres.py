@@ -18,6 +18,8 @@ Same contract as :class:`~aiqsim.stores.sqlite.SqliteStore`, on a server instead
   database server's clock, which every host shares); a live worker adopts the tasks of a worker
   whose lease expired (:meth:`adopt_expired`, exactly one adopter per dead worker), see
   :class:`aiqsim.fleet.LeaseKeeper`.
+- Jobs (schema version 3): ``jobs`` and ``job_keys`` beside the task tables, the
+  :class:`~aiqsim.stores.job_store.JobStore` methods claiming a job's key as tasks claim theirs.
 - ``notify=True`` (default) sends ``NOTIFY aiqsim_task_done, '<schema>:<task id>'`` in the
   transaction that makes a task terminal, so a process waiting for a duplicate's owner on
   another host can wake on it instead of polling (see :meth:`wait_for_terminal`).
@@ -37,6 +39,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
     PurgeCandidate,
@@ -51,8 +54,9 @@ from aiqsim.stores.base import (
     purge_report,
     record_from_stored,
 )
+from aiqsim.stores.job_store import claim_job_owner, job_from_stored
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_SCHEMA = "aiqsim"
 NOTIFY_CHANNEL = "aiqsim_task_done"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -113,8 +117,56 @@ CREATE TABLE {s}.leases (
 );
 """
 
-MIGRATIONS: dict[int, str] = {1: _LEASES_SQL}
-"""SQL that upgrades a store from the key's schema version to the next one: version 2 adds leases."""
+JOB_COLUMNS = (
+    "id",
+    "key",
+    "name",
+    "version",
+    "priority",
+    "status",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "inputs",
+    "results",
+    "stage_tasks",
+    "failed_stage",
+    "error",
+    "deduped_from",
+    "worker",
+)
+"""Columns of the ``jobs`` table (schema version 3: jobs, issue #15), after ``seq``."""
+_JOB_JSON_COLUMNS = frozenset({"inputs", "results", "stage_tasks"})
+
+_JOBS_SQL = """
+CREATE TABLE {s}.jobs (
+    seq BIGSERIAL PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    key TEXT NOT NULL,
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    started_at DOUBLE PRECISION,
+    finished_at DOUBLE PRECISION,
+    inputs TEXT NOT NULL,
+    results TEXT NOT NULL,
+    stage_tasks TEXT NOT NULL,
+    failed_stage TEXT,
+    error TEXT,
+    deduped_from TEXT,
+    worker TEXT
+);
+CREATE INDEX jobs_by_status ON {s}.jobs (status, seq);
+CREATE TABLE {s}.job_keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL);
+"""
+
+MIGRATIONS: dict[int, str] = {1: _LEASES_SQL, 2: _JOBS_SQL}
+"""SQL that upgrades a store from the key's schema version to the next one: version 2 adds leases,
+version 3 the job tables."""
 
 _SERVER_NOW = "extract(epoch from clock_timestamp())"
 """The database server's clock: the one clock every worker on every host agrees on."""
@@ -125,12 +177,15 @@ EXPECTED_TABLES = {
     "keys": ("key", "owner_id"),
     "poison": ("key", "error", "recorded_at"),
     "leases": ("worker", "expires_at", "adopted_by"),
+    "jobs": ("seq", *JOB_COLUMNS),
+    "job_keys": ("key", "owner_id"),
 }
+_ADDED_IN_VERSION = {"leases": 2, "jobs": 3, "job_keys": 3}
 
 
 def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
-    """The tables of a store of schema ``version`` (leases arrived in version 2)."""
-    return {name: cols for name, cols in EXPECTED_TABLES.items() if name != "leases" or version >= 2}
+    """The tables of a store of schema ``version`` (leases arrived in version 2, jobs in 3)."""
+    return {name: cols for name, cols in EXPECTED_TABLES.items() if _ADDED_IN_VERSION.get(name, 1) <= version}
 
 
 def _psycopg() -> Any:
@@ -192,6 +247,9 @@ class PostgresStore:
             self._conn.close()
             raise
         self._select = "SELECT " + ", ".join(f"t.{name}" for name in COLUMNS) + f" FROM {schema}.tasks t"
+        self._job_select = (
+            "SELECT " + ", ".join(f"j.{name}" for name in JOB_COLUMNS) + f" FROM {schema}.jobs j"
+        )
 
     def _where(self) -> str:
         """The DSN without its password, for messages."""
@@ -212,7 +270,7 @@ class PostgresStore:
                 if exists is None:
                     self._check_empty_schema()
                     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-                    conn.execute(_SCHEMA_SQL.format(s=s) + _LEASES_SQL.format(s=s))
+                    conn.execute(_SCHEMA_SQL.format(s=s) + _LEASES_SQL.format(s=s) + _JOBS_SQL.format(s=s))
                     conn.execute(
                         f"INSERT INTO {s}.meta (name, value) VALUES ('schema_version', %s)",
                         (str(SCHEMA_VERSION),),
@@ -394,6 +452,96 @@ class PostgresStore:
     def poison_error(self, key: str) -> str | None:
         rows = self._read(f"SELECT error FROM {self.schema}.poison WHERE key = %s", (key,))
         return rows[0][0] if rows else None
+
+    # ------------------------------------------------------------------ JobStore
+    def _decode_job(self, row: Sequence[Any]) -> JobRecord:
+        data = dict(zip(JOB_COLUMNS, row, strict=True))
+        for name in _JOB_JSON_COLUMNS:
+            try:
+                data[name] = json.loads(data[name])
+            except (TypeError, ValueError) as error:
+                raise StoreCorruptError(
+                    f"{self._where()}: job {data['id']!r}: column {name!r} is not JSON ({error})"
+                ) from error
+        return job_from_stored(data, f"{self._where()} schema {self.schema!r}")
+
+    @staticmethod
+    def _encode_job(job: JobRecord) -> tuple[Any, ...]:
+        data = job.to_dict()
+        return tuple(
+            _json_text(data[name]) if name in _JOB_JSON_COLUMNS else data[name] for name in JOB_COLUMNS
+        )
+
+    def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
+        values = self._encode_job(job)  # non-JSON inputs fail here, before the transaction
+        s = self.schema
+        with self._write(f"insert job {job.id!r}") as conn:
+            inserted = conn.execute(
+                f"INSERT INTO {s}.jobs ({', '.join(JOB_COLUMNS)}) "
+                f"VALUES ({', '.join(['%s'] * len(JOB_COLUMNS))}) ON CONFLICT (id) DO NOTHING",
+                values,
+            )
+            if inserted.rowcount != 1:
+                raise ValueError(f"job id {job.id!r} already exists")
+            return self._claim_job_in_transaction(conn, job)
+
+    def claim_job(self, job: JobRecord) -> JobRecord:
+        s = self.schema
+        with self._write(f"claim key of job {job.id!r}") as conn:
+            row = conn.execute(f"{self._job_select} WHERE j.id = %s", (job.id,)).fetchone()
+            if row is None:
+                raise KeyError(f"unknown job id {job.id!r}")
+            owner_row = conn.execute(
+                f"SELECT owner_id FROM {s}.job_keys WHERE key = %s", (job.key,)
+            ).fetchone()
+            if owner_row is not None and owner_row[0] == job.id:
+                return self._decode_job(row)
+            return self._claim_job_in_transaction(conn, job)
+
+    def _claim_job_in_transaction(self, conn: Any, job: JobRecord) -> JobRecord:
+        s = self.schema
+        taken = conn.execute(
+            f"INSERT INTO {s}.job_keys (key, owner_id) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING",
+            (job.key, job.id),
+        )
+        if taken.rowcount == 1:
+            return job
+        conn.execute(f"SELECT owner_id FROM {s}.job_keys WHERE key = %s FOR UPDATE", (job.key,))
+        row = conn.execute(
+            f"{self._job_select} JOIN {s}.job_keys k ON k.owner_id = j.id WHERE k.key = %s", (job.key,)
+        ).fetchone()
+        owner = claim_job_owner(self._decode_job(row) if row is not None else None, job)
+        if owner is job:
+            conn.execute(f"UPDATE {s}.job_keys SET owner_id = %s WHERE key = %s", (job.id, job.key))
+        return owner
+
+    def update_job(self, job: JobRecord) -> None:
+        values = self._encode_job(job)
+        assignments = ", ".join(f"{name} = %s" for name in JOB_COLUMNS[1:])
+        with self._write(f"job {job.id!r} -> {job.status.value}") as conn:
+            changed = conn.execute(
+                f"UPDATE {self.schema}.jobs SET {assignments} WHERE id = %s", (*values[1:], job.id)
+            )
+            if changed.rowcount != 1:
+                raise KeyError(f"unknown job id {job.id!r}")
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        rows = self._read(f"{self._job_select} WHERE j.id = %s", (job_id,))
+        return self._decode_job(rows[0]) if rows else None
+
+    def job_owner_of(self, key: str) -> JobRecord | None:
+        rows = self._read(
+            f"{self._job_select} JOIN {self.schema}.job_keys k ON k.owner_id = j.id WHERE k.key = %s", (key,)
+        )
+        return self._decode_job(rows[0]) if rows else None
+
+    def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
+        if statuses:
+            values = [JobStatus(status).value for status in statuses]
+            rows = self._read(f"{self._job_select} WHERE j.status = ANY(%s) ORDER BY j.seq", (values,))
+        else:
+            rows = self._read(f"{self._job_select} ORDER BY j.seq")
+        return [self._decode_job(row) for row in rows]
 
     deferred_commit = False
 

@@ -1,10 +1,11 @@
 """The default durable task store: one SQLite file, shareable between processes.
 
-Schema (version 2, kept in ``PRAGMA user_version``): ``tasks`` (one row per task, ``seq`` gives
+Schema (version 3, kept in ``PRAGMA user_version``): ``tasks`` (one row per task, ``seq`` gives
 insertion order, payload/result as JSON text, ``worker`` the scheduler instance holding the task),
 ``keys`` (idempotency key -> owning task id) and ``poison`` (keys whose input poisons the
-provider). A version-1 file (no ``worker`` column) is validated as it is and then upgraded in
-one transaction when opened; a file from a newer aiqsim is refused.
+provider); version 3 adds ``jobs`` and ``job_keys``, the same pair for jobs (pipelines of tasks).
+A version-1 or -2 file is validated as it is and then upgraded in one transaction when opened;
+a file from a newer aiqsim is refused.
 
 Concurrency: every write is one ``BEGIN IMMEDIATE`` transaction, so it takes SQLite's write lock
 up front and never fails half-way on a lock upgrade. A claim is ``INSERT ... ON CONFLICT DO
@@ -78,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 from aiqsim.core.errors import StoreError
+from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.stores.base import (
     PurgeCandidate,
@@ -94,9 +96,10 @@ from aiqsim.stores.base import (
     purge_report,
     record_from_stored,
 )
+from aiqsim.stores.job_store import claim_job_owner, job_from_stored
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 """Schema versions this build opens; older ones are upgraded by :data:`MIGRATIONS` on open."""
 FILE_MODE = 0o600
 DEFAULT_BUSY_TIMEOUT_S = 30.0
@@ -164,14 +167,72 @@ CREATE TABLE keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE poison (key TEXT PRIMARY KEY, error TEXT NOT NULL, recorded_at REAL NOT NULL) WITHOUT ROWID;
 """
 
-MIGRATIONS = {1: "ALTER TABLE tasks ADD COLUMN worker TEXT"}
+JOB_COLUMNS = (
+    "id",
+    "key",
+    "name",
+    "version",
+    "priority",
+    "status",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "inputs",
+    "results",
+    "stage_tasks",
+    "failed_stage",
+    "error",
+    "deduped_from",
+    "worker",
+)
+"""Columns of the ``jobs`` table (schema version 3, jobs of issue #15), after ``seq``."""
+_JOB_JSON_COLUMNS = frozenset({"inputs", "results", "stage_tasks"})
+_JOB_SELECT = "SELECT " + ", ".join(f"j.{name}" for name in JOB_COLUMNS) + " FROM jobs j"
+_JOB_INSERT = f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
+JOB_SCHEMA = (
+    """CREATE TABLE jobs (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    key TEXT NOT NULL,
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    inputs TEXT NOT NULL,
+    results TEXT NOT NULL,
+    stage_tasks TEXT NOT NULL,
+    failed_stage TEXT,
+    error TEXT,
+    deduped_from TEXT,
+    worker TEXT
+)""",
+    "CREATE INDEX jobs_by_status ON jobs (status, seq)",
+    "CREATE TABLE job_keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL) WITHOUT ROWID",
+)
+"""The job tables, one statement each: created with a new store, added by the 2 -> 3 migration."""
+SCHEMA = SCHEMA + "".join(f"{statement};\n" for statement in JOB_SCHEMA)
+
+MIGRATIONS: dict[int, str | tuple[str, ...]] = {1: "ALTER TABLE tasks ADD COLUMN worker TEXT"}
+MIGRATIONS[2] = JOB_SCHEMA
 """SQL that upgrades a store from the key's schema version to the next one."""
 
 
 def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
     """The tables and their columns, in order, of a task store of schema ``version``."""
     tasks = tuple(name for name in COLUMNS if _ADDED_IN_VERSION.get(name, 1) <= version)
-    return {"tasks": ("seq", *tasks), "keys": ("key", "owner_id"), "poison": ("key", "error", "recorded_at")}
+    tables = {
+        "tasks": ("seq", *tasks),
+        "keys": ("key", "owner_id"),
+        "poison": ("key", "error", "recorded_at"),
+    }
+    if version >= 3:
+        tables.update(jobs=("seq", *JOB_COLUMNS), job_keys=("key", "owner_id"))
+    return tables
 
 
 EXPECTED_TABLES = expected_tables(SCHEMA_VERSION)
@@ -454,6 +515,8 @@ class SqliteStore:
             bad_poison = conn.execute(_BAD_POISON).fetchone()
             if bad_poison is not None:
                 raise self._corrupt(f"invalid poison row for key {bad_poison[0]!r}")
+            if version >= 3:
+                self._validate_jobs(conn)
         except sqlite3.DatabaseError as error:
             raise self._corrupt(f"unreadable database ({error})") from error
         return version
@@ -496,7 +559,9 @@ class SqliteStore:
                 conn.execute("ROLLBACK")  # another process upgraded it first: nothing to do
                 return
             while version < SCHEMA_VERSION:
-                conn.execute(MIGRATIONS[version])
+                migration = MIGRATIONS[version]
+                for statement in (migration,) if isinstance(migration, str) else migration:
+                    conn.execute(statement)
                 version += 1
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
@@ -504,6 +569,17 @@ class SqliteStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    def _validate_jobs(self, conn: sqlite3.Connection) -> None:
+        """Decode every job row and check every job key's owner (jobs are few next to tasks)."""
+        for row in conn.execute(_JOB_SELECT).fetchall():
+            self._decode_job(row)
+        bad = conn.execute(
+            "SELECT k.key, k.owner_id FROM job_keys k LEFT JOIN jobs j ON j.id = k.owner_id "
+            "WHERE j.id IS NULL OR j.key != k.key LIMIT 1"
+        ).fetchone()
+        if bad is not None:
+            raise self._corrupt(f"job key {bad[0]!r} is owned by {bad[1]!r}, not a job with that key")
 
     # ------------------------------------------------------------------ rows
     def _decode(self, row: Sequence[Any]) -> TaskRecord:
@@ -750,6 +826,90 @@ class SqliteStore:
         with self._reading(f"the poison record of key {key!r}") as conn:
             row = conn.execute("SELECT error FROM poison WHERE key = ?", (key,)).fetchone()
         return row[0] if row is not None else None
+
+    # ------------------------------------------------------------------ JobStore
+    def _decode_job(self, row: Sequence[Any]) -> JobRecord:
+        data = dict(zip(JOB_COLUMNS, row, strict=True))
+        for name in _JOB_JSON_COLUMNS:
+            try:
+                data[name] = json.loads(data[name])
+            except (TypeError, ValueError) as error:
+                raise self._corrupt(f"job {data['id']!r}: column {name!r} is not JSON ({error})") from error
+        return job_from_stored(data, str(self.path))
+
+    @staticmethod
+    def _encode_job(job: JobRecord) -> tuple[Any, ...]:
+        data = job.to_dict()
+        return tuple(
+            _json_text(data[name]) if name in _JOB_JSON_COLUMNS else data[name] for name in JOB_COLUMNS
+        )
+
+    def _read_job(self, sql: str, params: Sequence[Any], what: str) -> JobRecord | None:
+        with self._reading(what) as conn:
+            row = conn.execute(sql, params).fetchone()
+        return self._decode_job(row) if row is not None else None
+
+    def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
+        values = self._encode_job(job)  # non-JSON inputs fail here, before the transaction
+        with self._write(f"insert of job {job.id!r} ({job.status.value})") as conn:
+            try:
+                conn.execute(_JOB_INSERT, values)
+            except sqlite3.IntegrityError as error:
+                raise ValueError(f"job id {job.id!r} already exists") from error
+            return self._claim_job_in_transaction(conn, job)
+
+    def claim_job(self, job: JobRecord) -> JobRecord:
+        with self._write(f"claim of job key {job.key!r} by job {job.id!r}") as conn:
+            row = conn.execute(f"{_JOB_SELECT} WHERE j.id = ?", (job.id,)).fetchone()
+            if row is None:
+                raise KeyError(f"unknown job id {job.id!r}")
+            owner_row = conn.execute("SELECT owner_id FROM job_keys WHERE key = ?", (job.key,)).fetchone()
+            if owner_row is not None and owner_row[0] == job.id:
+                return self._decode_job(row)
+            return self._claim_job_in_transaction(conn, job)
+
+    def _claim_job_in_transaction(self, conn: sqlite3.Connection, job: JobRecord) -> JobRecord:
+        taken = conn.execute(
+            "INSERT INTO job_keys (key, owner_id) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
+            (job.key, job.id),
+        )
+        if taken.rowcount == 1:
+            return job
+        row = conn.execute(
+            f"{_JOB_SELECT} JOIN job_keys k ON k.owner_id = j.id WHERE k.key = ?", (job.key,)
+        ).fetchone()
+        owner = claim_job_owner(self._decode_job(row) if row is not None else None, job)
+        if owner is job:
+            conn.execute("UPDATE job_keys SET owner_id = ? WHERE key = ?", (job.id, job.key))
+        return owner
+
+    def update_job(self, job: JobRecord) -> None:
+        values = self._encode_job(job)
+        assignments = ", ".join(f"{name} = ?" for name in JOB_COLUMNS[1:])
+        with self._write(f"update of job {job.id!r} to {job.status.value}") as conn:
+            changed = conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values[1:], job.id))
+            if changed.rowcount != 1:
+                raise KeyError(f"unknown job id {job.id!r}")
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        return self._read_job(f"{_JOB_SELECT} WHERE j.id = ?", (job_id,), f"job {job_id!r}")
+
+    def job_owner_of(self, key: str) -> JobRecord | None:
+        return self._read_job(
+            f"{_JOB_SELECT} JOIN job_keys k ON k.owner_id = j.id WHERE k.key = ?",
+            (key,),
+            f"the owner of job key {key!r}",
+        )
+
+    def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
+        values = [JobStatus(status).value for status in statuses]
+        with self._reading(f"the jobs in {values or 'any status'}") as conn:
+            if values:
+                sql = f"{_JOB_SELECT} WHERE j.status IN ({', '.join('?' * len(values))}) ORDER BY j.seq"
+                rows = conn.execute(sql, values).fetchall()
+            else:
+                rows = conn.execute(f"{_JOB_SELECT} ORDER BY j.seq").fetchall()
+        return [self._decode_job(row) for row in rows]
 
     def close(self, *, flush: bool = True) -> None:
         """Close the connection (idempotent); every committed write is already durable.

@@ -1,0 +1,1052 @@
+"""Jobs: one user action as a pipeline (a DAG) of provider calls, on the one scheduler.
+
+A :class:`JobSpec` names a pipeline and its :class:`Stage` s. ``scheduler.submit_job(spec, inputs)``
+runs it: each stage, once the stages it comes ``after`` have succeeded, builds its payload from
+the job's inputs and the earlier results (``build``, a plain function run inside the scheduler)
+and runs as an ordinary scheduler task -- same quotas, dispatch, retries, idempotency, store and
+recovery as any other call. A stage with ``fan_out=True`` builds a list and runs one task per
+element (one TTS call per paragraph); its result is the list of results, in order.
+
+Idempotency, two levels:
+
+- the *job* key is the fingerprint of the spec (name, version, each stage's definition, including
+  the qualified names of its ``build`` and fallback functions) and the inputs. A duplicate of a
+  finished job ends ``deduped`` with its results; a duplicate of a job in flight waits for it.
+- each *stage task* key is the ordinary task fingerprint of its (kind, version, payload). So a
+  re-run of a job -- after a crash, or a manual resubmission after a failure -- reuses every stage
+  that already succeeded (task dedup: no second call, no second bill) and runs only the rest
+  ("continue"). A job that cannot continue ends ``failed`` with ``failed_stage`` and ``error``
+  saying which stage and why ("clearly say it failed").
+
+States: a job uses the task vocabulary and transition table (:mod:`aiqsim.core.job`). It is
+``queued`` from submission until its first stage is handed to the scheduler, ``running`` until
+it ends; it ends ``succeeded`` when every stage did, ``failed`` when a stage failed (and its
+fallback, if any, failed too), ``cancelled`` when cancelled (or when one of its stage tasks was
+cancelled from outside, e.g. by ``scheduler.close()``), ``deduped`` when it shared another job's run.
+
+Failure: when a stage fails, the job fails at once; its stage tasks still waiting in a dispatch
+queue are cancelled, calls already in flight run to their end (their results are kept under
+their keys, so a resubmitted job does not pay for them again).
+
+Cancellation: :meth:`JobHandle.cancel` cancels the job's queued *and* running stage tasks.
+
+Priority and the depth limit: stage tasks inherit the job's priority, so every stage of an
+interactive job goes ahead of background work in each provider lane. The scheduler's per-priority
+depth limit (``interactive_limit``/``background_limit``) counts a *job* once, not per stage: a job
+occupies one place while it is queued or has any stage task waiting in a dispatch queue, and its
+stage tasks are never refused for depth. ``submit_job`` raises :class:`QueueFullError` when the
+priority is at its limit (plain tasks and jobs counted together); a plain ``submit`` sees the jobs
+the same way.
+
+Recovery: give the specs that may be in the store to :class:`Jobs` (``Jobs(scheduler, specs=...)``
+or :meth:`Jobs.register`; specs passed to ``submit_job`` are registered too). ``scheduler.recover()``
+first reconciles the tasks as always, then re-drives every unfinished job it adopts: stages whose
+results the job record holds are done; the others are submitted again, so finished ones dedup,
+in-flight ones (resumed by task recovery) are waited for, and only the rest run. A job whose spec
+(name, version) is not registered, or whose registered spec no longer matches the job's key,
+ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash is
+tried on its primary again (a poison input is remembered and not sent twice).
+
+Retries: a stage's ``retry`` policy replaces the scheduler's for its tasks (in this process; a
+stage task resumed from the store by ``recover()`` runs under the scheduler's policy).
+
+This module never imports asyncio, simpy or time: it runs on the runtime protocol like the
+scheduler itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiqsim.core.errors import ConfigurationError, SchedulingError, StoreError
+from aiqsim.core.failures import describe_error
+from aiqsim.core.fingerprint import fingerprint
+from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_transition, stage_status
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
+from aiqsim.runtime.sync import Signal
+from aiqsim.scheduler.job_events import JobTransition, StageEvent
+from aiqsim.scheduler.retry import RetryPolicy
+from aiqsim.stores.base import LIVE_OWNER_STATUSES
+from aiqsim.stores.job_store import JobStore
+
+if TYPE_CHECKING:
+    from aiqsim.scheduler.scheduler import Scheduler
+
+__all__ = [
+    "JobCancelledError",
+    "JobFailedError",
+    "JobHandle",
+    "JobRecoveryReport",
+    "JobSpec",
+    "JobSpecError",
+    "Jobs",
+    "Stage",
+    "jobs_of",
+    "keeps_jobs",
+    "recover_jobs",
+]
+
+BuildFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
+"""``build(inputs, results) -> payload`` (a list of payloads for a fan-out stage)."""
+
+CostFn = Callable[[Any], float]
+"""``cost(payload) -> units`` for the quota (e.g. tokens, characters)."""
+
+
+class JobSpecError(ConfigurationError):
+    """A job spec that cannot run (unknown stage in ``after``, a cycle, an unknown provider...)."""
+
+
+class JobFailedError(SchedulingError):
+    """Raised by awaiting a :class:`JobHandle` whose job failed; names the stage and the reason."""
+
+    def __init__(self, record: JobRecord) -> None:
+        super().__init__(f"job {record.id!r} ({record.name}) failed: {record.error}")
+        self.record = record
+        self.stage = record.failed_stage
+
+
+class JobCancelledError(SchedulingError):
+    """Raised by awaiting a :class:`JobHandle` whose job was cancelled."""
+
+    def __init__(self, record: JobRecord) -> None:
+        super().__init__(f"job {record.id!r} ({record.name}) was cancelled")
+        self.record = record
+
+
+def _callable_identity(fn: Callable[..., Any] | None) -> str | None:
+    """``module.qualname`` of a function: what a job key knows of code it cannot hash."""
+    if fn is None:
+        return None
+    module = getattr(fn, "__module__", None) or "?"
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}.{name}"
+
+
+def _checked_name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise JobSpecError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a job: a call to ``provider`` whose payload ``build`` makes from earlier results.
+
+    Parameters:
+        name: unique within the job; the key of its result.
+        provider: the scheduler provider (lane) that serves it.
+        after: names of the stages whose results it needs; it starts when they all succeeded.
+        build: ``build(inputs, results) -> payload``, where ``results`` maps each finished
+            stage's name to its result. Default: the job's inputs. A plain, deterministic function
+            of its arguments (it runs again when a job is re-driven after a crash).
+        fan_out: ``build`` returns a list; one task per element, result is the list of results.
+        cost: the quota cost of one call (a number, or ``cost(payload)``); default: the
+            provider's own estimate, else 0.
+        kind: the task kind (part of the stage task's key); default: ``provider``.
+        version: model/engine version, part of the stage task's key.
+        fallback: what to run for a failed call (fatal, poison or out of retries): the name of
+            another provider (same payload), or a :class:`Stage` (its ``provider``, ``kind``,
+            ``cost``, ``version``; its ``build``, if given, replaces the payload -- for a fan-out
+            stage it must return a list as long as the primary's). ``after``/``fan_out`` of a
+            fallback stage are ignored.
+        retry: this stage's retry policy (e.g. fewer attempts before the fallback); default: the
+            scheduler's. Held in this process only: a stage task that ``recover()`` resumes from
+            the store runs under the scheduler's policy.
+    """
+
+    name: str
+    provider: str
+    after: tuple[str, ...] = ()
+    build: BuildFn | None = None
+    fan_out: bool = False
+    cost: float | CostFn | None = None
+    kind: str | None = None
+    version: str = ""
+    fallback: Stage | str | None = None
+    retry: RetryPolicy | None = None
+
+    def __post_init__(self) -> None:
+        _checked_name(self.name, "Stage name")
+        _checked_name(self.provider, f"stage {self.name!r}: provider")
+        if isinstance(self.after, str):
+            object.__setattr__(self, "after", (self.after,))
+        object.__setattr__(self, "after", tuple(self.after))
+        if self.kind is not None:
+            _checked_name(self.kind, f"stage {self.name!r}: kind")
+        if self.build is not None and not callable(self.build):
+            raise JobSpecError(f"stage {self.name!r}: build must be callable, got {self.build!r}")
+        cost = self.cost
+        if (cost is not None and not callable(cost)) and (
+            isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0
+        ):
+            raise JobSpecError(f"stage {self.name!r}: cost must be a number >= 0 or a callable")
+        fallback = self.fallback
+        if fallback is not None and not isinstance(fallback, Stage | str):
+            raise JobSpecError(f"stage {self.name!r}: fallback must be a provider name or a Stage")
+        if isinstance(fallback, str):
+            _checked_name(fallback, f"stage {self.name!r}: fallback")
+        if isinstance(fallback, Stage) and fallback.fallback is not None:
+            raise JobSpecError(f"stage {self.name!r}: a fallback stage has no fallback of its own")
+
+    @property
+    def task_kind(self) -> str:
+        """The kind its tasks are submitted with."""
+        return self.kind if self.kind is not None else self.provider
+
+    def fallback_stage(self) -> Stage | None:
+        """The fallback as a :class:`Stage` (a provider name becomes a stage on that provider)."""
+        if self.fallback is None:
+            return None
+        if isinstance(self.fallback, str):
+            return Stage(name=f"{self.name}.fallback", provider=self.fallback)
+        return self.fallback
+
+    def identity(self) -> dict[str, Any]:
+        """The stage's definition as canonical data: what the job key depends on.
+
+        Functions count by their qualified name (``module.qualname``); change what a build
+        does and bump the job's version. ``cost`` is left out: it does not change the output.
+        """
+        fallback = self.fallback_stage()
+        return {
+            "name": self.name,
+            "provider": self.provider,
+            "kind": self.task_kind,
+            "version": self.version,
+            "after": list(self.after),
+            "fan_out": self.fan_out,
+            "build": _callable_identity(self.build),
+            "fallback": None
+            if fallback is None
+            else {
+                "provider": fallback.provider,
+                "kind": fallback.task_kind,
+                "version": fallback.version,
+                "build": _callable_identity(fallback.build),
+            },
+        }
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A named, versioned pipeline: stages forming a DAG through their ``after`` lists.
+
+    ``name`` and ``version`` identify the spec in the store (recovery looks it up by them): bump
+    the version whenever a stage's behaviour changes.
+    """
+
+    name: str
+    version: str
+    stages: tuple[Stage, ...]
+    _digest: str = field(init=False, repr=False, compare=False, default="")
+    """SHA-256 of the stages' canonical identity, computed once: every job key includes it."""
+
+    def __post_init__(self) -> None:
+        _checked_name(self.name, "JobSpec name")
+        if not isinstance(self.version, str):
+            raise JobSpecError(f"job {self.name!r}: version must be a string, got {self.version!r}")
+        stages = tuple(self.stages)
+        object.__setattr__(self, "stages", stages)
+        if not stages:
+            raise JobSpecError(f"job {self.name!r}: a job needs at least one stage")
+        names: dict[str, Stage] = {}
+        for stage in stages:
+            if not isinstance(stage, Stage):
+                raise JobSpecError(f"job {self.name!r}: stages must be Stage objects, got {stage!r}")
+            if stage.name in names:
+                raise JobSpecError(f"job {self.name!r}: two stages are named {stage.name!r}")
+            names[stage.name] = stage
+        for stage in stages:
+            for dep in stage.after:
+                if dep not in names:
+                    raise JobSpecError(
+                        f"job {self.name!r}: stage {stage.name!r} comes after unknown stage {dep!r}"
+                    )
+        self.order()  # raises on a cycle
+        object.__setattr__(self, "_digest", fingerprint("job-stages", self.identity(), version=self.version))
+
+    def stage(self, name: str) -> Stage:
+        """The stage called ``name`` (``KeyError`` if none)."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    def order(self) -> list[str]:
+        """Stage names in a dependency order (Kahn's algorithm, ties in declaration order)."""
+        remaining = {stage.name: set(stage.after) for stage in self.stages}
+        ordered: list[str] = []
+        while remaining:
+            ready = [name for name, deps in remaining.items() if not deps]
+            if not ready:
+                raise JobSpecError(f"job {self.name!r}: stages {sorted(remaining)} form a cycle")
+            for name in ready:
+                ordered.append(name)
+                del remaining[name]
+            for deps in remaining.values():
+                deps.difference_update(ready)
+        return ordered
+
+    def identity(self) -> list[dict[str, Any]]:
+        """Every stage's :meth:`Stage.identity`, in declaration order."""
+        return [stage.identity() for stage in self.stages]
+
+    def key(self, inputs: Any) -> str:
+        """The job's idempotency key for ``inputs`` (a fingerprint; ``FingerprintError`` if not JSON-like)."""
+        return fingerprint(f"job:{self.name}", inputs, params={"stages": self._digest}, version=self.version)
+
+    def providers(self) -> set[str]:
+        """Every provider a run of this job may call (fallbacks included)."""
+        names = {stage.provider for stage in self.stages}
+        names.update(fb.provider for stage in self.stages if (fb := stage.fallback_stage()) is not None)
+        return names
+
+
+class JobHandle:
+    """What ``submit_job`` returns. ``await handle`` gives ``{stage: result}`` or raises.
+
+    :class:`JobFailedError` (with the stage and reason) or :class:`JobCancelledError`.
+    """
+
+    __slots__ = ("_future", "_jobs", "id", "key")
+
+    def __init__(self, jobs: Jobs, job_id: str, key: str, future: Future[JobRecord]) -> None:
+        self._jobs = jobs
+        self._future = future
+        self.id = job_id
+        self.key = key
+
+    def done(self) -> bool:
+        """True once the job reached a terminal state in this scheduler."""
+        return self._future.done()
+
+    async def wait(self) -> JobRecord:
+        """The final job record (never raises for job failures)."""
+        if self._future.done():
+            return self._future.result()
+        waiter = self._jobs.scheduler.runtime.create_future()
+        self._future.add_done_callback(lambda done: waiter.done() or waiter.set_result(done.result()))
+        return await waiter
+
+    async def result(self) -> dict[str, Any]:
+        """``{stage name: result}``; raises :class:`JobFailedError` or :class:`JobCancelledError`."""
+        record = await self.wait()
+        if record.status is JobStatus.CANCELLED:
+            raise JobCancelledError(record)
+        if record.status is JobStatus.FAILED or record.error is not None:
+            raise JobFailedError(record)
+        return dict(record.results)
+
+    def cancel(self) -> bool:
+        """Cancel the job and its queued and running stage tasks; False if it is not live here."""
+        return self._jobs.cancel(self.id)
+
+    def __await__(self) -> Any:
+        return self.result().__await__()
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self.id} {'done' if self.done() else 'pending'}>"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecoveryReport:
+    """What the jobs step of recovery found: jobs re-driven, duplicates waiting again, jobs
+    failed because their spec is unknown (or changed), jobs of other workers left alone."""
+
+    resumed: int
+    reattached: int
+    failed_unknown_spec: int
+    left_to_other_workers: int = 0
+
+
+@dataclass(eq=False)
+class _StagePhase:
+    """A stage in progress: its tasks still out (id -> element index) and the outcomes so far."""
+
+    stage: Stage
+    outcomes: list[TaskRecord | None]
+    pending: dict[str, int] = field(default_factory=dict)
+    fallback: bool = False
+    launching: bool = False
+    primary_error: str | None = None
+
+
+@dataclass(eq=False)
+class _JobRun:
+    """In-process state of a job that is not yet terminal here."""
+
+    record: JobRecord
+    spec: JobSpec | None
+    future: Future[JobRecord]
+    done: set[str] = field(default_factory=set)
+    phases: dict[str, _StagePhase] = field(default_factory=dict)
+    task_ids: list[str] = field(default_factory=list)
+    waiting_on: str | None = None
+    finished: bool = False
+
+
+class Jobs:
+    """The jobs orchestrator of one :class:`~aiqsim.scheduler.Scheduler` (``scheduler.jobs``).
+
+    ``specs``: the job specs this process can run; recovery re-drives a stored job only if its
+    (name, version) is registered here (see the module docstring). Creating a ``Jobs`` attaches
+    it to the scheduler: ``scheduler.submit_job`` and ``scheduler.recover`` then use it.
+    """
+
+    def __init__(self, scheduler: Scheduler, specs: Iterable[JobSpec] = ()) -> None:
+        if getattr(scheduler, "_jobs", None) is not None:
+            raise SchedulingError("this scheduler already has a Jobs orchestrator (scheduler.jobs)")
+        store = scheduler.store
+        if not keeps_jobs(store):
+            raise ConfigurationError(
+                f"{type(store).__name__} keeps no jobs (it lacks the JobStore methods); use a store "
+                "from aiqsim.stores"
+            )
+        self.scheduler = scheduler
+        self.store: JobStore = store
+        self._specs: dict[tuple[str, str], JobSpec] = {}
+        self._runs: dict[str, _JobRun] = {}
+        self._waiters: dict[str, list[str]] = {}
+        self._watchers: dict[str, TaskHandle[None]] = {}
+        self._stage_tasks: dict[str, tuple[str, str]] = {}  # task id -> (job id, stage name)
+        self._idle = Signal(scheduler.runtime)
+        self._crashed = False
+        for spec in specs:
+            self.register(spec)
+        scheduler._jobs = self
+
+    # ------------------------------------------------------------------ public API
+    def register(self, spec: JobSpec) -> None:
+        """Make ``spec`` known (for recovery). A different spec under the same name and version
+        raises :class:`JobSpecError`: bump the version when a pipeline changes."""
+        if not isinstance(spec, JobSpec):
+            raise JobSpecError(f"expected a JobSpec, got {type(spec).__name__}")
+        known = self._specs.get((spec.name, spec.version))
+        if known is not None and known is not spec and known.identity() != spec.identity():
+            raise JobSpecError(
+                f"a different JobSpec is already registered as {spec.name!r} version {spec.version!r}; "
+                "give the changed pipeline a new version"
+            )
+        missing = spec.providers() - set(self.scheduler.providers)
+        if missing:
+            raise JobSpecError(
+                f"job {spec.name!r} uses provider(s) {sorted(missing)} that this scheduler lacks "
+                f"(it has {sorted(self.scheduler.providers)})"
+            )
+        self._specs[(spec.name, spec.version)] = spec
+
+    @property
+    def specs(self) -> list[JobSpec]:
+        """The registered specs."""
+        return list(self._specs.values())
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs submitted here that are not yet terminal."""
+        return len(self._runs)
+
+    def submit(
+        self,
+        spec: JobSpec,
+        inputs: Any,
+        *,
+        priority: Priority = Priority.BACKGROUND,
+        job_id: str | None = None,
+    ) -> JobHandle:
+        """Start a job (see :meth:`Scheduler.submit_job`)."""
+        scheduler = self.scheduler
+        if scheduler._closed:
+            from aiqsim.scheduler.scheduler import SchedulerClosedError
+
+            raise SchedulerClosedError("scheduler is closed")
+        self.register(spec)
+        priority = Priority(priority)
+        key = spec.key(inputs)
+        existing = self.store.job_owner_of(key)
+        is_duplicate = existing is not None and existing.status in LIVE_OWNER_STATUSES
+        limit = scheduler._limits[priority]
+        if not is_duplicate and limit is not None and self.depth(priority) >= limit:
+            from aiqsim.scheduler.scheduler import QueueFullError
+
+            raise QueueFullError(
+                f"too many {priority.name.lower()} requests: {self.depth(priority)} already queued, jobs "
+                f"counted once (limit {limit}); try again later"
+            )
+        now = scheduler.runtime.now()
+        record = JobRecord(
+            id=job_id if job_id is not None else self._new_job_id(),
+            key=key,
+            name=spec.name,
+            version=spec.version,
+            priority=priority,
+            created_at=now,
+            updated_at=now,
+            inputs=inputs,
+            worker=scheduler.worker_id,
+        )
+        owner = self.store.insert_and_claim_job(record)
+        run = _JobRun(record=record, spec=spec, future=scheduler.runtime.create_future())
+        self._runs[record.id] = run
+        self._emit(None, record)
+        scheduler._ensure_started()
+        with self._unpersisted(run):
+            self._follow_owner(run, owner)
+        return JobHandle(self, record.id, key, run.future)
+
+    def handle(self, job_id: str) -> JobHandle | None:
+        """A handle for a job live in this scheduler (e.g. one re-driven by recovery)."""
+        run = self._runs.get(job_id)
+        if run is None:
+            return None
+        return JobHandle(self, job_id, run.record.key, run.future)
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The stored record of a job (live or not)."""
+        return self.store.get_job(job_id)
+
+    def list(self, *statuses: JobStatus) -> list[JobRecord]:
+        """Stored job records in any of ``statuses`` (all when none given)."""
+        return self.store.list_jobs(*statuses)
+
+    def stage_states(self, job_id: str) -> dict[str, TaskStatus | None]:
+        """Each stage's state now, from its task records (``None``: not started); the input of
+        :func:`~aiqsim.core.job.derive_job_status`."""
+        record = self.store.get_job(job_id)
+        if record is None:
+            raise KeyError(f"unknown job id {job_id!r}")
+        spec = self._specs.get((record.name, record.version))
+        names = [s.name for s in spec.stages] if spec is not None else list(record.stage_tasks)
+        run = self._runs.get(job_id)
+        tasks = self.scheduler.store
+        states: dict[str, TaskStatus | None] = {}
+        for name in names:
+            phase = run.phases.get(name) if run is not None else None
+            if name in record.results:
+                states[name] = TaskStatus.SUCCEEDED
+            elif phase is not None:  # live here: each element's current task (its fallback's, once taken)
+                current = {index: task_id for task_id, index in phase.pending.items()}
+                parts: list[TaskStatus | None] = []
+                for index, outcome in enumerate(phase.outcomes):
+                    task = tasks.get(current[index]) if index in current else outcome
+                    parts.append(None if task is None else task.status)
+                states[name] = stage_status(parts)
+            elif record.status.is_terminal:
+                states[name] = TaskStatus.FAILED if name == record.failed_stage else None
+            else:  # another process's job: what its stage tasks say
+                found = [tasks.get(task_id) for task_id in record.stage_tasks.get(name, ())]
+                states[name] = stage_status([task.status for task in found if task is not None])
+        return states
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a live job: its queued and running stage tasks are cancelled, the job ends
+        ``cancelled``. False if the job is not live here."""
+        run = self._runs.get(job_id)
+        if run is None or run.finished or self._crashed:
+            return False
+        if run.waiting_on is not None:
+            waiters = self._waiters.get(run.waiting_on)
+            if waiters and job_id in waiters:
+                waiters.remove(job_id)
+            run.waiting_on = None
+        with self._unpersisted(run):
+            self._finish(run, JobStatus.CANCELLED)
+            self._stop_stages(run, cancel_running=True)
+        return True
+
+    def depth(self, priority: Priority) -> int:
+        """Queued requests of ``priority`` as the depth limit counts them: plain queued tasks,
+        plus each unfinished job that is queued or has a stage task waiting in a queue, once."""
+        live = self.scheduler._live
+        queued_stage_tasks = 0
+        waiting_jobs: set[str] = set()
+        for task_id, (job_id, _) in self._stage_tasks.items():
+            task = live.get(task_id)
+            if task is not None and task.queue_item is not None and task.record.priority is priority:
+                queued_stage_tasks += 1
+                waiting_jobs.add(job_id)
+        for run in self._runs.values():  # a duplicate waiting for its owner holds no place, as for tasks
+            record = run.record
+            if record.priority is priority and record.status is JobStatus.QUEUED and run.waiting_on is None:
+                waiting_jobs.add(record.id)
+        return self.scheduler._queued[priority] - queued_stage_tasks + len(waiting_jobs)
+
+    async def join(self) -> None:
+        """Wait until every job submitted here is terminal."""
+        while self._runs:
+            await self._idle.wait()
+
+    # ------------------------------------------------------------------ scheduler hooks
+    async def close(self, *, cancel_pending: bool) -> None:
+        """Called by ``Scheduler.close`` before it stops taking work: cancel live jobs, or let them finish."""
+        if cancel_pending:
+            for job_id in list(self._runs):
+                self.cancel(job_id)
+        await self.join()
+
+    def crash(self) -> None:
+        """Called by ``Scheduler.crash``: every job coroutine stops where it is, nothing more is written."""
+        self._crashed = True
+        for watcher in self._watchers.values():
+            watcher.cancel()
+        self._watchers.clear()
+
+    async def recover(self, adopted: frozenset[str | None] | None = None) -> JobRecoveryReport:
+        """Re-drive the unfinished jobs of the store; called by ``Scheduler.recover`` after the tasks.
+
+        ``adopted``: the worker ids whose jobs to take on (``None``: every job), as for tasks.
+        """
+        resumed = reattached = unknown = left = 0
+        me = self.scheduler.worker_id
+        for stored in self.store.list_jobs(JobStatus.QUEUED, JobStatus.RUNNING):
+            if stored.id in self._runs:
+                continue
+            if adopted is not None and stored.worker not in adopted:
+                left += 1
+                continue
+            record = stored if stored.worker == me else stored.evolve(worker=me)
+            spec = self._specs.get((record.name, record.version))
+            problem = None
+            if spec is None:
+                problem = (
+                    f"no JobSpec {record.name!r} version {record.version!r} is registered in the "
+                    "recovering process (pass it to Jobs(scheduler, specs=[...]))"
+                )
+            elif spec.key(record.inputs) != record.key:
+                problem = (
+                    f"the registered JobSpec {record.name!r} version {record.version!r} differs from the "
+                    "one this job was submitted with (its key does not match); bump the version"
+                )
+            if problem is not None:
+                self._fail_stored(record, problem)
+                unknown += 1
+                continue
+            if record is not stored:
+                self._write(record)
+            run = _JobRun(record=record, spec=spec, future=self.scheduler.runtime.create_future())
+            self._runs[record.id] = run
+            for stage_name, stage_ids in record.stage_tasks.items():
+                for task_id in stage_ids:
+                    self._stage_tasks[task_id] = (record.id, stage_name)
+            if record.status is JobStatus.RUNNING:
+                with self._unpersisted(run):
+                    self._start(run)
+                resumed += 1
+                continue
+            owner = self.store.claim_job(record)
+            if owner.id == record.id:
+                resumed += 1
+            else:
+                reattached += 1
+            with self._unpersisted(run):
+                self._follow_owner(run, owner)
+        if self._runs:
+            self.scheduler._ensure_started()
+        return JobRecoveryReport(resumed, reattached, unknown, left)
+
+    # ------------------------------------------------------------------ claims and duplicates
+    def _follow_owner(self, run: _JobRun, owner: JobRecord) -> None:
+        record = run.record
+        if owner.id == record.id:
+            self._start(run)
+        elif owner.status is JobStatus.SUCCEEDED:
+            self._finish(run, JobStatus.DEDUPED, results=dict(owner.results), deduped_from=owner.id)
+        else:
+            run.waiting_on = owner.id
+            self._waiters.setdefault(owner.id, []).append(record.id)
+            if owner.id not in self._runs and owner.id not in self._watchers:
+                self._watchers[owner.id] = self.scheduler.runtime.spawn(
+                    self._watch_foreign_owner(owner.id), name=f"watch-job-{owner.id}"
+                )
+
+    def _resolve_waiters(self, owner: JobRecord) -> None:
+        for waiter_id in self._waiters.pop(owner.id, ()):
+            waiter = self._runs.get(waiter_id)
+            if waiter is None or waiter.waiting_on != owner.id:
+                continue
+            waiter.waiting_on = None
+            with self._unpersisted(waiter):
+                if owner.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+                    self._finish(
+                        waiter,
+                        JobStatus.DEDUPED,
+                        results=dict(owner.results),
+                        error=owner.error,
+                        failed_stage=owner.failed_stage,
+                        deduped_from=owner.id,
+                    )
+                else:  # the owner was cancelled: the first waiter takes the key over
+                    self._follow_owner(waiter, self.store.claim_job(waiter.record))
+
+    async def _watch_foreign_owner(self, owner_id: str) -> None:
+        """Poll the store for a job owned by another process until that run is terminal."""
+        try:
+            while True:
+                await self.scheduler.runtime.sleep(self.scheduler.duplicate_poll_s)
+                owner = self.store.get_job(owner_id)
+                if owner is None or owner.status.is_terminal:
+                    break
+        finally:
+            self._watchers.pop(owner_id, None)
+        if owner is not None:
+            self._resolve_waiters(owner)
+
+    # ------------------------------------------------------------------ running a job
+    # Stage progress is driven synchronously from the scheduler's task completions
+    # (``task_finished``), not by coroutines awaiting them: the next stage of a job is in its
+    # provider's queue in the same instant the previous one ends, before any dispatcher looks
+    # for work, so an interactive job never lets background work take the slot between stages.
+    def _start(self, run: _JobRun) -> None:
+        """Hand a job that owns its key to the scheduler: every stage whose inputs are ready."""
+        assert run.spec is not None
+        run.done = {name for name in run.record.results if name in {s.name for s in run.spec.stages}}
+        if len(run.done) == len(run.spec.stages):  # every result was recorded before a crash
+            if run.record.status is JobStatus.QUEUED:
+                self._move(run, JobStatus.RUNNING)
+            self._finish(run, JobStatus.SUCCEEDED)
+            return
+        self._launch_ready(run)  # the first stage's write also moves the job to running
+
+    def _launch_ready(self, run: _JobRun) -> None:
+        """Launch every stage not yet started whose ``after`` stages have all succeeded."""
+        assert run.spec is not None
+        for stage in run.spec.stages:
+            if run.finished:
+                return
+            if stage.name in run.done or stage.name in run.phases:
+                continue
+            if all(dep in run.done for dep in stage.after):
+                self._launch_stage(run, stage)
+
+    def _launch_stage(self, run: _JobRun, stage: Stage) -> None:
+        try:
+            payloads = self._build(stage, run.record.inputs, run.record.results)
+        except Exception as error:
+            self._fail(run, stage.name, f"build raised {describe_error(error)}")
+            return
+        phase = _StagePhase(stage=stage, outcomes=[None] * len(payloads))
+        run.phases[stage.name] = phase
+        self._submit_phase(run, phase, stage, list(enumerate(payloads)), fallback=False)
+
+    def _submit_phase(
+        self,
+        run: _JobRun,
+        phase: _StagePhase,
+        target: Stage,
+        items: list[tuple[int, Any]],
+        *,
+        fallback: bool,
+    ) -> None:
+        """Submit one task per ``(element index, payload)`` on ``target``'s provider.
+
+        Task ids are drawn (from the scheduler's rng, as ``submit`` would) and written into the
+        job record *before* the tasks exist, so a task that ends inside ``submit`` (a duplicate
+        of a finished call) is already known as this stage's when it reports back.
+        """
+        scheduler = self.scheduler
+        stage = phase.stage
+        ids = [self._new_task_id() for _ in items]
+        stage_tasks = {name: list(v) for name, v in run.record.stage_tasks.items()}
+        stage_tasks[stage.name] = [*stage_tasks.get(stage.name, []), *ids]
+        now = scheduler.runtime.now()
+        old = run.record
+        if old.status is JobStatus.QUEUED:  # one write: queued -> running with its first stage's tasks
+            self._write(job_transition(old, JobStatus.RUNNING, now, stage_tasks=stage_tasks), run)
+            self._emit(old.status, run.record)
+        else:
+            self._write(old.evolve(stage_tasks=stage_tasks, updated_at=now), run)
+        self._emit_stage(run, stage.name, "fallback" if fallback else "submitted", tuple(ids))
+        phase.fallback = fallback
+        phase.launching = True
+        for task_id, (index, _) in zip(ids, items, strict=True):
+            phase.pending[task_id] = index
+            self._stage_tasks[task_id] = (run.record.id, stage.name)
+        try:
+            for task_id, (_, payload) in zip(ids, items, strict=True):
+                if run.finished:
+                    break
+                cost = target.cost(payload) if callable(target.cost) else target.cost
+                scheduler.submit(
+                    target.task_kind,
+                    payload,
+                    provider=target.provider,
+                    priority=run.record.priority,
+                    cost_estimate=cost,
+                    version=target.version,
+                    task_id=task_id,
+                    job_stage=True,
+                    retry=target.retry,
+                )
+                run.task_ids.append(task_id)
+        except Cancelled:
+            raise
+        except Exception as error:
+            phase.launching = False
+            what = "fallback submission" if fallback else "submission"
+            self._fail(run, stage.name, f"{what} refused: {describe_error(error)}")
+            return
+        phase.launching = False
+        if not run.finished and not phase.pending:
+            self._phase_done(run, phase)
+
+    def _new_job_id(self) -> str:
+        """A job id from the scheduler's rng that the store does not hold yet (see :meth:`_new_task_id`)."""
+        while True:
+            job_id = f"job-{self.scheduler.rng.getrandbits(64):016x}"
+            if self.store.get_job(job_id) is None:
+                return job_id
+
+    def _new_task_id(self) -> str:
+        """A task id drawn from the scheduler's rng (as ``submit`` draws one) that the store does not
+        hold yet: a restarted process seeded like its predecessor draws the same ids again."""
+        scheduler = self.scheduler
+        while True:
+            task_id = f"{scheduler.rng.getrandbits(64):016x}"
+            if task_id not in self._stage_tasks and scheduler.store.get(task_id) is None:
+                return task_id
+
+    def task_finished(self, record: TaskRecord) -> None:
+        """Called by the scheduler each time a task ends: advance the job it is a stage of, if any."""
+        owner = self._stage_tasks.get(record.id)
+        if owner is None:
+            return
+        run = self._runs.get(owner[0])
+        if run is None or run.finished:
+            return
+        phase = run.phases.get(owner[1])
+        if phase is None or record.id not in phase.pending:
+            return
+        phase.outcomes[phase.pending.pop(record.id)] = record
+        if not phase.pending and not phase.launching:
+            with self._unpersisted(run):
+                self._phase_done(run, phase)
+
+    def _phase_done(self, run: _JobRun, phase: _StagePhase) -> None:
+        """Every task of a stage (or of its fallback) ended: fall back, fail, or record the result."""
+        stage = phase.stage
+        outcomes = [record for record in phase.outcomes if record is not None]
+        if any(record.status is TaskStatus.CANCELLED for record in outcomes):
+            self._cancel_from_stage(run, stage.name)
+            return
+        failed = [i for i, record in enumerate(phase.outcomes) if record is None or not _succeeded(record)]
+        fallback = stage.fallback_stage()
+        if failed and fallback is not None and not phase.fallback:
+            phase.primary_error = _error_of(phase.outcomes[failed[0]])
+            try:
+                if fallback.build is None:
+                    alternatives = [phase.outcomes[i].payload for i in failed]  # type: ignore[union-attr]
+                else:
+                    built = self._build(fallback, run.record.inputs, run.record.results, stage)
+                    alternatives = [built[i] for i in failed]
+            except Exception as error:
+                self._fail(run, stage.name, f"fallback build raised {describe_error(error)}")
+                return
+            self._submit_phase(
+                run, phase, fallback, list(zip(failed, alternatives, strict=True)), fallback=True
+            )
+            return
+        if failed:
+            reason = _error_of(phase.outcomes[failed[0]])
+            if phase.fallback:
+                assert fallback is not None
+                reason = f"{phase.primary_error}; fallback {fallback.provider!r} failed too: {reason}"
+            self._fail(run, stage.name, reason)
+            return
+        results = [record.result for record in outcomes]
+        result: Any = results if stage.fan_out else results[0]
+        del run.phases[stage.name]
+        self._write(
+            run.record.evolve(
+                results={**run.record.results, stage.name: result}, updated_at=self.scheduler.runtime.now()
+            ),
+            run,
+        )
+        run.done.add(stage.name)
+        self._emit_stage(run, stage.name, "succeeded", tuple(record.id for record in outcomes))
+        assert run.spec is not None
+        if len(run.done) == len(run.spec.stages):
+            self._finish(run, JobStatus.SUCCEEDED)
+        else:
+            self._launch_ready(run)
+
+    def _build(
+        self, stage: Stage, inputs: Any, results: Mapping[str, Any], primary: Stage | None = None
+    ) -> list[Any]:
+        """The stage's payloads (one per task); raises what ``build`` raised, or ``TypeError``."""
+        fan_out = (primary or stage).fan_out
+        payload = inputs if stage.build is None else stage.build(inputs, dict(results))
+        if not fan_out:
+            return [payload]
+        if not isinstance(payload, list | tuple):
+            raise TypeError(f"a fan-out stage's build must return a list, got {type(payload).__name__}")
+        return list(payload)
+
+    def _fail(self, run: _JobRun, stage: str, reason: str) -> None:
+        if run.finished:
+            return
+        if run.record.status is JobStatus.QUEUED:
+            self._move(run, JobStatus.RUNNING)
+        message = job_failure_message(stage, reason)
+        self._emit_stage(run, stage, "failed", (), message)
+        self._finish(run, JobStatus.FAILED, failed_stage=stage, error=message)
+        self._stop_stages(run, cancel_running=False)
+
+    def _cancel_from_stage(self, run: _JobRun, stage: str) -> None:
+        """A stage task was cancelled from outside (``scheduler.cancel``, ``close``): so is the job."""
+        self._emit_stage(run, stage, "cancelled", ())
+        self._finish(run, JobStatus.CANCELLED, failed_stage=stage)
+        self._stop_stages(run, cancel_running=True)
+
+    def _stop_stages(self, run: _JobRun, *, cancel_running: bool) -> None:
+        """Cancel a finished job's queued (and, with ``cancel_running``, running) stage tasks."""
+        live = self.scheduler._live
+        for task_id in run.task_ids:
+            task = live.get(task_id)
+            if task is None:
+                continue
+            if cancel_running or task.queue_item is not None or task.waiting_on is not None:
+                self.scheduler.cancel(task_id)
+
+    def _fail_stored(self, record: JobRecord, problem: str) -> None:
+        """Fail a stored job that recovery cannot run, in one write (queued -> running -> failed)."""
+        now = self.scheduler.runtime.now()
+        message = f"job cannot continue: {problem}"
+        moved = record
+        if moved.status is JobStatus.QUEUED:
+            moved = job_transition(moved, JobStatus.RUNNING, now)
+        done = job_transition(moved, JobStatus.FAILED, now, error=message)
+        self._write(done)
+        self._emit(record.status, done)
+
+    # ------------------------------------------------------------------ transitions
+    @contextlib.contextmanager
+    def _unpersisted(self, run: _JobRun) -> Iterator[None]:
+        """Around each step that writes a job: if the store refuses a write, end the job here.
+
+        The handle must not wait forever for a job whose progress cannot be recorded. It resolves
+        ``failed`` in this process, saying the store failed and that the stored record stops at
+        the last write that succeeded, from which ``recover()`` re-drives the job.
+        """
+        try:
+            yield
+        except StoreError as error:
+            if self._crashed or self.scheduler._crashed:
+                raise
+            self._abandon(run, error)
+
+    def _abandon(self, run: _JobRun, error: StoreError) -> None:
+        if run.finished:
+            return
+        run.finished = True
+        self._runs.pop(run.record.id, None)
+        now = self.scheduler.runtime.now()
+        old = run.record
+        record = old if old.status is not JobStatus.QUEUED else job_transition(old, JobStatus.RUNNING, now)
+        if not record.status.is_terminal:
+            message = (
+                f"store write failed: {describe_error(error)}; this job's later progress was not "
+                "persisted (recover() re-drives it from the last write that succeeded)"
+            )
+            record = job_transition(record, JobStatus.FAILED, now, error=message)
+        run.record = record
+        self._emit(old.status, record)
+        run.future.set_result(record)
+        if record.id in self._waiters:
+            self._resolve_waiters(record)
+        if not self._runs:
+            self._idle.notify()
+
+    def _write(self, record: JobRecord, run: _JobRun | None = None) -> None:
+        """Persist ``record`` (and make it ``run``'s record); a crashed process writes nothing."""
+        if self._crashed or self.scheduler._crashed:
+            raise Cancelled()
+        self.store.update_job(record)
+        if run is not None:
+            run.record = record
+
+    def _move(self, run: _JobRun, status: JobStatus, **changes: Any) -> JobRecord:
+        old = run.record
+        record = job_transition(old, status, self.scheduler.runtime.now(), **changes)
+        self._write(record, run)
+        self._emit(old.status, record)
+        return record
+
+    def _finish(self, run: _JobRun, status: JobStatus, **changes: Any) -> None:
+        record = self._move(run, status, **changes)
+        run.finished = True
+        del self._runs[record.id]
+        for task_ids in record.stage_tasks.values():
+            for task_id in task_ids:
+                self._stage_tasks.pop(task_id, None)
+        run.future.set_result(record)
+        if record.id in self._waiters:
+            self._resolve_waiters(record)
+        if not self._runs:
+            self._idle.notify()
+
+    # ------------------------------------------------------------------ observability
+    def _emit(self, old: JobStatus | None, record: JobRecord) -> None:
+        events = self.scheduler.events
+        if events is not None:
+            events(
+                JobTransition(
+                    time=record.updated_at,
+                    job_id=record.id,
+                    key=record.key,
+                    name=record.name,
+                    priority=int(record.priority),
+                    old=None if old is None else old.value,
+                    new=record.status.value,
+                    stage=record.failed_stage,
+                    error=record.error,
+                )
+            )
+
+    def _emit_stage(
+        self, run: _JobRun, stage: str, event: str, task_ids: tuple[str, ...], error: str | None = None
+    ) -> None:
+        events = self.scheduler.events
+        if events is not None:
+            events(StageEvent(self.scheduler.runtime.now(), run.record.id, stage, event, task_ids, error))
+
+
+def _error_of(record: TaskRecord | None) -> str:
+    return "the task never started" if record is None else str(record.error)
+
+
+def _succeeded(record: TaskRecord) -> bool:
+    """A stage task that produced a result (its own, or a finished owner's through dedup)."""
+    return record.status in (TaskStatus.SUCCEEDED, TaskStatus.DEDUPED) and record.error is None
+
+
+async def recover_jobs(
+    scheduler: Scheduler, adopted: frozenset[str | None] | None
+) -> JobRecoveryReport | None:
+    """The jobs step of ``Scheduler.recover``: re-drive unfinished jobs (None if the store keeps none).
+
+    Without a :class:`Jobs` attached, one is created when the store holds unfinished jobs, so
+    that every one of them ends terminal: without registered specs they end ``failed``, saying so.
+    """
+    jobs = getattr(scheduler, "_jobs", None)
+    if jobs is None:
+        store = scheduler.store
+        if not keeps_jobs(store) or not store.list_jobs(JobStatus.QUEUED, JobStatus.RUNNING):  # type: ignore[attr-defined]
+            return None
+        jobs = Jobs(scheduler)
+    return await jobs.recover(adopted)
+
+
+def keeps_jobs(store: object) -> bool:
+    """Whether ``store`` has a job table: it implements :class:`JobStore`, and so does the store it
+    wraps, if it is a wrapper with an ``inner`` store (e.g. :class:`~aiqsim.sim.crash.CrashingStore`)."""
+    return isinstance(store, JobStore) and isinstance(getattr(store, "inner", store), JobStore)
+
+
+def jobs_of(scheduler: Scheduler) -> Jobs:
+    """The scheduler's :class:`Jobs` orchestrator, created on first use (with no registered specs)."""
+    jobs = getattr(scheduler, "_jobs", None)
+    return jobs if jobs is not None else Jobs(scheduler)

@@ -1,0 +1,213 @@
+"""Jobs across a crash, step by step on the SimPy clock: what ``recover()`` re-drives, reuses and refuses."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from aiqsim import (
+    ExponentialBackoff,
+    JobSpec,
+    JobStatus,
+    RetryPolicy,
+    Scheduler,
+    SimPyRuntime,
+    Stage,
+    TaskStatus,
+)
+from aiqsim.stores import MemoryStore
+from tests.fakes import ScriptedProvider
+
+
+def first(inputs, results):
+    return {"input": f"first:{inputs['x']}"}
+
+
+def second(inputs, results):
+    return {"input": f"second:{results['a']['output']}"}
+
+
+def other_second(inputs, results):
+    return {"input": f"other:{results['a']['output']}"}
+
+
+SPEC = JobSpec("chain", "1", [Stage("a", "a", build=first), Stage("b", "b", after=("a",), build=second)])
+
+
+def make(runtime, store, provs, specs=(SPEC,)) -> Scheduler:
+    scheduler = Scheduler(
+        runtime,
+        list(provs.values()),
+        store=store,
+        rng=random.Random(5),
+        retry=RetryPolicy(backoff=ExponentialBackoff(base_s=1.0, cap_s=4.0), max_attempts=3),
+    )
+    for spec in specs:
+        scheduler.jobs.register(spec)
+    return scheduler
+
+
+def crash_in_stage_b_then(restart):
+    """Run SPEC until t = 1.5 (a done at 1.0, b's call in flight), crash, then ``restart(...)``."""
+    runtime = SimPyRuntime()
+    store = MemoryStore()
+    provs = {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in ("a", "b")}
+
+    async def main():
+        before = make(runtime, store, provs)
+        before.submit_job(SPEC, {"x": 1}, job_id="j")
+        before.submit_job(SPEC, {"x": 1}, job_id="j-again")  # a double click, waiting on j
+        await runtime.sleep(1.5)
+        before.crash()
+        await runtime.sleep(1.0)
+        return await restart(runtime, store, provs)
+
+    return runtime.run(main())
+
+
+def test_recovery_reuses_the_finished_stage_and_runs_only_the_interrupted_one() -> None:
+    async def restart(runtime, store, provs):
+        after = make(runtime, store, provs)
+        report = await after.recover()
+        handle = after.jobs.handle("j")
+        waiter = after.jobs.handle("j-again")
+        return report, after.job_recovery, await handle.wait(), await waiter.wait(), provs, store
+
+    report, jobs_report, job, again, provs, store = crash_in_stage_b_then(restart)
+    assert report.orphans_failed == 1  # b's task: no lookup on this provider, so it is interrupted
+    assert (jobs_report.resumed, jobs_report.reattached) == (1, 1)
+    assert job.status is JobStatus.SUCCEEDED and job.finished_at == pytest.approx(3.5)  # b again 2.5-3.5
+    assert again.status is JobStatus.DEDUPED and again.deduped_from == "j" and again.results == job.results
+    assert len(provs["a"].calls) == 1  # a's result was in the job record: not called again
+    assert len(provs["b"].calls) == 2  # the interrupted call, then the re-driven one
+    statuses = [store.get(t).status for t in job.stage_tasks["b"]]
+    assert statuses == [TaskStatus.FAILED, TaskStatus.SUCCEEDED]
+
+
+def test_a_job_whose_spec_is_not_registered_ends_failed_saying_why() -> None:
+    async def restart(runtime, store, provs):
+        after = make(runtime, store, provs, specs=())
+        await after.recover()
+        return store.get_job("j"), store.get_job("j-again"), after
+
+    job, again, after = crash_in_stage_b_then(restart)
+    assert job.status is JobStatus.FAILED and "no JobSpec 'chain' version '1' is registered" in job.error
+    assert again.status is JobStatus.FAILED and again.error.startswith("job cannot continue")
+    assert after.job_recovery.failed_unknown_spec == 2
+
+
+def test_a_job_whose_registered_spec_changed_under_the_same_version_is_not_run_with_it() -> None:
+    changed = JobSpec(
+        "chain", "1", [Stage("a", "a", build=first), Stage("b", "b", after=("a",), build=other_second)]
+    )
+
+    async def restart(runtime, store, provs):
+        after = make(runtime, store, provs, specs=(changed,))
+        await after.recover()
+        return store.get_job("j"), provs
+
+    job, provs = crash_in_stage_b_then(restart)
+    assert job.status is JobStatus.FAILED and "differs from the one this job was submitted with" in job.error
+    assert [name for _, name, _ in provs["b"].calls] == ["second:done:first:1"]  # nothing ran with it
+
+
+def test_recovering_a_store_without_any_jobs_attaches_nothing() -> None:
+    runtime = SimPyRuntime()
+
+    async def main():
+        scheduler = Scheduler(runtime, [ScriptedProvider(runtime, name="a")], store=MemoryStore())
+        await scheduler.recover()
+        return scheduler
+
+    scheduler = runtime.run(main())
+    assert scheduler.job_recovery is None and scheduler._jobs is None
+
+
+class TasksOnlyStore:
+    """A task store from before jobs (or a third-party one): the TaskStore methods, no job table."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str):
+        if "job" in name:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_a_store_without_a_job_table_still_recovers_tasks_and_refuses_jobs_clearly() -> None:
+    from aiqsim.core.errors import ConfigurationError
+    from aiqsim.sim.crash import CrashingStore
+
+    runtime = SimPyRuntime()
+    wrapped = CrashingStore(TasksOnlyStore(), counter=[0], crash_points=set(), on_crash=lambda: None)
+
+    async def main():
+        scheduler = Scheduler(runtime, [ScriptedProvider(runtime, name="a")], store=wrapped)
+        report = await scheduler.recover()  # the wrapper has job methods, the store it wraps has none
+        with pytest.raises(ConfigurationError, match="keeps no jobs"):
+            scheduler.submit_job(SPEC, {"x": 1})
+        return report, scheduler
+
+    report, scheduler = runtime.run(main())
+    assert report.queued_resumed == 0 and scheduler.job_recovery is None
+
+
+def test_a_restarted_process_seeded_like_its_predecessor_draws_fresh_job_ids() -> None:
+    runtime = SimPyRuntime()
+    store = MemoryStore()
+    provs = {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in ("a", "b")}
+
+    async def main():
+        before = make(runtime, store, provs)
+        first = await before.submit_job(SPEC, {"x": 1}).wait()
+        before.crash()
+        after = make(runtime, store, provs)  # the same seed: the same draws
+        await after.recover()
+        second = await after.submit_job(SPEC, {"x": 2}).wait()
+        return first, second
+
+    first, second = runtime.run(main())
+    assert first.id != second.id and second.status is JobStatus.SUCCEEDED
+
+
+class FailingJobWrites(MemoryStore):
+    """A memory store whose disk 'fills up' when a job's first result is written, until ``heal()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    def update_job(self, job) -> None:  # type: ignore[no-untyped-def]
+        if self.broken and job.results:
+            from aiqsim.stores import StoreWriteError
+
+            raise StoreWriteError(f"job {job.id!r} result", OSError(28, "No space left on device"))
+        super().update_job(job)
+
+
+def test_a_job_whose_progress_cannot_be_written_resolves_failed_and_recovers_later() -> None:
+    runtime = SimPyRuntime()
+    store = FailingJobWrites()
+    provs = {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in ("a", "b")}
+
+    async def main():
+        before = make(runtime, store, provs)
+        handle = before.submit_job(SPEC, {"x": 1}, job_id="j")
+        in_process = await runtime.wait_for(handle.wait(), 60)  # resolves: it does not hang
+        stored = store.get_job("j")
+        store.broken = False  # the disk has room again; a new process recovers
+        before.crash()
+        after = make(runtime, store, provs)
+        await after.recover()
+        return in_process, stored, await after.jobs.handle("j").wait()
+
+    in_process, stored, recovered = runtime.run(main())
+    assert in_process.status is JobStatus.FAILED and in_process.error.startswith(
+        "store write failed: StoreWriteError"
+    )
+    assert "recover() re-drives it" in in_process.error
+    assert stored.status is JobStatus.RUNNING and stored.results == {}  # the last write that succeeded
+    assert recovered.status is JobStatus.SUCCEEDED
+    assert len(provs["a"].calls) == 1 and len(provs["b"].calls) == 1  # stage a was reused, not re-run
