@@ -98,13 +98,14 @@ def _format_value(value: Any) -> str:
 
 def format_summary(summary: dict[str, Any], title: str = "") -> str:
     """The summary as an aligned two-column table with each key's meaning."""
+    from aiqsim.sim.job_metrics import JOB_SUMMARY_KEYS
     from aiqsim.sim.metrics import SUMMARY_KEYS
 
     width = max(len(k) for k in summary)
     lines = [title, "=" * max(len(title), 20)] if title else []
     for key in [*SUMMARY_KEYS, *(k for k in summary if k not in SUMMARY_KEYS)]:
         if key in summary:
-            meaning = SUMMARY_KEYS.get(key, "")
+            meaning = SUMMARY_KEYS.get(key) or JOB_SUMMARY_KEYS.get(key, "")
             lines.append(f"{key:<{width}}  {_format_value(summary[key]):>12}  {meaning}")
     return "\n".join(lines)
 
@@ -160,6 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = simulate(scenario, seed=args.seed)
     wall = time.perf_counter() - started
     print(format_summary(result.summary, f"{scenario.name} (seed {result.seed})"))
+    if "jobs_submitted" in result.summary:
+        print(format_stage_breakdown(result))
     if scenario.description:
         print(f"\n{scenario.description.strip()}")
     print(f"\nsimulated {result.sim_time_s:,.1f} s in {wall:.2f} s of wall time")
@@ -177,6 +180,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def format_stage_breakdown(result: Any) -> str:
+    """Where succeeded jobs' time went, per stage (critical-path seconds, share, mean of each part)."""
+    lines = ["\nper job stage, over succeeded jobs (critical path; mean seconds when on it):"]
+    lines.append(f"{'stage':<24} {'share':>6} {'queue':>8} {'quota':>8} {'retries':>8} {'service':>8}")
+    for row in result.stage_breakdown().to_dict("records"):
+        cells = [row[f"{part}_mean_s"] for part in ("queue_wait", "quota_wait", "retries", "service")]
+        lines.append(
+            f"{row['job'] + '.' + row['stage']:<24} {_format_value(float(row['share'])):>6} "
+            + " ".join(f"{_format_value(float(cell)):>8}" for cell in cells)
+        )
+    return "\n".join(lines)
+
+
 def _warn_about(result: Any) -> None:
     """Say on stderr what a user could miss in the table."""
     s = result.summary
@@ -188,6 +204,12 @@ def _warn_about(result: Any) -> None:
     if s["tasks_lost"]:
         print(
             f"warning: {s['tasks_lost']} task(s) were still running when the run ended; latency percentiles "
+            "leave them out (raise scenario.drain_s)",
+            file=sys.stderr,
+        )
+    if s.get("jobs_lost"):
+        print(
+            f"warning: {s['jobs_lost']} job(s) were not terminal when the run ended; job latency percentiles "
             "leave them out (raise scenario.drain_s)",
             file=sys.stderr,
         )
@@ -211,7 +233,8 @@ def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: 
     """Write the run's tables, summary and charts into ``out``; returns the paths written."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in ("tasks", "calls", "timeline"):
+    tables = ("tasks", "calls", "timeline", *(("jobs",) if "jobs_submitted" in result.summary else ()))
+    for name in tables:
         frame = getattr(result, name)
         path = out / f"{name}.{table_format}"
         if table_format == "parquet":

@@ -48,6 +48,23 @@ def test_run_prints_the_summary_and_writes_tables_and_charts(tmp_path: Path) -> 
     assert len(tasks) == summary["tasks_submitted"] + summary["tasks_rejected"]
 
 
+def test_run_a_pipeline_scenario_prints_job_metrics_and_writes_jobs_csv(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = aiqsim("run", "scenarios/ai_edit_pipeline.toml", "--out", str(out), "--no-charts")
+    assert result.returncode == 0, result.stderr
+    for key in ("job_latency_p50_s", "job_time_to_failure_p50_s", "bottleneck_stage", "cost_per_job"):
+        assert key in result.stdout
+    assert "ai_edit.tts" in result.stdout  # the per-stage breakdown
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=_reject_non_json)
+    jobs = pd.read_csv(out / "jobs.csv")
+    assert len(jobs) == summary["jobs_submitted"] + summary["jobs_rejected"]
+    assert (jobs["status"] == "succeeded").sum() == summary["jobs_succeeded"]
+    assert summary["bottleneck_stage"] == "tts"
+    succeeded = jobs[jobs["status"] == "succeeded"]
+    parts = succeeded[["queue_wait_s", "quota_wait_s", "retries_s", "service_s", "other_s"]].sum(axis=1)
+    assert (parts - succeeded["latency_s"]).abs().max() < 1e-6  # the split adds up to the latency
+
+
 def test_run_with_overrides_and_parquet(tmp_path: Path) -> None:
     out = tmp_path / "pq"
     result = aiqsim(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from aiqsim.sim import config
+from aiqsim.sim import config, job_config
 from aiqsim.sim.scenario import SECTION_FIELDS
 
 REFERENCE = Path(__file__).resolve().parent.parent / "scenarios" / "README.md"
@@ -21,6 +21,10 @@ HEADERS = {
     "[workloads.cost]": config.CostConfig,
     "[[crashes]]": config.CrashConfig,
     "[overload]": config.OverloadConfig,
+    "[[jobs]]": job_config.JobConfig,
+    "[[jobs.stages]]": job_config.StageConfig,
+    "[jobs.stages.size]": job_config.StageSizeConfig,
+    "[jobs.stages.fanout]": job_config.FanoutConfig,
 }
 
 

@@ -22,6 +22,7 @@ from aiqsim.core.backoff import backoff_from_name
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
 from aiqsim.scheduler.dispatch import dispatch_policy_from_name
 from aiqsim.sim.config import Scenario
+from aiqsim.sim.job_workloads import generate_job_arrivals
 from aiqsim.sim.scenario import (
     SECTION_FIELDS,
     ScenarioError,
@@ -279,6 +280,7 @@ def test_every_config_field_has_a_key_in_the_file_layout():
     """If a field is added to aiqsim.sim.config, the loader must learn it (and vice versa)."""
     top_level = {
         *("providers", "workloads", "quotas", "retry", "dispatch", "store", "crashes", "overload", "source"),
+        "jobs",
     }
     for record, table in SECTION_FIELDS.items():
         names = {f.name for f in dataclasses.fields(record)}
@@ -832,6 +834,14 @@ def test_overrides_on_arrays_the_file_does_not_have(tmp_path):
         load_scenario(write(tmp_path, mapping), overrides={"crashes[0].at_s": 3})
 
 
+def test_override_errors_render_a_nested_path_once():
+    """Regression: the walked path was doubled after an index (``providers[0]providers[0].outages[3]``)."""
+    mapping = full_mapping()
+    with pytest.raises(ScenarioError) as caught:
+        apply_overrides(mapping, {"providers.llm.outages[3].start_s": 1})
+    assert "unknown override path: providers[0].outages[3] does not exist" in str(caught.value)
+
+
 def test_apply_overrides_refuses_a_non_table():
     with pytest.raises(ScenarioError, match="expected a table at the top level, got an array"):
         apply_overrides([1], {"retry.base_s": 1})  # type: ignore[arg-type]
@@ -1064,7 +1074,8 @@ def test_every_shipped_scenario_loads_and_is_small(path):
     assert parse_scenario(scenario_to_dict(scenario), source=scenario.source or "") == scenario
     json.dumps(scenario_to_dict(scenario))  # reports can serialise it
     arrivals = generate_arrivals(scenario, random.Random(scenario.seed))
-    assert 100 <= len(arrivals) <= 5000
+    jobs = generate_job_arrivals(scenario, scenario.seed)  # a job is one submission too
+    assert 100 <= len(arrivals) + len(jobs) <= 5000
 
 
 def test_shipped_scenarios_show_what_their_names_say():

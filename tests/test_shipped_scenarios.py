@@ -105,3 +105,33 @@ def test_trace_replay_reproduces_the_trace_window() -> None:
     result = simulate(scenario)
     assert result.summary["tasks_submitted"] == len(rows)
     assert result.tasks["cost_estimate"].sum() == sum(r.context_tokens + r.generated_tokens for r in rows)
+
+
+def test_ai_edit_pipeline_finds_the_tts_quota_as_the_bottleneck_and_quota_there_buys_latency() -> None:
+    # Two seeds each: the claims the scenario's description makes must hold beyond one draw.
+    for seed in (0, 1):
+        base = simulate(SCENARIOS / "ai_edit_pipeline.toml", seed=seed).summary
+        assert base["jobs_lost"] == 0 and base["tasks_lost"] == 0
+        assert base["jobs_succeeded"] > 0.8 * base["jobs_submitted"]
+        assert base["jobs_deduped"] > 0  # the double-clicks
+        assert base["bottleneck_stage"] == "tts"
+        more_tts = simulate(
+            SCENARIOS / "ai_edit_pipeline.toml",
+            seed=seed,
+            overrides={"quotas.tts.requests_per_min": 80, "providers.tts.server_requests_per_min": 80},
+        ).summary
+        more_llm = simulate(
+            SCENARIOS / "ai_edit_pipeline.toml",
+            seed=seed,
+            overrides={"quotas.llm.units_per_min": 160000, "providers.llm.server_units_per_min": 160000},
+        ).summary
+        tts_gain = base["job_latency_p50_s"] - more_tts["job_latency_p50_s"]
+        llm_gain = base["job_latency_p50_s"] - more_llm["job_latency_p50_s"]
+        assert tts_gain > 0.2 * base["job_latency_p50_s"]
+        assert tts_gain > 3 * max(llm_gain, 0.0)
+        fallback = simulate(
+            SCENARIOS / "ai_edit_pipeline.toml",
+            seed=seed,
+            overrides={"jobs.ai_edit.stages.tts.fallback": "tts_backup"},
+        ).summary
+        assert fallback["jobs_failed"] < base["jobs_failed"]

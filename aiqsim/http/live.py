@@ -21,6 +21,18 @@ from aiqsim.runtime.asyncio_runtime import AsyncioRuntime
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.simulate import SimulationResult, resolve_scenario, run_scenario, simulate
 
+
+def simulator_result(body: Any) -> Any:
+    """The simulator's own result, which the local servers send whole under ``result`` beside the chat
+    completion, so a live job builds its later stages from the same results as a simulated one
+    (a from_stage size needs the earlier stage's ``output_units``); else the chat text."""
+    from aiqsim.http.chat import chat_content
+
+    if isinstance(body, Mapping) and isinstance(body.get("result"), Mapping):
+        return body["result"]
+    return chat_content(body)
+
+
 DEFAULT_TIME_SCALE = 0.05
 """Wall seconds per scenario second for live runs (a 60 s scenario takes 3 s)."""
 
@@ -63,6 +75,7 @@ def run_live(
                 timeout=_client_timeout(scenario, time_scale),
                 lookup_path="/lookup/{key}" if scenario.provider(name).supports_lookup else None,
                 send_task_headers=True,
+                parse_result=simulator_result,
             )
             for name, server in servers.items()
         ]
@@ -112,6 +125,18 @@ COMPARED_KEYS = (
     "sim_time_s",
 )
 
+COMPARED_JOB_KEYS = (
+    "jobs_submitted",
+    "jobs_succeeded",
+    "jobs_failed",
+    "jobs_deduped",
+    "jobs_lost",
+    "job_latency_p50_s",
+    "job_latency_p95_s",
+    "cost_per_job",
+)
+"""Compared too when the scenario submits jobs."""
+
 
 def compare_sim_and_live(
     scenario: Scenario | str | Path,
@@ -139,6 +164,7 @@ def compare_sim_and_live(
         summary["server_lag_p50_s"] = server_lag_p50(result.executions)
         summary["transport_p50_s"] = transport_p50(result.events, result.executions)
     keys = [*COMPARED_KEYS, "call_latency_p50_s", "server_lag_p50_s", "transport_p50_s"]
+    keys += COMPARED_JOB_KEYS if "jobs_submitted" in simulated else ()
     frame = pd.DataFrame(
         {"simulated": [simulated[k] for k in keys], "live": [live[k] for k in keys]},
         index=keys,

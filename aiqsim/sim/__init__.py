@@ -6,6 +6,8 @@
 """
 
 from aiqsim.sim.config import Scenario
+from aiqsim.sim.job_metrics import JOB_SUMMARY_KEYS
+from aiqsim.sim.job_workloads import JobArrival, generate_job_arrivals
 from aiqsim.sim.metrics import SUMMARY_KEYS
 from aiqsim.sim.providers import Execution, ProviderLedger, SimulatedProvider
 from aiqsim.sim.scenario import ScenarioError, load_scenario, parse_scenario
@@ -14,9 +16,11 @@ from aiqsim.sim.sweep import RunFailure, SweepError, sweep
 from aiqsim.sim.workloads import Arrival, generate_arrivals
 
 __all__ = [
+    "JOB_SUMMARY_KEYS",
     "SUMMARY_KEYS",
     "Arrival",
     "Execution",
+    "JobArrival",
     "ProviderLedger",
     "RunFailure",
     "Scenario",
@@ -25,6 +29,7 @@ __all__ = [
     "SimulationResult",
     "SweepError",
     "generate_arrivals",
+    "generate_job_arrivals",
     "load_scenario",
     "parse_scenario",
     "simulate",

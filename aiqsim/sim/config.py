@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from aiqsim.sim.job_config import JobConfig
+
 ProviderKind = Literal["llm", "tts"]
 OutageMode = Literal["error", "slow"]
 PriorityName = Literal["interactive", "background"]
@@ -139,7 +141,7 @@ class WorkloadConfig:
     """
 
     type: WorkloadType
-    provider: str
+    provider: str = ""
     priority: PriorityName = "background"
     rate_per_s: float = 1.0
     start_s: float = 0.0
@@ -153,6 +155,8 @@ class WorkloadConfig:
     poison_fraction: float = 0.0
     trace: str | None = None
     speedup: float = 1.0
+    job: str | None = None
+    """Name of a ``[[jobs]]`` template: each arrival submits one job instead of one call to ``provider``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +226,8 @@ class Scenario:
     store: StoreConfig = field(default_factory=StoreConfig)
     crashes: tuple[CrashConfig, ...] = ()
     overload: OverloadConfig = field(default_factory=OverloadConfig)
+    jobs: tuple[JobConfig, ...] = ()
+    """Job templates (``[[jobs]]``) that ``job`` workloads submit."""
     source: str | None = None
     """Path of the file it was loaded from, for error messages and reports."""
 

@@ -22,6 +22,11 @@ A scenario file looks like this (units are in the key names)::
     type = "poisson"
     provider = "llm"
     [[crashes]]               # CrashConfig: exactly one of at_s / after_writes
+    [[jobs]]                  # JobConfig (aiqsim/sim/job_config.py): a template of stages
+      [[jobs.stages]]         # StageConfig: name, provider, after, size, fanout, fallback
+    [[workloads]]             # a job workload names a template instead of a provider
+    type = "poisson"
+    job = "edit"
 
 Everything is validated before a :class:`Scenario` exists: unknown keys, wrong types (a bool
 is not a number), out-of-range values and broken references all raise :class:`ScenarioError`
@@ -64,6 +69,7 @@ from aiqsim.sim.config import (
     StoreConfig,
     WorkloadConfig,
 )
+from aiqsim.sim.job_config import FanoutConfig, JobConfig, StageConfig, StageSizeConfig
 from aiqsim.sim.workloads import (
     BUILTIN_TRACES,
     TraceError,
@@ -282,6 +288,23 @@ class _Optional:
         return self.inner(value)
 
 
+@dataclass(frozen=True, slots=True)
+class _Names:
+    """An array of names (``after = ["script", "tts"]``), each at most once; a tuple."""
+
+    expected: str = "an array of names (letters, digits, _ and -), each at most once"
+
+    def __call__(self, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list | tuple):
+            raise _Invalid
+        names = tuple(value)
+        if not all(isinstance(name, str) and _NAME.fullmatch(name) for name in names):
+            raise _Invalid
+        if len(set(names)) != len(names):
+            raise _Invalid
+        return names
+
+
 _PROBABILITY = _Number(0.0, 1.0)
 _NON_NEGATIVE = _Number(0.0)
 _POSITIVE = _Number(0.0, low_open=True)
@@ -433,14 +456,14 @@ _COST = _Table(
 )
 
 _WORKLOAD_COMMON = frozenset(
-    {"type", "provider", "priority", "start_s", "cost", "distinct_inputs", "poison_fraction"}
+    {"type", "provider", "priority", "start_s", "cost", "distinct_inputs", "poison_fraction", "job"}
 )
 _WORKLOAD_KEYS = {
     "poisson": _WORKLOAD_COMMON | {"rate_per_s", "end_s", "count"},
     "burst": _WORKLOAD_COMMON | {"count", "burst_s"},
     "double_click": _WORKLOAD_COMMON | {"rate_per_s", "end_s", "count", "clicks", "click_gap_s"},
     # a trace brings its own sizes and one input per row
-    "trace": (_WORKLOAD_COMMON - {"cost", "distinct_inputs"}) | {"trace", "speedup", "count", "end_s"},
+    "trace": (_WORKLOAD_COMMON - {"cost", "distinct_inputs", "job"}) | {"trace", "speedup", "count", "end_s"},
 }
 
 _WORKLOAD = _Table(
@@ -460,12 +483,82 @@ _WORKLOAD = _Table(
         "poison_fraction": _PROBABILITY,
         "trace": _Text(non_empty=True),
         "speedup": _POSITIVE,
+        "job": _Text(name_like=True),
     },
-    required=frozenset({"type", "provider"}),
+    required=frozenset({"type"}),
     what="workload",
     variant_key="type",
     variants=_WORKLOAD_KEYS,
     required_by_variant={"burst": frozenset({"count"}), "trace": frozenset({"trace"})},
+)
+
+# Job templates ([[jobs]]): see aiqsim/sim/job_config.py for what each key means.
+_SIZE_KEYS = {
+    "fixed": frozenset({"dist", "mean", "output_fraction"}),
+    "lognormal": frozenset({"dist", "mean", "sigma", "output_fraction"}),
+    "uniform": frozenset({"dist", "low", "high", "output_fraction"}),
+    "from_stage": frozenset({"dist", "stage", "ratio", "output_fraction"}),
+}
+
+_STAGE_SIZE = _Table(
+    {
+        "dist": _Choice(tuple(_SIZE_KEYS)),
+        "mean": _POSITIVE,
+        "sigma": _NON_NEGATIVE,
+        "low": _NON_NEGATIVE,
+        "high": _NON_NEGATIVE,
+        "stage": _Text(name_like=True),
+        "ratio": _POSITIVE,
+        "output_fraction": _PROBABILITY,
+    },
+    what="stage size",
+    variant_key="dist",
+    variant_default="fixed",
+    variants=_SIZE_KEYS,
+    required_by_variant={"from_stage": frozenset({"stage"})},
+)
+
+_FANOUT_KEYS = {
+    "fixed": frozenset({"dist", "mean"}),
+    "lognormal": frozenset({"dist", "mean", "sigma"}),
+    "uniform": frozenset({"dist", "low", "high"}),
+}
+
+_FANOUT = _Table(
+    {
+        "dist": _Choice(tuple(_FANOUT_KEYS)),
+        "mean": _Number(1.0),
+        "sigma": _NON_NEGATIVE,
+        "low": _Number(1.0),
+        "high": _Number(1.0),
+    },
+    what="fan-out",
+    variant_key="dist",
+    variant_default="fixed",
+    variants=_FANOUT_KEYS,
+)
+
+_STAGE = _Table(
+    {
+        "name": _Text(name_like=True),
+        "provider": _Text(),
+        "after": _Names(),
+        "size": _STAGE_SIZE,
+        "fanout": _FANOUT,
+        "fallback": _Optional(_Text()),
+    },
+    required=frozenset({"name", "provider"}),
+    what="stage",
+)
+
+_JOB = _Table(
+    {
+        "name": _Text(name_like=True),
+        "description": _Text(),
+        "stages": _Array(_STAGE, "[[jobs.stages]]", named=True),
+    },
+    required=frozenset({"name", "stages"}),
+    what="job template",
 )
 
 _CRASH = _Table(
@@ -523,6 +616,7 @@ _FILE = _Table(
         "workloads": _Array(_WORKLOAD, "[[workloads]]"),
         "crashes": _Array(_CRASH, "[[crashes]]"),
         "overload": _OVERLOAD,
+        "jobs": _Array(_JOB, "[[jobs]]", named=True),
     },
     required=frozenset({"scenario", "providers", "workloads"}),
     what="scenario file",
@@ -540,6 +634,10 @@ SECTION_FIELDS: dict[type, _Table] = {
     CostConfig: _COST,
     CrashConfig: _CRASH,
     OverloadConfig: _OVERLOAD,
+    JobConfig: _JOB,
+    StageConfig: _STAGE,
+    StageSizeConfig: _STAGE_SIZE,
+    FanoutConfig: _FANOUT,
 }
 """Which file table describes which config record (tests check they list the same fields)."""
 
@@ -743,7 +841,14 @@ def _workload(
     quotas: dict[str, ClientQuotaConfig],
     duration_s: float,
     reader: _Reader,
+    jobs: Mapping[str, JobConfig] | None = None,
 ) -> WorkloadConfig:
+    if "job" in values:
+        return _job_workload(values, path, jobs or {}, duration_s, reader)
+    if "provider" not in values:
+        raise reader.error(
+            f"{path}.provider", "missing; expected a string (the provider to call), or job = a [[jobs]] name"
+        )
     if values["provider"] not in providers:
         raise reader.error(
             f"{path}.provider",
@@ -783,6 +888,167 @@ def _workload(
                 f"got {largest}",
             )
     return workload
+
+
+_JOB_WORKLOAD_EXCLUDED = ("provider", "cost", "poison_fraction")
+"""Workload keys a job workload has no use for: its stages name the providers and the sizes."""
+
+
+def _job_workload(
+    values: dict[str, Any], path: str, jobs: Mapping[str, JobConfig], duration_s: float, reader: _Reader
+) -> WorkloadConfig:
+    for key in _JOB_WORKLOAD_EXCLUDED:
+        if key in values:
+            allowed = set(_WORKLOAD_KEYS[values["type"]]) - set(_JOB_WORKLOAD_EXCLUDED)
+            listed = ", ".join(k for k in _WORKLOAD.fields if k in allowed)
+            raise reader.error(
+                f"{path}.{key}",
+                "does not apply to a job workload (its stages name the providers and sizes); "
+                f"keys for a {values['type']} job workload: {listed}",
+            )
+    if values["job"] not in jobs:
+        declared = ", ".join(jobs) or "none declared"
+        raise reader.error(
+            f"{path}.job",
+            f"expected the name of a [[jobs]] template ({declared}), got {describe(values['job'])}",
+        )
+    workload = WorkloadConfig(**values)
+    if not workload.start_s < duration_s:
+        raise reader.error(
+            f"{path}.start_s",
+            f"expected a number < scenario.duration_s ({_fmt(duration_s)}), "
+            f"got {describe(values['start_s'])} (arrivals stop at duration_s)",
+        )
+    if workload.end_s is not None and not workload.end_s > workload.start_s:
+        raise reader.error(
+            f"{path}.end_s",
+            f"expected a number > start_s ({_fmt(workload.start_s)}), got {describe(workload.end_s)}",
+        )
+    return workload
+
+
+def _stage_size(values: dict[str, Any], path: str, reader: _Reader) -> StageSizeConfig:
+    size = StageSizeConfig(**values)
+    if size.dist == "uniform" and not size.high >= size.low:
+        raise reader.error(
+            f"{path}.high",
+            f"expected a number >= low ({_fmt(size.low)}), got {describe(values.get('high', size.high))}",
+        )
+    return size
+
+
+def _fanout(values: dict[str, Any], path: str, reader: _Reader) -> FanoutConfig:
+    fanout = FanoutConfig(**values)
+    if fanout.dist == "uniform" and not fanout.high >= fanout.low:
+        raise reader.error(
+            f"{path}.high",
+            f"expected a number >= low ({_fmt(fanout.low)}), got {describe(values.get('high', fanout.high))}",
+        )
+    return fanout
+
+
+def _stage(
+    values: dict[str, Any],
+    path: str,
+    earlier: list[str],
+    providers: Mapping[str, ProviderConfig],
+    quotas: Mapping[str, ClientQuotaConfig],
+    reader: _Reader,
+) -> StageConfig:
+    declared = ", ".join(providers)
+    if values["provider"] not in providers:
+        raise reader.error(
+            f"{path}.provider",
+            f"expected the name of a declared provider ({declared}), got {describe(values['provider'])}",
+        )
+    fallback = values.get("fallback")
+    if fallback is not None and fallback not in providers:
+        raise reader.error(
+            f"{path}.fallback",
+            f'expected the name of a declared provider ({declared}) or "none", got {describe(fallback)}',
+        )
+    if fallback is not None and fallback == values["provider"]:
+        raise reader.error(
+            f"{path}.fallback", f"expected a provider other than the stage's own ({values['provider']!r})"
+        )
+    before = ", ".join(earlier) or "none: this is the first stage"
+    for name in values.get("after", ()):
+        if name not in earlier:
+            raise reader.error(
+                f"{path}.after",
+                f"expected names of stages declared before this one ({before}), got {describe(name)}",
+            )
+    kwargs = dict(values)
+    if "size" in kwargs:
+        kwargs["size"] = _stage_size(kwargs["size"], f"{path}.size", reader)
+    if "fanout" in kwargs:
+        kwargs["fanout"] = _fanout(kwargs["fanout"], f"{path}.fanout", reader)
+    stage = StageConfig(**kwargs)
+    if stage.size.dist == "from_stage" and stage.size.stage not in stage.after:
+        listed = ", ".join(stage.after) or "none"
+        raise reader.error(
+            f"{path}.size.stage",
+            f"expected one of the stages this stage waits for (after = {listed}), "
+            f"got {describe(stage.size.stage)}",
+        )
+    largest = None
+    if stage.size.dist == "fixed":
+        largest = max(1, round(stage.size.mean))
+    elif stage.size.dist == "uniform":
+        largest = max(1, round(stage.size.high))
+    smallest_fanout = max(1, round(stage.fanout.mean if stage.fanout.dist == "fixed" else stage.fanout.low))
+    if stage.fanout.dist == "lognormal":
+        smallest_fanout = 1
+    for name in (stage.provider, stage.fallback):
+        quota = quotas.get(name) if name is not None else None
+        if largest is None or quota is None or quota.units_per_min is None:
+            continue
+        per_call = math.ceil(largest / smallest_fanout)
+        capacity = quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
+        if per_call > capacity:
+            key = "mean" if stage.size.dist == "fixed" else "high"
+            raise reader.error(
+                f"{path}.size.{key}",
+                f"expected calls of at most {_fmt(capacity)} units (the client quota of {name!r} can never "
+                f"grant more: quotas.{name}.unit_burst, or units_per_min when unset), "
+                f"got {per_call} per call",
+            )
+    return stage
+
+
+def _jobs(
+    raw: tuple[dict[str, Any], ...],
+    providers: Mapping[str, ProviderConfig],
+    quotas: Mapping[str, ClientQuotaConfig],
+    reader: _Reader,
+) -> tuple[JobConfig, ...]:
+    seen: dict[str, int] = {}
+    jobs = []
+    for i, values in enumerate(raw):
+        path = f"jobs[{i}]"
+        if values["name"] in seen:
+            first = seen[values["name"]]
+            raise reader.error(
+                f"{path}.name",
+                f"expected a unique job name, got {describe(values['name'])} (also jobs[{first}])",
+            )
+        seen[values["name"]] = i
+        if not values["stages"]:
+            raise reader.error(f"{path}.stages", "expected at least one [[jobs.stages]] table, got none")
+        stages: list[StageConfig] = []
+        names: list[str] = []
+        for j, stage_values in enumerate(values["stages"]):
+            stage_path = f"{path}.stages[{j}]"
+            if stage_values["name"] in names:
+                raise reader.error(
+                    f"{stage_path}.name",
+                    f"expected a stage name unique within the job, got {describe(stage_values['name'])} "
+                    f"(also stages[{names.index(stage_values['name'])}])",
+                )
+            stages.append(_stage(stage_values, stage_path, names, providers, quotas, reader))
+            names.append(stage_values["name"])
+        jobs.append(JobConfig(**{**values, "stages": tuple(stages)}))
+    return tuple(jobs)
 
 
 def _crash(
@@ -839,8 +1105,9 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         )
     if not values["workloads"]:
         raise reader.error("workloads", "expected at least one [[workloads]] table, got none")
+    jobs = _jobs(values.get("jobs", ()), by_name, quotas, reader)
     workloads = tuple(
-        _workload(item, f"workloads[{i}]", by_name, quotas, duration_s, reader)
+        _workload(item, f"workloads[{i}]", by_name, quotas, duration_s, reader, {j.name: j for j in jobs})
         for i, item in enumerate(values["workloads"])
     )
     crashes = tuple(
@@ -856,6 +1123,7 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         store=store,
         crashes=crashes,
         overload=_overload(values.get("overload", {}), reader),
+        jobs=jobs,
         source=source,
         **header,
     )
@@ -947,7 +1215,7 @@ def split_key_path(path: str, *, source: str = "<override>") -> list[str | int]:
 def _render_path(parts: list[str | int]) -> str:
     text = ""
     for part in parts:
-        text += f"[{part}]" if isinstance(part, int) else _join(text, part)
+        text = f"{text}[{part}]" if isinstance(part, int) else _join(text, part)
     return text
 
 
@@ -1080,6 +1348,13 @@ def _record_dict(record: Any, schema: _Table) -> dict[str, Any]:
     return values
 
 
+def _workload_dict(workload: WorkloadConfig) -> dict[str, Any]:
+    """A workload's keys: a job workload has no provider, cost or poison share, a call workload no job."""
+    values = _record_dict(workload, _WORKLOAD)
+    dropped = _JOB_WORKLOAD_EXCLUDED if workload.job is not None else ("job",)
+    return {key: value for key, value in values.items() if key not in dropped}
+
+
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     """The scenario as a plain mapping in the file layout (JSON-serialisable; ``None`` for unset).
 
@@ -1092,7 +1367,8 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         "retry": _record_dict(scenario.retry, _RETRY),
         "dispatch": _record_dict(scenario.dispatch, _DISPATCH),
         "store": _record_dict(scenario.store, _STORE),
-        "workloads": [_record_dict(workload, _WORKLOAD) for workload in scenario.workloads],
+        "workloads": [_workload_dict(workload) for workload in scenario.workloads],
         "crashes": [_record_dict(crash, _CRASH) for crash in scenario.crashes],
         "overload": _record_dict(scenario.overload, _OVERLOAD),
+        "jobs": [_record_dict(job, _JOB) for job in scenario.jobs],
     }

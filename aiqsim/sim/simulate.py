@@ -38,14 +38,17 @@ from aiqsim.stores.memory import MemoryStore
 if TYPE_CHECKING:
     import pandas as pd
 
+    from aiqsim.core.job import JobRecord
+    from aiqsim.sim.job_workloads import JobArrival
     from aiqsim.sim.workloads import Arrival
 
 
 class SimulationResult:
-    """Outcome of one simulated run: ``summary`` (dict) and DataFrames ``tasks``, ``calls``, ``timeline``.
+    """Outcome of one simulated run: ``summary`` (dict) and DataFrames ``tasks``, ``calls``, ``timeline``
+    (and ``jobs`` when the scenario submits jobs; the summary then has the job keys too).
 
-    The DataFrames are built on first access; ``records``, ``executions`` and ``events`` hold the
-    raw flat records they come from.
+    The DataFrames are built on first access; ``records``, ``executions``, ``events`` and
+    ``job_records`` hold the raw flat records they come from.
     """
 
     def __init__(
@@ -64,6 +67,8 @@ class SimulationResult:
         store_writes: int = 0,
         torn_writes_recovered: int = 0,
         arrival_times: Mapping[str, float] | None = None,
+        job_records: Sequence[JobRecord] = (),
+        rejected_jobs: Sequence[dict[str, Any]] = (),
     ) -> None:
         self.scenario = scenario
         self.seed = seed
@@ -92,11 +97,40 @@ class SimulationResult:
             recoveries=recoveries,
             arrivals=self.arrival_times,
         )
+        self.job_records = list(job_records)
+        """The final record of every job (empty when the scenario submits no jobs)."""
+        self.rejected_jobs = list(rejected_jobs)
+        self._job_rows: list[dict[str, Any]] = []
+        if any(w.job is not None for w in scenario.workloads):
+            from aiqsim.sim import job_metrics
+
+            self._job_rows = job_metrics.job_rows(
+                scenario, self.job_records, records, events, executions, self.arrival_times
+            )
+            self.summary.update(
+                job_metrics.summarize_jobs(scenario, self._job_rows, rejected=len(self.rejected_jobs))
+            )
 
     @cached_property
     def tasks(self) -> pd.DataFrame:
         """One row per task (rejected submissions included with status ``rejected``)."""
         return metrics.tasks_frame(self.records, self.rejected, self.arrival_times)
+
+    @cached_property
+    def jobs(self) -> pd.DataFrame:
+        """One row per job: status, latency, its critical path split into queue wait / quota wait /
+        retries / service, per-stage times, cost and duplicate cost (see :mod:`aiqsim.sim.job_metrics`)."""
+        from aiqsim.sim.job_metrics import jobs_frame
+
+        return jobs_frame(self._job_rows, self.rejected_jobs)
+
+    def stage_breakdown(self) -> pd.DataFrame:
+        """Per job stage over succeeded jobs: critical-path time, share of latency, mean of each part."""
+        import pandas as pd
+
+        from aiqsim.sim.job_metrics import stage_breakdown
+
+        return pd.DataFrame(stage_breakdown(self._job_rows, self.scenario))
 
     @cached_property
     def calls(self) -> pd.DataFrame:
@@ -278,6 +312,19 @@ def _arrivals(scenario: Scenario, seed: int) -> list[Arrival]:
         raise ScenarioError(source, "workloads.trace", str(error)) from None
 
 
+def _job_arrivals(scenario: Scenario, seed: int) -> list[JobArrival]:
+    """The scenario's job arrivals (empty without job workloads); too many is a ScenarioError."""
+    from aiqsim.sim.job_workloads import generate_job_arrivals
+    from aiqsim.sim.scenario import ScenarioError
+    from aiqsim.sim.workloads import WorkloadTooLargeError
+
+    try:
+        return generate_job_arrivals(scenario, seed)
+    except WorkloadTooLargeError as error:
+        source = scenario.source or scenario.name
+        raise ScenarioError(source, f"workloads[{error.index}]", error.message) from None
+
+
 class _Run:
     """One run: the harness around the real scheduler (arrivals, process life, crashes, restarts).
 
@@ -321,6 +368,11 @@ class _Run:
             self.providers = list(providers)
             self.executions = executions
         self.arrivals: list[Arrival] = _arrivals(scenario, seed)
+        from aiqsim.sim.job_templates import job_specs
+
+        self.job_arrivals: list[JobArrival] = _job_arrivals(scenario, seed)
+        self.job_specs = job_specs(scenario)
+        self.rejected_jobs: list[dict[str, Any]] = []
         self.events: list[SchedulerEvent] = []
         self.gates: list[Any] = []
         """The overload gates of every scheduler incarnation (a restart starts with fresh state)."""
@@ -335,6 +387,7 @@ class _Run:
         self.torn_writes_recovered = 0
         self.changed = Signal(self.runtime)
         self.raw_store: TaskStore = self._open_store()
+        self._check_store_keeps_jobs()
         self.scheduler = self._new_scheduler()
 
     # -- process life ------------------------------------------------------------------------
@@ -375,6 +428,19 @@ class _Run:
                 self.scenario.source or self.scenario.name, "store.path", str(error)
             ) from None
 
+    def _check_store_keeps_jobs(self) -> None:
+        from aiqsim.stores.job_store import JobStore
+
+        if self.job_specs and not isinstance(self.raw_store, JobStore):
+            from aiqsim.sim.scenario import ScenarioError
+
+            raise ScenarioError(
+                self.scenario.source or self.scenario.name,
+                "store.kind",
+                f"the {self.scenario.store.kind} store keeps no jobs in this build; job workloads need a "
+                "store with a job table",
+            )
+
     def _new_scheduler(self) -> Scheduler:
         scenario = self.scenario
         store = CrashingStore(
@@ -402,6 +468,10 @@ class _Run:
             gates=gates,
             commit_window_s=scenario.store.commit_window_s,
         )
+        if self.job_specs:  # registered before recover(), so it can re-drive the stored jobs
+            from aiqsim.scheduler.jobs import Jobs
+
+            Jobs(scheduler, specs=self.job_specs.values())
         if self.on_new_scheduler is not None:
             self.on_new_scheduler(scheduler)
         return scheduler
@@ -450,9 +520,41 @@ class _Run:
         self.changed.notify()
 
     # -- workload ----------------------------------------------------------------------------
-    def _offer(self, arrival: Arrival) -> None:
+    def _offer_job(self, arrival: JobArrival) -> None:
+        """Submit one job through the scheduler's jobs API; a refusal at the door is a ``rejected`` row."""
+        if self.down:
+            self.backlog.append(arrival)
+            return
+        try:
+            self.scheduler.submit_job(
+                self.job_specs[arrival.job],
+                arrival.inputs,
+                priority=Priority.INTERACTIVE if arrival.priority == "interactive" else Priority.BACKGROUND,
+                job_id=arrival.job_id,
+            )
+        except QueueFullError as refusal:
+            self.rejected_jobs.append(
+                {
+                    "job_id": arrival.job_id,
+                    "name": arrival.job,
+                    "priority": arrival.priority,
+                    "status": "rejected",
+                    "arrived_at": arrival.time,
+                    "created_at": arrival.time,
+                    "error": describe_error(refusal),
+                }
+            )
+        except SimulatedCrash:
+            pass  # the record was written (or not) before the crash; recovery decides
+
+    def _offer(self, arrival: Arrival | JobArrival) -> None:
         """Submit one arrival; a refusal at the door (queue full, a cost the quota can never grant)
         is recorded as a ``rejected`` row, as a user would see an error."""
+        from aiqsim.sim.job_workloads import JobArrival
+
+        if isinstance(arrival, JobArrival):
+            self._offer_job(arrival)
+            return
         if self.down:
             self.backlog.append(arrival)
             return
@@ -484,7 +586,13 @@ class _Run:
 
     async def _notify_when_idle(self, scheduler: Scheduler) -> None:
         await scheduler.join()
+        if self.job_specs:
+            await scheduler.jobs.join()
         self.changed.notify()
+
+    def _busy(self) -> bool:
+        """Tasks or jobs not yet terminal in the live scheduler."""
+        return bool(self.scheduler.in_flight or (self.job_specs and self.scheduler.jobs.in_flight))
 
     async def _sample_quotas(self) -> None:
         """Sample every lane's quota each timeline step, so quiet stretches show in the timeline too."""
@@ -509,12 +617,14 @@ class _Run:
                 runtime.spawn(
                     self._crash_at(crash.at_s, crash.restart_after_s, crash.torn_write), name="crash"
                 )
-        for arrival in self.arrivals:
+        feed: list[Arrival | JobArrival] = [*self.arrivals, *self.job_arrivals]
+        feed.sort(key=lambda arrival: arrival.time)  # stable: calls before jobs at the same instant
+        for arrival in feed:
             delay = arrival.time - runtime.now()
             if delay > 0:
                 await runtime.sleep(delay)
             self._offer(arrival)
-        while self.down or self.scheduler.in_flight:
+        while self.down or self._busy():
             if not self.down:
                 runtime.spawn(self._notify_when_idle(self.scheduler), name="idle-watch")
             await self.changed.wait()
@@ -529,6 +639,7 @@ class _Run:
         if self.down and self.durable:
             self.raw_store = self._open_store()  # the run ended while the process was down
         records = self.raw_store.list_by_status()
+        job_records = self.raw_store.list_jobs() if self.job_specs else []  # type: ignore[attr-defined]
         errors = [
             f"{name}: {describe_error(err)}"
             for name, err in getattr(self.runtime, "task_errors", ())
@@ -549,5 +660,10 @@ class _Run:
             sim_time_s=sim_time,
             store_writes=self.write_counter[0],
             torn_writes_recovered=self.torn_writes_recovered,
-            arrival_times={a.task_id: a.time for a in self.arrivals},
+            arrival_times={
+                **{a.task_id: a.time for a in self.arrivals},
+                **{a.job_id: a.time for a in self.job_arrivals},
+            },
+            job_records=job_records,
+            rejected_jobs=self.rejected_jobs,
         )

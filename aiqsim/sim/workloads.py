@@ -389,6 +389,8 @@ def generate_arrivals(scenario: Scenario, rng: random.Random) -> list[Arrival]:
     seeds = [rng.getrandbits(64) for _ in scenario.workloads]
     merged: list[Arrival] = []
     for index, (workload, seed) in enumerate(zip(scenario.workloads, seeds, strict=True)):
+        if workload.job is not None:
+            continue  # job workloads submit jobs: aiqsim.sim.job_workloads.generate_job_arrivals
         merged.extend(workload_arrivals(index, workload, scenario, random.Random(seed)))
     merged.sort(key=lambda arrival: arrival.time)
     return merged
