@@ -239,6 +239,7 @@ class _Live:
     """The terminal write is staged and waits for its group commit; the task can no longer change."""
     lost: StoreWriteError | None = None
     """Set when the task's record was rolled back before its runner started: it must not run."""
+    retry: RetryPolicy | None = None  # this task's own policy (a job stage's), else the scheduler's
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +249,6 @@ class _Unpersisted:
 
     what: str
     outcome: TaskRecord | None
-    retry: RetryPolicy | None = None  # this task's own policy (a job stage's), else the scheduler's
 
 
 @dataclass(eq=False)
