@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="let live clients correct buckets from x-ratelimit-*",
     )
     _add_serve_parser(commands)
+    _add_schema_parser(commands)
     return parser
 
 
@@ -441,6 +442,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 COMMANDS["serve"] = cmd_serve
+
+
+def _add_schema_parser(commands: Any) -> None:
+    commands.add_parser(
+        "schema",
+        help="print the JSON Schema of scenario files (for editors: aiqsim schema > scenario.schema.json)",
+        description="Print the JSON Schema of scenario files, generated from the loader's own rules. Name it "
+        "in a scenario's first line (#:schema ./scenario.schema.json) and taplo / Even Better TOML, "
+        "VS Code or PyCharm complete keys and flag mistakes while you type.",
+    )
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """``aiqsim schema``: the schema on stdout (what ``scenarios/scenario.schema.json`` holds)."""
+    from aiqsim.sim.scenario_schema import scenario_schema_text
+
+    sys.stdout.write(scenario_schema_text())
+    return 0
+
+
+COMMANDS["schema"] = cmd_schema
 
 
 def main(argv: Sequence[str] | None = None) -> int:
