@@ -1,0 +1,48 @@
+"""Executing the shipped notebooks headless, the way the test suite and the documentation build do.
+
+Each notebook in ``notebooks/`` has one cell tagged ``parameters``; :func:`run_notebook` inserts a
+cell after it (``FAST = True`` by default, which shrinks the sweeps to CI size while every code path
+still runs) and executes the notebook on a fresh kernel in its own folder. The suite checks the
+result (tests/test_notebooks.py) and the documentation site renders it (docs/hooks.py), so the
+charts on the site are the ones a test has just produced.
+
+Needs ``nbclient`` (installed by the ``test`` and ``docs`` extras); imported only when used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aiqsim.core.errors import ConfigurationError
+
+__all__ = ["FAST_PARAMETERS", "NotebookParametersError", "run_notebook"]
+
+FAST_PARAMETERS = "FAST = True"
+"""The cell the suite and the docs build insert after a notebook's ``parameters`` cell."""
+
+
+class NotebookParametersError(ConfigurationError):
+    """A notebook without the cell tagged ``parameters`` that a headless run needs to shrink it."""
+
+
+def run_notebook(path: str | Path, *, parameters: str = FAST_PARAMETERS, timeout_s: int = 600) -> Any:
+    """Execute the notebook at ``path`` with ``parameters`` injected; return the executed notebook.
+
+    Raises :class:`NotebookParametersError` if no cell is tagged ``parameters``, and nbclient's
+    ``CellExecutionError`` (with the failing cell and its traceback) if a cell raises.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    book = nbformat.read(path, as_version=4)
+    tagged = [i for i, cell in enumerate(book.cells) if "parameters" in cell.metadata.get("tags", [])]
+    if not tagged:
+        raise NotebookParametersError(f"{path.name} has no cell tagged 'parameters'")
+    book.cells.insert(tagged[0] + 1, nbformat.v4.new_code_cell(parameters))
+    client = NotebookClient(
+        book, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
+    client.execute()
+    return book
