@@ -16,20 +16,17 @@ from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
 
-__all__ = ["FAST_PARAMETERS", "NotebookParametersError", "run_notebook"]
+__all__ = ["FAST_PARAMETERS", "run_notebook"]
 
 FAST_PARAMETERS = "FAST = True"
 """The cell the suite and the docs build insert after a notebook's ``parameters`` cell."""
 
 
-class NotebookParametersError(ConfigurationError):
-    """A notebook without the cell tagged ``parameters`` that a headless run needs to shrink it."""
-
-
 def run_notebook(path: str | Path, *, parameters: str = FAST_PARAMETERS, timeout_s: int = 600) -> Any:
     """Execute the notebook at ``path`` with ``parameters`` injected; return the executed notebook.
 
-    Raises :class:`NotebookParametersError` if no cell is tagged ``parameters``, and nbclient's
+    Raises :class:`~aiqsim.core.errors.ConfigurationError` if no cell is tagged ``parameters`` (a
+    headless run needs it to shrink the notebook), and nbclient's
     ``CellExecutionError`` (with the failing cell and its traceback) if a cell raises.
     """
     import nbformat
@@ -39,7 +36,7 @@ def run_notebook(path: str | Path, *, parameters: str = FAST_PARAMETERS, timeout
     book = nbformat.read(path, as_version=4)
     tagged = [i for i, cell in enumerate(book.cells) if "parameters" in cell.metadata.get("tags", [])]
     if not tagged:
-        raise NotebookParametersError(f"{path.name} has no cell tagged 'parameters'")
+        raise ConfigurationError(f"{path.name} has no cell tagged 'parameters'")
     book.cells.insert(tagged[0] + 1, nbformat.v4.new_code_cell(parameters))
     client = NotebookClient(
         book, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
