@@ -11,6 +11,7 @@ Needs ``nbclient`` (installed by the ``test`` and ``docs`` extras); imported onl
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ def run_notebook(path: str | Path, *, parameters: str = FAST_PARAMETERS, timeout
     ``CellExecutionError`` (with the failing cell and its traceback) if a cell raises.
     """
     import nbformat
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     path = Path(path)
@@ -38,8 +40,17 @@ def run_notebook(path: str | Path, *, parameters: str = FAST_PARAMETERS, timeout
     if not tagged:
         raise ConfigurationError(f"{path.name} has no cell tagged 'parameters'")
     book.cells.insert(tagged[0] + 1, nbformat.v4.new_code_cell(parameters))
-    client = NotebookClient(
-        book, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-    )
-    client.execute()
+    # The kernel talks over Unix sockets in a folder of its own, not TCP on 127.0.0.1: a TCP port is picked
+    # free and bound later, so on a machine where many kernels start at once two can pick the same one and a
+    # client then waits forever for replies that went to another kernel.
+    with tempfile.TemporaryDirectory(prefix="aiqsim-kernel-") as sockets:
+        manager = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
+        client = NotebookClient(
+            book,
+            km=manager,
+            timeout=timeout_s,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+        )
+        client.execute()
     return book
