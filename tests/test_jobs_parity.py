@@ -157,6 +157,8 @@ def test_asyncio_run_matches_simpy_statuses_attempts_calls_and_times() -> None:
     assert live_calls == sim_calls
     for job_id, sim in sim_jobs.items():
         # Timers never fire early: tight below; above, late wake-ups add up along a chain on a loaded
-        # machine (the same bound as tests/test_scheduler_parity.py, whose measured worst is 0.055).
+        # machine. Measured worst lag over 6 runs at load average 7-8 on 2 cores: 0.137 scheduler-seconds
+        # (34 ms of wall time); a stage that lost its slot would be >= 0.7 late and fail the exact
+        # SimPy test above, which pins every completion time.
         lag = live_jobs[job_id].finished_at - origin - sim.finished_at
         assert -0.01 <= lag <= 1.0, (job_id, lag)
