@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     from aiqsim.lab.lab_commands import add_lab_parsers
 
     add_lab_parsers(commands)  # calibrate, tune
+
+    _add_schema_parser(commands)
     return parser
 
 
@@ -460,6 +462,27 @@ def _lab_command(name: str) -> Any:
 
 
 COMMANDS.update({name: _lab_command(name) for name in ("calibrate", "tune")})
+
+
+def _add_schema_parser(commands: Any) -> None:
+    commands.add_parser(
+        "schema",
+        help="print the JSON Schema of scenario files (for editors: aiqsim schema > scenario.schema.json)",
+        description="Print the JSON Schema of scenario files, generated from the loader's own rules. Name it "
+        "in a scenario's first line (#:schema ./scenario.schema.json) and taplo / Even Better TOML, "
+        "VS Code or PyCharm complete keys and flag mistakes while you type.",
+    )
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """``aiqsim schema``: the schema on stdout (what ``scenarios/scenario.schema.json`` holds)."""
+    from aiqsim.sim.scenario_schema import scenario_schema_text
+
+    sys.stdout.write(scenario_schema_text())
+    return 0
+
+
+COMMANDS["schema"] = cmd_schema
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+from executed_notebooks import executed
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CI_PARAMETERS = "FAST = True"
@@ -18,15 +18,8 @@ EXECUTED_ELSEWHERE = {"backoff_jitter_study"}  # tests/test_validation.py runs i
 
 
 def run_notebook(path: Path, timeout: int = 600) -> nbformat.NotebookNode:
-    book = nbformat.read(path, as_version=4)
-    tagged = [i for i, cell in enumerate(book.cells) if "parameters" in cell.metadata.get("tags", [])]
-    assert tagged, f"{path.name} has no cell tagged 'parameters'"
-    book.cells.insert(tagged[0] + 1, nbformat.v4.new_code_cell(CI_PARAMETERS))
-    client = NotebookClient(
-        book, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-    )
-    client.execute()
-    return book
+    """The notebook executed with ``FAST = True``, once per session (tests/executed_notebooks.py)."""
+    return executed(path)
 
 
 @pytest.mark.notebook

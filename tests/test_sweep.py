@@ -59,3 +59,28 @@ def test_progress_is_shown_on_the_terminal(capsys: pytest.CaptureFixture[str]) -
     sweep(SCENARIO, {"retry.base_s": [0.5]}, seeds=[0, 1], engine="serial", progress=True)
     err = capsys.readouterr().err
     assert "2/2" in err and "sweep retry_storm_429" in err
+
+
+def test_progress_counts_the_failed_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SweepError):
+        sweep(SCENARIO, {"retry.base_s": [-1.0]}, seeds=[0, 1], engine="serial", progress=True)
+    err = capsys.readouterr().err
+    assert "2/2" in err and "failed=2" in err
+
+
+def test_no_progress_output_when_switched_off(capsys: pytest.CaptureFixture[str]) -> None:
+    sweep(SCENARIO, {"retry.base_s": [0.5]}, seeds=[0], engine="serial", progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_sweep_does_not_import_the_lab() -> None:
+    """rooms.md: sim/ sits below lab/; the progress bar is tqdm's, not a lab module's."""
+    import ast
+    import importlib
+
+    module = importlib.import_module("aiqsim.sim.sweep")  # aiqsim.sim.sweep is also the function
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import)]
+    imported |= {alias.name for node in imports for alias in node.names}
+    assert not any(name and name.startswith("aiqsim.lab") for name in imported)

@@ -16,12 +16,31 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from aiqsim.core.errors import AiqsimError, ConfigurationError
-from aiqsim.lab.progress import Progress
 from aiqsim.sim.config import Scenario
 
 ENGINES = ("local", "dask", "serial")
+
+
+class _Progress:
+    """The sweep's progress: ``tqdm.auto`` (a widget in Jupyter, a bar on stderr elsewhere) that also
+    shows how many runs failed so far; silent when not ``enabled``."""
+
+    def __init__(self, total: int, *, label: str, enabled: bool) -> None:
+        self.failed = 0
+        self._bar = tqdm(total=total, desc=label, unit="run", disable=not enabled or total == 0)
+
+    def advance(self, *, failed: bool = False) -> None:
+        """Record one finished run (``failed`` ones are counted and shown as ``failed=N``)."""
+        if failed:
+            self.failed += 1
+            self._bar.set_postfix(failed=self.failed, refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +158,7 @@ def sweep(
     jobs = [(index, point, int(seed)) for index, point in enumerate(points) for seed in seeds]
     if not jobs:
         raise ValueError("nothing to run: no seeds given")
-    bar = Progress(len(jobs), label=f"sweep {scenario.name}", enabled=progress)
+    bar = _Progress(len(jobs), label=f"sweep {scenario.name}", enabled=progress)
     outcomes: dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]] = {}
     if engine == "serial":
         for index, point, seed in jobs:
@@ -156,6 +175,7 @@ def sweep(
                 bar.advance(failed=outcomes[futures[future]][1] is not None)
     else:
         outcomes = _run_on_dask(scenario, jobs, address=address, workers=workers, bar=bar)
+    bar.close()
     rows, failures = [], []
     for index, point, seed in jobs:
         row, error = outcomes[(index, seed)]
@@ -175,7 +195,7 @@ def _run_on_dask(
     *,
     address: str | None,
     workers: int | None,
-    bar: Progress,
+    bar: _Progress,
 ) -> dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]]:
     try:
         from dask.distributed import Client, LocalCluster

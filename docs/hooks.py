@@ -1,0 +1,251 @@
+"""MkDocs hooks: the parts of the site that are generated from the code at build time, so they cannot drift.
+
+A page asks for a generated block with a marker line ``<!-- aiqsim:NAME -->``:
+
+* ``transitions``    the task (and job) transition table, from ``aiqsim.core.states.TRANSITIONS``
+* ``cli``            every command and option, from ``aiqsim.cli.build_parser()``
+* ``scenario-keys``  every scenario key with its type, bounds and default, from the JSON Schema
+                     (``aiqsim.sim.scenario_schema``, itself generated from the loader's spec tables)
+* ``schema-rules``   the rules only the loader checks (``RULES_NOT_IN_SCHEMA``)
+* ``errors``         the exception tree, walked from the classes ``aiqsim.errors`` exports
+* ``measured``       the README's measured table; ``results``: ``benchmarks/RESULTS.md``
+
+An unknown marker fails the build. Notebooks: before the build, every ``notebooks/*.ipynb`` is
+executed headless with ``FAST = True`` (``aiqsim.lab.notebook_runs``) into ``docs/notebooks/``
+(git-ignored; the ``notebooks`` folder of ``docs_dir``), which mkdocs-jupyter renders without
+executing again. When the environment names a folder of copies already executed
+(``AIQSIM_DOCS_NOTEBOOKS``, as tests/test_docs.py does with the ones the notebook tests ran),
+those are used instead. A notebook that fails to execute fails the build. Executed copies are kept
+by the hash of their source, so ``mkdocs serve`` does not re-execute unchanged notebooks on every
+rebuild. ``AIQSIM_DOCS_REPO`` names the repository when docs/ is built from a copy elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(os.environ.get("AIQSIM_DOCS_REPO") or Path(__file__).resolve().parent.parent)
+"""The repository (README, benchmarks, notebooks); tests/test_docs.py builds a copy of docs/ elsewhere."""
+NOTEBOOKS = ROOT / "notebooks"
+MARKER = re.compile(r"^<!-- aiqsim:([a-z-]+) -->$", re.M)
+EXECUTED_ENV = "AIQSIM_DOCS_NOTEBOOKS"
+
+
+# --------------------------------------------------------------------------- mkdocs events
+
+
+def on_pre_build(config: Any) -> None:
+    """Put an executed copy of every notebook in docs/notebooks/ (see the module docs)."""
+    rendered = Path(config["docs_dir"]) / "notebooks"
+    rendered.mkdir(exist_ok=True)
+    given = os.environ.get(EXECUTED_ENV)
+    for source in sorted(NOTEBOOKS.glob("*.ipynb")):
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+        target = rendered / source.name
+        stamp = rendered / f".{source.stem}.sha256"
+        if given:
+            copy = Path(given) / source.name
+            if not copy.is_file():
+                raise FileNotFoundError(f"{EXECUTED_ENV}={given} has no executed copy of {source.name}")
+            _write_if_changed(target, copy.read_text(encoding="utf-8"))
+            stamp.unlink(missing_ok=True)  # not our execution: a later plain build executes its own
+            continue
+        if not (target.is_file() and stamp.is_file() and stamp.read_text() == digest):
+            import nbformat
+
+            from aiqsim.lab.notebook_runs import run_notebook
+
+            _write_if_changed(target, nbformat.writes(run_notebook(source)))
+        _write_if_changed(stamp, digest)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Replace each ``<!-- aiqsim:NAME -->`` line with the block generated for NAME."""
+
+    def generate(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in GENERATORS:
+            raise KeyError(
+                f"{page.file.src_uri}: unknown marker aiqsim:{name}; known: {', '.join(GENERATORS)}"
+            )
+        return GENERATORS[name]()
+
+    return MARKER.sub(generate, markdown)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Write only on change: ``mkdocs serve`` watches docs/ and would rebuild forever otherwise."""
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- generated blocks
+
+
+def transitions() -> str:
+    """The transition table as a matrix: a row per current status, a column per next status."""
+    from aiqsim.core.states import TRANSITIONS
+    from aiqsim.core.task import TaskStatus
+
+    statuses = list(TaskStatus)
+    lines = [
+        "| from \\ to | " + " | ".join(f"`{s.value}`" for s in statuses) + " | terminal |",
+        "|---" * (len(statuses) + 2) + "|",
+    ]
+    for current in statuses:
+        cells = ["✓" if nxt in TRANSITIONS[current] else "" for nxt in statuses]
+        terminal = "yes" if current.is_terminal else ""
+        lines.append(f"| `{current.value}` | " + " | ".join(cells) + f" | {terminal} |")
+    from aiqsim.core.job import JOB_TRANSITIONS
+
+    if JOB_TRANSITIONS is TRANSITIONS:  # said only while it is true
+        lines.append(
+            "\nJobs move by this very table: `aiqsim.core.job.JOB_TRANSITIONS` is the same object as "
+            "`aiqsim.core.states.TRANSITIONS`."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def cli() -> str:
+    """One section per command: its help, usage and every option, from the argparse parser."""
+    from aiqsim.cli import build_parser
+
+    parser = build_parser()
+    sections = [f"```text\n{parser.format_usage().strip()}\n```\n", parser.description or ""]
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {choice.dest: choice.help for choice in commands._choices_actions}
+    for name, sub in commands.choices.items():
+        sections.append(f"\n## `aiqsim {name}`\n\n{helps.get(name, '')}\n")
+        if sub.description:
+            sections.append(f"{sub.description}\n")
+        sections.append(f"```text\n{sub.format_usage().strip()}\n```\n")
+        rows = ["| argument | default | meaning |", "|---|---|---|"]
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            flag = ", ".join(action.option_strings) or action.dest
+            if action.choices:
+                flag += " {" + ",".join(map(str, action.choices)) + "}"
+            default = "" if action.default in (None, [], False, argparse.SUPPRESS) else f"`{action.default}`"
+            meaning = _cell(action.help or "")
+            rows.append(f"| `{flag}` | {default} | {meaning} |")
+        sections.append("\n".join(rows) + "\n")
+    return "\n".join(sections)
+
+
+def scenario_keys() -> str:
+    """A table per scenario table, walked from the JSON Schema: key, expectation, default."""
+    from aiqsim.sim.scenario_schema import scenario_json_schema
+
+    schema = scenario_json_schema()
+    out: list[str] = []
+
+    def table(node: dict[str, Any], dotted: str, heading: str) -> None:
+        required = set(node.get("required", ()))
+        rows = ["| key | expected | default |", "|---|---|---|"]
+        nested: list[tuple[dict[str, Any], str, str]] = []
+        for key, child in node["properties"].items():
+            path = f"{dotted}.{key}" if dotted else key
+            items, values = child.get("items"), child.get("additionalProperties")
+            if child.get("type") == "object" and "properties" in child:
+                nested.append((child, path, f"[{path}]"))
+                expected = f"a table: see `[{path}]`"
+            elif child.get("type") == "array" and isinstance(items, dict) and "properties" in items:
+                nested.append((items, path, f"[[{path}]]"))
+                expected = f"{child['description']}: see `[[{path}]]`"
+            elif isinstance(values, dict) and "properties" in values:
+                nested.append((values, f"{path}.NAME", f"[{path}.NAME]"))
+                expected = f"{child['description']}"
+            else:
+                expected = child.get("description", "").removeprefix("expected ")
+            default = "required" if key in required else _default(child)
+            rows.append(f"| `{key}` | {_cell(expected)} | {default} |")
+        if heading:
+            out.append(f"\n## `{heading}`\n\n{node.get('title', '')}\n")
+        out.append("\n".join(rows) + "\n")
+        for child, path, name in nested:
+            table(child, path, name)
+
+    table(schema, "", "")
+    return "\n".join(out)
+
+
+def schema_rules() -> str:
+    from aiqsim.sim.scenario_schema import RULES_NOT_IN_SCHEMA
+
+    return "\n".join(f"- {rule}" for rule in RULES_NOT_IN_SCHEMA) + "\n"
+
+
+def errors() -> str:
+    """The exception tree of everything ``aiqsim.errors`` exports, with builtin bases and summaries."""
+    import aiqsim.errors as module
+
+    classes = [getattr(module, name) for name in module.__all__]
+    classes = [c for c in classes if isinstance(c, type) and issubclass(c, BaseException)]
+    ours = set(classes)
+
+    def parent(cls: type) -> type | None:
+        return next((base for base in cls.__mro__[1:] if base in ours), None)
+
+    lines: list[str] = []
+
+    def walk(node: type | None, depth: int) -> None:
+        for cls in sorted((c for c in classes if parent(c) is node), key=lambda c: c.__name__):
+            builtins = [
+                b.__name__
+                for b in cls.__mro__[1:]
+                if b.__module__ == "builtins" and b not in (Exception, BaseException, object)
+            ]
+            extra = f" ({', '.join(dict.fromkeys(builtins))})" if builtins else ""
+            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            lines.append(f"{'    ' * depth}- `{cls.__name__}`{extra}: {_cell(doc)}")
+            walk(cls, depth + 1)
+
+    walk(None, 0)
+    return "\n".join(lines) + "\n"
+
+
+def measured() -> str:
+    """The README's measured table (the section that starts with ``## Measured``)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"^## (Measured.*?)$\n(.*?)(?=^## )", readme, re.S | re.M)
+    if match is None:
+        raise ValueError("README.md has no '## Measured' section")
+    return f"### {match.group(1)}\n{match.group(2)}"
+
+
+def results() -> str:
+    """benchmarks/RESULTS.md, its headings moved two levels down to sit under this page's."""
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    text = re.sub(r"^(#+) ", lambda m: "#" * min(len(m.group(1)) + 2, 6) + " ", text, flags=re.M)
+    return text.split("\n", 1)[1] if text.startswith("###") else text
+
+
+GENERATORS = {
+    "transitions": transitions,
+    "cli": cli,
+    "scenario-keys": scenario_keys,
+    "schema-rules": schema_rules,
+    "errors": errors,
+    "measured": measured,
+    "results": results,
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _default(node: dict[str, Any]) -> str:
+    if "default" not in node:
+        return ""
+    return f"`{json.dumps(node['default'], ensure_ascii=False)}`"
