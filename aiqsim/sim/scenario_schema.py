@@ -37,6 +37,7 @@ from aiqsim.sim.scenario import (
     _Optional,
     _Table,
     _Text,
+    _Weights,
 )
 
 __all__ = ["RULES_NOT_IN_SCHEMA", "SCHEMA_DIRECTIVE", "scenario_json_schema", "scenario_schema_text"]
@@ -138,6 +139,8 @@ def _check(spec: Any) -> dict[str, Any]:
             "items": {"type": "string", "pattern": _anchored(_NAME.pattern)},
             "uniqueItems": True,
         }
+    if isinstance(spec, _Weights):
+        return {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0}}
     raise TypeError(f"no JSON Schema for the spec {spec!r}")  # a new kind of check: teach it here
 
 
