@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.core.token_bucket import QuotaLimits
+from aiqsim.runtime.gc_tuning import relaxed_gc
 from aiqsim.runtime.protocol import Runtime
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.scheduler.dispatch import FifoPolicy
@@ -283,7 +284,8 @@ def simulate_replication(
         await scheduler.join()
         await scheduler.close()
 
-    runtime.run(feed_and_drain())
+    with relaxed_gc():  # as simulate() does: the cycle collector would rescan every live record
+        runtime.run(feed_and_drain())
     records: list[TaskRecord] = []
     for submission in submissions:
         record = store.get(submission.id)
