@@ -13,7 +13,8 @@ Models:
   model of this queue can do.
 - ``coroutines``: the same model as ``async def`` coroutines on :class:`aiqsim.SimPyRuntime`, with a
   portable queue of 8 tokens as the servers (what the runtime driver alone costs).
-- ``ciw``: Ciw (``pip install ciw``; in the ``bench`` extra), a well-known Python queueing simulator.
+- ``ciw``: Ciw, a well-known Python queueing simulator (the ``peers`` extra; install it in a venv of
+  its own: ciw 3.2.7 ships a top-level ``tests`` package that shadows this repository's tests).
 - ``aiqsim``: the production :class:`aiqsim.Scheduler` in the :func:`aiqsim.validation.mmc.mmc_check`
   configuration (memory store, FIFO, ``QuotaLimits(concurrency=8)``, one attempt, no attempt timeout).
 - ``aiqsim+timeout``: the same with the default 60 s attempt timeout on every call.
