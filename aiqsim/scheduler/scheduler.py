@@ -499,7 +499,8 @@ class Scheduler:
         lane = self._lanes.get(lane_name)
         if lane is None:
             raise ValueError(f"no provider named {lane_name!r}; known: {sorted(self._lanes)}")
-        priority = Priority(priority)
+        if type(priority) is not Priority:
+            priority = Priority(priority)
         if cost_estimate is None:
             estimate = getattr(lane.provider, "estimate_cost", None)
             cost_estimate = float(estimate(kind, payload)) if callable(estimate) else 0.0
