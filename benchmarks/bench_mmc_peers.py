@@ -23,6 +23,9 @@ Each model's mean wait (customers after the first 10%) is checked against Erlang
 t-interval over the seeds. Prints one markdown table: min / median µs of CPU per customer, the ratios
 of the medians to SimPy's and to Ciw's from this same run, and the load average before and after.
 
+``--baseline REF`` adds aiqsim from an earlier commit (exported with ``git archive``, imported through
+``PYTHONPATH``) in the ``mmc_check`` configuration, in the same rounds.
+
 Run: ``python benchmarks/bench_mmc_peers.py`` (a few minutes) or ``--customers 20000`` for a quick look.
 """
 
@@ -33,9 +36,11 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ARRIVAL_RATE = 7.0
@@ -128,14 +133,9 @@ def run_ciw(customers: int, seed: int) -> list[float]:
 def run_aiqsim(customers: int, seed: int, *, timeout: bool) -> list[float]:
     from aiqsim.validation.mmc import simulate_replication
 
-    replication = simulate_replication(
-        ARRIVAL_RATE,
-        SERVICE_RATE,
-        SERVERS,
-        customers,
-        seed,
-        attempt_timeout_s=60.0 if timeout else None,
-    )
+    # no keyword without the timeout: a --baseline tree's simulate_replication may not have it
+    extra = {"attempt_timeout_s": 60.0} if timeout else {}
+    replication = simulate_replication(ARRIVAL_RATE, SERVICE_RATE, SERVERS, customers, seed, **extra)
     return [r.started_at - r.created_at for r in replication.records]  # type: ignore[operator]
 
 
@@ -147,6 +147,7 @@ def worker(model: str, seed: int, customers: int) -> None:
         "ciw": run_ciw,
         "aiqsim": lambda n, s: run_aiqsim(n, s, timeout=False),
         "aiqsim+timeout": lambda n, s: run_aiqsim(n, s, timeout=True),
+        "aiqsim@baseline": lambda n, s: run_aiqsim(n, s, timeout=False),
     }[model]
     started = time.process_time()
     waits = runner(customers, seed)
@@ -164,12 +165,18 @@ def erlang_c_wait() -> float:
     return expected_wait_in_queue(ARRIVAL_RATE, SERVICE_RATE, SERVERS)
 
 
-def run_worker(model: str, seed: int, customers: int) -> dict[str, float]:
+def run_worker(model: str, seed: int, customers: int, baseline: str | None = None) -> dict[str, float]:
+    env = dict(os.environ)
+    if model == "aiqsim@baseline":  # the baseline tree's aiqsim shadows the installed one
+        assert baseline is not None
+        env["PYTHONPATH"] = baseline
     done = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--worker", model, str(seed), str(customers)],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
+        cwd=tempfile.gettempdir(),
     )
     if done.returncode != 0:
         raise RuntimeError(f"{model} seed {seed} failed:\n{done.stderr}")
@@ -181,12 +188,27 @@ def main() -> None:
     parser.add_argument("--customers", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5, help="seeds 0..rounds-1 (>= 2 for a CI)")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also run aiqsim (mmc_check configuration) from this commit, exported with git archive",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SEED", "CUSTOMERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker[0], int(args.worker[1]), int(args.worker[2]))
         return
     models = [m for m in args.models.split(",") if m]
+    baseline_dir = None
+    if args.baseline:
+        baseline_dir = tempfile.mkdtemp(prefix="aiqsim-mmc-baseline-")
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        archive = subprocess.run(
+            ["git", "-C", repo, "archive", args.baseline], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", baseline_dir], input=archive.stdout, check=True)
+        models.append("aiqsim@baseline")
+        LABELS["aiqsim@baseline"] = f"aiqsim at {args.baseline}, `mmc_check` configuration"
     from aiqsim.validation.mmc import t_quantile_975
 
     expected = erlang_c_wait()
@@ -194,9 +216,11 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {m: [] for m in models}
     for seed in range(args.rounds):  # rounds interleave the models, so load drifts hit all of them
         for model in models:
-            results[model].append(run_worker(model, seed, args.customers))
+            results[model].append(run_worker(model, seed, args.customers, baseline_dir))
             print(f"  {model} seed {seed}: {results[model][-1]}", file=sys.stderr)
     load_after = os.getloadavg()
+    if baseline_dir is not None:
+        shutil.rmtree(baseline_dir, ignore_errors=True)
     median_us = {m: statistics.median(r["cpu_s"] for r in results[m]) / args.customers * 1e6 for m in models}
     print(
         f"M/M/{SERVERS}, lambda={ARRIVAL_RATE:g}, mu={SERVICE_RATE:g}, {args.customers:,} customers, seeds "
