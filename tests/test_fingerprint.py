@@ -253,3 +253,66 @@ def test_strings_with_no_utf8_form_raise_fingerprint_error(payload: dict[str, An
 
 def test_fingerprint_error_is_a_type_error() -> None:
     assert issubclass(FingerprintError, TypeError)
+
+
+# Everything the slow path accepts or refuses: tuples, bytes, integral and non-finite floats, lone
+# surrogates, int/str/dict subclasses, non-str keys; the fast path must agree byte for byte.
+class _Str(str):
+    pass
+
+
+class _Dict(dict):  # type: ignore[type-arg]
+    pass
+
+
+awkward_scalars = (
+    scalars
+    | st.floats()  # nan, inf, -0.0, integral floats
+    | st.binary(max_size=8)
+    | st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), max_size=2)
+    | st.text(max_size=4).map(_Str)
+    | st.integers().map(lambda n: n == 0)  # bools made from ints
+)
+awkward_values = st.recursive(
+    awkward_scalars,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=8) | st.integers(), children, max_size=4)
+        | st.dictionaries(st.text(max_size=4), children, max_size=3).map(_Dict)
+    ),
+    max_leaves=20,
+)
+
+
+def _slow_key(kind: str, payload: Any, params: Any, version: str) -> str:
+    document = {"kind": kind, "version": version, "params": dict(params or {}), "input": payload}
+    return hashlib.sha256(canonical_json(document).encode("utf-8")).hexdigest()
+
+
+@given(
+    kind=st.text(max_size=6),
+    payload=awkward_values,
+    params=st.none() | st.dictionaries(st.text(max_size=6), awkward_values, max_size=3),
+    version=st.text(max_size=4),
+)
+def test_fast_path_gives_the_slow_paths_key_or_error(
+    kind: str, payload: Any, params: Any, version: str
+) -> None:
+    try:
+        expected: Any = _slow_key(kind, payload, params, version)
+    except FingerprintError as error:
+        expected = (FingerprintError, str(error))
+    try:
+        got: Any = fingerprint(kind, payload, params=params, version=version)
+    except FingerprintError as error:
+        got = (FingerprintError, str(error))
+    assert got == expected
+
+
+def test_fast_path_is_taken_for_flat_payloads_and_not_for_ones_needing_conversion() -> None:
+    from aiqsim.core.fingerprint import _already_canonical
+
+    assert _already_canonical({"input": "naïve ☕", "prompt_units": 12, "output_units": 3, "p": 0.5})
+    for needs_work in ({"a": 1.0}, {"a": (1,)}, {"a": b"x"}, {"a": "\ud800"}, {1: "x"}, {"a": math.nan}):
+        assert not _already_canonical(needs_work)

@@ -60,16 +60,62 @@ def _canonical(value: Any, path: str) -> Any:
     )
 
 
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+"""``json.dumps`` with the canonical options, built once (``json.dumps`` builds an encoder per call
+whenever an option differs from its defaults)."""
+
+
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of ``value`` (sorted keys, compact, UTF-8, integral floats as ints)."""
-    return json.dumps(
-        _canonical(value, "$"), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _ENCODE(_canonical(value, "$"))
+
+
+def _valid_text(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (no lone surrogate); ASCII is answered without encoding."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _already_canonical(value: Any) -> bool:
+    """Whether ``value`` is its own canonical form, so that the canonical encoder can take it as is.
+
+    True only for exact builtin types whose JSON text :func:`_canonical` would not change: ``None``,
+    ``bool``, ``int``, valid text, finite non-integral ``float``, and ``dict`` (str keys) / ``list``
+    of such. Anything else (a tuple, bytes, an integral or non-finite float, a subclass, a lone
+    surrogate) answers False and takes the slow path, which converts it or raises
+    :class:`FingerprintError` with the path of the offending value. Either way the key is the same.
+    """
+    kind = type(value)
+    if kind is str:
+        return _valid_text(value)
+    if kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value) and not value.is_integer()
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not _valid_text(key) or not _already_canonical(item):
+                return False
+        return True
+    if kind is list:
+        return all(_already_canonical(item) for item in value)
+    return False
 
 
 def fingerprint(
     kind: str, payload: Any, *, params: Mapping[str, Any] | None = None, version: str = ""
 ) -> str:
-    """The idempotency key for calling ``kind`` (at engine/model ``version``) on ``payload``."""
+    """The idempotency key for calling ``kind`` (at engine/model ``version``) on ``payload``.
+
+    Fast path: a document that is already canonical (the usual flat JSON-like payload) is
+    encoded directly, skipping the copy :func:`canonical_json` makes; the text, hence the key, is
+    byte-identical (``tests/test_fingerprint.py`` checks it against the slow path with hypothesis).
+    """
     document = {"kind": kind, "version": version, "params": dict(params or {}), "input": payload}
-    return hashlib.sha256(canonical_json(document).encode("utf-8")).hexdigest()
+    text = _ENCODE(document) if _already_canonical(document) else canonical_json(document)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from aiqsim.core.errors import SchedulingError
-from aiqsim.core.task import TaskRecord, TaskStatus, copy_record
+from aiqsim.core.task import _TERMINAL, TaskRecord, TaskStatus, copy_record
 
 _S = TaskStatus
 
@@ -64,7 +64,7 @@ def transition(task: TaskRecord, next_status: TaskStatus, now: float, **changes:
     fields.setdefault("updated_at", now)
     if next_status is TaskStatus.RUNNING and task.started_at is None:
         fields.setdefault("started_at", now)
-    if next_status.is_terminal:
+    if next_status in _TERMINAL:  # is_terminal without the enum property lookup (hot path)
         fields.setdefault("finished_at", now)
     elif next_status is TaskStatus.QUEUED:
         fields.setdefault("finished_at", None)

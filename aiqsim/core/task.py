@@ -143,15 +143,13 @@ def _compile_copier() -> Any:
     plain attribute reads instead of a ``getattr`` loop (this runs on every status change)."""
     lines = ["def copy(task, changes):", "    new = new_record(TaskRecord)"]
     for name in _FIELD_NAMES:
-        lines.append(
-            f"    set_field(new, {name!r}, changes[{name!r}] if {name!r} in changes else task.{name})"
-        )
+        lines.append(f"    set_{name}(new, changes[{name!r}] if {name!r} in changes else task.{name})")
     lines.append("    return new")
-    namespace: dict[str, Any] = {
-        "new_record": object.__new__,
-        "set_field": object.__setattr__,
-        "TaskRecord": TaskRecord,
-    }
+    namespace: dict[str, Any] = {"new_record": object.__new__, "TaskRecord": TaskRecord}
+    for name in _FIELD_NAMES:
+        # The slot's own setter: object.__setattr__ would look the name up in the class each time
+        # (and frozen=True forbids plain assignment; the slot descriptor is what it ends up calling).
+        namespace[f"set_{name}"] = TaskRecord.__dict__[name].__set__
     exec("\n".join(lines), namespace)  # the source is built from our own field names only
     return namespace["copy"]
 

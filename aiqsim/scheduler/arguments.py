@@ -27,6 +27,9 @@ class SchedulerArgumentError(ConfigurationError):
 
 def checked_cost_estimate(value: Any) -> float:
     """``cost_estimate`` as a float: a finite real number >= 0 (tokens, characters...)."""
+    kind = type(value)
+    if (kind is float or kind is int) and 0 <= value < math.inf:  # the usual case, without the ABC check
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SchedulerArgumentError(
             f"cost_estimate: expected a finite number >= 0 (the call's expected token count), got {value!r}"

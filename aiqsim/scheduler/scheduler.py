@@ -71,7 +71,7 @@ from aiqsim.scheduler.retry import (
     split_gates,
     tell_gate,
 )
-from aiqsim.scheduler.store_writes import describe_change, persist
+from aiqsim.scheduler.store_writes import describe_change, persist, persist_change
 from aiqsim.stores.base import StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
@@ -502,7 +502,8 @@ class Scheduler:
         lane = self._lanes.get(lane_name)
         if lane is None:
             raise ValueError(f"no provider named {lane_name!r}; known: {sorted(self._lanes)}")
-        priority = Priority(priority)
+        if type(priority) is not Priority:
+            priority = Priority(priority)
         if cost_estimate is None:
             estimate = getattr(lane.provider, "estimate_cost", None)
             cost_estimate = float(estimate(kind, payload)) if callable(estimate) else 0.0
@@ -537,7 +538,7 @@ class Scheduler:
             payload=payload,
             worker=self.worker_id,
         )
-        owner = persist(describe_change(None, record), self.store.insert_and_claim, record)
+        owner = persist_change(None, record, self.store.insert_and_claim, record)
         self._staged(record.id)
         accepted = self._commit.durable() if self._commit is not None else None
         live = _Live(record=record, future=self.runtime.create_future(), retry=retry)
@@ -636,7 +637,7 @@ class Scheduler:
             raise KeyError(f"unknown task id {task_id!r}")
         failed = record
         record = transition(record, TaskStatus.QUEUED, self.runtime.now(), worker=self.worker_id)
-        persist(describe_change(failed, record), self.store.update, record)
+        persist_change(failed, record, self.store.update, record)
         self._staged(record.id)
         accepted = self._commit.durable() if self._commit is not None else None
         self._emit_transition(TaskStatus.FAILED, record)
@@ -1388,7 +1389,7 @@ class Scheduler:
         """Persist ``record`` (raises :class:`StoreWriteError` naming the change if it fails)."""
         if self._crashed:
             raise Cancelled()
-        persist(describe_change(old, record), self.store.update, record)
+        persist_change(old, record, self.store.update, record)
         self._staged(record.id)
 
     def _staged(self, task_id: str | None) -> None:

@@ -23,7 +23,7 @@ from aiqsim.stores.base import StoreWriteError
 
 T = TypeVar("T")
 
-__all__ = ["describe_change", "persist"]
+__all__ = ["describe_change", "persist", "persist_change"]
 
 
 def describe_change(old: TaskRecord | None, new: TaskRecord) -> str:
@@ -40,3 +40,15 @@ def persist(what: str, write: Callable[..., T], *args: object) -> T:
         raise
     except Exception as error:
         raise StoreWriteError(what, error) from error
+
+
+def persist_change(old: TaskRecord | None, new: TaskRecord, write: Callable[..., T], *args: object) -> T:
+    """:func:`persist` for a task's change ``old -> new``; the description
+    (:func:`describe_change`) is only built when the write fails. Every transition of every task
+    is written through here, and formatting a message nobody reads was ~5% of a simulation."""
+    try:
+        return write(*args)
+    except (StoreWriteError, ValueError, TypeError):
+        raise
+    except Exception as error:
+        raise StoreWriteError(describe_change(old, new), error) from error

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.core.token_bucket import QuotaLimits
+from aiqsim.runtime.gc_tuning import relaxed_gc
 from aiqsim.runtime.protocol import Runtime
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.scheduler.dispatch import FifoPolicy
@@ -244,8 +245,13 @@ def simulate_replication(
     seed: int,
     *,
     antithetic: bool = False,
+    attempt_timeout_s: float | None = None,
 ) -> Replication:
     """Run one replication on the production scheduler.
+
+    ``attempt_timeout_s`` puts a deadline on every call (``None``, the default, as in
+    :func:`mmc_check`: a deadline longer than any service time changes no result, only the cost,
+    which ``benchmarks/bench_mmc_peers.py`` measures).
 
     Arrivals, service times and the scheduler's own randomness use three independent streams
     derived from ``seed``; with ``antithetic`` the arrival and service streams are the mirror
@@ -262,7 +268,7 @@ def simulate_replication(
         quotas={provider.name: QuotaLimits(concurrency=servers)},
         store=store,
         dispatch=FifoPolicy(),
-        retry=RetryPolicy(max_attempts=1, attempt_timeout_s=None),
+        retry=RetryPolicy(max_attempts=1, attempt_timeout_s=attempt_timeout_s),
         background_limit=None,
         rng=random.Random(f"mmc-scheduler-{seed}"),
     )
@@ -278,7 +284,8 @@ def simulate_replication(
         await scheduler.join()
         await scheduler.close()
 
-    runtime.run(feed_and_drain())
+    with relaxed_gc():  # as simulate() does: the cycle collector would rescan every live record
+        runtime.run(feed_and_drain())
     records: list[TaskRecord] = []
     for submission in submissions:
         record = store.get(submission.id)

@@ -1,0 +1,113 @@
+"""``simulate()`` on every shipped scenario: this tree against a baseline commit, in the same run.
+
+The baseline (``--ref``, by default the commit issue #19's work started from) is exported with
+``git archive`` into a temporary folder, and each side runs in a FRESH process with ``PYTHONPATH``
+pointing at its own tree (both import the same installed third-party packages). Rounds alternate
+baseline / current, so a change in the machine's load hits both sides alike. Each worker first runs
+every scenario once untimed (lazy imports, first-call caches), then times each scenario's
+``simulate(path, seed=0)`` with ``time.process_time()`` (CPU time: far steadier than wall time on a
+loaded shared machine). Both sides run the scenario files of the *current* tree.
+
+Prints one markdown table: per scenario min / median CPU ms on each side and the ratio of medians,
+plus the total over all scenarios, and the load average before and after.
+
+Run: ``python benchmarks/bench_baseline.py [--ref REF] [--rounds 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_REF = "8cf6c81"  # main when issue #19's work started
+
+
+def worker(scenarios: list[str]) -> None:
+    """Time ``simulate`` on each scenario in this process; print {scenario: cpu_s} as JSON."""
+    from aiqsim.sim import simulate
+
+    for path in scenarios:  # warm-up: imports and caches, not measured
+        simulate(path, seed=0)
+    timings = {}
+    for path in scenarios:
+        started = time.process_time()
+        simulate(path, seed=0)
+        timings[Path(path).stem] = time.process_time() - started
+    print(json.dumps(timings))
+
+
+def run_side(tree: Path, scenarios: list[str]) -> dict[str, float]:
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, bench_baseline; bench_baseline.worker(sys.argv[1:])", *scenarios],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{Path(__file__).resolve().parent}"},
+        check=False,
+        cwd=tempfile.gettempdir(),
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"worker on {tree} failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def export(ref: str, into: Path) -> None:
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ref", default=DEFAULT_REF, help="the baseline commit (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    scenarios = sorted(str(p) for p in (REPO / "scenarios").glob("*.toml"))
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="aiqsim-baseline-") as folder:
+        baseline_tree = Path(folder)
+        export(args.ref, baseline_tree)
+        sides: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
+        for round_ in range(args.rounds):
+            order = ("baseline", "current") if round_ % 2 == 0 else ("current", "baseline")
+            for side in order:
+                tree = baseline_tree if side == "baseline" else REPO
+                sides[side].append(run_side(tree, scenarios))
+                print(f"  round {round_} {side}: {sum(sides[side][-1].values()):.3f} s", file=sys.stderr)
+    load_after = os.getloadavg()
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    print(
+        f"simulate(scenario, seed=0), CPU ms (time.process_time), {args.rounds} rounds alternating, "
+        f"each side in a fresh process. Baseline {args.ref}, current {head} (+ uncommitted changes). Load "
+        f"average before {load_before[0]:.2f}, after {load_after[0]:.2f}.\n"
+    )
+    print("| scenario | baseline min / median ms | current min / median ms | speed-up (medians) |")
+    print("|---|---:|---:|---:|")
+    names = list(sides["baseline"][0])
+    for name in [*names, "total"]:
+
+        def values(side: str, name: str = name) -> list[float]:
+            if name == "total":
+                return [sum(run.values()) * 1e3 for run in sides[side]]
+            return [run[name] * 1e3 for run in sides[side]]
+
+        base, now = values("baseline"), values("current")
+        ratio = statistics.median(base) / statistics.median(now)
+        label = f"**{name}**" if name == "total" else name
+        print(
+            f"| {label} | {min(base):.0f} / {statistics.median(base):.0f} | {min(now):.0f} / "
+            f"{statistics.median(now):.0f} | {ratio:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()

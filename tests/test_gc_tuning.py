@@ -1,0 +1,49 @@
+"""relaxed_gc: the collector settings a simulation run uses are restored afterwards, whatever happens."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from aiqsim.runtime.gc_tuning import RUN_GEN0_THRESHOLD, relaxed_gc
+
+
+def test_raises_the_threshold_and_freezes_during_the_block_then_restores() -> None:
+    before = gc.get_threshold()
+    assert gc.get_freeze_count() == 0
+    with relaxed_gc():
+        assert gc.get_threshold() == (RUN_GEN0_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
+def test_restores_when_the_block_raises_and_is_reentrant() -> None:
+    before = gc.get_threshold()
+    with pytest.raises(ZeroDivisionError), relaxed_gc(), relaxed_gc(1234):
+        assert gc.get_threshold()[0] == RUN_GEN0_THRESHOLD  # the inner block changed nothing
+        1 / 0  # noqa: B018
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
+def test_leaves_a_callers_own_freeze_alone() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with relaxed_gc():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_simulate_restores_the_collector_settings(tmp_path) -> None:
+    from aiqsim.sim import simulate
+
+    before = gc.get_threshold()
+    result = simulate("scenarios/sjf_vs_fifo.toml", seed=1)
+    assert result.summary["tasks_submitted"] > 0
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
