@@ -8,6 +8,7 @@ conftest), a real worker process killed with SIGKILL.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -475,13 +476,17 @@ def test_the_sigkill_fixture_kills_at_a_seeded_moment_and_restarts(aiqsim_sigkil
 
 # ------------------------------------------------------------------------------- the plugin
 def pytest_in(directory: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m pytest`` in ``directory`` with the installed aiqsim (the plugin by entry point)."""
+    """Run ``python -m pytest`` in ``directory`` with the installed aiqsim (the plugin by entry point),
+    as a user's project would: without this suite's PostgreSQL (so the store kinds are the three local
+    ones) and without CI=true (which this suite's own conftest, not the plugin, gives a meaning)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("AIQSIM_TEST_POSTGRES_DSN", "CI")}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=directory,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 

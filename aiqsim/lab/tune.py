@@ -307,9 +307,9 @@ def tune(
     choice (``"random"`` is the baseline search). ``storage`` is an SQLite file that makes the run
     resumable. Bad input raises :class:`ConfigurationError` before any simulation.
     """
-    from aiqsim.lab.progress import Progress
     from aiqsim.sim.metrics import SUMMARY_KEYS
     from aiqsim.sim.simulate import checked_scenario_path
+    from aiqsim.sim.sweep import RunProgress
 
     if not isinstance(scenario, Scenario):
         from aiqsim.sim.scenario import load_scenario
@@ -378,7 +378,7 @@ def tune(
     remaining = max(0, trials - done)
     replications = list(range(seeds))
     runner = _Runner(scenario, engine, workers, address) if remaining else None
-    bar = Progress(remaining, label=f"tune {scenario.name}", enabled=progress)
+    bar = RunProgress(remaining, label=f"tune {scenario.name}", enabled=progress)
     failures: list[str] = []
 
     def _constrain(trial: Any, violations: list[float]) -> None:

@@ -24,9 +24,9 @@ from aiqsim.sim.config import Scenario
 ENGINES = ("local", "dask", "serial")
 
 
-class _Progress:
-    """The sweep's progress: ``tqdm.auto`` (a widget in Jupyter, a bar on stderr elsewhere) that also
-    shows how many runs failed so far; silent when not ``enabled``."""
+class RunProgress:
+    """Progress of a batch of runs (a sweep, a tuning study): ``tqdm.auto`` (a widget in Jupyter, a
+    bar on stderr elsewhere) that also shows how many runs failed so far; silent when not ``enabled``."""
 
     def __init__(self, total: int, *, label: str, enabled: bool) -> None:
         self.failed = 0
@@ -158,7 +158,7 @@ def sweep(
     jobs = [(index, point, int(seed)) for index, point in enumerate(points) for seed in seeds]
     if not jobs:
         raise ValueError("nothing to run: no seeds given")
-    bar = _Progress(len(jobs), label=f"sweep {scenario.name}", enabled=progress)
+    bar = RunProgress(len(jobs), label=f"sweep {scenario.name}", enabled=progress)
     outcomes: dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]] = {}
     if engine == "serial":
         for index, point, seed in jobs:
@@ -195,7 +195,7 @@ def _run_on_dask(
     *,
     address: str | None,
     workers: int | None,
-    bar: _Progress,
+    bar: RunProgress,
 ) -> dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]]:
     try:
         from dask.distributed import Client, LocalCluster
