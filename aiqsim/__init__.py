@@ -59,7 +59,7 @@ from aiqsim.stores import (
     open_store,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str) -> object:
