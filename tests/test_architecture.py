@@ -15,7 +15,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "aiqsim"
 
 # Packages whose code must run unchanged on the SimPy virtual clock.
-PURE_PACKAGES = ["core", "scheduler", "stores", "sim", "overload", "validation"]
+PURE_PACKAGES = ["core", "scheduler", "stores", "sim", "overload", "validation", "fleet"]
 FORBIDDEN_MODULES = {"asyncio", "time", "datetime", "simpy", "threading", "trio", "anyio"}
 # The simulation lab may import simpy (it builds the environment); nothing else may.
 ALLOWED = {("sim", "simpy"), ("validation", "simpy")}
