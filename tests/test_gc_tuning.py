@@ -32,9 +32,11 @@ def test_leaves_a_callers_own_freeze_alone() -> None:
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
+        # Frozen objects still die by reference counting, so the count may only fall: relaxed_gc must
+        # neither freeze more (a rise) nor unfreeze the caller's (a drop to zero).
         with relaxed_gc():
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen
+            assert 0 < gc.get_freeze_count() <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 
