@@ -827,14 +827,18 @@ def _store(values: dict[str, Any], reader: _Reader) -> StoreConfig:
     return store
 
 
-def _cost(values: dict[str, Any], path: str, reader: _Reader) -> CostConfig:
-    cost = CostConfig(**values)
-    if cost.dist == "uniform" and not cost.high >= cost.low:
+def _uniform_bounds_checked(config: Any, values: dict[str, Any], path: str, reader: _Reader) -> Any:
+    """The one rule every ``dist = "uniform"`` table shares (costs, stage sizes, fan-out): ``high >= low``."""
+    if config.dist == "uniform" and not config.high >= config.low:
         raise reader.error(
             f"{path}.high",
-            f"expected a number >= low ({_fmt(cost.low)}), got {describe(values.get('high', cost.high))}",
+            f"expected a number >= low ({_fmt(config.low)}), got {describe(values.get('high', config.high))}",
         )
-    return cost
+    return config
+
+
+def _cost(values: dict[str, Any], path: str, reader: _Reader) -> CostConfig:
+    return _uniform_bounds_checked(CostConfig(**values), values, path, reader)
 
 
 def _largest_fixed_units(cost: CostConfig) -> int | None:
@@ -961,23 +965,11 @@ def _job_workload(
 
 
 def _stage_size(values: dict[str, Any], path: str, reader: _Reader) -> StageSizeConfig:
-    size = StageSizeConfig(**values)
-    if size.dist == "uniform" and not size.high >= size.low:
-        raise reader.error(
-            f"{path}.high",
-            f"expected a number >= low ({_fmt(size.low)}), got {describe(values.get('high', size.high))}",
-        )
-    return size
+    return _uniform_bounds_checked(StageSizeConfig(**values), values, path, reader)
 
 
 def _fanout(values: dict[str, Any], path: str, reader: _Reader) -> FanoutConfig:
-    fanout = FanoutConfig(**values)
-    if fanout.dist == "uniform" and not fanout.high >= fanout.low:
-        raise reader.error(
-            f"{path}.high",
-            f"expected a number >= low ({_fmt(fanout.low)}), got {describe(values.get('high', fanout.high))}",
-        )
-    return fanout
+    return _uniform_bounds_checked(FanoutConfig(**values), values, path, reader)
 
 
 def _stage(
