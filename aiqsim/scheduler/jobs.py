@@ -68,6 +68,7 @@ from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_trans
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
+from aiqsim.scheduler.handles import OutcomeHandle
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.stores.base import LIVE_OWNER_STATUSES
@@ -307,31 +308,19 @@ class JobSpec:
         return names
 
 
-class JobHandle:
+class JobHandle(OutcomeHandle[JobRecord]):
     """What ``submit_job`` returns. ``await handle`` gives ``{stage: result}`` or raises.
 
     :class:`JobFailedError` (with the stage and reason) or :class:`JobCancelledError`.
+    :meth:`wait` gives the final job record and never raises for a job failure.
     """
 
-    __slots__ = ("_future", "_jobs", "id", "key")
+    __slots__ = ("_jobs",)
+    _repr_name = "JobHandle"
 
     def __init__(self, jobs: Jobs, job_id: str, key: str, future: Future[JobRecord]) -> None:
+        super().__init__(job_id, key, future, jobs.scheduler.runtime.create_future)
         self._jobs = jobs
-        self._future = future
-        self.id = job_id
-        self.key = key
-
-    def done(self) -> bool:
-        """True once the job reached a terminal state in this scheduler."""
-        return self._future.done()
-
-    async def wait(self) -> JobRecord:
-        """The final job record (never raises for job failures)."""
-        if self._future.done():
-            return self._future.result()
-        waiter = self._jobs.scheduler.runtime.create_future()
-        self._future.add_done_callback(lambda done: waiter.done() or waiter.set_result(done.result()))
-        return await waiter
 
     async def result(self) -> dict[str, Any]:
         """``{stage name: result}``; raises :class:`JobFailedError` or :class:`JobCancelledError`."""
@@ -345,12 +334,6 @@ class JobHandle:
     def cancel(self) -> bool:
         """Cancel the job and its queued and running stage tasks; False if it is not live here."""
         return self._jobs.cancel(self.id)
-
-    def __await__(self) -> Any:
-        return self.result().__await__()
-
-    def __repr__(self) -> str:
-        return f"<JobHandle {self.id} {'done' if self.done() else 'pending'}>"
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,7 @@ from aiqsim.scheduler.events import (
     UsageAnomaly,
 )
 from aiqsim.scheduler.foreign_owner import FOREIGN_SAFETY_POLL_S, announces_changes, store_change
+from aiqsim.scheduler.handles import OutcomeHandle, await_own
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
 from aiqsim.scheduler.rate_limit_scope import RateLimitHistory, RateLimitScope, pauses_lane
 from aiqsim.scheduler.recovery_lookup import LookupRetry, lookup_with_retries
@@ -117,41 +118,18 @@ class TaskCancelledError(SchedulingError):
         self.record = record
 
 
-def _relay(source: Future[Any], target: Future[Any]) -> None:
-    """Copy a finished future's outcome (result or exception) into ``target`` unless it is done."""
-    if target.done() or source.cancelled():
-        return
-    try:
-        value = source.result()
-    except Exception as error:  # the runtime protocol has no exception(): result() re-raises it
-        target.set_exception(error)
-    else:
-        target.set_result(value)
-
-
-async def _await_own(future: Future[Any], new_future: Callable[[], Future[Any]] | None) -> Any:
-    """Await a shared future through a future of one's own.
-
-    asyncio cancels the future a cancelled awaiter was awaiting: each awaiter gets its own, so a
-    caller that gives up cannot cancel the shared one.
-    """
-    if future.done() or new_future is None:
-        return await future
-    waiter = new_future()
-    future.add_done_callback(lambda done: _relay(done, waiter))
-    return await waiter
-
-
-class Submission:
+class Submission(OutcomeHandle[TaskRecord]):
     """The handle ``submit`` returns. ``await submission`` gives the result or raises.
 
     If the task's outcome could not be persisted (a store write failed, or the group commit that
     covered it), the submission resolves with :class:`~aiqsim.stores.base.StoreWriteError`:
     ``await submission``, :meth:`result` and :meth:`wait` raise it. A success is only ever reported
-    after its terminal write is durable.
+    after its terminal write is durable. :meth:`wait` gives the final task record and never raises
+    for a task failure; :meth:`result` does.
     """
 
-    __slots__ = ("_accepted", "_future", "_new_future", "id", "key")
+    __slots__ = ("_accepted",)
+    _repr_name = "Submission"
 
     def __init__(
         self,
@@ -161,15 +139,8 @@ class Submission:
         new_future: Callable[[], Future[TaskRecord]] | None = None,
         accepted: Future[StoreWriteError | None] | None = None,
     ) -> None:
-        self.id = task_id
-        self.key = key
-        self._future = future
-        self._new_future = new_future
+        super().__init__(task_id, key, future, new_future)
         self._accepted = accepted
-
-    def done(self) -> bool:
-        """True once the task reached a terminal state in this scheduler (or its outcome was lost)."""
-        return self._future.done()
 
     async def accepted(self) -> None:
         """Wait until this submission's own record is durable in the store; raise
@@ -180,14 +151,9 @@ class Submission:
         flush that covers the record (at most the commit window plus one flush).
         """
         if self._accepted is not None:
-            error = await _await_own(self._accepted, self._new_future)
+            error = await await_own(self._accepted, self._new_future)
             if error is not None:
                 raise error
-
-    async def wait(self) -> TaskRecord:
-        """The final task record (never raises for task failures; raises
-        :class:`~aiqsim.stores.base.StoreWriteError` when the outcome was not persisted)."""
-        return await _await_own(self._future, self._new_future)
 
     async def result(self) -> Any:
         """The task's result; raises :class:`TaskFailedError` or :class:`TaskCancelledError`."""
@@ -197,12 +163,6 @@ class Submission:
         if record.status is TaskStatus.FAILED or record.error is not None:
             raise TaskFailedError(record)
         return record.result
-
-    def __await__(self) -> Any:
-        return self.result().__await__()
-
-    def __repr__(self) -> str:
-        return f"<Submission {self.id} {'done' if self.done() else 'pending'}>"
 
 
 @dataclass(frozen=True, slots=True)

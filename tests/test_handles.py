@@ -1,0 +1,103 @@
+"""The one way task and job handles wait for their outcome (aiqsim.scheduler.handles).
+
+Every test runs on both runtimes: a waiter that gives up must not cancel the shared future, and an
+outcome (value or exception) must reach every waiter, through a real Scheduler for both handles.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from aiqsim import JobHandle, JobSpec, JobStatus, Scheduler, Stage, Submission, TaskStatus
+from aiqsim.scheduler.handles import OutcomeHandle, await_own
+from tests.fakes import ScriptedProvider
+from tests.runtimes import RUNTIMES, run_on
+
+both = pytest.mark.parametrize("rt_name", RUNTIMES)
+
+
+class _Handle(OutcomeHandle[str]):
+    __slots__ = ()
+    _repr_name = "Probe"
+
+    async def result(self) -> Any:
+        return (await self.wait()).upper()
+
+
+@both
+def test_a_waiter_that_gives_up_leaves_the_shared_future_to_the_others(rt_name: str) -> None:
+    async def body(rt):
+        shared = rt.create_future()
+        handle = _Handle("t1", "k1", shared, rt.create_future)
+        with pytest.raises(TimeoutError):
+            await rt.wait_for(handle.wait(), 0.5)
+        pending = handle.done()
+        other = rt.spawn(handle.result())
+        await rt.sleep(1)
+        shared.set_result("answer")
+        return pending, shared.cancelled(), await other, handle.done(), repr(handle)
+
+    assert run_on(rt_name, body) == (False, False, "ANSWER", True, "<Probe t1 done>")
+
+
+@both
+def test_an_exception_on_the_shared_future_reaches_every_waiter(rt_name: str) -> None:
+    class Lost(Exception):
+        pass
+
+    async def body(rt):
+        shared = rt.create_future()
+        waiters = [rt.spawn(await_own(shared, rt.create_future)) for _ in range(2)]
+        await rt.sleep(1)
+        error = Lost("outcome not persisted")
+        shared.set_exception(error)
+        seen = []
+        for waiter in waiters:
+            try:
+                await waiter
+            except Lost as raised:
+                seen.append(raised)
+        return seen, error
+
+    seen, error = run_on(rt_name, body)
+    assert seen == [error, error]
+
+
+@both
+def test_a_finished_future_is_read_without_a_new_one(rt_name: str) -> None:
+    def refuse() -> Any:
+        raise AssertionError("a done future needs no waiter of its own")
+
+    async def body(rt):
+        shared = rt.create_future()
+        shared.set_result("ready")
+        return await await_own(shared, refuse)
+
+    assert run_on(rt_name, body) == "ready"
+
+
+@both
+def test_task_and_job_handles_share_the_waiting_rule_and_keep_their_reprs(rt_name: str) -> None:
+    spec = JobSpec("one", "1", [Stage("a", "llm", build=lambda inputs, results: {"input": inputs["x"]})])
+
+    async def body(rt):
+        scheduler = Scheduler(rt, [ScriptedProvider(rt, latency_s=1.0)], rng=random.Random(5))
+        task = scheduler.submit("llm", {"input": "a"})
+        job = scheduler.submit_job(spec, {"x": "b"})
+        before = repr(task), repr(job)
+        for handle in (task, job):  # each caller gives up once; the work must not care
+            with pytest.raises(TimeoutError):
+                await rt.wait_for(handle.wait(), 0.2)
+        await rt.wait_for(scheduler.join(), 100)
+        return before, (await task.wait()).status, (await job.wait()).status, await job, repr(task), repr(job)
+
+    before, task_status, job_status, results, task_repr, job_repr = run_on(rt_name, body)
+    assert before[0].startswith("<Submission ") and before[0].endswith(" pending>")
+    assert before[1].startswith("<JobHandle ") and before[1].endswith(" pending>")
+    assert task_repr.endswith(" done>") and job_repr.endswith(" done>")
+    assert task_status is TaskStatus.SUCCEEDED and job_status is JobStatus.SUCCEEDED
+    assert results == {"a": {"output": "done:b"}}
+    assert issubclass(Submission, OutcomeHandle) and issubclass(JobHandle, OutcomeHandle)
