@@ -97,7 +97,7 @@ __all__ = [
     "MultiQuota",
     "NoBackoff",
     "PoisonInputError",
-    "PostgresStore",
+    "PostgresStore",  # noqa: F405 (imported on first use, by __getattr__)
     "Priority",
     "ProviderError",
     "ProviderRequest",
@@ -108,7 +108,7 @@ __all__ = [
     "QuotaExhaustedError",
     "QuotaLimits",
     "RateLimitError",
-    "RedisQuota",
+    "RedisQuota",  # noqa: F405 (imported on first use, by __getattr__)
     "Reservation",
     "RetryPolicy",
     "Scheduler",
@@ -141,27 +141,8 @@ __all__ = [
 
 # Jobs: pipelines of calls (issue #15). Appended as one block so parallel edits above merge cleanly.
 from aiqsim.core.job import JobRecord, JobStatus, derive_job_status  # noqa: E402
-from aiqsim.scheduler.jobs import (  # noqa: E402
-    JobCancelledError,
-    JobFailedError,
-    JobHandle,
-    JobRecoveryReport,
-    Jobs,
-    JobSpec,
-    JobSpecError,
-    Stage,
-)
+from aiqsim.scheduler import job_exports as _job_exports  # noqa: E402
+from aiqsim.scheduler.job_exports import *  # noqa: E402, F403
 
-__all__ += [
-    "JobCancelledError",
-    "JobFailedError",
-    "JobHandle",
-    "JobRecord",
-    "JobRecoveryReport",
-    "JobSpec",
-    "JobSpecError",
-    "JobStatus",
-    "Jobs",
-    "Stage",
-    "derive_job_status",
-]
+__all__ += _job_exports.__all__
+__all__ += ["JobRecord", "JobStatus", "derive_job_status"]

@@ -70,28 +70,10 @@ __all__ = [
     "dispatch_policy_from_name",
 ]
 
-# Jobs (issue #15), appended as one block.
+# Jobs (issue #15), appended as one block: the names of aiqsim.scheduler.job_exports (shared with aiqsim).
+from aiqsim.scheduler import job_exports as _job_exports
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
-from aiqsim.scheduler.jobs import (
-    JobCancelledError,
-    JobFailedError,
-    JobHandle,
-    JobRecoveryReport,
-    Jobs,
-    JobSpec,
-    JobSpecError,
-    Stage,
-)
+from aiqsim.scheduler.job_exports import *  # noqa: F403
 
-__all__ += [
-    "JobCancelledError",
-    "JobFailedError",
-    "JobHandle",
-    "JobRecoveryReport",
-    "JobSpec",
-    "JobSpecError",
-    "JobTransition",
-    "Jobs",
-    "Stage",
-    "StageEvent",
-]
+__all__ += _job_exports.__all__
+__all__ += ["JobTransition", "StageEvent"]
