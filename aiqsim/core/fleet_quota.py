@@ -26,7 +26,20 @@ from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits, Reservation
 
 DEFAULT_SLOT_POLL_S = 0.02
-"""How soon a worker looks again when every shared concurrency slot is taken (as RedisQuota does)."""
+"""How soon a worker looks again when every shared concurrency slot is taken (SharedMultiQuota's
+default, and RedisQuota's, in wall seconds there)."""
+
+
+def poll_full_pool(wait: float, slot_poll_s: float) -> float:
+    """The wait a worker on a *shared* concurrency pool is told: ``slot_poll_s`` when the pool is
+    full (``wait`` is ``inf``), else ``wait`` unchanged.
+
+    A private pool answers ``inf`` while full because the worker's own release wakes its
+    dispatcher. A slot freed by another worker of a fleet sends this one no signal, so a full
+    shared pool must be polled instead of waited on for ever. Every shared quota
+    (:class:`SharedMultiQuota`, :class:`aiqsim.fleet.RedisQuota`) answers a full pool this way.
+    """
+    return slot_poll_s if math.isinf(wait) else wait
 
 
 class SharedMultiQuota(MultiQuota):
@@ -53,8 +66,7 @@ class SharedMultiQuota(MultiQuota):
     def time_until(self, tokens: float, now: float) -> float:
         """Seconds until a reservation of ``tokens`` could succeed; ``slot_poll_s`` while all slots
         are busy (another worker may free one without telling this one)."""
-        wait = super().time_until(tokens, now)
-        return self.slot_poll_s if math.isinf(wait) else wait
+        return poll_full_pool(super().time_until(tokens, now), self.slot_poll_s)
 
 
 def _share(value: float | None, workers: int, floor: float | None = None) -> float | None:

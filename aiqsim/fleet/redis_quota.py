@@ -41,13 +41,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.fleet_quota import DEFAULT_SLOT_POLL_S, poll_full_pool
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 
 DEFAULT_SLOT_TTL_S = 300.0
 DEFAULT_RETRY_S = 0.05
-_SLOT_POLL_S = 0.02
-"""How soon to look again when every shared slot is taken: a slot freed by another worker
-sends this worker no signal, so a full pool is polled instead of waited on for ever."""
 
 # KEYS[1] = state hash, KEYS[2] = slot sorted set.
 # State: rl/ru (request level, updated), tl/tu (token level, updated), pause (server instant).
@@ -266,7 +264,8 @@ class RedisQuota:
             self._down()
             return self._reserve_locally(tokens, now)
         if int(granted) != 1:
-            wall = _SLOT_POLL_S if detail in (b"slot", "slot") else float(detail)
+            full = detail in (b"slot", "slot")  # every shared slot is taken: poll (see poll_full_pool)
+            wall = poll_full_pool(math.inf if full else float(detail), DEFAULT_SLOT_POLL_S)
             self._last_wait = wall / self.time_scale
             return None
         self._local_slots += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from aiqsim.core.fleet_quota import DEFAULT_SLOT_POLL_S
 from aiqsim.sim.job_config import JobConfig
 
 ProviderKind = Literal["llm", "tts"]
@@ -225,7 +226,7 @@ class FleetConfig:
     quota: FleetQuotaMode = "shared"
     routing: FleetRouting = "round_robin"
     weights: tuple[float, ...] = ()
-    slot_poll_s: float = 0.02
+    slot_poll_s: float = DEFAULT_SLOT_POLL_S
     worker_concurrency: int | None = None
 
 
