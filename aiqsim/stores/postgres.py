@@ -33,7 +33,6 @@ the server's host.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -55,9 +54,17 @@ from aiqsim.stores.base import (
     record_from_stored,
 )
 from aiqsim.stores.columns import COLUMNS, JOB_COLUMNS
-from aiqsim.stores.columns import JOB_JSON_COLUMNS as _JOB_JSON_COLUMNS
-from aiqsim.stores.columns import JSON_COLUMNS as _JSON_COLUMNS
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
+from aiqsim.stores.sql_records import (
+    JOB_TABLE,
+    TASK_TABLE,
+    KeyClaim,
+    RecordSql,
+    decode_row,
+    encode_row,
+    postgres_dialect,
+    update_row,
+)
 
 SCHEMA_VERSION = 3
 DEFAULT_SCHEMA = "aiqsim"
@@ -160,10 +167,6 @@ def _psycopg() -> Any:
     return psycopg
 
 
-def _json_text(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
 class PostgresStore:
     """:class:`~aiqsim.stores.base.TaskStore` in PostgreSQL, safe for many workers on many hosts.
 
@@ -208,10 +211,11 @@ class PostgresStore:
         except BaseException:
             self._conn.close()
             raise
-        self._select = "SELECT " + ", ".join(f"t.{name}" for name in COLUMNS) + f" FROM {schema}.tasks t"
-        self._job_select = (
-            "SELECT " + ", ".join(f"j.{name}" for name in JOB_COLUMNS) + f" FROM {schema}.jobs j"
-        )
+        dialect = postgres_dialect(schema)
+        self._tasks = RecordSql.build(TASK_TABLE, dialect)
+        self._jobs = RecordSql.build(JOB_TABLE, dialect)
+        self._task_claim = KeyClaim(self._tasks, self._decode, claim_owner)
+        self._job_claim = KeyClaim(self._jobs, self._decode_job, claim_job_owner)
 
     def _where(self) -> str:
         """The DSN without its password, for messages."""
@@ -294,21 +298,16 @@ class PostgresStore:
                 )
 
     # ------------------------------------------------------------------ rows
+    def _corrupt(self, problem: str) -> StoreCorruptError:
+        return StoreCorruptError(f"{self._where()}: {problem}")
+
     def _decode(self, row: Sequence[Any]) -> TaskRecord:
-        data = dict(zip(COLUMNS, row, strict=True))
-        for name in _JSON_COLUMNS:
-            try:
-                data[name] = json.loads(data[name])
-            except (TypeError, ValueError) as error:
-                raise StoreCorruptError(
-                    f"{self._where()}: task {data['id']!r}: column {name!r} is not JSON ({error})"
-                ) from error
+        data = decode_row(TASK_TABLE, row, self._corrupt)
         return record_from_stored(data, f"{self._where()} schema {self.schema!r}")
 
     @staticmethod
     def _encode(task: TaskRecord) -> tuple[Any, ...]:
-        data = task.to_dict()
-        return tuple(_json_text(data[name]) if name in _JSON_COLUMNS else data[name] for name in COLUMNS)
+        return encode_row(TASK_TABLE, task.to_dict())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -334,74 +333,33 @@ class PostgresStore:
     # ------------------------------------------------------------------ TaskStore
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
         values = self._encode(task)  # a non-JSON payload fails here, before the transaction
-        s = self.schema
         with self._write(f"insert task {task.id!r}") as conn:
-            inserted = conn.execute(
-                f"INSERT INTO {s}.tasks ({', '.join(COLUMNS)}) VALUES ({', '.join(['%s'] * len(COLUMNS))}) "
-                "ON CONFLICT (id) DO NOTHING",
-                values,
-            )
-            if inserted.rowcount != 1:
+            if conn.execute(self._tasks.insert, values).rowcount != 1:
                 raise ValueError(f"task id {task.id!r} already exists")
-            return self._claim_in_transaction(conn, task)
+            return self._task_claim.claim(conn, task)
 
     def claim(self, task: TaskRecord) -> TaskRecord:
-        s = self.schema
         with self._write(f"claim key of task {task.id!r}") as conn:
-            row = conn.execute(f"{self._select} WHERE t.id = %s", (task.id,)).fetchone()
-            if row is None:
-                raise KeyError(f"unknown task id {task.id!r}")
-            owner_row = conn.execute(f"SELECT owner_id FROM {s}.keys WHERE key = %s", (task.key,)).fetchone()
-            if owner_row is not None and owner_row[0] == task.id:
-                return self._decode(row)
-            return self._claim_in_transaction(conn, task)
-
-    def _claim_in_transaction(self, conn: Any, task: TaskRecord) -> TaskRecord:
-        s = self.schema
-        taken = conn.execute(
-            f"INSERT INTO {s}.keys (key, owner_id) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING",
-            (task.key, task.id),
-        )
-        if taken.rowcount == 1:
-            return task
-        conn.execute(f"SELECT owner_id FROM {s}.keys WHERE key = %s FOR UPDATE", (task.key,))
-        row = conn.execute(
-            f"{self._select} JOIN {s}.keys k ON k.owner_id = t.id WHERE k.key = %s", (task.key,)
-        ).fetchone()
-        owner = claim_owner(self._decode(row) if row is not None else None, task)
-        if owner is task:
-            conn.execute(f"UPDATE {s}.keys SET owner_id = %s WHERE key = %s", (task.id, task.key))
-        return owner
+            return self._task_claim.claim_stored(conn, task)
 
     def update(self, task: TaskRecord) -> None:
         values = self._encode(task)
-        assignments = ", ".join(f"{name} = %s" for name in COLUMNS[1:])
         with self._write(f"task {task.id!r} -> {task.status.value}") as conn:
-            changed = conn.execute(
-                f"UPDATE {self.schema}.tasks SET {assignments} WHERE id = %s", (*values[1:], task.id)
-            )
-            if changed.rowcount != 1:
-                raise KeyError(f"unknown task id {task.id!r}")
+            update_row(conn, self._tasks, task.id, values)
             if self.notify and task.status.is_terminal:
                 conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{self.schema}:{task.id}"))
 
     def get(self, task_id: str) -> TaskRecord | None:
-        rows = self._read(f"{self._select} WHERE t.id = %s", (task_id,))
+        rows = self._read(self._tasks.by_id, (task_id,))
         return self._decode(rows[0]) if rows else None
 
     def owner_of(self, key: str) -> TaskRecord | None:
-        rows = self._read(
-            f"{self._select} JOIN {self.schema}.keys k ON k.owner_id = t.id WHERE k.key = %s", (key,)
-        )
+        rows = self._read(self._tasks.owner, (key,))
         return self._decode(rows[0]) if rows else None
 
     def list_by_status(self, *statuses: TaskStatus) -> list[TaskRecord]:
-        if statuses:
-            values = [TaskStatus(status).value for status in statuses]
-            rows = self._read(f"{self._select} WHERE t.status = ANY(%s) ORDER BY t.seq", (values,))
-        else:
-            rows = self._read(f"{self._select} ORDER BY t.seq")
-        return [self._decode(row) for row in rows]
+        sql, params = self._tasks.by_status([TaskStatus(status).value for status in statuses])
+        return [self._decode(row) for row in self._read(sql, params)]
 
     def record_poison(self, key: str, error: str, now: float) -> None:
         with self._write(f"poison record of key {key!r}") as conn:
@@ -417,93 +375,40 @@ class PostgresStore:
 
     # ------------------------------------------------------------------ JobStore
     def _decode_job(self, row: Sequence[Any]) -> JobRecord:
-        data = dict(zip(JOB_COLUMNS, row, strict=True))
-        for name in _JOB_JSON_COLUMNS:
-            try:
-                data[name] = json.loads(data[name])
-            except (TypeError, ValueError) as error:
-                raise StoreCorruptError(
-                    f"{self._where()}: job {data['id']!r}: column {name!r} is not JSON ({error})"
-                ) from error
+        data = decode_row(JOB_TABLE, row, self._corrupt)
         return job_from_stored(data, f"{self._where()} schema {self.schema!r}")
 
     @staticmethod
     def _encode_job(job: JobRecord) -> tuple[Any, ...]:
-        data = job.to_dict()
-        return tuple(
-            _json_text(data[name]) if name in _JOB_JSON_COLUMNS else data[name] for name in JOB_COLUMNS
-        )
+        return encode_row(JOB_TABLE, job.to_dict())
 
     def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
         values = self._encode_job(job)  # non-JSON inputs fail here, before the transaction
-        s = self.schema
         with self._write(f"insert job {job.id!r}") as conn:
-            inserted = conn.execute(
-                f"INSERT INTO {s}.jobs ({', '.join(JOB_COLUMNS)}) "
-                f"VALUES ({', '.join(['%s'] * len(JOB_COLUMNS))}) ON CONFLICT (id) DO NOTHING",
-                values,
-            )
-            if inserted.rowcount != 1:
+            if conn.execute(self._jobs.insert, values).rowcount != 1:
                 raise ValueError(f"job id {job.id!r} already exists")
-            return self._claim_job_in_transaction(conn, job)
+            return self._job_claim.claim(conn, job)
 
     def claim_job(self, job: JobRecord) -> JobRecord:
-        s = self.schema
         with self._write(f"claim key of job {job.id!r}") as conn:
-            row = conn.execute(f"{self._job_select} WHERE j.id = %s", (job.id,)).fetchone()
-            if row is None:
-                raise KeyError(f"unknown job id {job.id!r}")
-            owner_row = conn.execute(
-                f"SELECT owner_id FROM {s}.job_keys WHERE key = %s", (job.key,)
-            ).fetchone()
-            if owner_row is not None and owner_row[0] == job.id:
-                return self._decode_job(row)
-            return self._claim_job_in_transaction(conn, job)
-
-    def _claim_job_in_transaction(self, conn: Any, job: JobRecord) -> JobRecord:
-        s = self.schema
-        taken = conn.execute(
-            f"INSERT INTO {s}.job_keys (key, owner_id) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING",
-            (job.key, job.id),
-        )
-        if taken.rowcount == 1:
-            return job
-        conn.execute(f"SELECT owner_id FROM {s}.job_keys WHERE key = %s FOR UPDATE", (job.key,))
-        row = conn.execute(
-            f"{self._job_select} JOIN {s}.job_keys k ON k.owner_id = j.id WHERE k.key = %s", (job.key,)
-        ).fetchone()
-        owner = claim_job_owner(self._decode_job(row) if row is not None else None, job)
-        if owner is job:
-            conn.execute(f"UPDATE {s}.job_keys SET owner_id = %s WHERE key = %s", (job.id, job.key))
-        return owner
+            return self._job_claim.claim_stored(conn, job)
 
     def update_job(self, job: JobRecord) -> None:
         values = self._encode_job(job)
-        assignments = ", ".join(f"{name} = %s" for name in JOB_COLUMNS[1:])
         with self._write(f"job {job.id!r} -> {job.status.value}") as conn:
-            changed = conn.execute(
-                f"UPDATE {self.schema}.jobs SET {assignments} WHERE id = %s", (*values[1:], job.id)
-            )
-            if changed.rowcount != 1:
-                raise KeyError(f"unknown job id {job.id!r}")
+            update_row(conn, self._jobs, job.id, values)
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        rows = self._read(f"{self._job_select} WHERE j.id = %s", (job_id,))
+        rows = self._read(self._jobs.by_id, (job_id,))
         return self._decode_job(rows[0]) if rows else None
 
     def job_owner_of(self, key: str) -> JobRecord | None:
-        rows = self._read(
-            f"{self._job_select} JOIN {self.schema}.job_keys k ON k.owner_id = j.id WHERE k.key = %s", (key,)
-        )
+        rows = self._read(self._jobs.owner, (key,))
         return self._decode_job(rows[0]) if rows else None
 
     def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
-        if statuses:
-            values = [JobStatus(status).value for status in statuses]
-            rows = self._read(f"{self._job_select} WHERE j.status = ANY(%s) ORDER BY j.seq", (values,))
-        else:
-            rows = self._read(f"{self._job_select} ORDER BY j.seq")
-        return [self._decode_job(row) for row in rows]
+        sql, params = self._jobs.by_status([JobStatus(status).value for status in statuses])
+        return [self._decode_job(row) for row in self._read(sql, params)]
 
     deferred_commit = False
 

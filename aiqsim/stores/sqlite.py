@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import sqlite3
 import urllib.parse
@@ -97,9 +96,18 @@ from aiqsim.stores.base import (
     record_from_stored,
 )
 from aiqsim.stores.columns import COLUMNS, JOB_COLUMNS
-from aiqsim.stores.columns import JOB_JSON_COLUMNS as _JOB_JSON_COLUMNS
-from aiqsim.stores.columns import JSON_COLUMNS as _JSON_COLUMNS
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
+from aiqsim.stores.sql_records import (
+    JOB_TABLE,
+    SQLITE,
+    TASK_TABLE,
+    KeyClaim,
+    RecordSql,
+    decode_row,
+    encode_row,
+    select_sql,
+    update_row,
+)
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -118,11 +126,11 @@ _TRANSIENT_CODES = frozenset({5, 6, 7, 10, 13, 14})
 
 def _select_for(version: int) -> str:
     """``SELECT`` of every record column as of ``version`` (NULL for columns it does not have)."""
-    parts = ("NULL" if _ADDED_IN_VERSION.get(name, 1) > version else f"t.{name}" for name in COLUMNS)
-    return "SELECT " + ", ".join(parts) + " FROM tasks t"
+    return select_sql(TASK_TABLE, SQLITE, {name for name, v in _ADDED_IN_VERSION.items() if v > version})
 
 
-_SELECT = _select_for(SCHEMA_VERSION)
+_TASKS = RecordSql.build(TASK_TABLE, SQLITE)
+_JOBS = RecordSql.build(JOB_TABLE, SQLITE)
 
 SCHEMA = """
 CREATE TABLE tasks (
@@ -150,8 +158,6 @@ CREATE TABLE keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE poison (key TEXT PRIMARY KEY, error TEXT NOT NULL, recorded_at REAL NOT NULL) WITHOUT ROWID;
 """
 
-_JOB_SELECT = "SELECT " + ", ".join(f"j.{name}" for name in JOB_COLUMNS) + " FROM jobs j"
-_JOB_INSERT = f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
 JOB_SCHEMA = (
     """CREATE TABLE jobs (
     seq INTEGER PRIMARY KEY,
@@ -244,10 +250,6 @@ WHERE typeof(key) != 'text' OR typeof(error) != 'text' OR typeof(recorded_at) NO
 """
 
 
-def _json_text(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
 class SqliteStore:
     """:class:`~aiqsim.stores.base.TaskStore` in an SQLite file (WAL), safe for several processes.
 
@@ -285,6 +287,8 @@ class SqliteStore:
         """Staged writes SQLite rolled back under a later failed write; the next flush reports them."""
         self._lost_cause: BaseException | None = None
         self._closed = False
+        self._task_claim = KeyClaim(_TASKS, self._decode, claim_owner)
+        self._job_claim = KeyClaim(_JOBS, self._decode_job, claim_job_owner)
         check_store_location(self.path)  # a missing folder: StoreOpenError naming the path given
         try:
             self._remove_stale_temps()
@@ -534,7 +538,7 @@ class SqliteStore:
 
     def _validate_jobs(self, conn: sqlite3.Connection) -> None:
         """Decode every job row and check every job key's owner (jobs are few next to tasks)."""
-        for row in conn.execute(_JOB_SELECT).fetchall():
+        for row in conn.execute(_JOBS.select).fetchall():
             self._decode_job(row)
         bad = conn.execute(
             "SELECT k.key, k.owner_id FROM job_keys k LEFT JOIN jobs j ON j.id = k.owner_id "
@@ -545,18 +549,11 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ rows
     def _decode(self, row: Sequence[Any]) -> TaskRecord:
-        data = dict(zip(COLUMNS, row, strict=True))
-        for name in _JSON_COLUMNS:
-            try:
-                data[name] = json.loads(data[name])
-            except (TypeError, ValueError) as error:
-                raise self._corrupt(f"task {data['id']!r}: column {name!r} is not JSON ({error})") from error
-        return record_from_stored(data, str(self.path))
+        return record_from_stored(decode_row(TASK_TABLE, row, self._corrupt), str(self.path))
 
     @staticmethod
     def _encode(task: TaskRecord) -> tuple[Any, ...]:
-        data = task.to_dict()
-        return tuple(_json_text(data[name]) if name in _JSON_COLUMNS else data[name] for name in COLUMNS)
+        return encode_row(TASK_TABLE, task.to_dict())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -687,62 +684,31 @@ class SqliteStore:
         values = self._encode(task)  # a non-JSON payload fails here, before the transaction
         with self._write(f"insert of task {task.id!r} ({task.status.value})") as conn:
             try:
-                conn.execute(
-                    f"INSERT INTO tasks ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                    values,
-                )
+                conn.execute(_TASKS.insert, values)
             except sqlite3.IntegrityError as error:
                 raise ValueError(f"task id {task.id!r} already exists") from error
-            return self._claim_in_transaction(conn, task)
+            return self._task_claim.claim(conn, task)
 
     def claim(self, task: TaskRecord) -> TaskRecord:
         with self._write(f"claim of key {task.key!r} by task {task.id!r}") as conn:
-            row = conn.execute(f"{_SELECT} WHERE t.id = ?", (task.id,)).fetchone()
-            if row is None:
-                raise KeyError(f"unknown task id {task.id!r}")
-            owner_row = conn.execute("SELECT owner_id FROM keys WHERE key = ?", (task.key,)).fetchone()
-            if owner_row is not None and owner_row[0] == task.id:
-                return self._decode(row)
-            return self._claim_in_transaction(conn, task)
-
-    def _claim_in_transaction(self, conn: sqlite3.Connection, task: TaskRecord) -> TaskRecord:
-        taken = conn.execute(
-            "INSERT INTO keys (key, owner_id) VALUES (?, ?) ON CONFLICT (key) DO NOTHING", (task.key, task.id)
-        )
-        if taken.rowcount == 1:
-            return task
-        row = conn.execute(
-            f"{_SELECT} JOIN keys k ON k.owner_id = t.id WHERE k.key = ?", (task.key,)
-        ).fetchone()
-        owner = claim_owner(self._decode(row) if row is not None else None, task)
-        if owner is task:
-            conn.execute("UPDATE keys SET owner_id = ? WHERE key = ?", (task.id, task.key))
-        return owner
+            return self._task_claim.claim_stored(conn, task)
 
     def update(self, task: TaskRecord) -> None:
         values = self._encode(task)
-        assignments = ", ".join(f"{name} = ?" for name in COLUMNS[1:])
         with self._write(f"update of task {task.id!r} to {task.status.value}") as conn:
-            changed = conn.execute(f"UPDATE tasks SET {assignments} WHERE id = ?", (*values[1:], task.id))
-            if changed.rowcount != 1:
-                raise KeyError(f"unknown task id {task.id!r}")
+            update_row(conn, _TASKS, task.id, values)
 
     def get(self, task_id: str) -> TaskRecord | None:
-        return self._read_one(f"{_SELECT} WHERE t.id = ?", (task_id,), f"task {task_id!r}")
+        return self._read_one(_TASKS.by_id, (task_id,), f"task {task_id!r}")
 
     def owner_of(self, key: str) -> TaskRecord | None:
-        return self._read_one(
-            f"{_SELECT} JOIN keys k ON k.owner_id = t.id WHERE k.key = ?", (key,), f"the owner of key {key!r}"
-        )
+        return self._read_one(_TASKS.owner, (key,), f"the owner of key {key!r}")
 
     def list_by_status(self, *statuses: TaskStatus) -> list[TaskRecord]:
         values = [TaskStatus(status).value for status in statuses]
+        sql, params = _TASKS.by_status(values)
         with self._reading(f"the tasks in {values or 'any status'}") as conn:
-            if values:
-                sql = f"{_SELECT} WHERE t.status IN ({', '.join('?' * len(values))}) ORDER BY t.seq"
-                rows = conn.execute(sql, values).fetchall()
-            else:
-                rows = conn.execute(f"{_SELECT} ORDER BY t.seq").fetchall()
+            rows = conn.execute(sql, params).fetchall()
         return [self._decode(row) for row in rows]
 
     def record_poison(self, key: str, error: str, now: float) -> None:
@@ -791,20 +757,11 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ JobStore
     def _decode_job(self, row: Sequence[Any]) -> JobRecord:
-        data = dict(zip(JOB_COLUMNS, row, strict=True))
-        for name in _JOB_JSON_COLUMNS:
-            try:
-                data[name] = json.loads(data[name])
-            except (TypeError, ValueError) as error:
-                raise self._corrupt(f"job {data['id']!r}: column {name!r} is not JSON ({error})") from error
-        return job_from_stored(data, str(self.path))
+        return job_from_stored(decode_row(JOB_TABLE, row, self._corrupt), str(self.path))
 
     @staticmethod
     def _encode_job(job: JobRecord) -> tuple[Any, ...]:
-        data = job.to_dict()
-        return tuple(
-            _json_text(data[name]) if name in _JOB_JSON_COLUMNS else data[name] for name in JOB_COLUMNS
-        )
+        return encode_row(JOB_TABLE, job.to_dict())
 
     def _read_job(self, sql: str, params: Sequence[Any], what: str) -> JobRecord | None:
         with self._reading(what) as conn:
@@ -815,62 +772,31 @@ class SqliteStore:
         values = self._encode_job(job)  # non-JSON inputs fail here, before the transaction
         with self._write(f"insert of job {job.id!r} ({job.status.value})") as conn:
             try:
-                conn.execute(_JOB_INSERT, values)
+                conn.execute(_JOBS.insert, values)
             except sqlite3.IntegrityError as error:
                 raise ValueError(f"job id {job.id!r} already exists") from error
-            return self._claim_job_in_transaction(conn, job)
+            return self._job_claim.claim(conn, job)
 
     def claim_job(self, job: JobRecord) -> JobRecord:
         with self._write(f"claim of job key {job.key!r} by job {job.id!r}") as conn:
-            row = conn.execute(f"{_JOB_SELECT} WHERE j.id = ?", (job.id,)).fetchone()
-            if row is None:
-                raise KeyError(f"unknown job id {job.id!r}")
-            owner_row = conn.execute("SELECT owner_id FROM job_keys WHERE key = ?", (job.key,)).fetchone()
-            if owner_row is not None and owner_row[0] == job.id:
-                return self._decode_job(row)
-            return self._claim_job_in_transaction(conn, job)
-
-    def _claim_job_in_transaction(self, conn: sqlite3.Connection, job: JobRecord) -> JobRecord:
-        taken = conn.execute(
-            "INSERT INTO job_keys (key, owner_id) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
-            (job.key, job.id),
-        )
-        if taken.rowcount == 1:
-            return job
-        row = conn.execute(
-            f"{_JOB_SELECT} JOIN job_keys k ON k.owner_id = j.id WHERE k.key = ?", (job.key,)
-        ).fetchone()
-        owner = claim_job_owner(self._decode_job(row) if row is not None else None, job)
-        if owner is job:
-            conn.execute("UPDATE job_keys SET owner_id = ? WHERE key = ?", (job.id, job.key))
-        return owner
+            return self._job_claim.claim_stored(conn, job)
 
     def update_job(self, job: JobRecord) -> None:
         values = self._encode_job(job)
-        assignments = ", ".join(f"{name} = ?" for name in JOB_COLUMNS[1:])
         with self._write(f"update of job {job.id!r} to {job.status.value}") as conn:
-            changed = conn.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values[1:], job.id))
-            if changed.rowcount != 1:
-                raise KeyError(f"unknown job id {job.id!r}")
+            update_row(conn, _JOBS, job.id, values)
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        return self._read_job(f"{_JOB_SELECT} WHERE j.id = ?", (job_id,), f"job {job_id!r}")
+        return self._read_job(_JOBS.by_id, (job_id,), f"job {job_id!r}")
 
     def job_owner_of(self, key: str) -> JobRecord | None:
-        return self._read_job(
-            f"{_JOB_SELECT} JOIN job_keys k ON k.owner_id = j.id WHERE k.key = ?",
-            (key,),
-            f"the owner of job key {key!r}",
-        )
+        return self._read_job(_JOBS.owner, (key,), f"the owner of job key {key!r}")
 
     def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
         values = [JobStatus(status).value for status in statuses]
+        sql, params = _JOBS.by_status(values)
         with self._reading(f"the jobs in {values or 'any status'}") as conn:
-            if values:
-                sql = f"{_JOB_SELECT} WHERE j.status IN ({', '.join('?' * len(values))}) ORDER BY j.seq"
-                rows = conn.execute(sql, values).fetchall()
-            else:
-                rows = conn.execute(f"{_JOB_SELECT} ORDER BY j.seq").fetchall()
+            rows = conn.execute(sql, params).fetchall()
         return [self._decode_job(row) for row in rows]
 
     def close(self, *, flush: bool = True) -> None:
