@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -319,6 +319,15 @@ def purge_candidate(record: TaskRecord, owns_key: bool) -> PurgeCandidate:
     """The :class:`PurgeCandidate` for a stored record."""
     finished = record.finished_at if record.finished_at is not None else record.updated_at
     return PurgeCandidate(record.id, record.key, record.status, finished, owns_key)
+
+
+def purge_candidates(tasks: Iterable[TaskRecord], owners: Mapping[str, str]) -> Iterator[PurgeCandidate]:
+    """The candidates of :func:`plan_purge` in a store that keeps its records and its key owners
+    (key -> owning task id) in memory, as the memory and JSON-file stores do: every terminal
+    task, with whether it owns its key."""
+    for record in tasks:
+        if record.status.is_terminal:
+            yield purge_candidate(record, owners.get(record.key) == record.id)
 
 
 def purge_report(

@@ -73,7 +73,7 @@ from aiqsim.stores.base import (
     check_store_location,
     claim_owner,
     plan_purge,
-    purge_candidate,
+    purge_candidates,
     purge_report,
     record_from_stored,
 )
@@ -720,11 +720,7 @@ class JsonFileStore:
         """
         self._check_open()
         plan = plan_purge(
-            (
-                purge_candidate(t, self._owners.get(t.key) == t.id)
-                for t in self._tasks.values()
-                if t.status.is_terminal
-            ),
+            purge_candidates(self._tasks.values(), self._owners),
             now=now,
             finished_older_than_s=finished_older_than_s,
             keys_older_than_s=keys_older_than_s,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.stores.base import PurgeReport, claim_owner, plan_purge, purge_candidate, purge_report
+from aiqsim.stores.base import PurgeReport, claim_owner, plan_purge, purge_candidates, purge_report
 from aiqsim.stores.job_store import claim_job_owner
 
 
@@ -77,11 +77,7 @@ class MemoryStore:
     def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
         """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`."""
         plan = plan_purge(
-            (
-                purge_candidate(t, self._owners.get(t.key) == t.id)
-                for t in self._tasks.values()
-                if t.status.is_terminal
-            ),
+            purge_candidates(self._tasks.values(), self._owners),
             now=now,
             finished_older_than_s=finished_older_than_s,
             keys_older_than_s=keys_older_than_s,
