@@ -141,8 +141,8 @@ __all__ = [
 
 # Jobs: pipelines of calls (issue #15). Appended as one block so parallel edits above merge cleanly.
 from aiqsim.core.job import JobRecord, JobStatus, derive_job_status  # noqa: E402
-from aiqsim.scheduler import job_exports as _job_exports  # noqa: E402
-from aiqsim.scheduler.job_exports import *  # noqa: E402, F403
+from aiqsim.scheduler import jobs as _jobs  # noqa: E402
+from aiqsim.scheduler.jobs import *  # noqa: E402, F403
 
-__all__ += _job_exports.__all__
+__all__ += _jobs.__all__
 __all__ += ["JobRecord", "JobStatus", "derive_job_status"]

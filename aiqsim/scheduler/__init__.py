@@ -70,10 +70,10 @@ __all__ = [
     "dispatch_policy_from_name",
 ]
 
-# Jobs (issue #15), appended as one block: the names of aiqsim.scheduler.job_exports (shared with aiqsim).
-from aiqsim.scheduler import job_exports as _job_exports
+# Jobs (issue #15), appended as one block: the public names of aiqsim.scheduler.jobs (its __all__).
+from aiqsim.scheduler import jobs as _jobs
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
-from aiqsim.scheduler.job_exports import *  # noqa: F403
+from aiqsim.scheduler.jobs import *  # noqa: F403
 
-__all__ += _job_exports.__all__
+__all__ += _jobs.__all__
 __all__ += ["JobTransition", "StageEvent"]

@@ -86,10 +86,10 @@ __all__ = [
     "JobSpecError",
     "Jobs",
     "Stage",
-    "jobs_of",
-    "keeps_jobs",
-    "recover_jobs",
 ]
+"""The public job names: :mod:`aiqsim.scheduler` and :mod:`aiqsim` re-export exactly these (by
+``import *`` and this list), so one list says what is public. ``jobs_of``, ``keeps_jobs`` and
+``recover_jobs`` are the scheduler's own hooks into this module, imported by name."""
 
 BuildFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
 """``build(inputs, results) -> payload`` (a list of payloads for a fan-out stage)."""
