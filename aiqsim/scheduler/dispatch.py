@@ -45,22 +45,21 @@ class DispatchPolicy(Protocol):
     def new_queue(self) -> TaskQueue: ...
 
 
-class _FifoQueue:
-    __slots__ = ("_items", "_size")
+def _first_live(items: deque[QueueItem]) -> QueueItem | None:
+    """The first item of ``items`` not removed yet; removed items at the front are dropped now."""
+    while items and items[0].removed:
+        items.popleft()
+    return items[0] if items else None
+
+
+class _LazyQueue:
+    """What every queue shares: lazy removal. ``pop`` only marks the item removed and counts it
+    out; each queue drops marked items when they reach its front (no search through the queue)."""
+
+    __slots__ = ("_size",)
 
     def __init__(self) -> None:
-        self._items: deque[QueueItem] = deque()
         self._size = 0
-
-    def push(self, item: QueueItem) -> None:
-        self._items.append(item)
-        self._size += 1
-
-    def peek(self, now: float) -> QueueItem | None:
-        items = self._items
-        while items and items[0].removed:
-            items.popleft()
-        return items[0] if items else None
 
     def pop(self, item: QueueItem) -> None:
         if not item.removed:
@@ -70,20 +69,35 @@ class _FifoQueue:
     def __len__(self) -> int:
         return self._size
 
+
+class _FifoQueue(_LazyQueue):
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._items: deque[QueueItem] = deque()
+
+    def push(self, item: QueueItem) -> None:
+        self._items.append(item)
+        self._size += 1
+
+    def peek(self, now: float) -> QueueItem | None:
+        return _first_live(self._items)
+
     def next_change(self, now: float) -> float:
         return math.inf
 
 
-class _CostHeapQueue:
+class _CostHeapQueue(_LazyQueue):
     """Smallest cost first; ties by arrival. Optionally the oldest task goes first once it is overdue."""
 
-    __slots__ = ("_arrivals", "_heap", "_max_wait", "_size")
+    __slots__ = ("_arrivals", "_heap", "_max_wait")
 
     def __init__(self, max_wait_s: float | None) -> None:
+        super().__init__()
         self._heap: list[tuple[float, int, QueueItem]] = []
         self._arrivals: deque[QueueItem] = deque()
         self._max_wait = max_wait_s
-        self._size = 0
 
     def push(self, item: QueueItem) -> None:
         heapq.heappush(self._heap, (item.cost, item.seq, item))
@@ -92,10 +106,7 @@ class _CostHeapQueue:
         self._size += 1
 
     def _oldest(self) -> QueueItem | None:
-        arrivals = self._arrivals
-        while arrivals and arrivals[0].removed:
-            arrivals.popleft()
-        return arrivals[0] if arrivals else None
+        return _first_live(self._arrivals)
 
     def peek(self, now: float) -> QueueItem | None:
         if self._max_wait is not None:
@@ -106,14 +117,6 @@ class _CostHeapQueue:
         while heap and heap[0][2].removed:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
-
-    def pop(self, item: QueueItem) -> None:
-        if not item.removed:
-            item.removed = True
-            self._size -= 1
-
-    def __len__(self) -> int:
-        return self._size
 
     def next_change(self, now: float) -> float:
         if self._max_wait is None:

@@ -1,0 +1,61 @@
+"""The dispatch queues against a plain model: random pushes, pops and peeks, seeded so a failure replays.
+
+Each queue removes lazily (``pop`` marks, the front is cleaned on ``peek``); the model keeps a
+plain list of live items and picks by the policy's rule directly, so any bookkeeping slip
+(a count off by one, a removed item served, a wrong order) shows as a difference.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from aiqsim.scheduler.dispatch import (
+    AgingShortestJobFirstPolicy,
+    FifoPolicy,
+    QueueItem,
+    ShortestJobFirstPolicy,
+)
+
+POLICIES = [FifoPolicy(), ShortestJobFirstPolicy(), AgingShortestJobFirstPolicy(max_wait_s=5.0)]
+
+
+def _model_choice(policy: object, live: list[QueueItem], now: float) -> QueueItem | None:
+    if not live:
+        return None
+    if isinstance(policy, FifoPolicy):
+        return min(live, key=lambda item: item.seq)
+    if isinstance(policy, AgingShortestJobFirstPolicy):
+        oldest = min(live, key=lambda item: item.seq)
+        if now - oldest.enqueued_at >= policy.max_wait_s:
+            return oldest
+    return min(live, key=lambda item: (item.cost, item.seq))
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+@pytest.mark.parametrize("seed", range(5))
+def test_a_queue_serves_what_its_rule_picks_and_counts_only_live_items(policy: object, seed: int) -> None:
+    rng = random.Random(seed)
+    queue = policy.new_queue()  # type: ignore[attr-defined]
+    live: list[QueueItem] = []
+    now = 0.0
+    for seq in range(400):
+        now += rng.expovariate(1.0)
+        action = rng.random()
+        if action < 0.5 or not live:
+            item = QueueItem(f"t{seq}", float(rng.randint(1, 20)), now, seq)
+            queue.push(item)
+            live.append(item)
+        elif action < 0.75:  # the dispatcher starts what it peeked
+            chosen = queue.peek(now)
+            assert chosen is _model_choice(policy, live, now)
+            queue.pop(chosen)
+            live.remove(chosen)
+        else:  # a cancel removes any waiting item, twice to check pop is idempotent
+            victim = rng.choice(live)
+            queue.pop(victim)
+            queue.pop(victim)
+            live.remove(victim)
+        assert len(queue) == len(live)
+        assert queue.peek(now) is _model_choice(policy, live, now)
