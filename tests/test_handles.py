@@ -101,3 +101,26 @@ def test_task_and_job_handles_share_the_waiting_rule_and_keep_their_reprs(rt_nam
     assert task_status is TaskStatus.SUCCEEDED and job_status is JobStatus.SUCCEEDED
     assert results == {"a": {"output": "done:b"}}
     assert issubclass(Submission, OutcomeHandle) and issubclass(JobHandle, OutcomeHandle)
+
+
+@both
+def test_a_job_handle_relays_an_exception_on_its_future_instead_of_hanging(rt_name: str) -> None:
+    """JobHandle used to copy only a result: an exception raised inside its callback, and the
+    waiter never resolved. It now waits as Submission does (the scheduler never sets one today)."""
+    from aiqsim.scheduler.jobs import jobs_of
+
+    class Broken(Exception):
+        pass
+
+    async def body(rt):
+        scheduler = Scheduler(rt, [ScriptedProvider(rt, latency_s=1.0)], rng=random.Random(5))
+        shared = rt.create_future()
+        handle = JobHandle(jobs_of(scheduler), "job-1", "key-1", shared)
+        waiter = rt.spawn(handle.wait())
+        await rt.sleep(1)
+        shared.set_exception(Broken("lost"))
+        with pytest.raises(Broken):
+            await rt.wait_for(waiter, 5)
+        return True
+
+    assert run_on(rt_name, body)
