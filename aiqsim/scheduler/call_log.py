@@ -9,11 +9,18 @@ results are turned into the same tables by the same class (``result.call_log``),
 
 Two modes:
 
-- ``CallLog()`` keeps every row in memory (``tasks_rows``/``calls_rows``); :meth:`CallLog.write`
+- ``CallLog()`` keeps everything in memory (``tasks_rows``/``calls_rows``); :meth:`CallLog.write`
   saves them as ``tasks.csv`` + ``calls.csv`` (or ``.parquet``) in a folder.
 - ``CallLog(directory)`` streams: attempt rows are appended to ``calls.csv`` and a task's row to
-  ``tasks.csv`` when it ends, ``flush_rows`` rows at a time; only tasks not yet finished are held,
-  so memory stays bounded in a long-running process. :meth:`CallLog.close` writes the rest.
+  ``tasks.csv`` when it ends, every ``flush_rows`` events; only those events and the tasks not yet
+  finished are held, so memory stays bounded in a long-running process. :meth:`CallLog.close`
+  writes the rest.
+
+Cost on the serving path: receiving an event only appends it to a list (the events are immutable
+records, so holding them is safe). The rows are built from the held events in one tight loop when
+they are needed: when a streaming log flushes (every ``flush_rows`` events, together with the CSV
+formatting), or when an in-memory log's rows are read or written. The rows are the same as if each
+event had been turned into rows on arrival, since the events are replayed in the order received.
 
 No pandas here (the scheduler's side of the project stays light): rows are tuples, CSV goes through
 the :mod:`csv` module, and Parquet through pyarrow, imported only when asked for.
@@ -22,6 +29,7 @@ the :mod:`csv` module, and Parquet through pyarrow, imported only when asked for
 from __future__ import annotations
 
 import csv
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -83,6 +91,9 @@ def outcome_class(outcome: str) -> str:
     return OUTCOME_CLASSES.get(outcome, "other")
 
 
+_PRIORITY_NAMES: dict[int, str] = {int(p): p.name.lower() for p in Priority}
+
+
 def _priority_name(priority: int) -> str:
     try:
         return Priority(priority).name.lower()
@@ -97,6 +108,8 @@ class CallLog:
     sink (``CallLog(forward=events.append)``). With ``directory`` the log streams to
     ``directory/tasks.csv`` and ``directory/calls.csv`` (``format="csv"`` only: Parquet files are
     written whole, at :meth:`write`); call :meth:`close` (or use ``with``) at the end.
+    ``flush_rows`` is how many events a streaming log holds before it turns them into rows and
+    appends those to its files (an in-memory log builds its rows when they are read or written).
     """
 
     wants_quota_samples = False
@@ -114,82 +127,114 @@ class CallLog:
             raise ConfigurationError(f"flush_rows: expected an integer >= 1, got {flush_rows!r}")
         self.forward = forward
         self.flush_rows = flush_rows
-        self.tasks_rows: list[tuple[Any, ...]] = []
-        """Finished tasks' rows not yet written (all of them when the log does not stream)."""
-        self.calls_rows: list[tuple[Any, ...]] = []
-        """Attempt rows not yet written (all of them when the log does not stream)."""
+        self._pending: list[SchedulerEvent] = []
+        """Events received and not yet turned into rows, in the order received."""
+        self._tasks_rows: list[tuple[Any, ...]] = []
+        self._calls_rows: list[tuple[Any, ...]] = []
         self._open: dict[str, list[Any]] = {}
         """Task id -> its row so far, for tasks not finished yet."""
         self.directory = None if directory is None else Path(directory)
         self._files: list[Any] = []
         self._writers: tuple[Any, Any] | None = None
+        self._hold = sys.maxsize
+        """Events held before a flush: ``flush_rows`` when streaming, unbounded in memory."""
         if self.directory is not None:
             self._writers = self._open_streams(self.directory)
+            self._hold = flush_rows
 
     # ------------------------------------------------------------------ the sink
     def __call__(self, event: SchedulerEvent) -> None:
-        """Record ``event`` (a :data:`~aiqsim.scheduler.events.SchedulerEvent`); others are ignored."""
-        if type(event) is AttemptRecord:
-            self._attempt(event)
-        elif type(event) is TaskTransition:
-            self._transition(event)
+        """Record ``event`` (a :data:`~aiqsim.scheduler.events.SchedulerEvent`; only task transitions
+        and attempts make rows, the others are dropped when the held events are turned into rows)."""
+        pending = self._pending
+        pending.append(event)
         if self.forward is not None:
             self.forward(event)
-
-    def _transition(self, event: TaskTransition) -> None:
-        row = self._open.get(event.task_id)
-        if row is None:
-            row = [
-                event.task_id, event.key, event.provider, _priority_name(event.priority), event.new,
-                event.cost_estimate, event.attempts, event.time, None, None, None,
-            ]  # fmt: skip
-            self._open[event.task_id] = row
-        row[4] = event.new
-        row[6] = event.attempts
-        if event.new == "running" and row[8] is None:
-            row[8] = event.time
-        if event.new in _TERMINAL:
-            row[9] = event.time
-            row[10] = event.time - row[7]
-            del self._open[event.task_id]
-            self.tasks_rows.append(tuple(row))
-            if self._writers is not None and len(self.tasks_rows) >= self.flush_rows:
-                self.flush()
-
-    def _attempt(self, a: AttemptRecord) -> None:
-        task = self._open.get(a.task_id)
-        snapshot = a.ratelimit
-        if snapshot is None:
-            limits: tuple[Any, ...] = (None, None, None, None, None, None)
-        else:
-            limits = (
-                snapshot.limit_requests,
-                snapshot.remaining_requests,
-                snapshot.reset_requests_s,
-                snapshot.limit_tokens,
-                snapshot.remaining_tokens,
-                snapshot.reset_tokens_s,
-            )
-        self.calls_rows.append(
-            (
-                a.task_id, a.key, a.provider, task[3] if task is not None else None, a.attempt,
-                a.start, a.end, a.end - a.start, a.outcome, OUTCOME_CLASSES.get(a.outcome, "other"),
-                a.decision, a.cost_estimate, a.usage, a.output_units, a.retry_after_s, a.delay_s,
-                *limits,
-            )
-        )  # fmt: skip
-        if self._writers is not None and len(self.calls_rows) >= self.flush_rows:
+        if len(pending) >= self._hold:
             self.flush()
+
+    def _build_rows(self) -> None:
+        """Turn the held events into task and call rows, in the order they were received."""
+        pending = self._pending
+        if not pending:
+            return
+        open_rows = self._open
+        tasks_rows = self._tasks_rows
+        calls_rows = self._calls_rows
+        no_limits = (None, None, None, None, None, None)
+        for event in pending:
+            kind = type(event)
+            if kind is TaskTransition:
+                time, task_id, key, provider, priority, _old, new, attempts, cost_estimate = event
+                row = open_rows.get(task_id)
+                if row is None:
+                    row = [
+                        task_id, key, provider, _PRIORITY_NAMES.get(priority) or _priority_name(priority),
+                        new, cost_estimate, attempts, time, None, None, None,
+                    ]  # fmt: skip
+                    open_rows[task_id] = row
+                else:
+                    row[4] = new
+                    row[6] = attempts
+                if new == "running" and row[8] is None:
+                    row[8] = time
+                if new in _TERMINAL:
+                    row[9] = time
+                    row[10] = time - row[7]
+                    del open_rows[task_id]
+                    tasks_rows.append(tuple(row))
+            elif kind is AttemptRecord:
+                (
+                    task_id, key, provider, attempt, start, end, outcome, decision, cost_estimate,
+                    usage, retry_after_s, delay_s, output_units, snapshot,
+                ) = event  # fmt: skip
+                task = open_rows.get(task_id)
+                if snapshot is None:
+                    limits: tuple[Any, ...] = no_limits
+                else:
+                    limits = (
+                        snapshot.limit_requests,
+                        snapshot.remaining_requests,
+                        snapshot.reset_requests_s,
+                        snapshot.limit_tokens,
+                        snapshot.remaining_tokens,
+                        snapshot.reset_tokens_s,
+                    )
+                calls_rows.append(
+                    (
+                        task_id, key, provider, task[3] if task is not None else None, attempt,
+                        start, end, end - start, outcome, OUTCOME_CLASSES.get(outcome, "other"),
+                        decision, cost_estimate, usage, output_units, retry_after_s, delay_s,
+                        *limits,
+                    )
+                )  # fmt: skip
+        pending.clear()
 
     # ------------------------------------------------------------------ feeding and reading
     def extend(self, events: Iterable[SchedulerEvent]) -> CallLog:
         """Record every event of ``events`` in order (e.g. a finished simulation's); returns ``self``."""
+        if self.forward is None and self._writers is None:
+            self._pending.extend(events)
+            return self
         for event in events:
             self(event)
         return self
 
+    @property
+    def tasks_rows(self) -> list[tuple[Any, ...]]:
+        """Finished tasks' rows not yet written (all of them when the log does not stream)."""
+        self._build_rows()
+        return self._tasks_rows
+
+    @property
+    def calls_rows(self) -> list[tuple[Any, ...]]:
+        """Attempt rows not yet written (all of them when the log does not stream)."""
+        self._build_rows()
+        return self._calls_rows
+
     def open_tasks(self) -> list[tuple[Any, ...]]:
         """Rows of tasks not finished yet (status as last seen, no ``finished_at``)."""
+        self._build_rows()
         return [tuple(row) for row in self._open.values()]
 
     def as_dicts(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -213,29 +258,32 @@ class CallLog:
         return writers
 
     def flush(self) -> None:
-        """Append the rows held so far to the streamed files (nothing to do when not streaming)."""
+        """Turn the held events into rows and append those to the streamed files (when not streaming,
+        only the rows are built)."""
+        self._build_rows()
         if self._writers is None:
             return
         try:
-            self._writers[0].writerows(self.tasks_rows)  # csv writes None as "" and floats by repr
-            self._writers[1].writerows(self.calls_rows)
+            self._writers[0].writerows(self._tasks_rows)  # csv writes None as "" and floats by repr
+            self._writers[1].writerows(self._calls_rows)
             for file in self._files:
                 file.flush()
         except OSError as error:
             raise CallLogError(f"cannot append to the call log in {self.directory}: {error}") from error
-        self.tasks_rows.clear()
-        self.calls_rows.clear()
+        self._tasks_rows.clear()
+        self._calls_rows.clear()
 
     def close(self) -> None:
         """Flush and close the streamed files; tasks still open are written as they stand."""
         if self._writers is None:
             return
-        self.tasks_rows.extend(self.open_tasks())
+        self._tasks_rows.extend(self.open_tasks())
         self._open.clear()
         self.flush()
         for file in self._files:
             file.close()
         self._writers = None
+        self._hold = sys.maxsize
 
     def __enter__(self) -> CallLog:
         return self
@@ -252,12 +300,13 @@ class CallLog:
             raise ConfigurationError("this call log streams to its directory; close() it instead of write()")
         folder = Path(directory)
         tasks = self.tasks_rows + self.open_tasks()
+        calls = self._calls_rows
         paths = folder / f"tasks.{format}", folder / f"calls.{format}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if format == "csv":
                 for path, columns, rows in zip(
-                    paths, (TASK_LOG_COLUMNS, CALL_LOG_COLUMNS), (tasks, self.calls_rows), strict=True
+                    paths, (TASK_LOG_COLUMNS, CALL_LOG_COLUMNS), (tasks, calls), strict=True
                 ):
                     with open(path, "w", newline="", encoding="utf-8") as file:
                         writer = csv.writer(file)
@@ -265,7 +314,7 @@ class CallLog:
                         writer.writerows(rows)  # None as an empty cell, floats in full precision
             else:
                 _write_parquet(paths[0], TASK_LOG_COLUMNS, tasks)
-                _write_parquet(paths[1], CALL_LOG_COLUMNS, self.calls_rows)
+                _write_parquet(paths[1], CALL_LOG_COLUMNS, calls)
         except OSError as error:
             raise CallLogError(f"cannot write the call log in {folder}: {error}") from error
         return paths
