@@ -29,6 +29,12 @@ distribution (``fixed`` when every estimate is equal, else ``lognormal`` with th
 log-sd), the output fraction, and duplicate submissions (as ``distinct_inputs`` solving
 ``E[repeats] = observed repeats`` under uniform draws of inputs).
 
+With ``arrivals="replay"`` the scenario's workloads do not draw arrivals from those fits: each
+(provider, priority) becomes a ``replay`` workload whose arrivals CSV (written next to the scenario,
+see :mod:`aiqsim.sim.replay_arrivals`) holds the log's own submit times, relative to the first, with
+each task's cost estimate split by the fitted output fraction and its key as the input label (so
+repeated submissions repeat). The fits are still made and reported.
+
 The client's own settings (quotas, retry, dispatch) are not in a log: pass ``settings`` (a scenario
 whose client tables are copied) or get the defaults.
 """
@@ -36,10 +42,12 @@ whose client tables are copied) or get the defaults.
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -67,6 +75,9 @@ __all__ = [
 POOR_FIT_LOG_RESIDUAL_KS = 0.08
 """Kolmogorov-Smirnov distance of the standardised log residuals from a normal above which the
 latency fit is flagged (lognormal noise assumed by the model does not describe the data)."""
+
+ArrivalModel = Literal["fitted", "replay"]
+"""How a calibrated scenario's workloads arrive: the fitted Poisson model or the log's own times."""
 
 POOR_FIT_DISPERSION = 2.0
 """Index of dispersion (variance / mean of arrivals per 10 s) above which arrivals are flagged as
@@ -234,18 +245,32 @@ class Calibration:
     """Poor fits and guesses, one sentence each (empty when every fit looks right)."""
     tasks: pd.DataFrame = field(repr=False)
     calls: pd.DataFrame = field(repr=False)
+    arrivals: ArrivalModel = "fitted"
+    """``fitted`` (Poisson workloads) or ``replay`` (workloads replaying the log's arrivals files)."""
+    inputs: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    """How to redo the fits: ``logs`` (absolute paths) and the keyword arguments of :func:`calibrate`
+    that shape them (a notebook report re-runs ``calibrate(**inputs)``)."""
 
-    def to_toml(self) -> str:
-        """The calibrated scenario as a scenario file (``aiqsim validate`` accepts it)."""
+    def to_toml(self, relative_to: str | Path | None = None) -> str:
+        """The calibrated scenario as a scenario file (``aiqsim validate`` accepts it).
+
+        ``relative_to``: the folder the file will be in; replay workloads then name their arrivals
+        files relative to it (as the scenario loader resolves them), else by absolute path.
+        """
         from aiqsim.sim.scenario import scenario_to_dict
 
-        return dumps_toml(scenario_to_dict(self.scenario))
+        document = scenario_to_dict(self.scenario)
+        if relative_to is not None:
+            for workload in document["workloads"]:
+                if workload.get("arrivals"):
+                    workload["arrivals"] = Path(os.path.relpath(workload["arrivals"], relative_to)).as_posix()
+        return dumps_toml(document)
 
     def write(self, path: str | Path) -> Path:
-        """Write :meth:`to_toml` to ``path``; returns it."""
+        """Write :meth:`to_toml` to ``path`` (replayed arrivals named relative to its folder); returns it."""
         target = Path(path)
         try:
-            target.write_text(self.to_toml(), encoding="utf-8")
+            target.write_text(self.to_toml(relative_to=target.parent.resolve()), encoding="utf-8")
         except OSError as error:
             raise CalibrationError(f"cannot write {target}: {error}") from error
         return target
@@ -430,6 +455,9 @@ def calibrate(
     arrival_bins: int = 1,
     price_per_1k_units: float | None = None,
     duration_s: float | None = None,
+    arrivals: ArrivalModel = "fitted",
+    replay_dir: str | Path | None = None,
+    replay_stem: str = "arrivals",
 ) -> Calibration:
     """Fit a scenario to the call logs at ``logs`` (see the module docstring for what and how).
 
@@ -439,6 +467,11 @@ def calibrate(
     the price (else the settings' provider's, else the default). ``duration_s`` is how long the
     scenario's arrivals last (default: the log's span; several logs are laid end to end, so their
     span is the sum): the fitted rates are kept and their shape is stretched to it.
+
+    ``arrivals="replay"`` makes each (provider, priority) a ``replay`` workload of the log's own
+    submit times; their CSVs are written to ``replay_dir`` (required then; the scenario file should
+    go there too) as ``{replay_stem}.{provider}.{priority}.csv``. A replay keeps the log's times, so
+    it cannot be stretched with ``duration_s``.
     """
     from aiqsim.sim.config import CostConfig, ProviderConfig, WorkloadConfig
     from aiqsim.sim.scenario import parse_scenario, scenario_to_dict
@@ -449,6 +482,13 @@ def calibrate(
         raise ConfigurationError("logs: give at least one call-log folder")
     if isinstance(arrival_bins, bool) or not isinstance(arrival_bins, int) or arrival_bins < 1:
         raise ConfigurationError(f"arrival_bins: expected an integer >= 1, got {arrival_bins!r}")
+    if arrivals not in ("fitted", "replay"):
+        raise ConfigurationError(f"arrivals: expected 'fitted' or 'replay', got {arrivals!r}")
+    if arrivals == "replay":
+        if replay_dir is None:
+            raise ConfigurationError("arrivals='replay' needs replay_dir: the folder for the arrivals CSVs")
+        if duration_s is not None:
+            raise ConfigurationError("duration_s stretches fitted arrivals; a replay keeps the log's times")
     base = resolve_scenario(settings) if settings is not None else None
     tasks, calls = _concat_logs(locations)
     if calls.empty:
@@ -505,7 +545,7 @@ def calibrate(
             )
         )
     workload_configs = []
-    for w in workloads:
+    for w in workloads if arrivals == "fitted" else ():
         if w.cost_dist == "fixed":
             cost = CostConfig(dist="fixed", mean=w.cost_mean, output_fraction=w.output_fraction)
         else:
@@ -542,11 +582,56 @@ def calibrate(
     )
     document["providers"] = [_provider_dict(p) for p in providers]
     document["workloads"] = [_workload_dict(w) for w in workload_configs]
+    if arrivals == "replay":
+        assert replay_dir is not None
+        kinds = {p.name: p.kind for p in providers}
+        document["workloads"] = [
+            _replay_workload(w, tasks, origin, kinds[w.provider], Path(replay_dir), replay_stem)
+            for w in workloads
+        ]
     document.pop("crashes", None)
     quotas = document.get("quotas", {})
     document["quotas"] = {k: v for k, v in quotas.items() if k in fits}
     scenario = parse_scenario(document, source=name)
-    return Calibration(scenario, fits, workloads, flags, tasks, calls)
+    inputs = {
+        "logs": [str(Path(location).resolve()) for location in locations],
+        "name": name,
+        "arrival_bins": arrival_bins,
+        "price_per_1k_units": price_per_1k_units,
+        "duration_s": duration_s,
+    }
+    if isinstance(settings, str | Path):
+        inputs["settings"] = str(Path(settings).resolve())
+    return Calibration(scenario, fits, workloads, flags, tasks, calls, arrivals, inputs)
+
+
+def _replay_workload(
+    w: WorkloadFit, tasks: pd.DataFrame, origin: float, kind: Any, folder: Path, stem: str
+) -> dict[str, Any]:
+    """Write the log's arrivals of ``w``'s (provider, priority) as a replay CSV; its workload table."""
+    from aiqsim.sim.replay_arrivals import ReplayArrivalsError, ReplayRow, write_replay_arrivals
+    from aiqsim.sim.workloads import split_units
+
+    mine = tasks[(tasks["provider"] == w.provider) & (tasks["priority"] == w.priority)]
+    mine = mine.sort_values("submitted_at", kind="stable")
+    labels: dict[str, int] = {}
+    rows = []
+    for submitted, cost, key in zip(
+        mine["submitted_at"].to_numpy(float),
+        mine["cost_estimate"].to_numpy(float),
+        mine["key"].astype(str),
+        strict=True,
+    ):
+        units = max(1, round(cost if math.isfinite(cost) else w.cost_mean))
+        prompt, output = split_units(units, kind, w.output_fraction)
+        label = labels.setdefault(key, len(labels))
+        rows.append(ReplayRow(float(submitted - origin), prompt, output, f"input-{label}"))
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{stem}.{w.provider}.{w.priority}") + ".csv"
+    try:
+        path = write_replay_arrivals(folder / safe, rows)
+    except ReplayArrivalsError as error:
+        raise CalibrationError(str(error)) from error
+    return {"type": "replay", "provider": w.provider, "priority": w.priority, "arrivals": str(path.resolve())}
 
 
 def _provider_dict(p: Any) -> dict[str, Any]:

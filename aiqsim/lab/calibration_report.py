@@ -1,10 +1,15 @@
 """The calibration report: every fit drawn against the data it came from, poor fits flagged.
 
-One self-contained HTML file (charts embedded as PNG): per provider, the latency scatter with the
+One self-contained HTML file (charts embedded as PNG), or a Jupyter notebook when the report's
+name ends in ``.ipynb``: per provider, the latency scatter with the
 fitted line, a QQ plot of the log residuals against a normal (the lognormal noise assumption),
 residuals against the regressor, and a table of the fitted rates with the counts behind them; per
 workload, arrivals per interval against the fitted piecewise rate, and a QQ plot of inter-arrival
 gaps against the exponential (the Poisson assumption).
+
+The notebook holds the same flags, tables and charts, already drawn (it opens like the HTML
+report), and its code cells re-run the calibration from the logs and redraw every chart with
+:func:`provider_figure` and :func:`workload_figure`, so "Run all" works wherever the logs are.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -20,23 +26,34 @@ import numpy as np
 
 from aiqsim.lab.calibrate import Calibration, CalibrationError
 
-__all__ = ["calibration_report_html", "write_calibration_report"]
+__all__ = [
+    "calibration_report_html",
+    "calibration_report_notebook",
+    "provider_figure",
+    "workload_figure",
+    "write_calibration_report",
+]
 
 
-def _png(figure: Any) -> str:
+def _png_base64(figure: Any) -> str:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
     plt.close(figure)
-    return "<img src='data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode() + "'/>"
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _png(figure: Any) -> str:
+    return "<img src='data:image/png;base64," + _png_base64(figure) + "'/>"
 
 
 def _quantiles(n: int) -> np.ndarray:
     return (np.arange(1, n + 1) - 0.5) / n
 
 
-def _provider_section(calibration: Calibration, name: str) -> str:
+def provider_figure(calibration: Calibration, name: str) -> Any:
+    """Provider ``name``'s latency fit: scatter with the fitted mean, QQ of log residuals, residuals."""
     import matplotlib.pyplot as plt
 
     fit = calibration.providers[name]
@@ -65,6 +82,11 @@ def _provider_section(calibration: Calibration, name: str) -> str:
     axes[2].scatter(x, residuals, s=4, alpha=0.4)
     axes[2].axhline(-(fit.latency.sigma**2) / 2, color="C3")
     axes[2].set(xlabel=fit.latency.regressor, ylabel="log residual", title="residuals")
+    return figure
+
+
+def _provider_rows(calibration: Calibration, name: str) -> list[tuple[str, str]]:
+    fit = calibration.providers[name]
     lat = fit.latency
     rows = [
         (
@@ -87,11 +109,18 @@ def _provider_section(calibration: Calibration, name: str) -> str:
         ("quota exhausted / invalid", f"{fit.quota_exhausted_prob:.4g} / {fit.invalid_request_prob:.4g}"),
         ("attempts by class", ", ".join(f"{k}: {v}" for k, v in sorted(fit.counts.items()))),
     ]
+    return rows
+
+
+def _provider_section(calibration: Calibration, name: str) -> str:
+    rows = _provider_rows(calibration, name)
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    figure = provider_figure(calibration, name)
     return f"<h2>Provider {html.escape(name)}</h2><table>{table}</table>{_png(figure)}"
 
 
-def _workload_section(calibration: Calibration, index: int) -> str:
+def workload_figure(calibration: Calibration, index: int) -> Any:
+    """Workload ``index``'s arrivals against the fitted rate, and the QQ plot of inter-arrival gaps."""
     import matplotlib.pyplot as plt
 
     w = calibration.workloads[index]
@@ -113,12 +142,23 @@ def _workload_section(calibration: Calibration, index: int) -> str:
         axes[1].scatter(theory, gaps, s=4)
         axes[1].plot([0, theory.max()], [0, theory.max()], color="C3")
     axes[1].set(xlabel="exponential quantile (s)", ylabel="gap (s)", title="QQ: inter-arrival gaps")
-    text = (
+    return figure
+
+
+def _workload_text(calibration: Calibration, index: int) -> str:
+    w = calibration.workloads[index]
+    return (
         f"{w.submissions} submissions, rates {', '.join(f'{r:.4g}' for r in w.rates_per_s)} /s; cost "
         f"{w.cost_dist} mean {w.cost_mean:.4g} sigma {w.cost_sigma:.3g}, output fraction "
         f"{w.output_fraction:.3g}; duplicates {w.duplicate_fraction:.2%} (distinct_inputs "
         f"{w.distinct_inputs}); dispersion {w.dispersion:.2f}"
     )
+
+
+def _workload_section(calibration: Calibration, index: int) -> str:
+    w = calibration.workloads[index]
+    text = _workload_text(calibration, index)
+    figure = workload_figure(calibration, index)
     return (
         f"<h2>Workload {html.escape(w.provider)}/{html.escape(w.priority)}</h2><p>{html.escape(text)}</p>"
         + _png(figure)
@@ -127,7 +167,7 @@ def _workload_section(calibration: Calibration, index: int) -> str:
 
 def calibration_report_html(calibration: Calibration) -> str:
     """The report as one HTML document."""
-    flags = calibration.flags or ["none: every fit is within its checks"]
+    flags = _flags(calibration)
     parts = [
         "<!doctype html><meta charset='utf-8'><title>aiqsim calibration</title>",
         "<style>body{font-family:sans-serif;max-width:1400px} th{text-align:left;padding-right:1em}</style>",
@@ -139,9 +179,80 @@ def calibration_report_html(calibration: Calibration) -> str:
     return "\n".join(parts)
 
 
+def _flags(calibration: Calibration) -> list[str]:
+    return calibration.flags or ["none: every fit is within its checks"]
+
+
+def _tagged(cell: Any, tag: str) -> Any:
+    cell.metadata["tags"] = [tag]
+    return cell
+
+
+def calibration_report_notebook(calibration: Calibration) -> Any:
+    """The report as an ``nbformat`` v4 notebook: the HTML report's flags, tables and charts as
+    already-drawn outputs, under code cells that redo them from the logs when run. The cell naming
+    the logs is tagged ``parameters`` (papermill, :func:`aiqsim.lab.notebook_runs.run_notebook`).
+
+    Needs ``nbformat`` (the ``test`` and ``docs`` extras, or ``pip install nbformat``).
+    """
+    try:
+        import nbformat
+    except ImportError as error:
+        raise CalibrationError("a notebook report needs nbformat: pip install nbformat") from error
+    v4 = nbformat.v4
+
+    def drawn(source: str, figure: Any) -> Any:
+        cell = v4.new_code_cell(source)
+        cell.outputs = [
+            v4.new_output(
+                "display_data", data={"image/png": _png_base64(figure), "text/plain": "<Figure>"}, metadata={}
+            )
+        ]
+        return cell
+
+    inputs = dict(calibration.inputs)
+    call = ", ".join(f"{key}={value!r}" for key, value in inputs.items() if key != "logs")
+    cells = [
+        v4.new_markdown_cell(
+            f"# Calibration: {calibration.scenario.name}\n\n"
+            "Every fit drawn against the data it came from. The charts below were drawn when the report "
+            "was written; *Run all* re-runs the calibration from the logs and redraws them."
+        ),
+        v4.new_markdown_cell("## Flags\n\n" + "\n".join(f"- {flag}" for flag in _flags(calibration))),
+        _tagged(v4.new_code_cell(f"LOGS = {json.dumps(inputs.get('logs', []))}"), "parameters"),
+        v4.new_code_cell(
+            "from aiqsim.lab.calibrate import calibrate\n"
+            "from aiqsim.lab.calibration_report import provider_figure, workload_figure\n\n"
+            f"calibration = calibrate(LOGS{', ' + call if call else ''})\n"
+            "calibration.flags"
+        ),
+    ]
+    for name in calibration.providers:
+        table = "\n".join(f"| {k} | {v.replace('|', '/')} |" for k, v in _provider_rows(calibration, name))
+        cells.append(v4.new_markdown_cell(f"## Provider {name}\n\n| fit | value |\n|---|---|\n{table}"))
+        cells.append(drawn(f"provider_figure(calibration, {name!r});", provider_figure(calibration, name)))
+    for index, w in enumerate(calibration.workloads):
+        text = _workload_text(calibration, index)
+        cells.append(v4.new_markdown_cell(f"## Workload {w.provider}/{w.priority}\n\n{text}"))
+        cells.append(drawn(f"workload_figure(calibration, {index});", workload_figure(calibration, index)))
+    book = v4.new_notebook(cells=cells)
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.validate(book)
+    return book
+
+
 def write_calibration_report(calibration: Calibration, path: str | Path) -> Path:
-    """Write :func:`calibration_report_html` to ``path``; returns it."""
+    """Write the report to ``path``: a notebook when it ends in ``.ipynb``, else HTML; returns it."""
     target = Path(path)
+    if target.suffix.lower() == ".ipynb":
+        import nbformat
+
+        book = calibration_report_notebook(calibration)
+        try:
+            nbformat.write(book, str(target))
+        except OSError as error:
+            raise CalibrationError(f"cannot write the report {target}: {error}") from error
+        return target
     try:
         target.write_text(calibration_report_html(calibration), encoding="utf-8")
     except OSError as error:

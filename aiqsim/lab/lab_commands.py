@@ -22,7 +22,10 @@ def add_lab_parsers(commands: Any) -> None:
     )
     calibrate.add_argument("logs", nargs="+", type=Path, help="call-log folder(s) (tasks.csv + calls.csv)")
     calibrate.add_argument("--out", type=Path, required=True, help="the scenario TOML file to write")
-    calibrate.add_argument("--report", type=Path, default=None, help="also write an HTML report of the fits")
+    calibrate.add_argument(
+        "--report", type=Path, default=None,
+        help="also write a report of the fits: REPORT.html, or REPORT.ipynb for a notebook",
+    )  # fmt: skip
     calibrate.add_argument(
         "--settings", type=Path, default=None,
         help="a scenario whose client settings (quotas, retry, dispatch) and prices to keep",
@@ -32,6 +35,11 @@ def add_lab_parsers(commands: Any) -> None:
     calibrate.add_argument(
         "--duration", type=float, default=None, help="arrivals span (s; default: the log's)"
     )
+    calibrate.add_argument(
+        "--arrivals", choices=("fitted", "replay"), default="fitted",
+        help="fitted: Poisson workloads from the fits (default); replay: the log's own submit times, "
+        "in OUT.arrivals.PROVIDER.PRIORITY.csv beside OUT",
+    )  # fmt: skip
 
     tune = commands.add_parser("tune", help="search a scenario's settings with Optuna (TPE / NSGA-II)")
     tune.add_argument("scenario", help="scenario TOML file")
@@ -82,6 +90,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             name=args.name,
             arrival_bins=args.arrival_bins,
             duration_s=args.duration,
+            arrivals=args.arrivals,
+            replay_dir=args.out.parent,
+            replay_stem=f"{args.out.stem}.arrivals",
         )
     except CalibrationError as error:
         raise ConfigurationError(str(error)) from None
@@ -99,7 +110,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.report is not None:
         from aiqsim.lab.calibration_report import write_calibration_report
 
-        write_calibration_report(result, args.report)
+        write_calibration_report(result, args.report)  # .ipynb: a notebook, else HTML
         print(f"wrote {args.report}")
     return 0
 

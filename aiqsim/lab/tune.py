@@ -9,6 +9,8 @@ arrivals and the same per-request fates, so the difference is the settings', not
 - constraints (``success_latency_p99_s<=30``) are passed to the sampler (``constraints_func``), so it learns
   where the feasible region is; the best trial is the best *feasible* one;
 - reproducible: the sampler is seeded (``seed``); the replication seeds are ``0..seeds-1``;
+- a trial that repeats a point already simulated in the same call reuses its results (same seeds,
+  same results) instead of simulating again; it still counts as a trial;
 - resumable: with ``storage`` (an SQLite file), a tuning run that stops keeps its finished trials
   and the next call with the same arguments continues to ``trials`` in all;
 - runs in this process (``engine="serial"``), in local worker processes (``"local"``: one trial's
@@ -156,8 +158,9 @@ def parse_constraint(text: str) -> Constraint:
 
 @dataclass(frozen=True)
 class TuneResult:
-    """Every trial (``trials``: one row each, with parameters, metric means and feasibility), the best
-    feasible trial's settings, and for several objectives the Pareto front."""
+    """Every trial (``trials``: one row each, with parameters, metric means, feasibility and ``repeat``,
+    true when the trial repeated a point already simulated in the same call and reused its results),
+    the best feasible trial's settings, and for several objectives the Pareto front."""
 
     trials: pd.DataFrame
     best_params: dict[str, Any]
@@ -380,6 +383,10 @@ def tune(
     runner = _Runner(scenario, engine, workers, address) if remaining else None
     bar = RunProgress(remaining, label=f"tune {scenario.name}", enabled=progress)
     failures: list[str] = []
+    evaluated: dict[str, tuple[dict[str, float], list[float]]] = {}
+    """Point -> (means, violations) of the points simulated in this call: the seeds are the same in
+    every trial, so a trial that repeats a point (TPE does, on a small grid of choices) gets the same
+    results without running the simulations again."""
 
     def _constrain(trial: Any, violations: list[float]) -> None:
         trial.set_user_attr("violations", violations)
@@ -397,16 +404,23 @@ def tune(
             else:
                 point[spec.key] = trial.suggest_float(spec.key, spec.low, spec.high, log=spec.kind == "log")
         assert runner is not None
-        rows = runner.run(point, replications)
-        errors = [error for _, error in rows if error is not None]
-        if errors:
-            failures.append(f"{point}: {errors[0]}")
-            _constrain(trial, [math.inf] * len(limits))
-            raise _TrialFailed(errors[0])
-        frame = pd.DataFrame([row for row, _ in rows])
-        means = {key: float(frame[key].mean()) for key in SUMMARY_KEYS if key in frame}
+        seen = json.dumps(point, sort_keys=True, default=str)
+        if seen in evaluated:
+            means, violations = evaluated[seen]
+            trial.set_user_attr("repeat", True)
+        else:
+            rows = runner.run(point, replications)
+            errors = [error for _, error in rows if error is not None]
+            if errors:
+                failures.append(f"{point}: {errors[0]}")
+                _constrain(trial, [math.inf] * len(limits))
+                raise _TrialFailed(errors[0])
+            frame = pd.DataFrame([row for row, _ in rows])
+            means = {key: float(frame[key].mean()) for key in SUMMARY_KEYS if key in frame}
+            violations = [c.violation(means[c.metric]) for c in limits]
+            evaluated[seen] = means, violations
         trial.set_user_attr("means", means)
-        _constrain(trial, [c.violation(means[c.metric]) for c in limits])
+        _constrain(trial, violations)
         values = [means[name] for name in objectives]
         if any(math.isnan(v) for v in values):
             raise _TrialFailed(f"objective is NaN at {point}")
@@ -450,6 +464,7 @@ def _result(
                 **t.user_attrs.get("means", {}),
                 "violation": max([0.0, *violations]),
                 "feasible": all(v <= 0 for v in violations),
+                "repeat": bool(t.user_attrs.get("repeat", False)),
             }
         )
     frame = pd.DataFrame(rows)

@@ -9,11 +9,18 @@ results are turned into the same tables by the same class (``result.call_log``),
 
 Two modes:
 
-- ``CallLog()`` keeps every row in memory (``tasks_rows``/``calls_rows``); :meth:`CallLog.write`
+- ``CallLog()`` keeps everything in memory (``tasks_rows``/``calls_rows``); :meth:`CallLog.write`
   saves them as ``tasks.csv`` + ``calls.csv`` (or ``.parquet``) in a folder.
 - ``CallLog(directory)`` streams: attempt rows are appended to ``calls.csv`` and a task's row to
-  ``tasks.csv`` when it ends, ``flush_rows`` rows at a time; only tasks not yet finished are held,
-  so memory stays bounded in a long-running process. :meth:`CallLog.close` writes the rest.
+  ``tasks.csv`` when it ends (to ``.parquet`` files with ``format="parquet"``), every ``flush_rows``
+  events; only those events and the tasks not yet finished are held, so memory stays bounded in a
+  long-running process. :meth:`CallLog.close` writes the rest.
+
+Cost on the serving path: receiving an event only appends it to a list (the events are immutable
+records, so holding them is safe). The rows are built from the held events in one tight loop when
+they are needed: when a streaming log flushes (every ``flush_rows`` events, together with the CSV
+formatting), or when an in-memory log's rows are read or written. The rows are the same as if each
+event had been turned into rows on arrival, since the events are replayed in the order received.
 
 No pandas here (the scheduler's side of the project stays light): rows are tuples, CSV goes through
 the :mod:`csv` module, and Parquet through pyarrow, imported only when asked for.
@@ -22,6 +29,7 @@ the :mod:`csv` module, and Parquet through pyarrow, imported only when asked for
 from __future__ import annotations
 
 import csv
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -83,6 +91,9 @@ def outcome_class(outcome: str) -> str:
     return OUTCOME_CLASSES.get(outcome, "other")
 
 
+_PRIORITY_NAMES: dict[int, str] = {int(p): p.name.lower() for p in Priority}
+
+
 def _priority_name(priority: int) -> str:
     try:
         return Priority(priority).name.lower()
@@ -95,8 +106,13 @@ class CallLog:
 
     ``forward`` receives every event after the log has seen it, so a log can sit in front of another
     sink (``CallLog(forward=events.append)``). With ``directory`` the log streams to
-    ``directory/tasks.csv`` and ``directory/calls.csv`` (``format="csv"`` only: Parquet files are
-    written whole, at :meth:`write`); call :meth:`close` (or use ``with``) at the end.
+    ``directory/tasks.<format>`` and ``directory/calls.<format>``: CSV, or with ``format="parquet"``
+    Parquet files with one row group per flush (needs pyarrow; cheaper than CSV on the serving path,
+    since no float is formatted as text; give it a larger ``flush_rows``, e.g. 10,000, for row groups
+    of a useful size). Call :meth:`close` (or use ``with``) at the end: a Parquet file is readable
+    only once closed. ``flush_rows`` is how many events a streaming log holds before it turns them
+    into rows and appends those to its files (an in-memory log builds its rows when they are read or
+    written).
     """
 
     wants_quota_samples = False
@@ -109,87 +125,123 @@ class CallLog:
         *,
         forward: Callable[[SchedulerEvent], None] | None = None,
         flush_rows: int = 1000,
+        format: CallLogFormat = "csv",
     ) -> None:
         if isinstance(flush_rows, bool) or not isinstance(flush_rows, int) or flush_rows < 1:
             raise ConfigurationError(f"flush_rows: expected an integer >= 1, got {flush_rows!r}")
+        if format not in ("csv", "parquet"):
+            raise ConfigurationError(f"format: expected 'csv' or 'parquet', got {format!r}")
         self.forward = forward
         self.flush_rows = flush_rows
-        self.tasks_rows: list[tuple[Any, ...]] = []
-        """Finished tasks' rows not yet written (all of them when the log does not stream)."""
-        self.calls_rows: list[tuple[Any, ...]] = []
-        """Attempt rows not yet written (all of them when the log does not stream)."""
+        self._pending: list[SchedulerEvent] = []
+        """Events received and not yet turned into rows, in the order received."""
+        self._tasks_rows: list[tuple[Any, ...]] = []
+        self._calls_rows: list[tuple[Any, ...]] = []
         self._open: dict[str, list[Any]] = {}
         """Task id -> its row so far, for tasks not finished yet."""
         self.directory = None if directory is None else Path(directory)
-        self._files: list[Any] = []
-        self._writers: tuple[Any, Any] | None = None
+        self._writers: _CsvStreams | _ParquetStreams | None = None
+        """Where a streaming log appends its rows (None when it keeps them in memory, or is closed)."""
+        self._hold = sys.maxsize
+        """Events held before a flush: ``flush_rows`` when streaming, unbounded in memory."""
         if self.directory is not None:
-            self._writers = self._open_streams(self.directory)
+            streams = _ParquetStreams if format == "parquet" else _CsvStreams
+            self._writers = streams(self.directory)
+            self._hold = flush_rows
 
     # ------------------------------------------------------------------ the sink
     def __call__(self, event: SchedulerEvent) -> None:
-        """Record ``event`` (a :data:`~aiqsim.scheduler.events.SchedulerEvent`); others are ignored."""
-        if type(event) is AttemptRecord:
-            self._attempt(event)
-        elif type(event) is TaskTransition:
-            self._transition(event)
+        """Record ``event`` (a :data:`~aiqsim.scheduler.events.SchedulerEvent`; only task transitions
+        and attempts make rows, the others are dropped when the held events are turned into rows)."""
+        pending = self._pending
+        pending.append(event)
         if self.forward is not None:
             self.forward(event)
-
-    def _transition(self, event: TaskTransition) -> None:
-        row = self._open.get(event.task_id)
-        if row is None:
-            row = [
-                event.task_id, event.key, event.provider, _priority_name(event.priority), event.new,
-                event.cost_estimate, event.attempts, event.time, None, None, None,
-            ]  # fmt: skip
-            self._open[event.task_id] = row
-        row[4] = event.new
-        row[6] = event.attempts
-        if event.new == "running" and row[8] is None:
-            row[8] = event.time
-        if event.new in _TERMINAL:
-            row[9] = event.time
-            row[10] = event.time - row[7]
-            del self._open[event.task_id]
-            self.tasks_rows.append(tuple(row))
-            if self._writers is not None and len(self.tasks_rows) >= self.flush_rows:
-                self.flush()
-
-    def _attempt(self, a: AttemptRecord) -> None:
-        task = self._open.get(a.task_id)
-        snapshot = a.ratelimit
-        if snapshot is None:
-            limits: tuple[Any, ...] = (None, None, None, None, None, None)
-        else:
-            limits = (
-                snapshot.limit_requests,
-                snapshot.remaining_requests,
-                snapshot.reset_requests_s,
-                snapshot.limit_tokens,
-                snapshot.remaining_tokens,
-                snapshot.reset_tokens_s,
-            )
-        self.calls_rows.append(
-            (
-                a.task_id, a.key, a.provider, task[3] if task is not None else None, a.attempt,
-                a.start, a.end, a.end - a.start, a.outcome, OUTCOME_CLASSES.get(a.outcome, "other"),
-                a.decision, a.cost_estimate, a.usage, a.output_units, a.retry_after_s, a.delay_s,
-                *limits,
-            )
-        )  # fmt: skip
-        if self._writers is not None and len(self.calls_rows) >= self.flush_rows:
+        if len(pending) >= self._hold:
             self.flush()
+
+    def _build_rows(self) -> None:
+        """Turn the held events into task and call rows, in the order they were received."""
+        pending = self._pending
+        if not pending:
+            return
+        open_rows = self._open
+        tasks_rows = self._tasks_rows
+        calls_rows = self._calls_rows
+        no_limits = (None, None, None, None, None, None)
+        for event in pending:
+            kind = type(event)
+            if kind is TaskTransition:
+                time, task_id, key, provider, priority, _old, new, attempts, cost_estimate = event
+                row = open_rows.get(task_id)
+                if row is None:
+                    row = [
+                        task_id, key, provider, _PRIORITY_NAMES.get(priority) or _priority_name(priority),
+                        new, cost_estimate, attempts, time, None, None, None,
+                    ]  # fmt: skip
+                    open_rows[task_id] = row
+                else:
+                    row[4] = new
+                    row[6] = attempts
+                if new == "running" and row[8] is None:
+                    row[8] = time
+                if new in _TERMINAL:
+                    row[9] = time
+                    row[10] = time - row[7]
+                    del open_rows[task_id]
+                    tasks_rows.append(tuple(row))
+            elif kind is AttemptRecord:
+                (
+                    task_id, key, provider, attempt, start, end, outcome, decision, cost_estimate,
+                    usage, retry_after_s, delay_s, output_units, snapshot,
+                ) = event  # fmt: skip
+                task = open_rows.get(task_id)
+                if snapshot is None:
+                    limits: tuple[Any, ...] = no_limits
+                else:
+                    limits = (
+                        snapshot.limit_requests,
+                        snapshot.remaining_requests,
+                        snapshot.reset_requests_s,
+                        snapshot.limit_tokens,
+                        snapshot.remaining_tokens,
+                        snapshot.reset_tokens_s,
+                    )
+                calls_rows.append(
+                    (
+                        task_id, key, provider, task[3] if task is not None else None, attempt,
+                        start, end, end - start, outcome, OUTCOME_CLASSES.get(outcome, "other"),
+                        decision, cost_estimate, usage, output_units, retry_after_s, delay_s,
+                        *limits,
+                    )
+                )  # fmt: skip
+        pending.clear()
 
     # ------------------------------------------------------------------ feeding and reading
     def extend(self, events: Iterable[SchedulerEvent]) -> CallLog:
         """Record every event of ``events`` in order (e.g. a finished simulation's); returns ``self``."""
+        if self.forward is None and self._writers is None:
+            self._pending.extend(events)
+            return self
         for event in events:
             self(event)
         return self
 
+    @property
+    def tasks_rows(self) -> list[tuple[Any, ...]]:
+        """Finished tasks' rows not yet written (all of them when the log does not stream)."""
+        self._build_rows()
+        return self._tasks_rows
+
+    @property
+    def calls_rows(self) -> list[tuple[Any, ...]]:
+        """Attempt rows not yet written (all of them when the log does not stream)."""
+        self._build_rows()
+        return self._calls_rows
+
     def open_tasks(self) -> list[tuple[Any, ...]]:
         """Rows of tasks not finished yet (status as last seen, no ``finished_at``)."""
+        self._build_rows()
         return [tuple(row) for row in self._open.values()]
 
     def as_dicts(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -199,43 +251,33 @@ class CallLog:
         return tasks, calls
 
     # ------------------------------------------------------------------ files
-    def _open_streams(self, directory: Path) -> tuple[Any, Any]:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            tasks = open(directory / "tasks.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
-            calls = open(directory / "calls.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
-        except OSError as error:
-            raise CallLogError(f"cannot write the call log in {directory}: {error}") from error
-        self._files = [tasks, calls]
-        writers = csv.writer(tasks), csv.writer(calls)
-        writers[0].writerow(TASK_LOG_COLUMNS)
-        writers[1].writerow(CALL_LOG_COLUMNS)
-        return writers
-
     def flush(self) -> None:
-        """Append the rows held so far to the streamed files (nothing to do when not streaming)."""
+        """Turn the held events into rows and append those to the streamed files (when not streaming,
+        only the rows are built)."""
+        self._build_rows()
         if self._writers is None:
             return
         try:
-            self._writers[0].writerows(self.tasks_rows)  # csv writes None as "" and floats by repr
-            self._writers[1].writerows(self.calls_rows)
-            for file in self._files:
-                file.flush()
+            self._writers.append(self._tasks_rows, self._calls_rows)
         except OSError as error:
             raise CallLogError(f"cannot append to the call log in {self.directory}: {error}") from error
-        self.tasks_rows.clear()
-        self.calls_rows.clear()
+        self._tasks_rows.clear()
+        self._calls_rows.clear()
 
     def close(self) -> None:
         """Flush and close the streamed files; tasks still open are written as they stand."""
         if self._writers is None:
             return
-        self.tasks_rows.extend(self.open_tasks())
+        self._tasks_rows.extend(self.open_tasks())
         self._open.clear()
         self.flush()
-        for file in self._files:
-            file.close()
-        self._writers = None
+        try:
+            self._writers.close()
+        except OSError as error:
+            raise CallLogError(f"cannot finish the call log in {self.directory}: {error}") from error
+        finally:
+            self._writers = None
+            self._hold = sys.maxsize
 
     def __enter__(self) -> CallLog:
         return self
@@ -252,12 +294,13 @@ class CallLog:
             raise ConfigurationError("this call log streams to its directory; close() it instead of write()")
         folder = Path(directory)
         tasks = self.tasks_rows + self.open_tasks()
+        calls = self._calls_rows
         paths = folder / f"tasks.{format}", folder / f"calls.{format}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if format == "csv":
                 for path, columns, rows in zip(
-                    paths, (TASK_LOG_COLUMNS, CALL_LOG_COLUMNS), (tasks, self.calls_rows), strict=True
+                    paths, (TASK_LOG_COLUMNS, CALL_LOG_COLUMNS), (tasks, calls), strict=True
                 ):
                     with open(path, "w", newline="", encoding="utf-8") as file:
                         writer = csv.writer(file)
@@ -265,7 +308,7 @@ class CallLog:
                         writer.writerows(rows)  # None as an empty cell, floats in full precision
             else:
                 _write_parquet(paths[0], TASK_LOG_COLUMNS, tasks)
-                _write_parquet(paths[1], CALL_LOG_COLUMNS, self.calls_rows)
+                _write_parquet(paths[1], CALL_LOG_COLUMNS, calls)
         except OSError as error:
             raise CallLogError(f"cannot write the call log in {folder}: {error}") from error
         return paths
@@ -276,11 +319,92 @@ class CallLogError(ConfigurationError, OSError):
     like ``OutputPathError``, a place to write that cannot be used."""
 
 
-def _write_parquet(path: Path, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+_TEXT_COLUMNS = frozenset(
+    {"task_id", "key", "provider", "priority", "status", "outcome", "outcome_class", "decision"}
+)
+_INTEGER_COLUMNS = frozenset({"attempts", "attempt"})
+
+
+def _pyarrow() -> tuple[Any, Any]:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as error:
         raise ConfigurationError("a Parquet call log needs pyarrow: pip install 'aiqsim[parquet]'") from error
-    data = {name: [row[i] for row in rows] for i, name in enumerate(columns)}
-    pq.write_table(pa.table(data), path)
+    return pa, pq
+
+
+def _parquet_schema(pa: Any, columns: tuple[str, ...]) -> Any:
+    """Text, integer or float per column, fixed: a batch whose column is all empty keeps its type."""
+
+    def kind(name: str) -> Any:
+        if name in _TEXT_COLUMNS:
+            return pa.string()
+        return pa.int64() if name in _INTEGER_COLUMNS else pa.float64()
+
+    return pa.schema([(name, kind(name)) for name in columns])
+
+
+def _parquet_table(pa: Any, schema: Any, rows: list[tuple[Any, ...]]) -> Any:
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+    return pa.Table.from_arrays(
+        [pa.array(values, type=field.type) for values, field in zip(columns, schema, strict=True)],
+        schema=schema,
+    )
+
+
+def _write_parquet(path: Path, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    pa, pq = _pyarrow()
+    schema = _parquet_schema(pa, columns)
+    pq.write_table(_parquet_table(pa, schema, rows), path)
+
+
+class _CsvStreams:
+    """``tasks.csv`` and ``calls.csv`` in a folder, appended to (and flushed) at each flush."""
+
+    def __init__(self, directory: Path) -> None:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            tasks = open(directory / "tasks.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
+            calls = open(directory / "calls.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
+        except OSError as error:
+            raise CallLogError(f"cannot write the call log in {directory}: {error}") from error
+        self.files = (tasks, calls)
+        self.writers = csv.writer(tasks), csv.writer(calls)
+        self.writers[0].writerow(TASK_LOG_COLUMNS)
+        self.writers[1].writerow(CALL_LOG_COLUMNS)
+
+    def append(self, tasks: list[tuple[Any, ...]], calls: list[tuple[Any, ...]]) -> None:
+        self.writers[0].writerows(tasks)  # csv writes None as "" and floats by repr
+        self.writers[1].writerows(calls)
+        for file in self.files:
+            file.flush()
+
+    def close(self) -> None:
+        for file in self.files:
+            file.close()
+
+
+class _ParquetStreams:
+    """``tasks.parquet`` and ``calls.parquet`` in a folder, one row group appended per flush."""
+
+    def __init__(self, directory: Path) -> None:
+        self.pa, pq = _pyarrow()
+        self.schemas = _parquet_schema(self.pa, TASK_LOG_COLUMNS), _parquet_schema(self.pa, CALL_LOG_COLUMNS)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.writers = tuple(
+                pq.ParquetWriter(directory / f"{name}.parquet", schema)
+                for name, schema in zip(("tasks", "calls"), self.schemas, strict=True)
+            )
+        except OSError as error:
+            raise CallLogError(f"cannot write the call log in {directory}: {error}") from error
+
+    def append(self, tasks: list[tuple[Any, ...]], calls: list[tuple[Any, ...]]) -> None:
+        for writer, schema, rows in zip(self.writers, self.schemas, (tasks, calls), strict=True):
+            if rows:
+                writer.write_table(_parquet_table(self.pa, schema, rows))
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()

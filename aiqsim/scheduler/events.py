@@ -1,20 +1,27 @@
-"""The scheduler's observability stream: flat, frozen records (DataFrames only at the edge).
+"""The scheduler's observability stream: flat, immutable records (DataFrames only at the edge).
 
 Pass any ``Callable[[SchedulerEvent], None]`` as ``Scheduler(events=...)``; ``list.append``
 is the cheapest sink. The simulator turns these records into its ``tasks``, ``calls``
 and ``timeline`` DataFrames.
+
+The records are :class:`typing.NamedTuple` classes, not frozen dataclasses: the scheduler builds
+several per call on its serving path, and a named tuple is built in one C-level tuple allocation
+where a frozen dataclass pays an ``object.__setattr__`` call per field (about three times the cost,
+see benchmarks/RESULTS.md, ``bench_call_log.py``). Read them by field name (``event.task_id``), as
+before; they are immutable (assigning a field raises :class:`AttributeError`), hashable, pickle,
+and ``event._replace(...)``/``event._asdict()`` work. Equality is by record type *and* values: a
+record never equals a plain tuple or a record of another type holding the same values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from aiqsim.core.ratelimit import RateLimitSnapshot
 
 
-@dataclass(frozen=True, slots=True)
-class TaskTransition:
+class TaskTransition(NamedTuple):
     """A task changed status (``old`` is ``None`` when it was submitted)."""
 
     time: float
@@ -29,8 +36,7 @@ class TaskTransition:
     """What the task was expected to cost in quota units (for the call log's cost model)."""
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptRecord:
+class AttemptRecord(NamedTuple):
     """One provider call: when, how it ended and what it reported.
 
     ``outcome`` is ``"ok"`` or the error type name (``"RateLimitError"``, ``"ProviderTimeoutError"``...).
@@ -56,8 +62,7 @@ class AttemptRecord:
     """The provider's ``x-ratelimit-*`` view on this answer (success or error), when it sent one."""
 
 
-@dataclass(frozen=True, slots=True)
-class QuotaSample:
+class QuotaSample(NamedTuple):
     """A provider's client-side quota at the moment an attempt was granted."""
 
     time: float
@@ -69,8 +74,7 @@ class QuotaSample:
     queued_background: int
 
 
-@dataclass(frozen=True, slots=True)
-class StoreWriteFailed:
+class StoreWriteFailed(NamedTuple):
     """A store write (or the group commit covering it) failed: ``lost`` names the change that was
     NOT persisted, ``error`` the store's error. The task's submission resolved with
     :class:`~aiqsim.stores.base.StoreWriteError`; the store still holds the task's previous state,
@@ -84,8 +88,7 @@ class StoreWriteFailed:
     error: str
 
 
-@dataclass(frozen=True, slots=True)
-class UsageAnomaly:
+class UsageAnomaly(NamedTuple):
     """A provider reported a usage the scheduler would not charge as is (see :mod:`aiqsim.core.usage`).
 
     ``reported`` is the value as received (its ``repr``), ``charged`` what the bucket was reconciled
@@ -102,8 +105,7 @@ class UsageAnomaly:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class LanePaused:
+class LanePaused(NamedTuple):
     """A 429's Retry-After paused a whole provider lane until ``until`` (no attempt starts before it).
 
     ``task_id`` saw the 429; ``reason`` says why the pause reached the lane and not only that task:
@@ -118,8 +120,7 @@ class LanePaused:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class QueueRejected:
+class QueueRejected(NamedTuple):
     """``submit`` refused a task because its priority's queue was full (:class:`QueueFullError`).
 
     ``queued`` tasks of that priority were waiting in the scheduler (all lanes) against ``limit``;
@@ -134,6 +135,31 @@ class QueueRejected:
     limit: int
     queued_in_lane: int
 
+
+def _same_record(self: tuple[Any, ...], other: object) -> bool:
+    """Records are equal when they are of the same type and hold the same values."""
+    return type(self) is type(other) and tuple.__eq__(self, other)  # type: ignore[arg-type]
+
+
+def _different_record(self: tuple[Any, ...], other: object) -> bool:
+    return not _same_record(self, other)
+
+
+_RECORDS = (
+    TaskTransition,
+    AttemptRecord,
+    QuotaSample,
+    StoreWriteFailed,
+    UsageAnomaly,
+    LanePaused,
+    QueueRejected,
+)
+for _record in _RECORDS:
+    # tuple equality would make ``LanePaused(...) == (...)`` true; the hash stays the tuple's,
+    # which is consistent (equal records hold equal values)
+    _record.__eq__ = _same_record  # type: ignore[assignment,method-assign]
+    _record.__ne__ = _different_record  # type: ignore[assignment,method-assign]
+del _record
 
 SchedulerEvent = (
     TaskTransition

@@ -16,7 +16,7 @@ from aiqsim.sim.job_config import JobConfig
 ProviderKind = Literal["llm", "tts"]
 OutageMode = Literal["error", "slow"]
 PriorityName = Literal["interactive", "background"]
-WorkloadType = Literal["poisson", "burst", "double_click", "trace"]
+WorkloadType = Literal["poisson", "burst", "double_click", "trace", "replay"]
 StoreKind = Literal["memory", "json", "sqlite"]
 RateLimitScopeName = Literal["lane", "task", "adaptive"]
 FleetQuotaMode = Literal["shared", "split"]
@@ -140,6 +140,8 @@ class WorkloadConfig:
       ``clicks`` times ``click_gap_s`` apart with identical input.
     - ``trace``: replay a CSV with TIMESTAMP, ContextTokens, GeneratedTokens (``trace`` is a path
       or the built-in name ``azure_code``), times divided by ``speedup``, first ``count`` rows.
+    - ``replay``: submit the rows of the ``arrivals`` CSV (offset_s, prompt_units, output_units, input;
+      see :mod:`aiqsim.sim.replay_arrivals`) at ``start_s + offset_s``, first ``count`` rows.
 
     Inputs are drawn from ``distinct_inputs`` distinct values when set (so identical inputs
     recur and deduplicate), else each arrival is unique. ``poison_fraction`` of distinct
@@ -161,6 +163,8 @@ class WorkloadConfig:
     poison_fraction: float = 0.0
     trace: str | None = None
     speedup: float = 1.0
+    arrivals: str | None = None
+    """A ``replay`` workload's arrivals CSV (a path relative to the scenario file)."""
     job: str | None = None
     """Name of a ``[[jobs]]`` template: each arrival submits one job instead of one call to ``provider``."""
 

@@ -480,6 +480,8 @@ _WORKLOAD_KEYS = {
     "double_click": _WORKLOAD_COMMON | {"rate_per_s", "end_s", "count", "clicks", "click_gap_s"},
     # a trace brings its own sizes and one input per row
     "trace": (_WORKLOAD_COMMON - {"cost", "distinct_inputs", "job"}) | {"trace", "speedup", "count", "end_s"},
+    # a replay brings its own times, sizes and inputs (aiqsim/sim/replay_arrivals.py)
+    "replay": (_WORKLOAD_COMMON - {"cost", "distinct_inputs", "job"}) | {"arrivals", "count", "end_s"},
 }
 
 _WORKLOAD = _Table(
@@ -499,13 +501,18 @@ _WORKLOAD = _Table(
         "poison_fraction": _PROBABILITY,
         "trace": _Text(non_empty=True),
         "speedup": _POSITIVE,
+        "arrivals": _Text(non_empty=True),
         "job": _Text(name_like=True),
     },
     required=frozenset({"type"}),
     what="workload",
     variant_key="type",
     variants=_WORKLOAD_KEYS,
-    required_by_variant={"burst": frozenset({"count"}), "trace": frozenset({"trace"})},
+    required_by_variant={
+        "burst": frozenset({"count"}),
+        "trace": frozenset({"trace"}),
+        "replay": frozenset({"arrivals"}),
+    },
 )
 
 # Job templates ([[jobs]]): see aiqsim/sim/job_config.py for what each key means.
@@ -871,6 +878,28 @@ def _resolve_trace(value: str, path: str, reader: _Reader) -> str:
     return resolved
 
 
+def _resolve_replay_arrivals(value: str, path: str, reader: _Reader) -> str:
+    """A replay workload's arrivals file, resolved against the scenario's folder and read in full."""
+    from aiqsim.sim.replay_arrivals import ReplayArrivalsError, read_replay_arrivals
+
+    candidate = Path(value).expanduser()
+    source = Path(reader.source)
+    if not candidate.is_absolute() and source.is_file():
+        candidate = source.parent / candidate
+    if not candidate.is_file():
+        raise reader.error(
+            path,
+            f"expected the path of a CSV file (relative to the scenario file), got {describe(value)} "
+            f"(no such file: {candidate})",
+        )
+    resolved = str(candidate.resolve())
+    try:
+        read_replay_arrivals(resolved)
+    except ReplayArrivalsError as exc:
+        raise reader.error(path, str(exc)) from None
+    return resolved
+
+
 def _workload(
     values: dict[str, Any],
     path: str,
@@ -897,6 +926,8 @@ def _workload(
         kwargs["cost"] = _cost(kwargs["cost"], f"{path}.cost", reader)
     if "trace" in kwargs:
         kwargs["trace"] = _resolve_trace(kwargs["trace"], f"{path}.trace", reader)
+    if "arrivals" in kwargs:
+        kwargs["arrivals"] = _resolve_replay_arrivals(kwargs["arrivals"], f"{path}.arrivals", reader)
     workload = WorkloadConfig(**kwargs)
     if not workload.start_s < duration_s:
         raise reader.error(
@@ -913,7 +944,7 @@ def _workload(
     if too_many is not None:
         raise reader.error(path, too_many)
     quota = quotas.get(workload.provider)
-    largest = _largest_fixed_units(workload.cost) if workload.type != "trace" else None
+    largest = _largest_fixed_units(workload.cost) if workload.type not in ("trace", "replay") else None
     if quota is not None and quota.units_per_min is not None and largest is not None:
         capacity = quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
         if largest > capacity:
@@ -1131,7 +1162,7 @@ def _fleet(
     if fleet.quota == "split" and fleet.workers > 1:
         for i, workload in enumerate(workloads):
             quota = quotas.get(workload.provider)
-            if workload.job is not None or workload.type == "trace" or quota is None:
+            if workload.job is not None or workload.type in ("trace", "replay") or quota is None:
                 continue
             largest = _largest_fixed_units(workload.cost)
             if quota.units_per_min is None or largest is None:

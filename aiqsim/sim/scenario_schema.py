@@ -61,6 +61,7 @@ RULES_NOT_IN_SCHEMA: tuple[str, ...] = (
     "a call's size fits the client quota's unit burst",
     'overload.budget_ratio > 0 when retry_budget = "ratio"; a size from_stage names a stage in after',
     "a trace workload's trace is a built-in trace name or an existing CSV file relative to the scenario",
+    "a replay workload's arrivals is an existing, readable arrivals CSV relative to the scenario",
     "at most 1,000,000 timeline steps over duration_s + drain_s; arrivals within the workload size limit",
 )
 """Rules the loader checks that a JSON Schema cannot express (cross-references, relations between

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.sim.config import CostConfig, ProviderKind, Scenario, WorkloadConfig
+from aiqsim.sim.replay_arrivals import read_replay_arrivals
 
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 """Columns a trace CSV must have (the Azure LLM inference trace layout)."""
@@ -223,8 +224,8 @@ def arrival_overflow(workload: WorkloadConfig, duration_s: float) -> str | None:
     if workload.type == "burst":
         count = workload.count or 0
         return None if count <= limit else f"count is {count:,}; at most {limit:,} arrivals fit"
-    if workload.type == "trace":
-        return None  # bounded by the trace file, which validation reads in full
+    if workload.type in ("trace", "replay"):
+        return None  # bounded by the trace (or arrivals) file, which validation reads in full
     if workload.count is not None and workload.count <= limit:
         return None
     end = duration_s if workload.end_s is None else min(workload.end_s, duration_s)
@@ -331,6 +332,26 @@ def _trace_actions(
     return actions
 
 
+def _replay_actions(workload: WorkloadConfig, horizon: float, rng: random.Random) -> list[_Action]:
+    """A replay workload's rows as actions: the file's times, sizes and inputs, nothing drawn
+    (except which inputs are poisoned, as for a trace)."""
+    rows = read_replay_arrivals(workload.arrivals or "")
+    if workload.count is not None:
+        rows = rows[: workload.count]
+    end = horizon if workload.end_s is None else min(workload.end_s, horizon)
+    timed = [(workload.start_s + row.offset_s, row) for row in rows]
+    timed = [(time, row) for time, row in timed if time <= end]
+    inputs: dict[str, int] = {}
+    for _time, row in timed:
+        inputs.setdefault(row.input, len(inputs))
+    poisoned = set(rng.sample(range(len(inputs)), _exact_share(workload.poison_fraction, len(inputs))))
+    actions = []
+    for time, row in timed:
+        k = inputs[row.input]
+        actions.append(_Action(time, k, row.prompt_units, row.output_units, k in poisoned))
+    return actions
+
+
 def workload_arrivals(
     index: int, workload: WorkloadConfig, scenario: Scenario, rng: random.Random
 ) -> list[Arrival]:
@@ -343,6 +364,8 @@ def workload_arrivals(
     horizon = scenario.duration_s
     if workload.type == "trace":
         actions = _trace_actions(workload, kind, horizon, rng)
+    elif workload.type == "replay":
+        actions = _replay_actions(workload, horizon, rng)
     else:
         actions = _generated_actions(workload, kind, horizon, rng)
     actions.sort(key=lambda action: action.time)
