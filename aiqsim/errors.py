@@ -6,7 +6,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     ├── ConfigurationError (ValueError)    a setting, argument or file that cannot be used
     │   ├── ScenarioError                  a scenario file or override (file, key path, expectation)
     │   │                                  (TraceError, WorkloadTooLargeError are raised inside a run)
-    │   ├── TraceError, WorkloadTooLargeError
+    │   ├── TraceError, WorkloadTooLargeError, ReplayArrivalsError (a replay workload's arrivals CSV)
     │   ├── QuotaConfigError               a quota that could never grant a request
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
     │   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
@@ -93,6 +93,7 @@ from aiqsim.scheduler.scheduler import (
     TaskCancelledError,
     TaskFailedError,
 )
+from aiqsim.sim.replay_arrivals import ReplayArrivalsError
 from aiqsim.sim.scenario import ScenarioError
 from aiqsim.sim.sweep import SweepError, SweepTooLargeError
 from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
@@ -137,6 +138,7 @@ __all__ = [
     "QuotaConfigError",
     "QuotaExhaustedError",
     "RateLimitError",
+    "ReplayArrivalsError",
     "ResponseDecodingError",
     "ResponseMismatchError",
     "ScenarioError",
