@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.slot_init import fast_frozen_init
 
 
 class TaskStatus(enum.StrEnum):
@@ -50,6 +51,7 @@ class Priority(enum.IntEnum):
         raise PriorityError(f"priority: expected one of {accepted}, got {value!r}")
 
 
+@fast_frozen_init  # built on every submit and status change: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
     """Everything the scheduler and the stores know about one task.
