@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.slot_init import UnsupportedDataclassError, fast_frozen_init
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.core.slot_init import UnsupportedDataclassError, compile_copier, fast_frozen_init
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus, copy_record
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 
 
@@ -100,3 +100,21 @@ def test_refuses_shapes_it_cannot_reproduce() -> None:
         with pytest.raises(UnsupportedDataclassError) as caught:
             fast_frozen_init(cls)
         assert isinstance(caught.value, ConfigurationError) and isinstance(caught.value, TypeError)
+
+
+def test_built_and_copied_objects_are_the_frozen_class() -> None:
+    record = TaskRecord(id="t", key="k", kind="chat", provider="p", payload={"a": 1})
+    moved = copy_record(record, {"status": TaskStatus.RUNNING, "attempts": 2})
+    for obj, name in ((record, "id"), (moved, "status"), (_Fast(1), "a")):
+        assert type(obj) in (TaskRecord, _Fast)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, "other")
+    assert moved == dataclasses.replace(record, status=TaskStatus.RUNNING, attempts=2)
+    assert moved.payload is record.payload and record.status is TaskStatus.QUEUED
+
+
+def test_compile_copier_copies_every_field_and_applies_changes() -> None:
+    copy = compile_copier(_Fast)
+    original = _Fast(1, "x", [2])
+    assert copy(original, {}) == original and copy(original, {}) is not original
+    assert _as_tuple(copy(original, {"b": "y"})) == (1, "y", [2])

@@ -20,8 +20,10 @@ spawning a child task per provider call; ``wait_for(x, None)`` is ``x`` itself; 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from heapq import heappop, heappush
+from types import CoroutineType
 from typing import Any, TypeVar
 
 import simpy
@@ -288,24 +290,50 @@ class _DeadlineWheel:
 
     A provider call's attempt timeout almost never fires: the call ends long before. Giving every
     call its own SimPy timeout put one extra event per attempt on the heap (a fifth of all events in
-    a typical run). The wheel keeps deadlines in a heap of its own and one timer armed for the
-    earliest deadline still armed; disarmed deadlines are dropped when the timer fires.
+    a typical run). The wheel keeps deadlines of its own and one timer armed for the earliest
+    deadline still armed; disarmed deadlines are dropped when the timer fires.
+
+    Deadlines are kept in two sorted stores that :meth:`_first` merges by ``(when, seq)``: a FIFO
+    for deadlines that come no earlier than the last one appended to it (the common case: one
+    attempt timeout for every call, so each new deadline is the latest; an O(1) append) and a heap
+    for the others. Expiry order is the same as with one heap.
     """
 
-    __slots__ = ("_env", "_heap", "_seq", "_timer", "_timer_at")
+    __slots__ = ("_env", "_heap", "_seq", "_tail", "_tail_when", "_timer", "_timer_at")
 
     def __init__(self, env: simpy.Environment) -> None:
         self._env = env
         self._heap: list[tuple[float, int, _Deadline]] = []
+        self._tail: deque[tuple[float, int, _Deadline]] = deque()
+        self._tail_when = -math.inf
         self._seq = 0
         self._timer: _Sleep | None = None
         self._timer_at = math.inf
 
     def add(self, when: float, deadline: _Deadline) -> None:
         self._seq += 1
-        heappush(self._heap, (when, self._seq, deadline))
+        if when >= self._tail_when:
+            self._tail.append((when, self._seq, deadline))
+            self._tail_when = when
+        else:
+            heappush(self._heap, (when, self._seq, deadline))
         if when < self._timer_at:
             self._arm(when)
+
+    def _first(self) -> tuple[float, int, _Deadline] | None:
+        """The earliest entry by ``(when, seq)``, left in place (``None`` when there is none)."""
+        heap, tail = self._heap, self._tail
+        if not tail:
+            return heap[0] if heap else None
+        if heap and heap[0][:2] < tail[0][:2]:
+            return heap[0]
+        return tail[0]
+
+    def _pop_first(self) -> tuple[float, int, _Deadline]:
+        heap, tail = self._heap, self._tail
+        if tail and not (heap and heap[0][:2] < tail[0][:2]):
+            return tail.popleft()
+        return heappop(heap)
 
     def _arm(self, when: float) -> None:
         now = self._env._now
@@ -321,13 +349,14 @@ class _DeadlineWheel:
             return  # superseded by an earlier deadline's timer
         self._timer, self._timer_at = None, math.inf
         now = self._env._now
-        heap = self._heap
-        while heap and (heap[0][0] <= now or not heap[0][2].armed):
-            _, _, deadline = heappop(heap)
+        first = self._first()
+        while first is not None and (first[0] <= now or not first[2].armed):
+            _, _, deadline = self._pop_first()
             if deadline.armed:
                 deadline.expire(None)
-        if heap:
-            self._arm(heap[0][0])
+            first = self._first()
+        if first is not None:
+            self._arm(first[0])
 
 
 class SimPyRuntime:
@@ -362,6 +391,8 @@ class SimPyRuntime:
         """
         if timeout is None:
             return awaitable
+        if type(awaitable) is CoroutineType:  # a provider call: the hot case, checked first
+            return self._wait_for_coroutine(awaitable, timeout)
         if isinstance(awaitable, SimFuture) and self.current_task is not None:
             return self._wait_for_future(awaitable, timeout)
         if isinstance(awaitable, SimFuture | SimTask):

@@ -72,6 +72,7 @@ from aiqsim.core.failures import (
     ServerError,
 )
 from aiqsim.core.ratelimit import RateLimitSnapshot
+from aiqsim.core.slot_init import fast_frozen_init
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.sim.config import OutageConfig, ProviderConfig
@@ -137,6 +138,7 @@ def lognormal_noise(sigma: float, uniform: float) -> float:
     return math.exp(sigma * z - 0.5 * sigma * sigma)
 
 
+@fast_frozen_init  # built per call: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class Execution:
     """One call as the server saw it.
@@ -242,6 +244,7 @@ class ProviderLedger:
         return math.fsum(execution.cost for execution in self._duplicates())
 
 
+@fast_frozen_init  # built per call: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class SimJob:
     """A simulated request payload, validated: ``{"input", "prompt_units", "output_units", "poison"}``."""
@@ -276,6 +279,7 @@ class SimJob:
         )
 
 
+@fast_frozen_init  # built per call: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class _Draws:
     """The uniform draws one call takes, always all of them, always in this order."""
