@@ -203,6 +203,15 @@ class SimTask:
             return
         self._cancel_pending = False
         self._waiting = None
+        deadlines = self._deadlines
+        if deadlines and deadlines[-1].future_wait and deadlines[-1].owns_timeout():
+            # The task waits on a future in ``_wait_for_future`` (its innermost open deadline, and
+            # that function's only await) and this cancellation is that deadline's own timeout:
+            # resume it with a marker instead of throwing ``Cancelled`` through every frame only to
+            # have it caught there. Same instant, same event, same outcome (a dispatcher's timed
+            # wait that expires: the common case of a quota-limited lane).
+            self._step(_TIMED_OUT, None)
+            return
         self._step(None, Cancelled())
 
     # -- public API ----------------------------------------------------------------------
@@ -244,16 +253,22 @@ class SimTask:
         return f"<SimTask {self.name or ''} {state}>"
 
 
+_TIMED_OUT: Any = object()
+"""Sent into a task whose ``_wait_for_future`` deadline expired (see :meth:`SimTask._deliver_cancel`)."""
+
+
 class _Deadline:
-    """The timer of one ``wait_for`` on a coroutine: cancels the awaiting task if still armed."""
+    """The timer of one ``wait_for``: cancels the awaiting task if still armed."""
 
-    __slots__ = ("armed", "cancel_requests", "expired", "task")
+    __slots__ = ("armed", "cancel_requests", "expired", "future_wait", "task")
 
-    def __init__(self, task: SimTask) -> None:
+    def __init__(self, task: SimTask, future_wait: bool = False) -> None:
         self.task = task
         self.armed = True
         self.expired = False
         self.cancel_requests = task._cancel_requests
+        self.future_wait = future_wait
+        """True for the deadline of ``_wait_for_future``, which can take its timeout as a marker."""
 
     def expire(self, _event: Any) -> None:
         if self.armed and self.task._done._value is PENDING:
@@ -418,9 +433,9 @@ class SimPyRuntime:
             raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
         return result
 
-    def _open_deadline(self, task: SimTask, timeout: float) -> _Deadline:
+    def _open_deadline(self, task: SimTask, timeout: float, *, future_wait: bool = False) -> _Deadline:
         """Arm a deadline for ``task`` on the wheel and note it among the task's open ones."""
-        deadline = _Deadline(task)
+        deadline = _Deadline(task, future_wait)
         self._deadlines.add(self.env._now + (timeout if timeout > 0 else 0), deadline)
         task._deadlines.append(deadline)
         return deadline
@@ -432,18 +447,25 @@ class SimPyRuntime:
         assert task is not None
         if future._value is not PENDING:
             return future.result()
-        deadline = self._open_deadline(task, timeout)
+        deadline = self._open_deadline(task, timeout, future_wait=True)
         try:
-            return await future
+            result = await future
         except Cancelled:
             if not deadline.owns_timeout():
                 raise  # the future was cancelled, or the task was, or an outer deadline expired
-            if future._value is not PENDING and not future.cancelled():
-                return future.result()  # resolved at the deadline's instant: the result wins
-            future.cancel()
-            raise TimeoutError(f"timed out after {timeout:g} s (virtual)") from None
+            result = _TIMED_OUT
         finally:
             _close_deadline(deadline)
+        if result is _TIMED_OUT:  # our deadline expired (thrown as Cancelled or sent as the marker)
+            if future._value is not PENDING and not future.cancelled():
+                return future.result()  # resolved at the deadline's instant: the result wins
+            callbacks = future.callbacks
+            if callbacks is not None and task._resume in callbacks:
+                # this task stopped waiting on it: no stale wake-up event for the cancellation
+                callbacks.remove(task._resume)
+            future.cancel()
+            raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
+        return result
 
     async def _wait_for_event(self, awaitable: SimFuture | SimTask, timeout: float) -> Any:
         child: SimTask | None = None
