@@ -58,7 +58,7 @@ import random
 import struct
 from collections import deque
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Literal, get_args
 
@@ -72,7 +72,7 @@ from aiqsim.core.failures import (
     ServerError,
 )
 from aiqsim.core.ratelimit import RateLimitSnapshot
-from aiqsim.core.slot_init import fast_frozen_init
+from aiqsim.core.slot_init import compile_copier, fast_frozen_init
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.sim.config import OutageConfig, ProviderConfig
@@ -136,6 +136,10 @@ def lognormal_noise(sigma: float, uniform: float) -> float:
         return 1.0
     z = _STANDARD_NORMAL.inv_cdf(min(max(uniform, _UNIT_OPEN), 1.0 - _UNIT_OPEN))
     return math.exp(sigma * z - 0.5 * sigma * sigma)
+
+
+_copy_response = compile_copier(ProviderResponse)
+"""``dataclasses.replace`` for responses without its per-call introspection (one per simulated answer)."""
 
 
 @fast_frozen_init  # built per call: see aiqsim.core.slot_init
@@ -450,7 +454,9 @@ class SimulatedProvider:
                 error.ratelimit = self.ratelimit_snapshot(self.runtime.now())
             raise
         snapshot = self.ratelimit_snapshot(self.runtime.now())
-        return response if snapshot is None else replace(response, ratelimit=snapshot)
+        if snapshot is None:
+            return response
+        return _copy_response(response, {"ratelimit": snapshot})
 
     def ratelimit_snapshot(self, now: float) -> RateLimitSnapshot | None:
         """The server windows at ``now`` as a provider's ``x-ratelimit-*`` headers state them
