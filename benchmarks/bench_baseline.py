@@ -6,7 +6,8 @@ pointing at its own tree (both import the same installed third-party packages). 
 baseline / current, so a change in the machine's load hits both sides alike. Each worker first runs
 every scenario once untimed (lazy imports, first-call caches), then times each scenario's
 ``simulate(path, seed=0)`` with ``time.process_time()`` (CPU time: far steadier than wall time on a
-loaded shared machine). Both sides run the scenario files of the *current* tree.
+loaded shared machine). Both sides run the scenario files of the *current* tree, those the baseline
+shipped too (a newer scenario may use keys the baseline cannot parse; the ones left out are named).
 
 Prints one markdown table: per scenario min / median CPU ms on each side and the ratio of medians,
 plus the total over all scenarios, and the load average before and after.
@@ -69,11 +70,16 @@ def main() -> None:
     parser.add_argument("--ref", default=DEFAULT_REF, help="the baseline commit (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    scenarios = sorted(str(p) for p in (REPO / "scenarios").glob("*.toml"))
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="aiqsim-baseline-") as folder:
         baseline_tree = Path(folder)
         export(args.ref, baseline_tree)
+        # only the scenarios the baseline shipped too: a newer one may use keys it cannot parse
+        shipped = sorted((REPO / "scenarios").glob("*.toml"))
+        scenarios = [str(p) for p in shipped if (baseline_tree / "scenarios" / p.name).exists()]
+        skipped = [p.stem for p in shipped if str(p) not in scenarios]
+        if skipped:
+            print(f"  not in {args.ref}, left out: {', '.join(skipped)}", file=sys.stderr)
         sides: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
         for round_ in range(args.rounds):
             order = ("baseline", "current") if round_ % 2 == 0 else ("current", "baseline")
