@@ -60,6 +60,16 @@ def run_side(tree: Path, scenarios: list[str]) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def shared_scenarios(current: Path, baseline: Path) -> tuple[list[str], list[str]]:
+    """The scenario files of ``current`` that ``baseline`` shipped too (paths), and the others (names).
+
+    Only those are timed: a newer scenario may use keys the baseline's parser refuses.
+    """
+    shipped = sorted(current.glob("*.toml"))
+    both = [str(path) for path in shipped if (baseline / path.name).exists()]
+    return both, [path.stem for path in shipped if str(path) not in both]
+
+
 def export(ref: str, into: Path) -> None:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
@@ -74,10 +84,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="aiqsim-baseline-") as folder:
         baseline_tree = Path(folder)
         export(args.ref, baseline_tree)
-        # only the scenarios the baseline shipped too: a newer one may use keys it cannot parse
-        shipped = sorted((REPO / "scenarios").glob("*.toml"))
-        scenarios = [str(p) for p in shipped if (baseline_tree / "scenarios" / p.name).exists()]
-        skipped = [p.stem for p in shipped if str(p) not in scenarios]
+        scenarios, skipped = shared_scenarios(REPO / "scenarios", baseline_tree / "scenarios")
         if skipped:
             print(f"  not in {args.ref}, left out: {', '.join(skipped)}", file=sys.stderr)
         sides: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
