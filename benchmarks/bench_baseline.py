@@ -6,7 +6,8 @@ pointing at its own tree (both import the same installed third-party packages). 
 baseline / current, so a change in the machine's load hits both sides alike. Each worker first runs
 every scenario once untimed (lazy imports, first-call caches), then times each scenario's
 ``simulate(path, seed=0)`` with ``time.process_time()`` (CPU time: far steadier than wall time on a
-loaded shared machine). Both sides run the scenario files of the *current* tree.
+loaded shared machine). Both sides run the scenario files of the *current* tree, those the baseline
+shipped too (a newer scenario may use keys the baseline cannot parse; the ones left out are named).
 
 Prints one markdown table: per scenario min / median CPU ms on each side and the ratio of medians,
 plus the total over all scenarios, and the load average before and after.
@@ -59,6 +60,16 @@ def run_side(tree: Path, scenarios: list[str]) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def shared_scenarios(current: Path, baseline: Path) -> tuple[list[str], list[str]]:
+    """The scenario files of ``current`` that ``baseline`` shipped too (paths), and the others (names).
+
+    Only those are timed: a newer scenario may use keys the baseline's parser refuses.
+    """
+    shipped = sorted(current.glob("*.toml"))
+    both = [str(path) for path in shipped if (baseline / path.name).exists()]
+    return both, [path.stem for path in shipped if str(path) not in both]
+
+
 def export(ref: str, into: Path) -> None:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
@@ -69,11 +80,13 @@ def main() -> None:
     parser.add_argument("--ref", default=DEFAULT_REF, help="the baseline commit (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    scenarios = sorted(str(p) for p in (REPO / "scenarios").glob("*.toml"))
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="aiqsim-baseline-") as folder:
         baseline_tree = Path(folder)
         export(args.ref, baseline_tree)
+        scenarios, skipped = shared_scenarios(REPO / "scenarios", baseline_tree / "scenarios")
+        if skipped:
+            print(f"  not in {args.ref}, left out: {', '.join(skipped)}", file=sys.stderr)
         sides: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
         for round_ in range(args.rounds):
             order = ("baseline", "current") if round_ % 2 == 0 else ("current", "baseline")

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aiqsim.core.slot_init import fast_frozen_init
 
+
+@fast_frozen_init  # one per simulated answer: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class RateLimitSnapshot:
     """What one response's ``x-ratelimit-*`` headers said (``None`` where a header was absent)."""

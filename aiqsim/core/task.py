@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.slot_init import compile_copier, fast_frozen_init
 
 
 class TaskStatus(enum.StrEnum):
@@ -50,6 +51,7 @@ class Priority(enum.IntEnum):
         raise PriorityError(f"priority: expected one of {accepted}, got {value!r}")
 
 
+@fast_frozen_init  # built on every submit and status change: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
     """Everything the scheduler and the stores know about one task.
@@ -138,23 +140,7 @@ _FIELD_NAMES = tuple(f.name for f in fields(TaskRecord))
 _FIELD_SET = frozenset(_FIELD_NAMES)
 
 
-def _compile_copier() -> Any:
-    """Build ``copy(task, changes)`` with one line per field, as ``dataclasses`` builds ``__init__``:
-    plain attribute reads instead of a ``getattr`` loop (this runs on every status change)."""
-    lines = ["def copy(task, changes):", "    new = new_record(TaskRecord)"]
-    for name in _FIELD_NAMES:
-        lines.append(f"    set_{name}(new, changes[{name!r}] if {name!r} in changes else task.{name})")
-    lines.append("    return new")
-    namespace: dict[str, Any] = {"new_record": object.__new__, "TaskRecord": TaskRecord}
-    for name in _FIELD_NAMES:
-        # The slot's own setter: object.__setattr__ would look the name up in the class each time
-        # (and frozen=True forbids plain assignment; the slot descriptor is what it ends up calling).
-        namespace[f"set_{name}"] = TaskRecord.__dict__[name].__set__
-    exec("\n".join(lines), namespace)  # the source is built from our own field names only
-    return namespace["copy"]
-
-
-_copy_fields = _compile_copier()
+_copy_fields = compile_copier(TaskRecord)  # plain slot stores, then the frozen class (see slot_init)
 
 
 def copy_record(task: TaskRecord, changes: dict[str, Any]) -> TaskRecord:

@@ -18,6 +18,7 @@ import numbers
 from dataclasses import dataclass
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.slot_init import fast_frozen_init
 
 
 class QuotaConfigError(ConfigurationError):
@@ -167,6 +168,7 @@ def _check_amount(what: str, amount: float) -> None:
         raise ValueError(f"{what} amount must be a finite number >= 0, got {amount!r}")
 
 
+@fast_frozen_init  # built per call: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """What one attempt took from a :class:`MultiQuota`: give it back with ``release``/``reconcile``."""

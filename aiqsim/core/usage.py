@@ -22,9 +22,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from aiqsim.core.slot_init import fast_frozen_init
+
 __all__ = ["UsageVerdict", "sane_usage"]
 
 
+@fast_frozen_init  # built per call: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class UsageVerdict:
     """What to charge for one call, and why it differs from the report (``anomaly``, or ``None``)."""

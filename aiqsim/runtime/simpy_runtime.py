@@ -20,8 +20,10 @@ spawning a child task per provider call; ``wait_for(x, None)`` is ``x`` itself; 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from heapq import heappop, heappush
+from types import CoroutineType
 from typing import Any, TypeVar
 
 import simpy
@@ -201,6 +203,15 @@ class SimTask:
             return
         self._cancel_pending = False
         self._waiting = None
+        deadlines = self._deadlines
+        if deadlines and deadlines[-1].future_wait and deadlines[-1].owns_timeout():
+            # The task waits on a future in ``_wait_for_future`` (its innermost open deadline, and
+            # that function's only await) and this cancellation is that deadline's own timeout:
+            # resume it with a marker instead of throwing ``Cancelled`` through every frame only to
+            # have it caught there. Same instant, same event, same outcome (a dispatcher's timed
+            # wait that expires: the common case of a quota-limited lane).
+            self._step(_TIMED_OUT, None)
+            return
         self._step(None, Cancelled())
 
     # -- public API ----------------------------------------------------------------------
@@ -242,16 +253,22 @@ class SimTask:
         return f"<SimTask {self.name or ''} {state}>"
 
 
+_TIMED_OUT: Any = object()
+"""Sent into a task whose ``_wait_for_future`` deadline expired (see :meth:`SimTask._deliver_cancel`)."""
+
+
 class _Deadline:
-    """The timer of one ``wait_for`` on a coroutine: cancels the awaiting task if still armed."""
+    """The timer of one ``wait_for``: cancels the awaiting task if still armed."""
 
-    __slots__ = ("armed", "cancel_requests", "expired", "task")
+    __slots__ = ("armed", "cancel_requests", "expired", "future_wait", "task")
 
-    def __init__(self, task: SimTask) -> None:
+    def __init__(self, task: SimTask, future_wait: bool = False) -> None:
         self.task = task
         self.armed = True
         self.expired = False
         self.cancel_requests = task._cancel_requests
+        self.future_wait = future_wait
+        """True for the deadline of ``_wait_for_future``, which can take its timeout as a marker."""
 
     def expire(self, _event: Any) -> None:
         if self.armed and self.task._done._value is PENDING:
@@ -288,24 +305,50 @@ class _DeadlineWheel:
 
     A provider call's attempt timeout almost never fires: the call ends long before. Giving every
     call its own SimPy timeout put one extra event per attempt on the heap (a fifth of all events in
-    a typical run). The wheel keeps deadlines in a heap of its own and one timer armed for the
-    earliest deadline still armed; disarmed deadlines are dropped when the timer fires.
+    a typical run). The wheel keeps deadlines of its own and one timer armed for the earliest
+    deadline still armed; disarmed deadlines are dropped when the timer fires.
+
+    Deadlines are kept in two sorted stores that :meth:`_first` merges by ``(when, seq)``: a FIFO
+    for deadlines that come no earlier than the last one appended to it (the common case: one
+    attempt timeout for every call, so each new deadline is the latest; an O(1) append) and a heap
+    for the others. Expiry order is the same as with one heap.
     """
 
-    __slots__ = ("_env", "_heap", "_seq", "_timer", "_timer_at")
+    __slots__ = ("_env", "_heap", "_seq", "_tail", "_tail_when", "_timer", "_timer_at")
 
     def __init__(self, env: simpy.Environment) -> None:
         self._env = env
         self._heap: list[tuple[float, int, _Deadline]] = []
+        self._tail: deque[tuple[float, int, _Deadline]] = deque()
+        self._tail_when = -math.inf
         self._seq = 0
         self._timer: _Sleep | None = None
         self._timer_at = math.inf
 
     def add(self, when: float, deadline: _Deadline) -> None:
         self._seq += 1
-        heappush(self._heap, (when, self._seq, deadline))
+        if when >= self._tail_when:
+            self._tail.append((when, self._seq, deadline))
+            self._tail_when = when
+        else:
+            heappush(self._heap, (when, self._seq, deadline))
         if when < self._timer_at:
             self._arm(when)
+
+    def _first(self) -> tuple[float, int, _Deadline] | None:
+        """The earliest entry by ``(when, seq)``, left in place (``None`` when there is none)."""
+        heap, tail = self._heap, self._tail
+        if not tail:
+            return heap[0] if heap else None
+        if heap and heap[0][:2] < tail[0][:2]:
+            return heap[0]
+        return tail[0]
+
+    def _pop_first(self) -> tuple[float, int, _Deadline]:
+        heap, tail = self._heap, self._tail
+        if tail and not (heap and heap[0][:2] < tail[0][:2]):
+            return tail.popleft()
+        return heappop(heap)
 
     def _arm(self, when: float) -> None:
         now = self._env._now
@@ -321,13 +364,14 @@ class _DeadlineWheel:
             return  # superseded by an earlier deadline's timer
         self._timer, self._timer_at = None, math.inf
         now = self._env._now
-        heap = self._heap
-        while heap and (heap[0][0] <= now or not heap[0][2].armed):
-            _, _, deadline = heappop(heap)
+        first = self._first()
+        while first is not None and (first[0] <= now or not first[2].armed):
+            _, _, deadline = self._pop_first()
             if deadline.armed:
                 deadline.expire(None)
-        if heap:
-            self._arm(heap[0][0])
+            first = self._first()
+        if first is not None:
+            self._arm(first[0])
 
 
 class SimPyRuntime:
@@ -362,6 +406,8 @@ class SimPyRuntime:
         """
         if timeout is None:
             return awaitable
+        if type(awaitable) is CoroutineType:  # a provider call: the hot case, checked first
+            return self._wait_for_coroutine(awaitable, timeout)
         if isinstance(awaitable, SimFuture) and self.current_task is not None:
             return self._wait_for_future(awaitable, timeout)
         if isinstance(awaitable, SimFuture | SimTask):
@@ -387,9 +433,9 @@ class SimPyRuntime:
             raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
         return result
 
-    def _open_deadline(self, task: SimTask, timeout: float) -> _Deadline:
+    def _open_deadline(self, task: SimTask, timeout: float, *, future_wait: bool = False) -> _Deadline:
         """Arm a deadline for ``task`` on the wheel and note it among the task's open ones."""
-        deadline = _Deadline(task)
+        deadline = _Deadline(task, future_wait)
         self._deadlines.add(self.env._now + (timeout if timeout > 0 else 0), deadline)
         task._deadlines.append(deadline)
         return deadline
@@ -401,18 +447,25 @@ class SimPyRuntime:
         assert task is not None
         if future._value is not PENDING:
             return future.result()
-        deadline = self._open_deadline(task, timeout)
+        deadline = self._open_deadline(task, timeout, future_wait=True)
         try:
-            return await future
+            result = await future
         except Cancelled:
             if not deadline.owns_timeout():
                 raise  # the future was cancelled, or the task was, or an outer deadline expired
-            if future._value is not PENDING and not future.cancelled():
-                return future.result()  # resolved at the deadline's instant: the result wins
-            future.cancel()
-            raise TimeoutError(f"timed out after {timeout:g} s (virtual)") from None
+            result = _TIMED_OUT
         finally:
             _close_deadline(deadline)
+        if result is _TIMED_OUT:  # our deadline expired (thrown as Cancelled or sent as the marker)
+            if future._value is not PENDING and not future.cancelled():
+                return future.result()  # resolved at the deadline's instant: the result wins
+            callbacks = future.callbacks
+            if callbacks is not None and task._resume in callbacks:
+                # this task stopped waiting on it: no stale wake-up event for the cancellation
+                callbacks.remove(task._resume)
+            future.cancel()
+            raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
+        return result
 
     async def _wait_for_event(self, awaitable: SimFuture | SimTask, timeout: float) -> Any:
         child: SimTask | None = None

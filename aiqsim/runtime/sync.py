@@ -143,6 +143,13 @@ class Signal:
         """Return True if notified, False if ``timeout`` passed first."""
         waiter = self._runtime.create_future()
         self._waiters.append(waiter)
+        if timeout is None:  # an idle dispatcher's wait: no wait_for layer (``wait_for(x, None)`` is x)
+            try:
+                await waiter
+            except Cancelled:
+                self._discard(waiter)
+                raise
+            return True
         try:
             await self._runtime.wait_for(waiter, timeout)
         except TimeoutError:

@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.ratelimit import RateLimitSnapshot
+from aiqsim.core.slot_init import fast_frozen_init
 from aiqsim.core.task import Priority
 
 
+@fast_frozen_init  # one per attempt: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class ProviderRequest:
     """One attempt at one task, as handed to :meth:`Provider.call`.
@@ -26,6 +28,7 @@ class ProviderRequest:
     priority: Priority
 
 
+@fast_frozen_init  # one per successful attempt
 @dataclass(frozen=True, slots=True)
 class ProviderResponse:
     """A successful call. ``usage`` is the actual cost in the quota's unit (tokens, characters);

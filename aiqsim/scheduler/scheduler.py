@@ -1079,12 +1079,12 @@ class Scheduler:
                 attempts += 1
                 tries += 1
                 is_retry = tries > 1
-                wait = self._gate_wait(lane.name, is_retry)
+                wait = self._gate_wait(lane.name, is_retry) if self.gates else 0.0
                 while wait > 0:
                     await runtime.sleep(wait)
                     wait = self._gate_wait(lane.name, is_retry)
                 asked = self._late_gates if admitted else self.gates
-                refusal = self._gate_refusal(lane.name, is_retry, record.id, cause, asked)
+                refusal = self._gate_refusal(lane.name, is_retry, record.id, cause, asked) if asked else None
                 if refusal is not None and admitted:  # not sent after all: the quota gets its charge back
                     self._abandon_early(lane.name, record.id)
                 admitted = False
@@ -1350,7 +1350,8 @@ class Scheduler:
         if self._crashed:
             raise Cancelled()
         persist_change(old, record, self.store.update, record)
-        self._staged(record.id)
+        if self._commit is not None:  # _staged, inlined: this runs on every transition
+            self._commit.staged(record.id)
 
     def _staged(self, task_id: str | None) -> None:
         """Tell the group commit (if the store defers commits) that a write of ``task_id`` is staged."""

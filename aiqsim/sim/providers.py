@@ -58,7 +58,7 @@ import random
 import struct
 from collections import deque
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Literal, get_args
 
@@ -72,6 +72,7 @@ from aiqsim.core.failures import (
     ServerError,
 )
 from aiqsim.core.ratelimit import RateLimitSnapshot
+from aiqsim.core.slot_init import compile_copier, fast_frozen_init
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.sim.config import OutageConfig, ProviderConfig
@@ -137,6 +138,11 @@ def lognormal_noise(sigma: float, uniform: float) -> float:
     return math.exp(sigma * z - 0.5 * sigma * sigma)
 
 
+_copy_response = compile_copier(ProviderResponse)
+"""``dataclasses.replace`` for responses without its per-call introspection (one per simulated answer)."""
+
+
+@fast_frozen_init  # built per call: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class Execution:
     """One call as the server saw it.
@@ -242,6 +248,7 @@ class ProviderLedger:
         return math.fsum(execution.cost for execution in self._duplicates())
 
 
+@fast_frozen_init  # built per call: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class SimJob:
     """A simulated request payload, validated: ``{"input", "prompt_units", "output_units", "poison"}``."""
@@ -276,6 +283,7 @@ class SimJob:
         )
 
 
+@fast_frozen_init  # built per call: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class _Draws:
     """The uniform draws one call takes, always all of them, always in this order."""
@@ -446,7 +454,9 @@ class SimulatedProvider:
                 error.ratelimit = self.ratelimit_snapshot(self.runtime.now())
             raise
         snapshot = self.ratelimit_snapshot(self.runtime.now())
-        return response if snapshot is None else replace(response, ratelimit=snapshot)
+        if snapshot is None:
+            return response
+        return _copy_response(response, {"ratelimit": snapshot})
 
     def ratelimit_snapshot(self, now: float) -> RateLimitSnapshot | None:
         """The server windows at ``now`` as a provider's ``x-ratelimit-*`` headers state them

@@ -1,0 +1,120 @@
+"""fast_frozen_init: the generated __init__ must behave exactly like the dataclass's own."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.slot_init import UnsupportedDataclassError, compile_copier, fast_frozen_init
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus, copy_record
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+
+
+@dataclass(frozen=True, slots=True)
+class _Plain:
+    a: int
+    b: str = "b"
+    c: list[int] = field(default_factory=list)
+
+
+@fast_frozen_init
+@dataclass(frozen=True, slots=True)
+class _Fast:
+    a: int
+    b: str = "b"
+    c: list[int] = field(default_factory=list)
+
+
+def _as_tuple(obj: Any) -> tuple[Any, ...]:
+    return tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((1,), {}), ((1, "x"), {}), ((1,), {"c": [3]}), ((), {"a": 2, "b": "y", "c": [4, 5]})],
+)
+def test_same_values_as_the_dataclass_init(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    assert _as_tuple(_Fast(*args, **kwargs)) == _as_tuple(_Plain(*args, **kwargs))
+
+
+def test_default_factory_gives_each_instance_its_own_value() -> None:
+    first, second = _Fast(1), _Fast(2)
+    assert first.c == [] and first.c is not second.c
+
+
+def test_same_argument_errors_as_the_dataclass_init() -> None:
+    with pytest.raises(TypeError):
+        _Fast()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _Fast(1, d=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _Fast(1, "x", [], 4)  # type: ignore[call-arg]
+
+
+def test_still_frozen_equal_hashable_and_picklable() -> None:
+    record = _Fast(1, "x", [2])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.a = 2  # type: ignore[misc]
+    assert record == _Fast(1, "x", [2])
+    assert pickle.loads(pickle.dumps(record)) == record
+    assert dataclasses.replace(record, a=5).a == 5
+
+
+def test_task_record_defaults_unchanged() -> None:
+    record = TaskRecord(id="t", key="k", kind="chat", provider="p")
+    assert record.priority is Priority.BACKGROUND and record.status is TaskStatus.QUEUED
+    assert (record.attempts, record.started_at, record.worker, record.meta) == (0, None, None, {})
+    assert record.meta is not TaskRecord(id="u", key="k", kind="chat", provider="p").meta
+    full = ProviderResponse(result="r", usage=None, output_units=None, ratelimit=None)
+    assert ProviderResponse("r") == full
+    request = ProviderRequest("t", "k", "chat", None, 1.0, 1, Priority.INTERACTIVE)
+    assert request.attempt == 1 and request.priority is Priority.INTERACTIVE
+
+
+def test_refuses_shapes_it_cannot_reproduce() -> None:
+    @dataclass(frozen=True, slots=True)
+    class WithPostInit:
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    @dataclass(frozen=True, slots=True)
+    class KeywordOnly:
+        a: int = field(kw_only=True)
+
+    @dataclass(slots=True)
+    class NotFrozen:
+        a: int
+
+    @dataclass(frozen=True)
+    class NoSlots:
+        a: int
+
+    for cls in (WithPostInit, KeywordOnly, NotFrozen, NoSlots):
+        with pytest.raises(UnsupportedDataclassError) as caught:
+            fast_frozen_init(cls)
+        assert isinstance(caught.value, ConfigurationError) and isinstance(caught.value, TypeError)
+
+
+def test_built_and_copied_objects_are_the_frozen_class() -> None:
+    record = TaskRecord(id="t", key="k", kind="chat", provider="p", payload={"a": 1})
+    moved = copy_record(record, {"status": TaskStatus.RUNNING, "attempts": 2})
+    for obj, name in ((record, "id"), (moved, "status"), (_Fast(1), "a")):
+        assert type(obj) in (TaskRecord, _Fast)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, "other")
+    assert moved == dataclasses.replace(record, status=TaskStatus.RUNNING, attempts=2)
+    assert moved.payload is record.payload and record.status is TaskStatus.QUEUED
+
+
+def test_compile_copier_copies_every_field_and_applies_changes() -> None:
+    copy = compile_copier(_Fast)
+    original = _Fast(1, "x", [2])
+    assert copy(original, {}) == original and copy(original, {}) is not original
+    assert _as_tuple(copy(original, {"b": "y"})) == (1, "y", [2])
