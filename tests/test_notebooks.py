@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from executed_notebooks import executed
+from executed_notebooks import executed, run_of
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CI_PARAMETERS = "FAST = True"
@@ -54,6 +54,18 @@ def test_notebook_runs_headless(path: Path) -> None:
         if output.get("output_type") == "stream"
     )
     assert "Recommended: " in printed and "aiqsim run " in printed, f"{path.name} computed no decision"
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in NOTEBOOKS.glob("*.ipynb") if p.stem not in EXECUTED_ELSEWHERE),
+    ids=lambda p: p.stem,
+)
+def test_notebook_leaves_no_temporary_files(path: Path) -> None:
+    """A notebook deletes what it writes to the temp dir: run on every docs build and CI run, a
+    leftover folder piles up in /tmp. Each run's kernel has a TMPDIR of its own (executed_notebooks)."""
+    assert run_of(path).leftovers == (), f"{path.name} left these in its TMPDIR"
 
 
 def _decision_index(book: nbformat.NotebookNode) -> int:
