@@ -95,6 +95,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped under CI=true, which must run every test: {reason}"
 
 
+# ------------------------------------------------------------------ temporary files in memory
+def pytest_configure(config: pytest.Config) -> None:
+    """``tmp_path`` and friends under /dev/shm (tests/memory_tmp.py says why: fsyncs cost nothing there).
+
+    ``PYTEST_DEBUG_TEMPROOT`` is pytest's documented root for them; one set by the caller wins.
+    """
+    from memory_tmp import memory_backed_tmp_root
+
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(memory_backed_tmp_root()))
+
+
 # ------------------------------------------------------------------ notebooks: executed two at a time
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Tell tests/executed_notebooks.py which notebooks the selected tests need, so that they execute

@@ -12,9 +12,9 @@ Cost and how it is kept down (the notebooks were the suite's largest single item
   ``AIQSIM_TEST_NOTEBOOK_WORKERS=1`` restores one at a time. Nothing starts before a test asks,
   so the kernels never compete with the wall-clock tests of other files.
 - **A temporary folder of its own, in memory.** Each kernel gets ``TMPDIR`` pointing at a fresh
-  folder under ``/dev/shm`` (a tmpfs on Linux; the system temp dir elsewhere). The simulator's
-  SQLite stores live under ``TMPDIR``; on tmpfs their ``fsync`` costs nothing, which made the
-  crash-recovery notebook about 10 times faster while it runs the very same code. The folder is
+  folder under ``/dev/shm`` (tests/memory_tmp.py: a tmpfs on Linux; the system temp dir
+  elsewhere). The simulator's SQLite stores live under ``TMPDIR``; on tmpfs their ``fsync`` costs
+  nothing, which made the crash-recovery notebook about 9 times faster, running the same code. The folder is
   also how :attr:`NotebookRun.leftovers` sees what a notebook forgot to delete.
 """
 
@@ -31,6 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from memory_tmp import memory_backed_tmp_root
 
 from aiqsim.lab.notebook_runs import run_notebook
 
@@ -58,14 +60,6 @@ _planned: list[Path] = []
 _scratch: Path | None = None
 
 
-def _scratch_root() -> Path:
-    """``/dev/shm`` where it is a writable folder (a tmpfs on Linux), else the system temp dir."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-        return shm
-    return Path(tempfile.gettempdir())
-
-
 def _execute(path: Path, tmpdir: Path) -> NotebookRun:
     started = time.perf_counter()
     book = run_notebook(path, env={**os.environ, "TMPDIR": str(tmpdir)})
@@ -78,7 +72,7 @@ def _submit(paths: Iterable[Path]) -> None:
     global _pool, _scratch
     if _pool is None:
         _pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="notebook")
-        _scratch = Path(tempfile.mkdtemp(prefix="aiqsim-test-notebooks-", dir=_scratch_root()))
+        _scratch = Path(tempfile.mkdtemp(prefix="aiqsim-test-notebooks-", dir=memory_backed_tmp_root()))
         atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
     assert _scratch is not None
     for path in paths:
