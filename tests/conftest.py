@@ -101,7 +101,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     ``PYTEST_DEBUG_TEMPROOT`` is pytest's documented root for them; one set by the caller wins.
     """
-    from memory_tmp import memory_backed_tmp_root
+    try:
+        from memory_tmp import memory_backed_tmp_root
+    except ModuleNotFoundError:  # loaded as the plugin ``tests.conftest`` (tests/test_ci_setup.py does)
+        from tests.memory_tmp import memory_backed_tmp_root
 
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(memory_backed_tmp_root()))
 
