@@ -93,3 +93,47 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which must run every test: {reason}"
+
+
+# ------------------------------------------------------------------ temporary files in memory
+def pytest_configure(config: pytest.Config) -> None:
+    """``tmp_path`` and friends under /dev/shm (tests/memory_tmp.py says why: fsyncs cost nothing there).
+
+    ``PYTEST_DEBUG_TEMPROOT`` is pytest's documented root for them; one set by the caller wins.
+    """
+    try:
+        from memory_tmp import memory_backed_tmp_root
+    except ModuleNotFoundError:  # loaded as the plugin ``tests.conftest`` (tests/test_ci_setup.py does)
+        from tests.memory_tmp import memory_backed_tmp_root
+
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(memory_backed_tmp_root()))
+
+
+# ------------------------------------------------------------------ notebooks: executed two at a time
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Tell tests/executed_notebooks.py which notebooks the selected tests need, so that they execute
+    together (two kernels at a time) once the first one is asked for, not one after another."""
+    from pathlib import Path
+
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    needed: set[Path] = set()
+    for item in session.items:
+        if "site" in getattr(item, "fixturenames", ()):  # tests/test_docs.py renders every notebook
+            needed.update(notebooks.glob("*.ipynb"))
+        elif item.get_closest_marker("notebook") and item.module.__name__ == "test_notebooks":
+            path = item.callspec.params.get("path") if hasattr(item, "callspec") else None
+            if isinstance(path, Path):
+                needed.add(path)
+    if needed:
+        import executed_notebooks
+
+        executed_notebooks.plan(needed)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Drop the notebook executions a failed or interrupted session no longer needs."""
+    import sys
+
+    module = sys.modules.get("executed_notebooks")
+    if module is not None:
+        module.shutdown()

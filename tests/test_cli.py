@@ -28,6 +28,18 @@ def aiqsim(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
+def aiqsim_each(cases: list[tuple[tuple[str, ...], list[str]]]) -> list[subprocess.CompletedProcess[str]]:
+    """:func:`aiqsim` for the arguments of each case, two processes at a time (in the cases' order).
+
+    Each case is a real ``python -m aiqsim`` process, most of whose time is importing; two at once
+    keep both of the CI machine's cores busy. The cases write nothing (each is refused up front).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda case: aiqsim(*case[0]), cases))
+
+
 def test_version() -> None:
     result = aiqsim("--version")
     assert result.returncode == 0 and result.stdout.startswith("aiqsim ")
@@ -103,8 +115,7 @@ def test_bad_input_gives_a_clear_message_and_no_traceback(tmp_path: Path) -> Non
         (("sweep", "scenarios/retry_storm_429.toml", "--grid", "retry.base_s=1,-2", "--out", csv),
          ["retry.base_s", ">= 0"]),
     ]  # fmt: skip
-    for args, fragments in cases:
-        result = aiqsim(*args)
+    for (args, fragments), result in zip(cases, aiqsim_each(cases), strict=True):
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr, args
         for fragment in fragments:
@@ -290,8 +301,7 @@ def test_more_bad_input_is_refused_up_front_with_one_message(tmp_path: Path) -> 
           f"store.path={missing}"), ["store.path", str(missing), "does not exist"]),
         (("validate", str(stored)), ["store.path", "does not exist"]),
     ]  # fmt: skip
-    for args, fragments in cases:
-        result = aiqsim(*args)
+    for (args, fragments), result in zip(cases, aiqsim_each(cases), strict=True):
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         one_line = result.stderr.strip().count("\n") == 0
         assert "Traceback" not in result.stderr and one_line, (args, result.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from executed_notebooks import executed
+from executed_notebooks import executed, run_of
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CI_PARAMETERS = "FAST = True"
@@ -56,6 +56,18 @@ def test_notebook_runs_headless(path: Path) -> None:
     assert "Recommended: " in printed and "aiqsim run " in printed, f"{path.name} computed no decision"
 
 
+@pytest.mark.notebook
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in NOTEBOOKS.glob("*.ipynb") if p.stem not in EXECUTED_ELSEWHERE),
+    ids=lambda p: p.stem,
+)
+def test_notebook_leaves_no_temporary_files(path: Path) -> None:
+    """A notebook deletes what it writes to the temp dir: run on every docs build and CI run, a
+    leftover folder piles up in /tmp. Each run's kernel has a TMPDIR of its own (executed_notebooks)."""
+    assert run_of(path).leftovers == (), f"{path.name} left these in its TMPDIR"
+
+
 def _decision_index(book: nbformat.NotebookNode) -> int:
     headings = [
         i
@@ -84,3 +96,32 @@ def test_notebooks_are_stored_without_stale_outputs(path: Path) -> None:
     for cell in book.cells:
         if cell.cell_type == "code":
             assert cell.get("outputs", []) == [] and cell.get("execution_count") is None, path.name
+
+
+def test_run_notebook_shuts_its_kernel_down(tmp_path: Path) -> None:
+    """Each run starts a kernel and must stop it: nbclient keeps alive a kernel it did not create, and
+    every executed notebook used to leave one (~200 MB) idle until the test session ended."""
+    import os
+    import uuid
+
+    from aiqsim.lab.notebook_runs import run_notebook
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [nbformat.v4.new_code_cell("FAST = False"), nbformat.v4.new_code_cell("print('fast', FAST)")]
+    book.cells[0].metadata["tags"] = ["parameters"]
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(book, path)
+    tag = str(uuid.uuid4())  # in the kernel's environment: tells our kernel from other tests' kernels
+    mark = f"AIQSIM_TEST_KERNEL={tag}".encode()
+
+    executed = run_notebook(path, env={**os.environ, "AIQSIM_TEST_KERNEL": tag})
+
+    assert executed.cells[2].outputs[0]["text"] == "fast True\n"
+    ours = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark in (entry / "environ").read_bytes().split(b"\0"):
+                ours.append(entry.name)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    assert ours == [], f"kernel process(es) {ours} still running after run_notebook returned"

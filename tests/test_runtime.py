@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 
@@ -283,3 +284,51 @@ def test_run_until_cancels_the_main_task_at_the_horizon(rt_name: str) -> None:
         (at,) = cancelled_at
         assert 5.5 <= at < 5.5 + ASYNCIO_LATENESS_S
         assert len(reached) <= 5 and all(b - a >= 1.0 for a, b in itertools.pairwise(reached))
+
+
+# ---------------------------------------------------------------------------- no coroutine dies silently
+def _never_awaited_warnings(run: Callable[[], object]) -> list[str]:
+    """The "coroutine ... was never awaited" warnings raised while ``run`` runs and its garbage is freed."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+        gc.collect()
+    return [str(w.message) for w in caught if "never awaited" in str(w.message)]
+
+
+@both
+def test_a_task_cancelled_before_its_first_step_never_runs_and_leaves_no_coroutine(rt_name: str) -> None:
+    """Cancelled before it ran, a task's body never runs, and its coroutine is closed at once: on SimPy
+    the run may end before the cancellation is delivered, which left the coroutine to the garbage
+    collector ("coroutine ... was never awaited", tests/test_serve.py's warning)."""
+    ran: list[str] = []
+
+    async def child() -> None:
+        ran.append("child")
+
+    async def body(rt):
+        task = rt.spawn(child(), name="child")
+        task.cancel()
+        return task
+
+    tasks: list[object] = []
+    assert _never_awaited_warnings(lambda: tasks.append(run_on(rt_name, body))) == []
+    assert ran == []
+
+
+def test_a_scheduler_closed_before_its_dispatchers_ran_leaves_no_coroutine() -> None:
+    """The reported case: a scheduler started and closed in one step of the SimPy run (its dispatcher
+    was spawned, never stepped, then cancelled) must not leave a never-awaited ``_dispatch_loop``."""
+    from aiqsim import Scheduler
+    from aiqsim.stores.memory import MemoryStore
+    from tests.fakes import ScriptedProvider
+
+    async def body(rt):
+        scheduler = Scheduler(rt, [ScriptedProvider(rt)], store=MemoryStore())
+        scheduler.submit("llm", {"input": "a"})
+        await scheduler.close()
+
+    assert _never_awaited_warnings(lambda: run_on("simpy", body)) == []

@@ -23,6 +23,7 @@ import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from heapq import heappop, heappush
+from inspect import CORO_CREATED, getcoroutinestate, iscoroutine
 from types import CoroutineType
 from typing import Any, TypeVar
 
@@ -203,6 +204,9 @@ class SimTask:
             return
         self._cancel_pending = False
         self._waiting = None
+        if getattr(self._coro, "cr_frame", self) is None:  # closed by cancel() before its first step
+            self._done.set_exception(Cancelled())
+            return
         deadlines = self._deadlines
         if deadlines and deadlines[-1].future_wait and deadlines[-1].owns_timeout():
             # The task waits on a future in ``_wait_for_future`` (its innermost open deadline, and
@@ -216,10 +220,18 @@ class SimTask:
 
     # -- public API ----------------------------------------------------------------------
     def cancel(self) -> bool:
-        """Ask the coroutine to stop: :class:`Cancelled` is thrown at its current await."""
+        """Ask the coroutine to stop: :class:`Cancelled` is thrown at its current await.
+
+        A task that has not taken its first step never runs (as an asyncio Task cancelled that
+        early), and its coroutine is closed right here: the run may end before the cancellation
+        is delivered, and an unstarted coroutine left to the garbage collector dies with only a
+        "was never awaited" warning. The task is still done, cancelled, at the delivery.
+        """
         if self._done._value is not PENDING:
             return False
         self._cancel_requests += 1
+        if iscoroutine(self._coro) and getcoroutinestate(self._coro) == CORO_CREATED:
+            self._coro.close()
         self._request_cancel()
         return True
 
