@@ -60,9 +60,12 @@ _planned: list[Path] = []
 _scratch: Path | None = None
 
 
-def _execute(path: Path, tmpdir: Path) -> NotebookRun:
+def _execute(path: Path, tmpdir: Path, outdir: Path) -> NotebookRun:
     started = time.perf_counter()
-    book = run_notebook(path, env={**os.environ, "TMPDIR": str(tmpdir)})
+    # AIQSIM_NOTEBOOK_OUT: where a notebook keeps what its decision points at (default ./out), here
+    # outside TMPDIR (what is left there is a leak) and outside the checkout
+    env = {**os.environ, "TMPDIR": str(tmpdir), "AIQSIM_NOTEBOOK_OUT": str(outdir)}
+    book = run_notebook(path, env=env)
     leftovers = tuple(sorted(entry.name for entry in tmpdir.iterdir()))
     return NotebookRun(book, leftovers, time.perf_counter() - started)
 
@@ -80,7 +83,9 @@ def _submit(paths: Iterable[Path]) -> None:
         if path not in _runs:
             tmpdir = _scratch / path.stem
             tmpdir.mkdir()
-            _runs[path] = _pool.submit(_execute, path, tmpdir)
+            outdir = _scratch / f"{path.stem}.out"
+            outdir.mkdir()
+            _runs[path] = _pool.submit(_execute, path, tmpdir, outdir)
 
 
 def _slowest_first(paths: Iterable[Path]) -> list[Path]:

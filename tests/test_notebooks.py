@@ -6,6 +6,7 @@ sweeps shrink to CI size while every code path still runs.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import nbformat
@@ -54,6 +55,11 @@ def test_notebook_runs_headless(path: Path) -> None:
         if output.get("output_type") == "stream"
     )
     assert "Recommended: " in printed and "aiqsim run " in printed, f"{path.name} computed no decision"
+    # the recommended command can be run after the notebook (from the clone's root, as the README
+    # says): its scenario file exists, it is not a working file the notebook removed
+    command = shlex.split(printed.split("Recommended: ", 1)[1].split("aiqsim run ", 1)[1].splitlines()[0])
+    scenario = NOTEBOOKS.parent / command[0]  # an absolute path stays as it is
+    assert scenario.is_file(), f"{path.name} recommends running {command[0]}, which does not exist"
 
 
 @pytest.mark.notebook
