@@ -50,7 +50,7 @@ from aiqsim.scheduler.call_log import CallLog
 from aiqsim.stores.memory import MemoryStore
 
 CALLS = 10_000
-HTTP_CALLS = 2_000
+HTTP_CALLS = 300
 HTTP_CONCURRENCY = 32
 
 SERVER = """
