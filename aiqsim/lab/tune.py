@@ -5,7 +5,12 @@
 and every trial uses the *same* seeds (common random numbers: two settings are compared on the same
 arrivals and the same per-request fates, so the difference is the settings', not the noise's).
 
-- one objective: Optuna's TPE sampler; several: NSGA-II, and the result is the Pareto front;
+- one objective: Optuna's TPE sampler; several: NSGA-II, and the result is the Pareto front. TPE is
+  multivariate (one joint density over the parameters, so interactions such as burst x retry base can
+  be learnt) and starts with ``startup_trials`` random trials (Optuna's default, 10, unless given;
+  see benchmarks/RESULTS.md for what the choice does on a known grid). ``group`` (for conditional
+  spaces) and ``constant_liar`` (for trials sampled while others run) do not apply: the searched space
+  is fixed and the trials run one after the other;
 - constraints (``success_latency_p99_s<=30``) are passed to the sampler (``constraints_func``), so it learns
   where the feasible region is; the best trial is the best *feasible* one;
 - reproducible: the sampler is seeded (``seed``); the replication seeds are ``0..seeds-1``;
@@ -301,6 +306,7 @@ def tune(
     address: str | None = None,
     storage: str | Path | None = None,
     progress: bool = True,
+    startup_trials: int | None = None,
 ) -> TuneResult:
     """Search ``params`` for the settings that optimise ``objective`` (see the module docstring).
 
@@ -308,7 +314,8 @@ def tune(
     or several (NSGA-II, Pareto front), each minimised unless ``directions`` says ``maximize``;
     ``constraints`` are :class:`Constraint` or ``"success_latency_p99_s<=30"``; ``sampler`` overrides the
     choice (``"random"`` is the baseline search). ``storage`` is an SQLite file that makes the run
-    resumable. Bad input raises :class:`ConfigurationError` before any simulation.
+    resumable. ``startup_trials``: TPE's random start-up trials (default: Optuna's, 10).
+    Bad input raises :class:`ConfigurationError` before any simulation.
     """
     from aiqsim.sim.metrics import SUMMARY_KEYS
     from aiqsim.sim.simulate import checked_scenario_path
@@ -338,6 +345,10 @@ def tune(
     for name, value, least in (("trials", trials, 1), ("seeds", seeds, 1), ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigurationError(f"{name}: expected an integer >= {least}, got {value!r}")
+    if startup_trials is not None and (
+        isinstance(startup_trials, bool) or not isinstance(startup_trials, int) or startup_trials < 1
+    ):
+        raise ConfigurationError(f"startup_trials: expected an integer >= 1, got {startup_trials!r}")
     if engine not in ENGINES:
         raise ConfigurationError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
     sampler_name = sampler or ("tpe" if len(objectives) == 1 else "nsga2")
@@ -355,14 +366,17 @@ def tune(
             return list(trial.user_attrs.get("violations", [math.inf] * len(limits)))
 
     if sampler_name == "tpe":
-        chosen = optuna.samplers.TPESampler(seed=seed, constraints_func=constraints_func, multivariate=True)
+        startup = {} if startup_trials is None else {"n_startup_trials": startup_trials}
+        chosen = optuna.samplers.TPESampler(
+            seed=seed, constraints_func=constraints_func, multivariate=True, **startup
+        )
     elif sampler_name == "nsga2":
         chosen = optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints_func)
     else:
         chosen = optuna.samplers.RandomSampler(seed=seed)
     identity = json.dumps(
         [scenario.name, [s.describe() for s in specs], objectives, dirs, [str(c) for c in limits], seeds,
-         seed, sampler_name],
+         seed, sampler_name, *([] if startup_trials is None else [startup_trials])],
         sort_keys=True,
     )  # fmt: skip
     study_name = "aiqsim-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
