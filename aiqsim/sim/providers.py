@@ -208,10 +208,15 @@ class ProviderLedger:
         if recent is not None:
             if (execution.provider, execution.key) in self._successes:
                 recent.touch((execution.provider, execution.key), execution.end)
-            for gone in recent.expired(execution.end):
-                self._successes.pop(gone, None)
+            self.forget_silent_keys(execution.end)
         if self._on_record is not None:
             self._on_record(execution)
+
+    def forget_silent_keys(self, now: float) -> None:
+        """With ``forget_keys_after_s``: drop the results of keys silent that long before ``now``."""
+        if self._recent is not None:
+            for gone in self._recent.expired(now):
+                self._successes.pop(gone, None)
 
     def first_success(self, provider: str, key: str) -> tuple[Execution, Any] | None:
         """The first completed (``ok``) execution of ``key`` at ``provider`` and its result."""
@@ -461,6 +466,7 @@ class SimulatedProvider:
             recent.touch(key, now)
             for gone in recent.expired(now):
                 del self._arrivals[gone]
+            self.ledger.forget_silent_keys(now)  # before this call may replay a forgotten key
         return _Draws.for_request(self._draw_secret, key, arrival)
 
     # ------------------------------------------------------------------ public API
