@@ -165,6 +165,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     require_table_format(args.format)
     scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
     check_runnable(scenario)
+    if getattr(args, "stream", False) and args.out is not None:
+        raise UsageError("--out with --stream: a streaming run keeps no per-task tables to write")
     _prepare_out_dir(args.out)
     if args.out is not None:
         check_targets(args.out, output_names(args.format, charts=not args.no_charts))
@@ -205,8 +207,6 @@ def _run_streaming(scenario: Any, args: argparse.Namespace) -> Any:
     from aiqsim.sim.simulate import simulate
     from aiqsim.sim.streaming import DEFAULT_KEY_WINDOW_S
 
-    if args.out is not None:
-        raise UsageError("--out with --stream: a streaming run keeps no per-task tables to write")
     window = DEFAULT_KEY_WINDOW_S if args.key_window is None else args.key_window
     clock = ResourceClock()
     bar = ProgressBar()

@@ -221,3 +221,34 @@ def test_recent_keys_forget_keys_silent_for_the_window() -> None:
     assert keys.expired(18.0) == []
     assert keys.expired(18.1) == ["a"]
     assert len(keys) == 0
+
+
+def test_cli_run_stream_prints_the_summary_and_what_the_run_cost(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from aiqsim.cli import main
+
+    assert main(["run", str(SCENARIOS / "sjf_vs_fifo.toml"), "--stream", "--key-window", "60"]) == 0
+    out, err = capsys.readouterr()
+    full = simulate(SCENARIOS / "sjf_vs_fifo.toml")
+    assert "tasks_succeeded" in out and str(full.summary["tasks_succeeded"]) in out
+    assert "streaming run: wall" in err and "peak RSS" in err and "MB" in err
+    assert "86,400" not in err  # the bar counts this scenario's horizon
+    assert main(["run", str(SCENARIOS / "sjf_vs_fifo.toml"), "--stream", "--out", str(tmp_path / "x")]) == 2
+    assert "--out with --stream" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_progress_bar_reports_the_virtual_clock_without_tqdm() -> None:
+    import io
+
+    from aiqsim.lab.run_progress import ProgressBar
+
+    stream = io.StringIO()
+    bar = ProgressBar(stream, use_tqdm=False)
+    bar(0.0, 200.0)
+    bar(200.0, 200.0)
+    bar.close()
+    lines = stream.getvalue()
+    assert "simulated 0 / 200 s (  0.0%)" in lines and "simulated 200 / 200 s (100.0%)" in lines
+    assert lines.endswith("\n")
