@@ -10,7 +10,7 @@ Run: ``python benchmarks/bench_memory.py [--sizes 10000,100000] [--rounds 5]``; 
 
 ``--simulate MODE`` (``summary`` or ``full``) measures :func:`aiqsim.sim.simulate.simulate` instead, on a
 steady 100 calls/s workload of N tasks (one Poisson workload per simulated hour, as in
-``scenarios/day_at_100_per_s.toml``): peak RSS per size and the slope in bytes per task; the streaming
+``scenarios/long/day_at_100_per_s.toml``): peak RSS per size and the slope in bytes per task; the streaming
 mode (``summary``) should keep the slope near zero. ``--tracemalloc`` also reports the bytes still
 allocated when the run has returned (the result alive, after a full collection): what the run retains.
 """

@@ -143,7 +143,7 @@ def test_duplicates_inside_the_window_are_deduplicated_as_in_full_mode(
 
 
 def test_lazy_arrivals_are_the_generated_arrivals_in_the_same_order() -> None:
-    day = scenario_to_dict(load_scenario(SCENARIOS / "day_at_100_per_s.toml"))
+    day = scenario_to_dict(load_scenario(SCENARIOS / "long" / "day_at_100_per_s.toml"))
     day["scenario"]["duration_s"] = 3 * 3600
     day["workloads"] = day["workloads"][:3]
     for workload in day["workloads"]:
@@ -161,7 +161,7 @@ def test_lazy_arrivals_are_the_generated_arrivals_in_the_same_order() -> None:
 
 
 def test_day_scenario_is_100_calls_per_second_over_24_hours() -> None:
-    day = load_scenario(SCENARIOS / "day_at_100_per_s.toml")
+    day = load_scenario(SCENARIOS / "long" / "day_at_100_per_s.toml")
     assert day.duration_s == 86_400
     expected = sum(w.rate_per_s * ((w.end_s or day.duration_s) - w.start_s) for w in day.workloads)
     assert expected == pytest.approx(8_640_000)
@@ -252,3 +252,11 @@ def test_progress_bar_reports_the_virtual_clock_without_tqdm() -> None:
     lines = stream.getvalue()
     assert "simulated 0 / 200 s (  0.0%)" in lines and "simulated 200 / 200 s (100.0%)" in lines
     assert lines.endswith("\n")
+
+
+def test_the_day_scenario_is_not_among_the_scenarios_every_test_runs_in_full_mode() -> None:
+    # tests/test_shipped_scenarios.py and the benchmarks run every scenarios/*.toml with full records;
+    # 8.64M tasks there would take hours and ~23 GB, so the day lives in scenarios/long/
+    assert not list(SCENARIOS.glob("day_at_100_per_s*.toml"))
+    text = (SCENARIOS / "long" / "day_at_100_per_s.toml").read_text(encoding="utf-8")
+    assert text.startswith("#:schema ../scenario.schema.json\n") and "--stream" in text
