@@ -7,6 +7,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── ScenarioError                  a scenario file or override (file, key path, expectation)
     │   │                                  (TraceError, WorkloadTooLargeError are raised inside a run)
     │   ├── TraceError, WorkloadTooLargeError
+    │   ├── RecordsNotKeptError (+AttributeError)  a per-task table asked of a records="summary" run
     │   ├── QuotaConfigError               a quota that could never grant a request
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
     │   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
@@ -94,6 +95,7 @@ from aiqsim.scheduler.scheduler import (
     TaskFailedError,
 )
 from aiqsim.sim.scenario import ScenarioError
+from aiqsim.sim.streaming import RecordsNotKeptError
 from aiqsim.sim.sweep import SweepError, SweepTooLargeError
 from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
 from aiqsim.stores.base import (
@@ -137,6 +139,7 @@ __all__ = [
     "QuotaConfigError",
     "QuotaExhaustedError",
     "RateLimitError",
+    "RecordsNotKeptError",
     "ResponseDecodingError",
     "ResponseMismatchError",
     "ScenarioError",
