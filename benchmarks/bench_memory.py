@@ -40,19 +40,22 @@ RATE_PER_S = 100.0
 HOUR_S = 3600.0
 
 
-def steady_scenario(tasks: int) -> Any:
-    """About ``tasks`` arrivals at 100/s, one Poisson workload per hour (each under the 2M cap)."""
+def steady_scenario(tasks: int, workload_s: float = HOUR_S) -> Any:
+    """About ``tasks`` arrivals at 100/s, one Poisson workload per ``workload_s`` (default an hour).
+
+    Streaming mode generates a workload's arrivals when it starts (~0.9 KB each until submitted), so
+    the workload's length, not the run's, sets that part of the peak: shorter workloads, lower peak."""
     from aiqsim.sim.scenario import parse_scenario
 
     duration = tasks / RATE_PER_S
-    hours = max(1, math.ceil(duration / HOUR_S))
+    hours = max(1, math.ceil(duration / workload_s))
     workloads = [
         {
             "type": "poisson",
             "provider": "llm",
             "rate_per_s": RATE_PER_S,
-            "start_s": h * HOUR_S,
-            "end_s": min(duration, (h + 1) * HOUR_S),
+            "start_s": h * workload_s,
+            "end_s": min(duration, (h + 1) * workload_s),
             "cost": {"dist": "lognormal", "mean": 2076, "sigma": 0.8, "output_fraction": 0.0135},
         }
         for h in range(hours)
@@ -74,14 +77,14 @@ def steady_scenario(tasks: int) -> Any:
     )  # fmt: skip
 
 
-def simulate_worker(mode: str, tasks: int, trace: bool, key_window_s: float) -> None:
+def simulate_worker(mode: str, tasks: int, trace: bool, key_window_s: float, workload_s: float) -> None:
     import gc
     import time
     import tracemalloc
 
     from aiqsim.sim.simulate import simulate
 
-    scenario = steady_scenario(tasks)
+    scenario = steady_scenario(tasks, workload_s)
     if trace:
         tracemalloc.start(1)
     cpu = time.process_time()
@@ -115,14 +118,16 @@ def peak_kb(tasks: int) -> int:
 
 def simulate_main(args: argparse.Namespace) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
-    extra = ["--key-window", str(args.key_window), *(["--tracemalloc"] if args.tracemalloc else [])]
+    extra = ["--key-window", str(args.key_window), "--workload-s", str(args.workload_s)]
+    extra += ["--tracemalloc"] if args.tracemalloc else []
     rows = {}
     for n in sizes:
         load = os.getloadavg()
         rows[n] = [run_worker("--sim-worker", args.simulate, str(n), *extra) for _ in range(args.rounds)]
         print(f"# {n:,} tasks done, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", file=sys.stderr)
     print(
-        f"simulate(records={args.simulate!r}, key_window_s={args.key_window:g}), steady 100 calls/s; "
+        f"simulate(records={args.simulate!r}, key_window_s={args.key_window:g}), steady 100 calls/s in "
+        f"{args.workload_s:g} s workloads; "
         f"fresh process per run, {args.rounds} rounds\n"
     )
     print("| tasks | peak RSS MB min / median | CPU s median | retained MB (tracemalloc) |")
@@ -159,13 +164,18 @@ def main() -> None:
         default=3600.0,
         help="with --simulate summary: key_window_s (default 3600)",
     )
+    parser.add_argument(
+        "--workload-s", type=float, default=HOUR_S, help="with --simulate: length of each Poisson workload"
+    )
     parser.add_argument("--sim-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker)
         return
     if args.sim_worker:
-        simulate_worker(args.sim_worker[0], int(args.sim_worker[1]), args.tracemalloc, args.key_window)
+        simulate_worker(
+            args.sim_worker[0], int(args.sim_worker[1]), args.tracemalloc, args.key_window, args.workload_s
+        )
         return
     if args.simulate:
         simulate_main(args)
