@@ -124,9 +124,14 @@ def simulate_main(args: argparse.Namespace) -> None:
     for n in sizes:
         load = os.getloadavg()
         rows[n] = [run_worker("--sim-worker", args.simulate, str(n), *extra) for _ in range(args.rounds)]
-        print(f"# {n:,} tasks done, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", file=sys.stderr)
+        print(
+            f"# {n:,} tasks done; load average at its start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+            file=sys.stderr,
+        )
     print(
-        f"simulate(records={args.simulate!r}, key_window_s={args.key_window:g}), steady 100 calls/s in "
+        f"simulate(records={args.simulate!r}"
+        + (f", key_window_s={args.key_window:g}" if args.simulate == "summary" else "")
+        + "), steady 100 calls/s in "
         f"{args.workload_s:g} s workloads; "
         f"fresh process per run, {args.rounds} rounds\n"
     )
