@@ -43,6 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=None, help="directory for CSV/Parquet tables and PNG charts")
     run.add_argument("--format", choices=("csv", "parquet"), default="csv", help="table format (default csv)")
     run.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
+    run.add_argument(
+        "--stream", action="store_true",
+        help="streaming mode for long runs: summary and timeline computed on the fly, no per-task records "
+        "(memory flat in the number of tasks); shows a progress bar and the run's wall/CPU time and peak RSS",
+    )  # fmt: skip
+    run.add_argument(
+        "--key-window", type=float, default=None, metavar="SECONDS",
+        help="with --stream: how long finished tasks and idempotency keys are remembered (default 3600)",
+    )  # fmt: skip
 
     validate = commands.add_parser("validate", help="check a scenario file and report the first problem")
     validate.add_argument("scenario", nargs="+", help="scenario TOML file(s)")
@@ -156,6 +165,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     require_table_format(args.format)
     scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
     check_runnable(scenario)
+    if getattr(args, "stream", False) and args.out is not None:
+        raise UsageError("--out with --stream: a streaming run keeps no per-task tables to write")
     _prepare_out_dir(args.out)
     if args.out is not None:
         check_targets(args.out, output_names(args.format, charts=not args.no_charts))
@@ -164,7 +175,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"simulating {scenario.name!r}: {horizon:,.0f} s of arrivals on the virtual clock...", file=sys.stderr
     )
     started = time.perf_counter()
-    result = simulate(scenario, seed=args.seed)
+    if getattr(args, "stream", False):
+        result = _run_streaming(scenario, args)
+    else:
+        result = simulate(scenario, seed=args.seed)
     wall = time.perf_counter() - started
     print(format_summary(result.summary, f"{scenario.name} (seed {result.seed})"))
     if "jobs_submitted" in result.summary:
@@ -184,6 +198,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         written = [args.out / path.name for path in staged]
         print(f"wrote {len(written)} files to {args.out}/: {', '.join(p.name for p in written)}")
     return 0
+
+
+def _run_streaming(scenario: Any, args: argparse.Namespace) -> Any:
+    """``aiqsim run --stream``: simulate with ``records="summary"`` under a progress bar, then say on
+    stderr what the run cost (wall time, CPU time, peak RSS)."""
+    from aiqsim.lab.run_progress import ProgressBar, ResourceClock
+    from aiqsim.sim.simulate import simulate
+    from aiqsim.sim.streaming import DEFAULT_KEY_WINDOW_S
+
+    window = DEFAULT_KEY_WINDOW_S if args.key_window is None else args.key_window
+    clock = ResourceClock()
+    bar = ProgressBar()
+    try:
+        result = simulate(scenario, seed=args.seed, records="summary", key_window_s=window, progress=bar)
+    finally:
+        bar.close()
+    print(f"streaming run: {clock.read().describe()}", file=sys.stderr)
+    return result
 
 
 def format_stage_breakdown(result: Any) -> str:

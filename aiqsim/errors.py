@@ -7,9 +7,11 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── ScenarioError                  a scenario file or override (file, key path, expectation)
     │   │                                  (TraceError, WorkloadTooLargeError are raised inside a run)
     │   ├── TraceError, WorkloadTooLargeError, ReplayArrivalsError (a replay workload's arrivals CSV)
+    │   ├── RecordsNotKeptError (+AttributeError)  a per-task table asked of a records="summary" run
     │   ├── QuotaConfigError               a quota that could never grant a request
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
     │   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
+    │   ├── UnsupportedDataclassError (TypeError)  a record class fast_frozen_init cannot build
     │   ├── SchedulerArgumentError         a bad argument to Scheduler() or submit(), named
     │   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
     │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
@@ -73,6 +75,7 @@ from aiqsim.core.failures import (
 )
 from aiqsim.core.fingerprint import FingerprintError
 from aiqsim.core.job import IllegalJobTransitionError
+from aiqsim.core.slot_init import UnsupportedDataclassError
 from aiqsim.core.states import IllegalTransitionError
 from aiqsim.core.task import PriorityError
 from aiqsim.core.token_bucket import QuotaConfigError
@@ -95,6 +98,7 @@ from aiqsim.scheduler.scheduler import (
 )
 from aiqsim.sim.replay_arrivals import ReplayArrivalsError
 from aiqsim.sim.scenario import ScenarioError
+from aiqsim.sim.streaming import RecordsNotKeptError
 from aiqsim.sim.sweep import SweepError, SweepTooLargeError
 from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
 from aiqsim.stores.base import (
@@ -138,6 +142,7 @@ __all__ = [
     "QuotaConfigError",
     "QuotaExhaustedError",
     "RateLimitError",
+    "RecordsNotKeptError",
     "ReplayArrivalsError",
     "ResponseDecodingError",
     "ResponseMismatchError",
@@ -164,6 +169,7 @@ __all__ = [
     "TaskInterruptedError",
     "TraceError",
     "TuneError",
+    "UnsupportedDataclassError",
     "WorkerFailedError",
     "WorkloadTooLargeError",
 ]

@@ -111,14 +111,16 @@ def summarize(
     tasks_attempted = len({e.task_id for e in executions})
     billed = [e for e in executions if e.billed]
     seen_keys: set[str] = set()
-    duplicate_billed = 0
-    cost_duplicated = 0.0
+    duplicate_costs: list[float] = []
     for e in sorted(billed, key=lambda e: e.start):
         if e.key in seen_keys:
-            duplicate_billed += 1
-            cost_duplicated += e.cost
+            duplicate_costs.append(e.cost)
         else:
             seen_keys.add(e.key)
+    duplicate_billed = len(duplicate_costs)
+    # exactly rounded sums (math.fsum): independent of the order of the terms, so the streaming mode
+    # (aiqsim.sim.streaming.ExactSum, which sees them in another order) gives the identical figure
+    cost_duplicated = math.fsum(duplicate_costs)
     per_key = Counter(e.key for e in executions if e.outcome not in ("rate_limited", "replay"))
     timeouts = sum(
         1
@@ -144,7 +146,7 @@ def summarize(
         "timeouts": timeouts,
         "billed_calls": len(billed),
         "duplicate_billed_calls": duplicate_billed,
-        "cost_total": float(sum(e.cost for e in billed)),
+        "cost_total": math.fsum(e.cost for e in billed),
         "cost_duplicated": cost_duplicated,
         "success_latency_p50_s": _percentile(latencies[None], 50),
         "success_latency_p95_s": _percentile(latencies[None], 95),

@@ -57,7 +57,7 @@ import math
 import random
 import struct
 from collections import deque
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Literal, get_args
@@ -76,6 +76,7 @@ from aiqsim.core.slot_init import compile_copier, fast_frozen_init
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.sim.config import OutageConfig, ProviderConfig
+from aiqsim.sim.recent_keys import RecentKeys
 
 __all__ = [
     "DRAWS_PER_CALL",
@@ -178,10 +179,24 @@ class ProviderLedger:
     scheduler crash and restart.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        keep_executions: bool = True,
+        on_record: Callable[[Execution], None] | None = None,
+        forget_keys_after_s: float | None = None,
+    ) -> None:
         self.executions: list[Execution] = []
-        """Every call, in the order the server finished with it."""
+        """Every call, in the order the server finished with it (empty with ``keep_executions=False``)."""
         self._successes: dict[tuple[str, str], tuple[Execution, Any]] = {}
+        self._keep = keep_executions
+        self._on_record = on_record
+        """Called with every execution as it is recorded (a streaming summary counts them there)."""
+        self._recent: RecentKeys[tuple[str, str]] | None = (
+            None if forget_keys_after_s is None else RecentKeys(forget_keys_after_s)
+        )
+        """With ``forget_keys_after_s``: the provider's idempotency memory, like a real API's key
+        retention -- a key's first result is forgotten once the key has been silent that long."""
 
     def __len__(self) -> int:
         return len(self.executions)
@@ -191,9 +206,23 @@ class ProviderLedger:
 
     def record(self, execution: Execution, result: Any = None) -> None:
         """Append ``execution``; an ``ok`` one also stores ``result`` if it is the key's first."""
-        self.executions.append(execution)
+        if self._keep:
+            self.executions.append(execution)
         if execution.outcome == "ok":
             self._successes.setdefault((execution.provider, execution.key), (execution, result))
+        recent = self._recent
+        if recent is not None:
+            if (execution.provider, execution.key) in self._successes:
+                recent.touch((execution.provider, execution.key), execution.end)
+            self.forget_silent_keys(execution.end)
+        if self._on_record is not None:
+            self._on_record(execution)
+
+    def forget_silent_keys(self, now: float) -> None:
+        """With ``forget_keys_after_s``: drop the results of keys silent that long before ``now``."""
+        if self._recent is not None:
+            for gone in self._recent.expired(now):
+                self._successes.pop(gone, None)
 
     def first_success(self, provider: str, key: str) -> tuple[Execution, Any] | None:
         """The first completed (``ok``) execution of ``key`` at ``provider`` and its result."""
@@ -410,6 +439,8 @@ class SimulatedProvider:
         config: ProviderConfig,
         rng: random.Random,
         ledger: ProviderLedger | None = None,
+        *,
+        forget_keys_after_s: float | None = None,
     ) -> None:
         _validate(config)
         self.runtime = runtime
@@ -418,6 +449,11 @@ class SimulatedProvider:
         self._draw_secret = rng.getrandbits(256).to_bytes(32, "little")
         self._arrivals: dict[str, int] = {}
         """Idempotency key -> requests with it so far: with the key, what a request's draws depend on."""
+        self._recent_keys: RecentKeys[str] | None = (
+            None if forget_keys_after_s is None else RecentKeys(forget_keys_after_s)
+        )
+        """With ``forget_keys_after_s``: keys silent that long leave ``_arrivals`` (bounded memory in
+        streaming runs; a key seen again later draws as a new one)."""
         self.ledger = ledger if ledger is not None else ProviderLedger()
         self.name = config.name
         rpm, upm = config.server_requests_per_min, config.server_units_per_min
@@ -432,6 +468,13 @@ class SimulatedProvider:
         key = request.idempotency_key
         arrival = self._arrivals.get(key, 0)
         self._arrivals[key] = arrival + 1
+        recent = self._recent_keys
+        if recent is not None:
+            now = self.runtime.now()
+            recent.touch(key, now)
+            for gone in recent.expired(now):
+                del self._arrivals[gone]
+            self.ledger.forget_silent_keys(now)  # before this call may replay a forgotten key
         return _Draws.for_request(self._draw_secret, key, arrival)
 
     # ------------------------------------------------------------------ public API

@@ -12,7 +12,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,8 @@ from aiqsim.scheduler.scheduler import QueueFullError, RecoveryReport, Scheduler
 from aiqsim.sim import metrics
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.crash import CrashingStore, SimulatedCrash
+from aiqsim.sim.streaming import DEFAULT_KEY_WINDOW_S, RecordsNotKeptError, check_records_mode, check_window
+from aiqsim.sim.streaming_run import StreamingRun, check_streamable
 from aiqsim.stores.base import StoreOpenError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
@@ -174,6 +176,76 @@ class SimulationResult:
         )
 
 
+class StreamedSimulationResult(SimulationResult):
+    """Outcome of a ``records="summary"`` run: ``summary`` and ``timeline`` as in full mode (computed
+    on the fly), no per-task records: ``tasks``, ``calls``, ``call_log`` and ``jobs`` raise
+    :class:`~aiqsim.sim.streaming.RecordsNotKeptError`; ``records``, ``executions`` and ``events``
+    are empty."""
+
+    def __init__(
+        self,
+        *,
+        scenario: Scenario,
+        streaming: StreamingRun,
+        seed: int,
+        recoveries: list[RecoveryReport],
+        task_errors: list[str],
+        gates: Sequence[Any] = (),
+        sim_time_s: float,
+        store_writes: int = 0,
+        torn_writes_recovered: int = 0,
+    ) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.records = []
+        self.rejected = []
+        self.executions = []
+        self.events = []
+        self.recoveries = recoveries
+        self.arrival_times = {}
+        self.gates = list(gates)
+        self.task_errors = task_errors
+        self.sim_time_s = sim_time_s
+        self.store_writes = store_writes
+        self.torn_writes_recovered = torn_writes_recovered
+        self.job_records = []
+        self.rejected_jobs = []
+        self._job_rows = []
+        self.streaming = streaming
+        """The accumulators (``streaming.summary.retained`` says how much per-task state was left)."""
+        self.summary = streaming.summary.summary(sim_time_s=sim_time_s, recoveries=recoveries)
+
+    @cached_property
+    def timeline(self) -> pd.DataFrame:
+        """Per-interval, per-provider counts and quota samples, binned as the run went."""
+        return self.streaming.timeline.frame(max(self.sim_time_s, 1e-9))
+
+    def _not_kept(self, name: str) -> RecordsNotKeptError:
+        return RecordsNotKeptError(
+            f"{name}: this run kept no per-task records (records='summary'); run it with records='full'"
+        )
+
+    @property
+    def tasks(self) -> pd.DataFrame:  # type: ignore[override]
+        """Not kept in streaming mode: raises :class:`RecordsNotKeptError`."""
+        raise self._not_kept("tasks")
+
+    @property
+    def calls(self) -> pd.DataFrame:  # type: ignore[override]
+        """Not kept in streaming mode: raises :class:`RecordsNotKeptError`."""
+        raise self._not_kept("calls")
+
+    @property
+    def jobs(self) -> pd.DataFrame:  # type: ignore[override]
+        """Not kept in streaming mode: raises :class:`RecordsNotKeptError`."""
+        raise self._not_kept("jobs")
+
+    @property
+    def call_log(self) -> CallLog:  # type: ignore[override]
+        """Not kept in streaming mode: raises :class:`RecordsNotKeptError`."""
+        raise self._not_kept("call_log")
+
+
 def quota_limits(scenario: Scenario) -> dict[str, QuotaLimits]:
     """The scheduler's client-side limits from the scenario's ``[quotas.*]`` tables."""
     return {
@@ -247,15 +319,34 @@ def simulate(
     *,
     overrides: Mapping[str, Any] | None = None,
     workdir: str | Path | None = None,
+    records: str = "full",
+    key_window_s: float = DEFAULT_KEY_WINDOW_S,
+    progress: Callable[[float, float], None] | None = None,
 ) -> SimulationResult:
     """Run ``scenario`` (a :class:`Scenario` or a path to a TOML file) and return its result.
 
     ``seed`` defaults to the scenario's. ``overrides`` are dotted keys applied with the same
     validation as the file (``{"retry.base_s": 0.5}``). File-backed stores live in
     ``workdir`` (a temporary directory, removed afterwards, by default).
+
+    ``records="summary"`` is the streaming mode for long runs: the summary, the timeline and the
+    latency percentiles are computed as the run goes (:mod:`aiqsim.sim.streaming`) and no per-task
+    record is kept, so memory stays flat in the number of tasks; ``tasks``/``calls``/``call_log``
+    then raise :class:`~aiqsim.sim.streaming.RecordsNotKeptError`. Finished tasks and idempotency keys
+    are forgotten (store, provider, accumulators) ``key_window_s`` simulated seconds after their last
+    activity: a duplicate within the window is deduplicated exactly as in the default ``"full"``
+    mode, one after it runs again. ``progress(now, horizon)`` is called every 1/200 of the arrival
+    horizon on the virtual clock (e.g. to drive a progress bar).
     """
     scenario = resolve_scenario(scenario, overrides)
-    return run_scenario(scenario, check_seed(scenario, seed), workdir=workdir)
+    return run_scenario(
+        scenario,
+        check_seed(scenario, seed),
+        workdir=workdir,
+        records=records,
+        key_window_s=key_window_s,
+        progress=progress,
+    )
 
 
 def check_seed(scenario: Scenario, seed: Any) -> int:
@@ -294,15 +385,28 @@ def checked_scenario_path(scenario: Any) -> str | Path:
 
 
 def run_scenario(
-    scenario: Scenario, seed: int, *, workdir: str | Path | None = None, **backend: Any
+    scenario: Scenario,
+    seed: int,
+    *,
+    workdir: str | Path | None = None,
+    records: str = "full",
+    key_window_s: float = DEFAULT_KEY_WINDOW_S,
+    progress: Callable[[float, float], None] | None = None,
+    **backend: Any,
 ) -> SimulationResult:
     """Run the harness for ``scenario`` at ``seed``; ``backend`` (runtime, providers, executions,
     on_new_scheduler, store_factory) replaces the simulated defaults, e.g. for a live run over HTTP
     or a store the scenario format does not describe (a PostgreSQL schema: ``store_factory`` opens
-    it again at every restart, as a restarted process would)."""
+    it again at every restart, as a restarted process would). ``records``, ``key_window_s`` and
+    ``progress``: see :func:`simulate`."""
     from aiqsim.sim.preflight import check_runnable
 
     check_runnable(scenario)  # a store.path that cannot be created fails now, not after the arrivals
+    if check_records_mode(records) == "summary":
+        check_streamable(scenario, backend)
+        backend["streaming"] = StreamingRun(scenario, check_window(key_window_s))
+    if progress is not None:
+        backend["progress"] = progress
     own_dir = workdir is None and scenario.store.kind != "memory" and scenario.store.path is None
     directory = Path(tempfile.mkdtemp(prefix="aiqsim-")) if own_dir else Path(workdir or ".")
     try:
@@ -322,6 +426,22 @@ def _arrivals(scenario: Scenario, seed: int) -> list[Arrival]:
     source = scenario.source or scenario.name
     try:
         return generate_arrivals(scenario, random.Random(f"{seed}:workload"))
+    except WorkloadTooLargeError as error:
+        raise ScenarioError(source, f"workloads[{error.index}]", error.message) from None
+    except TraceError as error:
+        raise ScenarioError(source, "workloads.trace", str(error)) from None
+
+
+def _streamed_arrivals(scenario: Scenario, seed: int) -> Iterator[Arrival]:
+    """The arrivals of :func:`_arrivals`, generated lazily (:mod:`aiqsim.sim.arrival_stream`), with the
+    same errors."""
+    from aiqsim.sim.arrival_stream import iter_arrivals
+    from aiqsim.sim.scenario import ScenarioError
+    from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
+
+    source = scenario.source or scenario.name
+    try:
+        yield from iter_arrivals(scenario, random.Random(f"{seed}:workload"))
     except WorkloadTooLargeError as error:
         raise ScenarioError(source, f"workloads[{error.index}]", error.message) from None
     except TraceError as error:
@@ -360,9 +480,14 @@ class _Run:
         executions: Callable[[], list[Any]] | None = None,
         on_new_scheduler: Callable[[Scheduler], None] | None = None,
         store_factory: Callable[[], TaskStore] | None = None,
+        streaming: StreamingRun | None = None,
+        progress: Callable[[float, float], None] | None = None,
     ) -> None:
         from aiqsim.sim.providers import ProviderLedger, SimulatedProvider
 
+        self.streaming = streaming
+        """Streaming mode (``records="summary"``): the accumulators that replace the kept records."""
+        self.progress = progress
         self.scenario = scenario
         self.seed = seed
         self.directory = directory
@@ -372,9 +497,22 @@ class _Run:
         self.durable = scenario.store.kind != "memory" or store_factory is not None
         """Whether the store lives outside the process (closed at a crash, reopened at a restart)."""
         if providers is None:
-            ledger = ProviderLedger()
+            forget = streaming.window_s if streaming is not None else None
+            ledger = (
+                ProviderLedger()
+                if streaming is None
+                else ProviderLedger(
+                    keep_executions=False, on_record=streaming.execution, forget_keys_after_s=forget
+                )
+            )
             self.providers = [
-                SimulatedProvider(self.runtime, p, random.Random(f"{seed}:provider:{p.name}"), ledger)
+                SimulatedProvider(
+                    self.runtime,
+                    p,
+                    random.Random(f"{seed}:provider:{p.name}"),
+                    ledger,
+                    forget_keys_after_s=forget,
+                )
                 for p in scenario.providers
             ]
             self.executions: Callable[[], list[Any]] = lambda: list(ledger.executions)
@@ -383,7 +521,7 @@ class _Run:
                 raise ValueError("a run with its own providers must say where their executions are recorded")
             self.providers = list(providers)
             self.executions = executions
-        self.arrivals: list[Arrival] = _arrivals(scenario, seed)
+        self.arrivals: list[Arrival] = [] if streaming is not None else _arrivals(scenario, seed)
         from aiqsim.sim.job_templates import job_specs
 
         self.job_arrivals: list[JobArrival] = _job_arrivals(scenario, seed)
@@ -497,7 +635,7 @@ class _Run:
                 f"{self.seed}:scheduler:{self.incarnation}"
                 + (f":{fleet_worker_id(worker)}" if worker else "")
             ),
-            events=self.events.append,
+            events=self.events.append if self.streaming is None else self.streaming.event,
             gates=gates,
             commit_window_s=scenario.store.commit_window_s,
             worker_id=fleet_worker_id(worker) if fleet else None,
@@ -596,6 +734,8 @@ class _Run:
             self.backlog.append(arrival)
             return
         worker = self.router.route()
+        if self.streaming is not None:
+            self.streaming.summary.arrival(arrival.task_id, arrival.time)
         try:
             self.schedulers[worker].submit(
                 arrival.provider,
@@ -606,6 +746,9 @@ class _Run:
                 task_id=arrival.task_id,
             )
         except (QueueFullError, QuotaConfigError) as refusal:
+            if self.streaming is not None:
+                self.streaming.summary.rejected(arrival.task_id)
+                return
             self.rejected.append(
                 {
                     "error": describe_error(refusal),
@@ -656,10 +799,35 @@ class _Run:
     async def _main(self) -> None:
         runtime = self.runtime
         sampler = runtime.spawn(self._sample_quotas(), name="quota-sampler")
+        helpers = [sampler]
+        if self.streaming is not None:
+            helpers.append(runtime.spawn(self._purge_finished(), name="retention"))
+        if self.progress is not None:
+            helpers.append(runtime.spawn(self._report_progress(), name="progress"))
         try:
             await self._feed_and_drain()
         finally:
-            sampler.cancel()
+            for helper in helpers:
+                helper.cancel()
+
+    async def _purge_finished(self) -> None:
+        """Streaming mode: apply the store retention rule (:mod:`aiqsim.stores.retention`) with the
+        key window as both TTLs, every half window, so the store holds ~1.5 windows of finished tasks."""
+        assert self.streaming is not None
+        policy = self.streaming.retention
+        while True:
+            await self.runtime.sleep(policy.interval_s)
+            if not self.down:
+                policy.purge(self.raw_store, self.runtime.now())
+
+    async def _report_progress(self) -> None:
+        """Call ``progress(now, horizon)`` every 1/200 of the arrival horizon of virtual time."""
+        assert self.progress is not None
+        horizon = self.scenario.duration_s
+        step = max(horizon / 200.0, 1e-9)
+        while True:
+            self.progress(self.runtime.now(), horizon)
+            await self.runtime.sleep(step)
 
     async def _feed_and_drain(self) -> None:
         runtime = self.runtime
@@ -668,8 +836,12 @@ class _Run:
                 runtime.spawn(
                     self._crash_at(crash.at_s, crash.restart_after_s, crash.torn_write), name="crash"
                 )
-        feed: list[Arrival | JobArrival] = [*self.arrivals, *self.job_arrivals]
-        feed.sort(key=lambda arrival: arrival.time)  # stable: calls before jobs at the same instant
+        feed: Iterable[Arrival | JobArrival]
+        if self.streaming is not None:  # generated as the clock goes (no job workloads here)
+            feed = _streamed_arrivals(self.scenario, self.seed)
+        else:
+            feed = [*self.arrivals, *self.job_arrivals]
+            feed.sort(key=lambda arrival: arrival.time)  # stable: calls before jobs at the same instant
         for arrival in feed:
             delay = arrival.time - runtime.now()
             if delay > 0:
@@ -694,6 +866,8 @@ class _Run:
         sim_time = self.runtime.now()
         if self.down and self.durable:
             self.raw_store = self._open_store()  # the run ended while the process was down
+        if self.streaming is not None:
+            return self._streamed_result(sim_time)
         records = self.raw_store.list_by_status()
         job_records = self.raw_store.list_jobs() if self.job_specs else []  # type: ignore[attr-defined]
         errors = [
@@ -722,4 +896,26 @@ class _Run:
             },
             job_records=job_records,
             rejected_jobs=self.rejected_jobs,
+        )
+
+    def _streamed_result(self, sim_time: float) -> SimulationResult:
+        """Streaming mode's result: the accumulators' summary and timeline, no per-task records."""
+        assert self.streaming is not None
+        errors = [
+            f"{name}: {describe_error(err)}"
+            for name, err in getattr(self.runtime, "task_errors", ())
+            if not isinstance(err, SimulatedCrash)
+        ]
+        if self.durable:
+            self.raw_store.close()
+        return StreamedSimulationResult(
+            scenario=self.scenario,
+            streaming=self.streaming,
+            seed=self.seed,
+            recoveries=self.recoveries,
+            task_errors=errors,
+            gates=self.gates,
+            sim_time_s=sim_time,
+            store_writes=self.write_counter[0],
+            torn_writes_recovered=self.torn_writes_recovered,
         )
