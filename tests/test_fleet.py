@@ -38,6 +38,15 @@ WARMUP_S = 60.0
 """Utilisation is measured after the first window (the first minute allows a burst of the limit)."""
 UNEVEN_RATES = (2.4, 0.6, 0.15, 0.15)
 """Offered tasks per scenario second of each worker: 3.3 in all (1.65x the limit), very uneven."""
+MAX_SHARED_429S = 3
+"""Server 429s a correctly shared quota may still cause, from timer lateness, not from over-granting.
+
+The bucket grants at most the limit per 60 s on Redis's clock; a request reaches the server's window
+later by the worker's timer lateness, so lateness that varies by L wall seconds can put 8 x L more
+requests (8 per wall second) into one server window. Measured (2026-11-30): exactly 1 in 8 runs at load
+averages 2.4-4.3 (the day replay on one core, up to two CPU hogs), 2 once in a full CI run under load;
+3 allows ~250 ms of lateness spread. A quota that is not shared (each worker the whole limit: the split
+mode with share 1.0) gave 32, so a real over-grant still fails this."""
 
 
 def _run_fleet(redis_url: str | None, mode: str, account: str, go: Path) -> tuple[list[dict], object, float]:
@@ -131,7 +140,7 @@ def test_a_shared_quota_uses_the_accounts_limit_without_429s(fleet_runs: dict[st
         f"shared Redis quota, 4 workers (uneven load {UNEVEN_RATES}/s): {rate_limited} server 429s, "
         f"{per_min:.1f} admitted/min = {utilisation:.3f} of the limit"
     )
-    assert rate_limited <= 1, f"{rate_limited} server 429s: the fleet overran the account's limit"
+    assert rate_limited <= MAX_SHARED_429S, f"{rate_limited} server 429s: the fleet overran the limit"
     assert utilisation >= 0.95
     assert sum(s["submitted"] for s in summaries) > 1.4 * LIMIT_PER_MIN * DURATION_S / 60  # it was saturated
 
