@@ -857,9 +857,8 @@ def _largest_fixed_units(cost: CostConfig) -> int | None:
     return None
 
 
-def _resolve_trace(value: str, path: str, reader: _Reader) -> str:
-    if is_builtin_trace(value):
-        return value
+def _scenario_relative_file(value: str, path: str, reader: _Reader, expected: str) -> str:
+    """The absolute path of the existing file ``value`` names (relative: from the scenario's folder)."""
     candidate = Path(value).expanduser()
     source = Path(reader.source)
     if not candidate.is_absolute() and source.is_file():
@@ -867,10 +866,17 @@ def _resolve_trace(value: str, path: str, reader: _Reader) -> str:
     if not candidate.is_file():
         raise reader.error(
             path,
-            f"expected {' or '.join(json.dumps(name) for name in BUILTIN_TRACES)} or the path of a CSV file "
-            f"(relative to the scenario file), got {describe(value)} (no such file: {candidate})",
+            f"expected {expected} (relative to the scenario file), got {describe(value)} "
+            f"(no such file: {candidate})",
         )
-    resolved = str(candidate.resolve())
+    return str(candidate.resolve())
+
+
+def _resolve_trace(value: str, path: str, reader: _Reader) -> str:
+    if is_builtin_trace(value):
+        return value
+    builtins = " or ".join(json.dumps(name) for name in BUILTIN_TRACES)
+    resolved = _scenario_relative_file(value, path, reader, f"{builtins} or the path of a CSV file")
     try:
         read_trace(resolved)  # every row, so `aiqsim validate` catches what `run` would trip on
     except TraceError as exc:
@@ -882,17 +888,7 @@ def _resolve_replay_arrivals(value: str, path: str, reader: _Reader) -> str:
     """A replay workload's arrivals file, resolved against the scenario's folder and read in full."""
     from aiqsim.sim.replay_arrivals import ReplayArrivalsError, read_replay_arrivals
 
-    candidate = Path(value).expanduser()
-    source = Path(reader.source)
-    if not candidate.is_absolute() and source.is_file():
-        candidate = source.parent / candidate
-    if not candidate.is_file():
-        raise reader.error(
-            path,
-            f"expected the path of a CSV file (relative to the scenario file), got {describe(value)} "
-            f"(no such file: {candidate})",
-        )
-    resolved = str(candidate.resolve())
+    resolved = _scenario_relative_file(value, path, reader, "the path of a CSV file")
     try:
         read_replay_arrivals(resolved)
     except ReplayArrivalsError as exc:

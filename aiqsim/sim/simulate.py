@@ -870,11 +870,7 @@ class _Run:
             return self._streamed_result(sim_time)
         records = self.raw_store.list_by_status()
         job_records = self.raw_store.list_jobs() if self.job_specs else []  # type: ignore[attr-defined]
-        errors = [
-            f"{name}: {describe_error(err)}"
-            for name, err in getattr(self.runtime, "task_errors", ())
-            if not isinstance(err, SimulatedCrash)
-        ]
+        errors = self._task_errors()
         if self.durable:
             self.raw_store.close()
         return SimulationResult(
@@ -898,14 +894,18 @@ class _Run:
             rejected_jobs=self.rejected_jobs,
         )
 
-    def _streamed_result(self, sim_time: float) -> SimulationResult:
-        """Streaming mode's result: the accumulators' summary and timeline, no per-task records."""
-        assert self.streaming is not None
-        errors = [
+    def _task_errors(self) -> list[str]:
+        """Coroutines that died of an error during the run (simulated crashes are the scenario's own)."""
+        return [
             f"{name}: {describe_error(err)}"
             for name, err in getattr(self.runtime, "task_errors", ())
             if not isinstance(err, SimulatedCrash)
         ]
+
+    def _streamed_result(self, sim_time: float) -> SimulationResult:
+        """Streaming mode's result: the accumulators' summary and timeline, no per-task records."""
+        assert self.streaming is not None
+        errors = self._task_errors()
         if self.durable:
             self.raw_store.close()
         return StreamedSimulationResult(
