@@ -11,7 +11,7 @@ import pytest
 
 from aiqsim.sim.metrics import SUMMARY_KEYS
 from aiqsim.sim.scenario import load_scenario
-from aiqsim.sim.simulate import simulate
+from aiqsim.sim.simulate import _simulation_store, simulate
 
 BASE = """
 [scenario]
@@ -187,3 +187,34 @@ def test_quota_utilization_is_work_over_the_quota_rate_and_may_pass_one_by_one_w
     assert 1.0 < utilisation <= 1.0 + 60.0 / span
     assert "may pass 1" in SUMMARY_KEYS["quota_utilization"]
     assert "60 s / span" in SUMMARY_KEYS["quota_utilization"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "json"])
+def test_a_simulated_durable_store_skips_fsync_yet_holds_every_task_when_the_run_ends(
+    tmp_path: Path, kind: str
+) -> None:
+    """A simulated crash is a process crash, which fsync does not guard against: the simulation
+    opens its store without it (synchronous=OFF, no fsync per journal append), and the same store
+    code still leaves every task on disk and gives the memory store's figures."""
+    from aiqsim.core.task import TaskStatus
+    from aiqsim.stores import JsonFileStore, SqliteStore
+
+    crash = "[[crashes]]\nat_s = 15\nrestart_after_s = 4\n"
+    store_file = tmp_path / f"kept.{kind}"
+    on_disk = simulate(
+        write_scenario(tmp_path, extra=f'{crash}\n[store]\nkind = "{kind}"\npath = "{store_file}"\n')
+    )
+    in_memory = simulate(write_scenario(tmp_path, extra=crash))
+    assert on_disk.summary == in_memory.summary
+    reopened = SqliteStore(store_file) if kind == "sqlite" else JsonFileStore(store_file)
+    try:
+        kept = reopened.list_by_status(*TaskStatus)
+        assert sorted(r.id for r in kept) == sorted(r.id for r in on_disk.records)
+        assert all(r.status.is_terminal for r in kept)
+    finally:
+        reopened.close()
+    opened = _simulation_store(kind, tmp_path / f"probe.{kind}", group_commit=False)
+    try:
+        assert (opened.synchronous == "OFF") if kind == "sqlite" else (opened.fsync is False)
+    finally:
+        opened.close()

@@ -119,8 +119,9 @@ class JsonFileStore:
 
     Parameters:
         path: the snapshot file; created (empty store) if absent.
-        fsync: fsync every append and snapshot (default). ``False`` is only for bulk loads
-            and benchmarks' setup: a power loss may then lose recent writes.
+        fsync: fsync every append and snapshot (default). ``False`` is for bulk loads, benchmarks'
+            setup and simulations (which model process crashes, not power loss): a power loss may
+            then lose recent writes; a killed process loses nothing the store returned from.
         compact_min_entries: journal length below which no compaction happens.
     """
 
