@@ -20,8 +20,11 @@ Models:
 - ``aiqsim+timeout``: the same with the default 60 s attempt timeout on every call.
 
 Each model's mean wait (customers after the first 10%) is checked against Erlang C with the 95%
-t-interval over the seeds. Prints one markdown table: min / median µs of CPU per customer, the ratios
-of the medians to SimPy's and to Ciw's from this same run, and the load average before and after.
+t-interval over the seeds. ``calls / customer`` counts the function calls (Python and built-in) each
+model makes per customer in one cProfile run (``--calls-customers``, 20,000 by default, seed 0): a
+count that any machine reproduces exactly, which says where the CPU column's differences come from.
+Prints one markdown table: min / median µs of CPU per customer, the ratios of the medians to SimPy's
+and to Ciw's from this same run, and the load average before and after.
 
 ``--baseline REF`` adds aiqsim from an earlier commit (exported with ``git archive``, imported through
 ``PYTHONPATH``) in the ``mmc_check`` configuration, in the same rounds.
@@ -140,24 +143,46 @@ def run_aiqsim(customers: int, seed: int, *, timeout: bool) -> list[float]:
     return [r.started_at - r.created_at for r in replication.records]  # type: ignore[operator]
 
 
+_RUNNERS = {
+    "simpy": run_simpy,
+    "coroutines": run_coroutines,
+    "ciw": run_ciw,
+    "aiqsim": lambda n, s: run_aiqsim(n, s, timeout=False),
+    "aiqsim+timeout": lambda n, s: run_aiqsim(n, s, timeout=True),
+    "aiqsim@baseline": lambda n, s: run_aiqsim(n, s, timeout=False),
+}
+_IMPORTS = {"simpy": ["simpy"], "coroutines": ["aiqsim", "aiqsim.runtime"], "ciw": ["ciw"]}
+
+
 def worker(model: str, seed: int, customers: int) -> None:
     """Run one model once in this (fresh) process; print CPU seconds and the mean wait as JSON."""
-    runner = {
-        "simpy": run_simpy,
-        "coroutines": run_coroutines,
-        "ciw": run_ciw,
-        "aiqsim": lambda n, s: run_aiqsim(n, s, timeout=False),
-        "aiqsim+timeout": lambda n, s: run_aiqsim(n, s, timeout=True),
-        "aiqsim@baseline": lambda n, s: run_aiqsim(n, s, timeout=False),
-    }[model]
-    imports = {"simpy": ["simpy"], "coroutines": ["aiqsim", "aiqsim.runtime"], "ciw": ["ciw"]}
-    for name in imports.get(model, ["aiqsim.validation.mmc"]):  # imports are not the model's cost
+    runner = _RUNNERS[model]
+    for name in _IMPORTS.get(model, ["aiqsim.validation.mmc"]):  # imports are not the model's cost
         importlib.import_module(name)
     started = time.process_time()
     waits = runner(customers, seed)
     cpu = time.process_time() - started
     kept = waits[int(len(waits) * WARMUP_SHARE) :]
     print(json.dumps({"cpu_s": cpu, "customers": len(waits), "mean_wait": statistics.fmean(kept)}))
+
+
+def count_calls(model: str, customers: int) -> None:
+    """Run one model once (seed 0) under cProfile; print the function calls per customer as JSON.
+
+    A count, not a time: the same on any machine and under any load, so it explains the CPU
+    column without its noise (every Python function and built-in call cProfile sees)."""
+    import cProfile
+    import pstats
+
+    runner = _RUNNERS[model]
+    for name in _IMPORTS.get(model, ["aiqsim.validation.mmc"]):
+        importlib.import_module(name)
+    profile = cProfile.Profile()
+    profile.enable()
+    runner(customers, 0)
+    profile.disable()
+    calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+    print(json.dumps({"calls_per_customer": calls / customers}))
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -169,13 +194,18 @@ def erlang_c_wait() -> float:
     return expected_wait_in_queue(ARRIVAL_RATE, SERVICE_RATE, SERVERS)
 
 
-def run_worker(model: str, seed: int, customers: int, baseline: str | None = None) -> dict[str, float]:
+def run_worker(
+    model: str, seed: int, customers: int, baseline: str | None = None, *, count: bool = False
+) -> dict[str, float]:
     env = dict(os.environ)
     if model == "aiqsim@baseline":  # the baseline tree's aiqsim shadows the installed one
         assert baseline is not None
         env["PYTHONPATH"] = baseline
+    mode = (
+        ["--count-calls", model, str(customers)] if count else ["--worker", model, str(seed), str(customers)]
+    )
     done = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--worker", model, str(seed), str(customers)],
+        [sys.executable, os.path.abspath(__file__), *mode],
         capture_output=True,
         text=True,
         check=False,
@@ -197,10 +227,20 @@ def main() -> None:
         metavar="REF",
         help="also run aiqsim (mmc_check configuration) from this commit, exported with git archive",
     )
+    parser.add_argument(
+        "--calls-customers",
+        type=int,
+        default=20_000,
+        help="customers of the one cProfile run per model that counts function calls (0: no count)",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SEED", "CUSTOMERS"), help=argparse.SUPPRESS)
+    parser.add_argument("--count-calls", nargs=2, metavar=("MODEL", "CUSTOMERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker[0], int(args.worker[1]), int(args.worker[2]))
+        return
+    if args.count_calls:
+        count_calls(args.count_calls[0], int(args.count_calls[1]))
         return
     models = [m for m in args.models.split(",") if m]
     if "ciw" in models and importlib.util.find_spec("ciw") is None:  # e.g. under run_all.py in a test venv
@@ -226,6 +266,10 @@ def main() -> None:
             results[model].append(run_worker(model, seed, args.customers, baseline_dir))
             print(f"  {model} seed {seed}: {results[model][-1]}", file=sys.stderr)
     load_after = os.getloadavg()
+    calls = {
+        m: run_worker(m, 0, args.calls_customers, baseline_dir, count=True)["calls_per_customer"]
+        for m in (models if args.calls_customers > 0 else [])
+    }
     if baseline_dir is not None:
         shutil.rmtree(baseline_dir, ignore_errors=True)
     median_us = {m: statistics.median(r["cpu_s"] for r in results[m]) / args.customers * 1e6 for m in models}
@@ -236,9 +280,9 @@ def main() -> None:
         f"Erlang C Wq = {expected:.4f}.\n"
     )
     header = "| model | µs CPU / customer min | median | vs SimPy | vs Ciw | mean Wq (95% CI) |"
-    header += " Erlang C in CI |"
+    header += " Erlang C in CI | calls / customer |"
     print(header)
-    print("|---|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---:|---:|---:|---|---|---:|")
     for model in models:
         cpu = [r["cpu_s"] / args.customers * 1e6 for r in results[model]]
         waits = [r["mean_wait"] for r in results[model]]
@@ -253,7 +297,13 @@ def main() -> None:
         vs_ciw = f"{median_us[model] / median_us['ciw']:.2f}x" if "ciw" in median_us else "-"
         print(
             f"| {LABELS[model]} | {min(cpu):.1f} | {median_us[model]:.1f} | {vs_simpy} | {vs_ciw} | {ci} | "
-            f"{'yes' if inside else 'NO'} |"
+            f"{'yes' if inside else 'NO'} | {f'{calls[model]:.1f}' if model in calls else '-'} |"
+        )
+    if calls:
+        print(
+            f"\ncalls / customer: function calls (Python and built-in) that cProfile counts in one run of "
+            f"{args.calls_customers:,} customers, seed 0, per customer; a count, so it does not depend on "
+            "the machine or its load."
         )
 
 
