@@ -516,10 +516,8 @@ _WORKLOAD = _Table(
 )
 
 # Job templates ([[jobs]]): see aiqsim/sim/job_config.py for what each key means.
-_SIZE_KEYS = {
-    "fixed": frozenset({"dist", "mean", "output_fraction"}),
-    "lognormal": frozenset({"dist", "mean", "sigma", "output_fraction"}),
-    "uniform": frozenset({"dist", "low", "high", "output_fraction"}),
+_SIZE_KEYS = {  # a stage's size: any workload cost distribution, or a ratio of an earlier stage's
+    **_COST_KEYS,
     "from_stage": frozenset({"dist", "stage", "ratio", "output_fraction"}),
 }
 
