@@ -295,6 +295,28 @@ class SimJob:
     @classmethod
     def from_payload(cls, payload: Any) -> SimJob:
         """Validate a payload dict; :class:`InvalidRequestError` (a 400) if it is malformed."""
+        # Fast path (twice per simulated call: the client's cost estimate and the server): the usual
+        # payload, a plain dict with text input and non-negative plain int units, is read as is.
+        # Anything else takes the full checks below, which convert it or say what is wrong; both
+        # paths build the same SimJob (tests/test_sim_providers_fast_paths.py).
+        if type(payload) is dict:
+            text = payload.get("input")
+            prompt = payload.get("prompt_units")
+            output = payload.get("output_units")
+            if (
+                type(text) is str
+                and type(prompt) is int
+                and type(output) is int
+                and prompt >= 0
+                and output >= 0
+            ):
+                poison = payload.get("poison", False)
+                return cls(text, prompt, output, poison if type(poison) is bool else bool(poison))
+        return cls._checked(payload)
+
+    @classmethod
+    def _checked(cls, payload: Any) -> SimJob:
+        """:meth:`from_payload` for any payload: the full checks, converting input and poison."""
         if not isinstance(payload, dict):
             raise InvalidRequestError(f"payload must be a dict, got {type(payload).__name__}")
         missing = [name for name in ("input", "prompt_units", "output_units") if name not in payload]
@@ -333,7 +355,7 @@ class _Draws:
             key=secret,
             digest_size=8 * DRAWS_PER_CALL,
         ).digest()
-        return cls(*((word >> 11) * _TWO_TO_MINUS_53 for word in _UNPACK_DRAWS(digest)))
+        return cls(*[(word >> 11) * _TWO_TO_MINUS_53 for word in _UNPACK_DRAWS(digest)])
 
 
 _UNPACK_DRAWS = struct.Struct(f"<{DRAWS_PER_CALL}Q").unpack
@@ -505,16 +527,22 @@ class SimulatedProvider:
         """The server windows at ``now`` as a provider's ``x-ratelimit-*`` headers state them
         (remaining rounded down to whole units, as :mod:`aiqsim.http.server` sends them);
         ``None`` for a provider without server limits."""
-        windows = self.window_usage(now)
-        if not windows:
+        requests, units = self._request_window, self._unit_window
+        if requests is None and units is None:  # once per call: answered without building anything
             return None
-        fields: dict[str, float] = {}
-        for name, (limit, used, reset) in windows.items():
-            suffix = "requests" if name == "requests" else "tokens"
-            fields[f"limit_{suffix}"] = limit
-            fields[f"remaining_{suffix}"] = float(math.floor(max(0.0, limit - used)))
-            fields[f"reset_{suffix}_s"] = reset
-        return RateLimitSnapshot(**fields)
+        limit_requests = remaining_requests = reset_requests = None
+        limit_tokens = remaining_tokens = reset_tokens = None
+        if requests is not None:
+            used, reset_requests = requests.usage(now)
+            limit_requests = requests.limit
+            remaining_requests = float(math.floor(max(0.0, limit_requests - used)))
+        if units is not None:
+            used, reset_tokens = units.usage(now)
+            limit_tokens = units.limit
+            remaining_tokens = float(math.floor(max(0.0, limit_tokens - used)))
+        return RateLimitSnapshot(
+            limit_requests, remaining_requests, reset_requests, limit_tokens, remaining_tokens, reset_tokens
+        )
 
     async def _call(self, request: ProviderRequest) -> ProviderResponse:
         runtime, config = self.runtime, self.config
@@ -705,7 +733,10 @@ class SimulatedProvider:
     # ------------------------------------------------------------------ rules
     def _outage_at(self, now: float) -> OutageConfig | None:
         """The outage in force at ``now``: an ``error`` window wins, else the slowest ``slow`` one."""
-        active = [o for o in self.config.outages if o.start_s <= now < o.end_s]
+        outages = self.config.outages
+        if not outages:
+            return None
+        active = [o for o in outages if o.start_s <= now < o.end_s]
         if not active:
             return None
         errors = [o for o in active if o.mode == "error"]
