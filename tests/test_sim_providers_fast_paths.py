@@ -148,3 +148,54 @@ def test_outage_lookup_without_outages_and_with_them() -> None:
     error = OutageConfig(start_s=4.0, end_s=6.0, mode="error")
     some = SimulatedProvider(runtime, replace(base, outages=(slow, error)), random.Random(0))
     assert [some._outage_at(t) for t in (0.5, 2.0, 5.0, 6.0, 10.0)] == [None, slow, error, slow, None]
+
+
+def test_a_recorded_execution_names_its_fields() -> None:
+    # The provider builds Execution (and RateLimitSnapshot) positionally: a field order change
+    # must show here, not as swapped columns in the calls frame.
+    from aiqsim.core.task import Priority
+    from aiqsim.scheduler.provider import ProviderRequest
+
+    cfg = ProviderConfig(
+        name="llm",
+        latency_base_s=0.5,
+        latency_per_unit_s=0.01,
+        latency_sigma=0.0,
+        price_per_1k_units=2.0,
+        timeout_prob=1.0,
+        server_requests_per_min=10,
+    )
+    runtime = SimPyRuntime()
+    provider = SimulatedProvider(runtime, cfg, random.Random(0))
+    body = {"input": "a", "prompt_units": 30, "output_units": 70}
+    request = ProviderRequest(
+        task_id="task-1",
+        idempotency_key="key-1",
+        kind="llm",
+        payload=body,
+        cost_estimate=100.0,
+        attempt=3,
+        priority=Priority.BACKGROUND,
+    )
+
+    async def main() -> None:
+        await runtime.sleep(2.0)
+        try:
+            await runtime.wait_for(provider.call(request), 5.0)
+        except TimeoutError:
+            pass
+
+    runtime.run(main())
+    (execution,) = provider.ledger.executions
+    assert execution.provider == "llm"
+    assert (execution.task_id, execution.key, execution.attempt) == ("task-1", "key-1", 3)
+    assert (execution.start, execution.end, execution.service_s) == (2.0, 3.2, pytest.approx(1.2))
+    assert execution.outcome == "ok" and execution.billed and execution.response_lost
+    assert (execution.units, execution.cost) == (100, pytest.approx(0.2))
+    snapshot = provider.ratelimit_snapshot(3.2)
+    assert (snapshot.limit_requests, snapshot.remaining_requests, snapshot.reset_requests_s) == (
+        10.0,
+        9.0,
+        pytest.approx(58.8),
+    )
+    assert snapshot.limit_tokens is None and snapshot.remaining_tokens is None
