@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 from aiqsim.core.failures import InvalidRequestError
 from aiqsim.core.ratelimit import RateLimitSnapshot
+from aiqsim.core.task import Priority
 from aiqsim.runtime import SimPyRuntime
+from aiqsim.scheduler.provider import ProviderRequest
 from aiqsim.sim.config import OutageConfig, ProviderConfig
 from aiqsim.sim.providers import DRAWS_PER_CALL, SimJob, SimulatedProvider, _Draws
 
@@ -153,9 +155,6 @@ def test_outage_lookup_without_outages_and_with_them() -> None:
 def test_a_recorded_execution_names_its_fields() -> None:
     # The provider builds Execution (and RateLimitSnapshot) positionally: a field order change
     # must show here, not as swapped columns in the calls frame.
-    from aiqsim.core.task import Priority
-    from aiqsim.scheduler.provider import ProviderRequest
-
     cfg = ProviderConfig(
         name="llm",
         latency_base_s=0.5,
@@ -199,3 +198,24 @@ def test_a_recorded_execution_names_its_fields() -> None:
         pytest.approx(58.8),
     )
     assert snapshot.limit_tokens is None and snapshot.remaining_tokens is None
+
+
+def test_a_provider_draws_what_the_pure_function_draws() -> None:
+    # The provider hashes from a keyed state built once (copied per request); the documented pure
+    # function builds it per call. Same draws for every key and arrival, lone surrogates included.
+    cfg = ProviderConfig(name="llm", latency_base_s=0.5, latency_per_unit_s=0.0, price_per_1k_units=1.0)
+    provider = SimulatedProvider(SimPyRuntime(), cfg, random.Random(5))
+    rng = random.Random(6)
+    for number in range(200):
+        key = f"k{rng.randrange(20)}" if number % 7 else "\ud800-lone"
+        arrival = provider._arrivals.get(key, 0)
+        request = ProviderRequest(
+            task_id="t",
+            idempotency_key=key,
+            kind="llm",
+            payload={},
+            cost_estimate=1.0,
+            attempt=1,
+            priority=Priority.BACKGROUND,
+        )
+        assert provider._draws(request) == _Draws.for_request(provider._draw_secret, key, arrival)

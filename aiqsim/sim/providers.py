@@ -349,13 +349,25 @@ class _Draws:
     @classmethod
     def for_request(cls, secret: bytes, idempotency_key: str, arrival: int) -> _Draws:
         """The draws of the ``arrival``-th request (from 0) with ``idempotency_key``: a pure function."""
-        digest = hashlib.blake2b(
-            # surrogatepass: any Python string is a valid key, even one with a lone surrogate
-            f"{arrival}\0{idempotency_key}".encode("utf-8", "surrogatepass"),
-            key=secret,
-            digest_size=8 * DRAWS_PER_CALL,
-        ).digest()
-        return cls(*[(word >> 11) * _TWO_TO_MINUS_53 for word in _UNPACK_DRAWS(digest)])
+        return cls.from_keyed_hash(_keyed_hash(secret), idempotency_key, arrival)
+
+    @classmethod
+    def from_keyed_hash(cls, keyed: Any, idempotency_key: str, arrival: int) -> _Draws:
+        """:meth:`for_request` from ``_keyed_hash(secret)``, which a provider builds once.
+
+        Why: a keyed BLAKE2b hashes its key as a first block; ``copy()`` of the fresh keyed state
+        starts every request from that state (the same digest) without redoing that block or the
+        constructor, about 0.6 us of each simulated call.
+        """
+        hasher = keyed.copy()
+        # surrogatepass: any Python string is a valid key, even one with a lone surrogate
+        hasher.update(f"{arrival}\0{idempotency_key}".encode("utf-8", "surrogatepass"))
+        return cls(*[(word >> 11) * _TWO_TO_MINUS_53 for word in _UNPACK_DRAWS(hasher.digest())])
+
+
+def _keyed_hash(secret: bytes) -> Any:
+    """A fresh BLAKE2b state keyed with ``secret``, with the digest size of one call's draws."""
+    return hashlib.blake2b(key=secret, digest_size=8 * DRAWS_PER_CALL)
 
 
 _UNPACK_DRAWS = struct.Struct(f"<{DRAWS_PER_CALL}Q").unpack
@@ -469,6 +481,7 @@ class SimulatedProvider:
         self.config = config
         self.rng = rng
         self._draw_secret = rng.getrandbits(256).to_bytes(32, "little")
+        self._draw_hash = _keyed_hash(self._draw_secret)
         self._arrivals: dict[str, int] = {}
         """Idempotency key -> requests with it so far: with the key, what a request's draws depend on."""
         self._recent_keys: RecentKeys[str] | None = (
@@ -497,7 +510,7 @@ class SimulatedProvider:
             for gone in recent.expired(now):
                 del self._arrivals[gone]
             self.ledger.forget_silent_keys(now)  # before this call may replay a forgotten key
-        return _Draws.for_request(self._draw_secret, key, arrival)
+        return _Draws.from_keyed_hash(self._draw_hash, key, arrival)
 
     # ------------------------------------------------------------------ public API
     def estimate_cost(self, kind: str, payload: Any) -> float:
