@@ -553,6 +553,8 @@ class SimulatedProvider:
             used, reset_tokens = units.usage(now)
             limit_tokens = units.limit
             remaining_tokens = float(math.floor(max(0.0, limit_tokens - used)))
+        # Positional, in field order: tests/test_sim_providers_fast_paths.py compares it with the
+        # snapshot built by keyword from window_usage, so a field reorder fails there.
         return RateLimitSnapshot(
             limit_requests, remaining_requests, reset_requests, limit_tokens, remaining_tokens, reset_tokens
         )
