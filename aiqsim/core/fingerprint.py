@@ -11,7 +11,7 @@ import base64
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
@@ -60,9 +60,51 @@ def _canonical(value: Any, path: str) -> Any:
     )
 
 
-_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_CANONICAL_OPTIONS: dict[str, Any] = {
+    "sort_keys": True,
+    "separators": (",", ":"),
+    "ensure_ascii": False,
+    "allow_nan": False,
+}
+_encode_with_checks = json.JSONEncoder(**_CANONICAL_OPTIONS).encode
 """``json.dumps`` with the canonical options, built once (``json.dumps`` builds an encoder per call
 whenever an option differs from its defaults)."""
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _reused_c_encoder() -> Callable[[Any], str] | None:
+    """The C encoder ``JSONEncoder.encode`` builds on every call, built once, or ``None``.
+
+    Why: ``JSONEncoder.encode`` makes a new C encoder (and a circular-reference ``markers`` dict) per
+    call, about a third of the encoding time of a task's small document. The one built here has the
+    same options and no ``markers``: it only ever sees documents that :func:`_canonical` built or
+    that :func:`_already_canonical` walked, and either walk ends in ``RecursionError`` on a cycle
+    before the encoder is reached. ``None`` (use ``JSONEncoder.encode``) where ``_json`` is missing
+    or its constructor differs, or if it does not reproduce ``JSONEncoder.encode`` on a probe.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None or json.encoder.encode_basestring is not getattr(json.encoder, "c_encode_basestring", 0):
+        return None
+    try:
+        iterencode = make(None, _refuse, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+    except TypeError:  # a Python whose C encoder takes other arguments
+        return None
+    join = "".join
+
+    def encode(value: Any) -> str:
+        return join(iterencode(value, 0))
+
+    probe = {"b": [1, 2.5, None, True, 'é\u2603\n"'], "a": {"y": -3, "x": {}}, "c": []}
+    if encode(probe) != _encode_with_checks(probe):
+        return None
+    return encode
+
+
+_ENCODE: Callable[[Any], str] = _reused_c_encoder() or _encode_with_checks
+"""Canonical JSON text of an already-canonical document (see :func:`_reused_c_encoder`)."""
 
 
 def canonical_json(value: Any) -> str:
@@ -91,17 +133,25 @@ def _already_canonical(value: Any) -> bool:
     :class:`FingerprintError` with the path of the offending value. Either way the key is the same.
     """
     kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not (key.isascii() or _valid_text(key)):
+                return False
+            # The usual payload is a flat dict of text and integers: its values are checked here,
+            # inline, rather than by one recursive call each (the same rules as below).
+            item_kind = type(item)
+            if item_kind is str:
+                if not (item.isascii() or _valid_text(item)):
+                    return False
+            elif not (item_kind is int or item_kind is bool or item is None or _already_canonical(item)):
+                return False
+        return True
     if kind is str:
         return _valid_text(value)
     if kind is int or kind is bool or value is None:
         return True
     if kind is float:
         return math.isfinite(value) and not value.is_integer()
-    if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str or not _valid_text(key) or not _already_canonical(item):
-                return False
-        return True
     if kind is list:
         return all(_already_canonical(item) for item in value)
     return False

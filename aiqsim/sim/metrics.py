@@ -107,9 +107,29 @@ def summarize(
             latencies[r.priority].append(elapsed)
         elif r.status is TaskStatus.FAILED:
             failure_times.append(elapsed)
+    # One pass over the executions and one over the events (each of the figures below once had its own;
+    # the events outnumber the tasks several times over).
     attempts = len(executions)
-    tasks_attempted = len({e.task_id for e in executions})
-    billed = [e for e in executions if e.billed]
+    attempted_tasks: set[str] = set()
+    billed = []
+    rate_limited = 0
+    per_key: dict[str, int] = {}  # calls that reached execution (not 429s, not replays) per key
+    for e in executions:
+        attempted_tasks.add(e.task_id)
+        if e.billed:
+            billed.append(e)
+        if e.outcome == "rate_limited":
+            rate_limited += 1
+        elif e.outcome != "replay":
+            per_key[e.key] = per_key.get(e.key, 0) + 1
+    tasks_attempted = len(attempted_tasks)
+    timeouts = rejected_locally = 0
+    for e in events:
+        if isinstance(e, AttemptRecord):
+            if e.outcome in ("ProviderTimeoutError", "TimeoutError"):
+                timeouts += 1
+            if e.decision == "rejected":
+                rejected_locally += 1
     seen_keys: set[str] = set()
     duplicate_costs: list[float] = []
     for e in sorted(billed, key=lambda e: e.start):
@@ -121,12 +141,6 @@ def summarize(
     # exactly rounded sums (math.fsum): independent of the order of the terms, so the streaming mode
     # (aiqsim.sim.streaming.ExactSum, which sees them in another order) gives the identical figure
     cost_duplicated = math.fsum(duplicate_costs)
-    per_key = Counter(e.key for e in executions if e.outcome not in ("rate_limited", "replay"))
-    timeouts = sum(
-        1
-        for e in events
-        if isinstance(e, AttemptRecord) and e.outcome in ("ProviderTimeoutError", "TimeoutError")
-    )
     done = counts[TaskStatus.SUCCEEDED] + counts[TaskStatus.DEDUPED]
     return {
         "tasks_submitted": len(records),
@@ -135,14 +149,12 @@ def summarize(
         "tasks_failed": counts[TaskStatus.FAILED],
         "tasks_cancelled": counts[TaskStatus.CANCELLED],
         "tasks_deduped": counts[TaskStatus.DEDUPED],
-        "tasks_lost": sum(1 for r in records if not r.status.is_terminal),
+        "tasks_lost": sum(count for status, count in counts.items() if not status.is_terminal),
         "attempts": attempts,
         "retries": attempts - tasks_attempted,
         "attempts_per_task": attempts / tasks_attempted if tasks_attempted else math.nan,
-        "rejected_locally": sum(
-            1 for e in events if isinstance(e, AttemptRecord) and e.decision == "rejected"
-        ),
-        "rate_limited": sum(1 for e in executions if e.outcome == "rate_limited"),
+        "rejected_locally": rejected_locally,
+        "rate_limited": rate_limited,
         "timeouts": timeouts,
         "billed_calls": len(billed),
         "duplicate_billed_calls": duplicate_billed,

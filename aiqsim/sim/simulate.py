@@ -736,11 +736,12 @@ class _Run:
     def _offer(self, arrival: Arrival | JobArrival) -> None:
         """Submit one arrival; a refusal at the door (queue full, a cost the quota can never grant)
         is recorded as a ``rejected`` row, as a user would see an error."""
-        from aiqsim.sim.job_workloads import JobArrival
+        if self.job_arrivals:  # a job arrival can only come from there; the import costs ~1 us a call
+            from aiqsim.sim.job_workloads import JobArrival
 
-        if isinstance(arrival, JobArrival):
-            self._offer_job(arrival)
-            return
+            if isinstance(arrival, JobArrival):
+                self._offer_job(arrival)
+                return
         if self.down:
             self.backlog.append(arrival)
             return
