@@ -98,9 +98,16 @@ def main() -> None:
     head = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     print(
         f"simulate(scenario, seed=0), CPU ms (time.process_time), {args.rounds} rounds alternating, "
-        f"each side in a fresh process. Baseline {args.ref}, current {head} (+ uncommitted changes). Load "
+        f"each side in a fresh process. Baseline {args.ref}, current {head}"
+        f"{' (+ uncommitted changes)' if dirty else ''}. Load "
         f"average before {load_before[0]:.2f}, after {load_after[0]:.2f}.\n"
     )
     print("| scenario | baseline min / median ms | current min / median ms | speed-up (medians) |")
