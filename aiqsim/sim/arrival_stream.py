@@ -4,6 +4,8 @@
 each: 8.6M arrivals would be gigabytes). :func:`iter_arrivals` yields the *same* arrivals in the
 *same* order, but generates a workload's arrivals only when the clock reaches its ``start_s`` and
 drops each arrival once handed out, so memory holds the workloads in progress, not the whole run.
+:func:`iter_job_arrivals` does the same for the job workloads
+(:func:`aiqsim.sim.job_workloads.generate_job_arrivals`).
 A day is best written as several workloads (e.g. one per hour, which also gives it a diurnal shape).
 """
 
@@ -12,10 +14,14 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from aiqsim.sim.config import Scenario
+from aiqsim.sim.job_workloads import JobArrival, job_workload_arrivals
 from aiqsim.sim.workloads import Arrival, workload_arrivals
+
+_A = TypeVar("_A", bound=Any)
 
 
 def iter_arrivals(scenario: Scenario, rng: random.Random) -> Iterator[Arrival]:
@@ -27,16 +33,35 @@ def iter_arrivals(scenario: Scenario, rng: random.Random) -> Iterator[Arrival]:
     next arrival to hand out is not earlier than its ``start_s``.
     """
     seeds = [rng.getrandbits(64) for _ in scenario.workloads]  # the same draws as generate_arrivals
-    pending = sorted(
-        (workload.start_s, index) for index, workload in enumerate(scenario.workloads) if workload.job is None
-    )
+
+    def generate(index: int) -> list[Arrival]:
+        return workload_arrivals(index, scenario.workloads[index], scenario, random.Random(seeds[index]))
+
+    yield from _merged(scenario, [i for i, w in enumerate(scenario.workloads) if w.job is None], generate)
+
+
+def iter_job_arrivals(scenario: Scenario, seed: int) -> Iterator[JobArrival]:
+    """Every job workload's arrivals, merged by time (ties: workload order, then each workload's own
+    order): exactly :func:`~aiqsim.sim.job_workloads.generate_job_arrivals` for the same ``seed``,
+    each workload generated when the clock reaches its ``start_s`` (same argument as above)."""
+
+    def generate(index: int) -> list[JobArrival]:
+        rng = random.Random(f"{seed}:jobs:{index}")  # generate_job_arrivals' generator for workload index
+        return job_workload_arrivals(index, scenario.workloads[index], scenario, rng)
+
+    yield from _merged(scenario, [i for i, w in enumerate(scenario.workloads) if w.job is not None], generate)
+
+
+def _merged(scenario: Scenario, indices: list[int], generate: Callable[[int], Sequence[_A]]) -> Iterator[_A]:
+    """The arrivals of workloads ``indices`` merged by time, each workload generated (``generate``)
+    only when the next arrival to hand out is not earlier than its ``start_s``."""
+    pending = sorted((scenario.workloads[index].start_s, index) for index in indices)
     pending.reverse()  # pop() takes the earliest start
-    streams: dict[int, deque[Arrival]] = {}
+    streams: dict[int, deque[_A]] = {}
     heap: list[tuple[float, int]] = []  # (time of the workload's next arrival, workload index)
 
     def activate(index: int) -> None:
-        workload = scenario.workloads[index]
-        arrivals = deque(workload_arrivals(index, workload, scenario, random.Random(seeds[index])))
+        arrivals = deque(generate(index))
         if arrivals:
             streams[index] = arrivals
             heapq.heappush(heap, (arrivals[0].time, index))
