@@ -167,6 +167,8 @@ class StreamingJobs:
         """Terminal jobs, in the order they ended, waiting to settle."""
         self._settled_tasks: RecentKeys[str] = RecentKeys(window_s)
         self._keys: RecentKeys[str] = RecentKeys(window_s)
+        self._live_keys: dict[str, int] = {}
+        """Idempotency key -> stage tasks of unsettled jobs with it (their keys are never forgotten)."""
         self._next_sweep = 0.0
         self._sweep_every = max(min(window_s / 4.0, 10.0), 1e-3)
         self.index = _SettledIndex(
@@ -245,6 +247,7 @@ class StreamingJobs:
         task = self._tasks.get(task_id)
         if task is None:
             task = self._tasks[task_id] = _TaskView(task_id, job_id, e.key, provider, e.time)
+            self._live_keys[e.key] = self._live_keys.get(e.key, 0) + 1
         if e.old == "queued" and new == "running" and task_id not in self._granted:
             self._granted[task_id] = e.time
             self._unsettled_grants.setdefault(provider, {})[task_id] = e.time
@@ -338,6 +341,11 @@ class StreamingJobs:
             job = self._jobs.get(job_id)
             if job is None:
                 continue
+            if job.finished_at is not None and self.now - job.finished_at < self.window_s:
+                waiting.append(job_id)  # jobs end in queue order: none after this one can settle yet
+                waiting.extend(self._done)
+                self._done.clear()
+                break
             if not self._settleable(job_id, marks):
                 waiting.append(job_id)
             elif job.status in _TERMINAL:
@@ -348,6 +356,9 @@ class StreamingJobs:
             if task is not None:
                 self._task_job.pop(task_id, None)
         for key in self._keys.expired(self.now):
+            if key in self._live_keys:  # a call of an unsettled job has it: a duplicate may still come
+                self._keys.touch(key, self.now)
+                continue
             self._owner.pop(key, None)
             self._billed.pop(key, None)
         for provider, lane in self._lanes.items():
@@ -370,6 +381,11 @@ class StreamingJobs:
                     self._task_job.pop(task_id, None)
                     continue
                 task.phases = self.index.phases(task)
+                live = self._live_keys[task.key] - 1
+                if live:
+                    self._live_keys[task.key] = live
+                else:
+                    del self._live_keys[task.key]
                 self._granted.pop(task_id, None)
                 self._attempts.pop(task_id, None)
                 self._calls.pop(task_id, None)
