@@ -22,7 +22,9 @@ has passed its calls' grants. With that, the row equals the full-record row what
 
 **Memory.** The jobs in progress (their tasks, attempts, stage events), the lanes' grants since
 the oldest unsettled call, and for ``window_s`` after a job settles its tasks' phases and owners
-(a later double-click's calls are deduplicated against them) -- flat in the number of jobs.
+(a later double-click's calls are deduplicated against them) -- flat in the number of jobs. (The
+store's own job table is not purged by :class:`~aiqsim.stores.retention.RetentionPolicy`, which
+purges tasks and keys only: during a run it keeps every job record, a few KB each.)
 """
 
 from __future__ import annotations

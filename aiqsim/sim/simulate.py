@@ -179,9 +179,9 @@ class SimulationResult:
 
 class StreamedSimulationResult(SimulationResult):
     """Outcome of a ``records="summary"`` run: ``summary`` and ``timeline`` as in full mode (computed
-    on the fly), no per-task records: ``tasks``, ``calls``, ``call_log`` and ``jobs`` raise
-    :class:`~aiqsim.sim.streaming.RecordsNotKeptError`; ``records``, ``executions`` and ``events``
-    are empty."""
+    on the fly, job and fleet keys included), no per-task records: ``tasks``, ``calls``, ``call_log``,
+    ``jobs`` and ``stage_breakdown()`` raise :class:`~aiqsim.sim.streaming.RecordsNotKeptError`;
+    ``records``, ``executions`` and ``events`` are empty."""
 
     def __init__(
         self,
@@ -338,7 +338,9 @@ def simulate(
     ``records="summary"`` is the streaming mode for long runs: the summary, the timeline and the
     latency percentiles are computed as the run goes (:mod:`aiqsim.sim.streaming`) and no per-task
     record is kept, so memory stays flat in the number of tasks; ``tasks``/``calls``/``call_log``
-    then raise :class:`~aiqsim.sim.streaming.RecordsNotKeptError`. Finished tasks and idempotency keys
+    then raise :class:`~aiqsim.sim.streaming.RecordsNotKeptError`. Job workloads and a ``[fleet]`` are
+    streamed too: their summary keys are the full mode's (percentiles within 0.1%), while ``jobs``
+    and ``stage_breakdown()`` raise (:mod:`aiqsim.sim.job_stream`). Finished tasks and idempotency keys
     are forgotten (store, provider, accumulators) ``key_window_s`` simulated seconds after their last
     activity: a duplicate within the window is deduplicated exactly as in the default ``"full"``
     mode, one after it runs again. ``progress(now, horizon)`` is called every 1/200 of the arrival

@@ -3,8 +3,11 @@
 :class:`StreamingRun` is what :func:`aiqsim.sim.simulate.simulate` plugs into the harness for
 ``records="summary"``: the scheduler's events and the provider ledger's executions go to a
 :class:`~aiqsim.sim.streaming.StreamingSummary` and a :class:`~aiqsim.sim.streaming.StreamingTimeline`
-instead of lists, and the store is purged by :class:`~aiqsim.stores.retention.RetentionPolicy` with
-the key window as both TTLs. No scheduling rule lives here.
+instead of lists (and, when the scenario has them, to :class:`~aiqsim.sim.job_stream.StreamingJobs`
+for the job keys and :class:`~aiqsim.sim.fleet_stream.StreamingFleet` for the fleet keys, each
+fleet worker's events through its own :meth:`StreamingRun.sink`), and the store is purged by
+:class:`~aiqsim.stores.retention.RetentionPolicy` with the key window as both TTLs. No scheduling
+rule lives here.
 """
 
 from __future__ import annotations
