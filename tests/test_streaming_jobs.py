@@ -83,7 +83,14 @@ def quick_jobs(duration_s: float = 600.0, rate_per_s: float = 0.5, timeline_step
                     invalid_request_prob=0.03,
                     price_per_1k_units=0.02,
                 ),
-                provider("c", server_error_prob=0.01, price_per_1k_units=0.005),
+                # a heavy latency tail: some calls outlive their 3 s attempt timeout, billed after a retry
+                provider(
+                    "c",
+                    latency_base_s=0.6,
+                    latency_sigma=1.2,
+                    server_error_prob=0.01,
+                    price_per_1k_units=0.005,
+                ),
             ],
             "quotas": {
                 "a": {"requests_per_min": 200, "concurrency": 4},
