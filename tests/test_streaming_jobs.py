@@ -265,6 +265,33 @@ def test_a_job_row_is_final_when_it_settles_whatever_the_window(name: str, seed:
     assert most["stage_events"] < full.summary["jobs_submitted"], most
 
 
+def _crashing(data: dict[str, Any]) -> Any:
+    """``data`` crashed twice: recovery re-drives the stored jobs and requeues the calls the dead
+    process was running. The in-memory store outlives the process as an external one would; the
+    accounting reads events, not the store, and a SQLite file made these runs 20x slower."""
+    data["store"] = {"kind": "memory", "requeue_interrupted": True, "reconcile_on_restart": True}
+    data["crashes"] = [{"at_s": 150, "restart_after_s": 5}, {"at_s": 320, "restart_after_s": 20}]
+    return parse_scenario(data, source="crashing_jobs")
+
+
+@pytest.mark.parametrize(
+    ("name", "seed", "grace_s"),
+    [("quick_jobs", 0, None), ("ai_edit_pipeline", 1, None), ("quick_jobs", 1, 1e-3)],
+)
+def test_jobs_through_crashes_and_recovery_stream_the_same_summary(
+    name: str, seed: int, grace_s: float | None
+) -> None:
+    base = quick_jobs(duration_s=400.0) if name == "quick_jobs" else load_scenario(SCENARIOS / f"{name}.toml")
+    scenario = _crashing(scenario_to_dict(base))
+    full = simulate(scenario, seed=seed)
+    if grace_s is None:
+        streamed = simulate(scenario, seed=seed, records="summary")
+    else:
+        streamed, _ = _streamed_with_job_grace(scenario, seed, grace_s)
+    assert full.summary["crashes"] == 2 and full.summary["jobs_submitted"] > 100
+    assert_same_summary(full.summary, streamed.summary)
+
+
 def test_lane_grants_answer_the_previous_grant_and_prune_what_no_call_needs() -> None:
     lane = LaneGrants([(5.0, "b"), (1.0, "a"), (3.0, "c")])
     lane.add(4.0, "a")  # a retry's grant, reported late
