@@ -18,7 +18,12 @@ is their grace). Its critical-path split also reads, for each of its calls, the 
 grant to another call before its own, and a retry's grant is reported only when that attempt ends:
 so a settled job also waits until every lane's *watermark* (the earliest time a grant not yet
 reported can have, i.e. the last reported attempt end of each task running in the lane, or now)
-has passed its calls' grants. With that, the row equals the full-record row whatever the window.
+has passed its calls' grants. With that, the row equals the full-record row whatever the window
+(tests/test_streaming_jobs.py settles with a ~0 grace). What the window does bound is the state
+shared between jobs: a call deduplicated against a call of a job settled more than ``window_s``
+before, or a key billed again that long after its original, is not recognised as such -- the rule
+of the task accumulators (:mod:`aiqsim.sim.streaming`), whose store and providers forget those keys
+after the window anyway.
 
 **Memory.** The jobs in progress (their tasks, attempts, stage events), the lanes' grants since
 the oldest unsettled call, and for ``window_s`` after a job settles its tasks' phases and owners
