@@ -222,7 +222,12 @@ def format_stage_breakdown(result: Any) -> str:
     """Where succeeded jobs' time went, per stage (critical-path seconds, share, mean of each part)."""
     lines = ["\nper job stage, over succeeded jobs (critical path; mean seconds when on it):"]
     lines.append(f"{'stage':<24} {'share':>6} {'queue':>8} {'quota':>8} {'retries':>8} {'service':>8}")
-    for row in result.stage_breakdown().to_dict("records"):
+    streamed = getattr(getattr(result, "streaming", None), "jobs", None)  # --stream: no rows, same totals
+    if streamed is not None:
+        rows = streamed.totals.stage_breakdown()
+    else:
+        rows = result.stage_breakdown().to_dict("records")
+    for row in rows:
         cells = [row[f"{part}_mean_s"] for part in ("queue_wait", "quota_wait", "retries", "service")]
         lines.append(
             f"{row['job'] + '.' + row['stage']:<24} {_format_value(float(row['share'])):>6} "

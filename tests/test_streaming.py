@@ -73,8 +73,9 @@ def test_streaming_result_keeps_no_per_task_records() -> None:
 
 
 def test_streaming_mode_refuses_what_it_does_not_cover() -> None:
-    with pytest.raises(ConfigurationError, match="job workloads"):
-        simulate(SCENARIOS / "ai_edit_pipeline.toml", records="summary")
+    # job workloads and fleets are streamed (tests/test_streaming_jobs.py); a live run's providers are not
+    with pytest.raises(ConfigurationError, match="providers supplied by the caller"):
+        run_scenario(load_scenario(SCENARIOS / "sjf_vs_fifo.toml"), 0, records="summary", providers=[])
     with pytest.raises(ConfigurationError, match="records: expected 'full' or 'summary'"):
         simulate(SCENARIOS / "sjf_vs_fifo.toml", records="rows")
     with pytest.raises(ConfigurationError, match="key_window_s"):

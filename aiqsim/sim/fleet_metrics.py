@@ -17,9 +17,10 @@ Ratios of several providers are averaged, like ``quota_utilization``. Per-worker
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,117 @@ def _work(units: float, by_units: bool) -> float:
     return float(units) if by_units else 1.0
 
 
+class FleetLoad:
+    """The fleet keys' running totals, fed one submission, execution and finished task at a time.
+
+    Both result modes use it: full mode (:func:`summarize_fleet`) feeds it the final records, the
+    streaming mode (:class:`aiqsim.sim.fleet_stream.StreamingFleet`) the run's events as they happen.
+    Sums are exactly rounded (:class:`~aiqsim.sim.streaming.ExactSum`), so the keys do not depend on
+    the order of the terms and the two modes agree to the last bit.
+
+    An execution counts when it starts inside its provider's offered window, whose end (the last
+    submission) is only known at the end of the run: executions that start after the latest
+    submission seen so far wait in a heap until a later submission covers them. They are only the
+    executions since the last submission (the drain), not the run's.
+    """
+
+    def __init__(self, scenario: Scenario, latencies: Sequence[Any]) -> None:
+        from aiqsim.sim.streaming import ExactSum
+
+        self.scenario = scenario
+        self.workers = scenario.fleet.workers
+        self.latencies = latencies
+        """One sink per worker with ``add(value)`` (a list's ``append`` in full mode, a histogram in
+        streaming mode), read by :meth:`summary` through ``worker_p95``."""
+        self._by_units: dict[str, bool] = {}
+        for provider in scenario.providers:
+            by_units = provider.server_units_per_min is not None
+            per_min = provider.server_units_per_min if by_units else provider.server_requests_per_min
+            if per_min is not None:
+                self._by_units[provider.name] = by_units
+        self._window: dict[str, list[float]] = {}
+        """Provider -> [first, last] submission time."""
+        self._offered = {name: [ExactSum() for _ in range(self.workers)] for name in self._by_units}
+        self._admitted = {name: [ExactSum() for _ in range(self.workers)] for name in self._by_units}
+        self._later: dict[str, list[tuple[float, int, int, float]]] = {name: [] for name in self._by_units}
+        self._serial = 0
+
+    def submission(self, provider: str, time: float, cost: float | None, worker: int) -> None:
+        """A task (not deduplicated) or a refused submission for ``provider`` at ``time``."""
+        by_units = self._by_units.get(provider)
+        if by_units is None:
+            return
+        self._offered[provider][worker].add(_work(cost or 0.0, by_units))
+        window = self._window.get(provider)
+        if window is None:
+            self._window[provider] = [time, time]
+        else:
+            window[0] = min(window[0], time)
+            if time > window[1]:
+                window[1] = time
+                later, admitted = self._later[provider], self._admitted[provider]
+                while later and later[0][0] <= time:
+                    _, _, worker_index, work = heapq.heappop(later)
+                    admitted[worker_index].add(work)
+
+    def execution(self, provider: str, start: float, outcome: str, units: float, worker: int) -> None:
+        """One provider ledger record of a task of ``worker`` (429s and replays are not admitted work)."""
+        by_units = self._by_units.get(provider)
+        if by_units is None or outcome in ("rate_limited", "replay"):
+            return
+        work = _work(units, by_units)
+        window = self._window.get(provider)
+        if window is not None and window[0] <= start <= window[1]:
+            self._admitted[provider][worker].add(work)
+        elif window is None or start > window[1]:
+            self._serial += 1
+            heapq.heappush(self._later[provider], (start, self._serial, worker, work))
+
+    def summary(self, worker_p95: Callable[[Any], float]) -> dict[str, float]:
+        """:data:`FLEET_SUMMARY_KEYS` and the per-worker keys (``worker_p95(sink)``: a sink's p95)."""
+        workers = self.workers
+        offered_ratio, used_ratio, wasted_ratio = [], [], []
+        offered_by_worker = np.zeros((0, workers))
+        admitted_by_worker = np.zeros((0, workers))
+        for provider in self.scenario.providers:
+            window = self._window.get(provider.name)
+            if window is None:
+                continue
+            start, end = window
+            if end <= start:
+                continue
+            by_units = self._by_units[provider.name]
+            per_min = provider.server_units_per_min if by_units else provider.server_requests_per_min
+            assert per_min is not None
+            limit = per_min / 60.0 * (end - start)
+            offered = np.array([s.value for s in self._offered[provider.name]])
+            admitted = np.array([s.value for s in self._admitted[provider.name]])
+            offered_ratio.append(offered.sum() / limit)
+            used_ratio.append(admitted.sum() / limit)
+            wasted_ratio.append(max(0.0, min(offered.sum(), limit) - admitted.sum()) / limit)
+            offered_by_worker = np.vstack([offered_by_worker, offered / max(offered.sum(), 1e-12)])
+            admitted_by_worker = np.vstack([admitted_by_worker, admitted / limit])
+
+        def mean(values: Sequence[float] | np.ndarray) -> float:
+            return float(np.mean(values)) if len(values) else math.nan
+
+        summary: dict[str, float] = {
+            "fleet_workers": workers,
+            "fleet_offered_load": mean(offered_ratio),
+            "fleet_utilization": mean(used_ratio),
+            "wasted_capacity": mean(wasted_ratio),
+        }
+        for i in range(workers):
+            summary[f"worker{i}_offered_share"] = (
+                mean(offered_by_worker[:, i]) if len(offered_by_worker) else math.nan
+            )
+            summary[f"worker{i}_utilization"] = (
+                mean(admitted_by_worker[:, i]) if len(admitted_by_worker) else math.nan
+            )
+            summary[f"worker{i}_latency_p95_s"] = worker_p95(self.latencies[i])
+        return summary
+
+
 def summarize_fleet(
     scenario: Scenario,
     records: Sequence[TaskRecord],
@@ -72,72 +184,22 @@ def summarize_fleet(
     rejected: Iterable[Mapping[str, Any]] = (),
     arrivals: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """:data:`FLEET_SUMMARY_KEYS` and the per-worker keys for ``workers`` workers."""
-    workers = scenario.fleet.workers
+    """:data:`FLEET_SUMMARY_KEYS` and the per-worker keys for ``workers`` workers, from a run's records."""
+    latencies: list[list[float]] = [[] for _ in range(scenario.fleet.workers)]
+    load = FleetLoad(scenario, latencies)
     worker_of = {r.id: fleet_worker_index(r.worker) or 0 for r in records}  # foreign ids count as 0
-    rejected = list(rejected)
-    offered_ratio, used_ratio, wasted_ratio = [], [], []
-    offered_by_worker = np.zeros((0, workers))
-    admitted_by_worker = np.zeros((0, workers))
-    for provider in scenario.providers:
-        by_units = provider.server_units_per_min is not None
-        per_min = provider.server_units_per_min if by_units else provider.server_requests_per_min
-        if per_min is None:
-            continue
-        submissions = [
-            (r.created_at, r.cost_estimate, worker_of[r.id])
-            for r in records
-            if r.provider == provider.name and r.status is not TaskStatus.DEDUPED
-        ]
-        submissions += [
-            (row["arrived_at"], row.get("cost_estimate") or 0.0, int(row.get("worker", 0)))
-            for row in rejected
-            if row.get("provider") == provider.name
-        ]
-        if not submissions:
-            continue
-        start = min(t for t, _, _ in submissions)
-        end = max(t for t, _, _ in submissions)
-        if end <= start:
-            continue
-        limit = per_min / 60.0 * (end - start)
-        offered = np.zeros(workers)
-        for _, cost, worker in submissions:
-            offered[worker] += _work(cost, by_units)
-        admitted = np.zeros(workers)
-        for e in executions:
-            if e.provider != provider.name or e.outcome in ("rate_limited", "replay"):
-                continue
-            if start <= e.start <= end and e.task_id in worker_of:
-                admitted[worker_of[e.task_id]] += _work(e.units, by_units)
-        offered_ratio.append(offered.sum() / limit)
-        used_ratio.append(admitted.sum() / limit)
-        wasted_ratio.append(max(0.0, min(offered.sum(), limit) - admitted.sum()) / limit)
-        offered_by_worker = np.vstack([offered_by_worker, offered / max(offered.sum(), 1e-12)])
-        admitted_by_worker = np.vstack([admitted_by_worker, admitted / limit])
-
-    def mean(values: Sequence[float] | np.ndarray) -> float:
-        return float(np.mean(values)) if len(values) else math.nan
-
-    summary: dict[str, float] = {
-        "fleet_workers": workers,
-        "fleet_offered_load": mean(offered_ratio),
-        "fleet_utilization": mean(used_ratio),
-        "wasted_capacity": mean(wasted_ratio),
-    }
-    latencies: list[list[float]] = [[] for _ in range(workers)]
+    for r in records:
+        if r.status is not TaskStatus.DEDUPED:
+            load.submission(r.provider, r.created_at, r.cost_estimate, worker_of[r.id])
+    for row in rejected:
+        provider = row.get("provider")
+        if provider is not None:
+            load.submission(provider, row["arrived_at"], row.get("cost_estimate"), int(row.get("worker", 0)))
+    for e in executions:
+        if e.task_id in worker_of:
+            load.execution(e.provider, e.start, e.outcome, e.units, worker_of[e.task_id])
     for r in records:
         if r.status.is_terminal and r.finished_at is not None:
             arrived = arrivals.get(r.id, r.created_at) if arrivals else r.created_at
             latencies[worker_of[r.id]].append(r.finished_at - arrived)
-    for i in range(workers):
-        summary[f"worker{i}_offered_share"] = (
-            mean(offered_by_worker[:, i]) if len(offered_by_worker) else math.nan
-        )
-        summary[f"worker{i}_utilization"] = (
-            mean(admitted_by_worker[:, i]) if len(admitted_by_worker) else math.nan
-        )
-        summary[f"worker{i}_latency_p95_s"] = (
-            float(np.percentile(latencies[i], 95)) if latencies[i] else math.nan
-        )
-    return summary
+    return load.summary(lambda values: float(np.percentile(values, 95)) if values else math.nan)

@@ -88,41 +88,93 @@ class _Phases:
     finished: float | None
 
 
-class _Index:
-    """Events and records of a run, indexed for the per-call phase split."""
+class LaneGrants:
+    """One provider lane's grants (time, task id), in time order (ties: task id), for the question
+    "when did the lane last grant another call, at or before ``t``?". Grants may be added out of
+    order (a retry's grant is reported when its attempt ends); :meth:`prune` drops old ones."""
 
-    def __init__(self, tasks: Mapping[str, TaskRecord], events: Sequence[Any]) -> None:
+    __slots__ = ("owned", "times")
+
+    def __init__(self, owned: Iterable[tuple[float, str]] = ()) -> None:
+        self.owned: list[tuple[float, str]] = sorted(owned)
+        self.times: list[float] = [time for time, _ in self.owned]
+
+    def add(self, time: float, task_id: str) -> None:
+        """One grant (kept in order)."""
+        index = bisect.bisect_right(self.owned, (time, task_id))
+        self.owned.insert(index, (time, task_id))
+        self.times.insert(index, time)
+
+    def previous(self, task_id: str, before: float) -> float | None:
+        """The latest grant to a call other than ``task_id`` at or before ``before``."""
+        index = bisect.bisect_right(self.times, before) - 1
+        owned = self.owned
+        while index >= 0:
+            if owned[index][1] != task_id:
+                return owned[index][0]
+            index -= 1
+        return None
+
+    def prune(self, cutoff: float) -> None:
+        """Drop the grants before ``cutoff`` but the latest of them: enough for every call whose own
+        first grant is at or after ``cutoff`` (none of the dropped grants is its own)."""
+        index = bisect.bisect_left(self.times, cutoff) - 1
+        if index > 0:
+            del self.owned[:index]
+            del self.times[:index]
+
+    def __len__(self) -> int:
+        return len(self.owned)
+
+
+class _Index:
+    """Events and records of a run, indexed for the per-call phase split.
+
+    ``tasks`` maps task ids to records (anything with ``id``, ``provider``, ``status``,
+    ``created_at``, ``finished_at`` and ``deduped_from``), ``granted`` a task's first grant,
+    ``attempts`` its attempt records, ``stage_events`` a (job, stage)'s events and ``lanes`` each
+    provider's :class:`LaneGrants`. :meth:`from_events` builds them from a run's whole event list;
+    the streaming mode (:mod:`aiqsim.sim.job_stream`) keeps them up to date as the run goes.
+    """
+
+    def __init__(
+        self,
+        tasks: Mapping[str, Any],
+        granted: Mapping[str, float],
+        attempts: Mapping[str, Sequence[AttemptRecord]],
+        stage_events: Mapping[tuple[str, str], Sequence[StageEvent]],
+        lanes: Mapping[str, LaneGrants],
+    ) -> None:
         self.tasks = tasks
-        self.granted: dict[str, float] = {}
-        self.attempts: dict[str, list[AttemptRecord]] = defaultdict(list)
-        self.stage_events: dict[tuple[str, str], list[StageEvent]] = defaultdict(list)
-        grants: dict[str, list[float]] = defaultdict(list)
-        self._grant_owner: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        self.granted = granted
+        self.attempts = attempts
+        self.stage_events = stage_events
+        self.lanes = lanes
+
+    @classmethod
+    def from_events(cls, tasks: Mapping[str, TaskRecord], events: Sequence[Any]) -> _Index:
+        """The index of a run's records and its whole event list."""
+        granted: dict[str, float] = {}
+        attempts: dict[str, list[AttemptRecord]] = defaultdict(list)
+        stage_events: dict[tuple[str, str], list[StageEvent]] = defaultdict(list)
+        owned: dict[str, list[tuple[float, str]]] = defaultdict(list)
         for event in events:
             if isinstance(event, TaskTransition) and event.old == "queued" and event.new == "running":
-                self.granted.setdefault(event.task_id, event.time)
-                self._grant_owner[event.provider].append((event.time, event.task_id))
+                granted.setdefault(event.task_id, event.time)
+                owned[event.provider].append((event.time, event.task_id))
             elif isinstance(event, AttemptRecord):
-                self.attempts[event.task_id].append(event)
+                attempts[event.task_id].append(event)
                 if event.attempt > 1:  # a retry's attempt got its reservation anew
-                    self._grant_owner[event.provider].append((event.start, event.task_id))
+                    owned[event.provider].append((event.start, event.task_id))
             elif isinstance(event, StageEvent):
-                self.stage_events[(event.job_id, event.stage)].append(event)
-        for provider, owned in self._grant_owner.items():
-            owned.sort()
-            grants[provider] = [time for time, _ in owned]
-        self._grants = grants
+                stage_events[(event.job_id, event.stage)].append(event)
+        lanes = {provider: LaneGrants(grants) for provider, grants in owned.items()}
+        return cls(tasks, granted, attempts, stage_events, lanes)
 
     def _previous_grant(self, provider: str, task_id: str, before: float) -> float | None:
         """The latest grant in ``provider``'s lane to another call at or before ``before``."""
-        times = self._grants.get(provider, [])
-        owned = self._grant_owner.get(provider, [])
-        index = bisect.bisect_right(times, before) - 1
-        while index >= 0:
-            if owned[index][1] != task_id:
-                return times[index]
-            index -= 1
-        return None
+        lane = self.lanes.get(provider)
+        return None if lane is None else lane.previous(task_id, before)
 
     def phases(self, task: TaskRecord) -> _Phases:
         granted = self.granted.get(task.id)
@@ -250,73 +302,91 @@ def job_rows(
 ) -> list[dict[str, Any]]:
     """One plain row per job (the ``jobs`` DataFrame's data); see :func:`jobs_frame` for the columns."""
     arrivals = arrivals or {}
-    by_id = {t.id: t for t in tasks}
-    index = _Index(by_id, events)
-    after = {
-        template.name: {stage.name: stage.after for stage in template.stages} for template in scenario.jobs
-    }
-    stage_names = {template.name: [s.name for s in template.stages] for template in scenario.jobs}
-    cost_by_task: Counter[str] = Counter()
-    duplicate_by_task: Counter[str] = Counter()
-    calls_by_task: Counter[str] = Counter()
+    index = _Index.from_events({t.id: t for t in tasks}, events)
+    shape = JobShape(scenario)
+    calls: Counter[str] = Counter()
+    costs: dict[str, list[float]] = defaultdict(list)
+    duplicates: dict[str, list[float]] = defaultdict(list)
     seen_keys: set[str] = set()
-    for e in sorted(executions, key=lambda e: e.start):
-        calls_by_task[e.task_id] += 1
+    for e in sorted(executions, key=lambda e: e.start):  # the earliest start of a key is the original
+        calls[e.task_id] += 1
         if not e.billed:
             continue
-        cost_by_task[e.task_id] += e.cost
+        costs[e.task_id].append(e.cost)
         if e.key in seen_keys:
-            duplicate_by_task[e.task_id] += e.cost
+            duplicates[e.task_id].append(e.cost)
         else:
             seen_keys.add(e.key)
-    rows = []
-    for job in jobs:
-        arrived = arrivals.get(job.id, job.created_at)
-        latency = None if job.finished_at is None else job.finished_at - arrived
-        task_ids = [t for ids in job.stage_tasks.values() for t in ids]
-        row: dict[str, Any] = {
-            "job_id": job.id,
-            "key": job.key,
-            "name": job.name,
-            "priority": Priority(job.priority).name.lower(),
-            "status": job.status.value,
-            "arrived_at": arrived,
-            "created_at": job.created_at,
-            "finished_at": job.finished_at,
-            "latency_s": latency,
-            "failed_stage": job.failed_stage,
-            "error": job.error,
-            "deduped_from": job.deduped_from,
-            "stage_calls": len(task_ids),
-            "attempts": sum(calls_by_task[t] for t in task_ids),
-            "cost": float(sum(cost_by_task[t] for t in task_ids)),
-            "cost_duplicated": float(sum(duplicate_by_task[t] for t in task_ids)),
-        }
-        windows = _stage_windows(index, job)
-        path = critical_path(windows, after.get(job.name, {}))
-        totals = dict.fromkeys(PARTS, 0.0)
-        on_path: dict[str, float] = {}
-        for name in stage_names.get(job.name, list(job.stage_tasks)):
-            window = windows.get(name)
-            row[f"{name}_s"] = None if window is None else window[1] - window[0]
-            if window is None or name not in path:
-                for part in PARTS[:-1]:
-                    row[f"{name}_{part}_s"] = None
-                continue
-            parts = _split_stage(index, job.stage_tasks.get(name, ()), *window)
-            on_path[name] = window[1] - window[0]
+    return [
+        job_row(job, index, shape, arrivals.get(job.id, job.created_at), calls, costs, duplicates)
+        for job in jobs
+    ]
+
+
+class JobShape:
+    """Each job template's stage names (declaration order) and dependencies, for :func:`job_row`."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.after = {t.name: {stage.name: stage.after for stage in t.stages} for t in scenario.jobs}
+        self.stage_names = {template.name: [s.name for s in template.stages] for template in scenario.jobs}
+
+
+def job_row(
+    job: JobRecord,
+    index: _Index,
+    shape: JobShape,
+    arrived: float,
+    calls: Mapping[str, int],
+    costs: Mapping[str, Sequence[float]],
+    duplicates: Mapping[str, Sequence[float]],
+) -> dict[str, Any]:
+    """One job's row: ``calls`` counts each task's provider executions, ``costs`` lists the money
+    billed for each, ``duplicates`` the part of it billed for a key already billed before. Costs are
+    exactly rounded sums (:func:`math.fsum`), so a row does not depend on the order of its terms."""
+    latency = None if job.finished_at is None else job.finished_at - arrived
+    task_ids = [t for ids in job.stage_tasks.values() for t in ids]
+    row: dict[str, Any] = {
+        "job_id": job.id,
+        "key": job.key,
+        "name": job.name,
+        "priority": Priority(job.priority).name.lower(),
+        "status": job.status.value,
+        "arrived_at": arrived,
+        "created_at": job.created_at,
+        "finished_at": job.finished_at,
+        "latency_s": latency,
+        "failed_stage": job.failed_stage,
+        "error": job.error,
+        "deduped_from": job.deduped_from,
+        "stage_calls": len(task_ids),
+        "attempts": sum(calls.get(t, 0) for t in task_ids),
+        "cost": math.fsum(cost for t in task_ids for cost in costs.get(t, ())),
+        "cost_duplicated": math.fsum(cost for t in task_ids for cost in duplicates.get(t, ())),
+    }
+    windows = _stage_windows(index, job)
+    path = critical_path(windows, shape.after.get(job.name, {}))
+    totals = dict.fromkeys(PARTS, 0.0)
+    on_path: dict[str, float] = {}
+    for name in shape.stage_names.get(job.name, list(job.stage_tasks)):
+        window = windows.get(name)
+        row[f"{name}_s"] = None if window is None else window[1] - window[0]
+        if window is None or name not in path:
             for part in PARTS[:-1]:
-                row[f"{name}_{part}_s"] = parts[part]
-            for part in PARTS:
-                totals[part] += parts[part]
-        if latency is not None and job.status is not JobStatus.DEDUPED:
-            totals["other"] += max(0.0, latency - sum(on_path.values()))
+                row[f"{name}_{part}_s"] = None
+            continue
+        parts = _split_stage(index, job.stage_tasks.get(name, ()), *window)
+        on_path[name] = window[1] - window[0]
+        for part in PARTS[:-1]:
+            row[f"{name}_{part}_s"] = parts[part]
         for part in PARTS:
-            row[f"{part}_s"] = totals[part] if job.status is not JobStatus.DEDUPED else None
-        row["critical_path"] = ">".join(path)
-        row["slowest_stage"] = max(on_path, key=lambda n: on_path[n]) if on_path else None
-        rows.append(row)
-    return rows
+            totals[part] += parts[part]
+    if latency is not None and job.status is not JobStatus.DEDUPED:
+        totals["other"] += max(0.0, latency - sum(on_path.values()))
+    for part in PARTS:
+        row[f"{part}_s"] = totals[part] if job.status is not JobStatus.DEDUPED else None
+    row["critical_path"] = ">".join(path)
+    row["slowest_stage"] = max(on_path, key=lambda n: on_path[n]) if on_path else None
+    return row
 
 
 JOB_COLUMNS = [
@@ -341,69 +411,142 @@ def jobs_frame(rows: Sequence[Mapping[str, Any]], rejected: Iterable[Mapping[str
     return frame
 
 
+class JobTotals:
+    """The job summary's running totals, fed one job row at a time (:meth:`add`).
+
+    Both result modes use it: full mode over the rows of :func:`job_rows`, streaming mode
+    (:mod:`aiqsim.sim.job_stream`) over each job's row as the job is done, after which the row is
+    dropped. Memory: a few numbers per template stage and the two latency sinks, nothing per job.
+    Sums are exactly rounded (:class:`~aiqsim.sim.streaming.ExactSum`) and means are those sums over
+    counts, so the figures do not depend on the order the jobs come in. ``latencies``/``failures``
+    take ``add(value)`` (a list's ``append`` in full mode, a histogram in streaming mode).
+    """
+
+    def __init__(self, scenario: Scenario, latencies: Any, failures: Any) -> None:
+        from aiqsim.sim.streaming import ExactSum
+
+        self.scenario = scenario
+        self.latencies = latencies
+        self.failures = failures
+        self.counts: Counter[str] = Counter()
+        self.ran = 0
+        self.cost = ExactSum()
+        self.duplicated = ExactSum()
+        self.total_latency = ExactSum()
+        """Summed latency of succeeded jobs (the denominator of each stage's share)."""
+        self.parts = {part: ExactSum() for part in PARTS[:-1]}
+        self.succeeded = 0
+        self.stages: dict[tuple[str, str], list[Any]] = {
+            (template.name, stage.name): [0, ExactSum(), *(ExactSum() for _ in PARTS[:-1])]
+            for template in scenario.jobs
+            for stage in template.stages
+        }
+        """(job, stage) -> [jobs on the critical path, critical time, then each part's sum]."""
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        """Count one job's row (see :func:`job_row`)."""
+        status = row["status"]
+        self.counts[status] += 1
+        if status != "deduped":
+            self.ran += 1
+        self.cost.add(row["cost"])
+        self.duplicated.add(row["cost_duplicated"])
+        latency = row["latency_s"]
+        if latency is None:
+            return
+        if status == "failed":
+            self.failures.add(latency)
+        if status != "succeeded":
+            return
+        self.latencies.add(latency)
+        self.succeeded += 1
+        self.total_latency.add(latency)
+        for part in PARTS[:-1]:
+            self.parts[part].add(row[f"{part}_s"])
+        for (job, stage), sums in self.stages.items():
+            if job != row["name"] or row.get(f"{stage}_service_s") is None:
+                continue
+            values = [row[f"{stage}_{part}_s"] for part in PARTS[:-1]]
+            sums[0] += 1
+            sums[1].add(math.fsum(values))
+            for total, value in zip(sums[2:], values, strict=True):
+                total.add(value)
+
+    def stage_breakdown(self) -> list[dict[str, Any]]:
+        """Per template stage over succeeded jobs: summed critical-path time, its share of the summed
+        latency, and the mean of each part. The first entry with the largest share is the bottleneck."""
+        total = self.total_latency.value
+        out = []
+        for template in self.scenario.jobs:
+            for stage in template.stages:
+                on_path, time, *parts = self.stages[(template.name, stage.name)]
+                entry: dict[str, Any] = {
+                    "job": template.name,
+                    "stage": stage.name,
+                    "provider": stage.provider,
+                    "jobs_on_critical_path": on_path,
+                    "critical_time_s": time.value,
+                    "share": time.value / total if total > 0 else math.nan,
+                }
+                for part, summed in zip(PARTS[:-1], parts, strict=True):
+                    entry[f"{part}_mean_s"] = summed.value / on_path if on_path else math.nan
+                out.append(entry)
+        return out
+
+    def summary(self, *, rejected: int, percentile: Any) -> dict[str, Any]:
+        """:data:`JOB_SUMMARY_KEYS` (``percentile(sink, q)``: a sink's q-th percentile, NaN if empty)."""
+        counts = self.counts
+        shares = [b for b in self.stage_breakdown() if not math.isnan(b["share"])]
+        top = max(shares, key=lambda b: b["share"]) if shares else None
+        cost = self.cost.value
+
+        def mean(part: str) -> float:
+            return self.parts[part].value / self.succeeded if self.succeeded else math.nan
+
+        return {
+            "jobs_submitted": sum(counts.values()),
+            "jobs_rejected": rejected,
+            "jobs_succeeded": counts["succeeded"],
+            "jobs_failed": counts["failed"],
+            "jobs_cancelled": counts["cancelled"],
+            "jobs_deduped": counts["deduped"],
+            "jobs_lost": counts["queued"] + counts["running"],
+            "job_latency_p50_s": percentile(self.latencies, 50),
+            "job_latency_p95_s": percentile(self.latencies, 95),
+            "job_latency_p99_s": percentile(self.latencies, 99),
+            "job_time_to_failure_p50_s": percentile(self.failures, 50),
+            "job_time_to_failure_p95_s": percentile(self.failures, 95),
+            "job_queue_wait_mean_s": mean("queue_wait"),
+            "job_quota_wait_mean_s": mean("quota_wait"),
+            "job_retries_mean_s": mean("retries"),
+            "job_service_mean_s": mean("service"),
+            "bottleneck_stage": top["stage"] if top is not None else "-",
+            "bottleneck_share": top["share"] if top is not None else math.nan,
+            "cost_per_job": cost / self.ran if self.ran else math.nan,
+            "cost_per_succeeded_job": cost / counts["succeeded"] if counts["succeeded"] else math.nan,
+            "duplicate_cost_per_job": self.duplicated.value / self.ran if self.ran else math.nan,
+        }
+
+
+class _Values(list):  # type: ignore[type-arg]
+    """A list with ``add`` (the full mode's exact latency sink)."""
+
+    add = list.append
+
+
+def _totals(scenario: Scenario, rows: Iterable[Mapping[str, Any]]) -> JobTotals:
+    totals = JobTotals(scenario, _Values(), _Values())
+    for row in rows:
+        totals.add(row)
+    return totals
+
+
 def stage_breakdown(rows: Sequence[Mapping[str, Any]], scenario: Scenario) -> list[dict[str, Any]]:
     """Per template stage over succeeded jobs: summed critical-path time, its share of the summed
     latency, and the mean of each part. The first entry with the largest share is the bottleneck."""
-    done = [r for r in rows if r["status"] == JobStatus.SUCCEEDED.value and r["latency_s"] is not None]
-    total = math.fsum(r["latency_s"] for r in done)
-    out = []
-    for template in scenario.jobs:
-        mine = [r for r in done if r["name"] == template.name]
-        for stage in template.stages:
-            on_path = [r for r in mine if r.get(f"{stage.name}_service_s") is not None]
-            time = math.fsum(math.fsum(r[f"{stage.name}_{part}_s"] for part in PARTS[:-1]) for r in on_path)
-            entry: dict[str, Any] = {
-                "job": template.name,
-                "stage": stage.name,
-                "provider": stage.provider,
-                "jobs_on_critical_path": len(on_path),
-                "critical_time_s": time,
-                "share": time / total if total > 0 else math.nan,
-            }
-            for part in PARTS[:-1]:
-                values = [r[f"{stage.name}_{part}_s"] for r in on_path]
-                entry[f"{part}_mean_s"] = float(np.mean(values)) if values else math.nan
-            out.append(entry)
-    return out
+    return _totals(scenario, rows).stage_breakdown()
 
 
 def summarize_jobs(scenario: Scenario, rows: Sequence[Mapping[str, Any]], *, rejected: int) -> dict[str, Any]:
     """Compute :data:`JOB_SUMMARY_KEYS` from the job rows (see :func:`job_rows`)."""
-    counts = Counter(r["status"] for r in rows)
-    succeeded = [r for r in rows if r["status"] == "succeeded" and r["latency_s"] is not None]
-    failed = [r for r in rows if r["status"] == "failed" and r["latency_s"] is not None]
-    ran = [r for r in rows if r["status"] != "deduped"]
-    cost = math.fsum(r["cost"] for r in rows)
-    duplicated = math.fsum(r["cost_duplicated"] for r in rows)
-    breakdown = stage_breakdown(rows, scenario)
-    shares = [b for b in breakdown if not math.isnan(b["share"])]
-    top = max(shares, key=lambda b: b["share"]) if shares else None
-
-    def mean(part: str) -> float:
-        return float(np.mean([r[f"{part}_s"] for r in succeeded])) if succeeded else math.nan
-
-    latencies = [r["latency_s"] for r in succeeded]
-    failures = [r["latency_s"] for r in failed]
-    return {
-        "jobs_submitted": len(rows),
-        "jobs_rejected": rejected,
-        "jobs_succeeded": counts["succeeded"],
-        "jobs_failed": counts["failed"],
-        "jobs_cancelled": counts["cancelled"],
-        "jobs_deduped": counts["deduped"],
-        "jobs_lost": sum(1 for r in rows if r["status"] in ("queued", "running")),
-        "job_latency_p50_s": _percentile(latencies, 50),
-        "job_latency_p95_s": _percentile(latencies, 95),
-        "job_latency_p99_s": _percentile(latencies, 99),
-        "job_time_to_failure_p50_s": _percentile(failures, 50),
-        "job_time_to_failure_p95_s": _percentile(failures, 95),
-        "job_queue_wait_mean_s": mean("queue_wait"),
-        "job_quota_wait_mean_s": mean("quota_wait"),
-        "job_retries_mean_s": mean("retries"),
-        "job_service_mean_s": mean("service"),
-        "bottleneck_stage": top["stage"] if top is not None else "-",
-        "bottleneck_share": top["share"] if top is not None else math.nan,
-        "cost_per_job": cost / len(ran) if ran else math.nan,
-        "cost_per_succeeded_job": cost / counts["succeeded"] if counts["succeeded"] else math.nan,
-        "duplicate_cost_per_job": duplicated / len(ran) if ran else math.nan,
-    }
+    return _totals(scenario, rows).summary(rejected=rejected, percentile=_percentile)

@@ -14,8 +14,10 @@ the workload's index, so adding a job workload does not reshuffle any other work
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +25,14 @@ from aiqsim.sim.config import Scenario, WorkloadConfig
 from aiqsim.sim.job_config import MAX_FANOUT, FanoutConfig, JobConfig, StageSizeConfig
 from aiqsim.sim.workloads import MAX_ARRIVALS_PER_WORKLOAD, WorkloadTooLargeError, _action_times
 
-__all__ = ["JobArrival", "draw_fanout", "draw_stage_units", "generate_job_arrivals", "job_template"]
+__all__ = [
+    "JobArrival",
+    "draw_fanout",
+    "draw_stage_units",
+    "generate_job_arrivals",
+    "iter_job_workload_arrivals",
+    "job_template",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +105,15 @@ def job_workload_arrivals(
     Job ids read ``w{index}-job-{n:06d}``, actions ``w{index}-a{n:06d}``, inputs
     ``w{index}-input-{k:06d}`` (with ``distinct_inputs``, inputs recur and so do their draws).
     """
+    return list(iter_job_workload_arrivals(index, workload, scenario, rng))
+
+
+def iter_job_workload_arrivals(
+    index: int, workload: WorkloadConfig, scenario: Scenario, rng: random.Random
+) -> Iterator[JobArrival]:
+    """:func:`job_workload_arrivals` one at a time: the same draws in the same order, but each job's
+    inputs are drawn when it is handed out, so only the action times are held (not every job's
+    inputs; for the streaming mode, :func:`aiqsim.sim.arrival_stream.iter_job_arrivals`)."""
     assert workload.job is not None, "only job workloads have job arrivals"
     template = job_template(scenario, workload.job)
     times = sorted(_action_times(workload, scenario.duration_s, rng))
@@ -106,30 +124,37 @@ def job_workload_arrivals(
             "lower its rate_per_s or count, or shorten the scenario",
         )
     drawn: dict[int, dict[str, Any]] = {}
-    actions: list[tuple[float, dict[str, Any]]] = []
-    for number, time in enumerate(times):
-        k = number if workload.distinct_inputs is None else rng.randrange(workload.distinct_inputs)
-        if k not in drawn:
-            drawn[k] = _draw_inputs(template, f"w{index}-input-{k:06d}", rng)
-        actions.append((time, drawn[k]))
     clicks = workload.clicks if workload.type == "double_click" else 1
-    expanded = [
-        (time + click * workload.click_gap_s, number, click, inputs)
-        for number, (time, inputs) in enumerate(actions)
-        for click in range(clicks)
-    ]
-    expanded.sort(key=lambda item: (item[0], item[1], item[2]))
-    return [
-        JobArrival(
-            time=time,
-            job_id=f"w{index}-job-{serial:06d}",
-            job=template.name,
-            priority=workload.priority,
-            inputs=inputs,
-            action=f"w{index}-a{number:06d}",
-        )
-        for serial, (time, number, _click, inputs) in enumerate(expanded)
-    ]
+    pending: list[tuple[float, int, int, dict[str, Any]]] = []  # (time, action, click, inputs): a heap
+    serial = 0
+
+    def release(until: float) -> Iterator[JobArrival]:
+        """Hand out the clicks due at or before ``until`` (no later action can sort before them)."""
+        nonlocal serial
+        while pending and pending[0][0] <= until:
+            time, number, _click, inputs = heapq.heappop(pending)
+            yield JobArrival(
+                time=time,
+                job_id=f"w{index}-job-{serial:06d}",
+                job=template.name,
+                priority=workload.priority,
+                inputs=inputs,
+                action=f"w{index}-a{number:06d}",
+            )
+            serial += 1
+
+    for number, time in enumerate(times):
+        yield from release(time)
+        if workload.distinct_inputs is None:  # every action its own input: nothing to remember
+            inputs = _draw_inputs(template, f"w{index}-input-{number:06d}", rng)
+        else:
+            k = rng.randrange(workload.distinct_inputs)
+            if k not in drawn:
+                drawn[k] = _draw_inputs(template, f"w{index}-input-{k:06d}", rng)
+            inputs = drawn[k]
+        for click in range(clicks):
+            heapq.heappush(pending, (time + click * workload.click_gap_s, number, click, inputs))
+    yield from release(math.inf)
 
 
 def generate_job_arrivals(scenario: Scenario, seed: int) -> list[JobArrival]:

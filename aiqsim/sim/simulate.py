@@ -8,6 +8,7 @@ records. Every random stream is derived from the seed, so a run replays exactly.
 
 from __future__ import annotations
 
+import heapq
 import os
 import random
 import shutil
@@ -178,9 +179,9 @@ class SimulationResult:
 
 class StreamedSimulationResult(SimulationResult):
     """Outcome of a ``records="summary"`` run: ``summary`` and ``timeline`` as in full mode (computed
-    on the fly), no per-task records: ``tasks``, ``calls``, ``call_log`` and ``jobs`` raise
-    :class:`~aiqsim.sim.streaming.RecordsNotKeptError`; ``records``, ``executions`` and ``events``
-    are empty."""
+    on the fly, job and fleet keys included), no per-task records: ``tasks``, ``calls``, ``call_log``,
+    ``jobs`` and ``stage_breakdown()`` raise :class:`~aiqsim.sim.streaming.RecordsNotKeptError`;
+    ``records``, ``executions`` and ``events`` are empty."""
 
     def __init__(
         self,
@@ -213,7 +214,7 @@ class StreamedSimulationResult(SimulationResult):
         self._job_rows = []
         self.streaming = streaming
         """The accumulators (``streaming.summary.retained`` says how much per-task state was left)."""
-        self.summary = streaming.summary.summary(sim_time_s=sim_time_s, recoveries=recoveries)
+        self.summary = streaming.summary_keys(sim_time_s, recoveries)
 
     @cached_property
     def timeline(self) -> pd.DataFrame:
@@ -244,6 +245,11 @@ class StreamedSimulationResult(SimulationResult):
     def call_log(self) -> CallLog:  # type: ignore[override]
         """Not kept in streaming mode: raises :class:`RecordsNotKeptError`."""
         raise self._not_kept("call_log")
+
+    def stage_breakdown(self) -> pd.DataFrame:
+        """Not kept in streaming mode (it is read from the per-job rows): raises
+        :class:`RecordsNotKeptError`; the summary's ``bottleneck_stage``/``bottleneck_share`` are kept."""
+        raise self._not_kept("stage_breakdown")
 
 
 def quota_limits(scenario: Scenario) -> dict[str, QuotaLimits]:
@@ -332,7 +338,9 @@ def simulate(
     ``records="summary"`` is the streaming mode for long runs: the summary, the timeline and the
     latency percentiles are computed as the run goes (:mod:`aiqsim.sim.streaming`) and no per-task
     record is kept, so memory stays flat in the number of tasks; ``tasks``/``calls``/``call_log``
-    then raise :class:`~aiqsim.sim.streaming.RecordsNotKeptError`. Finished tasks and idempotency keys
+    then raise :class:`~aiqsim.sim.streaming.RecordsNotKeptError`. Job workloads and a ``[fleet]`` are
+    streamed too: their summary keys are the full mode's (percentiles within 0.1%), while ``jobs``
+    and ``stage_breakdown()`` raise (:mod:`aiqsim.sim.job_stream`). Finished tasks and idempotency keys
     are forgotten (store, provider, accumulators) ``key_window_s`` simulated seconds after their last
     activity: a duplicate within the window is deduplicated exactly as in the default ``"full"``
     mode, one after it runs again. ``progress(now, horizon)`` is called every 1/200 of the arrival
@@ -465,6 +473,20 @@ def _simulation_store(kind: str, path: Path, *, group_commit: bool) -> TaskStore
     return JsonFileStore(path, fsync=False)
 
 
+def _streamed_job_arrivals(scenario: Scenario, seed: int) -> Iterator[JobArrival]:
+    """The job arrivals of :func:`_job_arrivals`, generated lazily (:mod:`aiqsim.sim.arrival_stream`),
+    with the same errors."""
+    from aiqsim.sim.arrival_stream import iter_job_arrivals
+    from aiqsim.sim.scenario import ScenarioError
+    from aiqsim.sim.workloads import WorkloadTooLargeError
+
+    try:
+        yield from iter_job_arrivals(scenario, seed)
+    except WorkloadTooLargeError as error:
+        source = scenario.source or scenario.name
+        raise ScenarioError(source, f"workloads[{error.index}]", error.message) from None
+
+
 def _job_arrivals(scenario: Scenario, seed: int) -> list[JobArrival]:
     """The scenario's job arrivals (empty without job workloads); too many is a ScenarioError."""
     from aiqsim.sim.job_workloads import generate_job_arrivals
@@ -541,7 +563,7 @@ class _Run:
         self.arrivals: list[Arrival] = [] if streaming is not None else _arrivals(scenario, seed)
         from aiqsim.sim.job_templates import job_specs
 
-        self.job_arrivals: list[JobArrival] = _job_arrivals(scenario, seed)
+        self.job_arrivals: list[JobArrival] = [] if streaming is not None else _job_arrivals(scenario, seed)
         self.job_specs = job_specs(scenario)
         self.rejected_jobs: list[dict[str, Any]] = []
         self.events: list[SchedulerEvent] = []
@@ -646,7 +668,7 @@ class _Run:
                 f"{self.seed}:scheduler:{self.incarnation}"
                 + (f":{fleet_worker_id(worker)}" if worker else "")
             ),
-            events=self.events.append if self.streaming is None else self.streaming.event,
+            events=self.events.append if self.streaming is None else self.streaming.sink(worker),
             gates=gates,
             commit_window_s=scenario.store.commit_window_s,
             worker_id=fleet_worker_id(worker) if fleet else None,
@@ -710,6 +732,8 @@ class _Run:
             self.backlog.append(arrival)
             return
         worker = self.router.route()
+        if self.streaming is not None:
+            self.streaming.job_arrival(arrival.job_id, arrival.time)
         try:
             self.schedulers[worker].submit_job(
                 self.job_specs[arrival.job],
@@ -718,6 +742,9 @@ class _Run:
                 job_id=arrival.job_id,
             )
         except QueueFullError as refusal:
+            if self.streaming is not None:
+                self.streaming.job_rejected(arrival.job_id)
+                return
             self.rejected_jobs.append(
                 {
                     "job_id": arrival.job_id,
@@ -747,7 +774,7 @@ class _Run:
             return
         worker = self.router.route()
         if self.streaming is not None:
-            self.streaming.summary.arrival(arrival.task_id, arrival.time)
+            self.streaming.arrival(arrival.task_id, arrival.time)
         try:
             self.schedulers[worker].submit(
                 arrival.provider,
@@ -759,7 +786,7 @@ class _Run:
             )
         except (QueueFullError, QuotaConfigError) as refusal:
             if self.streaming is not None:
-                self.streaming.summary.rejected(arrival.task_id)
+                self.streaming.rejected(arrival, worker)
                 return
             self.rejected.append(
                 {
@@ -849,8 +876,12 @@ class _Run:
                     self._crash_at(crash.at_s, crash.restart_after_s, crash.torn_write), name="crash"
                 )
         feed: Iterable[Arrival | JobArrival]
-        if self.streaming is not None:  # generated as the clock goes (no job workloads here)
-            feed = _streamed_arrivals(self.scenario, self.seed)
+        if self.streaming is not None:  # generated as the clock goes; calls before jobs at one instant
+            feed = heapq.merge(
+                _streamed_arrivals(self.scenario, self.seed),
+                _streamed_job_arrivals(self.scenario, self.seed),
+                key=lambda arrival: arrival.time,
+            )
         else:
             feed = [*self.arrivals, *self.job_arrivals]
             feed.sort(key=lambda arrival: arrival.time)  # stable: calls before jobs at the same instant

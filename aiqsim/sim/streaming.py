@@ -22,6 +22,9 @@ Exactness against the full-record summary (:func:`aiqsim.sim.metrics.summarize`)
   :class:`RecentKeys`); the figures stay exact as long as no idempotency key (or task) is active again
   after a silence longer than the window -- the same window the store's retention uses, after which a
   duplicate runs (and bills) again anyway.
+
+The job keys (:mod:`aiqsim.sim.job_stream`) and the fleet keys (:mod:`aiqsim.sim.fleet_stream`) are
+streamed by their own accumulators on the same inputs, with the same guarantees.
 """
 
 from __future__ import annotations

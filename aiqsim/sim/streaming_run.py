@@ -3,29 +3,31 @@
 :class:`StreamingRun` is what :func:`aiqsim.sim.simulate.simulate` plugs into the harness for
 ``records="summary"``: the scheduler's events and the provider ledger's executions go to a
 :class:`~aiqsim.sim.streaming.StreamingSummary` and a :class:`~aiqsim.sim.streaming.StreamingTimeline`
-instead of lists, and the store is purged by :class:`~aiqsim.stores.retention.RetentionPolicy` with
-the key window as both TTLs. No scheduling rule lives here.
+instead of lists (and, when the scenario has them, to :class:`~aiqsim.sim.job_stream.StreamingJobs`
+for the job keys and :class:`~aiqsim.sim.fleet_stream.StreamingFleet` for the fleet keys, each
+fleet worker's events through its own :meth:`StreamingRun.sink`), and the store is purged by
+:class:`~aiqsim.stores.retention.RetentionPolicy` with the key window as both TTLs. No scheduling
+rule lives here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.sim.config import Scenario
+from aiqsim.sim.fleet_stream import StreamingFleet
+from aiqsim.sim.job_stream import StreamingJobs
 from aiqsim.sim.streaming import DEFAULT_KEY_WINDOW_S, StreamingSummary, StreamingTimeline
 from aiqsim.stores.retention import RetentionPolicy
 
 
 def check_streamable(scenario: Scenario, backend: Mapping[str, Any]) -> None:
-    """Refuse (ConfigurationError) what streaming mode does not cover yet: job workloads, a
-    ``[fleet]`` of several workers, and providers supplied by the caller (a live run)."""
+    """Refuse (ConfigurationError) what streaming mode does not cover yet: providers supplied by the
+    caller (a live run). Job workloads and a ``[fleet]`` of several workers are streamed
+    (:mod:`aiqsim.sim.job_stream`, :mod:`aiqsim.sim.fleet_stream`)."""
     reasons = []
-    if any(w.job is not None for w in scenario.workloads):
-        reasons.append("job workloads (their metrics join per-task records)")
-    if scenario.fleet.workers > 1:
-        reasons.append("a [fleet] of several workers (its metrics join per-task records)")
     if backend.get("providers") is not None:
         reasons.append("providers supplied by the caller (their ledger is not streamed)")
     if reasons:
@@ -42,17 +44,79 @@ class StreamingRun:
         self.window_s = window_s
         self.summary = StreamingSummary(scenario, window_s=window_s)
         self.timeline = StreamingTimeline(scenario.timeline_step_s)
+        self.fleet = StreamingFleet(scenario, window_s) if scenario.fleet.workers > 1 else None
+        """The fleet keys' accumulators (``[fleet] workers`` > 1 only)."""
+        has_jobs = any(w.job is not None for w in scenario.workloads)
+        self.jobs = StreamingJobs(scenario, window_s) if has_jobs else None
+        """The job keys' accumulators (scenarios with job workloads only)."""
         self.retention = RetentionPolicy(
             finished_ttl_s=window_s, keys_ttl_s=window_s, interval_s=window_s / 2
         )
         """The store's retention in this mode: finished tasks and their keys go after the window."""
 
     def event(self, event: Any) -> None:
-        """The scheduler's event sink."""
+        """The scheduler's event sink (worker 0's, the only one without a ``[fleet]``)."""
         self.summary.event(event)
         self.timeline.event(event)
+        if self.fleet is not None:
+            self.fleet.event(event, 0)
+        if self.jobs is not None:
+            self.jobs.event(event)
+
+    def sink(self, worker: int) -> Callable[[Any], None]:
+        """The event sink of fleet worker ``worker`` (the fleet keys need to know whose task it is)."""
+        if worker == 0 and self.fleet is None:
+            return self.event
+
+        def event(event: Any) -> None:
+            self.summary.event(event)
+            self.timeline.event(event)
+            if self.fleet is not None:
+                self.fleet.event(event, worker)
+            if self.jobs is not None:
+                self.jobs.event(event)
+
+        return event
 
     def execution(self, execution: Any) -> None:
         """The provider ledger's ``on_record`` hook."""
         self.summary.execution(execution)
         self.timeline.execution(execution)
+        if self.fleet is not None:
+            self.fleet.execution(execution)
+        if self.jobs is not None:
+            self.jobs.execution(execution)
+
+    def arrival(self, task_id: str, time: float) -> None:
+        """A user submitted task ``task_id`` at ``time``."""
+        self.summary.arrival(task_id, time)
+        if self.fleet is not None:
+            self.fleet.arrival(task_id, time)
+
+    def rejected(self, arrival: Any, worker: int) -> None:
+        """``worker`` refused task ``arrival`` at the door (queue full, a cost no quota can grant)."""
+        self.summary.rejected(arrival.task_id)
+        if self.fleet is not None:
+            self.fleet.rejected(
+                arrival.task_id, arrival.provider, arrival.time, arrival.cost_estimate, worker
+            )
+
+    def job_arrival(self, job_id: str, time: float) -> None:
+        """A user submitted job ``job_id`` at ``time`` (its latency counts from here)."""
+        if self.jobs is not None:
+            self.jobs.arrival(job_id, time)
+
+    def job_rejected(self, job_id: str) -> None:
+        """The scheduler refused job ``job_id`` at the door."""
+        if self.jobs is not None:
+            self.jobs.rejected(job_id)
+
+    def summary_keys(self, sim_time_s: float, recoveries: Any) -> dict[str, Any]:
+        """The run's whole summary: the task keys, then the fleet's and the jobs' when present (the
+        full-record mode's order)."""
+        summary: dict[str, Any] = self.summary.summary(sim_time_s=sim_time_s, recoveries=recoveries)
+        if self.fleet is not None:
+            summary.update(self.fleet.summary())
+        if self.jobs is not None:
+            summary.update(self.jobs.summary(sim_time_s))
+        return summary
