@@ -763,7 +763,7 @@ class _Run:
     def _offer(self, arrival: Arrival | JobArrival) -> None:
         """Submit one arrival; a refusal at the door (queue full, a cost the quota can never grant)
         is recorded as a ``rejected`` row, as a user would see an error."""
-        if self.job_arrivals:  # a job arrival can only come from there; the import costs ~1 us a call
+        if self.job_specs:  # only a scenario with jobs has job arrivals; the import costs ~1 us a call
             from aiqsim.sim.job_workloads import JobArrival
 
             if isinstance(arrival, JobArrival):
