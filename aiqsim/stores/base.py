@@ -135,7 +135,8 @@ class TaskStore(Protocol):
         ...
 
     def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
-        """Delete finished tasks and expired idempotency keys in one transaction (see :func:`plan_purge`)."""
+        """Delete finished tasks and jobs and their expired idempotency keys in one transaction
+        (see :func:`plan_purge`)."""
         ...
 
     def close(self) -> None:
@@ -227,9 +228,13 @@ def record_from_stored(data: Any, source: str) -> TaskRecord:
 # ---------------------------------------------------------------------------- retention
 @dataclass(frozen=True)
 class PurgeCandidate:
-    """What the retention rule needs to know about one finished task (no payload, no result)."""
+    """What the retention rule needs to know about one finished task or job (no payload, no result).
+
+    Jobs are candidates of the very same shape (a job has an id, an idempotency key, the task
+    status vocabulary and ``finished_at``), so one rule, :func:`plan_purge`, decides for both."""
 
     task_id: str
+    """The record's id: a task's, or a job's when the candidates are jobs."""
     key: str
     status: TaskStatus
     finished_at: float
@@ -243,14 +248,23 @@ class PurgePlan:
     """What one purge deletes: task rows and ``(key, owner_id)`` ownership entries."""
 
     task_ids: tuple[str, ...]
+    """The records to delete (job ids when the candidates were jobs)."""
     keys: tuple[tuple[str, str], ...]
     kept_for_keys: int
-    """Tasks past the finished-task TTL kept because they own a key still within its TTL."""
+    """Records past the finished TTL kept because they own a key still within its TTL."""
+
+
+EMPTY_PURGE_PLAN = PurgePlan(task_ids=(), keys=(), kept_for_keys=0)
+"""Nothing to delete: the job plan of a store that holds no jobs."""
 
 
 @dataclass(frozen=True)
 class PurgeReport:
-    """The outcome of one :meth:`TaskStore.purge` (all of it committed in one transaction)."""
+    """The outcome of one :meth:`TaskStore.purge` (all of it committed in one transaction).
+
+    ``keys_removed`` and ``kept_for_keys`` count task keys and tasks; ``jobs_removed`` and
+    ``job_keys_removed`` count job records and job keys deleted by the same rule in the same
+    transaction (0 by default, so a report built without them still reads as before)."""
 
     now: float
     finished_older_than_s: float
@@ -258,6 +272,8 @@ class PurgeReport:
     tasks_removed: int
     keys_removed: int
     kept_for_keys: int
+    jobs_removed: int = 0
+    job_keys_removed: int = 0
 
 
 def check_purge_ttls(finished_older_than_s: float, keys_older_than_s: float) -> None:
@@ -293,6 +309,10 @@ def plan_purge(
     - poison records are not candidates: a poisoned input stays refused.
 
     Age is ``now - finished_at``; a task stamped after ``now`` (another clock origin) is kept.
+
+    Jobs go by the same rule, in the same purge call: a store passes its job records as candidates
+    (:func:`purge_candidate` takes a job as well as a task) and gets a plan of job ids and job keys.
+    A succeeded job that owns its key answers duplicate job submissions until the key TTL.
     """
     check_purge_ttls(finished_older_than_s, keys_older_than_s)
     task_ids: list[str] = []
@@ -315,24 +335,45 @@ def plan_purge(
     return PurgePlan(task_ids=tuple(task_ids), keys=tuple(keys), kept_for_keys=kept_for_keys)
 
 
-def purge_candidate(record: TaskRecord, owns_key: bool) -> PurgeCandidate:
-    """The :class:`PurgeCandidate` for a stored record."""
+class Purgeable(Protocol):
+    """What :func:`purge_candidate` reads from a record: a :class:`TaskRecord` or a
+    :class:`~aiqsim.core.job.JobRecord` (both have these fields)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def status(self) -> TaskStatus: ...
+    @property
+    def finished_at(self) -> float | None: ...
+    @property
+    def updated_at(self) -> float: ...
+
+
+def purge_candidate(record: Purgeable, owns_key: bool) -> PurgeCandidate:
+    """The :class:`PurgeCandidate` for a stored task or job record."""
     finished = record.finished_at if record.finished_at is not None else record.updated_at
     return PurgeCandidate(record.id, record.key, record.status, finished, owns_key)
 
 
-def purge_candidates(tasks: Iterable[TaskRecord], owners: Mapping[str, str]) -> Iterator[PurgeCandidate]:
+def purge_candidates(records: Iterable[Purgeable], owners: Mapping[str, str]) -> Iterator[PurgeCandidate]:
     """The candidates of :func:`plan_purge` in a store that keeps its records and its key owners
-    (key -> owning task id) in memory, as the memory and JSON-file stores do: every terminal
-    task, with whether it owns its key."""
-    for record in tasks:
+    (key -> owning id) in memory, as the memory and JSON-file stores do: every terminal task (or
+    job, given the job records and the job key owners), with whether it owns its key."""
+    for record in records:
         if record.status.is_terminal:
             yield purge_candidate(record, owners.get(record.key) == record.id)
 
 
 def purge_report(
-    plan: PurgePlan, now: float, finished_older_than_s: float, keys_older_than_s: float
+    plan: PurgePlan,
+    now: float,
+    finished_older_than_s: float,
+    keys_older_than_s: float,
+    job_plan: PurgePlan = EMPTY_PURGE_PLAN,
 ) -> PurgeReport:
+    """The report of a purge that applied ``plan`` to the tasks and ``job_plan`` to the jobs."""
     return PurgeReport(
         now=now,
         finished_older_than_s=finished_older_than_s,
@@ -340,4 +381,6 @@ def purge_report(
         tasks_removed=len(plan.task_ids),
         keys_removed=len(plan.keys),
         kept_for_keys=plan.kept_for_keys,
+        jobs_removed=len(job_plan.task_ids),
+        job_keys_removed=len(job_plan.keys),
     )

@@ -455,7 +455,7 @@ class JsonFileStore:
                 )
             self._owners[owner.key] = owner.id
         elif op == "purge":
-            self._apply_purge(entry["tasks"], entry["keys"], source)
+            self._apply_purge(entry, source)
         else:
             if not isinstance(entry["key"], str):
                 raise StoreCorruptError(f"{source}: poison key must be a string")
@@ -480,21 +480,28 @@ class JsonFileStore:
         if op == "job_insert" and entry["owner"] is True:
             self._job_owners[job.key] = job.id
 
-    def _apply_purge(self, task_ids: Any, keys: Any, source: str) -> None:
-        """Apply a purge entry, all or nothing: it may only name finished tasks and their own keys."""
-        if not isinstance(task_ids, list) or not isinstance(keys, list):
-            raise StoreCorruptError(f"{source}: purge entry needs 'tasks' and 'keys' lists")
-        for task_id in task_ids:
-            record = self._tasks.get(task_id) if isinstance(task_id, str) else None
-            if record is None or not record.status.is_terminal:
-                raise StoreCorruptError(f"{source}: purge of unknown or unfinished task {task_id!r}")
-        for pair in keys:
-            if not (isinstance(pair, list) and len(pair) == 2 and self._owners.get(pair[0]) == pair[1]):
-                raise StoreCorruptError(f"{source}: purge of key {pair!r} that task does not own")
-        for key, _ in keys:
-            del self._owners[key]
-        for task_id in task_ids:
-            del self._tasks[task_id]
+    def _apply_purge(self, entry: dict[str, Any], source: str) -> None:
+        """Apply a purge entry, all or nothing: it may only name finished tasks and jobs and their own
+        keys. ``jobs`` and ``job_keys`` are absent from entries written before jobs were purged."""
+        tables = (
+            ("task", entry["tasks"], entry["keys"], self._tasks, self._owners),
+            ("job", entry.get("jobs", []), entry.get("job_keys", []), self._jobs, self._job_owners),
+        )
+        for kind, ids, keys, records, owners in tables:
+            if not isinstance(ids, list) or not isinstance(keys, list):
+                raise StoreCorruptError(f"{source}: purge entry needs lists of {kind}s and their keys")
+            for record_id in ids:
+                record = records.get(record_id) if isinstance(record_id, str) else None
+                if record is None or not record.status.is_terminal:
+                    raise StoreCorruptError(f"{source}: purge of unknown or unfinished {kind} {record_id!r}")
+            for pair in keys:
+                if not (isinstance(pair, list) and len(pair) == 2 and owners.get(pair[0]) == pair[1]):
+                    raise StoreCorruptError(f"{source}: purge of key {pair!r} that {kind} does not own")
+        for _, ids, keys, records, owners in tables:
+            for key, _ in keys:
+                del owners[key]
+            for record_id in ids:
+                del records[record_id]
 
     # ------------------------------------------------------------------ writing
     def _check_open(self) -> None:
@@ -714,29 +721,40 @@ class JsonFileStore:
         return [job for job in self._jobs.values() if job.status in wanted]
 
     def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
-        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`.
+        """Delete finished tasks, finished jobs and expired keys by :func:`~aiqsim.stores.base.plan_purge`.
 
-        The purge is one journal entry (one atomic append); a snapshot then folds it in so the
-        space is given back (a failed compaction is kept in :attr:`last_compaction_error`).
+        The purge is one journal entry (one atomic append) naming the tasks, jobs and keys it
+        deletes; a snapshot then folds it in so the space is given back (a failed compaction is
+        kept in :attr:`last_compaction_error`).
         """
         self._check_open()
-        plan = plan_purge(
-            purge_candidates(self._tasks.values(), self._owners),
-            now=now,
-            finished_older_than_s=finished_older_than_s,
-            keys_older_than_s=keys_older_than_s,
-        )
-        if plan.task_ids or plan.keys:
-            what = f"purge of {len(plan.task_ids)} finished tasks and {len(plan.keys)} keys"
-            self._commit(
-                {"op": "purge", "tasks": list(plan.task_ids), "keys": [list(k) for k in plan.keys]}, what
+        ttls = {
+            "now": now,
+            "finished_older_than_s": finished_older_than_s,
+            "keys_older_than_s": keys_older_than_s,
+        }
+        plan = plan_purge(purge_candidates(self._tasks.values(), self._owners), **ttls)
+        job_plan = plan_purge(purge_candidates(self._jobs.values(), self._job_owners), **ttls)
+        if plan.task_ids or plan.keys or job_plan.task_ids or job_plan.keys:
+            what = (
+                f"purge of {len(plan.task_ids)} finished tasks and {len(plan.keys)} keys, "
+                f"{len(job_plan.task_ids)} finished jobs and {len(job_plan.keys)} job keys"
             )
+            entry: dict[str, Any] = {
+                "op": "purge",
+                "tasks": list(plan.task_ids),
+                "keys": [list(k) for k in plan.keys],
+            }
+            if job_plan.task_ids or job_plan.keys:  # absent otherwise: the entry older builds wrote
+                entry["jobs"] = list(job_plan.task_ids)
+                entry["job_keys"] = [list(k) for k in job_plan.keys]
+            self._commit(entry, what)
             if not self._closed and self._journal_entries:
                 try:
                     self.compact()
                 except StoreWriteError as error:  # the purge is durable; the space comes back later
                     self.last_compaction_error = error
-        return purge_report(plan, now, finished_older_than_s, keys_older_than_s)
+        return purge_report(plan, now, finished_older_than_s, keys_older_than_s, job_plan)
 
     def flush(self) -> int:
         """Nothing is ever staged (each write is durable on return): returns 0."""

@@ -6,10 +6,28 @@ scheduler), which makes it the fastest store for crash-recovery sweeps.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.stores.base import PurgeReport, claim_owner, plan_purge, purge_candidates, purge_report
+from aiqsim.stores.base import (
+    PurgePlan,
+    PurgeReport,
+    claim_owner,
+    plan_purge,
+    purge_candidates,
+    purge_report,
+)
 from aiqsim.stores.job_store import claim_job_owner
+
+
+def _apply_plan(plan: PurgePlan, records: dict[str, Any], owners: dict[str, str]) -> None:
+    """Delete a plan's records and the keys it names (a key only while that record still owns it)."""
+    for key, owner_id in plan.keys:
+        if owners.get(key) == owner_id:
+            del owners[key]
+    for record_id in plan.task_ids:
+        del records[record_id]
 
 
 class MemoryStore:
@@ -75,20 +93,19 @@ class MemoryStore:
         return self._poison.get(key)
 
     def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
-        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`."""
-        plan = plan_purge(
-            purge_candidates(self._tasks.values(), self._owners),
-            now=now,
-            finished_older_than_s=finished_older_than_s,
-            keys_older_than_s=keys_older_than_s,
-        )
-        for key, owner_id in plan.keys:
-            if self._owners.get(key) == owner_id:
-                del self._owners[key]
-        for task_id in plan.task_ids:
-            del self._tasks[task_id]
+        """Delete finished tasks, finished jobs and expired keys by :func:`~aiqsim.stores.base.plan_purge`
+        (both plans are made before anything is deleted, so a bad TTL changes nothing)."""
+        ttls = {
+            "now": now,
+            "finished_older_than_s": finished_older_than_s,
+            "keys_older_than_s": keys_older_than_s,
+        }
+        plan = plan_purge(purge_candidates(self._tasks.values(), self._owners), **ttls)
+        job_plan = plan_purge(purge_candidates(self._jobs.values(), self._job_owners), **ttls)
+        _apply_plan(plan, self._tasks, self._owners)
+        _apply_plan(job_plan, self._jobs, self._job_owners)
         self.writes += 1
-        return purge_report(plan, now, finished_older_than_s, keys_older_than_s)
+        return purge_report(plan, now, finished_older_than_s, keys_older_than_s, job_plan)
 
     def flush(self) -> int:
         """Nothing is ever staged here: returns 0."""

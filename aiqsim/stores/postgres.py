@@ -41,7 +41,6 @@ from typing import Any
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
-    PurgeCandidate,
     PurgeReport,
     StoreClosedError,
     StoreCorruptError,
@@ -49,7 +48,6 @@ from aiqsim.stores.base import (
     StoreWriteError,
     check_purge_ttls,
     claim_owner,
-    plan_purge,
     purge_report,
     record_from_stored,
 )
@@ -62,6 +60,7 @@ from aiqsim.stores.sql_records import (
     RecordSql,
     decode_row,
     encode_row,
+    plan_table_purge,
     postgres_dialect,
     update_row,
 )
@@ -418,32 +417,23 @@ class PostgresStore:
         return 0
 
     def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
-        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`, in one
-        transaction; candidates are read without their payloads.
+        """Delete finished tasks, finished jobs and expired keys by
+        :func:`~aiqsim.stores.base.plan_purge`, in one transaction; candidates are read without
+        their payloads.
 
         ``now`` is on the clock the tasks were stamped with (the scheduler's), as for every store.
         """
         check_purge_ttls(finished_older_than_s, keys_older_than_s)
-        cutoff = float(now) - min(finished_older_than_s, keys_older_than_s)
-        terminal = [status.value for status in TaskStatus if status.is_terminal]
-        s = self.schema
-        with self._write("purge of finished tasks and expired keys") as conn:
-            rows = conn.execute(
-                "SELECT t.id, t.key, t.status, coalesce(t.finished_at, t.updated_at), k.owner_id IS NOT NULL "
-                f"FROM {s}.tasks t LEFT JOIN {s}.keys k ON k.key = t.key AND k.owner_id = t.id "
-                "WHERE t.status = ANY(%s) AND coalesce(t.finished_at, t.updated_at) <= %s",
-                (terminal, cutoff),
-            ).fetchall()
-            plan = plan_purge(
-                (PurgeCandidate(i, k, TaskStatus(st), float(f), bool(o)) for i, k, st, f, o in rows),
-                now=float(now),
-                finished_older_than_s=finished_older_than_s,
-                keys_older_than_s=keys_older_than_s,
-            )
-            with conn.cursor() as cursor:
-                cursor.executemany(f"DELETE FROM {s}.keys WHERE key = %s AND owner_id = %s", plan.keys)
-                cursor.executemany(f"DELETE FROM {s}.tasks WHERE id = %s", [(i,) for i in plan.task_ids])
-        return purge_report(plan, float(now), finished_older_than_s, keys_older_than_s)
+        ttls = {
+            "now": float(now),
+            "finished_older_than_s": finished_older_than_s,
+            "keys_older_than_s": keys_older_than_s,
+        }
+        what = "purge of finished tasks, finished jobs and expired keys"
+        with self._write(what) as conn, conn.cursor() as cursor:
+            plan = plan_table_purge(conn, self._tasks, executemany=cursor.executemany, **ttls)
+            job_plan = plan_table_purge(conn, self._jobs, executemany=cursor.executemany, **ttls)
+        return purge_report(plan, float(now), finished_older_than_s, keys_older_than_s, job_plan)
 
     # ------------------------------------------------------------------ across hosts
     def wait_for_terminal(self, task_ids: Sequence[str], timeout_s: float) -> set[str]:

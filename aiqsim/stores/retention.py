@@ -1,15 +1,28 @@
-"""Retention: how long finished tasks and idempotency keys stay in a store, and a periodic purge.
+"""Retention: how long finished tasks and jobs and idempotency keys stay in a store; a periodic purge.
 
-A store never deletes anything by itself (~440 bytes per finished task in SQLite, growing
-linearly). :class:`RetentionPolicy` names the two clocks of :func:`~aiqsim.stores.base.plan_purge`,
-the rule every store applies:
+A store never deletes anything by itself (~440 bytes per finished task in SQLite, a few KB per job
+record, growing linearly). :class:`RetentionPolicy` names the two clocks of
+:func:`~aiqsim.stores.base.plan_purge`, the rule every store applies to its tasks *and* its jobs,
+in the same purge call and the same transaction:
 
-- ``finished_ttl_s`` (default one day, like Celery's ``result_expires``): finished tasks -- succeeded,
-  failed, cancelled, deduped -- are deleted this long after they finished;
+- ``finished_ttl_s`` (default one day, like Celery's ``result_expires``): finished tasks and jobs --
+  succeeded, failed, cancelled, deduped -- are deleted this long after they finished;
 - ``keys_ttl_s`` (default seven days): a succeeded task that owns its idempotency key, and that key,
   are kept this long, so a duplicate submission within it still returns the stored result instead of
-  calling (and paying) the provider again. After it, a duplicate runs again;
-- queued and running tasks, the keys of live owners and poison records are never purged.
+  calling (and paying) the provider again. After it, a duplicate runs again. Likewise a succeeded
+  job that owns its job key answers duplicate job submissions until its key is this old;
+- queued and running tasks and jobs, the keys of live owners and poison records are never purged;
+  a record stamped after ``now`` (another clock origin) is kept.
+
+A live job's finished stage tasks follow the task rule: they may be purged while the job still
+runs. Nothing needs them: the job record holds each finished stage's result, which is what later
+stages build from and what recovery reads (:mod:`aiqsim.scheduler.jobs`), so the job completes and
+recovers as before. What goes with such a task once its *key* expires is only its deduplication: a
+stage task still running at a crash whose finished fan-out siblings' keys had expired calls those
+siblings again on recovery (at least once, as for any task past the key TTL).
+
+:class:`~aiqsim.stores.base.PurgeReport` counts tasks (``tasks_removed``, ``keys_removed``,
+``kept_for_keys``) and jobs (``jobs_removed``, ``job_keys_removed``).
 
 Running it: ``policy.purge(store, now)`` once (e.g. from a cron job with the same store), or
 ``runtime.spawn(purge_periodically(store, runtime, policy))`` next to the scheduler, on the same
@@ -42,7 +55,7 @@ DEFAULT_INTERVAL_S = 3_600.0
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """How long a store keeps finished tasks and idempotency keys (see module docs)."""
+    """How long a store keeps finished tasks and jobs, and idempotency keys (see module docs)."""
 
     finished_ttl_s: float = DEFAULT_FINISHED_TTL_S
     keys_ttl_s: float = DEFAULT_KEYS_TTL_S
@@ -56,7 +69,7 @@ class RetentionPolicy:
             )
 
     def purge(self, store: TaskStore, now: float) -> PurgeReport:
-        """Run one purge of ``store`` as of ``now`` (the clock that stamped its tasks)."""
+        """Run one purge of ``store``'s tasks and jobs as of ``now`` (the clock that stamped them)."""
         return store.purge(now, finished_older_than_s=self.finished_ttl_s, keys_older_than_s=self.keys_ttl_s)
 
 

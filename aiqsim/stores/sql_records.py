@@ -20,6 +20,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from aiqsim.core.task import TaskStatus
+from aiqsim.stores.base import PurgeCandidate, PurgePlan, plan_purge
 from aiqsim.stores.columns import COLUMNS, JOB_COLUMNS, JOB_JSON_COLUMNS, JSON_COLUMNS
 
 
@@ -46,6 +48,7 @@ __all__ = [
     "decode_row",
     "encode_row",
     "json_text",
+    "plan_table_purge",
     "postgres_dialect",
     "select_sql",
     "update_row",
@@ -130,6 +133,8 @@ class RecordSql:
     lock_key: str | None
     take_key: str
     set_owner: str
+    delete_key: str
+    delete_record: str
 
     @classmethod
     def build(cls, table: RecordTable, dialect: SqlDialect) -> RecordSql:
@@ -157,6 +162,8 @@ class RecordSql:
                 "ON CONFLICT (key) DO NOTHING"
             ),
             set_owner=f"UPDATE {p}{table.keys} SET owner_id = {ph} WHERE key = {ph}",
+            delete_key=f"DELETE FROM {p}{table.keys} WHERE key = {ph} AND owner_id = {ph}",
+            delete_record=f"DELETE FROM {p}{table.table} WHERE id = {ph}",
         )
 
     def by_status(self, values: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
@@ -168,6 +175,24 @@ class RecordSql:
             return f"{self.select} WHERE {a}.status = ANY({ph}) ORDER BY {a}.seq", (list(values),)
         markers = ", ".join([ph] * len(values))
         return f"{self.select} WHERE {a}.status IN ({markers}) ORDER BY {a}.seq", tuple(values)
+
+    def purge_candidates(self, cutoff: float) -> tuple[str, tuple[Any, ...]]:
+        """``(sql, params)`` reading the retention candidates: ``(id, key, status, finished, owns_key)``
+        of every terminal record finished at or before ``cutoff``, without payloads or results."""
+        p, a, ph = self.dialect.prefix, self.table.alias, self.dialect.placeholder
+        terminal = [status.value for status in TaskStatus if status.is_terminal]
+        finished = f"coalesce({a}.finished_at, {a}.updated_at)"
+        if self.dialect.status_any:
+            status_sql, params = f"= ANY({ph})", (terminal,)
+        else:
+            status_sql, params = f"IN ({', '.join([ph] * len(terminal))})", tuple(terminal)
+        return (
+            f"SELECT {a}.id, {a}.key, {a}.status, {finished}, k.owner_id IS NOT NULL "
+            f"FROM {p}{self.table.table} {a} LEFT JOIN {p}{self.table.keys} k "
+            f"ON k.key = {a}.key AND k.owner_id = {a}.id "
+            f"WHERE {a}.status {status_sql} AND {finished} <= {ph}",
+            (*params, cutoff),
+        )
 
 
 def select_sql(table: RecordTable, dialect: SqlDialect, absent: Collection[str] = ()) -> str:
@@ -243,6 +268,37 @@ class KeyClaim(Generic[R]):
         if owner_row is not None and owner_row[0] == record.id:
             return self.decode(row)
         return self.claim(conn, record)
+
+
+def plan_table_purge(
+    conn: Any,
+    sql: RecordSql,
+    *,
+    now: float,
+    finished_older_than_s: float,
+    keys_older_than_s: float,
+    executemany: Callable[[str, Sequence[Sequence[Any]]], Any],
+) -> PurgePlan:
+    """Plan and apply the retention rule (:func:`~aiqsim.stores.base.plan_purge`) to one table
+    (tasks or jobs), inside the store's open write transaction; return the plan it applied.
+
+    Only records finished before the earlier of the two cutoffs are read, without payloads.
+    ``executemany`` is the connection's or a cursor's (sqlite3 and psycopg differ there).
+    """
+    cutoff = now - min(finished_older_than_s, keys_older_than_s)
+    select, params = sql.purge_candidates(cutoff)
+    rows = conn.execute(select, params).fetchall()
+    plan = plan_purge(
+        (PurgeCandidate(i, k, TaskStatus(st), float(f), bool(o)) for i, k, st, f, o in rows),
+        now=now,
+        finished_older_than_s=finished_older_than_s,
+        keys_older_than_s=keys_older_than_s,
+    )
+    if plan.keys:
+        executemany(sql.delete_key, plan.keys)
+    if plan.task_ids:
+        executemany(sql.delete_record, [(record_id,) for record_id in plan.task_ids])
+    return plan
 
 
 def update_row(conn: Any, sql: RecordSql, record_id: str, values: Sequence[Any]) -> Any:

@@ -81,7 +81,6 @@ from aiqsim.core.errors import StoreError
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.stores.base import (
-    PurgeCandidate,
     PurgeReport,
     StoreAccessError,
     StoreClosedError,
@@ -91,7 +90,6 @@ from aiqsim.stores.base import (
     check_store_location,
     claim_owner,
     describe_writes,
-    plan_purge,
     purge_report,
     record_from_stored,
 )
@@ -105,6 +103,7 @@ from aiqsim.stores.sql_records import (
     RecordSql,
     decode_row,
     encode_row,
+    plan_table_purge,
     select_sql,
     update_row,
 )
@@ -720,35 +719,26 @@ class SqliteStore:
             )
 
     def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
-        """Delete finished tasks and expired keys by :func:`~aiqsim.stores.base.plan_purge`, in one
-        transaction of its own (with group commit, the staged writes are flushed first).
+        """Delete finished tasks, finished jobs and expired keys by
+        :func:`~aiqsim.stores.base.plan_purge`, in one transaction of its own (with group commit,
+        the staged writes are flushed first).
 
-        Candidates are read without their payloads (terminal tasks finished before the earlier of
+        Candidates are read without their payloads (terminal records finished before the earlier of
         the two cutoffs); SQLite reuses the freed pages, the file does not shrink (``VACUUM`` does).
         """
         self._check_open()
         check_purge_ttls(finished_older_than_s, keys_older_than_s)
         if self.deferred_commit:
             self.flush()
-        cutoff = float(now) - min(finished_older_than_s, keys_older_than_s)
-        terminal = [status.value for status in TaskStatus if status.is_terminal]
-        with self._transaction("purge of finished tasks and expired keys") as conn:
-            rows = conn.execute(
-                "SELECT t.id, t.key, t.status, coalesce(t.finished_at, t.updated_at), k.owner_id IS NOT NULL "
-                "FROM tasks t LEFT JOIN keys k ON k.key = t.key AND k.owner_id = t.id "
-                f"WHERE t.status IN ({', '.join('?' * len(terminal))}) "
-                "AND coalesce(t.finished_at, t.updated_at) <= ?",
-                (*terminal, cutoff),
-            ).fetchall()
-            plan = plan_purge(
-                (PurgeCandidate(i, k, TaskStatus(st), float(f), bool(o)) for i, k, st, f, o in rows),
-                now=float(now),
-                finished_older_than_s=finished_older_than_s,
-                keys_older_than_s=keys_older_than_s,
-            )
-            conn.executemany("DELETE FROM keys WHERE key = ? AND owner_id = ?", plan.keys)
-            conn.executemany("DELETE FROM tasks WHERE id = ?", [(task_id,) for task_id in plan.task_ids])
-        return purge_report(plan, float(now), finished_older_than_s, keys_older_than_s)
+        ttls = {
+            "now": float(now),
+            "finished_older_than_s": finished_older_than_s,
+            "keys_older_than_s": keys_older_than_s,
+        }
+        with self._transaction("purge of finished tasks, finished jobs and expired keys") as conn:
+            plan = plan_table_purge(conn, _TASKS, executemany=conn.executemany, **ttls)
+            job_plan = plan_table_purge(conn, _JOBS, executemany=conn.executemany, **ttls)
+        return purge_report(plan, float(now), finished_older_than_s, keys_older_than_s, job_plan)
 
     def poison_error(self, key: str) -> str | None:
         with self._reading(f"the poison record of key {key!r}") as conn:
