@@ -6,8 +6,9 @@ Two measurements, each in FRESH processes (``--worker``) so one run's heap does 
   ``records="summary"`` (default key window), interleaved rounds; min / median per mode;
 - peak RSS and retained bytes (tracemalloc, after the run with its result alive) of a steady job
   workload (4-stage jobs, ~6 calls each, 0.3 jobs/s, 30 s key window) at two lengths; the slope
-  between them is the cost per job. The store's job table is part of the peak (the retention policy
-  purges tasks and keys, not jobs), not of the retained bytes (the store is gone after the run).
+  between them is the cost per job. The store is part of the peak (its retention policy purges finished
+  tasks, jobs and keys after the key window, so it stays flat), not of the retained bytes (the store is
+  gone after the run).
 
 Run: ``python benchmarks/bench_streaming_jobs.py [--rounds 5] [--hours 1,4]``; prints markdown tables
 with the load average at the start of each.

@@ -27,9 +27,9 @@ after the window anyway.
 
 **Memory.** The jobs in progress (their tasks, attempts, stage events), the lanes' grants since
 the oldest unsettled call, and for ``window_s`` after a job settles its tasks' phases and owners
-(a later double-click's calls are deduplicated against them) -- flat in the number of jobs. (The
-store's own job table is not purged by :class:`~aiqsim.stores.retention.RetentionPolicy`, which
-purges tasks and keys only: during a run it keeps every job record, a few KB each.)
+(a later double-click's calls are deduplicated against them) -- flat in the number of jobs. The
+store's own job table is purged with its tasks by :class:`~aiqsim.stores.retention.RetentionPolicy`
+(the key window as both TTLs), so it too holds only the jobs of the last ~1.5 windows.
 """
 
 from __future__ import annotations
