@@ -356,3 +356,55 @@ def test_a_running_job_whose_finished_stage_tasks_were_purged_completes_without_
         report, job = runtime.run(main())
         assert report.tasks_removed == 1 and report.jobs_removed == 0
         assert job.status is JobStatus.SUCCEEDED and set(job.results) == {"a", "b", "c"}
+
+
+def test_sqlite_purges_tasks_and_jobs_in_one_transaction(tmp_path: Path) -> None:
+    """A job delete that fails (a trigger refuses it) takes the task deletes back with it."""
+    import sqlite3
+
+    from aiqsim.stores.base import StoreWriteError
+
+    with SqliteStore(tmp_path / "tasks.sqlite") as store:
+        populate(store)
+        populate_jobs(store)
+        tasks_before = sorted(t.id for t in store.list_by_status())
+        other = sqlite3.connect(tmp_path / "tasks.sqlite")
+        other.execute("CREATE TRIGGER refuse BEFORE DELETE ON jobs BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        other.commit()
+        other.close()
+        with pytest.raises(StoreWriteError, match="finished jobs"):
+            store.purge(NOW, finished_older_than_s=FINISHED_TTL, keys_older_than_s=KEYS_TTL)
+        assert sorted(t.id for t in store.list_by_status()) == tasks_before  # nothing was kept
+        assert len(job_ids(store)) == 9 and store.owner_of("k-ancient") is not None
+
+
+def test_postgres_purges_tasks_and_jobs_in_one_transaction(postgres_dsn: str, tmp_path: Path) -> None:
+    """The same on PostgreSQL: a refused job delete rolls the task deletes back."""
+    import psycopg
+
+    from aiqsim.stores.base import StoreWriteError
+
+    _POSTGRES["dsn"] = postgres_dsn
+    schema = _schema_for(tmp_path)
+    store = open_store("postgres", tmp_path)
+    try:
+        populate(store)
+        populate_jobs(store)
+        tasks_before = sorted(t.id for t in store.list_by_status())
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(
+                f"CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'refused'; END $$"
+            )
+            conn.execute(
+                f"CREATE TRIGGER refuse BEFORE DELETE ON {schema}.jobs "
+                f"FOR EACH ROW EXECUTE FUNCTION {schema}.refuse()"
+            )
+        with pytest.raises(StoreWriteError, match="finished jobs"):
+            store.purge(NOW, finished_older_than_s=FINISHED_TTL, keys_older_than_s=KEYS_TTL)
+        assert sorted(t.id for t in store.list_by_status()) == tasks_before
+        assert len(job_ids(store)) == 9 and store.owner_of("k-ancient") is not None
+    finally:
+        store.close()
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
