@@ -14,6 +14,10 @@ in the same purge call and the same transaction:
 - queued and running tasks and jobs, the keys of live owners and poison records are never purged;
   a record stamped after ``now`` (another clock origin) is kept.
 
+Keep ``finished_ttl_s`` well above the scheduler's ``duplicate_poll_s`` (0.5 s by default): a
+duplicate waiting on a task or job run by *another process* learns its outcome by polling the
+owner's record, and a failed or cancelled owner purged between two polls is not found there.
+
 A live job's finished stage tasks follow the task rule: they may be purged while the job still
 runs. Nothing needs them: the job record holds each finished stage's result, which is what later
 stages build from and what recovery reads (:mod:`aiqsim.scheduler.jobs`), so the job completes and
