@@ -646,14 +646,16 @@ class Jobs:
                     self._watch_foreign_owner(owner.id), name=f"watch-job-{owner.id}"
                 )
 
-    def _resolve_waiters(self, owner: JobRecord) -> None:
-        for waiter_id in self._waiters.pop(owner.id, ()):
+    def _resolve_waiters(self, owner_id: str, owner: JobRecord | None) -> None:
+        """Share the ended run of ``owner_id`` with the duplicate jobs waiting on it; ``owner`` is
+        ``None`` when a retention purge took the record (and its key) first: the key is free."""
+        for waiter_id in self._waiters.pop(owner_id, ()):
             waiter = self._runs.get(waiter_id)
-            if waiter is None or waiter.waiting_on != owner.id:
+            if waiter is None or waiter.waiting_on != owner_id:
                 continue
             waiter.waiting_on = None
             with self._unpersisted(waiter):
-                if owner.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+                if owner is not None and owner.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
                     self._finish(
                         waiter,
                         JobStatus.DEDUPED,
@@ -662,7 +664,7 @@ class Jobs:
                         failed_stage=owner.failed_stage,
                         deduped_from=owner.id,
                     )
-                else:  # the owner was cancelled: the first waiter takes the key over
+                else:  # the owner was cancelled (or purged): the first waiter takes the key over
                     self._follow_owner(waiter, self.store.claim_job(waiter.record))
 
     async def _watch_foreign_owner(self, owner_id: str) -> None:
@@ -675,8 +677,7 @@ class Jobs:
                     break
         finally:
             self._watchers.pop(owner_id, None)
-        if owner is not None:
-            self._resolve_waiters(owner)
+        self._resolve_waiters(owner_id, owner)
 
     # ------------------------------------------------------------------ running a job
     # Stage progress is driven synchronously from the scheduler's task completions
@@ -939,7 +940,7 @@ class Jobs:
         self._emit(old.status, record)
         run.future.set_result(record)
         if record.id in self._waiters:
-            self._resolve_waiters(record)
+            self._resolve_waiters(record.id, record)
         if not self._runs:
             self._idle.notify()
 
@@ -967,7 +968,7 @@ class Jobs:
                 self._stage_tasks.pop(task_id, None)
         run.future.set_result(record)
         if record.id in self._waiters:
-            self._resolve_waiters(record)
+            self._resolve_waiters(record.id, record)
         if not self._runs:
             self._idle.notify()
 

@@ -908,14 +908,18 @@ class Scheduler:
         if not lane.slot_blocked:  # new work cannot help a dispatcher that waits for a free slot
             lane.signal.notify()
 
-    def _resolve_waiters(self, owner: TaskRecord) -> None:
-        waiter_ids = self._waiters.pop(owner.id, ())
+    def _resolve_waiters(self, owner_id: str, owner: TaskRecord | None) -> None:
+        """The run of ``owner_id`` ended (``owner`` is its terminal record): share it with the
+        duplicates waiting on it. ``owner`` is ``None`` when the record is gone from the store (a
+        retention purge took it, and its key, between two polls of another process's run): there is
+        nothing to share, and the key is free, as after a cancelled owner."""
+        waiter_ids = self._waiters.pop(owner_id, ())
         for waiter_id in waiter_ids:
             waiter = self._live.get(waiter_id)
-            if waiter is None or waiter.waiting_on != owner.id:
+            if waiter is None or waiter.waiting_on != owner_id:
                 continue
             waiter.waiting_on = None
-            if owner.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
+            if owner is not None and owner.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
                 self._finish(
                     waiter,
                     TaskStatus.DEDUPED,
@@ -923,7 +927,7 @@ class Scheduler:
                     error=owner.error,
                     deduped_from=owner.id,
                 )
-            else:  # the owner was cancelled: the first waiter takes over the key
+            else:  # the owner was cancelled (or purged): the first waiter takes over the key
                 self._claim_and_follow(waiter)
 
     async def _watch_foreign_owner(self, owner_id: str) -> None:
@@ -950,8 +954,7 @@ class Scheduler:
                     await store_change(self.runtime, self.store, safety_poll)
         finally:
             self._watchers.pop(owner_id, None)
-        if owner is not None:
-            self._resolve_waiters(owner)
+        self._resolve_waiters(owner_id, owner)
 
     # ------------------------------------------------------------------ dispatch
     def _ensure_started(self) -> None:
@@ -1407,7 +1410,7 @@ class Scheduler:
         del self._live[record.id]
         live.future.set_result(record)
         if record.id in self._waiters:
-            self._resolve_waiters(record)
+            self._resolve_waiters(record.id, record)
         if self._jobs is not None:  # a job's next stage is queued in this same instant
             self._jobs.task_finished(record)
         if not self._live:

@@ -14,9 +14,11 @@ in the same purge call and the same transaction:
 - queued and running tasks and jobs, the keys of live owners and poison records are never purged;
   a record stamped after ``now`` (another clock origin) is kept.
 
-Keep ``finished_ttl_s`` well above the scheduler's ``duplicate_poll_s`` (0.5 s by default): a
-duplicate waiting on a task or job run by *another process* learns its outcome by polling the
-owner's record, and a failed or cancelled owner purged between two polls is not found there.
+A duplicate waiting on a task or job run by *another process* learns its outcome by polling the
+owner's record every ``duplicate_poll_s``. With a ``finished_ttl_s`` shorter than that, an owner
+may end and be purged between two polls: the waiter then finds no record, takes the key over (as
+after a cancelled owner) and runs the call itself (``tests/test_purged_owner.py``). Keep the TTL well
+above the poll to share the owner's outcome instead.
 
 A live job's finished stage tasks follow the task rule: they may be purged while the job still
 runs. Nothing needs them: the job record holds each finished stage's result, which is what later
