@@ -52,7 +52,7 @@ class StreamingRun:
         self.retention = RetentionPolicy(
             finished_ttl_s=window_s, keys_ttl_s=window_s, interval_s=window_s / 2
         )
-        """The store's retention in this mode: finished tasks and their keys go after the window."""
+        """Retention in this mode: finished tasks and jobs, and their keys, go after the window."""
 
     def event(self, event: Any) -> None:
         """The scheduler's event sink (worker 0's, the only one without a ``[fleet]``)."""
