@@ -357,6 +357,27 @@ def purge_candidate(record: Purgeable, owns_key: bool) -> PurgeCandidate:
     return PurgeCandidate(record.id, record.key, record.status, finished, owns_key)
 
 
+def plan_in_memory_purge(
+    tables: Iterable[tuple[Iterable[Purgeable], Mapping[str, str]]],
+    *,
+    now: float,
+    finished_older_than_s: float,
+    keys_older_than_s: float,
+) -> list[PurgePlan]:
+    """:func:`plan_purge` for each ``(records, key owners)`` table of a store that keeps them in
+    memory (the memory and JSON-file stores: tasks, then jobs). Every plan is made before the
+    caller deletes anything, so a bad TTL changes nothing."""
+    return [
+        plan_purge(
+            purge_candidates(records, owners),
+            now=now,
+            finished_older_than_s=finished_older_than_s,
+            keys_older_than_s=keys_older_than_s,
+        )
+        for records, owners in tables
+    ]
+
+
 def purge_candidates(records: Iterable[Purgeable], owners: Mapping[str, str]) -> Iterator[PurgeCandidate]:
     """The candidates of :func:`plan_purge` in a store that keeps its records and its key owners
     (key -> owning id) in memory, as the memory and JSON-file stores do: every terminal task (or

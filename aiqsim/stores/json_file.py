@@ -72,8 +72,7 @@ from aiqsim.stores.base import (
     StoreWriteError,
     check_store_location,
     claim_owner,
-    plan_purge,
-    purge_candidates,
+    plan_in_memory_purge,
     purge_report,
     record_from_stored,
 )
@@ -728,13 +727,12 @@ class JsonFileStore:
         kept in :attr:`last_compaction_error`).
         """
         self._check_open()
-        ttls = {
-            "now": now,
-            "finished_older_than_s": finished_older_than_s,
-            "keys_older_than_s": keys_older_than_s,
-        }
-        plan = plan_purge(purge_candidates(self._tasks.values(), self._owners), **ttls)
-        job_plan = plan_purge(purge_candidates(self._jobs.values(), self._job_owners), **ttls)
+        plan, job_plan = plan_in_memory_purge(
+            [(self._tasks.values(), self._owners), (self._jobs.values(), self._job_owners)],
+            now=now,
+            finished_older_than_s=finished_older_than_s,
+            keys_older_than_s=keys_older_than_s,
+        )
         if plan.task_ids or plan.keys or job_plan.task_ids or job_plan.keys:
             what = (
                 f"purge of {len(plan.task_ids)} finished tasks and {len(plan.keys)} keys, "

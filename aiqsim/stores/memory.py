@@ -14,8 +14,7 @@ from aiqsim.stores.base import (
     PurgePlan,
     PurgeReport,
     claim_owner,
-    plan_purge,
-    purge_candidates,
+    plan_in_memory_purge,
     purge_report,
 )
 from aiqsim.stores.job_store import claim_job_owner
@@ -95,13 +94,12 @@ class MemoryStore:
     def purge(self, now: float, *, finished_older_than_s: float, keys_older_than_s: float) -> PurgeReport:
         """Delete finished tasks, finished jobs and expired keys by :func:`~aiqsim.stores.base.plan_purge`
         (both plans are made before anything is deleted, so a bad TTL changes nothing)."""
-        ttls = {
-            "now": now,
-            "finished_older_than_s": finished_older_than_s,
-            "keys_older_than_s": keys_older_than_s,
-        }
-        plan = plan_purge(purge_candidates(self._tasks.values(), self._owners), **ttls)
-        job_plan = plan_purge(purge_candidates(self._jobs.values(), self._job_owners), **ttls)
+        plan, job_plan = plan_in_memory_purge(
+            [(self._tasks.values(), self._owners), (self._jobs.values(), self._job_owners)],
+            now=now,
+            finished_older_than_s=finished_older_than_s,
+            keys_older_than_s=keys_older_than_s,
+        )
         _apply_plan(plan, self._tasks, self._owners)
         _apply_plan(job_plan, self._jobs, self._job_owners)
         self.writes += 1
