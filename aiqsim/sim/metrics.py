@@ -79,6 +79,16 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
+def recovery_figures(recoveries: Sequence[Any]) -> dict[str, int]:
+    """The summary's crash keys from the run's recovery reports (both result modes use this)."""
+    return {
+        "crashes": len(recoveries),
+        "orphans_reconciled": sum(r.orphans_completed for r in recoveries),
+        "orphans_failed": sum(r.orphans_failed for r in recoveries),
+        "orphans_requeued": sum(r.orphans_requeued for r in recoveries),
+    }
+
+
 def summarize(
     scenario: Scenario,
     records: Sequence[TaskRecord],
@@ -170,10 +180,7 @@ def summarize(
         "quota_utilization": quota_utilization(scenario, executions, records),
         "goodput_per_s": done / sim_time_s if sim_time_s > 0 else math.nan,
         "sim_time_s": sim_time_s,
-        "crashes": len(recoveries),
-        "orphans_reconciled": sum(r.orphans_completed for r in recoveries),
-        "orphans_failed": sum(r.orphans_failed for r in recoveries),
-        "orphans_requeued": sum(r.orphans_requeued for r in recoveries),
+        **recovery_figures(recoveries),
         "max_executions_per_key": max(per_key.values(), default=0),
     }
 

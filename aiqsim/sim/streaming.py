@@ -38,6 +38,7 @@ import numpy as np
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.scheduler.events import AttemptRecord, QuotaSample, TaskTransition
+from aiqsim.sim.metrics import recovery_figures
 from aiqsim.sim.recent_keys import RecentKeys
 
 if TYPE_CHECKING:
@@ -451,10 +452,7 @@ class StreamingSummary:
             "quota_utilization": self.quota_utilization(),
             "goodput_per_s": done / sim_time_s if sim_time_s > 0 else math.nan,
             "sim_time_s": sim_time_s,
-            "crashes": len(recoveries),
-            "orphans_reconciled": sum(r.orphans_completed for r in recoveries),
-            "orphans_failed": sum(r.orphans_failed for r in recoveries),
-            "orphans_requeued": sum(r.orphans_requeued for r in recoveries),
+            **recovery_figures(recoveries),
             "max_executions_per_key": per_key,
         }
 
