@@ -332,3 +332,71 @@ def test_a_scheduler_closed_before_its_dispatchers_ran_leaves_no_coroutine() -> 
         await scheduler.close()
 
     assert _never_awaited_warnings(lambda: run_on("simpy", body)) == []
+
+
+# ------------------------------------------------------------------ callbacks (call_soon / call_later)
+
+
+@both
+def test_call_soon_runs_after_the_caller_yields_in_order(rt_name: str) -> None:
+    async def body(rt):
+        ran: list[str] = []
+        rt.call_soon(lambda: ran.append("first"))
+        rt.call_soon(lambda: ran.append("second"))
+        assert ran == []  # never inside the caller
+        await rt.sleep(0)
+        await rt.sleep(0)
+        return ran
+
+    assert run_on(rt_name, body) == ["first", "second"]
+
+
+@both
+def test_call_later_runs_at_its_time_unless_cancelled(rt_name: str) -> None:
+    async def body(rt):
+        fired: dict[str, float] = {}
+        start = rt.now()
+        rt.call_later(2.0, lambda: fired.setdefault("kept", rt.now() - start))
+        rt.call_later(1.0, lambda: fired.setdefault("cancelled", rt.now() - start)).cancel()
+        await rt.sleep(3.0)
+        return fired
+
+    fired = run_on(rt_name, body)
+    assert set(fired) == {"kept"}
+    if rt_name == "simpy":
+        assert fired["kept"] == 2.0
+    else:
+        assert 2.0 <= fired["kept"] < 2.0 + ASYNCIO_LATENESS_S
+
+
+def test_simpy_call_soon_runs_after_events_already_due_now() -> None:
+    """A callback scheduled for this instant runs after what was scheduled for it before (a woken
+    coroutine's step), as a resumed coroutine would: deterministic same-instant order."""
+    rt = SimPyRuntime()
+    order: list[str] = []
+
+    async def spawned():
+        order.append("coroutine")  # its first step was scheduled (by spawn) before the callback
+
+    async def body():
+        rt.spawn(spawned())
+        rt.call_soon(lambda: order.append("callback"))
+        await rt.sleep(1)
+
+    rt.run(body())
+    assert order == ["coroutine", "callback"]
+
+
+def test_simpy_a_failing_callback_is_reported_under_its_name_and_the_run_goes_on() -> None:
+    rt = SimPyRuntime()
+
+    def broken() -> None:
+        raise RuntimeError("sink broke")
+
+    async def body():
+        rt.call_soon(broken, name="dispatch-llm")
+        await rt.sleep(1)
+        return rt.now()
+
+    assert rt.run(body()) == 1
+    assert [(name, str(error)) for name, error in rt.task_errors] == [("dispatch-llm", "sink broke")]

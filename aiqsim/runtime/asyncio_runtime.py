@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -59,6 +59,16 @@ class AsyncioRuntime:
             # Deliver it, as SimPyRuntime and Python >= 3.12 do.
             if task is not None and task.cancelling() > requested:
                 raise asyncio.CancelledError()
+
+    def call_soon(self, callback: Callable[[], None], *, name: str | None = None) -> None:
+        """``loop.call_soon``: an exception ``callback`` raises goes to the loop's exception handler."""
+        self.loop.call_soon(callback)
+
+    def call_later(
+        self, delay: float, callback: Callable[[], None], *, name: str | None = None
+    ) -> asyncio.TimerHandle:
+        """``loop.call_later`` in scheduler seconds (scaled by ``time_scale``)."""
+        return self.loop.call_later(max(0.0, delay) * self.time_scale, callback)
 
     def wait_readable(self, fileno: int) -> Awaitable[None]:
         """Resolve when the file descriptor ``fileno`` has data to read (e.g. a PostgreSQL ``LISTEN``

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 
-__all__ = ["Cancelled", "Future", "Runtime", "TaskHandle"]
+__all__ = ["Cancelled", "Future", "Runtime", "ScheduledCall", "TaskHandle"]
 
 
 @runtime_checkable
@@ -46,8 +46,15 @@ class TaskHandle(Protocol[T]):
 
 
 @runtime_checkable
+class ScheduledCall(Protocol):
+    """A callback scheduled by :meth:`Runtime.call_later`; ``cancel`` keeps it from running."""
+
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
 class Runtime(Protocol):
-    """Clock, sleep, futures, tasks and timeouts: everything the scheduler needs from a loop."""
+    """Clock, sleep, futures, tasks, timeouts and callbacks: everything the scheduler needs from a loop."""
 
     def now(self) -> float:
         """Seconds on this runtime's clock (virtual under SimPy)."""
@@ -67,4 +74,17 @@ class Runtime(Protocol):
 
     def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> Awaitable[T]:
         """Await ``awaitable`` for at most ``timeout`` seconds, else cancel it and raise ``TimeoutError``."""
+        ...
+
+    def call_soon(self, callback: Callable[[], None], *, name: str | None = None) -> None:
+        """Run ``callback()`` after everything already scheduled for now (asyncio's ``call_soon``).
+
+        An exception it raises is reported as the runtime reports a failed task nobody awaits
+        (SimPy: ``task_errors``, under ``name``; asyncio: the loop's exception handler)."""
+        ...
+
+    def call_later(
+        self, delay: float, callback: Callable[[], None], *, name: str | None = None
+    ) -> ScheduledCall:
+        """Run ``callback()`` ``delay`` seconds from now (at once for ``delay <= 0``), unless cancelled."""
         ...
