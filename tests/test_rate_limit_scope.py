@@ -10,6 +10,7 @@ import pytest
 
 from aiqsim import (
     ExponentialBackoff,
+    QuotaLimits,
     RetryPolicy,
     Scheduler,
     SimPyRuntime,
@@ -30,6 +31,8 @@ from aiqsim.sim.config import RetryConfig
 from aiqsim.sim.scenario import ScenarioError, load_scenario
 from aiqsim.sim.simulate import retry_policy
 from aiqsim.validation.rate_limit_scope_study import random_429_throughput, server_quota_overrun
+from tests.fakes import ScriptedProvider
+from tests.runtimes import RUNTIMES, run_on
 
 # ------------------------------------------------------------------ the rule
 
@@ -236,3 +239,34 @@ def test_default_scope_stops_sending_into_a_spent_server_quota(reports_quota: bo
     else:  # only the share of 429s to go by: well below task scope, above lane scope
         assert default.rate_limited_after_first <= 0.25 * task.rate_limited_after_first
     assert task.rate_limited_after_first >= 0.3 * task.accepted  # task scope does overrun
+
+
+# ------------------------------------------------------------------ the retry line through a lane pause
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+def test_a_retry_held_by_the_lane_pause_goes_before_queued_work_when_the_lane_reopens(rt_name: str) -> None:
+    """a's 429 (Retry-After 2 s) pauses the lane until t=3, exactly when a's retry is due (its backoff,
+    0.1 s, is floored by the Retry-After). q1 and q2 queued meanwhile. Retries go before queued work:
+    a's retry must take the one slot at t=3 on both runtimes. (On asyncio, a retry that slept through
+    the pause instead raced the lane's own wake-up at that instant, and the queued task could win.)"""
+
+    async def body(rt: Any) -> list[tuple[str, int]]:
+        provider = ScriptedProvider(rt, latency_s=1.0, script={"a": ["429:2", "ok"]})
+        scheduler = Scheduler(
+            rt,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=1)},
+            retry=RetryPolicy(
+                backoff=ExponentialBackoff(base_s=0.1, cap_s=0.1), max_attempts=3, rate_limit_scope="lane"
+            ),
+        )
+        handles = [scheduler.submit("llm", {"input": "a"}, cost_estimate=1)]
+        await rt.sleep(0.5)
+        handles += [scheduler.submit("llm", {"input": name}, cost_estimate=1) for name in ("q1", "q2")]
+        for handle in handles:
+            await handle.wait()
+        await scheduler.close()
+        return [(name, attempt) for _, name, attempt in provider.calls]
+
+    assert run_on(rt_name, body) == [("a", 1), ("a", 2), ("q1", 1), ("q2", 1)]

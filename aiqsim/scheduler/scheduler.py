@@ -24,6 +24,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiqsim.core.backoff import retry_delay
@@ -60,6 +61,7 @@ from aiqsim.scheduler.events import (
 )
 from aiqsim.scheduler.foreign_owner import FOREIGN_SAFETY_POLL_S, announces_changes, store_change
 from aiqsim.scheduler.handles import OutcomeHandle, await_own
+from aiqsim.scheduler.lane_pump import LanePump
 from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
 from aiqsim.scheduler.rate_limit_scope import RateLimitHistory, RateLimitScope, pauses_lane
 from aiqsim.scheduler.recovery_lookup import LookupRetry, lookup_with_retries
@@ -235,9 +237,9 @@ class _Lane:
     provider: Provider
     quota: MultiQuota
     queues: dict[Priority, TaskQueue]
-    signal: Signal
+    pump: LanePump = field(init=False)
+    """Runs the lane's dispatch (``Scheduler._dispatch``) when woken, or when its wait for quota ends."""
     retries: dict[Priority, deque[_Ticket]] = field(default_factory=lambda: {p: deque() for p in Priority})
-    dispatcher: TaskHandle[None] | None = None
     slot_blocked: bool = False
     """The dispatcher waits for a concurrency slot: only a release can unblock it, not new work."""
     rate_limits: RateLimitHistory = field(default_factory=RateLimitHistory)
@@ -371,10 +373,11 @@ class Scheduler:
                 provider=provider,
                 quota=_lane_quota(quotas.get(name), now),
                 queues={p: self.dispatch.new_queue() for p in Priority},
-                signal=Signal(runtime),
             )
             for name, provider in providers.items()
         }
+        for lane in self._lanes.values():
+            lane.pump = LanePump(runtime, partial(self._dispatch, lane), f"dispatch-{lane.name}")
         self._live: dict[str, _Live] = {}
         self._waiters: dict[str, list[str]] = {}
         self._watchers: dict[str, TaskHandle[None]] = {}
@@ -503,7 +506,8 @@ class Scheduler:
         accepted = self._commit.durable() if self._commit is not None else None
         live = _Live(record=record, future=self.runtime.create_future(), retry=retry)
         self._live[record.id] = live
-        self._emit_transition(None, record)
+        if self.events is not None:  # checked here too: this runs for every submission
+            self._emit_transition(None, record)
         self._ensure_started()
         self._follow_owner(live, owner)
         return Submission(record.id, key, live.future, self.runtime.create_future, accepted)
@@ -572,7 +576,7 @@ class Scheduler:
             lane.queues[live.record.priority].pop(live.queue_item)
             self._queued[live.record.priority] -= 1
             live.queue_item = None
-            lane.signal.notify()
+            lane.pump.wake()
             self._finish(live, TaskStatus.CANCELLED)
         elif live.waiting_on is not None:
             waiters = self._waiters.get(live.waiting_on)
@@ -894,7 +898,7 @@ class Scheduler:
                 if ticket.task_id == owner.record.id and not ticket.removed and not ticket.future.done():
                     tickets.remove(ticket)
                     lane.retries[priority].append(ticket)
-                    lane.signal.notify()
+                    lane.pump.wake()
                     break
 
     def _enqueue(self, live: _Live) -> None:
@@ -906,7 +910,7 @@ class Scheduler:
         lane.queues[record.priority].push(item)
         self._queued[record.priority] += 1
         if not lane.slot_blocked:  # new work cannot help a dispatcher that waits for a free slot
-            lane.signal.notify()
+            lane.pump.wake()
 
     def _resolve_waiters(self, owner_id: str, owner: TaskRecord | None) -> None:
         """The run of ``owner_id`` ended (``owner`` is its terminal record): share it with the
@@ -962,13 +966,11 @@ class Scheduler:
             return
         self._started = True
         for lane in self._lanes.values():
-            lane.dispatcher = self.runtime.spawn(self._dispatch_loop(lane), name=f"dispatch-{lane.name}")
+            lane.pump.wake()
 
     def _stop_background(self) -> None:
         for lane in self._lanes.values():
-            if lane.dispatcher is not None:
-                lane.dispatcher.cancel()
-                lane.dispatcher = None
+            lane.pump.stop()
         for watcher in list(self._watchers.values()):
             watcher.cancel()
         self._watchers.clear()
@@ -985,15 +987,21 @@ class Scheduler:
                 return item, priority
         return None
 
-    async def _dispatch_loop(self, lane: _Lane) -> None:
+    def _dispatch(self, lane: _Lane) -> float | None:
+        """Start every task ``lane``'s quota admits now, in the dispatch policy's order.
+
+        The policy's choice is never skipped: when it must wait for quota, so does the lane. Returns
+        how long until it may start (``None``: until a wake-up, as when nothing is queued or only a
+        release can free a slot). Run by the lane's :class:`~aiqsim.scheduler.lane_pump.LanePump`.
+        """
         runtime = self.runtime
         quota = lane.quota
+        lane.slot_blocked = False
+        now = runtime.now()  # one reading: no time passes while it runs
         while True:
-            now = runtime.now()
             choice = self._next_candidate(lane, now)
             if choice is None:
-                await lane.signal.wait()
-                continue
+                return None
             candidate, priority = choice
             try:
                 reservation = quota.try_reserve(candidate.cost, now)
@@ -1014,10 +1022,10 @@ class Scheduler:
                 wait = quota.time_until(candidate.cost, now)
                 if isinstance(candidate, QueueItem):
                     wait = min(wait, lane.queues[priority].next_change(now) - now)
-                lane.slot_blocked = math.isinf(wait)
-                await lane.signal.wait(None if lane.slot_blocked else max(wait, 0.0))
-                lane.slot_blocked = False
-                continue
+                if math.isinf(wait):
+                    lane.slot_blocked = True
+                    return None
+                return max(wait, 0.0)
             if self._quota_events:
                 self._emit_quota(lane, now)
             if isinstance(candidate, _Ticket):
@@ -1033,7 +1041,7 @@ class Scheduler:
     async def _await_ticket(self, lane: _Lane, live: _Live) -> Reservation:
         ticket = _Ticket(live.record.id, live.record.cost_estimate, self.runtime.create_future())
         lane.retries[live.record.priority].append(ticket)
-        lane.signal.notify()
+        lane.pump.wake()
         try:
             return await ticket.future
         except Cancelled:
@@ -1041,7 +1049,7 @@ class Scheduler:
             future = ticket.future
             if future.done() and not future.cancelled():
                 lane.quota.cancel(future.result(), self.runtime.now())
-            lane.signal.notify()
+            lane.pump.wake()
             raise
 
     # ------------------------------------------------------------------ running a task
@@ -1052,7 +1060,7 @@ class Scheduler:
         if live.cancel_requested or live.lost is not None:
             assert reservation is not None
             lane.quota.cancel(reservation, runtime.now())
-            lane.signal.notify()
+            lane.pump.wake()
             if live.lost is None:
                 self._finish(live, TaskStatus.CANCELLED)
             return
@@ -1071,7 +1079,7 @@ class Scheduler:
                 assert reservation is not None
                 lane.quota.cancel(reservation, runtime.now())
                 reservation = None
-                lane.signal.notify()
+                lane.pump.wake()
                 await self._fail_poison(
                     live, attempts, PoisonInputError(f"input recorded as poison ({poison})")
                 )
@@ -1094,7 +1102,7 @@ class Scheduler:
                 if refusal is not None:
                     lane.quota.cancel(reservation, runtime.now())
                     reservation = None
-                    lane.signal.notify()
+                    lane.pump.wake()
                     error = AttemptRejectedError(refusal)
                     self._emit_attempt(
                         live, attempts, runtime.now(), runtime.now(), error, "rejected", None, None
@@ -1123,7 +1131,7 @@ class Scheduler:
                     now = runtime.now()
                     lane.quota.release(reservation, now)
                     reservation = None
-                    lane.signal.notify()
+                    lane.pump.wake()
                     failure = classify_failure(error, tries, poison_after=policy.poison_after)
                     retry_after = retry_after_of(error)
                     pause, too_long = policy.retry_after_wait(retry_after)
@@ -1169,7 +1177,12 @@ class Scheduler:
                         self._emit_attempt(live, attempts, start, now, error, "retry", retry_after, delay)
                         previous_delay = delay
                         cause = error
-                        await runtime.sleep(delay)
+                        if getattr(lane.quota, "paused_until", -math.inf) < now + delay:
+                            await runtime.sleep(delay)
+                        # else the lane stays paused at least until this retry is due: it waits for
+                        # the lane in the retry line (granted no earlier than the pause's end), so
+                        # that it goes before queued work when the lane reopens on either runtime
+                        # (sleeping instead, on asyncio it raced the lane's own wake-up at that instant)
                         continue
                     decision = "exhausted" if failure is FailureClass.RETRYABLE else failure.value
                     self._emit_attempt(live, attempts, start, now, error, decision, retry_after, None)
@@ -1184,12 +1197,13 @@ class Scheduler:
                 lane.quota.reconcile(reservation, usage, now)
                 lane.quota.release(reservation, now)
                 reservation = None
-                lane.signal.notify()
+                lane.pump.wake()
                 for gate in self.gates:
                     tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
-                self._emit_attempt(
-                    live, attempts, start, now, None, "done", None, None, usage, response=response
-                )
+                if self.events is not None:  # checked here too: this runs for every call
+                    self._emit_attempt(
+                        live, attempts, start, now, None, "done", None, None, usage, response=response
+                    )
                 lane.rate_limits.record_success(now, policy.adaptive_rule)
                 self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
                 return
@@ -1205,7 +1219,7 @@ class Scheduler:
                 else:  # cancelled in a gate wait: nothing was sent, give it all back
                     lane.quota.cancel(reservation, runtime.now())
                     attempts -= 1
-                lane.signal.notify()
+                lane.pump.wake()
             if self._crashed:
                 raise
             self._finish(live, TaskStatus.CANCELLED, attempts=attempts)
@@ -1214,7 +1228,7 @@ class Scheduler:
                 self._abandon_early(lane.name, record.id)
             if reservation is not None:
                 lane.quota.release(reservation, runtime.now())
-                lane.signal.notify()
+                lane.pump.wake()
             if live.record.status.is_terminal or self._crashed:
                 raise
             self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
@@ -1247,7 +1261,7 @@ class Scheduler:
     def _give_back(self, lane: _Lane, reservation: Reservation) -> None:
         """Give back an unused reservation (nothing was sent) and wake the lane's dispatcher."""
         lane.quota.cancel(reservation, self.runtime.now())
-        lane.signal.notify()
+        lane.pump.wake()
 
     def _charged_usage(self, lane: _Lane, live: _Live, attempt: int, reported: Any, now: float) -> float:
         """The usage to reconcile for a successful call; a hostile or buggy report is clamped and
@@ -1366,7 +1380,8 @@ class Scheduler:
         record = transition(old, status, self.runtime.now(), **changes)
         self._write(record, old)
         live.record = record
-        self._emit_transition(old.status, record)
+        if self.events is not None:  # checked here too: this runs on every transition
+            self._emit_transition(old.status, record)
         return record
 
     def _finish(self, live: _Live, status: TaskStatus, **changes: Any) -> None:
@@ -1382,7 +1397,8 @@ class Scheduler:
             self._lose(live, error, outcome=record)
             return
         live.record = record
-        self._emit_transition(old.status, record)
+        if self.events is not None:  # checked here too: this runs for every task
+            self._emit_transition(old.status, record)
         if self._commit is None:
             self._settle(live, record)
             return
@@ -1444,7 +1460,7 @@ class Scheduler:
             lane.queues[record.priority].pop(live.queue_item)
             self._queued[record.priority] -= 1
             live.queue_item = None
-            lane.signal.notify()
+            lane.pump.wake()
         if live.waiting_on is not None:
             waiters = self._waiters.get(live.waiting_on)
             if waiters and record.id in waiters:
