@@ -400,3 +400,60 @@ def test_simpy_a_failing_callback_is_reported_under_its_name_and_the_run_goes_on
 
     assert rt.run(body()) == 1
     assert [(name, str(error)) for name, error in rt.task_errors] == [("dispatch-llm", "sink broke")]
+
+
+def test_an_environment_subclass_gives_the_same_run_as_a_plain_one() -> None:
+    """On a plain ``simpy.Environment`` the runtime pushes events on the heap itself and pops them in
+    its own loop; a subclass keeps its own ``schedule`` and ``step``. Both must give one run."""
+    import simpy
+
+    class CountingEnvironment(simpy.Environment):
+        steps = 0
+
+        def step(self) -> None:
+            CountingEnvironment.steps += 1
+            super().step()
+
+    def trace(rt: SimPyRuntime) -> list[tuple[float, str]]:
+        log: list[tuple[float, str]] = []
+
+        async def worker(name: str, delay: float) -> str:
+            await rt.sleep(delay)
+            log.append((rt.now(), f"{name} woke"))
+            return name
+
+        async def slow() -> None:
+            await rt.sleep(10)
+
+        async def body() -> None:
+            first = rt.spawn(worker("a", 1.5))
+            rt.spawn(worker("b", 0.5))
+            rt.call_soon(lambda: log.append((rt.now(), "soon")))
+            rt.call_later(1.0, lambda: log.append((rt.now(), "later")))
+            future = rt.create_future()
+            rt.call_later(2.0, lambda: future.set_result("set"))
+            name = await first
+            log.append((rt.now(), name))
+            value = await future
+            log.append((rt.now(), value))
+            try:
+                await rt.wait_for(slow(), 1.0)
+            except TimeoutError:
+                log.append((rt.now(), "timed out"))
+
+        rt.run(body())
+        return log
+
+    plain = trace(SimPyRuntime())
+    subclassed = trace(SimPyRuntime(CountingEnvironment()))
+    assert CountingEnvironment.steps > 0  # its own step ran
+    assert subclassed == plain
+    assert plain == [
+        (0.0, "soon"),
+        (0.5, "b woke"),
+        (1.0, "later"),
+        (1.5, "a woke"),
+        (1.5, "a"),
+        (2.0, "set"),
+        (3.0, "timed out"),
+    ]

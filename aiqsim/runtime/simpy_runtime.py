@@ -136,19 +136,20 @@ class _Sleep(simpy.Timeout):
         return iter((self,))
 
 
-class _ScheduledCall(simpy.Event):
+class _ScheduledCall:
     """A callback run when SimPy pops this event (:meth:`SimPyRuntime.call_soon` / ``call_later``).
 
     An event of its own, not a coroutine: a lane's dispatcher woken this way costs a third of
-    what resuming a waiting coroutine does. ``cancel`` leaves the event on the heap (SimPy cannot
-    unschedule one) but empties it."""
+    what resuming a waiting coroutine does. It has only what the SimPy loop reads of an event
+    (``callbacks``, ``_ok``), in slots: one is made per wake-up. ``cancel`` leaves it on the heap
+    (SimPy cannot unschedule an event) but empties it."""
+
+    __slots__ = ("_callback", "_defused", "_name", "_ok", "_rt", "_value", "callbacks")
 
     def __init__(
         self, rt: SimPyRuntime, delay: float, callback: Callable[[], None], name: str | None
     ) -> None:
-        # simpy.Event.__init__ and succeed() inlined: the event is triggered when it is scheduled
-        self.env = rt.env
-        self.callbacks: list[Callable[[Any], None]] = [self._run]
+        self.callbacks: list[Callable[[Any], None]] | None = [self._run]
         self._value = None
         self._ok = True
         self._rt = rt
@@ -163,7 +164,7 @@ class _ScheduledCall(simpy.Event):
     def cancel(self) -> None:
         self._callback = None
 
-    def _run(self, _event: simpy.Event) -> None:
+    def _run(self, _event: Any) -> None:
         callback, self._callback = self._callback, None
         if callback is None:
             return
@@ -173,15 +174,17 @@ class _ScheduledCall(simpy.Event):
             self._rt.task_errors.append((self._name, error))
 
 
-class _Wakeup:
-    """The outcome of a step that no event delivers (a cancellation, a deadline's marker), shaped
-    like an event for :meth:`SimTask._resume`, which holds the one stepping rule."""
+class _Outcome:
+    """A triggered event reduced to what the SimPy loop and :meth:`SimTask._resume` read of one
+    (``callbacks``, ``_ok``, ``_value``): a task's first step, a step no event delivers (a
+    cancellation, a deadline's marker). Slots and no ``simpy.Event.__init__``: one is made per task."""
 
-    __slots__ = ("_defused", "_ok", "_value")
+    __slots__ = ("_defused", "_ok", "_value", "callbacks")
 
-    def __init__(self, ok: bool, value: Any) -> None:
+    def __init__(self, ok: bool, value: Any, callbacks: list[Callable[[Any], None]] | None = None) -> None:
         self._ok = ok
         self._value = value
+        self.callbacks = callbacks
 
 
 class SimTask:
@@ -206,11 +209,8 @@ class SimTask:
         self._cancel_pending = False
         self._cancel_requests = 0  # calls of the public cancel(); a wait_for deadline is not one
         self._deadlines: list[_Deadline] = []  # the wait_for deadlines open in this task, outermost first
-        start = simpy.Event(rt.env)
-        self._waiting: simpy.Event | None = start
-        start.callbacks.append(self._resume)
-        start._ok = True
-        start._value = None
+        start = _Outcome(True, None, [self._resume])
+        self._waiting: simpy.Event | _Outcome | None = start
         env = rt.env
         if type(env) is _Environment:  # env.schedule(start), inlined (see _Environment)
             heappush(env._queue, (env._now, NORMAL, next(env._eid), start))
@@ -265,7 +265,7 @@ class SimTask:
 
     def _step(self, value: Any, exc: BaseException | None) -> None:
         """Step the coroutine now with ``value`` sent or ``exc`` thrown (not from an event it awaited)."""
-        wakeup = _Wakeup(exc is None, value if exc is None else exc)
+        wakeup = _Outcome(exc is None, value if exc is None else exc)
         self._waiting = wakeup
         self._resume(wakeup)  # type: ignore[arg-type]
 
