@@ -29,7 +29,7 @@ from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.scheduler.dispatch import FifoPolicy
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.scheduler.retry import RetryPolicy
-from aiqsim.scheduler.scheduler import Scheduler, Submission
+from aiqsim.scheduler.scheduler import Scheduler
 from aiqsim.stores.memory import MemoryStore
 
 __all__ = [
@@ -272,7 +272,7 @@ def simulate_replication(
         background_limit=None,
         rng=random.Random(f"mmc-scheduler-{seed}"),
     )
-    submissions: list[Submission] = []
+    task_ids: list[str] = []  # the ids only: a run keeps no handle (nor its future) per task
     gaps: list[float] = []
 
     async def feed_and_drain() -> None:
@@ -280,17 +280,17 @@ def simulate_replication(
             gap = arrivals.expovariate(arrival_rate)
             gaps.append(gap)
             await runtime.sleep(gap)
-            submissions.append(scheduler.submit(provider.name, index, key=f"mmc-{index}", cost_estimate=0.0))
+            task_ids.append(scheduler.submit(provider.name, index, key=f"mmc-{index}", cost_estimate=0.0).id)
         await scheduler.join()
         await scheduler.close()
 
     with relaxed_gc():  # as simulate() does: the cycle collector would rescan every live record
         runtime.run(feed_and_drain())
     records: list[TaskRecord] = []
-    for submission in submissions:
-        record = store.get(submission.id)
+    for task_id in task_ids:
+        record = store.get(task_id)
         if record is None or record.status is not TaskStatus.SUCCEEDED or record.started_at is None:
-            raise RuntimeError(f"task {submission.id} did not complete cleanly: {record!r}")
+            raise RuntimeError(f"task {task_id} did not complete cleanly: {record!r}")
         records.append(record)
     if provider.calls != tasks:
         raise RuntimeError(f"{tasks} tasks made {provider.calls} provider calls; expected one each")
