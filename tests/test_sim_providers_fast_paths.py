@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiqsim.core.failures import InvalidRequestError
+from aiqsim.core.failures import InvalidRequestError, ProviderError
 from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.core.task import Priority
 from aiqsim.runtime import SimPyRuntime
@@ -219,3 +219,55 @@ def test_a_provider_draws_what_the_pure_function_draws() -> None:
             priority=Priority.BACKGROUND,
         )
         assert provider._draws(request) == _Draws.for_request(provider._draw_secret, key, arrival)
+
+
+@pytest.mark.parametrize(("rpm", "upm"), [(None, None), (30, None), (None, 4000), (30, 4000)])
+def test_every_answer_carries_the_snapshot_of_its_instant(rpm: int | None, upm: int | None) -> None:
+    # call() skips the snapshot when the provider has no server windows (the usual case) and attaches
+    # one otherwise: both paths, for responses and for errors, against the snapshot built from
+    # window_usage at the instant of the answer. A lost response is no answer and carries nothing.
+    cfg = ProviderConfig(
+        name="llm",
+        latency_base_s=0.5,
+        latency_per_unit_s=0.01,
+        latency_sigma=0.3,
+        price_per_1k_units=1.0,
+        server_error_prob=0.2,
+        timeout_prob=0.1,
+        server_requests_per_min=rpm,
+        server_units_per_min=upm,
+    )
+    runtime = SimPyRuntime()
+    provider = SimulatedProvider(runtime, cfg, random.Random(3))
+    answers: list[tuple[str, Any, Any]] = []
+
+    async def client(number: int) -> None:
+        await runtime.sleep(number * 0.7)
+        body = {"input": f"x{number}", "prompt_units": 20 * (number % 5), "output_units": 40}
+        request = ProviderRequest(f"t{number}", f"k{number % 9}", "llm", body, 1.0, 1, Priority.BACKGROUND)
+        try:
+            response = await runtime.wait_for(provider.call(request), 30.0)
+        except TimeoutError:
+            answers.append(("lost", None, None))
+            return
+        except ProviderError as error:  # every answered error carries the snapshot
+            answers.append(
+                (type(error).__name__, error.ratelimit, _snapshot_from_window_usage(provider, runtime.now()))
+            )
+            return
+        answers.append(("ok", response.ratelimit, _snapshot_from_window_usage(provider, runtime.now())))
+
+    async def main() -> None:
+        tasks = [runtime.spawn(client(number)) for number in range(60)]
+        for task in tasks:
+            await task
+
+    runtime.run(main())
+    kinds = {kind for kind, _, _ in answers}
+    assert {"ok", "ServerError", "lost"} <= kinds
+    if rpm is not None:
+        assert "RateLimitError" in kinds  # ~85 requests a minute against 30: the window refuses some
+    for kind, attached, expected in answers:
+        if kind != "lost":
+            assert attached == expected
+            assert (attached is None) == (rpm is None and upm is None)

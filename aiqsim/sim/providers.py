@@ -362,7 +362,17 @@ class _Draws:
         hasher = keyed.copy()
         # surrogatepass: any Python string is a valid key, even one with a lone surrogate
         hasher.update(f"{arrival}\0{idempotency_key}".encode("utf-8", "surrogatepass"))
-        return cls(*[(word >> 11) * _TWO_TO_MINUS_53 for word in _UNPACK_DRAWS(hasher.digest())])
+        # The six words unpacked by name, not by a comprehension (a function call of its own on 3.11).
+        w0, w1, w2, w3, w4, w5 = _UNPACK_DRAWS(hasher.digest())
+        unit = _TWO_TO_MINUS_53
+        return cls(
+            (w0 >> 11) * unit,
+            (w1 >> 11) * unit,
+            (w2 >> 11) * unit,
+            (w3 >> 11) * unit,
+            (w4 >> 11) * unit,
+            (w5 >> 11) * unit,
+        )
 
 
 def _keyed_hash(secret: bytes) -> Any:
@@ -525,16 +535,23 @@ class SimulatedProvider:
         carries a :class:`~aiqsim.core.ratelimit.RateLimitSnapshot` of the server windows when the
         provider has any, so a simulated call log holds what a live one holds.
         """
+        # One coroutine frame per call: the request is admitted by a plain method (_accept, which
+        # raises the immediate answers) and the server task's answer is awaited right here. A client's
+        # every resume passes through each coroutine frame of its call, so the former call -> _call ->
+        # _serve chain cost two frames more per call and per resume, with the same events in the
+        # same order (tests/test_sim_providers.py drives every outcome through here).
         try:
-            response = await self._call(request)
+            value = await self._accept(request)
+            if value is _LOST:
+                await self.runtime.sleep(LOST_RESPONSE_HANG_S)
+                raise ProviderTimeoutError(f"no response from {self.name!r}: the connection dropped")
         except ProviderError as error:
             if not isinstance(error, ProviderTimeoutError):
                 error.ratelimit = self.ratelimit_snapshot(self.runtime.now())
             raise
-        snapshot = self.ratelimit_snapshot(self.runtime.now())
-        if snapshot is None:
-            return response
-        return _copy_response(response, {"ratelimit": snapshot})
+        if self._request_window is None and self._unit_window is None:  # no snapshot to attach
+            return value  # type: ignore[no-any-return]
+        return _copy_response(value, {"ratelimit": self.ratelimit_snapshot(self.runtime.now())})
 
     def ratelimit_snapshot(self, now: float) -> RateLimitSnapshot | None:
         """The server windows at ``now`` as a provider's ``x-ratelimit-*`` headers state them
@@ -559,7 +576,10 @@ class SimulatedProvider:
             limit_requests, remaining_requests, reset_requests, limit_tokens, remaining_tokens, reset_tokens
         )
 
-    async def _call(self, request: ProviderRequest) -> ProviderResponse:
+    def _accept(self, request: ProviderRequest) -> Future[Any]:
+        """Take ``request`` in: raise the answers given at once (a malformed request, a quota 429, a
+        random 429 / quota exhausted / invalid request), else start its server-side work and return the
+        future of that work's answer (a :class:`ProviderResponse`, or ``_LOST``; it may fail instead)."""
         runtime, config = self.runtime, self.config
         start = runtime.now()
         draws = self._draws(request)
@@ -571,7 +591,7 @@ class SimulatedProvider:
 
         outage = self._outage_at(start)
         if outage is not None and outage.mode == "error":
-            return await self._serve(self._fail_after(request, job, start, config.latency_base_s, "outage"))
+            return self._serve(self._fail_after(request, job, start, config.latency_base_s, "outage"))
         slow = outage.slow_factor if outage is not None else 1.0
 
         wait = self._quota_wait(job.units, start)
@@ -606,21 +626,21 @@ class SimulatedProvider:
         latency = self._latency(job, draws.noise) * slow
         if draws.server_error < config.server_error_prob:
             partial = latency * SERVER_ERROR_LATENCY_FRACTION
-            return await self._serve(self._fail_after(request, job, start, partial, "server_error"))
+            return self._serve(self._fail_after(request, job, start, partial, "server_error"))
         if job.poison:
-            return await self._serve(self._poisoned(request, job, start, latency))
+            return self._serve(self._poisoned(request, job, start, latency))
         key = request.idempotency_key
         if config.honours_idempotency:
             if self.ledger.first_success(self.name, key) is not None:
-                return await self._serve(self._replay(request, job, start, config.latency_base_s * slow))
+                return self._serve(self._replay(request, job, start, config.latency_base_s * slow))
             if key in self._in_flight:
-                return await self._serve(self._join(request, job, start))
+                return self._serve(self._join(request, job, start))
         lost = draws.response_lost < config.timeout_prob
         # Registered before the server task starts, so a repeat arriving at the same instant sees it.
         owns_in_flight = key not in self._in_flight
         if owns_in_flight:
             self._in_flight[key] = []
-        return await self._serve(self._execute(request, job, start, latency, lost, owns_in_flight))
+        return self._serve(self._execute(request, job, start, latency, lost, owns_in_flight))
 
     def window_usage(self, now: float) -> dict[str, tuple[float, float, float]]:
         """``{"requests"|"units": (limit, used, seconds until empty)}`` for the configured server windows
@@ -646,35 +666,33 @@ class SimulatedProvider:
         return ProviderResponse(result=result, usage=float(execution.units))
 
     # ------------------------------------------------------------------ server-side work
-    async def _serve(self, work: Coroutine[Any, Any, Any]) -> ProviderResponse:
-        """Run ``work`` as a server-side task and wait for its answer.
+    def _serve(self, work: Coroutine[Any, Any, Any]) -> Future[Any]:
+        """Run ``work`` as a server-side task; the future of its answer (its value or its exception).
 
         The client may give up (timeout, cancellation, crash); the server task still runs
-        to the end, records and bills. A lost response makes the client hang instead.
+        to the end, records and bills. A lost response (``_LOST``) makes the client hang instead.
         """
         runtime = self.runtime
         answer: Future[Any] = runtime.create_future()
         self._serial += 1
         serial = self._serial
+        self._serving[serial] = runtime.spawn(
+            self._server_task(work, answer, serial), name=f"{self.name}-server-{serial}"
+        )
+        return answer
 
-        async def server_task() -> None:
-            try:
-                value = await work
-            except Exception as error:
-                if not answer.done():
-                    answer.set_exception(error)
-            else:
-                if not answer.done():
-                    answer.set_result(value)
-            finally:
-                self._serving.pop(serial, None)
-
-        self._serving[serial] = runtime.spawn(server_task(), name=f"{self.name}-server-{serial}")
-        value = await answer
-        if value is _LOST:
-            await runtime.sleep(LOST_RESPONSE_HANG_S)
-            raise ProviderTimeoutError(f"no response from {self.name!r}: the connection dropped")
-        return value
+    async def _server_task(self, work: Coroutine[Any, Any, Any], answer: Future[Any], serial: int) -> None:
+        """Drive ``work`` to its end and hand its outcome to ``answer``, if nobody resolved it first."""
+        try:
+            value = await work
+        except Exception as error:
+            if not answer.done():
+                answer.set_exception(error)
+        else:
+            if not answer.done():
+                answer.set_result(value)
+        finally:
+            self._serving.pop(serial, None)
 
     async def _fail_after(
         self, request: ProviderRequest, job: SimJob, start: float, delay: float, outcome: Outcome
