@@ -271,3 +271,27 @@ def test_every_answer_carries_the_snapshot_of_its_instant(rpm: int | None, upm: 
         if kind != "lost":
             assert attached == expected
             assert (attached is None) == (rpm is None and upm is None)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_lognormal_noise_is_the_normal_dists_quantile_either_way(
+    monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    # lognormal_noise calls the function NormalDist.inv_cdf ends in directly when the Python has it
+    # (and the method otherwise): both give exp(sigma * NormalDist().inv_cdf(p) - sigma^2 / 2) bit for
+    # bit, over the whole range of draws (the clamped ends included).
+    import statistics
+
+    from aiqsim.sim import providers
+
+    assert providers._NORMAL_QUANTILE is getattr(statistics, "_normal_dist_inv_cdf", None)
+    if not direct:
+        monkeypatch.setattr(providers, "_NORMAL_QUANTILE", None)
+    standard = statistics.NormalDist()
+    rng = random.Random(11)
+    draws = [0.0, 1e-300, 1e-12, 0.5, 1.0 - 1e-12, 1.0 - 2**-53] + [rng.random() for _ in range(2000)]
+    for sigma in (0.0, 0.05, 0.4, 1.5):
+        for uniform in draws:
+            p = min(max(uniform, 1e-12), 1.0 - 1e-12)
+            expected = 1.0 if sigma == 0 else math.exp(sigma * standard.inv_cdf(p) - 0.5 * sigma * sigma)
+            assert providers.lognormal_noise(sigma, uniform) == expected

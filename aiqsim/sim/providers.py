@@ -55,12 +55,13 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import statistics
 import struct
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from aiqsim.core.failures import (
     InvalidRequestError,
@@ -125,6 +126,12 @@ request, server error, lost response, latency noise."""
 
 _STANDARD_NORMAL = NormalDist()
 _UNIT_OPEN = 1e-12
+_NORMAL_QUANTILE: Callable[[float, float, float], float] | None = getattr(
+    statistics, "_normal_dist_inv_cdf", None
+)
+"""The function ``NormalDist.inv_cdf`` ends in (C on CPython), called directly: the method around it only
+checks ``0 < p < 1`` and ``sigma > 0``, which :func:`lognormal_noise` guarantees, and costs ~0.4 us of
+each simulated call. ``None`` on a Python without it: the method is used."""
 
 
 def lognormal_noise(sigma: float, uniform: float) -> float:
@@ -135,7 +142,8 @@ def lognormal_noise(sigma: float, uniform: float) -> float:
     """
     if sigma == 0:
         return 1.0
-    z = _STANDARD_NORMAL.inv_cdf(min(max(uniform, _UNIT_OPEN), 1.0 - _UNIT_OPEN))
+    p = min(max(uniform, _UNIT_OPEN), 1.0 - _UNIT_OPEN)
+    z = _STANDARD_NORMAL.inv_cdf(p) if _NORMAL_QUANTILE is None else _NORMAL_QUANTILE(p, 0.0, 1.0)
     return math.exp(sigma * z - 0.5 * sigma * sigma)
 
 
@@ -334,10 +342,12 @@ class SimJob:
         )
 
 
-@fast_frozen_init  # built per call: see aiqsim.core.slot_init
-@dataclass(frozen=True, slots=True)
-class _Draws:
-    """The uniform draws one call takes, always all of them, always in this order."""
+class _Draws(NamedTuple):
+    """The uniform draws one call takes, always all of them, always in this order.
+
+    A named tuple (built per call): made from its six floats by ``tuple.__new__`` in C, ~0.5 us less
+    than a frozen dataclass; immutable and read by name all the same.
+    """
 
     rate_limit: float
     quota_exhausted: float
@@ -365,13 +375,16 @@ class _Draws:
         # The six words unpacked by name, not by a comprehension (a function call of its own on 3.11).
         w0, w1, w2, w3, w4, w5 = _UNPACK_DRAWS(hasher.digest())
         unit = _TWO_TO_MINUS_53
-        return cls(
-            (w0 >> 11) * unit,
-            (w1 >> 11) * unit,
-            (w2 >> 11) * unit,
-            (w3 >> 11) * unit,
-            (w4 >> 11) * unit,
-            (w5 >> 11) * unit,
+        return _new_tuple(
+            cls,
+            (
+                (w0 >> 11) * unit,
+                (w1 >> 11) * unit,
+                (w2 >> 11) * unit,
+                (w3 >> 11) * unit,
+                (w4 >> 11) * unit,
+                (w5 >> 11) * unit,
+            ),
         )
 
 
@@ -381,6 +394,7 @@ def _keyed_hash(secret: bytes) -> Any:
 
 
 _UNPACK_DRAWS = struct.Struct(f"<{DRAWS_PER_CALL}Q").unpack
+_new_tuple = tuple.__new__
 _TWO_TO_MINUS_53 = 2.0**-53
 """53 random bits times this is a uniform float in [0, 1), as ``random.random`` makes them."""
 
@@ -594,12 +608,13 @@ class SimulatedProvider:
             return self._serve(self._fail_after(request, job, start, config.latency_base_s, "outage"))
         slow = outage.slow_factor if outage is not None else 1.0
 
-        wait = self._quota_wait(job.units, start)
+        units = job.units
+        wait = self._quota_wait(units, start)
         if wait is not None:
-            self._record(request, start, start, "rate_limited", job.units)
+            self._record(request, start, start, "rate_limited", units)
             if math.isinf(wait):
                 raise InvalidRequestError(
-                    f"request of {job.units} units exceeds {self.name!r}'s limit of "
+                    f"request of {units} units exceeds {self.name!r}'s limit of "
                     f"{config.server_units_per_min:g} units per minute"
                 )
             raise RateLimitError(
@@ -608,19 +623,19 @@ class SimulatedProvider:
                 quota_spent=True if config.reports_quota else None,
             )
         if draws.rate_limit < config.rate_limit_prob:
-            self._record(request, start, start, "rate_limited", job.units)
+            self._record(request, start, start, "rate_limited", units)
             raise RateLimitError(
                 "rate limited",
                 retry_after_s=config.rate_limit_retry_after_s,
                 quota_spent=self._quota_spent(start),
             )
-        self._admit(job.units, start)
+        self._admit(units, start)
 
         if draws.quota_exhausted < config.quota_exhausted_prob:
-            self._record(request, start, start, "quota_exhausted", job.units)
+            self._record(request, start, start, "quota_exhausted", units)
             raise QuotaExhaustedError("account quota exhausted")
         if draws.invalid_request < config.invalid_request_prob:
-            self._record(request, start, start, "invalid_request", job.units)
+            self._record(request, start, start, "invalid_request", units)
             raise InvalidRequestError("invalid request")
 
         latency = self._latency(job, draws.noise) * slow
