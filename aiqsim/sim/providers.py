@@ -563,7 +563,7 @@ class SimulatedProvider:
             if not isinstance(error, ProviderTimeoutError):
                 error.ratelimit = self.ratelimit_snapshot(self.runtime.now())
             raise
-        if self._request_window is None and self._unit_window is None:  # no snapshot to attach
+        if self._request_window is None and self._unit_window is None:  # ratelimit_snapshot() is None
             return value  # type: ignore[no-any-return]
         return _copy_response(value, {"ratelimit": self.ratelimit_snapshot(self.runtime.now())})
 
