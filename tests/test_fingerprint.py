@@ -316,3 +316,49 @@ def test_fast_path_is_taken_for_flat_payloads_and_not_for_ones_needing_conversio
     assert _already_canonical({"input": "naïve ☕", "prompt_units": 12, "output_units": 3, "p": 0.5})
     for needs_work in ({"a": 1.0}, {"a": (1,)}, {"a": b"x"}, {"a": "\ud800"}, {1: "x"}, {"a": math.nan}):
         assert not _already_canonical(needs_work)
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload", "params", "version", "assembled"),
+    [
+        (
+            "llm",
+            {"input": "w0-input-000001", "prompt_units": 812, "output_units": 230, "poison": False},
+            None,
+            "",
+            True,
+        ),
+        (
+            "vision",
+            {"input": 'a "quoted"\n\\ naïve ☕', "z": [1, 0.5, None, True], "a": {}},
+            {},
+            "v2.1",
+            True,
+        ),
+        ("tts", "just text", None, "", True),
+        ("llm", {"input": "x"}, {"temperature": 0.2}, "", False),  # params: the general path
+        ("llmé", {"input": "x"}, None, "", False),  # a non-ASCII kind: the general path
+        ("llm", {"input": "x"}, None, "vé", False),  # a non-ASCII version: the general path
+        ("llm", {"input": "x", "n": 2.0}, None, "", False),  # an integral float needs conversion
+        ("llm", ("a", 1), None, "", False),  # a tuple needs conversion
+    ],
+)
+def test_assembled_text_path_gives_the_general_paths_key(
+    monkeypatch: pytest.MonkeyPatch, kind: str, payload: Any, params: Any, version: str, assembled: bool
+) -> None:
+    # fingerprint() assembles the document's text around the payload's for the usual call; the key
+    # must be the general path's, and the assembled path must be taken exactly when documented.
+    import aiqsim.core.fingerprint as fp
+
+    texts: list[str] = []
+    encode_text = fp._encode_text
+
+    def spy(text: str) -> str:
+        texts.append(text)
+        return encode_text(text)
+
+    monkeypatch.setattr(fp, "_encode_text", spy)
+    assert fingerprint(kind, payload, params=params, version=version) == _slow_key(
+        kind, payload, params, version
+    )
+    assert texts == ([kind, version] if assembled else [])

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiqsim.core.failures import InvalidRequestError
+from aiqsim.core.failures import InvalidRequestError, ProviderError
 from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.core.task import Priority
 from aiqsim.runtime import SimPyRuntime
@@ -219,3 +219,79 @@ def test_a_provider_draws_what_the_pure_function_draws() -> None:
             priority=Priority.BACKGROUND,
         )
         assert provider._draws(request) == _Draws.for_request(provider._draw_secret, key, arrival)
+
+
+@pytest.mark.parametrize(("rpm", "upm"), [(None, None), (30, None), (None, 4000), (30, 4000)])
+def test_every_answer_carries_the_snapshot_of_its_instant(rpm: int | None, upm: int | None) -> None:
+    # call() skips the snapshot when the provider has no server windows (the usual case) and attaches
+    # one otherwise: both paths, for responses and for errors, against the snapshot built from
+    # window_usage at the instant of the answer. A lost response is no answer and carries nothing.
+    cfg = ProviderConfig(
+        name="llm",
+        latency_base_s=0.5,
+        latency_per_unit_s=0.01,
+        latency_sigma=0.3,
+        price_per_1k_units=1.0,
+        server_error_prob=0.2,
+        timeout_prob=0.1,
+        server_requests_per_min=rpm,
+        server_units_per_min=upm,
+    )
+    runtime = SimPyRuntime()
+    provider = SimulatedProvider(runtime, cfg, random.Random(3))
+    answers: list[tuple[str, Any, Any]] = []
+
+    async def client(number: int) -> None:
+        await runtime.sleep(number * 0.7)
+        body = {"input": f"x{number}", "prompt_units": 20 * (number % 5), "output_units": 40}
+        request = ProviderRequest(f"t{number}", f"k{number % 9}", "llm", body, 1.0, 1, Priority.BACKGROUND)
+        try:
+            response = await runtime.wait_for(provider.call(request), 30.0)
+        except TimeoutError:
+            answers.append(("lost", None, None))
+            return
+        except ProviderError as error:  # every answered error carries the snapshot
+            answers.append(
+                (type(error).__name__, error.ratelimit, _snapshot_from_window_usage(provider, runtime.now()))
+            )
+            return
+        answers.append(("ok", response.ratelimit, _snapshot_from_window_usage(provider, runtime.now())))
+
+    async def main() -> None:
+        tasks = [runtime.spawn(client(number)) for number in range(60)]
+        for task in tasks:
+            await task
+
+    runtime.run(main())
+    kinds = {kind for kind, _, _ in answers}
+    assert {"ok", "ServerError", "lost"} <= kinds
+    if rpm is not None:
+        assert "RateLimitError" in kinds  # ~85 requests a minute against 30: the window refuses some
+    for kind, attached, expected in answers:
+        if kind != "lost":
+            assert attached == expected
+            assert (attached is None) == (rpm is None and upm is None)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_lognormal_noise_is_the_normal_dists_quantile_either_way(
+    monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    # lognormal_noise calls the function NormalDist.inv_cdf ends in directly when the Python has it
+    # (and the method otherwise): both give exp(sigma * NormalDist().inv_cdf(p) - sigma^2 / 2) bit for
+    # bit, over the whole range of draws (the clamped ends included).
+    import statistics
+
+    from aiqsim.sim import providers
+
+    assert providers._NORMAL_QUANTILE is getattr(statistics, "_normal_dist_inv_cdf", None)
+    if not direct:
+        monkeypatch.setattr(providers, "_NORMAL_QUANTILE", None)
+    standard = statistics.NormalDist()
+    rng = random.Random(11)
+    draws = [0.0, 1e-300, 1e-12, 0.5, 1.0 - 1e-12, 1.0 - 2**-53] + [rng.random() for _ in range(2000)]
+    for sigma in (0.0, 0.05, 0.4, 1.5):
+        for uniform in draws:
+            p = min(max(uniform, 1e-12), 1.0 - 1e-12)
+            expected = 1.0 if sigma == 0 else math.exp(sigma * standard.inv_cdf(p) - 0.5 * sigma * sigma)
+            assert providers.lognormal_noise(sigma, uniform) == expected

@@ -107,6 +107,10 @@ _ENCODE: Callable[[Any], str] = _reused_c_encoder() or _encode_with_checks
 """Canonical JSON text of an already-canonical document (see :func:`_reused_c_encoder`)."""
 
 
+_encode_text: Callable[[str], str] = json.encoder.encode_basestring
+"""A str's JSON text as the canonical encoder writes it (``ensure_ascii=False``: quoted and escaped)."""
+
+
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of ``value`` (sorted keys, compact, UTF-8, integral floats as ints)."""
     return _ENCODE(_canonical(value, "$"))
@@ -162,10 +166,28 @@ def fingerprint(
 ) -> str:
     """The idempotency key for calling ``kind`` (at engine/model ``version``) on ``payload``.
 
-    Fast path: a document that is already canonical (the usual flat JSON-like payload) is
-    encoded directly, skipping the copy :func:`canonical_json` makes; the text, hence the key, is
-    byte-identical (``tests/test_fingerprint.py`` checks it against the slow path with hypothesis).
+    Fast paths: a document that is already canonical (the usual flat JSON-like payload) is
+    encoded directly, skipping the copy :func:`canonical_json` makes, and without params (the
+    usual call) only the payload is encoded, the rest of the text assembled around it; the text,
+    hence the key, is byte-identical (``tests/test_fingerprint.py`` checks both against the slow path).
     """
+    if (
+        not params
+        and type(kind) is str
+        and type(version) is str
+        and kind.isascii()
+        and version.isascii()
+        and _already_canonical(payload)
+    ):
+        # The usual call (no params, ASCII kind and version, a canonical payload): the document's text
+        # is assembled around the payload's, keys in sorted order, instead of building the document,
+        # walking it and encoding it. Same text, hence the same key: tests/test_fingerprint.py
+        # compares this path with the general one below.
+        text = (
+            f'{{"input":{_ENCODE(payload)},"kind":{_encode_text(kind)},'
+            f'"params":{{}},"version":{_encode_text(version)}}}'
+        )
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
     document = {"kind": kind, "version": version, "params": dict(params or {}), "input": payload}
     text = _ENCODE(document) if _already_canonical(document) else canonical_json(document)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

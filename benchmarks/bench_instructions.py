@@ -1,0 +1,94 @@
+"""Instructions executed by ``simulate()`` on the shipped scenarios: two trees compared under cachegrind.
+
+CPU time on a shared 2-core machine moves by 10-30% between rounds, so a change worth 1-2% cannot be
+seen in it. The count of instructions executed is deterministic (with ``PYTHONHASHSEED=0``, identical
+trees differ by a few million of ~7.5 billion) and moves with any change in the Python work. It is
+not time -- a cache miss costs more than an add -- so use it next to ``bench_baseline.py``'s CPU
+times, not instead of them.
+
+Each side runs in a fresh process under ``valgrind --tool=cachegrind --cache-sim=no`` (~50x slower:
+about one minute per side), with ``PYTHONPATH`` at its own tree: import ``aiqsim.sim`` and
+``simulate(path, seed=0)`` once on every ``scenarios/*.toml`` of the current tree. A third run that
+only imports gives the part both sides share, so the difference is also stated as a share of the
+``simulate()`` part. A tree's ``.pyc`` files are written by an untimed import first (compiling them
+would count).
+
+Run: ``python benchmarks/bench_instructions.py [--ref REF]`` (``REF`` defaults to ``HEAD``; the other
+side is the working tree). Needs ``valgrind`` on the PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+SIMULATE_ALL = (
+    "import glob, sys\n"
+    "from aiqsim.sim import simulate\n"
+    "for path in sorted(glob.glob(sys.argv[1] + '/*.toml')):\n"
+    "    simulate(path, seed=0)\n"
+)
+IMPORT_ONLY = "from aiqsim.sim import simulate\n"
+
+
+def instructions(tree: Path, program: str) -> int:
+    """Instructions ``program`` executes with ``tree`` first on ``PYTHONPATH`` (cachegrind's ``I refs``)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+    subprocess.run([sys.executable, "-c", IMPORT_ONLY], env=env, check=True, cwd=tempfile.gettempdir())
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=cachegrind",
+            "--cache-sim=no",
+            "--cachegrind-out-file=/dev/null",
+            sys.executable,
+            "-c",
+            program,
+            str(REPO / "scenarios"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tempfile.gettempdir(),
+    )
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ref", default="HEAD", help="the commit to compare the working tree with")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed")
+    with tempfile.TemporaryDirectory(prefix="aiqsim-instructions-") as folder:
+        baseline = Path(folder)
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", args.ref, "aiqsim"], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive.stdout, check=True)
+        shared = instructions(baseline, IMPORT_ONLY)
+        before = instructions(baseline, SIMULATE_ALL)
+        after = instructions(REPO, SIMULATE_ALL)
+    change = after - before
+    print(f"import only: {shared / 1e6:,.0f}M instructions")
+    print(f"{args.ref}: {before / 1e6:,.0f}M   working tree: {after / 1e6:,.0f}M")
+    print(
+        f"change: {change / 1e6:+,.0f}M ({change / before:+.2%} of the whole run, "
+        f"{change / (before - shared):+.2%} of the simulate() part)"
+    )
+
+
+if __name__ == "__main__":
+    main()
