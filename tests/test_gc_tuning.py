@@ -51,25 +51,19 @@ def test_simulate_restores_the_collector_settings(tmp_path) -> None:
     assert gc.get_freeze_count() == 0
 
 
-class _Node:
-    def __init__(self) -> None:
-        self.other: _Node | None = None
+def test_repeated_runs_leave_the_oldest_generation_flat() -> None:
+    """A sweep runs simulate() many times in one process. Cyclic garbage a run leaves (a failed call's
+    traceback holds the future that holds the error) must be freed by the usual young collections:
+    moving what a run kept straight to the oldest generation (tried once, to skip one collection at
+    the end of a run) grew it by ~36k objects per run of provider_outage, as no full collection came."""
+    from aiqsim.sim import simulate
 
+    def oldest() -> int:
+        return len(gc.get_objects(generation=2))
 
-def test_what_the_run_kept_leaves_as_long_lived_and_its_cycles_are_still_freed() -> None:
-    """On the way out, the objects made in the block are not left in the young generation (whose
-    next collection, at the default threshold, would scan them all: 37 ms after one simulation run),
-    and a reference cycle made in the block is still collected by a full collection."""
-    gc.collect()
-    with relaxed_gc():
-        kept = [{"n": i} for i in range(20_000)]
-        cycle = _Node()
-        cycle.other = _Node()
-        cycle.other.other = cycle
-        del cycle
-    young = gc.get_count()[0]
-    assert young < 1_000, young  # not the 20,000 dicts
-    assert gc.get_freeze_count() == 0
-    assert any(obj is kept for obj in gc.get_objects(generation=2))
-    assert gc.collect() >= 2  # the two nodes of the cycle
-    assert len(kept) == 20_000
+    simulate("scenarios/provider_outage.toml", seed=0)
+    simulate("scenarios/provider_outage.toml", seed=1)
+    settled = oldest()
+    for seed in (2, 3, 4):
+        simulate("scenarios/provider_outage.toml", seed=seed)
+    assert oldest() - settled < 10_000, (settled, oldest())
