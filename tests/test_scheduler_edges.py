@@ -211,3 +211,33 @@ def test_nonsense_settings_are_refused_rather_than_spinning() -> None:
     )
     with pytest.raises(ValueError, match="finite"):
         scheduler.quota("llm").tokens.set_level(float("nan"), 0.0)
+
+
+def test_a_dispatch_that_raises_is_reported_and_the_lane_goes_on() -> None:
+    """An event sink that breaks on the first quota sample (emitted as the dispatch grants a task)
+    makes that dispatch raise. It is reported under the lane's dispatcher name and the next wake-up
+    dispatches again: both tasks finish. (As a coroutine, the dispatcher died with the error and its
+    lane never started anything again.)"""
+    from aiqsim.scheduler.events import QuotaSample
+
+    runtime = SimPyRuntime()
+    broke: list[float] = []
+
+    def sink(event: object) -> None:
+        if isinstance(event, QuotaSample) and not broke:
+            broke.append(event.time)
+            raise RuntimeError("event sink broke")
+
+    async def body() -> list[TaskStatus]:
+        scheduler = Scheduler(runtime, [ScriptedProvider(runtime, latency_s=1.0)], events=sink)
+        first = scheduler.submit("llm", {"input": "a"}, cost_estimate=1)
+        await runtime.sleep(5)
+        second = scheduler.submit("llm", {"input": "b"}, cost_estimate=1)
+        records = [await first.wait(), await second.wait()]
+        await scheduler.close()
+        return [record.status for record in records]
+
+    assert runtime.run(runtime.wait_for(body(), 600)) == [TaskStatus.SUCCEEDED, TaskStatus.SUCCEEDED]
+    assert [(name, str(error)) for name, error in runtime.task_errors] == [
+        ("dispatch-llm", "event sink broke")
+    ]
