@@ -82,10 +82,7 @@ class _FifoQueue(_LazyQueue):
         self._size += 1
 
     def peek(self, now: float) -> QueueItem | None:
-        items = self._items  # _first_live, inlined: the dispatcher peeks every queue on every run
-        while items and items[0].removed:
-            items.popleft()
-        return items[0] if items else None
+        return _first_live(self._items)
 
     def next_change(self, now: float) -> float:
         return math.inf

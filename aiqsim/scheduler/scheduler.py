@@ -506,8 +506,7 @@ class Scheduler:
         accepted = self._commit.durable() if self._commit is not None else None
         live = _Live(record=record, future=self.runtime.create_future(), retry=retry)
         self._live[record.id] = live
-        if self.events is not None:  # checked here too: this runs for every submission
-            self._emit_transition(None, record)
+        self._emit_transition(None, record)
         self._ensure_started()
         self._follow_owner(live, owner)
         return Submission(record.id, key, live.future, self.runtime.create_future, accepted)
@@ -1200,10 +1199,9 @@ class Scheduler:
                 lane.pump.wake()
                 for gate in self.gates:
                     tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
-                if self.events is not None:  # checked here too: this runs for every call
-                    self._emit_attempt(
-                        live, attempts, start, now, None, "done", None, None, usage, response=response
-                    )
+                self._emit_attempt(
+                    live, attempts, start, now, None, "done", None, None, usage, response=response
+                )
                 lane.rate_limits.record_success(now, policy.adaptive_rule)
                 self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
                 return
@@ -1380,8 +1378,7 @@ class Scheduler:
         record = transition(old, status, self.runtime.now(), **changes)
         self._write(record, old)
         live.record = record
-        if self.events is not None:  # checked here too: this runs on every transition
-            self._emit_transition(old.status, record)
+        self._emit_transition(old.status, record)
         return record
 
     def _finish(self, live: _Live, status: TaskStatus, **changes: Any) -> None:
@@ -1397,8 +1394,7 @@ class Scheduler:
             self._lose(live, error, outcome=record)
             return
         live.record = record
-        if self.events is not None:  # checked here too: this runs for every task
-            self._emit_transition(old.status, record)
+        self._emit_transition(old.status, record)
         if self._commit is None:
             self._settle(live, record)
             return
