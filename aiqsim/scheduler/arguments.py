@@ -75,3 +75,10 @@ def checked_providers(providers: Any) -> dict[str, Any]:
             "providers: expected at least one provider; a scheduler without providers cannot run any task"
         )
     return by_name
+
+
+def checked_worker_id(value: str | None, what: str) -> str | None:
+    """A worker id is a non-empty string; ``None`` means "no worker id" (tasks of a single user)."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{what} must be a non-empty string or None, got {value!r}")
+    return value

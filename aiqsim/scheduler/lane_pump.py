@@ -1,9 +1,9 @@
 """When a lane's dispatcher runs: at a wake-up (something changed) or when the time it asked for comes.
 
 The dispatch rule itself (which task starts next, and whether the quota lets it start now) is
-``Scheduler._dispatch``: one plain function that starts every task it can and returns how long to
-wait before it can start the next one (``None``: until something changes). :class:`LanePump` only
-decides *when* it runs:
+``Scheduler._dispatch`` (in :mod:`aiqsim.scheduler.lanes`): one plain function that starts every
+task it can and returns how long to wait before it can start the next one (``None``: until something
+changes). :class:`LanePump` only decides *when* it runs:
 
 - :meth:`LanePump.wake` (a submission, a release, a cancellation, a retry asking for quota) runs it
   in a later event of the same instant, never inside the caller: every change made in this instant

@@ -1,0 +1,382 @@
+"""Running a task: its attempts inside ``running``.
+
+Each attempt is admitted by the gates, sent, and its failure classified (retryable, fatal, poison);
+a retry backs off (honouring Retry-After, which may pause the lane) and asks its lane for quota again.
+A success's usage is checked and reconciled with the quota. :class:`AttemptLoop` is one of the parts
+:class:`~aiqsim.scheduler.scheduler.Scheduler` is made of.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from aiqsim.core.backoff import retry_delay
+from aiqsim.core.failures import (
+    AttemptRejectedError,
+    FailureClass,
+    PoisonInputError,
+    RateLimitError,
+    classify_failure,
+    describe_error,
+    retry_after_of,
+)
+from aiqsim.core.task import TaskStatus
+from aiqsim.core.token_bucket import Reservation
+from aiqsim.core.usage import sane_usage
+from aiqsim.runtime.protocol import Cancelled
+from aiqsim.scheduler.events import AttemptRecord, LanePaused, UsageAnomaly
+from aiqsim.scheduler.lanes import Lane
+from aiqsim.scheduler.live import LiveTask
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.scheduler.rate_limit_scope import RateLimitScope, pauses_lane
+from aiqsim.scheduler.retry import abandon_at_gate, ask_gates, gate_wait_s, tell_gate
+from aiqsim.scheduler.store_writes import persist
+from aiqsim.stores.base import StoreWriteError
+
+
+class AttemptLoop:
+    """A task's run: its attempts, their failures and retries, gates and usage, inside ``running``."""
+
+    async def _run(self, lane: Lane, live: LiveTask, reservation: Reservation | None) -> None:
+        live.started = True
+        runtime = self.runtime
+        policy = self.retry if live.retry is None else live.retry
+        if live.cancel_requested or live.lost is not None:
+            assert reservation is not None
+            lane.quota.cancel(reservation, runtime.now())
+            lane.pump.wake()
+            if live.lost is None:
+                self._finish(live, TaskStatus.CANCELLED)
+            return
+        if not await self._persist_running(lane, live, reservation):
+            return
+        record = live.record
+        attempts = record.attempts
+        tries = 0
+        previous_delay: float | None = None
+        cause: BaseException | None = None
+        awaiting_outcome = False
+        admitted = False  # a retry the gates admitted before its backoff, not yet sent
+        try:
+            poison = self.store.poison_error(record.key)
+            if poison is not None:
+                assert reservation is not None
+                lane.quota.cancel(reservation, runtime.now())
+                reservation = None
+                lane.pump.wake()
+                await self._fail_poison(
+                    live, attempts, PoisonInputError(f"input recorded as poison ({poison})")
+                )
+                return
+            while True:
+                if reservation is None:
+                    reservation = await self._await_ticket(lane, live)
+                attempts += 1
+                tries += 1
+                is_retry = tries > 1
+                wait = self._gate_wait(lane.name, is_retry) if self.gates else 0.0
+                while wait > 0:
+                    await runtime.sleep(wait)
+                    wait = self._gate_wait(lane.name, is_retry)
+                asked = self._late_gates if admitted else self.gates
+                refusal = self._gate_refusal(lane.name, is_retry, record.id, cause, asked) if asked else None
+                if refusal is not None and admitted:  # not sent after all: the quota gets its charge back
+                    self._abandon_early(lane.name, record.id)
+                admitted = False
+                if refusal is not None:
+                    lane.quota.cancel(reservation, runtime.now())
+                    reservation = None
+                    lane.pump.wake()
+                    error = AttemptRejectedError(refusal)
+                    self._emit_attempt(
+                        live, attempts, runtime.now(), runtime.now(), error, "rejected", None, None
+                    )
+                    self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+                    return
+                request = ProviderRequest(
+                    task_id=record.id,
+                    idempotency_key=record.key,
+                    kind=record.kind,
+                    payload=record.payload,
+                    cost_estimate=record.cost_estimate,
+                    attempt=attempts,
+                    priority=record.priority,
+                )
+                start = runtime.now()
+                awaiting_outcome = True
+                try:
+                    call = lane.provider.call(request)
+                    if policy.attempt_timeout_s is None:
+                        response = await call
+                    else:
+                        response = await runtime.wait_for(call, policy.attempt_timeout_s)
+                except Exception as error:
+                    awaiting_outcome = False
+                    now = runtime.now()
+                    lane.quota.release(reservation, now)
+                    reservation = None
+                    lane.pump.wake()
+                    failure = classify_failure(error, tries, poison_after=policy.poison_after)
+                    retry_after = retry_after_of(error)
+                    pause, too_long = policy.retry_after_wait(retry_after)
+                    if pause is not None and isinstance(error, RateLimitError):
+                        self._pause_for_rate_limit(lane, error, record.id, now, pause)
+                    for gate in self.gates:
+                        tell_gate(gate, lane.name, is_retry, failure, error, now, task_id=record.id)
+                    if too_long:
+                        self._emit_attempt(
+                            live, attempts, start, now, error, "retry_after_too_long", retry_after, None
+                        )
+                        message = (
+                            f"{describe_error(error)} (Retry-After {retry_after:g} s is longer than "
+                            f"max_retry_after_s={policy.max_retry_after_s:g})"
+                        )
+                        self._finish(live, TaskStatus.FAILED, attempts=attempts, error=message)
+                        return
+                    if failure is FailureClass.RETRYABLE and tries < policy.max_attempts:
+                        delay = retry_delay(
+                            policy.backoff,
+                            tries - 1,
+                            self.rng,
+                            previous=previous_delay,
+                            retry_after_s=retry_after if policy.honour_retry_after else None,
+                        )
+                        if self._early_gates:
+                            # A retry quota is asked when the retry is decided, before the backoff:
+                            # refused (AWS: no retry quota), the task fails now, with no delay. The
+                            # other gates are asked just before the retry is sent (see split_gates).
+                            refusal = self._gate_refusal(lane.name, True, record.id, error, self._early_gates)
+                            if refusal is not None:
+                                self._emit_attempt(
+                                    live, attempts, start, now, error, "retry", retry_after, None
+                                )
+                                rejected = AttemptRejectedError(refusal)
+                                attempts += 1
+                                self._emit_attempt(live, attempts, now, now, rejected, "rejected", None, None)
+                                self._finish(
+                                    live, TaskStatus.FAILED, attempts=attempts, error=describe_error(rejected)
+                                )
+                                return
+                            admitted = True
+                        self._emit_attempt(live, attempts, start, now, error, "retry", retry_after, delay)
+                        previous_delay = delay
+                        cause = error
+                        if getattr(lane.quota, "paused_until", -math.inf) < now + delay:
+                            await runtime.sleep(delay)
+                        # else the lane stays paused at least until this retry is due: it waits for
+                        # the lane in the retry line (granted no earlier than the pause's end), so
+                        # that it goes before queued work when the lane reopens on either runtime
+                        # (sleeping instead, on asyncio it raced the lane's own wake-up at that instant)
+                        continue
+                    decision = "exhausted" if failure is FailureClass.RETRYABLE else failure.value
+                    self._emit_attempt(live, attempts, start, now, error, decision, retry_after, None)
+                    if failure is FailureClass.POISON:
+                        await self._fail_poison(live, attempts, error)
+                        return
+                    self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+                    return
+                awaiting_outcome = False
+                now = runtime.now()
+                usage = self._charged_usage(lane, live, attempts, response.usage, now)
+                lane.quota.reconcile(reservation, usage, now)
+                lane.quota.release(reservation, now)
+                reservation = None
+                lane.pump.wake()
+                for gate in self.gates:
+                    tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
+                self._emit_attempt(
+                    live, attempts, start, now, None, "done", None, None, usage, response=response
+                )
+                lane.rate_limits.record_success(now, policy.adaptive_rule)
+                self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
+                return
+        except Cancelled:
+            if awaiting_outcome:
+                for gate in self.gates:
+                    abandon_at_gate(gate, lane.name, tries > 1, True, runtime.now(), task_id=record.id)
+            elif admitted:  # a retry charged before its backoff and never sent: give the charge back
+                self._abandon_early(lane.name, record.id)
+            if reservation is not None:
+                if awaiting_outcome:  # the call was sent: the provider counts it
+                    lane.quota.release(reservation, runtime.now())
+                else:  # cancelled in a gate wait: nothing was sent, give it all back
+                    lane.quota.cancel(reservation, runtime.now())
+                    attempts -= 1
+                lane.pump.wake()
+            if self._crashed:
+                raise
+            self._finish(live, TaskStatus.CANCELLED, attempts=attempts)
+        except Exception as error:  # not a provider failure: a gate or an event sink broke
+            if admitted:
+                self._abandon_early(lane.name, record.id)
+            if reservation is not None:
+                lane.quota.release(reservation, runtime.now())
+                lane.pump.wake()
+            if live.record.status.is_terminal or self._crashed:
+                raise
+            self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+
+    async def _persist_running(self, lane: Lane, live: LiveTask, reservation: Reservation | None) -> bool:
+        """Write ``queued -> running`` and wait until it is durable: no call is sent before.
+
+        False when the task must not run: the write (or its group commit) failed, so the task is
+        lost (quota given back), or it was cancelled while waiting for the commit.
+        """
+        assert reservation is not None
+        try:
+            self._move(live, TaskStatus.RUNNING)
+            if self._commit is not None:
+                lost = await self._commit.durable()
+                if lost is not None:
+                    raise lost
+        except StoreWriteError as error:
+            self._give_back(lane, reservation)
+            self._lose(live, error)
+            return False
+        except Cancelled:
+            self._give_back(lane, reservation)
+            if self._crashed:
+                raise
+            self._finish(live, TaskStatus.CANCELLED)
+            return False
+        return True
+
+    def _give_back(self, lane: Lane, reservation: Reservation) -> None:
+        """Give back an unused reservation (nothing was sent) and wake the lane's dispatcher."""
+        lane.quota.cancel(reservation, self.runtime.now())
+        lane.pump.wake()
+
+    def _charged_usage(self, lane: Lane, live: LiveTask, attempt: int, reported: Any, now: float) -> float:
+        """The usage to reconcile for a successful call; a hostile or buggy report is clamped and
+        recorded (rule: :func:`aiqsim.core.usage.sane_usage`), never allowed to fail the call."""
+        record = live.record
+        tokens = lane.quota.tokens
+        verdict = sane_usage(reported, record.cost_estimate, tokens.capacity if tokens is not None else None)
+        if verdict.anomaly is not None:
+            self.anomalies["usage"] += 1
+            if self.events is not None:
+                self.events(
+                    UsageAnomaly(
+                        time=now,
+                        task_id=record.id,
+                        key=record.key,
+                        provider=record.provider,
+                        attempt=attempt,
+                        reported=repr(reported),
+                        charged=verdict.usage,
+                        reason=verdict.anomaly,
+                    )
+                )
+        return verdict.usage
+
+    def _pause_for_rate_limit(
+        self, lane: Lane, error: BaseException, task_id: str, now: float, pause: float
+    ) -> None:
+        """Pause the whole lane for a 429's Retry-After when the rate-limit scope says so.
+
+        The task that saw the 429 waits it out in any case (its retry delay is floored by it).
+        """
+        policy = self.retry
+        scope = policy.rate_limit_scope
+        quota_spent = error.quota_spent if isinstance(error, RateLimitError) else None
+        looks_spent = lane.rate_limits.record_rate_limit(task_id, now, policy.adaptive_rule)
+        if not pauses_lane(scope, quota_spent, looks_spent):
+            return
+        lane.quota.pause_until(now + pause)
+        if self.events is not None:
+            if scope is RateLimitScope.LANE:
+                reason = "scope=lane"
+            else:
+                reason = "quota_spent" if quota_spent else "repeated_429s"
+            self.events(LanePaused(now, lane.name, lane.quota.paused_until, task_id, reason))
+
+    async def _fail_poison(self, live: LiveTask, attempts: int, error: BaseException) -> None:
+        record = live.record
+        now = self.runtime.now()
+        try:
+            persist(
+                f"poison record of key {record.key!r} (task {record.id!r})",
+                self.store.record_poison,
+                record.key,
+                describe_error(error),
+                now,
+            )
+        except StoreWriteError as write_error:
+            self._lose(live, write_error)
+            return
+        self._staged(record.id)
+        if self.poison_fallback is not None:
+            try:
+                result = await self.poison_fallback(record)
+            except Exception as fallback_error:
+                message = f"{describe_error(error)}; fallback failed: {describe_error(fallback_error)}"
+                self._finish(live, TaskStatus.FAILED, attempts=attempts, error=message)
+                return
+            self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=result)
+            return
+        self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+
+    def _gate_wait(self, provider: str, is_retry: bool) -> float:
+        """The longest wait any gate asks for before the next attempt (0: none)."""
+        if not self.gates:
+            return 0.0
+        now = self.runtime.now()
+        return max((gate_wait_s(gate, provider, is_retry, now) for gate in self.gates), default=0.0)
+
+    def _gate_refusal(
+        self,
+        provider: str,
+        is_retry: bool,
+        task_id: str,
+        cause: BaseException | None,
+        gates: tuple[Any, ...] | None = None,
+    ) -> str | None:
+        """The first refusal of this attempt by ``gates`` (all by default), or None (:func:`ask_gates`)."""
+        gates = self.gates if gates is None else gates
+        if not gates:
+            return None
+        now = self.runtime.now()
+        return ask_gates(gates, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
+
+    def _abandon_early(self, provider: str, task_id: str) -> None:
+        """Tell the gates that charged a retry before its backoff that it will not be sent."""
+        now = self.runtime.now()
+        for gate in reversed(self._early_gates):
+            abandon_at_gate(gate, provider, True, False, now, task_id=task_id)
+
+    def _emit_attempt(
+        self,
+        live: LiveTask,
+        attempt: int,
+        start: float,
+        end: float,
+        error: BaseException | None,
+        decision: str,
+        retry_after: float | None,
+        delay: float | None,
+        usage: float | None = None,
+        response: ProviderResponse | None = None,
+    ) -> None:
+        # positional, in AttemptRecord's field order: this runs once per provider call
+        if self.events is not None:
+            record = live.record
+            seen = response if response is not None else error
+            self.events(
+                AttemptRecord(
+                    record.id,
+                    record.key,
+                    record.provider,
+                    attempt,
+                    start,
+                    end,
+                    "ok" if error is None else type(error).__name__,
+                    decision,
+                    record.cost_estimate,
+                    usage,
+                    retry_after,
+                    delay,
+                    getattr(response, "output_units", None),
+                    getattr(seen, "ratelimit", None),
+                )
+            )

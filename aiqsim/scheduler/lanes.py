@@ -1,0 +1,199 @@
+"""Provider lanes: each provider's queues, quota and dispatcher, and the rule that starts tasks.
+
+One :class:`Lane` per provider holds its dispatch queues (one per priority), its quota and the retry
+line of running tasks waiting for quota again. :class:`LaneDispatch` (one of the parts
+:class:`~aiqsim.scheduler.scheduler.Scheduler` is made of) enqueues tasks and runs the dispatch: the
+dispatch policy's choice starts as soon as the quota admits it, retries before new work of the same
+priority, interactive before background.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiqsim.core.failures import describe_error
+from aiqsim.core.task import Priority, TaskStatus
+from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
+from aiqsim.runtime.protocol import Cancelled, Future
+from aiqsim.scheduler.dispatch import QueueItem, TaskQueue
+from aiqsim.scheduler.events import QuotaSample
+from aiqsim.scheduler.lane_pump import LanePump
+from aiqsim.scheduler.live import LiveTask
+from aiqsim.scheduler.provider import Provider
+from aiqsim.scheduler.rate_limit_scope import RateLimitHistory
+from aiqsim.stores.base import StoreWriteError
+
+_PRIORITIES = tuple(Priority)  # iterating the enum itself is measurably slow on the dispatch path
+
+
+@dataclass(eq=False, slots=True)
+class QuotaTicket:
+    """A running task's request for quota for its next attempt."""
+
+    task_id: str
+    cost: float
+    future: Future[Reservation]
+    removed: bool = False
+
+
+@dataclass(eq=False)
+class Lane:
+    """One provider: its quota, its queues and its dispatcher."""
+
+    name: str
+    provider: Provider
+    quota: MultiQuota
+    queues: dict[Priority, TaskQueue]
+    pump: LanePump = field(init=False)
+    """Runs the lane's dispatch (``LaneDispatch._dispatch``) when woken, or when its wait for quota ends."""
+    retries: dict[Priority, deque[QuotaTicket]] = field(
+        default_factory=lambda: {p: deque() for p in Priority}
+    )
+    slot_blocked: bool = False
+    """The dispatcher waits for a concurrency slot: only a release can unblock it, not new work."""
+    rate_limits: RateLimitHistory = field(default_factory=RateLimitHistory)
+    """The lane's recent share of 429s (read by the ``adaptive`` rate-limit scope)."""
+
+
+def lane_quota(given: QuotaLimits | Any, now: float) -> Any:
+    """A lane's quota: a local :class:`MultiQuota` built from :class:`QuotaLimits` (unlimited when
+    absent), or a quota object given as is — e.g. :class:`aiqsim.fleet.RedisQuota`, shared by a
+    fleet — with the same reserve/release/reconcile interface."""
+    if given is None:
+        return MultiQuota(QuotaLimits(), now=now)
+    if isinstance(given, QuotaLimits):
+        return MultiQuota(given, now=now)
+    missing = [name for name in _QUOTA_METHODS if not callable(getattr(given, name, None))]
+    if missing:
+        raise QuotaConfigError(
+            f"a quota must be QuotaLimits or an object with {', '.join(_QUOTA_METHODS)}; "
+            f"{type(given).__name__} lacks {', '.join(missing)}"
+        )
+    return given
+
+
+_QUOTA_METHODS = ("check_cost", "try_reserve", "time_until", "release", "cancel", "reconcile", "pause_until")
+
+
+class LaneDispatch:
+    """Each provider lane's queues and its dispatch: which task starts next, and when the quota admits it."""
+
+    def _enqueue(self, live: LiveTask) -> None:
+        record = live.record
+        lane = self._lanes[record.provider]
+        self._seq += 1
+        item = QueueItem(record.id, record.cost_estimate, self.runtime.now(), self._seq)
+        live.queue_item = item
+        lane.queues[record.priority].push(item)
+        self._queued[record.priority] += 1
+        if not lane.slot_blocked:  # new work cannot help a dispatcher that waits for a free slot
+            lane.pump.wake()
+
+    def _ensure_started(self) -> None:
+        if self._started or self._closed:
+            return
+        self._started = True
+        for lane in self._lanes.values():
+            lane.pump.wake()
+
+    def _stop_background(self) -> None:
+        for lane in self._lanes.values():
+            lane.pump.stop()
+        for watcher in list(self._watchers.values()):
+            watcher.cancel()
+        self._watchers.clear()
+
+    def _next_candidate(self, lane: Lane, now: float) -> tuple[QuotaTicket | QueueItem, Priority] | None:
+        for priority in _PRIORITIES:
+            tickets = lane.retries[priority]
+            while tickets and (tickets[0].removed or tickets[0].future.done()):
+                tickets.popleft()
+            if tickets:
+                return tickets[0], priority
+            item = lane.queues[priority].peek(now)
+            if item is not None:
+                return item, priority
+        return None
+
+    def _dispatch(self, lane: Lane) -> float | None:
+        """Start every task ``lane``'s quota admits now, in the dispatch policy's order.
+
+        The policy's choice is never skipped: when it must wait for quota, so does the lane. Returns
+        how long until it may start (``None``: until a wake-up, as when nothing is queued or only a
+        release can free a slot). Run by the lane's :class:`~aiqsim.scheduler.lane_pump.LanePump`.
+        """
+        runtime = self.runtime
+        quota = lane.quota
+        lane.slot_blocked = False
+        now = runtime.now()  # one reading: no time passes while it runs
+        while True:
+            choice = self._next_candidate(lane, now)
+            if choice is None:
+                return None
+            candidate, priority = choice
+            try:
+                reservation = quota.try_reserve(candidate.cost, now)
+            except QuotaConfigError as error:  # e.g. recovered from a process with a larger burst
+                assert isinstance(candidate, QueueItem)  # a ticket's cost was granted once already
+                lane.queues[priority].pop(candidate)
+                self._queued[priority] -= 1
+                live = self._live[candidate.task_id]
+                live.queue_item = None
+                try:
+                    self._move(live, TaskStatus.RUNNING)
+                except StoreWriteError as write_error:
+                    self._lose(live, write_error)
+                    continue
+                self._finish(live, TaskStatus.FAILED, error=describe_error(error))
+                continue
+            if reservation is None:
+                wait = quota.time_until(candidate.cost, now)
+                if isinstance(candidate, QueueItem):
+                    wait = min(wait, lane.queues[priority].next_change(now) - now)
+                if math.isinf(wait):
+                    lane.slot_blocked = True
+                    return None
+                return max(wait, 0.0)
+            if self._quota_events:
+                self._emit_quota(lane, now)
+            if isinstance(candidate, QuotaTicket):
+                lane.retries[priority].popleft()
+                candidate.future.set_result(reservation)
+                continue
+            lane.queues[priority].pop(candidate)
+            self._queued[priority] -= 1
+            live = self._live[candidate.task_id]
+            live.queue_item = None
+            live.runner = runtime.spawn(self._run(lane, live, reservation), name=f"task-{candidate.task_id}")
+
+    async def _await_ticket(self, lane: Lane, live: LiveTask) -> Reservation:
+        ticket = QuotaTicket(live.record.id, live.record.cost_estimate, self.runtime.create_future())
+        lane.retries[live.record.priority].append(ticket)
+        lane.pump.wake()
+        try:
+            return await ticket.future
+        except Cancelled:
+            ticket.removed = True
+            future = ticket.future
+            if future.done() and not future.cancelled():
+                lane.quota.cancel(future.result(), self.runtime.now())
+            lane.pump.wake()
+            raise
+
+    def _emit_quota(self, lane: Lane, now: float) -> None:
+        assert self.events is not None
+        requests, tokens, in_flight = lane.quota.levels(now)
+        self.events(
+            QuotaSample(
+                time=now,
+                provider=lane.name,
+                requests_level=requests,
+                tokens_level=tokens,
+                in_flight=in_flight,
+                queued_interactive=len(lane.queues[Priority.INTERACTIVE]),
+                queued_background=len(lane.queues[Priority.BACKGROUND]),
+            )
+        )

@@ -1,0 +1,38 @@
+"""What a scheduler keeps in memory about a task that is not yet terminal in this process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiqsim.core.task import TaskRecord
+from aiqsim.runtime.protocol import Future, TaskHandle
+from aiqsim.scheduler.dispatch import QueueItem
+from aiqsim.scheduler.retry import RetryPolicy
+from aiqsim.stores.base import StoreWriteError
+
+
+@dataclass(eq=False, slots=True)
+class LiveTask:
+    """In-process state of a task that is not yet terminal here."""
+
+    record: TaskRecord
+    future: Future[TaskRecord]
+    queue_item: QueueItem | None = None
+    runner: TaskHandle[None] | None = None
+    started: bool = False
+    cancel_requested: bool = False
+    waiting_on: str | None = None
+    finishing: bool = False
+    """The terminal write is staged and waits for its group commit; the task can no longer change."""
+    lost: StoreWriteError | None = None
+    """Set when the task's record was rolled back before its runner started: it must not run."""
+    retry: RetryPolicy | None = None  # this task's own policy (a job stage's), else the scheduler's
+
+
+@dataclass(frozen=True, slots=True)
+class UnpersistedChange:
+    """A task whose change this process could not persist: what was lost, and the terminal record
+    it was to write (``None`` unless it was an outcome), which a later duplicate writes late."""
+
+    what: str
+    outcome: TaskRecord | None

@@ -1,0 +1,188 @@
+"""Status changes: each one written, reported and, once durable, settled.
+
+Every change of a task's status goes through :func:`aiqsim.core.states.transition`, is written to the
+store, and is emitted as a :class:`~aiqsim.scheduler.events.TaskTransition`; a terminal one resolves
+the submission once its write is durable. A change that could not be persisted follows one rule
+(:meth:`Outcomes._lose`). :class:`Outcomes` is one of the parts
+:class:`~aiqsim.scheduler.scheduler.Scheduler` is made of.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiqsim.core.failures import describe_error
+from aiqsim.core.states import transition
+from aiqsim.core.task import TaskRecord, TaskStatus
+from aiqsim.runtime.protocol import Cancelled, Future
+from aiqsim.scheduler.events import StoreWriteFailed, TaskTransition
+from aiqsim.scheduler.live import LiveTask, UnpersistedChange
+from aiqsim.scheduler.store_writes import describe_change, persist_change
+from aiqsim.stores.base import StoreWriteError
+
+
+class Outcomes:
+    """Every status change written and reported, and the one rule for a change that could not be persisted."""
+
+    def _write(self, record: TaskRecord, old: TaskRecord | None = None) -> None:
+        """Persist ``record`` (raises :class:`StoreWriteError` naming the change if it fails)."""
+        if self._crashed:
+            raise Cancelled()
+        persist_change(old, record, self.store.update, record)
+        if self._commit is not None:  # _staged, inlined: this runs on every transition
+            self._commit.staged(record.id)
+
+    def _staged(self, task_id: str | None) -> None:
+        """Tell the group commit (if the store defers commits) that a write of ``task_id`` is staged."""
+        if self._commit is not None:
+            self._commit.staged(task_id)
+
+    def _move(self, live: LiveTask, status: TaskStatus, **changes: Any) -> TaskRecord:
+        old = live.record
+        record = transition(old, status, self.runtime.now(), **changes)
+        self._write(record, old)
+        live.record = record
+        self._emit_transition(old.status, record)
+        return record
+
+    def _finish(self, live: LiveTask, status: TaskStatus, **changes: Any) -> None:
+        """Write the terminal state; resolve the submission once that write is durable.
+
+        A failed write (or group commit) resolves the submission with ``StoreWriteError`` instead.
+        """
+        old = live.record
+        record = transition(old, status, self.runtime.now(), **changes)
+        try:
+            self._write(record, old)
+        except StoreWriteError as error:
+            self._lose(live, error, outcome=record)
+            return
+        live.record = record
+        self._emit_transition(old.status, record)
+        if self._commit is None:
+            self._settle(live, record)
+            return
+        live.finishing = True
+        committed = self._commit.durable()  # now: the flush that covers this very write
+        live.runner = self.runtime.spawn(
+            self._settle_when_durable(live, record, committed, describe_change(old, record)),
+            name=f"commit-{record.id}",
+        )
+
+    async def _settle_when_durable(
+        self, live: LiveTask, record: TaskRecord, committed: Future[StoreWriteError | None], lost: str
+    ) -> None:
+        """Resolve a finished task once the flush covering its terminal write is done. A coroutine,
+        not a callback, so that a crash or a failing event sink stops it like any task; a crash
+        (``crash()`` cancels it) leaves the handle unresolved, as for a killed process."""
+        error = await committed
+        if error is None:
+            self._settle(live, record)
+        else:
+            self._lose(live, error, lost, outcome=record)
+
+    def _settle(self, live: LiveTask, record: TaskRecord) -> None:
+        """The terminal record is durable: resolve the submission and its duplicates' waits."""
+        del self._live[record.id]
+        live.future.set_result(record)
+        if record.id in self._waiters:
+            self._resolve_waiters(record.id, record)
+        if self._jobs is not None:  # a job's next stage is queued in this same instant
+            self._jobs.task_finished(record)
+        if not self._live:
+            self._idle.notify()
+
+    def _lose(
+        self,
+        live: LiveTask,
+        error: StoreWriteError,
+        lost: str | None = None,
+        *,
+        outcome: TaskRecord | None = None,
+    ) -> None:
+        """The one rule for a task whose change could not be persisted (see the class docs).
+
+        The submission resolves with ``error``; the task leaves its queue or its owner's wait
+        list; duplicates waiting on it resolve with a ``StoreWriteError`` of their own. Quota held
+        by a running attempt is the caller's to give back. The store keeps the task's last
+        persisted state for :meth:`recover`; ``outcome`` (the terminal record that was not
+        written) is kept so that a later duplicate of the key can write it (:meth:`_follow_unpersisted`).
+        """
+        record = live.record
+        if self._live.get(record.id) is not live:
+            return  # already resolved (e.g. a rolled-back batch and its own failed wait)
+        del self._live[record.id]
+        what = lost if lost is not None else error.what
+        self._unpersisted[record.id] = UnpersistedChange(what, outcome)
+        self.store_write_failures += 1
+        if live.queue_item is not None:
+            lane = self._lanes[record.provider]
+            lane.queues[record.priority].pop(live.queue_item)
+            self._queued[record.priority] -= 1
+            live.queue_item = None
+            lane.pump.wake()
+        if live.waiting_on is not None:
+            waiters = self._waiters.get(live.waiting_on)
+            if waiters and record.id in waiters:
+                waiters.remove(record.id)
+            live.waiting_on = None
+        if self.events is not None:
+            self.events(
+                StoreWriteFailed(
+                    time=self.runtime.now(),
+                    task_id=record.id,
+                    key=record.key,
+                    provider=record.provider,
+                    lost=what,
+                    error=describe_error(error),
+                )
+            )
+        if not live.future.done():
+            live.future.set_exception(error)
+        for waiter_id in self._waiters.pop(record.id, ()):
+            waiter = self._live.get(waiter_id)
+            if waiter is not None and waiter.waiting_on == record.id:
+                waiter.waiting_on = None
+                self._lose_duplicate(waiter, record.id)
+        if not self._live:
+            self._idle.notify()
+
+    def _lose_duplicate(self, live: LiveTask, owner_id: str) -> None:
+        """``live`` shares the run of ``owner_id``, whose outcome this process could not persist."""
+        what = self._unpersisted[owner_id].what
+        error = StoreWriteError(
+            f"task {live.record.id!r} is a duplicate of task {owner_id!r}, whose change was not "
+            f"persisted ({what}); recover() after a restart reconciles it"
+        )
+        self._lose(live, error)
+
+    def _batch_lost(self, task_ids: frozenset[str], error: StoreWriteError) -> None:
+        """A group commit failed: every task with a write in it that is not itself waiting on that
+        commit (those see the error and call :meth:`_lose` themselves) is lost now."""
+        for task_id in sorted(task_ids):
+            live = self._live.get(task_id)
+            if live is None or live.finishing:
+                continue
+            if live.runner is not None:
+                if live.started:
+                    continue  # waits on its running write's commit and resolves itself
+                live.lost = error  # dispatched, not started: _run gives its reservation back
+            self._lose(live, error, f"task {task_id!r}: {live.record.status.value} record rolled back")
+
+    def _emit_transition(self, old: TaskStatus | None, record: TaskRecord) -> None:
+        # positional, in TaskTransition's field order: this runs several times per call; ``_value_``
+        # is the enum's plain value (``.value`` goes through a descriptor, measurably slower here)
+        if self.events is not None:
+            self.events(
+                TaskTransition(
+                    record.updated_at,
+                    record.id,
+                    record.key,
+                    record.provider,
+                    int(record.priority),
+                    None if old is None else old._value_,
+                    record.status._value_,
+                    record.attempts,
+                    record.cost_estimate,
+                )
+            )
