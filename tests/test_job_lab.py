@@ -412,6 +412,23 @@ MISTAKES = [
         lambda m: m.update(quotas={"p1": {"units_per_min": 100}}),
         ["at most 100 units", "got 500 per call"],
     ),
+    # a job workload's arrival count is checked from its arithmetic when the scenario is read, as a
+    # task workload's is (generation would refuse it only after drawing two million arrivals)
+    (
+        "workloads[0]",
+        lambda m: m["workloads"][0].update(type="poisson", rate_per_s=1e6) or m["workloads"][0].pop("count"),
+        ["arrivals; at most 2,000,000 fit"],
+    ),
+    (
+        "workloads[0]",
+        lambda m: m["workloads"][0].update(count=2_000_001),
+        ["count is 2,000,001; at most 2,000,000 arrivals fit"],
+    ),
+    (
+        "workloads[0].start_s",
+        lambda m: m["workloads"][0].update(start_s=1e9),
+        ["expected a number < scenario.duration_s"],
+    ),
 ]
 
 

@@ -923,20 +923,7 @@ def _workload(
     if "arrivals" in kwargs:
         kwargs["arrivals"] = _resolve_replay_arrivals(kwargs["arrivals"], f"{path}.arrivals", reader)
     workload = WorkloadConfig(**kwargs)
-    if not workload.start_s < duration_s:
-        raise reader.error(
-            f"{path}.start_s",
-            f"expected a number < scenario.duration_s ({_fmt(duration_s)}), "
-            f"got {describe(values['start_s'])} (arrivals stop at duration_s)",
-        )
-    if workload.end_s is not None and not workload.end_s > workload.start_s:
-        raise reader.error(
-            f"{path}.end_s",
-            f"expected a number > start_s ({_fmt(workload.start_s)}), got {describe(workload.end_s)}",
-        )
-    too_many = arrival_overflow(workload, duration_s)
-    if too_many is not None:
-        raise reader.error(path, too_many)
+    _check_arrivals(workload, values, path, duration_s, reader)
     quota = quotas.get(workload.provider)
     largest = _largest_fixed_units(workload.cost) if workload.type not in ("trace", "replay") else None
     if quota is not None and quota.units_per_min is not None and largest is not None:
@@ -975,6 +962,16 @@ def _job_workload(
             f"expected the name of a [[jobs]] template ({declared}), got {describe(values['job'])}",
         )
     workload = WorkloadConfig(**values)
+    _check_arrivals(workload, values, path, duration_s, reader)
+    return workload
+
+
+def _check_arrivals(
+    workload: WorkloadConfig, values: dict[str, Any], path: str, duration_s: float, reader: _Reader
+) -> None:
+    """The arrival window (start_s before duration_s, end_s after start_s) and the arrival count that
+    generation would refuse (:func:`~aiqsim.sim.workloads.arrival_overflow`), for task and job
+    workloads alike."""
     if not workload.start_s < duration_s:
         raise reader.error(
             f"{path}.start_s",
@@ -986,7 +983,9 @@ def _job_workload(
             f"{path}.end_s",
             f"expected a number > start_s ({_fmt(workload.start_s)}), got {describe(workload.end_s)}",
         )
-    return workload
+    too_many = arrival_overflow(workload, duration_s)
+    if too_many is not None:
+        raise reader.error(path, too_many)
 
 
 def _stage_size(values: dict[str, Any], path: str, reader: _Reader) -> StageSizeConfig:
