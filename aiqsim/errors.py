@@ -46,6 +46,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
     │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
     │   ├── TaskInterruptedError, AttemptRejectedError
+    │   ├── ProviderContractError          an adapter's call() returned no ProviderResponse (fatal)
     │   ├── HttpStatusError                an HTTP status with no better class
     │   └── HttpExchangeError (a ServerError)   the HTTP exchange itself broke: retryable
     │       ├── ResponseDecodingError          a body that cannot be decoded (broken gzip)
@@ -65,6 +66,7 @@ from aiqsim.core.failures import (
     AttemptRejectedError,
     InvalidRequestError,
     PoisonInputError,
+    ProviderContractError,
     ProviderError,
     ProviderTimeoutError,
     QuotaExhaustedError,
@@ -136,6 +138,7 @@ __all__ = [
     "OutputPathError",
     "PoisonInputError",
     "PriorityError",
+    "ProviderContractError",
     "ProviderError",
     "ProviderTimeoutError",
     "QueueFullError",

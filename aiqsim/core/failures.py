@@ -72,6 +72,12 @@ class SchemaViolationError(ProviderError):
     """The provider answered, but not in the expected shape (possibly because of this input)."""
 
 
+class ProviderContractError(ProviderError):
+    """The adapter broke the :class:`~aiqsim.scheduler.provider.Provider` contract: ``call()``
+    returned something other than a ``ProviderResponse``. A bug in the adapter, so fatal: retrying
+    would only call (and bill) the provider again for an answer the adapter cannot hand over."""
+
+
 class PoisonInputError(ProviderError):
     """Raised for a key that was recorded as poison: it is not sent to the provider again."""
 

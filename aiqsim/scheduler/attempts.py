@@ -16,6 +16,7 @@ from aiqsim.core.failures import (
     AttemptRejectedError,
     FailureClass,
     PoisonInputError,
+    ProviderContractError,
     RateLimitError,
     classify_failure,
     describe_error,
@@ -111,6 +112,8 @@ class AttemptLoop:
                         response = await call
                     else:
                         response = await runtime.wait_for(call, policy.attempt_timeout_s)
+                    if type(response) is not ProviderResponse and not isinstance(response, ProviderResponse):
+                        raise broken_contract(lane.name, response)
                 except Exception as error:
                     awaiting_outcome = False
                     now = runtime.now()
@@ -380,3 +383,11 @@ class AttemptLoop:
                     getattr(seen, "ratelimit", None),
                 )
             )
+
+
+def broken_contract(provider: str, answer: object) -> ProviderContractError:
+    """The error for a ``call()`` that returned ``answer``, which is not a ``ProviderResponse``."""
+    return ProviderContractError(
+        f"provider {provider!r} returned {type(answer).__name__} from call(), not a ProviderResponse "
+        "(aiqsim.scheduler.provider): a bug in its adapter; the call may have been billed"
+    )

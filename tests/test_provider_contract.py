@@ -1,0 +1,68 @@
+"""An adapter whose ``call()`` returns something other than a ``ProviderResponse`` (a bug in the
+adapter): the task fails with a ProviderContractError that names the provider and what it returned,
+the call is not retried (it may have been billed), and the lane goes on."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiqsim import QuotaLimits, RetryPolicy, Scheduler, TaskStatus
+from aiqsim.errors import ProviderContractError, ProviderError
+from aiqsim.scheduler.events import AttemptRecord
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from tests.runtimes import RUNTIMES, run_on
+
+
+class SloppyAdapter:
+    """Answers after 1 s; for the input ``"bad"`` it returns ``answer`` instead of a response."""
+
+    name = "llm"
+
+    def __init__(self, runtime, answer: object) -> None:
+        self.runtime = runtime
+        self.answer = answer
+        self.calls: list[str] = []
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse:
+        self.calls.append(request.payload["input"])
+        await self.runtime.sleep(1.0)
+        if request.payload["input"] == "bad":
+            return self.answer  # type: ignore[return-value]
+        return ProviderResponse(result="ok")
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+@pytest.mark.parametrize("answer", [None, {"result": "ok"}, "ok"], ids=["None", "dict", "str"])
+def test_a_call_that_returns_no_provider_response_fails_the_task_once_and_the_lane_goes_on(
+    rt_name: str, answer: object
+) -> None:
+    async def body(rt):
+        events: list = []
+        provider = SloppyAdapter(rt, answer)
+        scheduler = Scheduler(
+            rt,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=1)},  # the next task needs the slot given back
+            retry=RetryPolicy(max_attempts=5),
+            events=events.append,
+        )
+        bad = scheduler.submit("llm", {"input": "bad"})
+        good = scheduler.submit("llm", {"input": "good"})
+        failed = await rt.wait_for(bad.wait(), 100)
+        succeeded = await rt.wait_for(good.wait(), 100)
+        attempts = [
+            (e.outcome, e.decision) for e in events if isinstance(e, AttemptRecord) and e.task_id == bad.id
+        ]
+        return failed, succeeded, provider.calls, attempts
+
+    failed, succeeded, calls, attempts = run_on(rt_name, body)
+    assert failed.status is TaskStatus.FAILED
+    assert failed.error.startswith("ProviderContractError: provider 'llm' returned ")
+    assert f"returned {type(answer).__name__} from call()" in failed.error
+    assert calls == ["bad", "good"]  # fatal: the bad call is not sent again
+    assert attempts == [("ProviderContractError", "fatal")]
+    assert succeeded.status is TaskStatus.SUCCEEDED
+
+
+def test_the_contract_error_is_a_provider_error() -> None:
+    assert issubclass(ProviderContractError, ProviderError)
