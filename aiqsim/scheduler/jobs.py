@@ -57,20 +57,19 @@ scheduler itself.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiqsim.core.errors import ConfigurationError, SchedulingError, StoreError
 from aiqsim.core.failures import describe_error
-from aiqsim.core.fingerprint import fingerprint
 from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_transition, stage_status
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.handles import OutcomeHandle
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
-from aiqsim.scheduler.retry import RetryPolicy
+from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
 from aiqsim.stores.base import LIVE_OWNER_STATUSES
 from aiqsim.stores.job_store import JobStore
 
@@ -91,16 +90,6 @@ __all__ = [
 ``import *`` and this list), so one list says what is public. ``jobs_of``, ``keeps_jobs`` and
 ``recover_jobs`` are the scheduler's own hooks into this module, imported by name."""
 
-BuildFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
-"""``build(inputs, results) -> payload`` (a list of payloads for a fan-out stage)."""
-
-CostFn = Callable[[Any], float]
-"""``cost(payload) -> units`` for the quota (e.g. tokens, characters)."""
-
-
-class JobSpecError(ConfigurationError):
-    """A job spec that cannot run (unknown stage in ``after``, a cycle, an unknown provider...)."""
-
 
 class JobFailedError(SchedulingError):
     """Raised by awaiting a :class:`JobHandle` whose job failed; names the stage and the reason."""
@@ -117,195 +106,6 @@ class JobCancelledError(SchedulingError):
     def __init__(self, record: JobRecord) -> None:
         super().__init__(f"job {record.id!r} ({record.name}) was cancelled")
         self.record = record
-
-
-def _callable_identity(fn: Callable[..., Any] | None) -> str | None:
-    """``module.qualname`` of a function: what a job key knows of code it cannot hash."""
-    if fn is None:
-        return None
-    module = getattr(fn, "__module__", None) or "?"
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    return f"{module}.{name}"
-
-
-def _checked_name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise JobSpecError(f"{what} must be a non-empty string, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One step of a job: a call to ``provider`` whose payload ``build`` makes from earlier results.
-
-    Parameters:
-        name: unique within the job; the key of its result.
-        provider: the scheduler provider (lane) that serves it.
-        after: names of the stages whose results it needs; it starts when they all succeeded.
-        build: ``build(inputs, results) -> payload``, where ``results`` maps each finished
-            stage's name to its result. Default: the job's inputs. A plain, deterministic function
-            of its arguments (it runs again when a job is re-driven after a crash).
-        fan_out: ``build`` returns a list; one task per element, result is the list of results.
-        cost: the quota cost of one call (a number, or ``cost(payload)``); default: the
-            provider's own estimate, else 0.
-        kind: the task kind (part of the stage task's key); default: ``provider``.
-        version: model/engine version, part of the stage task's key.
-        fallback: what to run for a failed call (fatal, poison or out of retries): the name of
-            another provider (same payload), or a :class:`Stage` (its ``provider``, ``kind``,
-            ``cost``, ``version``; its ``build``, if given, replaces the payload -- for a fan-out
-            stage it must return a list as long as the primary's). ``after``/``fan_out`` of a
-            fallback stage are ignored.
-        retry: this stage's retry policy (e.g. fewer attempts before the fallback); default: the
-            scheduler's. Held in this process only: a stage task that ``recover()`` resumes from
-            the store runs under the scheduler's policy.
-    """
-
-    name: str
-    provider: str
-    after: tuple[str, ...] = ()
-    build: BuildFn | None = None
-    fan_out: bool = False
-    cost: float | CostFn | None = None
-    kind: str | None = None
-    version: str = ""
-    fallback: Stage | str | None = None
-    retry: RetryPolicy | None = None
-
-    def __post_init__(self) -> None:
-        _checked_name(self.name, "Stage name")
-        _checked_name(self.provider, f"stage {self.name!r}: provider")
-        if isinstance(self.after, str):
-            object.__setattr__(self, "after", (self.after,))
-        object.__setattr__(self, "after", tuple(self.after))
-        if self.kind is not None:
-            _checked_name(self.kind, f"stage {self.name!r}: kind")
-        if self.build is not None and not callable(self.build):
-            raise JobSpecError(f"stage {self.name!r}: build must be callable, got {self.build!r}")
-        cost = self.cost
-        if (cost is not None and not callable(cost)) and (
-            isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0
-        ):
-            raise JobSpecError(f"stage {self.name!r}: cost must be a number >= 0 or a callable")
-        fallback = self.fallback
-        if fallback is not None and not isinstance(fallback, Stage | str):
-            raise JobSpecError(f"stage {self.name!r}: fallback must be a provider name or a Stage")
-        if isinstance(fallback, str):
-            _checked_name(fallback, f"stage {self.name!r}: fallback")
-        if isinstance(fallback, Stage) and fallback.fallback is not None:
-            raise JobSpecError(f"stage {self.name!r}: a fallback stage has no fallback of its own")
-
-    @property
-    def task_kind(self) -> str:
-        """The kind its tasks are submitted with."""
-        return self.kind if self.kind is not None else self.provider
-
-    def fallback_stage(self) -> Stage | None:
-        """The fallback as a :class:`Stage` (a provider name becomes a stage on that provider)."""
-        if self.fallback is None:
-            return None
-        if isinstance(self.fallback, str):
-            return Stage(name=f"{self.name}.fallback", provider=self.fallback)
-        return self.fallback
-
-    def identity(self) -> dict[str, Any]:
-        """The stage's definition as canonical data: what the job key depends on.
-
-        Functions count by their qualified name (``module.qualname``); change what a build
-        does and bump the job's version. ``cost`` is left out: it does not change the output.
-        """
-        fallback = self.fallback_stage()
-        return {
-            "name": self.name,
-            "provider": self.provider,
-            "kind": self.task_kind,
-            "version": self.version,
-            "after": list(self.after),
-            "fan_out": self.fan_out,
-            "build": _callable_identity(self.build),
-            "fallback": None
-            if fallback is None
-            else {
-                "provider": fallback.provider,
-                "kind": fallback.task_kind,
-                "version": fallback.version,
-                "build": _callable_identity(fallback.build),
-            },
-        }
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A named, versioned pipeline: stages forming a DAG through their ``after`` lists.
-
-    ``name`` and ``version`` identify the spec in the store (recovery looks it up by them): bump
-    the version whenever a stage's behaviour changes.
-    """
-
-    name: str
-    version: str
-    stages: tuple[Stage, ...]
-    _digest: str = field(init=False, repr=False, compare=False, default="")
-    """SHA-256 of the stages' canonical identity, computed once: every job key includes it."""
-
-    def __post_init__(self) -> None:
-        _checked_name(self.name, "JobSpec name")
-        if not isinstance(self.version, str):
-            raise JobSpecError(f"job {self.name!r}: version must be a string, got {self.version!r}")
-        stages = tuple(self.stages)
-        object.__setattr__(self, "stages", stages)
-        if not stages:
-            raise JobSpecError(f"job {self.name!r}: a job needs at least one stage")
-        names: dict[str, Stage] = {}
-        for stage in stages:
-            if not isinstance(stage, Stage):
-                raise JobSpecError(f"job {self.name!r}: stages must be Stage objects, got {stage!r}")
-            if stage.name in names:
-                raise JobSpecError(f"job {self.name!r}: two stages are named {stage.name!r}")
-            names[stage.name] = stage
-        for stage in stages:
-            for dep in stage.after:
-                if dep not in names:
-                    raise JobSpecError(
-                        f"job {self.name!r}: stage {stage.name!r} comes after unknown stage {dep!r}"
-                    )
-        self.order()  # raises on a cycle
-        object.__setattr__(self, "_digest", fingerprint("job-stages", self.identity(), version=self.version))
-
-    def stage(self, name: str) -> Stage:
-        """The stage called ``name`` (``KeyError`` if none)."""
-        for stage in self.stages:
-            if stage.name == name:
-                return stage
-        raise KeyError(name)
-
-    def order(self) -> list[str]:
-        """Stage names in a dependency order (Kahn's algorithm, ties in declaration order)."""
-        remaining = {stage.name: set(stage.after) for stage in self.stages}
-        ordered: list[str] = []
-        while remaining:
-            ready = [name for name, deps in remaining.items() if not deps]
-            if not ready:
-                raise JobSpecError(f"job {self.name!r}: stages {sorted(remaining)} form a cycle")
-            for name in ready:
-                ordered.append(name)
-                del remaining[name]
-            for deps in remaining.values():
-                deps.difference_update(ready)
-        return ordered
-
-    def identity(self) -> list[dict[str, Any]]:
-        """Every stage's :meth:`Stage.identity`, in declaration order."""
-        return [stage.identity() for stage in self.stages]
-
-    def key(self, inputs: Any) -> str:
-        """The job's idempotency key for ``inputs`` (a fingerprint; ``FingerprintError`` if not JSON-like)."""
-        return fingerprint(f"job:{self.name}", inputs, params={"stages": self._digest}, version=self.version)
-
-    def providers(self) -> set[str]:
-        """Every provider a run of this job may call (fallbacks included)."""
-        names = {stage.provider for stage in self.stages}
-        names.update(fb.provider for stage in self.stages if (fb := stage.fallback_stage()) is not None)
-        return names
 
 
 class JobHandle(OutcomeHandle[JobRecord]):

@@ -409,7 +409,7 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
         priority: Priority = Priority.BACKGROUND,
         job_id: str | None = None,
     ) -> JobHandle:
-        """Run a pipeline of calls (a :class:`~aiqsim.scheduler.jobs.JobSpec`) on ``inputs``.
+        """Run a pipeline of calls (a :class:`~aiqsim.scheduler.job_spec.JobSpec`) on ``inputs``.
 
         Returns a :class:`~aiqsim.scheduler.jobs.JobHandle`: ``await`` it for ``{stage: result}``.
         Rules (idempotency, depth limit, failure, recovery): :mod:`aiqsim.scheduler.jobs`.

@@ -94,7 +94,7 @@ class StageBuilder:
 
 
 def job_spec(template: JobConfig, scenario: Scenario) -> JobSpec:
-    """The production scheduler's :class:`~aiqsim.scheduler.jobs.JobSpec` for a scenario's template.
+    """The production scheduler's :class:`~aiqsim.scheduler.job_spec.JobSpec` for a scenario's template.
 
     The spec's version is a digest of the template and of its providers' kinds: change the
     template and its jobs get new keys (a build's code is known to the job key only by name).
