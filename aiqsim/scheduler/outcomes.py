@@ -100,7 +100,8 @@ class Outcomes:
         *,
         outcome: TaskRecord | None = None,
     ) -> None:
-        """The one rule for a task whose change could not be persisted (see the class docs).
+        """The one rule for a task whose change could not be persisted ("Failed store writes" in the
+        :class:`~aiqsim.scheduler.scheduler.Scheduler` docs).
 
         The submission resolves with ``error``; the task leaves its queue or its owner's wait
         list; duplicates waiting on it resolve with a ``StoreWriteError`` of their own. Quota held
