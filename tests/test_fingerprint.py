@@ -319,35 +319,33 @@ def test_fast_path_is_taken_for_flat_payloads_and_not_for_ones_needing_conversio
 
 
 @pytest.mark.parametrize(
-    ("kind", "payload", "params", "version", "assembled"),
+    ("kind", "payload", "params", "version"),
     [
         (
             "llm",
             {"input": "w0-input-000001", "prompt_units": 812, "output_units": 230, "poison": False},
             None,
             "",
-            True,
         ),
         (
             "vision",
             {"input": 'a "quoted"\n\\ naïve ☕', "z": [1, 0.5, None, True], "a": {}},
             {},
             "v2.1",
-            True,
         ),
-        ("tts", "just text", None, "", True),
-        ("llm", {"input": "x"}, {"temperature": 0.2}, "", False),  # params: the general path
-        ("llmé", {"input": "x"}, None, "", False),  # a non-ASCII kind: the general path
-        ("llm", {"input": "x"}, None, "vé", False),  # a non-ASCII version: the general path
-        ("llm", {"input": "x", "n": 2.0}, None, "", False),  # an integral float needs conversion
-        ("llm", ("a", 1), None, "", False),  # a tuple needs conversion
+        ("tts", "just text", None, ""),
+        ("llm", {"input": "x"}, {"temperature": 0.2}, ""),  # with params
+        ("llmé", {"input": "x"}, None, ""),  # a non-ASCII kind
+        ("llm", {"input": "x"}, None, "vé"),  # a non-ASCII version
+        ("llm", {"input": "x", "n": 2.0}, None, ""),  # an integral float needs conversion
+        ("llm", ("a", 1), None, ""),  # a tuple needs conversion
     ],
 )
-def test_assembled_text_path_gives_the_general_paths_key(
-    monkeypatch: pytest.MonkeyPatch, kind: str, payload: Any, params: Any, version: str, assembled: bool
+def test_the_assembled_text_gives_the_whole_documents_key(
+    monkeypatch: pytest.MonkeyPatch, kind: str, payload: Any, params: Any, version: str
 ) -> None:
-    # fingerprint() assembles the document's text around the payload's for the usual call; the key
-    # must be the general path's, and the assembled path must be taken exactly when documented.
+    # fingerprint() assembles the document's text from its members' texts, kind and version quoted
+    # as text; the key must be that of the canonical JSON of the whole document.
     import aiqsim.core.fingerprint as fp
 
     texts: list[str] = []
@@ -361,4 +359,4 @@ def test_assembled_text_path_gives_the_general_paths_key(
     assert fingerprint(kind, payload, params=params, version=version) == _slow_key(
         kind, payload, params, version
     )
-    assert texts == ([kind, version] if assembled else [])
+    assert texts[:2] == [kind, version]

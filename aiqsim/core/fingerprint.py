@@ -161,33 +161,33 @@ def _already_canonical(value: Any) -> bool:
     return False
 
 
+def _member_text(value: Any, path: str) -> str:
+    """The canonical JSON text of one member of a fingerprint's document (``path`` names it in errors).
+
+    Valid text is quoted as the canonical encoder quotes it; a value that is already canonical is
+    encoded as is; anything else is converted by :func:`_canonical` first (or refused, naming the path).
+    """
+    if type(value) is str and (value.isascii() or _valid_text(value)):
+        return _encode_text(value)
+    return _ENCODE(value) if _already_canonical(value) else _ENCODE(_canonical(value, path))
+
+
 def fingerprint(
     kind: str, payload: Any, *, params: Mapping[str, Any] | None = None, version: str = ""
 ) -> str:
     """The idempotency key for calling ``kind`` (at engine/model ``version``) on ``payload``.
 
-    Fast paths: a document that is already canonical (the usual flat JSON-like payload) is
-    encoded directly, skipping the copy :func:`canonical_json` makes, and without params (the
-    usual call) only the payload is encoded, the rest of the text assembled around it; the text,
-    hence the key, is byte-identical (``tests/test_fingerprint.py`` checks both against the slow path).
+    The key is the SHA-256 of the canonical JSON of ``{"input", "kind", "params", "version"}``. That
+    text is assembled from the canonical text of each member, in sorted key order: the canonical
+    form of a dict is exactly that, so no document is built, walked or copied, and a payload that is
+    already canonical (the usual flat one) is encoded as is (``tests/test_fingerprint.py`` checks the
+    keys against :func:`canonical_json` of the whole document).
     """
-    if (
-        not params
-        and type(kind) is str
-        and type(version) is str
-        and kind.isascii()
-        and version.isascii()
-        and _already_canonical(payload)
-    ):
-        # The usual call (no params, ASCII kind and version, a canonical payload): the document's text
-        # is assembled around the payload's, keys in sorted order, instead of building the document,
-        # walking it and encoding it. Same text, hence the same key: tests/test_fingerprint.py
-        # compares this path with the general one below.
-        text = (
-            f'{{"input":{_ENCODE(payload)},"kind":{_encode_text(kind)},'
-            f'"params":{{}},"version":{_encode_text(version)}}}'
-        )
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
-    document = {"kind": kind, "version": version, "params": dict(params or {}), "input": payload}
-    text = _ENCODE(document) if _already_canonical(document) else canonical_json(document)
+    # members converted in the order canonical_json({"kind", "version", "params", "input"}) walks
+    # them, so that of several bad members the same one is named
+    kind_text = _member_text(kind, "$.kind")
+    version_text = _member_text(version, "$.version")
+    params_text = _member_text(dict(params), "$.params") if params else "{}"  # none: an empty mapping
+    input_text = _member_text(payload, "$.input")
+    text = f'{{"input":{input_text},"kind":{kind_text},"params":{params_text},"version":{version_text}}}'
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
