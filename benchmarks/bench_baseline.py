@@ -85,6 +85,9 @@ def shared_scenarios(current: Path, baseline: Path) -> tuple[list[str], list[str
 
 
 def export(ref: str, into: Path) -> None:
+    """The tree of commit ``ref`` written into the folder ``into`` (``git archive``), to import from.
+
+    The other benchmarks that measure an earlier commit side by side export it with this too."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
 

@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_baseline import export  # a sibling script: run as python benchmarks/bench_instructions.py
+
 REPO = Path(__file__).resolve().parent.parent
 
 SIMULATE_ALL = (
@@ -74,10 +76,7 @@ def main() -> None:
         raise SystemExit("valgrind is not installed")
     with tempfile.TemporaryDirectory(prefix="aiqsim-instructions-") as folder:
         baseline = Path(folder)
-        archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", args.ref, "aiqsim"], capture_output=True, check=True
-        )
-        subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive.stdout, check=True)
+        export(args.ref, baseline)
         shared = instructions(baseline, IMPORT_ONLY)
         before = instructions(baseline, SIMULATE_ALL)
         after = instructions(REPO, SIMULATE_ALL)

@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 ARRIVAL_RATE = 7.0
 SERVICE_RATE = 1.0
@@ -248,12 +249,10 @@ def main() -> None:
         models.remove("ciw")
     baseline_dir = None
     if args.baseline:
+        from bench_baseline import export  # a sibling script (this one runs from benchmarks/ too)
+
         baseline_dir = tempfile.mkdtemp(prefix="aiqsim-mmc-baseline-")
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        archive = subprocess.run(
-            ["git", "-C", repo, "archive", args.baseline], capture_output=True, check=True
-        )
-        subprocess.run(["tar", "-x", "-C", baseline_dir], input=archive.stdout, check=True)
+        export(args.baseline, Path(baseline_dir))
         models.append("aiqsim@baseline")
         LABELS["aiqsim@baseline"] = f"aiqsim at {args.baseline}, `mmc_check` configuration"
     from aiqsim.validation.mmc import t_quantile_975

@@ -563,9 +563,10 @@ class SimulatedProvider:
             if not isinstance(error, ProviderTimeoutError):
                 error.ratelimit = self.ratelimit_snapshot(self.runtime.now())
             raise
-        if self._request_window is None and self._unit_window is None:  # ratelimit_snapshot() is None
+        snapshot = self.ratelimit_snapshot(self.runtime.now())
+        if snapshot is None:
             return value  # type: ignore[no-any-return]
-        return _copy_response(value, {"ratelimit": self.ratelimit_snapshot(self.runtime.now())})
+        return _copy_response(value, {"ratelimit": snapshot})
 
     def ratelimit_snapshot(self, now: float) -> RateLimitSnapshot | None:
         """The server windows at ``now`` as a provider's ``x-ratelimit-*`` headers state them
