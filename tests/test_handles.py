@@ -14,7 +14,7 @@ import pytest
 from aiqsim import JobHandle, JobSpec, JobStatus, Scheduler, Stage, Submission, TaskStatus
 from aiqsim.scheduler.handles import OutcomeHandle, await_own
 from tests.fakes import ScriptedProvider
-from tests.runtimes import RUNTIMES, run_on
+from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, run_on
 
 both = pytest.mark.parametrize("rt_name", RUNTIMES)
 
@@ -84,14 +84,18 @@ def test_task_and_job_handles_share_the_waiting_rule_and_keep_their_reprs(rt_nam
     spec = JobSpec("one", "1", [Stage("a", "llm", build=lambda inputs, results: {"input": inputs["x"]})])
 
     async def body(rt):
-        scheduler = Scheduler(rt, [ScriptedProvider(rt, latency_s=1.0)], rng=random.Random(5))
+        # The calls outlast both 0.2 s waits by more than an asyncio timer may run late on a loaded
+        # machine (ASYNCIO_LATENESS_S; with 1 s calls, two CPU hogs let the job finish first), and
+        # stay within the default 60 s attempt timeout.
+        latency_s = ASYNCIO_LATENESS_S + 1.0
+        scheduler = Scheduler(rt, [ScriptedProvider(rt, latency_s=latency_s)], rng=random.Random(5))
         task = scheduler.submit("llm", {"input": "a"})
         job = scheduler.submit_job(spec, {"x": "b"})
         before = repr(task), repr(job)
         for handle in (task, job):  # each caller gives up once; the work must not care
             with pytest.raises(TimeoutError):
                 await rt.wait_for(handle.wait(), 0.2)
-        await rt.wait_for(scheduler.join(), 100)
+        await rt.wait_for(scheduler.join(), latency_s + 2 * ASYNCIO_LATENESS_S)
         return before, (await task.wait()).status, (await job.wait()).status, await job, repr(task), repr(job)
 
     before, task_status, job_status, results, task_repr, job_repr = run_on(rt_name, body)
