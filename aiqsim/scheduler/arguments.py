@@ -18,7 +18,7 @@ from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
 
-__all__ = ["SchedulerArgumentError", "checked_cost_estimate", "checked_providers"]
+__all__ = ["SchedulerArgumentError", "checked_cost_estimate", "checked_providers", "checked_queue_limit"]
 
 
 class SchedulerArgumentError(ConfigurationError):
@@ -75,6 +75,21 @@ def checked_providers(providers: Any) -> dict[str, Any]:
             "providers: expected at least one provider; a scheduler without providers cannot run any task"
         )
     return by_name
+
+
+def checked_queue_limit(value: Any, name: str) -> int | None:
+    """A queue depth limit: ``None`` (unbounded) or a whole number >= 1.
+
+    0 would refuse every task, even on an idle scheduler: a task is queued for an instant before
+    its lane starts it, so a limit counts it. A scenario file refuses the same values.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise SchedulerArgumentError(
+            f"{name}: expected None (no limit) or a whole number >= 1 of queued tasks, got {value!r}"
+        )
+    return int(value)
 
 
 def checked_worker_id(value: str | None, what: str) -> str | None:

@@ -45,7 +45,12 @@ from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.runtime.sync import Signal
-from aiqsim.scheduler.arguments import checked_cost_estimate, checked_providers, checked_worker_id
+from aiqsim.scheduler.arguments import (
+    checked_cost_estimate,
+    checked_providers,
+    checked_queue_limit,
+    checked_worker_id,
+)
 from aiqsim.scheduler.attempts import AttemptLoop
 from aiqsim.scheduler.claims import ClaimRules
 from aiqsim.scheduler.commit import DEFAULT_COMMIT_WINDOW_S, GroupCommit, check_commit_window, defers_commits
@@ -166,7 +171,9 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
         retry: retry policy (full jitter, 5 attempts, 60 s attempt timeout by default).
         interactive_limit: queued interactive tasks allowed at once; one more raises
             :class:`QueueFullError`. ``background_limit`` likewise (:data:`DEFAULT_BACKGROUND_LIMIT`
-            by default; ``None``: unbounded). Duplicates enqueue nothing and are exempt, except an
+            by default; ``None``: unbounded; otherwise a whole number >= 1: a task is counted
+            while it waits for its lane, even for an instant, so 0 would refuse every task).
+            Duplicates enqueue nothing and are exempt, except an
             interactive duplicate that lifts its queued owner into the interactive queue.
         rng: the only source of randomness (jitter, task ids). Seed it for reproducible runs.
         events: a sink for :mod:`aiqsim.scheduler.events` records (e.g. ``list.append``).
@@ -237,7 +244,10 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
         if not duplicate_poll_s > 0:
             raise ValueError(f"duplicate_poll_s must be > 0, got {duplicate_poll_s!r}")
         self.duplicate_poll_s = duplicate_poll_s
-        self._limits = {Priority.INTERACTIVE: interactive_limit, Priority.BACKGROUND: background_limit}
+        self._limits = {
+            Priority.INTERACTIVE: checked_queue_limit(interactive_limit, "interactive_limit"),
+            Priority.BACKGROUND: checked_queue_limit(background_limit, "background_limit"),
+        }
         self._queued = dict.fromkeys(Priority, 0)
         if not isinstance(providers, Mapping):
             providers = {p.name: p for p in providers}
