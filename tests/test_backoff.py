@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from fractions import Fraction
 
 import pytest
 from hypothesis import given
@@ -45,8 +46,8 @@ LARGEST_BELOW_ONE = 1.0 - 2.0**-53  # the largest value random.random() can retu
 
 
 def ceiling(retry: int, base: float, cap: float) -> float:
-    """min(cap, base * 2**retry), computed the obvious way (2.0**1024 would overflow)."""
-    return cap if retry >= 1024 else min(cap, base * 2.0**retry)
+    """min(cap, base * 2**retry), computed exactly in rationals (2.0**1024 would overflow a float)."""
+    return cap if Fraction(base) * 2**retry >= Fraction(cap) else float(Fraction(base) * 2**retry)
 
 
 # ---------------------------------------------------------------------------- exponential
@@ -69,6 +70,23 @@ def test_exponential_sequence_and_overflow_safety() -> None:
     assert strategy.delay(10**6, rng) == 10.0  # 2.0 ** 10**6 would overflow
     with pytest.raises(ValueError, match="retry"):
         exponential_ceiling(-1, 0.5, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("retry", "base", "cap"),
+    [
+        (1100, 1e-300, 1e300),
+        (1023, 1e-300, 1e300),
+        (2000, 5e-324, 1.7e308),
+        (1074, 5e-324, 2.0),
+        (3, 1e-310, 1.0),
+    ],
+)
+def test_the_ceiling_is_exact_where_cap_over_base_overflows_or_base_is_subnormal(
+    retry: int, base: float, cap: float
+) -> None:
+    # cap / base overflowed to inf, and retry >= 1024 was taken as "past the cap": 1e300 instead of 1.36e31
+    assert exponential_ceiling(retry, base, cap) == ceiling(retry, base, cap)
 
 
 # ---------------------------------------------------------------------------- full jitter

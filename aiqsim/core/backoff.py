@@ -38,9 +38,11 @@ def exponential_ceiling(retry: int, base_s: float, cap_s: float) -> float:
         raise ValueError(f"retry must be >= 0, got {retry}")
     if base_s == 0:
         return 0.0
-    if retry >= 1024 or retry > math.log2(cap_s / base_s) + 1:
+    try:
+        grown = math.ldexp(base_s, retry)  # base * 2**retry, exact; no overflow in between
+    except OverflowError:
         return cap_s
-    return min(cap_s, base_s * 2.0**retry)
+    return min(cap_s, grown)
 
 
 @dataclass(frozen=True, slots=True)
