@@ -122,6 +122,12 @@ def test_parse_duration_of_none_and_numbers() -> None:
     assert parse_duration(True) is None  # a boolean is not one second (shared with Retry-After parsing)
 
 
+@pytest.mark.parametrize("value", [10**400, "9" * 400, "9" * 400 + "h", "3000000000s", 2**31 + 1])
+def test_parse_duration_clamps_what_is_longer_than_two_to_the_31_seconds(value: object) -> None:
+    # 10**400 used to raise OverflowError; "9" * 400 + "h" gave inf
+    assert parse_duration(value) == 2**31  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [(0.0, "0s"), (0.25, "250ms"), (0.0171, "18ms"), (1.0, "1s"), (360.0, "6m0s"), (3723.5, "1h2m3.5s")],

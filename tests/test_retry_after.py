@@ -6,7 +6,7 @@ import calendar
 import math
 import string
 from datetime import UTC, datetime, timedelta
-from email.utils import format_datetime
+from email.utils import format_datetime, parsedate_tz
 
 import pytest
 from hypothesis import given
@@ -118,7 +118,10 @@ def test_every_date_form_gives_the_delay_it_encodes(delay: int, form: object) ->
     assert parse_retry_after(header, NOW) == float(delay)
 
 
-@given(delay=st.integers(min_value=1, max_value=10 * 365 * 86400), form=st.sampled_from([rfc1123, asctime]))
+@given(
+    delay=st.integers(min_value=1, max_value=10 * 365 * 86400),
+    form=st.sampled_from([rfc1123, rfc850, asctime]),
+)
 def test_past_dates_mean_no_wait(delay: int, form: object) -> None:
     header = form(NOW_DT - timedelta(seconds=delay))  # type: ignore[operator]
     assert parse_retry_after(header, NOW) == 0.0
@@ -154,3 +157,33 @@ def test_text_without_digits_is_never_a_delay(header: str) -> None:
 def test_any_text_parses_to_none_or_a_non_negative_delay_and_never_raises(header: str) -> None:
     result = parse_retry_after(header, NOW)
     assert result is None or (math.isfinite(result) and result >= 0.0)
+
+
+@pytest.mark.parametrize(
+    ("header", "now", "year"),
+    [
+        # RFC 9110 §5.6.7: a two-digit year more than 50 years ahead is the last such year in the past
+        ("Sunday, 06-Nov-68 08:49:37 GMT", NOW_DT, 1968),  # email.utils alone reads 2068
+        ("Thursday, 06-Nov-65 08:49:37 GMT", NOW_DT, 2065),  # 50 years ahead: still the future
+        ("Friday, 06-Nov-66 08:49:37 GMT", NOW_DT, 1966),
+        ("Tuesday, 01-Jan-69 00:00:00 GMT", datetime(2026, 1, 1, tzinfo=UTC), 2069),  # email.utils: 1969
+        ("Wednesday, 01-Jan-76 00:00:00 GMT", datetime(2026, 1, 1, tzinfo=UTC), 2076),
+        ("Saturday, 01-Jan-77 00:00:00 GMT", datetime(2026, 1, 1, tzinfo=UTC), 1977),
+        ("Sunday, 06-Nov-94 08:49:37 GMT", datetime(1994, 11, 6, tzinfo=UTC), 1994),  # RFC 9110's example
+    ],
+)
+def test_an_rfc850_two_digit_year_is_read_within_50_years_of_now(
+    header: str, now: datetime, year: int
+) -> None:
+    now_s = float(calendar.timegm(now.utctimetuple()))
+    when = datetime(year, *parsedate_tz(header)[1:6], tzinfo=UTC)  # type: ignore[index, misc]
+    assert parse_retry_after(header, now_s) == max(0.0, calendar.timegm(when.utctimetuple()) - now_s)
+
+
+@pytest.mark.parametrize(
+    "value", ["9" * 400, "2147483649", "99999999999999999999.5", 10**400, 2**31 + 1, 1e20]
+)
+def test_delta_seconds_beyond_two_to_the_31_mean_two_to_the_31(value: str | float) -> None:
+    # RFC 9111 §1.2.2; "9" * 400 used to overflow to inf and be dropped as "no Retry-After", 10**400 raised
+    assert parse_retry_after(value, NOW) == 2**31
+    assert parse_retry_after("2147483648", NOW) == 2**31 and parse_retry_after("2147483647", NOW) == 2**31 - 1

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiqsim.core.ratelimit import RateLimitSnapshot
-from aiqsim.core.retry_after import delta_seconds, parse_retry_after
+from aiqsim.core.retry_after import MAX_DELTA_SECONDS, delta_seconds, parse_retry_after
 from aiqsim.core.token_bucket import MultiQuota
 
 _UNIT_SECONDS = {
@@ -45,7 +45,8 @@ def parse_duration(value: str | float | int | None) -> float | None:
     """Seconds in a Go-style duration (``"6m0s"``, ``"250ms"``, ``"1h2m3.5s"``) or a bare number of seconds.
 
     Returns ``None`` for anything absent, negative or unparseable, so a provider that
-    changes its format degrades to "no information" instead of an exception.
+    changes its format degrades to "no information" instead of an exception. Longer than
+    2**31 s gives 2**31 s (:data:`~aiqsim.core.retry_after.MAX_DELTA_SECONDS`).
     """
     if value is None:
         return None
@@ -63,13 +64,13 @@ def parse_duration(value: str | float | int | None) -> float | None:
         position = match.end()
     if position == 0 or position != len(text):
         return None
-    return total
+    return min(total, MAX_DELTA_SECONDS)  # "99...9h" is far in the future, as for Retry-After
 
 
 def format_duration(seconds: float) -> str:
     """The Go-style duration OpenAI would send for ``seconds`` (inverse of :func:`parse_duration`).
 
-    Under one second it is milliseconds (``"250ms"``, ``"1.5ms"``); above, hours, minutes
+    Under one second it is whole milliseconds (``"250ms"``; 1.5 ms is ``"2ms"``); above, hours, minutes
     and seconds (``"6m0s"``, ``"1h0m2.5s"``). Sub-millisecond remainders are rounded up so
     a client never reads a reset earlier than the server meant.
     """
