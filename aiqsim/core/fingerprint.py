@@ -3,6 +3,11 @@
 Two submissions that would produce the same output (same kind, engine/model version,
 parameters and input) get the same key, whatever the dict order, process or Python
 version. Canonical JSON (sorted keys, no whitespace, UTF-8) hashed with SHA-256.
+
+What counts as "the same input" is JSON's view of it, so these are one input each:
+``1`` and ``1.0`` (and ``-0.0`` and ``0``); a tuple and the list of its items; bytes ``b`` and
+the dict ``{"$bytes": base64(b)}``, the form bytes take in the document. This is not RFC 8785
+(JCS): keys sort by code point and integral floats are written as integers.
 """
 
 from __future__ import annotations
