@@ -16,6 +16,7 @@ and the last test runs the same workload as a user would, through the kit's pyte
 from __future__ import annotations
 
 import dataclasses
+import math
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -184,6 +185,40 @@ def test_without_reconciliation_double_executions_happen_only_at_the_crash_gap(t
     assert doubles_with == 0
     assert doubles_without > 0  # the gap is real: this is what reconciliation is for
     print(f"\n[memory] keys executed twice, all crash points: {doubles_without} blind re-send, 0 reconciled")
+
+
+def test_without_lookup_and_without_requeue_recovery_sends_nothing_twice_at_any_crash_point(
+    tmp_path: Path,
+) -> None:
+    # The README's promise for requeue_interrupted=False without a lookup: the orphan fails as
+    # interrupted and recovery sends nothing twice. A double click queued behind the orphan used to
+    # claim the key once recovery had failed its owner, and send it again. (A click that arrives
+    # after the restart is a new request for a failed key, which runs again, as it would live.)
+    crash_points = interrupted = new_requests_run_again = 0
+    for seed in SEEDS:
+        total = writes_without_crash(tmp_path, seed)
+        for k in range(1, total + 1):
+            result = simulate(_path(tmp_path, "memory", k, reconcile=False, requeue=False), seed=seed)
+            assert result.summary["tasks_lost"] == 0 and result.task_errors == []
+            check_all_terminal(result.records)
+            orphans = [r for r in result.records if r.error and "TaskInterruptedError" in r.error]
+            restart = min((r.finished_at for r in orphans), default=math.inf)
+            created = {r.id: r.created_at for r in result.records}
+            runs: dict[str, list[str]] = {}
+            for execution in result.executions:
+                if execution.outcome == "ok":
+                    runs.setdefault(execution.key, []).append(execution.task_id)
+            for key, task_ids in runs.items():
+                for task_id in task_ids[1:]:
+                    assert created[task_id] >= restart, (seed, k, key, task_ids)  # not sent again by recovery
+                    new_requests_run_again += 1
+            interrupted += len(orphans)
+            crash_points += 1
+    assert crash_points >= 150 and interrupted > 0  # orphans were failed, not re-sent
+    print(
+        f"\n[memory, no lookup, no requeue] {crash_points} crash points: recovery sent nothing twice; "
+        f"{new_requests_run_again} request(s) made after a restart ran a failed key again"
+    )
 
 
 def test_the_crash_scenario_is_valid(tmp_path: Path) -> None:

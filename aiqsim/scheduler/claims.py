@@ -15,6 +15,10 @@ from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.store_writes import persist
 from aiqsim.stores.base import StoreWriteError
 
+SHARED_ENDINGS = (TaskStatus.SUCCEEDED, TaskStatus.FAILED)
+"""How an owner's run may end for its waiting duplicates to share it. After any other ending
+(cancelled, or the record purged) the key is free and the first waiter takes it over."""
+
 
 class ClaimRules:
     """Who runs a key: the claim of an idempotency key, duplicates waiting on its owner, priority
@@ -123,16 +127,19 @@ class ClaimRules:
             if waiter is None or waiter.waiting_on != owner_id:
                 continue
             waiter.waiting_on = None
-            if owner is not None and owner.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
-                self._finish(
-                    waiter,
-                    TaskStatus.DEDUPED,
-                    result=owner.result,
-                    error=owner.error,
-                    deduped_from=owner.id,
-                )
+            if owner is not None and owner.status in SHARED_ENDINGS:
+                self._share_ending(waiter, owner)
             else:  # the owner was cancelled (or purged): the first waiter takes over the key
                 self._claim_and_follow(waiter)
+
+    def _share_ending(self, waiter: LiveTask, owner: TaskRecord) -> None:
+        """``waiter`` duplicated ``owner``, whose run ended in one of :data:`SHARED_ENDINGS`: it ends
+        ``deduped`` with that run's result or error. Used when a live owner ends, and by recovery for a
+        duplicate that was waiting when the process stopped (whose owner recovery may have failed as
+        interrupted: claiming the key instead would send the call again)."""
+        self._finish(
+            waiter, TaskStatus.DEDUPED, result=owner.result, error=owner.error, deduped_from=owner.id
+        )
 
     async def _watch_foreign_owner(self, owner_id: str) -> None:
         """Wait until the run of a key owned by another process is terminal.

@@ -14,6 +14,7 @@ from aiqsim.core.failures import TaskInterruptedError, describe_error
 from aiqsim.core.states import transition
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.scheduler.arguments import checked_worker_id
+from aiqsim.scheduler.claims import SHARED_ENDINGS
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.provider import ProviderResponse, SupportsLookup
 from aiqsim.scheduler.recovery_lookup import LookupRetry, lookup_with_retries
@@ -43,6 +44,9 @@ class RecoveryReport:
     undecided: tuple[str, ...] = ()
     """Ids of orphans whose provider lookup kept failing: left ``running`` as they were (neither
     failed nor re-sent, since the provider may have done the work). Call ``recover()`` again later."""
+    duplicates_settled: int = 0
+    """Queued duplicates whose owner's run had ended (succeeded, or failed: also as interrupted by this
+    recovery): they ended ``deduped`` with its result or error, as they would have in a live run."""
 
 
 class Recovery:
@@ -64,8 +68,9 @@ class Recovery:
         provider's record (no second call, no second bill); otherwise it fails with
         :class:`~aiqsim.core.failures.TaskInterruptedError`, or is requeued when
         ``requeue_interrupted``. Queued tasks resume: owners go back to their queues and
-        duplicates wait for their owner again. ``use_lookup=False`` skips the provider lookup
-        (to measure what reconciliation saves).
+        duplicates wait for their owner again, or, if the owner's run has ended (an orphan failed
+        here included), end ``deduped`` with its result or error, as they would have live.
+        ``use_lookup=False`` skips the provider lookup (to measure what reconciliation saves).
 
         Which tasks are adopted: with ``workers``, those held by any of these worker ids (``None``
         in it stands for tasks written without one); otherwise, for a scheduler with a
@@ -107,7 +112,7 @@ class Recovery:
                 f"scheduler was not given (it has {sorted(self._lanes)}); nothing was recovered. Add "
                 "those providers, or pass unknown_providers='leave' to leave the tasks in the store"
             )
-        completed = failed = requeued = resumed = reattached = left = 0
+        completed = failed = requeued = resumed = reattached = settled = left = 0
         undecided: list[str] = []
         retry = lookup_retry if lookup_retry is not None else LookupRetry()
         me = self.worker_id
@@ -156,9 +161,18 @@ class Recovery:
             if queued.worker != me:  # taken over from another worker: say so in the store first
                 queued = queued.evolve(worker=me)
                 self._write(queued)
+            live = LiveTask(record=queued, future=self.runtime.create_future())
+            ended = self.store.owner_of(queued.key)
+            if ended is not None and ended.id != queued.id and ended.status in SHARED_ENDINGS:
+                # a duplicate that was waiting when the process stopped, on an owner whose run has
+                # ended since (failed above as interrupted, say): it shares that ending, as it would
+                # have live. Claiming the key would send the call again.
+                self._live[queued.id] = live
+                self._share_ending(live, ended)
+                settled += 1
+                continue
             owner = persist(f"claim of key {queued.key!r} by task {queued.id!r}", self.store.claim, queued)
             self._staged(queued.id)
-            live = LiveTask(record=queued, future=self.runtime.create_future())
             self._live[queued.id] = live
             if owner.id == queued.id:
                 resumed += queued.id not in requeued_ids  # requeued orphans are counted once, above
@@ -175,7 +189,7 @@ class Recovery:
             if lost is not None:
                 raise lost
         return RecoveryReport(
-            completed, failed, requeued, resumed, reattached, left, len(unknown), tuple(undecided)
+            completed, failed, requeued, resumed, reattached, left, len(unknown), tuple(undecided), settled
         )
 
     def _unknown_provider_tasks(self, ours: Callable[[TaskRecord], bool]) -> dict[str, TaskRecord]:
