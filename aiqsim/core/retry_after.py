@@ -5,7 +5,6 @@ from __future__ import annotations
 import calendar
 import math
 import re
-from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
 DELTA_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
@@ -22,8 +21,6 @@ for a float) mean "far in the future", not "unparseable", so they are clamped he
 
 _RFC850_DATE = re.compile(r"[A-Za-z]+,[ \t]*[0-9]{1,2}-[A-Za-z]{3}-([0-9]{2})[ \t]")
 """The start of an obsolete RFC 850 date (``Sunday, 06-Nov-94 08:49:37 GMT``): its two-digit year."""
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _OWS = " \t"
 """HTTP optional whitespace (RFC 9110 §5.6.3): only SP and HTAB are trimmed, not Unicode spaces."""
@@ -90,10 +87,25 @@ def rfc850_year(two_digits: int, now_epoch_s: float) -> int:
     same last two digits. (:mod:`email.utils` pivots at a fixed 69 instead: ``-68`` is 2068 and
     ``-69`` is 1969, whatever the current year.)
     """
-    this_year = (_EPOCH + timedelta(seconds=now_epoch_s)).year
+    this_year = _utc_year(now_epoch_s)
     year = this_year - this_year % 100 + two_digits
     if year > this_year + 50:
         year -= 100
     elif year <= this_year - 50:
         year += 100
     return year
+
+
+def _utc_year(epoch_s: float) -> int:
+    """The proleptic Gregorian UTC year of ``epoch_s`` (Unix seconds), by arithmetic only.
+
+    H. Hinnant's ``civil_from_days``: a 400-year era is 146097 days, and a year counted from
+    March 1 puts the leap day last. Raises ``OverflowError`` for an infinite time.
+    """
+    days = math.floor(epoch_s / 86400) + 719468  # days since 0000-03-01
+    era = days // 146097
+    day_of_era = days - era * 146097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36524 - day_of_era // 146096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    month_index = (5 * day_of_year + 2) // 153  # 0 = March ... 11 = February
+    return year_of_era + era * 400 + (1 if month_index >= 10 else 0)
