@@ -91,6 +91,8 @@ class Run:
     crash_after: int | None
     postgres: tuple[str, str] | None = None
     """(DSN, schema) of a PostgreSQL store, for ``store_kind="postgres"``."""
+    lookup: bool = True
+    """Whether the providers can look a key up (False: recovery fails orphans as interrupted)."""
     runtime: SimPyRuntime = field(default_factory=SimPyRuntime)
     ledger: ProviderLedger = field(default_factory=ProviderLedger)
     writes: list[int] = field(default_factory=lambda: [0])
@@ -111,7 +113,7 @@ class Run:
                     latency_per_unit_s=0.002,
                     latency_sigma=0.3,
                     server_error_prob=0.15,
-                    supports_lookup=True,
+                    supports_lookup=self.lookup,
                 ),
                 random.Random(f"{self.seed}:{name}"),
                 self.ledger,
@@ -265,6 +267,39 @@ def test_jobs_survive_a_crash_after_every_store_write(tmp_path: Path, store: str
     print(
         f"\n[{store}] {crash_points} crash points: 0 jobs lost, no stage billed twice; ends {dict(statuses)}"
     )
+
+
+def test_without_lookup_recovery_fails_interrupted_stages_and_sends_no_stage_twice(tmp_path: Path) -> None:
+    # No lookup, requeue_interrupted=False: an orphaned stage task fails as interrupted, and recovery
+    # must not send it again. The job re-drive used to launch the stage anew: the new task claimed the
+    # key its failed predecessor gave up, and the call was billed twice.
+    crash_points = 0
+    statuses: Counter = Counter()
+    for seed in SEEDS["memory"]:
+        total = Run("memory", seed, tmp_path, None, lookup=False).execute().writes[0]
+        for k in range(1, total + 1):
+            run = Run("memory", seed, tmp_path, k, lookup=False).execute()
+            assert run.crashes == 1, (seed, k)
+            assert all(job.status.is_terminal for job in run.jobs.values()), (seed, k)
+            assert all(record.status.is_terminal for record in run.tasks), (seed, k)
+            orphans = [r for r in run.tasks if r.error and "TaskInterruptedError" in r.error]
+            restart = min((r.finished_at for r in orphans), default=float("inf"))
+            job_created = {
+                t: job.created_at for job in run.jobs.values() for ts in job.stage_tasks.values() for t in ts
+            }
+            runs: dict[str, list[str]] = {}
+            for execution in run.ledger.executions:
+                if execution.billed and execution.outcome == "ok":
+                    runs.setdefault(execution.key, []).append(execution.task_id)
+            for key, task_ids in runs.items():  # a job submitted after the restart is a new request
+                assert all(job_created[t] >= restart for t in task_ids[1:]), (seed, k, key, task_ids)
+            for job in run.jobs.values():
+                if job.status is JobStatus.FAILED and "TaskInterruptedError" in (job.error or ""):
+                    statuses["failed as interrupted"] += 1
+            statuses.update(job.status.value for job in run.jobs.values())
+            crash_points += 1
+    assert crash_points >= 60 and statuses["failed as interrupted"] > 0
+    print(f"\n[memory, no lookup] {crash_points} crash points: no stage sent twice; {dict(statuses)}")
 
 
 def test_jobs_survive_a_crash_after_every_store_write_on_postgres(tmp_path: Path, postgres_dsn: str) -> None:

@@ -66,23 +66,42 @@ def crash_in_stage_b_then(restart):
     return runtime.run(main())
 
 
-def test_recovery_reuses_the_finished_stage_and_runs_only_the_interrupted_one() -> None:
+def test_recovery_reuses_the_finished_stage_and_fails_the_interrupted_one_without_sending_it_again() -> None:
+    # requeue_interrupted=False (the default) and no lookup: the orphan may have been billed, so it
+    # is not sent again and the job fails at its stage, saying why; the double click shares that.
+    # (The re-drive used to submit stage b anew: its new task took over the failed key, a 2nd call.)
     async def restart(runtime, store, provs):
         after = make(runtime, store, provs)
         report = await after.recover()
-        handle = after.jobs.handle("j")
-        waiter = after.jobs.handle("j-again")
-        return report, after.job_recovery, await handle.wait(), await waiter.wait(), provs, store
+        assert after.jobs.handle("j") is None and after.jobs.handle("j-again") is None  # ended in recover()
+        await after.join()
+        return report, after.job_recovery, after.jobs.get("j"), after.jobs.get("j-again"), provs, store
 
     report, jobs_report, job, again, provs, store = crash_in_stage_b_then(restart)
     assert report.orphans_failed == 1  # b's task: no lookup on this provider, so it is interrupted
     assert (jobs_report.resumed, jobs_report.reattached) == (1, 1)
+    assert job.status is JobStatus.FAILED and job.failed_stage == "b" and "TaskInterruptedError" in job.error
+    assert job.finished_at == pytest.approx(2.5)  # at the restart: nothing ran
+    assert again.status is JobStatus.DEDUPED and again.deduped_from == "j" and again.error == job.error
+    assert len(provs["a"].calls) == 1  # a's result was in the job record: not called again
+    assert len(provs["b"].calls) == 1  # the interrupted call only
+    assert [store.get(t).status for t in job.stage_tasks["b"]] == [TaskStatus.FAILED]
+
+
+def test_with_requeue_interrupted_the_job_resends_the_interrupted_stage_and_finishes() -> None:
+    async def restart(runtime, store, provs):
+        after = make(runtime, store, provs)
+        report = await after.recover(requeue_interrupted=True)
+        handle, waiter = after.jobs.handle("j"), after.jobs.handle("j-again")
+        return report, await handle.wait(), await waiter.wait(), provs
+
+    report, job, again, provs = crash_in_stage_b_then(restart)
+    assert report.orphans_requeued == 1
     assert job.status is JobStatus.SUCCEEDED and job.finished_at == pytest.approx(3.5)  # b again 2.5-3.5
     assert again.status is JobStatus.DEDUPED and again.deduped_from == "j" and again.results == job.results
-    assert len(provs["a"].calls) == 1  # a's result was in the job record: not called again
-    assert len(provs["b"].calls) == 2  # the interrupted call, then the re-driven one
-    statuses = [store.get(t).status for t in job.stage_tasks["b"]]
-    assert statuses == [TaskStatus.FAILED, TaskStatus.SUCCEEDED]
+    assert len(provs["a"].calls) == 1
+    assert len(provs["b"].calls) == 2  # the interrupted call, then the requeued one: the caller's choice
+    assert len(job.stage_tasks["b"]) == 1  # the requeued task itself, waited for: not a second task
 
 
 def test_a_job_whose_spec_is_not_registered_ends_failed_saying_why() -> None:

@@ -323,7 +323,7 @@ def test_a_running_job_whose_finished_stage_tasks_were_purged_completes_and_reco
         await runtime.sleep(1.0)
         reopened = SqliteStore(path)  # a new process's store on the same file
         after = make_scheduler(runtime, reopened, provs)
-        await after.recover()
+        await after.recover(requeue_interrupted=True)  # b's call was interrupted: send it again
         job = await after.jobs.handle("j").wait()
         await after.close()
         reopened.close()

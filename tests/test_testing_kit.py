@@ -384,11 +384,14 @@ def test_driver_catches_a_job_stage_whose_build_is_not_deterministic() -> None:
             world.simulated_provider("tts", kind="tts"),
         ]
 
+    # Recovery follows the stage's stored tasks (it used to rebuild and send the stage again, under a
+    # second key); the rebuilt payload's different key is what gives the bug away now.
     with pytest.raises(
-        InvariantViolation, match="stage 'script' was executed under 2 different keys"
+        InvariantViolation, match="stage 'script' built a different payload after the restart"
     ) as caught:
         CrashDriver(CrashOptions(seeds=(0,))).run(stamped_narrations, providers=providers, jobs=[STAMPED])
     assert "is its build function deterministic?" in str(caught.value)
+    assert caught.value.rule == "deterministic job builds"
 
 
 # ------------------------------------------------------------------------------- SIGKILL helper

@@ -31,7 +31,8 @@ class JobTransition:
 @dataclass(frozen=True, slots=True)
 class StageEvent:
     """One stage of a job moved: ``event`` is ``"submitted"``, ``"fallback"``, ``"succeeded"``,
-    ``"failed"`` or ``"cancelled"``.
+    ``"failed"`` or ``"cancelled"``; or, from recovery, ``"rebuilt_differently"``: the stage's
+    ``build`` gave other payloads than its stored tasks (``task_ids``) were submitted with.
 
     ``task_ids`` are the stage's tasks at that moment (fan-out elements in order; on
     ``"fallback"``, the fallback tasks just submitted), to join with the task records.

@@ -41,8 +41,10 @@ the same way.
 Recovery: give the specs that may be in the store to :class:`Jobs` (``Jobs(scheduler, specs=...)``
 or :meth:`Jobs.register`; specs passed to ``submit_job`` are registered too). ``scheduler.recover()``
 first reconciles the tasks as always, then re-drives every unfinished job it adopts: stages whose
-results the job record holds are done; the others are submitted again, so finished ones dedup,
-in-flight ones (resumed by task recovery) are waited for, and only the rest run. A job whose spec
+results the job record holds are done; a stage whose tasks are all stored is picked up where it
+was (tasks resumed by task recovery are waited for, ended ones count as they ended: a stage task
+that recovery failed as interrupted fails the job and is not sent again); the others are submitted
+again, so finished ones dedup, in-flight ones are waited for, and only the rest run. A job whose spec
 (name, version) is not registered, or whose registered spec no longer matches the job's key,
 ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash is
 tried on its primary again (a poison input is remembered and not sent twice).
@@ -63,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiqsim.core.errors import ConfigurationError, SchedulingError, StoreError
 from aiqsim.core.failures import describe_error
+from aiqsim.core.fingerprint import fingerprint
 from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_transition, stage_status
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
@@ -171,6 +174,10 @@ class _JobRun:
     task_ids: list[str] = field(default_factory=list)
     waiting_on: str | None = None
     finished: bool = False
+
+
+_SHARED_JOB_ENDINGS = (JobStatus.SUCCEEDED, JobStatus.FAILED)
+"""How a job may end for its waiting duplicates to share it; after any other ending the key is free."""
 
 
 class Jobs:
@@ -420,6 +427,14 @@ class Jobs:
                     self._start(run)
                 resumed += 1
                 continue
+            ended = self.store.job_owner_of(record.key)
+            if ended is not None and ended.id != record.id and ended.status in _SHARED_JOB_ENDINGS:
+                # a duplicate that was waiting when the process stopped, on a job that has ended
+                # since (failed above, say): it shares that ending; claiming would run it again
+                reattached += 1
+                with self._unpersisted(run):
+                    self._share_ending(run, ended)
+                continue
             owner = self.store.claim_job(record)
             if owner.id == record.id:
                 resumed += 1
@@ -446,6 +461,19 @@ class Jobs:
                     self._watch_foreign_owner(owner.id), name=f"watch-job-{owner.id}"
                 )
 
+    def _share_ending(self, waiter: _JobRun, owner: JobRecord) -> None:
+        """``waiter`` duplicated ``owner``, whose run ended succeeded or failed: it ends ``deduped``
+        with that run's results or failure (when the owner ends live, and in recovery for a
+        duplicate that was waiting when the process stopped)."""
+        self._finish(
+            waiter,
+            JobStatus.DEDUPED,
+            results=dict(owner.results),
+            error=owner.error,
+            failed_stage=owner.failed_stage,
+            deduped_from=owner.id,
+        )
+
     def _resolve_waiters(self, owner_id: str, owner: JobRecord | None) -> None:
         """Share the ended run of ``owner_id`` with the duplicate jobs waiting on it; ``owner`` is
         ``None`` when a retention purge took the record (and its key) first: the key is free."""
@@ -455,15 +483,8 @@ class Jobs:
                 continue
             waiter.waiting_on = None
             with self._unpersisted(waiter):
-                if owner is not None and owner.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-                    self._finish(
-                        waiter,
-                        JobStatus.DEDUPED,
-                        results=dict(owner.results),
-                        error=owner.error,
-                        failed_stage=owner.failed_stage,
-                        deduped_from=owner.id,
-                    )
+                if owner is not None and owner.status in _SHARED_JOB_ENDINGS:
+                    self._share_ending(waiter, owner)
                 else:  # the owner was cancelled (or purged): the first waiter takes the key over
                     self._follow_owner(waiter, self.store.claim_job(waiter.record))
 
@@ -514,7 +535,60 @@ class Jobs:
             return
         phase = _StagePhase(stage=stage, outcomes=[None] * len(payloads))
         run.phases[stage.name] = phase
-        self._submit_phase(run, phase, stage, list(enumerate(payloads)), fallback=False)
+        if not self._resume_phase(run, phase, payloads, run.record.stage_tasks.get(stage.name, ())):
+            self._submit_phase(run, phase, stage, list(enumerate(payloads)), fallback=False)
+
+    def _resume_phase(
+        self, run: _JobRun, phase: _StagePhase, payloads: list[Any], recorded: Iterable[str]
+    ) -> bool:
+        """Pick up a stage that recovery found under way, from the tasks its job record names.
+
+        Only when the record names one task per payload, each stored and either live here (resumed
+        by task recovery: waited for) or ended (counted as it ended, as :meth:`task_finished` would
+        have: an orphan failed as interrupted fails the stage and is not sent again). Otherwise (no
+        tasks yet, a task not stored before the crash, one left undecided or held elsewhere, or a
+        fallback under way) returns False: the stage is submitted again and the task keys sort out
+        what already ran. A stored task whose key is not the rebuilt payload's means the stage's
+        ``build`` is not deterministic: the stored tasks are followed (nothing is sent twice) and a
+        ``"rebuilt_differently"`` :class:`StageEvent` and an anomaly say so.
+        """
+        task_ids = list(recorded)
+        if not task_ids or len(task_ids) != len(payloads):
+            return False
+        live = self.scheduler._live
+        stored: list[TaskRecord] = []
+        for task_id in task_ids:
+            record = live[task_id].record if task_id in live else self.store.get(task_id)
+            if record is None or (task_id not in live and not record.status.is_terminal):
+                return False
+            stored.append(record)
+        ended = {record.id: record for record in stored if record.id not in live}
+        stage = phase.stage
+        try:
+            changed = [
+                r.id for r, p in zip(stored, payloads, strict=True) if r.key != stage_task_key(stage, p)
+            ]
+        except Exception:  # the rebuilt payload has no key at all: certainly not the stored one
+            changed = task_ids
+        if changed:
+            self.scheduler.anomalies["job_build_changed"] += 1
+            self._emit_stage(
+                run,
+                stage.name,
+                "rebuilt_differently",
+                tuple(changed),
+                f"stage {stage.name!r} built a different payload after the restart than its stored "
+                "task(s) were submitted with, which were followed (is its build function deterministic?)",
+            )
+        for index, task_id in enumerate(task_ids):
+            if task_id in ended:
+                phase.outcomes[index] = ended[task_id]
+            else:
+                phase.pending[task_id] = index
+                run.task_ids.append(task_id)
+        if not phase.pending:
+            self._phase_done(run, phase)
+        return True
 
     def _submit_phase(
         self,
@@ -561,6 +635,7 @@ class Jobs:
                     priority=run.record.priority,
                     cost_estimate=cost,
                     version=target.version,
+                    key=stage_task_key(target, payload),
                     task_id=task_id,
                     job_stage=True,
                     retry=target.retry,
@@ -796,6 +871,11 @@ class Jobs:
         events = self.scheduler.events
         if events is not None:
             events(StageEvent(self.scheduler.runtime.now(), run.record.id, stage, event, task_ids, error))
+
+
+def stage_task_key(stage: Stage, payload: Any) -> str:
+    """The idempotency key of a stage task: the task fingerprint of its kind, payload and version."""
+    return fingerprint(stage.task_kind, payload, version=stage.version)
 
 
 def _error_of(record: TaskRecord | None) -> str:

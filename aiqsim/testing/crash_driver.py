@@ -42,7 +42,7 @@ from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.scheduler.events import TaskTransition
-from aiqsim.scheduler.job_events import JobTransition
+from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.provider import Provider
 from aiqsim.scheduler.scheduler import RecoveryReport, Scheduler, Submission
 from aiqsim.sim.crash import CrashingStore, SimulatedCrash
@@ -208,6 +208,8 @@ class CrashOutcome:
     snapshot: _CrashSnapshot | None = None
     details: dict[str, str] = field(default_factory=dict)
     """Key -> what its executions were and in which process lives (for messages)."""
+    rebuilt: tuple[StageEvent, ...] = ()
+    """Stages whose ``build`` gave other payloads after the restart than before it."""
 
     def executions_per_key(self, *, checked_only: bool = True) -> dict[str, int]:
         """Executions per key (only the keys held to "at most once" by default)."""
@@ -396,6 +398,13 @@ class CrashDriver:
             after = [key for key, at in outcome.all_executions if at >= snapshot.restart_at]
             invariants.check_finished_work_not_rerun(snapshot.finished, after)
             invariants.check_jobs_not_rebilled(snapshot.jobs, snapshot.tasks, after)
+        if outcome.rebuilt:
+            first = outcome.rebuilt[0]
+            raise InvariantViolation(
+                "deterministic job builds",
+                f"job {first.job_id!r} stage {first.stage!r}: {first.error}",
+                [event.job_id for event in outcome.rebuilt],
+            )
         if outcome.task_errors:
             raise InvariantViolation(
                 "no coroutine error",
@@ -490,6 +499,7 @@ class _Case:
         self.crash_points = {case.crash_point} if case.crash_point else set()
         self.submitted: list[str] = []
         self.submitted_jobs: list[str] = []
+        self.rebuilt: list[StageEvent] = []
         self.recoveries: list[RecoveryReport] = []
         self.crashed = False
         self.snapshot: _CrashSnapshot | None = None
@@ -505,6 +515,8 @@ class _Case:
             self.submitted.append(event.task_id)
         elif isinstance(event, JobTransition) and event.old is None:
             self.submitted_jobs.append(event.job_id)
+        elif isinstance(event, StageEvent) and event.event == "rebuilt_differently":
+            self.rebuilt.append(event)
         if self.user_events is not None:
             self.user_events(event)
 
@@ -662,4 +674,5 @@ class _Case:
             recoveries=tuple(self.recoveries),
             task_errors=errors,
             snapshot=self.snapshot,
+            rebuilt=tuple(self.rebuilt),
         )
