@@ -553,3 +553,41 @@ def test_json_version_1_snapshot_still_opens_and_is_rewritten_as_version_2(json_
         store.compact()
     doc = json.loads(json_path.read_text())
     assert doc["version"] == 2 and len(doc["store"]["tasks"]) == 30
+
+
+# ---------------------------------------------------------------------------- JSON shapes json.loads accepts
+def sealed_snapshot(store: object) -> bytes:
+    """A version-2 snapshot whose checksum matches ``store``, whatever ``store`` is."""
+    body = json.dumps(store, separators=(",", ":")).encode()
+    return b'{"format":"aiqsim-taskstore","version":2,"crc":"%08x","store":%b}\n' % (zlib.crc32(body), body)
+
+
+@pytest.mark.parametrize("store", [[], None, "tasks", 7], ids=["list", "null", "string", "number"])
+def test_json_sealed_snapshot_whose_store_is_not_an_object_is_refused(json_path: Path, store: object) -> None:
+    """The checksum matched, so this reached ``store.get`` and raised AttributeError."""
+    json_path.write_bytes(sealed_snapshot(store))
+    assert_refused_untouched(
+        json_path.parent, lambda: JsonFileStore(json_path), str(json_path), "'store' must be an object"
+    )
+
+
+DEEP = b"[" * 50_000 + b"]" * 50_000
+
+
+def test_json_deeply_nested_snapshot_is_refused(json_path: Path) -> None:
+    """json.loads raised RecursionError."""
+    json_path.write_bytes(DEEP)
+    assert_refused_untouched(
+        json_path.parent, lambda: JsonFileStore(json_path), str(json_path), "nested too deeply"
+    )
+
+
+def test_json_deeply_nested_journal_entry_with_a_valid_checksum_is_refused(journaled: Path) -> None:
+    """The line's checksum matched, then json.loads raised RecursionError."""
+    last_seq = read_document(journaled)["last_seq"]
+    body = b'{"seq":%d,"op":"poison","key":%b,"error":"e","recorded_at":1}' % (last_seq + 6, DEEP)
+    line = b'{"crc":"%08x","entry":%b}\n' % (zlib.crc32(body), body)
+    write_journal(journaled, [*journal_lines(journaled), line])
+    assert_refused_untouched(
+        journaled.parent, lambda: JsonFileStore(journaled), str(journaled) + ".journal", "line 6"
+    )

@@ -285,6 +285,10 @@ class JsonFileStore:
             doc = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise self._corrupt(self.path, f"not valid JSON, truncated or hand-edited ({error})") from error
+        except RecursionError as error:  # json.loads recurses once per nesting level
+            raise self._corrupt(
+                self.path, "JSON nested too deeply for Python to read (hand-made or damaged?)"
+            ) from error
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise self._corrupt(
@@ -300,6 +304,8 @@ class JsonFileStore:
             )
         if version >= 2:
             doc = self._checked_store(raw, doc)
+            if not isinstance(doc, dict):
+                raise self._corrupt(self.path, f"'store' must be an object, got {type(doc).__name__}")
         tasks, owners, poison, last_seq = (
             doc.get(name) for name in ("tasks", "owners", "poison", "last_seq")
         )
@@ -426,7 +432,7 @@ class JsonFileStore:
             return None
         try:
             entry = json.loads(match.group(2))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
             return None
         return entry if isinstance(entry, dict) and entry.get("op") in _OPS else None
 
