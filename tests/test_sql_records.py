@@ -83,3 +83,15 @@ def test_a_row_round_trips_and_a_bad_json_column_is_named() -> None:
     broken[TASK_TABLE.columns.index("result")] = "{not json"
     with pytest.raises(StoreCorruptError, match=r"task 'v-id': column 'result' is not JSON"):
         decode_row(TASK_TABLE, broken, StoreCorruptError)
+
+
+@pytest.mark.parametrize("table", [TASK_TABLE, JOB_TABLE], ids=lambda t: t.kind)
+def test_a_json_column_nested_too_deeply_is_the_stores_corruption_error(table: RecordTable) -> None:
+    """Valid JSON to SQLite and PostgreSQL, but json.loads raised RecursionError (both stores share this)."""
+    row = dict.fromkeys(table.columns, "null") | {"id": "deep-id"}
+    name = min(table.json_columns)
+    row[name] = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(
+        StoreCorruptError, match=rf"{table.kind} 'deep-id': column '{name}' .*nested too deeply"
+    ):
+        decode_row(table, list(row.values()), StoreCorruptError)

@@ -591,3 +591,16 @@ def test_json_deeply_nested_journal_entry_with_a_valid_checksum_is_refused(journ
     assert_refused_untouched(
         journaled.parent, lambda: JsonFileStore(journaled), str(journaled) + ".journal", "line 6"
     )
+
+
+@pytest.mark.parametrize("column", ["payload", "result"])
+def test_sqlite_json_column_nested_too_deeply_is_store_corrupt_error(sqlite_path: Path, column: str) -> None:
+    """Nested 1,500 deep passes SQLite's json_valid; json.loads then raised RecursionError."""
+    deep = "[" * 1500 + "]" * 1500
+    hand_edit(sqlite_path, f"UPDATE tasks SET {column} = '{deep}' WHERE id = 't5'")
+    with SqliteStore(sqlite_path) as store:
+        assert store.get("t4") is not None  # the other rows still read
+        with pytest.raises(StoreCorruptError, match=rf"task 't5': column '{column}' .*nested too deeply"):
+            store.get("t5")
+        with pytest.raises(StoreCorruptError, match=str(sqlite_path)):
+            store.list_by_status()

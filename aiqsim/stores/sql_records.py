@@ -217,8 +217,8 @@ def encode_row(table: RecordTable, data: Mapping[str, Any]) -> tuple[Any, ...]:
 def decode_row(table: RecordTable, row: Sequence[Any], corrupt: Callable[[str], Exception]) -> dict[str, Any]:
     """A row of ``table`` as the mapping its record is rebuilt from (JSON columns parsed).
 
-    A JSON column that does not parse raises ``corrupt(problem)``, the store's own corruption
-    error naming the record and the column.
+    A JSON column that does not parse (or is nested too deeply for :func:`json.loads`) raises
+    ``corrupt(problem)``, the store's own corruption error naming the record and the column.
     """
     data = dict(zip(table.columns, row, strict=True))
     for name in table.json_columns:
@@ -226,6 +226,10 @@ def decode_row(table: RecordTable, row: Sequence[Any], corrupt: Callable[[str], 
             data[name] = json.loads(data[name])
         except (TypeError, ValueError) as error:
             raise corrupt(f"{table.kind} {data['id']!r}: column {name!r} is not JSON ({error})") from error
+        except RecursionError as error:  # valid JSON to the database, but json.loads recurses per level
+            raise corrupt(
+                f"{table.kind} {data['id']!r}: column {name!r} holds JSON nested too deeply to read"
+            ) from error
     return data
 
 
