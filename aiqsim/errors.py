@@ -13,6 +13,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
     │   ├── UnsupportedDataclassError (TypeError)  a record class fast_frozen_init cannot build
     │   ├── SchedulerArgumentError         a bad argument to Scheduler() or submit(), named
+    │   ├── DuplicateTaskIdError           a task (or job) id already in the store; nothing was stored
     │   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
     │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
     │   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
@@ -104,6 +105,7 @@ from aiqsim.sim.streaming import RecordsNotKeptError
 from aiqsim.sim.sweep import SweepError, SweepTooLargeError
 from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
 from aiqsim.stores.base import (
+    DuplicateTaskIdError,
     StoreAccessError,
     StoreClosedError,
     StoreCorruptError,
@@ -121,6 +123,7 @@ __all__ = [
     "CalibrationError",
     "CallLogError",
     "ConfigurationError",
+    "DuplicateTaskIdError",
     "FingerprintError",
     "HttpExchangeError",
     "HttpStatusError",

@@ -24,7 +24,15 @@ from aiqsim.core.job import (
 )
 from aiqsim.core.states import TRANSITIONS
 from aiqsim.core.task import Priority, TaskStatus
-from aiqsim.stores import JobStore, JsonFileStore, MemoryStore, SqliteStore, StoreCorruptError, open_store
+from aiqsim.stores import (
+    DuplicateTaskIdError,
+    JobStore,
+    JsonFileStore,
+    MemoryStore,
+    SqliteStore,
+    StoreCorruptError,
+    open_store,
+)
 from aiqsim.stores.sqlite import SCHEMA_VERSION
 from tests.test_stores import copy_of_v1_store, task
 
@@ -141,7 +149,7 @@ def test_insert_claim_update_get_list_and_reopen(opener: Opener) -> None:
     assert store.insert_and_claim_job(duplicate) == first  # a live owner keeps the key
     other = job("j3", key="other-key")
     store.insert_and_claim_job(other)
-    with pytest.raises(ValueError, match="already exists"):
+    with pytest.raises(DuplicateTaskIdError, match="job id 'j1' already exists in the store; nothing was"):
         store.insert_and_claim_job(job("j1"))
     running = job_transition(first, JobStatus.RUNNING, 2.0, stage_tasks={"video": ["t1"]})
     store.update_job(running)

@@ -21,9 +21,11 @@ import pytest
 from aiqsim.core.states import transition
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.core.token_bucket import QuotaLimits
+from aiqsim.errors import AiqsimError, ConfigurationError
 from aiqsim.runtime import SimPyRuntime
 from aiqsim.scheduler import ProviderResponse, Scheduler
 from aiqsim.stores import (
+    DuplicateTaskIdError,
     JsonFileStore,
     MemoryStore,
     SqliteStore,
@@ -588,6 +590,29 @@ def test_scheduler_crash_and_recover_on_a_file_store(file_opener: Opener) -> Non
     # t1 was running at the crash (requeued), t5 waited on it (reattached). queued_resumed is not
     # checked: recover() counts a requeued orphan there as well (reported to the lead).
     assert (report.orphans_requeued, report.duplicates_reattached) == (1, 1)  # type: ignore[attr-defined]
+
+
+def test_submit_with_a_task_id_already_stored_is_a_project_error_and_stores_nothing(opener: Opener) -> None:
+    """Every store raised a bare ValueError("task id 'x' already exists")."""
+    store = opener.open()
+    runtime = SimPyRuntime()
+
+    async def main() -> DuplicateTaskIdError:
+        scheduler = Scheduler(runtime, [Echo(runtime)], store=store, rng=random.Random(1))
+        scheduler.submit("llm", {"v": 1}, task_id="x")
+        with pytest.raises(DuplicateTaskIdError) as caught:
+            scheduler.submit("llm", {"v": 2}, task_id="x")
+        await scheduler.join()
+        await scheduler.close()
+        return caught.value
+
+    error = runtime.run(main())
+    assert isinstance(error, AiqsimError) and isinstance(error, ConfigurationError)
+    assert isinstance(error, ValueError)  # what callers caught before
+    assert "task id 'x' already exists" in str(error) and "nothing was stored" in str(error)
+    assert (error.kind, error.record_id) == ("task", "x")
+    store = opener.reopen(store)
+    assert [(r.id, r.payload) for r in store.list_by_status()] == [("x", {"v": 1})]
 
 
 def test_json_failed_compaction_does_not_fail_the_durable_write(

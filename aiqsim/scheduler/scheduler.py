@@ -341,7 +341,9 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
 
         The idempotency ``key`` defaults to the fingerprint of (kind, version, params,
         payload). Raises :class:`QueueFullError` when the priority's queue is at its depth
-        limit, ``ValueError`` for an unknown provider, and
+        limit, ``ValueError`` for an unknown provider,
+        :class:`~aiqsim.stores.base.DuplicateTaskIdError` for a ``task_id`` already in the store
+        (nothing is stored), and
         :class:`~aiqsim.core.token_bucket.QuotaConfigError` for a cost the quota could never grant.
         ``job_stage`` is set by :mod:`aiqsim.scheduler.jobs` for a job's stage tasks: the depth
         limit counts their job once, not each of them. ``retry`` replaces the scheduler's retry

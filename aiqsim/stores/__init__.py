@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from aiqsim.stores.base import (
+    DuplicateTaskIdError,
     PurgeReport,
     StoreAccessError,
     StoreClosedError,
@@ -53,6 +54,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "STORE_KINDS",
+    "DuplicateTaskIdError",
     "JsonFileStore",
     "MemoryStore",
     "PostgresStore",

@@ -49,6 +49,24 @@ class StoreClosedError(StoreError, RuntimeError):
     """A store was used after :meth:`TaskStore.close`."""
 
 
+class DuplicateTaskIdError(ConfigurationError):
+    """A task (or job) id that the store already holds, e.g. ``submit(task_id=...)`` given an id in
+    use. Nothing was stored. A ``ValueError`` too (a :class:`ConfigurationError`), which is what
+    callers saw before. Every store raises this one class, so every store says the same."""
+
+    def __init__(self, kind: str, record_id: str) -> None:
+        self.kind = kind
+        """``"task"`` or ``"job"``."""
+        self.record_id = record_id
+        super().__init__(
+            f"{kind} id {record_id!r} already exists in the store; nothing was stored "
+            f"(a {kind} id must be unique: pass another id, or none to get a fresh one)"
+        )
+
+    def __reduce__(self) -> tuple[type[DuplicateTaskIdError], tuple[str, str]]:
+        return type(self), (self.kind, self.record_id)  # picklable across processes
+
+
 def check_store_location(path: Path) -> None:
     """Raise :class:`StoreOpenError` naming ``path`` unless its folder exists; writable for a new file.
 

@@ -64,6 +64,7 @@ from aiqsim.core.errors import StoreError
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
+    DuplicateTaskIdError,
     PurgeReport,
     StoreAccessError,
     StoreClosedError,
@@ -623,7 +624,7 @@ class JsonFileStore:
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
         self._check_open()
         if task.id in self._tasks:
-            raise ValueError(f"task id {task.id!r} already exists")
+            raise DuplicateTaskIdError("task", task.id)
         owner = claim_owner(self.owner_of(task.key), task)
         self._commit(
             {"op": "insert", "task": task.to_dict(), "owner": owner is task},
@@ -683,7 +684,7 @@ class JsonFileStore:
     def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
         self._check_open()
         if job.id in self._jobs:
-            raise ValueError(f"job id {job.id!r} already exists")
+            raise DuplicateTaskIdError("job", job.id)
         owner = claim_job_owner(self.job_owner_of(job.key), job)
         self._commit(
             {"op": "job_insert", "job": job.to_dict(), "owner": owner is job}, f"insert of job {job.id!r}"

@@ -11,6 +11,7 @@ from typing import Any
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
+    DuplicateTaskIdError,
     PurgePlan,
     PurgeReport,
     claim_owner,
@@ -44,7 +45,7 @@ class MemoryStore:
 
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
         if task.id in self._tasks:
-            raise ValueError(f"task id {task.id!r} already exists")
+            raise DuplicateTaskIdError("task", task.id)
         owner_id = self._owners.get(task.key)
         owner = claim_owner(self._tasks.get(owner_id) if owner_id is not None else None, task)
         self._tasks[task.id] = task
@@ -115,7 +116,7 @@ class MemoryStore:
     # ------------------------------------------------------------------ jobs (JobStore)
     def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
         if job.id in self._jobs:
-            raise ValueError(f"job id {job.id!r} already exists")
+            raise DuplicateTaskIdError("job", job.id)
         owner_id = self._job_owners.get(job.key)
         owner = claim_job_owner(self._jobs.get(owner_id) if owner_id is not None else None, job)
         self._jobs[job.id] = job

@@ -41,6 +41,7 @@ from typing import Any
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
+    DuplicateTaskIdError,
     PurgeReport,
     StoreClosedError,
     StoreCorruptError,
@@ -334,7 +335,7 @@ class PostgresStore:
         values = self._encode(task)  # a non-JSON payload fails here, before the transaction
         with self._write(f"insert task {task.id!r}") as conn:
             if conn.execute(self._tasks.insert, values).rowcount != 1:
-                raise ValueError(f"task id {task.id!r} already exists")
+                raise DuplicateTaskIdError("task", task.id)
             return self._task_claim.claim(conn, task)
 
     def claim(self, task: TaskRecord) -> TaskRecord:
@@ -385,7 +386,7 @@ class PostgresStore:
         values = self._encode_job(job)  # non-JSON inputs fail here, before the transaction
         with self._write(f"insert job {job.id!r}") as conn:
             if conn.execute(self._jobs.insert, values).rowcount != 1:
-                raise ValueError(f"job id {job.id!r} already exists")
+                raise DuplicateTaskIdError("job", job.id)
             return self._job_claim.claim(conn, job)
 
     def claim_job(self, job: JobRecord) -> JobRecord:

@@ -81,6 +81,7 @@ from aiqsim.core.errors import StoreError
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.stores.base import (
+    DuplicateTaskIdError,
     PurgeReport,
     StoreAccessError,
     StoreClosedError,
@@ -685,7 +686,7 @@ class SqliteStore:
             try:
                 conn.execute(_TASKS.insert, values)
             except sqlite3.IntegrityError as error:
-                raise ValueError(f"task id {task.id!r} already exists") from error
+                raise DuplicateTaskIdError("task", task.id) from error
             return self._task_claim.claim(conn, task)
 
     def claim(self, task: TaskRecord) -> TaskRecord:
@@ -764,7 +765,7 @@ class SqliteStore:
             try:
                 conn.execute(_JOBS.insert, values)
             except sqlite3.IntegrityError as error:
-                raise ValueError(f"job id {job.id!r} already exists") from error
+                raise DuplicateTaskIdError("job", job.id) from error
             return self._job_claim.claim(conn, job)
 
     def claim_job(self, job: JobRecord) -> JobRecord:
