@@ -604,3 +604,115 @@ def test_sqlite_json_column_nested_too_deeply_is_store_corrupt_error(sqlite_path
             store.get("t5")
         with pytest.raises(StoreCorruptError, match=str(sqlite_path)):
             store.list_by_status()
+
+
+# ---------------------------------------------------------------------------- SQLite write-ahead log
+WAL_TASKS = 20
+
+
+@pytest.fixture(scope="module")
+def killed_wal_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """The files a process leaves that committed WAL_TASKS tasks one by one and was SIGKILLed before
+    any checkpoint: every task lives only in the -wal (built once, copied per test)."""
+    path = tmp_path_factory.mktemp("killed") / "tasks.sqlite"
+    script = (
+        "import os, signal, sys\n"
+        "from aiqsim.core.task import TaskRecord\n"
+        "from aiqsim.stores import SqliteStore\n"
+        "store = SqliteStore(sys.argv[1])\n"
+        f"for n in range({WAL_TASKS}):\n"
+        "    store.insert_and_claim(TaskRecord(id=f't{n}', key=f'k{n}', kind='llm', provider='llm'))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    died = subprocess.run([sys.executable, "-c", script, str(path)])
+    assert died.returncode == -9
+    files = snapshot_of(path.parent)
+    assert set(files) == {"tasks.sqlite", "tasks.sqlite-wal", "tasks.sqlite-shm"}
+    return files
+
+
+WAL_FRAME = 24 + 4096  # the store's page size is SQLite's default
+
+
+@pytest.fixture
+def killed_wal(tmp_path: Path, killed_wal_template: dict[str, bytes]) -> Path:
+    for name, data in killed_wal_template.items():
+        (tmp_path / name).write_bytes(data)
+    path = tmp_path / "tasks.sqlite"
+    frames, partial = divmod(len(wal_of(path)) - 32, WAL_FRAME)
+    assert frames >= 2 * WAL_TASKS and partial == 0
+    return path
+
+
+def wal_of(path: Path) -> bytes:
+    return path.with_name(path.name + "-wal").read_bytes()
+
+
+def edit_wal(path: Path, offset: int, change: Callable[[int], int] = lambda byte: byte ^ 0xFF) -> None:
+    wal = bytearray(wal_of(path))
+    wal[offset] = change(wal[offset])
+    path.with_name(path.name + "-wal").write_bytes(bytes(wal))
+
+
+def middle_frame(path: Path) -> int:
+    """The offset of a frame half way through the -wal (committed transactions follow it)."""
+    return 32 + (len(wal_of(path)) - 32) // WAL_FRAME // 2 * WAL_FRAME
+
+
+def test_sqlite_intact_wal_of_a_killed_process_opens_whole(killed_wal: Path) -> None:
+    with SqliteStore(killed_wal) as store:
+        assert [r.id for r in store.list_by_status()] == [f"t{n}" for n in range(WAL_TASKS)]
+
+
+@pytest.mark.parametrize(
+    "where",
+    [24 + 2000, 0, 3, 8, 15, 17],
+    ids=["page-byte", "page-number", "page-number-low", "salt-1", "salt-2", "checksum"],
+)
+def test_sqlite_damaged_wal_frame_before_committed_transactions_is_refused(
+    killed_wal: Path, where: int
+) -> None:
+    """Before: the store opened with the tasks up to the damaged frame (half of them), and
+    checkpointed the -wal, so the committed tasks after it were gone with the evidence."""
+    edit_wal(killed_wal, middle_frame(killed_wal) + where)
+    assert_refused_untouched(
+        killed_wal.parent, lambda: SqliteStore(killed_wal), str(killed_wal) + "-wal", "committed transaction"
+    )
+
+
+def test_sqlite_damaged_wal_header_is_refused(killed_wal: Path) -> None:
+    edit_wal(killed_wal, 12)  # the checkpoint sequence number: the header's checksum no longer matches
+    assert_refused_untouched(
+        killed_wal.parent,
+        lambda: SqliteStore(killed_wal),
+        str(killed_wal) + "-wal",
+        "header fails its checksum",
+    )
+
+
+@pytest.mark.parametrize("magic", [b"\0\0\0\0", b"\x37\x7f\x06\x84"], ids=["zeroed", "wrong"])
+def test_sqlite_wal_with_a_wrong_magic_is_refused(killed_wal: Path, magic: bytes) -> None:
+    wal = killed_wal.with_name(killed_wal.name + "-wal")
+    wal.write_bytes(magic + wal.read_bytes()[4:])
+    assert_refused_untouched(killed_wal.parent, lambda: SqliteStore(killed_wal), "not an SQLite WAL file")
+
+
+@pytest.mark.parametrize("cut", [1, 100, WAL_FRAME - 1], ids=["one-byte", "hundred-bytes", "frame-less-one"])
+def test_sqlite_wal_cut_inside_its_last_frame_is_a_torn_tail_and_opens(killed_wal: Path, cut: int) -> None:
+    wal = killed_wal.with_name(killed_wal.name + "-wal")
+    wal.write_bytes(wal.read_bytes()[:-cut])
+    with SqliteStore(killed_wal) as store:  # the last transaction was not whole: it never happened
+        assert [r.id for r in store.list_by_status()] == [f"t{n}" for n in range(WAL_TASKS - 1)]
+
+
+def test_sqlite_wal_damaged_only_in_its_last_transaction_is_a_torn_tail_and_opens(killed_wal: Path) -> None:
+    edit_wal(killed_wal, len(wal_of(killed_wal)) - 100)  # the last (commit) frame's page
+    with SqliteStore(killed_wal) as store:
+        assert [r.id for r in store.list_by_status()] == [f"t{n}" for n in range(WAL_TASKS - 1)]
+
+
+def test_sqlite_wal_with_garbage_frames_after_its_last_commit_opens(killed_wal: Path) -> None:
+    wal = killed_wal.with_name(killed_wal.name + "-wal")
+    wal.write_bytes(wal.read_bytes() + random.Random(3).randbytes(2 * WAL_FRAME + 7))
+    with SqliteStore(killed_wal) as store:
+        assert len(store) == WAL_TASKS

@@ -33,7 +33,11 @@ where that trade is acceptable, ``"OFF"`` only for bulk loads.
 
 Opening never writes to a file it has not validated: a non-database, a truncated or
 malformed file, a wrong schema version or an invalid row raises
-:class:`~aiqsim.stores.base.StoreCorruptError` and the file stays byte-for-byte as it was.
+:class:`~aiqsim.stores.base.StoreCorruptError` and the file stays byte-for-byte as it was. So does
+a damaged ``-wal`` that SQLite would replay only up to the damage, silently dropping committed
+transactions after it (and then checkpointing the evidence away): it is read first, before any
+connection opens the file (:mod:`aiqsim.stores.sqlite_wal`); a torn tail left by a crash is not
+damage and opens as SQLite recovers it.
 A new store file is built under a temp name and linked into place, so a crash during creation
 never leaves a half-initialised store behind.
 
@@ -108,6 +112,7 @@ from aiqsim.stores.sql_records import (
     select_sql,
     update_row,
 )
+from aiqsim.stores.sqlite_wal import wal_problem
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -117,6 +122,8 @@ DEFAULT_BUSY_TIMEOUT_S = 30.0
 SYNCHRONOUS_LEVELS = ("OFF", "NORMAL", "FULL", "EXTRA")
 SQLITE_HEADER = b"SQLite format 3\x00"
 SQLITE_HEADER_SIZE = 100
+_WAL_READS = 5
+"""How often a ``-wal`` showing a problem is read again before it is left to its writer (``_check_wal``)."""
 
 _ADDED_IN_VERSION = {"worker": 2}
 """Columns that a store of an older schema version does not have yet (read as NULL there)."""
@@ -303,6 +310,7 @@ class SqliteStore:
             raise StoreWriteError(f"creation of an empty store at {self.path}", error) from error
         self._check_header()
         self._check_writable()
+        self._check_wal()
         try:
             self._conn = self._connect(self.path)
         except sqlite3.Error as error:
@@ -418,6 +426,43 @@ class SqliteStore:
             raise self._corrupt(
                 f"truncated: {size} bytes, but the header records {page_count} pages of {page_size}"
             )
+
+    def _check_wal(self) -> None:
+        """Refuse a ``-wal`` whose damage SQLite would drop silently with committed transactions after it
+        (see :mod:`aiqsim.stores.sqlite_wal`), before any connection can replay or checkpoint it.
+
+        Another process may be appending to the ``-wal`` while it is read, so a problem counts only
+        once two reads in a row return the same bytes; a file that keeps changing is in live use,
+        and its writer, not this open, decides what it holds.
+        """
+        wal = Path(f"{self.path}-wal")
+        data = self._read_wal(wal)
+        for _ in range(_WAL_READS):
+            problem = wal_problem(data)
+            if problem is None:
+                return
+            again = self._read_wal(wal)
+            if again == data:
+                raise self._corrupt(
+                    f"its write-ahead log {wal} is damaged: {problem}. Nothing was opened or checkpointed "
+                    "(-wal and -shm are as they were too); restore a backup or inspect the -wal"
+                )
+            data = again
+
+    def _read_wal(self, wal: Path) -> bytes:
+        try:
+            return wal.read_bytes()
+        except FileNotFoundError:
+            return b""
+        except PermissionError as error:
+            raise StoreAccessError(
+                f"{wal}: the store's write-ahead log cannot be read ({error.strerror or error}); "
+                "it was not opened"
+            ) from error
+        except OSError as error:
+            raise self._corrupt(
+                f"its write-ahead log {wal} cannot be read ({error.strerror or error})"
+            ) from error
 
     def _check_writable(self) -> None:
         """Refuse a store this process could read but not write, before SQLite opens it.
