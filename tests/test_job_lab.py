@@ -424,6 +424,11 @@ MISTAKES = [
         lambda m: m["workloads"][0].update(count=2_000_001),
         ["count is 2,000,001; at most 2,000,000 arrivals fit"],
     ),
+    (  # each click of a double click submits a job
+        "workloads[0].clicks",
+        lambda m: m["workloads"][0].update(type="double_click", clicks=2_000_001),
+        ["clicks 2,000,001 times count 1 means", "at most 2,000,000 fit"],
+    ),
     (
         "workloads[0].start_s",
         lambda m: m["workloads"][0].update(start_s=1e9),

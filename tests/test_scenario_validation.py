@@ -453,6 +453,20 @@ CATALOGUE = [
         "workloads[0].rate_per_s",
         ["a number > 0"],
     ),
+    (  # every click is an arrival: 0.5/s over 40 s is few actions, but 500,000 clicks each are not
+        "double_click_clicks_past_the_arrival_limit",
+        mutate(("workloads[2].clicks", 500_000)),
+        "workloads[2].clicks",
+        ["clicks 500,000 times rate_per_s 0.5 over 40 s", "at most 2,000,000 fit"],
+    ),
+    (
+        "double_click_count_times_clicks_past_the_arrival_limit",
+        mutate(
+            ("workloads[2].count", 1_000), ("workloads[2].rate_per_s", 1e9), ("workloads[2].clicks", 3_000)
+        ),
+        "workloads[2].clicks",
+        ["clicks 3,000 times count 1,000 means", "3,000,000 arrivals", "at most 2,000,000 fit"],
+    ),
     (
         "key_that_does_not_apply_to_the_type",
         mutate(("workloads[0].clicks", 2)),

@@ -117,14 +117,14 @@ def iter_job_workload_arrivals(
     assert workload.job is not None, "only job workloads have job arrivals"
     template = job_template(scenario, workload.job)
     times = sorted(_action_times(workload, scenario.duration_s, rng))
-    if len(times) > MAX_ARRIVALS_PER_WORKLOAD:
+    clicks = workload.clicks if workload.type == "double_click" else 1
+    if len(times) * clicks > MAX_ARRIVALS_PER_WORKLOAD:  # each click submits a job
         raise WorkloadTooLargeError(
             index,
             f"would generate more than {MAX_ARRIVALS_PER_WORKLOAD:,} jobs; "
-            "lower its rate_per_s or count, or shorten the scenario",
+            "lower its rate_per_s, count or clicks, or shorten the scenario",
         )
     drawn: dict[int, dict[str, Any]] = {}
-    clicks = workload.clicks if workload.type == "double_click" else 1
     pending: list[tuple[float, int, int, dict[str, Any]]] = []  # (time, action, click, inputs): a heap
     serial = 0
 

@@ -217,12 +217,14 @@ ARRIVAL_BOUND_SIGMAS = 6.0
 
 
 def arrival_overflow(workload: WorkloadConfig, duration_s: float) -> str | None:
-    """Why ``workload`` would generate more than :data:`MAX_ARRIVALS_PER_WORKLOAD` user actions, or None.
+    """Why ``workload`` would generate more than :data:`MAX_ARRIVALS_PER_WORKLOAD` arrivals, or None.
 
     Pure arithmetic on the configuration, so scenario validation (``aiqsim validate``) refuses
     what generation would refuse only after drawing two million arrivals: a burst's ``count``,
     or a Poisson mean ``rate_per_s x window`` whose upper tail (mean + 6 sd) passes the limit.
-    Below that bound the generator's own check is practically never reached.
+    Below that bound the generator's own check is practically never reached. A double click
+    submits each user action ``clicks`` times, so its bound is the actions' bound times ``clicks``
+    (otherwise a modest rate with a huge ``clicks`` passes here and exhausts memory in the run).
     """
     limit = MAX_ARRIVALS_PER_WORKLOAD
     if workload.type == "burst":
@@ -230,17 +232,33 @@ def arrival_overflow(workload: WorkloadConfig, duration_s: float) -> str | None:
         return None if count <= limit else f"count is {count:,}; at most {limit:,} arrivals fit"
     if workload.type in ("trace", "replay"):
         return None  # bounded by the trace (or arrivals) file, which validation reads in full
-    if workload.count is not None and workload.count <= limit:
+    clicks = workload.clicks if workload.type == "double_click" else 1
+    if workload.count is not None and workload.count * clicks <= limit:
         return None
     end = duration_s if workload.end_s is None else min(workload.end_s, duration_s)
     mean = workload.rate_per_s * max(0.0, end - workload.start_s)
-    if mean + ARRIVAL_BOUND_SIGMAS * math.sqrt(mean) <= limit:
+    tail = mean + ARRIVAL_BOUND_SIGMAS * math.sqrt(mean)
+    if clicks == 1:
+        if tail <= limit:
+            return None
+        fits = limit / max(end - workload.start_s, 1e-300)
+        return (
+            f"rate_per_s {workload.rate_per_s:g} over {end - workload.start_s:g} s means about {mean:,.0f} "
+            f"arrivals; at most {limit:,} fit (rate_per_s up to about {fits * 0.99:,.4g} over this window, "
+            "or set count)"
+        )
+    if workload.count is not None and workload.count < tail:
+        actions = f"count {workload.count:,}"
+        most = float(workload.count)
+    else:
+        window = f"{end - workload.start_s:g} s"
+        actions = f"rate_per_s {workload.rate_per_s:g} over {window} (up to about {tail:,.0f} actions)"
+        most = tail
+    if most * clicks <= limit:
         return None
-    fits = limit / max(end - workload.start_s, 1e-300)
     return (
-        f"rate_per_s {workload.rate_per_s:g} over {end - workload.start_s:g} s means about {mean:,.0f} "
-        f"arrivals; at most {limit:,} fit (rate_per_s up to about {fits * 0.99:,.4g} over this window, "
-        "or set count)"
+        f"clicks {clicks:,} times {actions} means up to about {most * clicks:,.0f} arrivals; "
+        f"at most {limit:,} fit (lower clicks, rate_per_s or count)"
     )
 
 
@@ -417,13 +435,13 @@ def workload_arrivals(
     else:
         actions = _generated_actions(workload, kind, horizon, rng)
     actions.sort(key=lambda action: action.time)
-    if len(actions) > MAX_ARRIVALS_PER_WORKLOAD:
+    clicks = workload.clicks if workload.type == "double_click" else 1
+    if len(actions) * clicks > MAX_ARRIVALS_PER_WORKLOAD:  # each click is an arrival
         raise WorkloadTooLargeError(
             index,
             f"would generate more than {MAX_ARRIVALS_PER_WORKLOAD:,} arrivals; "
-            "lower its rate_per_s or count, or shorten the scenario",
+            "lower its rate_per_s, count or clicks, or shorten the scenario",
         )
-    clicks = workload.clicks if workload.type == "double_click" else 1
     expanded = _expand_clicks(actions, clicks, workload.click_gap_s)
     arrivals = []
     provider, priority = workload.provider, workload.priority
