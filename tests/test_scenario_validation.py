@@ -467,6 +467,18 @@ CATALOGUE = [
         "workloads[2].clicks",
         ["clicks 3,000 times count 1,000 means", "3,000,000 arrivals", "at most 2,000,000 fit"],
     ),
+    (  # a fraction of a request per minute passed here, then the simulated provider refused it
+        "server_requests_per_min_below_one",
+        mutate(("providers[0].server_requests_per_min", 0.5)),
+        "providers[0].server_requests_per_min",
+        ['expected a number >= 1 or "none", got 0.5'],
+    ),
+    (
+        "server_units_per_min_below_one",
+        mutate(("providers[1].server_units_per_min", 0.25)),
+        "providers[1].server_units_per_min",
+        ['expected a number >= 1 or "none", got 0.25'],
+    ),
     (
         "key_that_does_not_apply_to_the_type",
         mutate(("workloads[0].clicks", 2)),

@@ -385,8 +385,8 @@ _PROVIDER = _Table(
         "latency_base_s": _NON_NEGATIVE,
         "latency_per_unit_s": _NON_NEGATIVE,
         "latency_sigma": _NON_NEGATIVE,
-        "server_requests_per_min": _Optional(_POSITIVE),
-        "server_units_per_min": _Optional(_POSITIVE),
+        "server_requests_per_min": _Optional(_Number(1.0)),  # as the simulated provider requires
+        "server_units_per_min": _Optional(_Number(1.0)),
         "rate_limit_prob": _PROBABILITY,
         "rate_limit_retry_after_s": _Optional(_NON_NEGATIVE),
         "reports_quota": _Boolean(),
