@@ -285,6 +285,8 @@ def test_more_bad_input_is_refused_up_front_with_one_message(tmp_path: Path) -> 
     stored = _scenario_with(
         tmp_path / "stored.toml", "[retry]", f'[store]\nkind = "sqlite"\npath = "{missing}"\n\n[retry]'
     )
+    deep = tmp_path / "deep.toml"
+    deep.write_text('[scenario]\nname = "x"\ndescription = ' + "[" * 500 + "]" * 500 + "\n")
     csv = tmp_path / "x.csv"
     cases = [
         (("sweep", "scenarios/retry_storm_429.toml", "--grid", "retry.base_s=1", "--seeds", "1000000000",
@@ -300,6 +302,9 @@ def test_more_bad_input_is_refused_up_front_with_one_message(tmp_path: Path) -> 
         (("run", "scenarios/retry_storm_429.toml", "--set", "store.kind=sqlite", "--set",
           f"store.path={missing}"), ["store.path", str(missing), "does not exist"]),
         (("validate", str(stored)), ["store.path", "does not exist"]),
+        (("validate", str(deep)), [str(deep), "nesting too deep"]),
+        (("run", "scenarios/retry_storm_429.toml", "--set", "retry.base_s=" + "[" * 600 + "]" * 600),
+         ["retry.base_s", "nesting too deep"]),
     ]  # fmt: skip
     for (args, fragments), result in zip(cases, aiqsim_each(cases), strict=True):
         assert result.returncode == 2, (args, result.stdout, result.stderr)

@@ -672,6 +672,32 @@ def test_missing_file_and_directory_and_non_utf8(tmp_path):
         load_scenario(latin)
 
 
+@pytest.mark.parametrize(
+    ("value", "key_path"),
+    [
+        ("[" * 40 + "]" * 40, "scenario.description"),  # parses, but deeper than a scenario can be
+        ("[" * 1000 + "]" * 1000, ""),  # too deep for the TOML parser's recursion
+        ("{a=" * 1000 + "1" + "}" * 1000, ""),  # inline tables likewise
+    ],
+    ids=["arrays_40", "arrays_1000", "inline_tables_1000"],
+)
+def test_deeply_nested_toml_is_a_scenario_error_naming_the_file(tmp_path, value, key_path):
+    """Regression: nesting past Python's recursion limit raised RecursionError from every command."""
+    path = tmp_path / "deep.toml"
+    path.write_text(f'[scenario]\nname = "x"\ndescription = {value}\n', encoding="utf-8")
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert caught.value.file == str(path) and caught.value.key_path == key_path
+    assert "nesting too deep: expected at most 32 levels" in str(caught.value)
+
+
+@pytest.mark.parametrize("depth", [40, 1000])
+def test_deeply_nested_override_is_a_scenario_error_naming_the_key(depth):
+    with pytest.raises(ScenarioError) as caught:
+        parse_override("retry.base_s=" + "[" * depth + "]" * depth)
+    assert str(caught.value).startswith("<override>: retry.base_s: nesting too deep")
+
+
 def test_trace_file_with_wrong_columns(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("time,prompt,output\n2024-01-01 00:00:00.0,1,1\n")

@@ -1235,6 +1235,34 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
+MAX_NESTING = 32
+"""How many levels of tables and arrays a scenario value may nest. The deepest real key path
+(``jobs[0].stages[0].fanout``) is a handful of levels; far deeper input is a mistake, and the parser,
+``copy.deepcopy`` and ``pickle`` all recurse, so it would surface as a RecursionError traceback."""
+
+
+def _too_deep(value: Any) -> str | None:
+    """The key path (down to the first array) under which ``value`` nests more than
+    :data:`MAX_NESTING` levels, or None. Iterative, so it is safe on input too deep to recurse over."""
+    stack: list[tuple[Any, int, str, bool]] = [(value, 0, "", True)]  # node, depth, path, path grows
+    while stack:
+        node, depth, path, grows = stack.pop()
+        if depth > MAX_NESTING:
+            return path
+        if isinstance(node, Mapping):
+            for key, item in node.items():
+                child = (f"{path}.{key}" if path else str(key)) if grows else path
+                stack.append((item, depth + 1, child, grows))
+        elif isinstance(node, list | tuple):  # name the key holding the array, not indices inside it
+            stack.extend((item, depth + 1, path, False) for item in node)
+    return None
+
+
+def _nesting_error(file: str, key_path: str) -> ScenarioError:
+    return ScenarioError(
+        file, key_path, f"nesting too deep: expected at most {MAX_NESTING} levels of arrays and tables"
+    )
+
 
 def _read_toml(path: Path, source: str) -> dict[str, Any]:
     try:
@@ -1250,7 +1278,9 @@ def _read_toml(path: Path, source: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ScenarioError(source, "", f"not UTF-8 text (bad byte at offset {exc.start})") from None
     try:
-        return tomllib.loads(text)
+        parsed = tomllib.loads(text)
+    except RecursionError:  # arrays or inline tables nested deeper than the parser can recurse
+        raise _nesting_error(source, "") from None
     except tomllib.TOMLDecodeError as exc:
         detail = str(exc)
         match = _TOML_POSITION.search(detail)
@@ -1261,6 +1291,10 @@ def _read_toml(path: Path, source: str) -> dict[str, Any]:
         raise ScenarioError(
             source, "", f"line {line}, column {column}: invalid TOML: {reason}", line=line
         ) from None
+    deep = _too_deep(parsed)
+    if deep is not None:
+        raise _nesting_error(source, deep)
+    return parsed
 
 
 def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
@@ -1422,8 +1456,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     value_text = value_text.strip()
     try:
         value = tomllib.loads(f"value = {value_text}")["value"]
+    except RecursionError:  # e.g. --set key=[[[[...: too deep for the parser
+        raise _nesting_error("<override>", key) from None
     except tomllib.TOMLDecodeError:
         value = value_text
+    if _too_deep(value) is not None:
+        raise _nesting_error("<override>", key)
     return key, value
 
 
