@@ -159,6 +159,28 @@ def test_validate_reports_every_bad_file_and_checks_the_rest(tmp_path: Path) -> 
     assert "retry_storm_429.toml: ok" in result.stdout
 
 
+def test_validate_refuses_unusable_store_paths_and_checks_the_rest(tmp_path: Path) -> None:
+    """Regression: a NUL in store.path, or a name too long for the file system, passed the loader
+    and crashed validate (and run) with a raw ValueError / OSError traceback."""
+    nul = _scenario_with(
+        tmp_path / "nul.toml", "[retry]", '[store]\nkind = "sqlite"\npath = "a\\u0000b"\n\n[retry]'
+    )
+    long_name = tmp_path / ("a" * 300)
+    too_long = _scenario_with(
+        tmp_path / "long.toml", "[retry]", f'[store]\nkind = "sqlite"\npath = "{long_name}"\n\n[retry]'
+    )
+    result = aiqsim("validate", str(nul), str(too_long), "scenarios/retry_storm_429.toml")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 2, errors
+    assert "nul.toml: store.path: expected a file path" in errors[0] and "NUL character" in errors[0]
+    assert "long.toml: store.path:" in errors[1] and "too long" in errors[1]
+    assert "retry_storm_429.toml: ok" in result.stdout
+    run = aiqsim("run", str(too_long))
+    assert run.returncode == 2 and "Traceback" not in run.stderr and "store.path" in run.stderr
+    assert "simulating" not in run.stderr  # refused before any work
+
+
 def test_sweep_checks_every_combination_and_bad_options_up_front(tmp_path: Path) -> None:
     out = str(tmp_path / "s.csv")
     cases = [

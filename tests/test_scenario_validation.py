@@ -558,6 +558,12 @@ CATALOGUE = [
         "store.path",
         ["does not apply to the memory store"],
     ),
+    (  # no file system takes a NUL: the store's open() raised a raw ValueError mid-run
+        "store_path_with_a_nul_character",
+        mutate(("store.path", "tasks\x00.json")),
+        "store.path",
+        ['expected a file path, got "tasks\\u0000.json" (it holds a NUL character)'],
+    ),
     (
         "crash_with_both_triggers",
         mutate(("crashes[0].after_writes", 10)),

@@ -2,19 +2,25 @@
 
 Scenario parsing checks the file itself (types, ranges, cross-key rules, workload sizes). A few
 things only the machine can answer: whether ``store.path`` can be created (its folder exists, no
-file from an earlier run is in the way). ``aiqsim run`` used to discover them after generating
-the arrivals, with a raw ``FileNotFoundError``; :func:`check_runnable` answers them at once, so
-``validate`` reports every problem ``run`` would meet and ``run`` meets none of them late.
+file from an earlier run is in the way, its name fits the file system). ``aiqsim run`` used to
+discover them after generating the arrivals, with a raw ``FileNotFoundError`` (or ``OSError``
+ENAMETOOLONG); :func:`check_runnable` answers them at once, so ``validate`` reports every problem
+``run`` would meet and ``run`` meets none of them late.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from aiqsim.sim.config import Scenario
 from aiqsim.stores.base import StoreOpenError, check_store_location
 
 __all__ = ["check_runnable"]
+
+SIBLING_NAME_ROOM = 32
+"""Bytes the stores add to ``store.path``'s name for files beside it (``.lock``, ``.journal``,
+``-wal``, ``.{name}.tmp-{pid}-{id}``): a name that fits only without them fails mid-run."""
 
 
 def check_runnable(scenario: Scenario) -> None:
@@ -26,13 +32,43 @@ def check_runnable(scenario: Scenario) -> None:
         return  # a temporary folder the run makes itself
     path = Path(store.path)
     source = scenario.source or scenario.name
+    if "\0" in store.path:  # a Scenario built in Python skips the loader's check
+        raise ScenarioError(source, "store.path", "expected a file path, got one holding a NUL character")
     try:
         check_store_location(path)
+        too_long = _name_too_long(path)
+        exists = path.exists() if too_long is None else False
     except StoreOpenError as error:
         raise ScenarioError(source, "store.path", str(error)) from None
-    if path.exists():
+    except OSError as error:  # e.g. ENAMETOOLONG from the file system itself
+        message = f"{path}: cannot use this path ({error.strerror or error})"
+        raise ScenarioError(source, "store.path", message) from None
+    if too_long is not None:
+        raise ScenarioError(source, "store.path", f"{path}: {too_long}")
+    if exists:
         raise ScenarioError(
             source,
             "store.path",
             f"{path} already exists (from an earlier run?); delete it or choose another path",
         )
+
+
+def _name_too_long(path: Path) -> str | None:
+    """Why ``path``, with the stores' files beside it, is too long for the file system its folder is on,
+    or None (checked before the run, not when the store first writes one of those files)."""
+    try:
+        name_max = os.pathconf(path.parent, "PC_NAME_MAX")
+        path_max = os.pathconf(path.parent, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no answer: the usual limits
+        name_max, path_max = 255, 4096
+    name_bytes = len(os.fsencode(path.name))
+    path_bytes = len(os.fsencode(os.path.abspath(path)))
+    if name_bytes + SIBLING_NAME_ROOM > name_max:
+        fits = name_max - SIBLING_NAME_ROOM
+        return (
+            f"the file name is {name_bytes:,} bytes long; at most {fits:,} fit (with the store's own files)"
+        )
+    if path_bytes + SIBLING_NAME_ROOM > path_max:
+        fits = path_max - SIBLING_NAME_ROOM
+        return f"the path is {path_bytes:,} bytes long; at most {fits:,} fit (with the store's own files)"
+    return None

@@ -827,6 +827,10 @@ def _store(values: dict[str, Any], reader: _Reader) -> StoreConfig:
         raise reader.error(
             "store.path", 'does not apply to the memory store; set store.kind = "json" or "sqlite"'
         )
+    if store.path is not None and "\0" in store.path:  # no file system takes it; open() raises ValueError
+        raise reader.error(
+            "store.path", f"expected a file path, got {describe(store.path)} (it holds a NUL character)"
+        )
     if store.group_commit and store.kind != "sqlite":
         raise reader.error("store.group_commit", 'needs store.kind = "sqlite" (the store with group commit)')
     return store
