@@ -398,17 +398,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _write_frame(frame: Any, path: Path) -> None:
     """Write ``frame`` to a temp file next to ``path``, then rename it (an earlier file stays whole)."""
-    import os
+    from aiqsim.lab.output_files import replaced_atomically
 
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        if path.suffix == ".parquet":
-            frame.to_parquet(temp, index=False)
-        else:
-            frame.to_csv(temp, index=False)
-        os.replace(temp, path)
+        with replaced_atomically(path) as temp:
+            if path.suffix == ".parquet":
+                frame.to_parquet(temp, index=False)
+            else:
+                frame.to_csv(temp, index=False)
     except OSError as error:
-        temp.unlink(missing_ok=True)
         raise UsageError(f"--out {path}: cannot write ({error.strerror or error})") from None
 
 

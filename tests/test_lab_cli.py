@@ -141,3 +141,68 @@ def test_calibrate_cli_refuses_a_folder_without_a_log(
     assert main(["calibrate", str(tmp_path), "--out", str(tmp_path / "x.toml")]) == 2
     assert "tasks.csv" in capsys.readouterr().err
     assert not (tmp_path / "x.toml").exists()
+
+
+def test_calibrate_write_failures_leave_earlier_files_whole(
+    small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: --out and --report were written in place, so a failed write left them truncated."""
+    simulate(small, seed=2).call_log.write(tmp_path / "log")
+    out, report = tmp_path / "mine.toml", tmp_path / "report.html"
+    out.write_text("# the earlier scenario\n")
+    report.write_text("<p>the earlier report</p>\n")
+    write_text = Path.write_text
+
+    def fail_for(ending: str) -> None:
+        def patched(self: Path, *args: object, **kwargs: object) -> object:
+            return _fail_half_way(self) if ending in self.name else write_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "write_text", patched)
+
+    argv = ["calibrate", str(tmp_path / "log"), "--settings", str(small)]
+    fail_for(".toml")
+    assert main([*argv, "--out", str(out)]) == 2
+    assert f"cannot write {out}" in capsys.readouterr().err
+    fail_for(".html")
+    assert main([*argv, "--out", str(tmp_path / "new.toml"), "--report", str(report)]) == 2
+    assert f"cannot write the report {report}" in capsys.readouterr().err
+    assert out.read_bytes() == b"# the earlier scenario\n"
+    assert report.read_bytes() == b"<p>the earlier report</p>\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log", "mine.toml", "new.toml", "report.html"]
+
+
+def test_tune_write_failures_leave_earlier_files_whole_and_folders_are_refused_up_front(
+    small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the trials CSV and OUT.best.toml were written in place (a failed write truncated
+    them), and a folder at OUT.best.toml raised IsADirectoryError only after every trial had run."""
+    out = tmp_path / "tune.csv"
+    patch = tmp_path / "tune.csv.best.toml"
+    argv = ["tune", str(small), "--param", "retry.base_s=0.1:5:log", "--seeds", "1", "--trials", "2",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    patch.mkdir()
+    assert main(argv) == 2
+    assert f"{patch}: is a directory" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "tune.csv.optuna.db").exists()  # before any trial
+    patch.rmdir()
+    assert main(argv) == 0
+    capsys.readouterr()
+    before = {path: path.read_bytes() for path in (out, patch)}
+    with monkeypatch.context() as failing:
+        failing.setattr(pd.DataFrame, "to_csv", lambda self, target, *a, **k: _fail_half_way(target))
+        assert main(argv) == 2  # resumed: no new trials, only the writes
+    assert f"{out}: cannot write (File too large); the trials are kept in" in capsys.readouterr().err
+    with monkeypatch.context() as failing:
+        failing.setattr(Path, "write_text", lambda self, *a, **k: _fail_half_way(self))
+        assert main(argv) == 2
+    assert f"{patch}: cannot write (File too large)" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in (out, patch)} == before
+    names = ["tune.csv", "tune.csv.best.toml", "tune.csv.optuna.db"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names  # and no temporary files
+
+
+def _fail_half_way(target: object) -> None:
+    import errno
+
+    Path(str(target)).write_bytes(b"trunc")
+    raise OSError(errno.EFBIG, "File too large")

@@ -268,11 +268,13 @@ class Calibration:
 
     def write(self, path: str | Path) -> Path:
         """Write :meth:`to_toml` to ``path`` (replayed arrivals named relative to its folder); returns it."""
+        from aiqsim.lab.output_files import write_text_atomically
+
         target = Path(path)
-        try:
-            target.write_text(self.to_toml(relative_to=target.parent.resolve()), encoding="utf-8")
+        try:  # an earlier file at ``path`` stays whole if this fails
+            write_text_atomically(target, self.to_toml(relative_to=target.parent.resolve()))
         except OSError as error:
-            raise CalibrationError(f"cannot write {target}: {error}") from error
+            raise CalibrationError(f"cannot write {target}: {error.strerror or error}") from None
         return target
 
 

@@ -243,18 +243,18 @@ def calibration_report_notebook(calibration: Calibration) -> Any:
 
 def write_calibration_report(calibration: Calibration, path: str | Path) -> Path:
     """Write the report to ``path``: a notebook when it ends in ``.ipynb``, else HTML; returns it."""
-    target = Path(path)
-    if target.suffix.lower() == ".ipynb":
-        import nbformat
+    from aiqsim.lab.output_files import replaced_atomically, write_text_atomically
 
-        book = calibration_report_notebook(calibration)
-        try:
-            nbformat.write(book, str(target))
-        except OSError as error:
-            raise CalibrationError(f"cannot write the report {target}: {error}") from error
-        return target
-    try:
-        target.write_text(calibration_report_html(calibration), encoding="utf-8")
+    target = Path(path)
+    try:  # through a temporary file: an earlier report at ``path`` stays whole if this fails
+        if target.suffix.lower() == ".ipynb":
+            import nbformat
+
+            book = calibration_report_notebook(calibration)
+            with replaced_atomically(target) as temp:
+                nbformat.write(book, str(temp))
+        else:
+            write_text_atomically(target, calibration_report_html(calibration))
     except OSError as error:
-        raise CalibrationError(f"cannot write the report {target}: {error}") from error
+        raise CalibrationError(f"cannot write the report {target}: {error.strerror or error}") from None
     return target

@@ -116,6 +116,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from aiqsim.lab.output_files import check_targets, replaced_atomically
     from aiqsim.lab.tune import parse_constraint, parse_param, tune
 
     if not args.param:
@@ -123,6 +124,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     specs = [parse_param(text) for text in args.param]
     constraints = [parse_constraint(text) for text in args.constraint]
     _writable(args.out, "--out")
+    patch = args.out.with_name(args.out.name + ".best.toml")
+    storage = args.out.with_name(args.out.name + ".optuna.db")
+    check_targets(args.out.parent, [args.out.name, patch.name, storage.name])  # before any trial runs
     objectives = args.objective or ["cost_total"]
     result = tune(
         args.scenario,
@@ -137,12 +141,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
         engine=args.engine,
         workers=args.workers,
         address=args.address,
-        storage=args.out.with_name(args.out.name + ".optuna.db"),
+        storage=storage,
         progress=not args.no_progress,
     )
-    result.trials.to_csv(args.out, index=False)
-    patch = args.out.with_name(args.out.name + ".best.toml")
-    patch.write_text(result.toml_patch(), encoding="utf-8")
+    for target, write in (
+        (args.out, lambda temp: result.trials.to_csv(temp, index=False)),
+        (patch, lambda temp: temp.write_text(result.toml_patch(), encoding="utf-8")),
+    ):
+        try:  # an earlier file stays whole if this fails; the trials stay in the Optuna storage
+            with replaced_atomically(target) as temp:
+                write(temp)
+        except OSError as error:
+            raise ConfigurationError(
+                f"{target}: cannot write ({error.strerror or error}); the trials are kept in {storage}, "
+                "and running the same command again writes the results without new trials"
+            ) from None
     values = ", ".join(f"{k} = {v:.6g}" for k, v in result.best_values.items())
     if not result.feasible:
         print("warning: no trial met the constraints; the least violating one is shown", file=sys.stderr)

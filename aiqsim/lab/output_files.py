@@ -7,7 +7,8 @@ Two promises of the command line live here:
 - ``aiqsim run --out OUT`` replaces the files in ``OUT`` only when every one of them has been
   written: they are written into a staging folder first and then moved into place, so a
   failure half-way (a full disk, a folder where a file should go) leaves the earlier run's
-  files as they were.
+  files as they were. A single output file (``sweep``, ``tune`` and ``calibrate`` outputs) is
+  written the same way on its own: :func:`replaced_atomically`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ __all__ = [
     "OutputPathError",
     "TableFormatUnavailableError",
     "check_targets",
+    "replaced_atomically",
     "require_table_format",
     "staged_directory",
+    "write_text_atomically",
 ]
 
 TABLE_FORMATS = ("csv", "parquet")
@@ -99,3 +102,27 @@ def staged_directory(out: Path) -> Iterator[Path]:
             moved.append(name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def replaced_atomically(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` to write to; on a clean exit, rename it to ``path``.
+
+    Writing in place truncates an earlier file first, so a failure half-way (a full disk, a file
+    size limit) would leave neither the old file nor the new one. The temporary file is in the same
+    folder, so the rename is atomic: ``path`` is either the earlier file, whole, or the new one.
+    If the body (or the rename) raises, the temporary file is removed and the error propagates.
+    """
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield temp
+        os.replace(temp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            temp.unlink(missing_ok=True)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through :func:`replaced_atomically`; raises ``OSError``."""
+    with replaced_atomically(path) as temp:
+        temp.write_text(text, encoding="utf-8")

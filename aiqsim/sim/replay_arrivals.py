@@ -127,11 +127,13 @@ def _parse(target: Path) -> tuple[ReplayRow, ...]:
 
 def write_replay_arrivals(path: str | Path, rows: Iterable[ReplayRow]) -> Path:
     """Write ``rows`` as a replay arrivals CSV at ``path`` (offsets by ``repr``: exact); returns it."""
+    from aiqsim.lab.output_files import replaced_atomically
+
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("w", encoding="utf-8", newline="") as handle:
-            writer = csv.writer(handle)
+        with replaced_atomically(target) as temp, temp.open("w", encoding="utf-8", newline="") as handle:
+            writer = csv.writer(handle)  # an earlier file at ``path`` stays whole if this fails
             writer.writerow(REPLAY_COLUMNS)
             for row in rows:
                 writer.writerow((repr(float(row.offset_s)), row.prompt_units, row.output_units, row.input))
