@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -206,3 +207,45 @@ def _fail_half_way(target: object) -> None:
 
     Path(str(target)).write_bytes(b"trunc")
     raise OSError(errno.EFBIG, "File too large")
+
+
+def _optuna_db_cut_short(path: Path) -> None:
+    import optuna
+
+    optuna.create_study(storage=f"sqlite:///{path}", study_name="cut")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _unrelated_sqlite_db(path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda path: path.write_bytes(bytes(range(256)) * 8), "is not an SQLite database"),
+        (_optuna_db_cut_short, "is not a readable SQLite database"),
+        (_unrelated_sqlite_db, "is an SQLite database that is not Optuna's (its tables: invoices)"),
+    ],
+    ids=["random_bytes", "truncated_optuna_db", "unrelated_sqlite_db"],
+)
+def test_tune_refuses_a_storage_file_that_is_not_optunas_and_leaves_it_alone(
+    small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, problem: str
+) -> None:
+    """Regression: a corrupt OUT.optuna.db died with a sqlalchemy DatabaseError traceback, and an
+    unrelated SQLite database there silently got Optuna's tables added to it."""
+    out = tmp_path / "tune.csv"
+    storage = tmp_path / "tune.csv.optuna.db"
+    make(storage)
+    before = storage.read_bytes()
+    argv = ["tune", str(small), "--param", "retry.base_s=0.1:5", "--seeds", "1", "--trials", "1",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"tuning storage {storage}: {problem}" in err and err.count("\n") == 1, err
+    assert storage.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.csv.optuna.db"]  # nothing else written

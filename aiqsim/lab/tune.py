@@ -209,6 +209,55 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     return nested
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+OPTUNA_TABLES = frozenset({"studies", "version_info"})
+"""Tables every Optuna RDB storage has; a database with tables but not these is someone else's."""
+
+
+def check_optuna_storage(path: Path) -> None:
+    """Raise :class:`ConfigurationError` naming ``path`` unless it is absent, empty, or a readable
+    SQLite database that is empty or Optuna's; the file is opened read-only and left untouched.
+
+    Handed to Optuna as is, a file that is not SQLite (or a truncated one) failed with a raw
+    sqlalchemy ``DatabaseError`` traceback, and an unrelated SQLite database silently got Optuna's
+    tables added to it.
+    """
+    import sqlite3
+
+    def refuse(problem: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"tuning storage {path}: {problem}; move it away or choose another path (it was left as it was)"
+        )
+
+    try:
+        if not path.exists():
+            return
+        if path.is_dir():
+            raise refuse("is a directory, where the Optuna database goes")
+        with path.open("rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+    except OSError as error:
+        raise refuse(f"cannot read it ({error.strerror or error})") from None
+    if not header:
+        return  # an empty file is an empty SQLite database
+    if header != SQLITE_HEADER:
+        raise refuse("is not an SQLite database")
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            if connection.execute("PRAGMA quick_check").fetchone() != ("ok",):
+                raise sqlite3.DatabaseError("database disk image is malformed")
+            rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        finally:
+            connection.close()
+    except sqlite3.Error as error:
+        raise refuse(f"is not a readable SQLite database ({error})") from None
+    tables = {name for (name,) in rows}
+    if tables and not tables >= OPTUNA_TABLES:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise refuse(f"is an SQLite database that is not Optuna's (its tables: {shown})")
+
+
 def _require_optuna() -> Any:
     try:
         import optuna
@@ -382,6 +431,7 @@ def tune(
     study_name = "aiqsim-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
     url = None
     if storage is not None:
+        check_optuna_storage(Path(storage))
         url = f"sqlite:///{Path(storage).resolve()}"
     study = optuna.create_study(
         study_name=study_name,
