@@ -1,7 +1,10 @@
 """The ``aiqsim`` command line: run and validate scenarios, sweep parameters.
 
 Bad input (a malformed scenario, an unknown override, a bad grid) prints one clear message
-and exits with status 2, without a traceback.
+and exits with status 2, without a traceback. Output that cannot be written is not a traceback
+either: a closed pipe (``aiqsim run x.toml | head -1``) ends the command quietly with status 141,
+as a program killed by SIGPIPE would; any other error writing standard output (``> /dev/full``) is
+one line on stderr and status 1.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,6 +23,8 @@ from aiqsim import __version__
 from aiqsim.core.errors import ConfigurationError
 
 EXIT_BAD_INPUT = 2
+EXIT_STDOUT_FAILED = 1
+EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: what a shell reports for a program a closed pipe ended
 
 
 class UsageError(ConfigurationError):
@@ -520,6 +526,52 @@ def cmd_schema(args: argparse.Namespace) -> int:
 COMMANDS["schema"] = cmd_schema
 
 
+class _StdoutError(Exception):
+    """An ``OSError`` writing standard output, told apart from the commands' other I/O errors."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _GuardedStdout:
+    """``sys.stdout`` for the length of a command: its write errors become :class:`_StdoutError`."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as error:
+            raise _StdoutError(error) from error
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as error:
+            raise _StdoutError(error) from error
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _discard_stdout(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at the null device, so the output still buffered in it does
+    not fail again (with an 'Exception ignored' message) when the interpreter flushes it at exit.
+    This is what the Python docs advise for SIGPIPE (library/signal.html, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError):  # not a real file (e.g. captured by a test): nothing to redirect
+        pass
+    finally:
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from aiqsim.sim.scenario import ScenarioError
 
@@ -528,11 +580,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_BAD_INPUT
+    stdout, sys.stdout = sys.stdout, _GuardedStdout(sys.stdout)
     try:
-        return COMMANDS[args.command](args)
+        status = COMMANDS[args.command](args)
+        sys.stdout.flush()  # piped or redirected output is buffered: a write failure shows up here
+        return status
+    except _StdoutError as failure:
+        _discard_stdout(stdout)
+        if isinstance(failure.error, BrokenPipeError):  # the reader left (| head): not an error to report
+            return EXIT_BROKEN_PIPE
+        reason = failure.error.strerror or failure.error
+        print(f"aiqsim {args.command}: error: cannot write to standard output ({reason})", file=sys.stderr)
+        return EXIT_STDOUT_FAILED
     except (ScenarioError, UsageError, ConfigurationError) as error:
         print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout = stdout

@@ -181,6 +181,35 @@ def test_validate_refuses_unusable_store_paths_and_checks_the_rest(tmp_path: Pat
     assert "simulating" not in run.stderr  # refused before any work
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("run", "scenarios/retry_storm_429.toml"), ("schema",), ("validate", "scenarios/retry_storm_429.toml")],
+)
+def test_a_closed_pipe_ends_the_command_quietly(args: tuple[str, ...]) -> None:
+    """Regression: ``aiqsim run x.toml | head -1`` ended with a BrokenPipeError traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aiqsim", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before the first line
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 141, stderr  # 128 + SIGPIPE, as for a program SIGPIPE ended
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr and "error" not in stderr, stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_an_error_writing_stdout_is_one_line_and_status_1() -> None:
+    """Regression: ``aiqsim schema > /dev/full`` ended with an OSError traceback."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "aiqsim", "schema"], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+            text=True, timeout=300, check=False,
+        )  # fmt: skip
+    assert result.returncode == 1
+    message = "aiqsim schema: error: cannot write to standard output (No space left on device)\n"
+    assert result.stderr == message
+
+
 def test_sweep_checks_every_combination_and_bad_options_up_front(tmp_path: Path) -> None:
     out = str(tmp_path / "s.csv")
     cases = [
