@@ -363,7 +363,14 @@ def _grid(pairs: Sequence[str]) -> dict[str, list[Any]]:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from aiqsim.lab.output_files import require_table_format
     from aiqsim.sim.scenario import load_scenario
-    from aiqsim.sim.sweep import SweepError, check_sweep_size, grid_points, grid_size, sweep
+    from aiqsim.sim.sweep import (
+        SweepError,
+        check_dask_address,
+        check_sweep_size,
+        grid_points,
+        grid_size,
+        sweep,
+    )
 
     if args.seeds < 1:
         raise UsageError("--seeds must be >= 1")
@@ -371,6 +378,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers {args.workers}: expected an integer >= 1")
     if args.address is not None and args.engine != "dask":
         raise UsageError("--address only applies with --engine dask")
+    if args.address is not None:
+        check_dask_address(args.address, label="--address")
     if args.out.is_dir():
         raise UsageError(f"--out {args.out}: is a directory; give a file name")
     if args.out.suffix not in (".csv", ".parquet"):

@@ -217,9 +217,13 @@ def test_sweep_checks_every_combination_and_bad_options_up_front(tmp_path: Path)
         (("--grid", "retry.base_s=0.5", "--workers", "-1"), ["--workers"]),
         (("--grid", "retry.base_s=0.1", "--grid", "retry.base_s=0.2"), ["given twice"]),
         (("--grid", "retry.base_s=0.1", "--address", "tcp://127.0.0.1:1"), ["--engine dask"]),
-    ]
-    for extra, fragments in cases:
-        result = aiqsim("sweep", "scenarios/retry_storm_429.toml", *extra, "--out", out, "--engine", "serial")
+        (("--grid", "retry.base_s=0.1", "--engine", "dask", "--address", "bogus://x"),
+         ["--address bogus://x: unknown address scheme 'bogus'"]),
+        (("--grid", "retry.base_s=0.1", "--engine", "dask", "--address", "tcp://"),
+         ["--address tcp://: expected e.g. tcp://HOST:PORT"]),
+    ]  # fmt: skip
+    for extra, fragments in cases:  # extra last: its --engine wins
+        result = aiqsim("sweep", "scenarios/retry_storm_429.toml", "--out", out, "--engine", "serial", *extra)
         assert result.returncode == 2 and "Traceback" not in result.stderr, (extra, result.stderr)
         for fragment in fragments:
             assert fragment in result.stderr, (extra, result.stderr)

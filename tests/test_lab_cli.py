@@ -37,6 +37,9 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--param", "retry.base_s=0.1:5", "--constraint", "speed<=30"], "unknown metric"),
         (["--param", "retry.base_s=0.1:5", "--objective", "speed"], "unknown summary key"),
         ([], "--param"),
+        (["--param", "retry.base_s=0.1:5", "--engine", "local", "--workers", "-1"], "--workers -1: expected"),
+        (["--param", "retry.base_s=0.1:5", "--engine", "dask", "--address", "bogus://x"], "scheme 'bogus'"),
+        (["--param", "retry.base_s=0.1:5", "--address", "tcp://127.0.0.1:1"], "with --engine dask"),
     ],
 )
 def test_tune_refuses_bad_input_with_status_2(

@@ -118,9 +118,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from aiqsim.lab.output_files import check_targets, replaced_atomically
     from aiqsim.lab.tune import parse_constraint, parse_param, tune
+    from aiqsim.sim.sweep import check_dask_address
 
     if not args.param:
         raise ConfigurationError("give at least one --param KEY=LOW:HIGH[:log|int] or KEY=V1,V2")
+    if args.workers is not None and args.workers < 1:  # the engine options, checked as sweep checks them
+        raise ConfigurationError(f"--workers {args.workers}: expected an integer >= 1")
+    if args.address is not None and args.engine != "dask":
+        raise ConfigurationError("--address only applies with --engine dask")
+    if args.address is not None:
+        check_dask_address(args.address, label="--address")
     specs = [parse_param(text) for text in args.param]
     constraints = [parse_constraint(text) for text in args.constraint]
     _writable(args.out, "--out")

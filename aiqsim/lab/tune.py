@@ -400,6 +400,14 @@ def tune(
         raise ConfigurationError(f"startup_trials: expected an integer >= 1, got {startup_trials!r}")
     if engine not in ENGINES:
         raise ConfigurationError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigurationError(f"workers: expected an integer >= 1, got {workers!r}")
+    if address is not None:  # checked as sweep checks them, before any trial
+        if engine != "dask":
+            raise ConfigurationError(f"address: only applies with engine 'dask', not {engine!r}")
+        from aiqsim.sim.sweep import check_dask_address
+
+        check_dask_address(address)
     sampler_name = sampler or ("tpe" if len(objectives) == 1 else "nsga2")
     if sampler_name not in SAMPLERS:
         raise ConfigurationError(f"sampler: expected one of {', '.join(SAMPLERS)}, got {sampler!r}")

@@ -123,6 +123,27 @@ def _safe_run(
         return None, f"{type(error).__name__}: {error}"
 
 
+def check_dask_address(address: str, *, label: str = "address") -> None:
+    """Raise :class:`ConfigurationError` (naming ``label``) if ``address`` cannot name a Dask scheduler.
+
+    Checked before any work: ``dask.distributed`` would otherwise refuse an unknown scheme
+    (``bogus://x``) with a raw ``ValueError`` only when the runs start. Whether a scheduler
+    answers there is not checked (that needs a connection attempt; the engine reports it).
+    """
+    try:
+        from distributed.comm.addressing import parse_address
+        from distributed.comm.registry import get_backend
+    except ImportError:  # the dask engine itself says that dask is not installed
+        return
+    try:
+        scheme, location = parse_address(address)
+        get_backend(scheme)
+    except ValueError as error:
+        raise ConfigurationError(f"{label} {address}: {error}") from None
+    if not location:
+        raise ConfigurationError(f"{label} {address}: expected e.g. tcp://HOST:PORT, got no host")
+
+
 def sweep(
     scenario: Scenario | str | Path,
     grid: Mapping[str, Sequence[Any]],
