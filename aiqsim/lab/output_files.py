@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.files import replaced_atomically, write_text_atomically
 
 __all__ = [
     "PARQUET_INSTALL",
@@ -102,27 +103,3 @@ def staged_directory(out: Path) -> Iterator[Path]:
             moved.append(name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def replaced_atomically(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path`` to write to; on a clean exit, rename it to ``path``.
-
-    Writing in place truncates an earlier file first, so a failure half-way (a full disk, a file
-    size limit) would leave neither the old file nor the new one. The temporary file is in the same
-    folder, so the rename is atomic: ``path`` is either the earlier file, whole, or the new one.
-    If the body (or the rename) raises, the temporary file is removed and the error propagates.
-    """
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        yield temp
-        os.replace(temp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            temp.unlink(missing_ok=True)
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through :func:`replaced_atomically`; raises ``OSError``."""
-    with replaced_atomically(path) as temp:
-        temp.write_text(text, encoding="utf-8")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.files import replaced_atomically
 
 __all__ = [
     "REPLAY_COLUMNS",
@@ -127,8 +128,6 @@ def _parse(target: Path) -> tuple[ReplayRow, ...]:
 
 def write_replay_arrivals(path: str | Path, rows: Iterable[ReplayRow]) -> Path:
     """Write ``rows`` as a replay arrivals CSV at ``path`` (offsets by ``repr``: exact); returns it."""
-    from aiqsim.lab.output_files import replaced_atomically
-
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
