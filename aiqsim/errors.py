@@ -12,7 +12,9 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
     │   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
     │   ├── UnsupportedDataclassError (TypeError)  a record class fast_frozen_init cannot build
-    │   ├── SchedulerArgumentError         a bad argument to Scheduler() or submit(), named
+    │   ├── SchedulerArgumentError         a bad argument to Scheduler(), its methods or RetryPolicy, named
+    │   │   ├── SchedulerArgumentTypeError (TypeError)   one of the wrong type (workers="w1")
+    │   │   └── UnknownNameError (KeyError)   a provider, task id, job id or stage that is not known
     │   ├── DuplicateTaskIdError           a task (or job) id already in the store; nothing was stored
     │   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
     │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
@@ -90,7 +92,7 @@ from aiqsim.lab.decisions import NoSettingMeetsError
 from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
-from aiqsim.scheduler.arguments import SchedulerArgumentError
+from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.call_log import CallLogError
 from aiqsim.scheduler.jobs import JobCancelledError, JobFailedError, JobSpecError
 from aiqsim.scheduler.scheduler import (
@@ -154,6 +156,7 @@ __all__ = [
     "ResponseMismatchError",
     "ScenarioError",
     "SchedulerArgumentError",
+    "SchedulerArgumentTypeError",
     "SchedulerClosedError",
     "SchedulingError",
     "SchemaViolationError",
@@ -175,6 +178,7 @@ __all__ = [
     "TaskInterruptedError",
     "TraceError",
     "TuneError",
+    "UnknownNameError",
     "UnsupportedDataclassError",
     "WorkerFailedError",
     "WorkloadTooLargeError",

@@ -18,6 +18,7 @@ from aiqsim.core.errors import AiqsimError, ConfigurationError, StoreError
 from aiqsim.core.task import Priority
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
+from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError
 from aiqsim.scheduler.scheduler import Scheduler
 from aiqsim.sim.simulate import simulate
 from aiqsim.sim.sweep import sweep
@@ -172,3 +173,55 @@ def test_a_queue_limit_of_one_admits_a_task_on_an_idle_scheduler() -> None:
 
     assert runtime.run(main()).status == "succeeded"
     assert len(provider.calls) == 1
+
+
+def _refused(caught: pytest.ExceptionInfo[BaseException], builtin: type[BaseException], argument: str) -> str:
+    """The error is a project error, still the builtin class it used to be, and names the argument."""
+    assert isinstance(caught.value, AiqsimError) and isinstance(caught.value, ConfigurationError)
+    assert isinstance(caught.value, builtin)  # callers catching the old builtin class keep working
+    message = str(caught.value)
+    assert message.startswith(f"{argument}:") or message.startswith(f"{argument} "), message
+    return message
+
+
+@pytest.mark.parametrize("value", [0, -1.5, math.nan])
+def test_a_duplicate_poll_that_is_not_a_positive_duration_is_refused(value: Any) -> None:
+    runtime, store = SimPyRuntime(), MemoryStore()
+    provider = ScriptedProvider(runtime)
+    with pytest.raises(SchedulerArgumentError) as caught:
+        Scheduler(runtime, [provider], store=store, duplicate_poll_s=value)
+    message = _refused(caught, ValueError, "duplicate_poll_s")
+    assert "seconds > 0" in message and repr(value) in message
+    assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_a_duplicate_poll_that_is_no_number_is_refused_as_a_type_error() -> None:
+    runtime = SimPyRuntime()
+    with pytest.raises(SchedulerArgumentTypeError) as caught:
+        Scheduler(runtime, [ScriptedProvider(runtime)], duplicate_poll_s="0.5")  # type: ignore[arg-type]
+    assert "'0.5'" in _refused(caught, TypeError, "duplicate_poll_s")
+
+
+def test_quotas_for_a_provider_the_scheduler_lacks_are_refused() -> None:
+    runtime, store = SimPyRuntime(), MemoryStore()
+    provider = ScriptedProvider(runtime)
+    with pytest.raises(SchedulerArgumentError) as caught:
+        Scheduler(runtime, [provider], store=store, quotas={"tts": QuotaLimits(concurrency=1)})
+    message = _refused(caught, ValueError, "quotas")
+    assert "['tts']" in message and "['llm']" in message and "no scheduler was created" in message
+    assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_quotas_that_are_no_mapping_are_refused() -> None:
+    runtime = SimPyRuntime()
+    with pytest.raises(SchedulerArgumentTypeError) as caught:
+        Scheduler(runtime, [ScriptedProvider(runtime)], quotas=[QuotaLimits()])  # type: ignore[arg-type]
+    assert "mapping provider name -> QuotaLimits" in _refused(caught, TypeError, "quotas")
+
+
+@pytest.mark.parametrize("worker_id", ["", 7])
+def test_a_worker_id_that_is_no_name_is_refused(worker_id: Any) -> None:
+    runtime = SimPyRuntime()
+    with pytest.raises(SchedulerArgumentError) as caught:
+        Scheduler(runtime, [ScriptedProvider(runtime)], worker_id=worker_id)
+    assert "non-empty string or None" in _refused(caught, ValueError, "worker_id")

@@ -18,11 +18,32 @@ from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
 
-__all__ = ["SchedulerArgumentError", "checked_cost_estimate", "checked_providers", "checked_queue_limit"]
+__all__ = [
+    "SchedulerArgumentError",
+    "SchedulerArgumentTypeError",
+    "UnknownNameError",
+    "checked_cost_estimate",
+    "checked_positive_seconds",
+    "checked_providers",
+    "checked_queue_limit",
+]
 
 
 class SchedulerArgumentError(ConfigurationError):
-    """An argument of ``Scheduler(...)`` or ``Scheduler.submit(...)`` that cannot be used."""
+    """An argument of ``Scheduler(...)``, one of its methods (``submit``, ``recover``, ``retry_failed``,
+    ``quota``, ``jobs``...) or a :class:`~aiqsim.scheduler.retry.RetryPolicy` that cannot be used."""
+
+
+class SchedulerArgumentTypeError(SchedulerArgumentError, TypeError):
+    """A scheduler argument of the wrong type; also a ``TypeError``, as it was before."""
+
+
+class UnknownNameError(SchedulerArgumentError, KeyError):
+    """A provider, task id, job id or stage name that the scheduler (or its store) does not know;
+    also a ``KeyError``, as it was before. ``str()`` is the message, without ``KeyError``'s quotes."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
 
 
 def checked_cost_estimate(value: Any) -> float:
@@ -92,8 +113,17 @@ def checked_queue_limit(value: Any, name: str) -> int | None:
     return int(value)
 
 
+def checked_positive_seconds(value: Any, name: str, what: str) -> float:
+    """A duration in seconds > 0 (``inf`` allowed); ``what`` says what it is for."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SchedulerArgumentTypeError(f"{name}: expected a number of seconds > 0 ({what}), got {value!r}")
+    if not value > 0:
+        raise SchedulerArgumentError(f"{name}: expected a number of seconds > 0 ({what}), got {value!r}")
+    return value
+
+
 def checked_worker_id(value: str | None, what: str) -> str | None:
     """A worker id is a non-empty string; ``None`` means "no worker id" (tasks of a single user)."""
     if value is not None and (not isinstance(value, str) or not value):
-        raise ValueError(f"{what} must be a non-empty string or None, got {value!r}")
+        raise SchedulerArgumentError(f"{what} must be a non-empty string or None, got {value!r}")
     return value

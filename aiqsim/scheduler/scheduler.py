@@ -46,7 +46,10 @@ from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.arguments import (
+    SchedulerArgumentError,
+    SchedulerArgumentTypeError,
     checked_cost_estimate,
+    checked_positive_seconds,
     checked_providers,
     checked_queue_limit,
     checked_worker_id,
@@ -241,9 +244,9 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
         self.gates = tuple(gates)
         self._early_gates, self._late_gates = split_gates(self.gates)
         self.poison_fallback = poison_fallback
-        if not duplicate_poll_s > 0:
-            raise ValueError(f"duplicate_poll_s must be > 0, got {duplicate_poll_s!r}")
-        self.duplicate_poll_s = duplicate_poll_s
+        self.duplicate_poll_s = checked_positive_seconds(
+            duplicate_poll_s, "duplicate_poll_s", "how often a duplicate rereads its owner's record"
+        )
         self._limits = {
             Priority.INTERACTIVE: checked_queue_limit(interactive_limit, "interactive_limit"),
             Priority.BACKGROUND: checked_queue_limit(background_limit, "background_limit"),
@@ -251,10 +254,19 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
         self._queued = dict.fromkeys(Priority, 0)
         if not isinstance(providers, Mapping):
             providers = {p.name: p for p in providers}
+        if quotas is not None and not isinstance(quotas, Mapping):
+            raise SchedulerArgumentTypeError(
+                f"quotas: expected a mapping provider name -> QuotaLimits, got {quotas!r}; "
+                "no scheduler was created"
+            )
         quotas = dict(quotas or {})
         unknown = set(quotas) - set(providers)
         if unknown:
-            raise ValueError(f"quotas given for unknown providers: {sorted(unknown)}")
+            raise SchedulerArgumentError(
+                f"quotas: given for provider(s) {sorted(unknown, key=str)} that this scheduler was not given "
+                f"(its providers: {sorted(providers)}); key each quota by a provider's name; "
+                "no scheduler was created"
+            )
         now = runtime.now()
         self._lanes: dict[str, Lane] = {
             name: Lane(
