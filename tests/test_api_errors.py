@@ -18,7 +18,7 @@ from aiqsim.core.errors import AiqsimError, ConfigurationError, StoreError
 from aiqsim.core.task import Priority
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
-from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError
+from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.scheduler import Scheduler
 from aiqsim.sim.simulate import simulate
 from aiqsim.sim.sweep import sweep
@@ -225,3 +225,56 @@ def test_a_worker_id_that_is_no_name_is_refused(worker_id: Any) -> None:
     with pytest.raises(SchedulerArgumentError) as caught:
         Scheduler(runtime, [ScriptedProvider(runtime)], worker_id=worker_id)
     assert "non-empty string or None" in _refused(caught, ValueError, "worker_id")
+
+
+@pytest.mark.parametrize(("options", "argument"), [({"provider": "tts"}, "provider"), ({}, "kind")])
+def test_submit_to_a_provider_the_scheduler_lacks_is_refused(options: dict[str, Any], argument: str) -> None:
+    runtime, provider, scheduler, store = _scheduler()
+    with pytest.raises(SchedulerArgumentError) as caught:
+        scheduler.submit("tts", {"input": "a"}, **options)
+    message = _refused(caught, ValueError, argument)
+    assert "no provider named 'tts'" in message and "['llm']" in message and "nothing was queued" in message
+    runtime.run(scheduler.join())
+    assert provider.calls == [] and store.list_by_status() == [] and scheduler.queued() == 0
+
+
+def test_the_quota_of_a_provider_the_scheduler_lacks_is_refused() -> None:
+    _, provider, scheduler, store = _scheduler()
+    with pytest.raises(UnknownNameError) as caught:
+        scheduler.quota("tts")
+    message = _refused(caught, KeyError, "provider")
+    assert "no provider named 'tts'" in message and "['llm']" in message
+    assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_retry_failed_of_an_unknown_task_id_is_refused() -> None:
+    runtime, provider, scheduler, store = _scheduler()
+    with pytest.raises(UnknownNameError) as caught:
+        scheduler.retry_failed("nope")
+    message = _refused(caught, KeyError, "task_id")
+    assert "'nope'" in message and "nothing was retried" in message
+    runtime.run(scheduler.join())
+    assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_retry_failed_of_another_providers_task_is_refused_and_the_task_stays_failed() -> None:
+    # it used to move the task to queued in the store, then fail with KeyError('tts'): stranded
+    runtime, store = SimPyRuntime(), MemoryStore()
+    tts = ScriptedProvider(runtime, name="tts", script={"a": ["invalid"]})
+    tts_scheduler = Scheduler(runtime, [tts], store=store)
+
+    async def fail_one() -> None:
+        await tts_scheduler.submit("tts", {"input": "a"}, task_id="t1").wait()
+        await tts_scheduler.close()
+
+    runtime.run(fail_one())
+    before = store.list_by_status()
+    runtime = SimPyRuntime()
+    llm = ScriptedProvider(runtime)
+    llm_scheduler = Scheduler(runtime, [llm], store=store)
+    with pytest.raises(UnknownNameError) as caught:
+        llm_scheduler.retry_failed("t1")
+    message = _refused(caught, KeyError, "task_id")
+    assert "provider 'tts'" in message and "['llm']" in message and "left failed" in message
+    runtime.run(llm_scheduler.join())  # nothing live: returns at once
+    assert llm.calls == [] and store.list_by_status() == before and llm_scheduler.in_flight == 0

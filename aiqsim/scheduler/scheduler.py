@@ -48,6 +48,7 @@ from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.arguments import (
     SchedulerArgumentError,
     SchedulerArgumentTypeError,
+    UnknownNameError,
     checked_cost_estimate,
     checked_positive_seconds,
     checked_providers,
@@ -309,8 +310,17 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
         return list(self._lanes)
 
     def quota(self, provider: str) -> MultiQuota:
-        """The live client-side quota of ``provider`` (for inspection and header corrections)."""
-        return self._lanes[provider].quota
+        """The live client-side quota of ``provider`` (for inspection and header corrections).
+
+        Raises :class:`~aiqsim.scheduler.arguments.UnknownNameError` (a ``KeyError``) for a provider
+        this scheduler was not given.
+        """
+        lane = self._lanes.get(provider)
+        if lane is None:
+            raise UnknownNameError(
+                f"provider: no provider named {provider!r}; this scheduler has {sorted(self._lanes)}"
+            )
+        return lane.quota
 
     def queued(self, priority: Priority | None = None) -> int:
         """Tasks waiting in dispatch queues (of one priority, or all)."""
@@ -353,7 +363,8 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
 
         The idempotency ``key`` defaults to the fingerprint of (kind, version, params,
         payload). Raises :class:`QueueFullError` when the priority's queue is at its depth
-        limit, ``ValueError`` for an unknown provider,
+        limit, :class:`~aiqsim.scheduler.arguments.SchedulerArgumentError` (a ``ValueError``) for an
+        unknown provider or another unusable argument,
         :class:`~aiqsim.stores.base.DuplicateTaskIdError` for a ``task_id`` already in the store
         (nothing is stored), and
         :class:`~aiqsim.core.token_bucket.QuotaConfigError` for a cost the quota could never grant.
@@ -367,7 +378,11 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
         lane_name = provider if provider is not None else kind
         lane = self._lanes.get(lane_name)
         if lane is None:
-            raise ValueError(f"no provider named {lane_name!r}; known: {sorted(self._lanes)}")
+            named_by = "provider" if provider is not None else "kind (no provider= given)"
+            raise SchedulerArgumentError(
+                f"{named_by}: no provider named {lane_name!r}; this scheduler has {sorted(self._lanes)}. "
+                "Pass provider= one of them; nothing was queued or stored"
+            )
         if type(priority) is not Priority:
             priority = Priority(priority)
         if cost_estimate is None:
@@ -493,14 +508,22 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
     def retry_failed(self, task_id: str) -> Submission:
         """Manually retry a failed task: it moves failed -> queued and runs again (new attempts).
 
-        Raises ``KeyError`` for an unknown id and
-        :class:`~aiqsim.core.states.IllegalTransitionError` for a task that is not failed.
+        Raises :class:`~aiqsim.scheduler.arguments.UnknownNameError` (a ``KeyError``) for an id not
+        in the store or a task of a provider this scheduler lacks, and
+        :class:`~aiqsim.core.states.IllegalTransitionError` for a task that is not failed; the task
+        is then left as it was.
         """
         if self._closed:
             raise SchedulerClosedError("scheduler is closed")
         record = self.store.get(task_id)
         if record is None:
-            raise KeyError(f"unknown task id {task_id!r}")
+            raise UnknownNameError(f"task_id: no task {task_id!r} in the store; nothing was retried")
+        if record.provider not in self._lanes:
+            raise UnknownNameError(
+                f"task_id: task {task_id!r} is for provider {record.provider!r}, which this scheduler "
+                f"lacks (it has {sorted(self._lanes)}); retry it from a scheduler given that provider. "
+                f"The task was left {record.status.value}"
+            )
         failed = record
         record = transition(record, TaskStatus.QUEUED, self.runtime.now(), worker=self.worker_id)
         persist_change(failed, record, self.store.update, record)
