@@ -224,7 +224,8 @@ def test_a_worker_id_that_is_no_name_is_refused(worker_id: Any) -> None:
     runtime = SimPyRuntime()
     with pytest.raises(SchedulerArgumentError) as caught:
         Scheduler(runtime, [ScriptedProvider(runtime)], worker_id=worker_id)
-    assert "non-empty string or None" in _refused(caught, ValueError, "worker_id")
+    message = _refused(caught, ValueError, "worker_id")
+    assert "non-empty string or None" in message and "no scheduler was created" in message
 
 
 @pytest.mark.parametrize(("options", "argument"), [({"provider": "tts"}, "provider"), ({}, "kind")])
@@ -278,3 +279,51 @@ def test_retry_failed_of_another_providers_task_is_refused_and_the_task_stays_fa
     assert "provider 'tts'" in message and "['llm']" in message and "left failed" in message
     runtime.run(llm_scheduler.join())  # nothing live: returns at once
     assert llm.calls == [] and store.list_by_status() == before and llm_scheduler.in_flight == 0
+
+
+def _store_left_by_a_crashed_tts_scheduler() -> MemoryStore:
+    """One tts task running and one queued, as a killed process leaves them."""
+    runtime, store = SimPyRuntime(), MemoryStore()
+    tts = ScriptedProvider(runtime, name="tts", script={"a": ["hang"]})
+    scheduler = Scheduler(runtime, [tts], store=store, quotas={"tts": QuotaLimits(concurrency=1)})
+
+    async def main() -> None:
+        scheduler.submit("tts", {"input": "a"}, task_id="t1")
+        scheduler.submit("tts", {"input": "b"}, task_id="t2")
+        await runtime.sleep(0.5)
+        scheduler.crash()
+
+    runtime.run(main())
+    return store
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "builtin", "argument", "expected"),
+    [
+        ({}, SchedulerArgumentError, ValueError, "providers", "2 unfinished task(s) for provider(s) ['tts']"),
+        (
+            {"unknown_providers": "fail"},
+            SchedulerArgumentError,
+            ValueError,
+            "unknown_providers",
+            "must be 'raise' or 'leave', got 'fail'",
+        ),
+        ({"workers": "w1"}, SchedulerArgumentTypeError, TypeError, "workers", "not one string: use ['w1']"),
+        ({"workers": 7}, SchedulerArgumentTypeError, TypeError, "workers", "collection of worker ids"),
+        ({"workers": [""]}, SchedulerArgumentError, ValueError, "each of workers", "non-empty string"),
+    ],
+)
+def test_recover_refuses_what_it_cannot_do_before_writing_anything(
+    options: dict[str, Any], error: type, builtin: type, argument: str, expected: str
+) -> None:
+    store = _store_left_by_a_crashed_tts_scheduler()
+    before = store.list_by_status()
+    assert {record.status.value for record in before} == {"running", "queued"}
+    runtime = SimPyRuntime()
+    llm = ScriptedProvider(runtime)
+    scheduler = Scheduler(runtime, [llm], store=store)
+    with pytest.raises(error) as caught:
+        runtime.run(scheduler.recover(**options))
+    message = _refused(caught, builtin, argument)
+    assert expected in message and "nothing was recovered" in message
+    assert llm.calls == [] and store.list_by_status() == before and scheduler.in_flight == 0

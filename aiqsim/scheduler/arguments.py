@@ -122,8 +122,11 @@ def checked_positive_seconds(value: Any, name: str, what: str) -> float:
     return value
 
 
-def checked_worker_id(value: str | None, what: str) -> str | None:
-    """A worker id is a non-empty string; ``None`` means "no worker id" (tasks of a single user)."""
+def checked_worker_id(value: str | None, what: str, refused: str) -> str | None:
+    """A worker id is a non-empty string; ``None`` means "no worker id" (tasks of a single user).
+
+    ``refused`` says what did not happen when it is not (``"no scheduler was created"``).
+    """
     if value is not None and (not isinstance(value, str) or not value):
-        raise SchedulerArgumentError(f"{what} must be a non-empty string or None, got {value!r}")
+        raise SchedulerArgumentError(f"{what} must be a non-empty string or None, got {value!r}; {refused}")
     return value

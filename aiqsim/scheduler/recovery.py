@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from aiqsim.core.failures import TaskInterruptedError, describe_error
 from aiqsim.core.states import transition
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.scheduler.arguments import checked_worker_id
+from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, checked_worker_id
 from aiqsim.scheduler.claims import SHARED_ENDINGS
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.provider import ProviderResponse, SupportsLookup
@@ -84,7 +84,8 @@ class Recovery:
         taken over carries this worker's id). A store written before worker ids has tasks without
         one: give ``workers=[None, own_id]`` once to adopt them.
 
-        Unfinished tasks for a provider this scheduler was not given raise ``ValueError`` before
+        Unfinished tasks for a provider this scheduler was not given raise
+        :class:`~aiqsim.scheduler.arguments.SchedulerArgumentError` (a ``ValueError``) before
         anything is written (``unknown_providers="raise"``); with ``"leave"`` they stay in the
         store as they are, for a scheduler that has the provider, and are counted in the report.
 
@@ -97,7 +98,10 @@ class Recovery:
         (the orphans already reconciled stay reconciled).
         """
         if unknown_providers not in ("raise", "leave"):
-            raise ValueError(f"unknown_providers must be 'raise' or 'leave', got {unknown_providers!r}")
+            raise SchedulerArgumentError(
+                f"unknown_providers must be 'raise' or 'leave', got {unknown_providers!r}; "
+                "nothing was recovered"
+            )
         adopted = self._adopted_workers(workers)
 
         def ours(record: TaskRecord) -> bool:
@@ -107,10 +111,10 @@ class Recovery:
         unknown = self._unknown_provider_tasks(ours)
         if unknown and unknown_providers == "raise":
             names = sorted({record.provider for record in unknown.values()})
-            raise ValueError(
-                f"the store holds {len(unknown)} unfinished task(s) for provider(s) {names} that this "
-                f"scheduler was not given (it has {sorted(self._lanes)}); nothing was recovered. Add "
-                "those providers, or pass unknown_providers='leave' to leave the tasks in the store"
+            raise SchedulerArgumentError(
+                f"providers: the store holds {len(unknown)} unfinished task(s) for provider(s) {names} "
+                f"that this scheduler was not given (it has {sorted(self._lanes)}); nothing was recovered. "
+                "Add those providers, or pass unknown_providers='leave' to leave the tasks in the store"
             )
         completed = failed = requeued = resumed = reattached = settled = left = 0
         undecided: list[str] = []
@@ -203,9 +207,18 @@ class Recovery:
     def _adopted_workers(self, workers: Iterable[str | None] | None) -> frozenset[str | None] | None:
         """The worker ids whose tasks :meth:`recover` takes on (``None``: every task)."""
         if isinstance(workers, str):
-            raise TypeError(f"workers takes a collection of worker ids, not one string: use [{workers!r}]")
+            raise SchedulerArgumentTypeError(
+                f"workers takes a collection of worker ids, not one string: use [{workers!r}]; "
+                "nothing was recovered"
+            )
         if workers is not None:
-            return frozenset(checked_worker_id(worker, "each of workers") for worker in workers)
+            if not isinstance(workers, Iterable):
+                raise SchedulerArgumentTypeError(
+                    f"workers takes a collection of worker ids (None: tasks without one), got {workers!r}; "
+                    "nothing was recovered"
+                )
+            refused = "nothing was recovered"
+            return frozenset(checked_worker_id(worker, "each of workers", refused) for worker in workers)
         if self.worker_id is not None:
             return frozenset({self.worker_id})
         return None

@@ -232,7 +232,7 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
         commit_window_s: float = DEFAULT_COMMIT_WINDOW_S,
     ) -> None:
         providers = checked_providers(providers)
-        self.worker_id = checked_worker_id(worker_id, "worker_id")
+        self.worker_id = checked_worker_id(worker_id, "worker_id", "no scheduler was created")
         check_commit_window(commit_window_s)
         self.runtime = runtime
         self.store: TaskStore = store if store is not None else MemoryStore()
