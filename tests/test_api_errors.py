@@ -19,6 +19,7 @@ from aiqsim.core.task import Priority
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
+from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.scheduler.scheduler import Scheduler
 from aiqsim.sim.simulate import simulate
 from aiqsim.sim.sweep import sweep
@@ -327,3 +328,27 @@ def test_recover_refuses_what_it_cannot_do_before_writing_anything(
     message = _refused(caught, builtin, argument)
     assert expected in message and "nothing was recovered" in message
     assert llm.calls == [] and store.list_by_status() == before and scheduler.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "builtin", "accepted"),
+    [
+        ("max_attempts", 0, ValueError, ">= 1"),
+        ("max_attempts", "3", TypeError, ">= 1"),
+        ("attempt_timeout_s", 0, ValueError, "> 0 or None"),
+        ("attempt_timeout_s", math.nan, ValueError, "> 0 or None"),
+        ("poison_after", 0, ValueError, ">= 1"),
+        ("max_retry_after_s", -1.0, ValueError, "> 0 or None"),
+        ("adaptive_rule", "lane", TypeError, "an AdaptiveScopeRule"),
+    ],
+)
+def test_a_retry_policy_that_cannot_be_used_is_refused_when_built(
+    field: str, value: Any, builtin: type, accepted: str
+) -> None:
+    runtime, provider, scheduler, store = _scheduler()
+    with pytest.raises(SchedulerArgumentError) as caught:
+        scheduler.submit("llm", {"input": "a"}, retry=RetryPolicy(**{field: value}))
+    message = _refused(caught, builtin, field)
+    assert accepted in message and repr(value) in message and "no RetryPolicy was built" in message
+    runtime.run(scheduler.join())
+    assert provider.calls == [] and store.list_by_status() == []

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import numbers
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.backoff import BackoffStrategy, FullJitter
 from aiqsim.core.failures import POISON_AFTER_ATTEMPTS, FailureClass
+from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError
 from aiqsim.scheduler.rate_limit_scope import (
     DEFAULT_RATE_LIMIT_SCOPE,
     AdaptiveScopeRule,
@@ -18,6 +20,21 @@ from aiqsim.scheduler.rate_limit_scope import (
 
 DEFAULT_MAX_RETRY_AFTER_S = 300.0
 """Five minutes: longer than any per-minute quota window, short of a spent daily quota."""
+
+
+_NOT_BUILT = "no RetryPolicy was built"
+
+
+def _check(name: str, value: Any, accepted: str, ok: Callable[[float], bool]) -> None:
+    """Refuse a :class:`RetryPolicy` field that is no number (``None`` passes where ``accepted`` allows
+    it) or that ``ok`` rejects, naming the field and what it accepts."""
+    if value is None and "None" in accepted:
+        return
+    message = f"{name} must be {accepted}, got {value!r}; {_NOT_BUILT}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SchedulerArgumentTypeError(message)
+    if not ok(value):
+        raise SchedulerArgumentError(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,15 +68,14 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         object.__setattr__(self, "rate_limit_scope", rate_limit_scope(self.rate_limit_scope))
         if not isinstance(self.adaptive_rule, AdaptiveScopeRule):
-            raise TypeError(f"adaptive_rule must be an AdaptiveScopeRule, got {self.adaptive_rule!r}")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.attempt_timeout_s is not None and not self.attempt_timeout_s > 0:
-            raise ValueError(f"attempt_timeout_s must be > 0 or None, got {self.attempt_timeout_s!r}")
-        if self.poison_after < 1:
-            raise ValueError(f"poison_after must be >= 1, got {self.poison_after}")
-        if self.max_retry_after_s is not None and not self.max_retry_after_s > 0:
-            raise ValueError(f"max_retry_after_s must be > 0 or None, got {self.max_retry_after_s!r}")
+            raise SchedulerArgumentTypeError(
+                f"adaptive_rule must be an AdaptiveScopeRule, got {self.adaptive_rule!r}; {_NOT_BUILT}"
+            )
+        _check("max_attempts", self.max_attempts, ">= 1 (1: no retries)", lambda n: n >= 1)
+        _check("attempt_timeout_s", self.attempt_timeout_s, "> 0 or None (None: no limit)", lambda n: n > 0)
+        _check("poison_after", self.poison_after, ">= 1 (attempts before a key is poison)", lambda n: n >= 1)
+        longest = self.max_retry_after_s
+        _check("max_retry_after_s", longest, "> 0 or None (None: trust any value)", lambda n: n > 0)
 
     def retry_after_wait(self, retry_after_s: float | None) -> tuple[float | None, bool]:
         """How long a 429's Retry-After pauses the provider, and whether it is too long to wait out.
