@@ -19,6 +19,7 @@ from aiqsim.core.task import Priority
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
+from aiqsim.scheduler.job_spec import JobSpec, Stage
 from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.scheduler.scheduler import Scheduler
 from aiqsim.sim.simulate import simulate
@@ -352,3 +353,21 @@ def test_a_retry_policy_that_cannot_be_used_is_refused_when_built(
     assert accepted in message and repr(value) in message and "no RetryPolicy was built" in message
     runtime.run(scheduler.join())
     assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_the_stage_states_of_an_unknown_job_id_are_refused() -> None:
+    runtime, provider, scheduler, store = _scheduler()
+    with pytest.raises(UnknownNameError) as caught:
+        scheduler.jobs.stage_states("nope")
+    assert "no job 'nope'" in _refused(caught, KeyError, "job_id")
+    runtime.run(scheduler.join())
+    assert provider.calls == [] and store.list_by_status() == [] and store.list_jobs() == []
+
+
+def test_a_job_spec_asked_for_a_stage_it_lacks_names_its_stages() -> None:
+    spec = JobSpec("pipeline", "1", [Stage("draft", "llm"), Stage("polish", "llm", after=("draft",))])
+    assert spec.stage("draft").name == "draft"
+    with pytest.raises(UnknownNameError) as caught:
+        spec.stage("review")
+    message = _refused(caught, KeyError, "name")
+    assert "no stage named 'review'" in message and "['draft', 'polish']" in message

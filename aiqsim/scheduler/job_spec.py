@@ -14,6 +14,7 @@ from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.fingerprint import fingerprint
+from aiqsim.scheduler.arguments import UnknownNameError
 from aiqsim.scheduler.retry import RetryPolicy
 
 BuildFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
@@ -180,11 +181,13 @@ class JobSpec:
         object.__setattr__(self, "_digest", fingerprint("job-stages", self.identity(), version=self.version))
 
     def stage(self, name: str) -> Stage:
-        """The stage called ``name`` (``KeyError`` if none)."""
+        """The stage called ``name`` (:class:`~aiqsim.scheduler.arguments.UnknownNameError`, a
+        ``KeyError``, if none)."""
         for stage in self.stages:
             if stage.name == name:
                 return stage
-        raise KeyError(name)
+        names = [stage.name for stage in self.stages]
+        raise UnknownNameError(f"name: job {self.name!r} has no stage named {name!r}; its stages: {names}")
 
     def order(self) -> list[str]:
         """Stage names in a dependency order (Kahn's algorithm, ties in declaration order)."""

@@ -70,6 +70,7 @@ from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_trans
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
+from aiqsim.scheduler.arguments import UnknownNameError
 from aiqsim.scheduler.handles import OutcomeHandle
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
@@ -305,10 +306,11 @@ class Jobs:
 
     def stage_states(self, job_id: str) -> dict[str, TaskStatus | None]:
         """Each stage's state now, from its task records (``None``: not started); the input of
-        :func:`~aiqsim.core.job.derive_job_status`."""
+        :func:`~aiqsim.core.job.derive_job_status`. An id not in the store raises
+        :class:`~aiqsim.scheduler.arguments.UnknownNameError` (a ``KeyError``)."""
         record = self.store.get_job(job_id)
         if record is None:
-            raise KeyError(f"unknown job id {job_id!r}")
+            raise UnknownNameError(f"job_id: no job {job_id!r} in the store")
         spec = self._specs.get((record.name, record.version))
         names = [s.name for s in spec.stages] if spec is not None else list(record.stage_tasks)
         run = self._runs.get(job_id)
