@@ -24,7 +24,7 @@ from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.scheduler.scheduler import Scheduler
 from aiqsim.sim.simulate import simulate
 from aiqsim.sim.sweep import sweep
-from aiqsim.stores import JsonFileStore, MemoryStore, SqliteStore, StoreOpenError
+from aiqsim.stores import JsonFileStore, MemoryStore, SqliteStore, StoreOpenError, open_store
 from tests.fakes import ScriptedProvider
 
 
@@ -371,3 +371,31 @@ def test_a_job_spec_asked_for_a_stage_it_lacks_names_its_stages() -> None:
         spec.stage("review")
     message = _refused(caught, KeyError, "name")
     assert "no stage named 'review'" in message and "['draft', 'polish']" in message
+
+
+@pytest.mark.parametrize(
+    ("kind", "with_path", "argument", "expected"),
+    [
+        ("redis", True, "kind", "unknown store kind 'redis'; expected one of ('memory', 'json', 'sqlite')"),
+        ("sqlite", False, "path", "the sqlite store needs a file path"),
+        ("json", False, "path", "the json store needs a file path"),
+        ("memory", True, "path", "do not pass a path"),
+    ],
+)
+def test_open_store_refuses_a_kind_or_path_that_does_not_fit(
+    tmp_path: Path, kind: str, with_path: bool, argument: str, expected: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        open_store(kind, tmp_path / "tasks.db" if with_path else None)
+    message = _refused(caught, ValueError, argument)
+    assert expected in message and "no store was opened" in message.lower()
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, "10", True])
+def test_a_json_store_refuses_a_compaction_threshold_that_is_no_count(tmp_path: Path, value: Any) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        JsonFileStore(tmp_path / "tasks.json", compact_min_entries=value)
+    message = _refused(caught, ValueError, "compact_min_entries")
+    assert "whole number >= 1" in message and repr(value) in message and "not opened" in message
+    assert list(tmp_path.iterdir()) == []  # no snapshot, journal or lock file

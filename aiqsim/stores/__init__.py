@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.stores.base import (
     DuplicateTaskIdError,
     PurgeReport,
@@ -32,15 +33,24 @@ STORE_KINDS = ("memory", "json", "sqlite")
 
 
 def open_store(kind: str, path: str | os.PathLike[str] | None = None) -> TaskStore:
-    """Open a store by name: ``"memory"`` (no path), ``"json"`` or ``"sqlite"`` (path required)."""
+    """Open a store by name: ``"memory"`` (no path), ``"json"`` or ``"sqlite"`` (path required).
+
+    A kind or path that does not fit raises :class:`~aiqsim.core.errors.ConfigurationError` (a
+    ``ValueError``) before any file is touched.
+    """
     if kind == "memory":
         if path is not None:
-            raise ValueError("the memory store keeps nothing on disk; do not pass a path")
+            raise ConfigurationError(
+                f"path: the memory store keeps nothing on disk; do not pass a path (got {str(path)!r}). "
+                "No store was opened"
+            )
         return MemoryStore()
     if kind not in STORE_KINDS:
-        raise ValueError(f"unknown store kind {kind!r}; expected one of {STORE_KINDS}")
+        raise ConfigurationError(
+            f"kind: unknown store kind {kind!r}; expected one of {STORE_KINDS}. No store was opened"
+        )
     if path is None:
-        raise ValueError(f"the {kind} store needs a file path")
+        raise ConfigurationError(f"path: the {kind} store needs a file path; no store was opened")
     return JsonFileStore(path) if kind == "json" else SqliteStore(path)
 
 

@@ -54,13 +54,14 @@ import contextlib
 import fcntl
 import glob
 import json
+import numbers
 import os
 import re
 import zlib
 from pathlib import Path
 from typing import Any
 
-from aiqsim.core.errors import StoreError
+from aiqsim.core.errors import ConfigurationError, StoreError
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
@@ -122,7 +123,9 @@ class JsonFileStore:
         fsync: fsync every append and snapshot (default). ``False`` is for bulk loads, benchmarks'
             setup and simulations (which model process crashes, not power loss): a power loss may
             then lose recent writes; a killed process loses nothing the store returned from.
-        compact_min_entries: journal length below which no compaction happens.
+        compact_min_entries: journal length below which no compaction happens (a whole number >= 1;
+            anything else raises :class:`~aiqsim.core.errors.ConfigurationError` before any file is
+            touched).
     """
 
     def __init__(
@@ -132,8 +135,15 @@ class JsonFileStore:
         fsync: bool = True,
         compact_min_entries: int = DEFAULT_COMPACT_MIN_ENTRIES,
     ) -> None:
-        if compact_min_entries < 1:
-            raise ValueError(f"compact_min_entries must be >= 1, got {compact_min_entries}")
+        if (
+            isinstance(compact_min_entries, bool)
+            or not isinstance(compact_min_entries, numbers.Integral)
+            or compact_min_entries < 1
+        ):
+            raise ConfigurationError(
+                "compact_min_entries: expected a whole number >= 1 (journal entries before a compaction), "
+                f"got {compact_min_entries!r}; the store was not opened"
+            )
         self.path = Path(path)
         check_store_location(self.path)
         self.journal_path = self.path.with_name(self.path.name + ".journal")
