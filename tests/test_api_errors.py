@@ -19,6 +19,7 @@ from aiqsim.core.task import Priority
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
+from aiqsim.scheduler.dispatch import AgingShortestJobFirstPolicy, dispatch_policy_from_name
 from aiqsim.scheduler.job_spec import JobSpec, Stage
 from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.scheduler.scheduler import Scheduler
@@ -399,3 +400,21 @@ def test_a_json_store_refuses_a_compaction_threshold_that_is_no_count(tmp_path: 
     message = _refused(caught, ValueError, "compact_min_entries")
     assert "whole number >= 1" in message and repr(value) in message and "not opened" in message
     assert list(tmp_path.iterdir()) == []  # no snapshot, journal or lock file
+
+
+@pytest.mark.parametrize(("value", "builtin"), [(-1, ValueError), (math.nan, ValueError), ("30", TypeError)])
+def test_an_aging_policy_with_a_wait_that_is_no_duration_is_refused(value: Any, builtin: type) -> None:
+    runtime = SimPyRuntime()
+    provider, store = ScriptedProvider(runtime), MemoryStore()
+    with pytest.raises(SchedulerArgumentError) as caught:
+        Scheduler(runtime, [provider], store=store, dispatch=AgingShortestJobFirstPolicy(max_wait_s=value))
+    message = _refused(caught, builtin, "max_wait_s")
+    assert "seconds >= 0" in message and repr(value) in message and "no policy was built" in message
+    assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_an_unknown_dispatch_policy_name_lists_the_known_ones() -> None:
+    with pytest.raises(SchedulerArgumentError) as caught:
+        dispatch_policy_from_name("lifo")
+    message = _refused(caught, ValueError, "name")
+    assert "'lifo'" in message and "['fifo', 'sjf', 'sjf_aging']" in message

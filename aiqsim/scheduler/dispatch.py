@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
+
+from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError
 
 
 @dataclass(slots=True, eq=False)
@@ -158,8 +161,14 @@ class AgingShortestJobFirstPolicy:
     name: str = "sjf_aging"
 
     def __post_init__(self) -> None:
+        message = (
+            f"max_wait_s must be a number of seconds >= 0 (how long a task may wait before it goes next), "
+            f"got {self.max_wait_s!r}; no policy was built"
+        )
+        if isinstance(self.max_wait_s, bool) or not isinstance(self.max_wait_s, numbers.Real):
+            raise SchedulerArgumentTypeError(message)
         if not self.max_wait_s >= 0:
-            raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s!r}")
+            raise SchedulerArgumentError(message)
 
     def new_queue(self) -> TaskQueue:
         return _CostHeapQueue(self.max_wait_s)
@@ -177,4 +186,7 @@ def dispatch_policy_from_name(name: str, *, max_wait_s: float = 30.0) -> Dispatc
         return ShortestJobFirstPolicy()
     if name == "sjf_aging":
         return AgingShortestJobFirstPolicy(max_wait_s=max_wait_s)
-    raise ValueError(f"unknown dispatch policy {name!r}; expected one of {list(DISPATCH_POLICIES)}")
+    raise SchedulerArgumentError(
+        f"name: unknown dispatch policy {name!r}; expected one of {list(DISPATCH_POLICIES)}. "
+        "No policy was built"
+    )
