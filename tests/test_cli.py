@@ -369,3 +369,31 @@ def test_more_bad_input_is_refused_up_front_with_one_message(tmp_path: Path) -> 
         for fragment in fragments:
             assert fragment in result.stderr, (args, fragment, result.stderr)
     assert not csv.exists() and not missing.parent.exists()
+
+
+def test_sweep_refuses_runs_that_would_share_one_store_file_before_any_run(tmp_path: Path) -> None:
+    db = tmp_path / "sweep.db"
+    stored = _scenario_with(
+        tmp_path / "stored.toml", "[retry]", f'[store]\nkind = "sqlite"\npath = "{db}"\n\n[retry]'
+    )
+    csv = tmp_path / "s.csv"
+    cases = [
+        (("--seeds", "4", "--engine", "local", "--workers", "2"), ["store.path", "4 sweep runs would share"]),
+        (("--seeds", "1", "--grid", "retry.base_s=0.5,1"), ["2 sweep runs would share"]),
+        (("--seeds", "1", "--grid", f"store.path={tmp_path / 'a.db'},{tmp_path / '.' / 'a.db'}"),
+         ["a.db", "2 sweep runs would share"]),
+    ]  # fmt: skip
+    for extra, fragments in cases:
+        result = aiqsim("sweep", str(stored), "--out", str(csv), "--engine", "serial", *extra)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (extra, result.stderr)
+        for fragment in fragments:
+            assert fragment in result.stderr, (extra, fragment, result.stderr)
+        assert "sweep retry_storm_429" not in result.stderr  # no progress bar: no run started
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stored.toml"]  # no store file, no CSV
+    # one run per store file is a sweep like any other
+    grid = f"store.path={tmp_path / 'a.db'},{tmp_path / 'b.db'}"
+    result = aiqsim(
+        "sweep", str(stored), "--out", str(csv), "--engine", "serial", "--seeds", "1", "--grid", grid
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(pd.read_csv(csv)) == 2 and (tmp_path / "a.db").exists() and (tmp_path / "b.db").exists()

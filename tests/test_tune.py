@@ -236,3 +236,15 @@ def test_tpe_beats_random_search_on_a_structured_grid(monkeypatch: pytest.Monkey
 
 def _plain(value: object) -> object:
     return value.item() if hasattr(value, "item") else value
+
+
+def test_a_fixed_store_path_shared_by_several_simulations_is_refused_before_any_run(
+    storm: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "tune.db"
+    text = storm.read_text().replace("[retry]", f'[store]\nkind = "sqlite"\npath = "{db}"\n\n[retry]')
+    stored = tmp_path / "stored.toml"
+    stored.write_text(text)
+    with pytest.raises(ScenarioError, match=r"store\.path: .*: 6 tuning simulations \(trials x seeds\)"):
+        tune(stored, ["retry.base_s=0.1:5"], trials=3, seeds=2, progress=False)
+    assert not db.exists()

@@ -275,19 +275,25 @@ def _values(spec: ParamSpec) -> list[Any]:
     return [spec.low, spec.high]
 
 
-def _check_settings(scenario: Scenario, params: Sequence[ParamSpec]) -> None:
+def _check_settings(scenario: Scenario, params: Sequence[ParamSpec], simulations: int) -> None:
     """Every value a parameter can take, with the others at their first value, must give a valid
     scenario (keys that only apply together, such as a burst and its rate, are set together):
-    refuse it now, not at trial 57."""
+    refuse it now, not at trial 57. ``simulations`` (trials x seeds) may not share a fixed
+    ``store.path``: each store path any of those scenarios has is counted as used by all of them."""
+    from aiqsim.sim.preflight import check_store_unshared
     from aiqsim.sim.simulate import resolve_scenario
 
     keys = [p.key for p in params]
     if len(set(keys)) != len(keys):
         raise ConfigurationError(f"--param: a key is given twice ({', '.join(keys)})")
     base = {spec.key: _values(spec)[0] for spec in params}
+    by_store: dict[str | None, Scenario] = {}
     for spec in params:
         for value in _values(spec):
-            resolve_scenario(scenario, {**base, spec.key: value})
+            resolved = resolve_scenario(scenario, {**base, spec.key: value})
+            by_store.setdefault(resolved.store.path, resolved)
+    runs = [(each, simulations) for each in by_store.values()]
+    check_store_unshared(runs, what="tuning simulations (trials x seeds)")
 
 
 class _Runner:
@@ -411,7 +417,7 @@ def tune(
     sampler_name = sampler or ("tpe" if len(objectives) == 1 else "nsga2")
     if sampler_name not in SAMPLERS:
         raise ConfigurationError(f"sampler: expected one of {', '.join(SAMPLERS)}, got {sampler!r}")
-    _check_settings(scenario, specs)
+    _check_settings(scenario, specs, trials * seeds)
     optuna = _require_optuna()
 
     # Optuna >= 5 takes constraints from the trial (set_constraint); older ones from constraints_func.

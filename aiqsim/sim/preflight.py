@@ -6,17 +6,24 @@ file from an earlier run is in the way, its name fits the file system). ``aiqsim
 discover them after generating the arrivals, with a raw ``FileNotFoundError`` (or ``OSError``
 ENAMETOOLONG); :func:`check_runnable` answers them at once, so ``validate`` reports every problem
 ``run`` would meet and ``run`` meets none of them late.
+
+A batch of runs (``sweep``, ``tune``) adds one more: a fixed ``store.path`` holds one run's tasks, so
+two runs that would open the same file are refused (:func:`check_store_unshared`) before the first
+starts. They used to collide: in parallel the runs after the first failed with ``task id ... already
+exists`` (and the one that survived may have read another run's tasks); in series every run after the
+first found the file already there.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from aiqsim.sim.config import Scenario
 from aiqsim.stores.base import StoreOpenError, check_store_location
 
-__all__ = ["check_runnable"]
+__all__ = ["check_runnable", "check_store_unshared"]
 
 SIBLING_NAME_ROOM = 32
 """Bytes the stores add to ``store.path``'s name for files beside it (``.lock``, ``.journal``,
@@ -51,6 +58,35 @@ def check_runnable(scenario: Scenario) -> None:
             "store.path",
             f"{path} already exists (from an earlier run?); delete it or choose another path",
         )
+
+
+def check_store_unshared(runs: Iterable[tuple[Scenario, int]], *, what: str) -> None:
+    """Raise :class:`~aiqsim.sim.scenario.ScenarioError` if two of a batch's runs would open one store file.
+
+    ``runs`` pairs each distinct scenario of the batch with how many runs use it (a sweep: each grid
+    point with its seeds); ``what`` names the runs in the message (``"sweep runs"``). Scenarios without
+    a fixed ``store.path`` are fine: each of their runs gets a temporary folder of its own. Paths are
+    compared absolute, so ``a.db`` and ``./a.db`` are the same file.
+    """
+    from aiqsim.sim.scenario import ScenarioError
+
+    shared: dict[str, tuple[Scenario, int]] = {}
+    for scenario, count in runs:
+        store = scenario.store
+        if store.kind == "memory" or store.path is None or count < 1:
+            continue
+        key = os.path.abspath(store.path)
+        first, total = shared.get(key, (scenario, 0))
+        shared[key] = first, total + count
+    for scenario, total in shared.values():
+        if total > 1:
+            raise ScenarioError(
+                scenario.source or scenario.name,
+                "store.path",
+                f"{scenario.store.path}: {total:,} {what} would share this one store file, "
+                "which holds the tasks of one run; remove store.path (each run then gets a temporary "
+                "store of its own) or run one simulation per path",
+            )
 
 
 def _name_too_long(path: Path) -> str | None:

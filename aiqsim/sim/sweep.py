@@ -123,6 +123,26 @@ def _safe_run(
         return None, f"{type(error).__name__}: {error}"
 
 
+def _check_stores(scenario: Scenario, points: list[dict[str, Any]], seeds: int) -> None:
+    """Refuse a sweep whose runs would share a ``store.path``
+    (:func:`~aiqsim.sim.preflight.check_store_unshared`), before the first run starts.
+
+    Each point is resolved only when a store path is in play (set in the scenario, or a swept ``store``
+    key), so the common sweep of an in-memory or temporary store parses nothing more.
+    """
+    from aiqsim.sim.preflight import check_store_unshared
+    from aiqsim.sim.scenario import split_key_path
+    from aiqsim.sim.simulate import resolve_scenario
+
+    swept_store = any(split_key_path(key)[0] == "store" for point in points[:1] for key in point)
+    if scenario.store.path is None and not swept_store:
+        return
+    if not swept_store:
+        check_store_unshared([(scenario, len(points) * seeds)], what="sweep runs")
+        return
+    check_store_unshared(((resolve_scenario(scenario, point), seeds) for point in points), what="sweep runs")
+
+
 def check_dask_address(address: str, *, label: str = "address") -> None:
     """Raise :class:`ConfigurationError` (naming ``label``) if ``address`` cannot name a Dask scheduler.
 
@@ -176,6 +196,7 @@ def sweep(
     seeds = list(itertools.islice(seeds, MAX_SWEEP_RUNS // max(size, 1) + 1))  # never an endless list
     check_sweep_size(size, len(seeds))
     points = grid_points(grid) if grid else [{}]
+    _check_stores(scenario, points, len(seeds))
     jobs = [(index, point, int(seed)) for index, point in enumerate(points) for seed in seeds]
     if not jobs:
         raise ValueError("nothing to run: no seeds given")
