@@ -216,6 +216,8 @@ def test_sweep_checks_every_combination_and_bad_options_up_front(tmp_path: Path)
         (("--grid", "retry.base_s=0.5,5", "--grid", "retry.cap_s=2,8"), ["cap_s >= base_s"]),
         (("--grid", "retry.base_s=0.5", "--workers", "-1"), ["--workers"]),
         (("--grid", "retry.base_s=0.1", "--grid", "retry.base_s=0.2"), ["given twice"]),
+        (("--grid", "providers.llm.timeout_prob=0,1", "--grid", "providers[0].timeout_prob=0.1,0.2"),
+         ["providers[0].timeout_prob: addresses the same field as providers.llm.timeout_prob"]),
         (("--grid", "retry.base_s=0.1", "--address", "tcp://127.0.0.1:1"), ["--engine dask"]),
         (("--grid", "retry.base_s=0.1", "--engine", "dask", "--address", "bogus://x"),
          ["--address bogus://x: unknown address scheme 'bogus'"]),

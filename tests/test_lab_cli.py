@@ -40,6 +40,10 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--param", "retry.base_s=0.1:5", "--engine", "local", "--workers", "-1"], "--workers -1: expected"),
         (["--param", "retry.base_s=0.1:5", "--engine", "dask", "--address", "bogus://x"], "scheme 'bogus'"),
         (["--param", "retry.base_s=0.1:5", "--address", "tcp://127.0.0.1:1"], "with --engine dask"),
+        (
+            ["--param", "providers.llm.timeout_prob=0:0.1", "--param", "providers[0].timeout_prob=0.2,0.3"],
+            "providers[0].timeout_prob: addresses the same field as providers.llm.timeout_prob",
+        ),
     ],
 )
 def test_tune_refuses_bad_input_with_status_2(

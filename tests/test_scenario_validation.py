@@ -915,6 +915,34 @@ def test_apply_overrides_leaves_the_input_untouched():
 
 
 @pytest.mark.parametrize(
+    ("first", "second", "fragment"),
+    [
+        ("providers.llm.timeout_prob", "providers[0].timeout_prob", "the same field as providers.llm"),
+        ("workloads.0.rate_per_s", "workloads[0].rate_per_s", "the same field as workloads.0.rate_per_s"),
+        ("quotas.llm.concurrency", "quotas.llm", "overlaps quotas.llm.concurrency"),
+        ("providers[0]", "providers.llm.timeout_prob", "overlaps providers[0] (both set providers[0]"),
+    ],
+)
+def test_two_overrides_of_one_field_are_refused(first, second, fragment):
+    """Under two spellings the second override silently replaced the first (a sweep labelled its rows
+    with values that were never used), so two paths to one field, or to a table and a key in it, are
+    refused, naming both."""
+    values = {"providers[0]": {"name": "llm"}, "quotas.llm": {"concurrency": 2}}
+    overrides = {first: values.get(first, 1), second: values.get(second, 1)}
+    with pytest.raises(ScenarioError, match="set each field once") as caught:
+        apply_overrides(full_mapping(), overrides, source="f.toml")
+    assert caught.value.key_path == second and fragment in caught.value.message
+    assert str(caught.value).startswith(f"f.toml: {second}: ")
+    # different fields of one entry, under either spelling, are fine
+    changed = apply_overrides(
+        full_mapping(), {"providers.llm.timeout_prob": 0.5, "providers[0].rate_limit_prob": 0.1}
+    )
+    assert (
+        changed["providers"][0]["timeout_prob"] == 0.5 and changed["providers"][0]["rate_limit_prob"] == 0.1
+    )
+
+
+@pytest.mark.parametrize(
     ("text", "expected"),
     [
         ("retry.base_s=0.5", ("retry.base_s", 0.5)),

@@ -1357,7 +1357,9 @@ def _render_path(parts: list[str | int]) -> str:
     return text
 
 
-def _set_override(root: dict[str, Any], path: str, value: Any, source: str) -> None:
+def _set_override(root: dict[str, Any], path: str, value: Any, source: str) -> tuple[str | int, ...]:
+    """Set ``path`` in ``root`` to ``value``; returns the field's canonical path (entries addressed by
+    name become their index: ``providers.llm.timeout_prob`` -> ``("providers", 0, "timeout_prob")``)."""
     parts = split_key_path(path, source=source)
     node: Any = root
     schema: Any = _FILE
@@ -1379,7 +1381,7 @@ def _set_override(root: dict[str, Any], path: str, value: Any, source: str) -> N
             child_schema = schema.fields[part]
             if last:
                 node[part] = copy.deepcopy(value)
-                return
+                return (*walked, part)
             if isinstance(node.get(part), tuple):
                 node[part] = list(node[part])
             if part not in node:
@@ -1409,7 +1411,7 @@ def _set_override(root: dict[str, Any], path: str, value: Any, source: str) -> N
                 raise fail(f"{here} entries are addressed by index, e.g. {here}[0]")
             if last:
                 node[index] = copy.deepcopy(value)
-                return
+                return (*walked, index)
             node, schema = node[index], schema.item
         elif isinstance(schema, _Map):
             if not isinstance(node, dict):
@@ -1420,12 +1422,13 @@ def _set_override(root: dict[str, Any], path: str, value: Any, source: str) -> N
                 raise fail(f"{here} entries are addressed by provider name, e.g. {here}.llm")
             if last:
                 node[part] = copy.deepcopy(value)
-                return
+                return (*walked, part)
             node = node.setdefault(part, {})
             schema = schema.item
         else:
             raise fail(f"{here} is a single value and has no keys")
         walked.append(part)
+    raise fail("the key path is empty")  # split_key_path never returns no parts
 
 
 def apply_overrides(
@@ -1434,15 +1437,29 @@ def apply_overrides(
     """A deep copy of the raw scenario mapping with ``overrides`` (dotted path -> value) applied.
 
     Paths must exist in the scenario layout (an unknown key is an error naming the path);
-    values are not checked here but by :func:`parse_scenario` afterwards.
+    values are not checked here but by :func:`parse_scenario` afterwards. Two paths that address
+    the same field (``providers.llm.timeout_prob`` and ``providers[0].timeout_prob``), or a field
+    and the table holding it, are refused: one would silently overwrite the other, and a sweep
+    would label its rows with a value that was never used.
     """
     if not isinstance(raw, Mapping):
         raise ScenarioError(source, "", f"expected a table at the top level, got {describe(raw)}")
     root = copy.deepcopy(dict(raw))
+    targets: dict[tuple[str | int, ...], str] = {}
     for path, value in overrides.items():
         if not isinstance(path, str):
             raise ScenarioError(source, repr(path), "expected a dotted key path string")
-        _set_override(root, path, value, source)
+        target = _set_override(root, path, value, source)
+        for other_target, other in targets.items():
+            shorter = min(len(target), len(other_target))
+            if target[:shorter] == other_target[:shorter]:
+                if len(target) == len(other_target):
+                    clash = f"addresses the same field as {other} ({_render_path(list(target))})"
+                else:
+                    outer = _render_path(list(target[:shorter]))
+                    clash = f"overlaps {other} (both set {outer} or a key inside it)"
+                raise ScenarioError(source, path, f"{clash}; set each field once")
+        targets[target] = path
     return root
 
 

@@ -379,7 +379,9 @@ def resolve_scenario(scenario: Scenario | str | Path, overrides: Mapping[str, An
     if not overrides:
         return scenario
     source = scenario.source or scenario.name
-    return parse_scenario(apply_overrides(scenario_to_dict(scenario), overrides), source=source)
+    return parse_scenario(
+        apply_overrides(scenario_to_dict(scenario), overrides, source=source), source=source
+    )
 
 
 def checked_scenario_path(scenario: Any) -> str | Path:
