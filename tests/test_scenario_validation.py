@@ -348,6 +348,12 @@ CATALOGUE = [
         ["in [0, 1]", "-0.1"],
     ),
     (
+        "absurd_price",  # regression: 1e308 passed, then the run's cost overflowed to inf
+        mutate(("providers[0].price_per_1k_units", 1e308)),
+        "providers[0].price_per_1k_units",
+        ["expected a number in [0, 1e+06], got 1e+308"],
+    ),
+    (
         "negative_duration",
         mutate(("scenario.duration_s", -1)),
         "scenario.duration_s",

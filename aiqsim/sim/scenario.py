@@ -93,6 +93,12 @@ __all__ = [
 MAX_TIMELINE_STEPS = 1_000_000
 """The timeline has one row per step and provider: more steps than this is a typo, not a wish."""
 
+MAX_PRICE_PER_1K_UNITS = 1_000_000.0
+"""Most a provider may charge per 1,000 units: thousands of times any real API's price (cents or
+dollars), so a larger one is a typo or a unit mix-up. The bound also keeps the run's costs finite:
+``price_per_1k_units = 1e308`` passed validation, the first call's cost overflowed to inf, and
+``aiqsim run --out`` failed after the simulation, writing summary.json."""
+
 
 class ScenarioError(ConfigurationError):
     """A scenario that cannot be used, with where (file, dotted key path) and what was expected.
@@ -396,7 +402,7 @@ _PROVIDER = _Table(
         "invalid_request_prob": _PROBABILITY,
         "honours_idempotency": _Boolean(),
         "supports_lookup": _Boolean(),
-        "price_per_1k_units": _NON_NEGATIVE,
+        "price_per_1k_units": _Number(0.0, MAX_PRICE_PER_1K_UNITS),
         "outages": _Array(_OUTAGE, "[[providers.outages]]"),
     },
     required=frozenset({"name"}),
