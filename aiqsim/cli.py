@@ -10,12 +10,13 @@ one line on stderr and status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,16 +145,38 @@ def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
     return result
 
 
-def _prepare_out_dir(out: Path | None) -> None:
-    """Create ``--out`` before any work, so a bad path fails in a second, not after the run."""
+@contextlib.contextmanager
+def _output_folder(out: Path | None, *, flag: str = "--out") -> Iterator[None]:
+    """Create the output folder ``out`` (and its missing parents) before any work, so a bad path fails
+    in a second, not after the run; if the command then fails, remove the folders it created that are
+    still empty, so a failed command leaves no trace (an empty ``OUT/`` used to stay behind)."""
     if out is None:
+        yield
         return
+    created = [folder for folder in (out, *out.parents) if not os.path.lexists(folder)]  # deepest first
     try:
         out.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise UsageError(f"--out {out}: exists and is not a directory") from None
+        raise UsageError(f"{flag} {out}: exists and is not a directory") from None
     except OSError as error:
-        raise UsageError(f"--out {out}: cannot create the directory ({error.strerror or error})") from None
+        _remove_empty(created)
+        raise UsageError(f"{flag} {out}: cannot create the directory ({error.strerror or error})") from None
+    try:
+        yield
+    except BaseException:
+        _remove_empty(created)
+        raise
+
+
+def _remove_empty(folders: Sequence[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that exists and is empty; stop at the first that is not."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty (or not ours to remove): neither are its parents
+            return
 
 
 def _check_seed(seed: int | None) -> None:
@@ -162,10 +185,9 @@ def _check_seed(seed: int | None) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from aiqsim.lab.output_files import check_targets, require_table_format, staged_directory
+    from aiqsim.lab.output_files import check_targets, require_table_format
     from aiqsim.sim.preflight import check_runnable
     from aiqsim.sim.scenario import load_scenario
-    from aiqsim.sim.simulate import simulate
 
     _check_seed(args.seed)
     require_table_format(args.format)
@@ -173,9 +195,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_runnable(scenario)
     if getattr(args, "stream", False) and args.out is not None:
         raise UsageError("--out with --stream: a streaming run keeps no per-task tables to write")
-    _prepare_out_dir(args.out)
-    if args.out is not None:
-        check_targets(args.out, output_names(args.format, charts=not args.no_charts))
+    with _output_folder(args.out):
+        if args.out is not None:
+            names = output_names(args.format, charts=not args.no_charts, jobs=submits_jobs(scenario))
+            check_targets(args.out, names)
+        return _simulate_and_report(scenario, args)
+
+
+def _simulate_and_report(scenario: Any, args: argparse.Namespace) -> int:
+    """``aiqsim run`` once its input is checked and ``--out`` exists: simulate, print, write the files."""
+    from aiqsim.lab.output_files import staged_directory
+    from aiqsim.sim.simulate import simulate
+
     horizon = scenario.duration_s
     print(
         f"simulating {scenario.name!r}: {horizon:,.0f} s of arrivals on the virtual clock...", file=sys.stderr
@@ -272,18 +303,31 @@ def _warn_about(result: Any) -> None:
 CHART_NAMES = ("retry_storm_timeline.png", "latency_cdf.png", "cost_duplication.png")
 
 
-def output_names(table_format: str, *, charts: bool = True) -> list[str]:
-    """The file names :func:`write_outputs` writes (so ``--out`` can be checked before the run)."""
-    tables = [f"{name}.{table_format}" for name in ("tasks", "calls", "timeline")]
+def _table_names(*, jobs: bool) -> tuple[str, ...]:
+    """The tables a run writes: a ``jobs`` table too when its scenario submits jobs."""
+    return ("tasks", "calls", "timeline", *(("jobs",) if jobs else ()))
+
+
+def submits_jobs(scenario: Any) -> bool:
+    """Whether a run of ``scenario`` has jobs (its summary has the job keys and it writes jobs.csv)."""
+    return any(workload.job is not None for workload in scenario.workloads)
+
+
+def output_names(table_format: str, *, charts: bool = True, jobs: bool = False) -> list[str]:
+    """The file names :func:`write_outputs` writes (so ``--out`` can be checked before the run);
+    ``jobs``: the scenario submits jobs (:func:`submits_jobs`), so ``jobs.{format}`` is written too."""
+    tables = [f"{name}.{table_format}" for name in _table_names(jobs=jobs)]
     return [*tables, "summary.json", *(CHART_NAMES if charts else ())]
 
 
 def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: bool = True) -> list[Path]:
-    """Write the run's tables, summary and charts into ``out``; returns the paths written."""
+    """Write the run's tables, summary and charts into ``out``; returns the paths written.
+
+    summary.json is strict JSON: a summary value that is not a finite number (NaN for a percentile of
+    no tasks, or an infinite cost) is written as ``null``, which every JSON reader accepts."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    tables = ("tasks", "calls", "timeline", *(("jobs",) if "jobs_submitted" in result.summary else ()))
-    for name in tables:
+    for name in _table_names(jobs=submits_jobs(result.scenario)):
         frame = getattr(result, name)
         path = out / f"{name}.{table_format}"
         if table_format == "parquet":
@@ -292,7 +336,10 @@ def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: 
             frame.to_csv(path, index=False)
         written.append(path)
     summary_path = out / "summary.json"
-    summary = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in result.summary.items()}
+    summary = {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in result.summary.items()
+    }
     document = {"scenario": result.scenario.name, "seed": result.seed, **summary}
     summary_path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     written.append(summary_path)
@@ -385,28 +432,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.out.suffix not in (".csv", ".parquet"):
         raise UsageError(f"--out {args.out}: expected a .csv or .parquet file name")
     require_table_format(args.out.suffix[1:])
-    _prepare_out_dir(args.out.parent)
-    scenario = load_scenario(args.scenario)
-    grid = _grid(args.grid)
-    check_sweep_size(grid_size(grid) if grid else 1, args.seeds)  # before building any list of runs
-    for point in grid_points(grid) if grid else []:  # every combination, before spending time
-        load_scenario(args.scenario, overrides=point)
-    try:
-        frame = sweep(
-            scenario,
-            grid,
-            seeds=range(args.seeds),
-            engine=args.engine,
-            workers=args.workers,
-            address=args.address,
-        )
-    except SweepError as error:
-        partial = args.out.with_name(args.out.stem + ".partial" + args.out.suffix)
-        _write_frame(error.results, partial)
-        raise UsageError(f"{error}\nthe {len(error.results)} run(s) that worked are in {partial}") from None
-    except OSError as error:  # e.g. a Dask scheduler address nobody answers at
-        raise UsageError(f"the {args.engine} engine failed: {error}") from None
-    _write_frame(frame, args.out)
+    with _output_folder(args.out.parent):  # removed again if the sweep fails and leaves it empty
+        scenario = load_scenario(args.scenario)
+        grid = _grid(args.grid)
+        check_sweep_size(grid_size(grid) if grid else 1, args.seeds)  # before building any list of runs
+        for point in grid_points(grid) if grid else []:  # every combination, before spending time
+            load_scenario(args.scenario, overrides=point)
+        try:
+            frame = sweep(
+                scenario,
+                grid,
+                seeds=range(args.seeds),
+                engine=args.engine,
+                workers=args.workers,
+                address=args.address,
+            )
+        except SweepError as error:
+            if error.results.empty:  # no run worked: nothing to keep (an empty file said nothing)
+                raise UsageError(f"{error}\nno run worked; nothing was written") from None
+            partial = args.out.with_name(args.out.stem + ".partial" + args.out.suffix)
+            _write_frame(error.results, partial)
+            message = f"{error}\nthe {len(error.results)} run(s) that worked are in {partial}"
+            raise UsageError(message) from None
+        except OSError as error:  # e.g. a Dask scheduler address nobody answers at
+            raise UsageError(f"the {args.engine} engine failed: {error}") from None
+        _write_frame(frame, args.out)
     print(f"wrote {len(frame)} rows ({len(frame.columns)} columns) to {args.out}")
     return 0
 

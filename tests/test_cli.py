@@ -399,3 +399,76 @@ def test_sweep_refuses_runs_that_would_share_one_store_file_before_any_run(tmp_p
     )
     assert result.returncode == 0, result.stderr
     assert len(pd.read_csv(csv)) == 2 and (tmp_path / "a.db").exists() and (tmp_path / "b.db").exists()
+
+
+def test_summary_json_writes_a_non_finite_value_as_null(tmp_path: Path) -> None:
+    """Regression: an infinite cost made json.dumps raise after the run, and no summary was written."""
+    from aiqsim.cli import write_outputs
+    from aiqsim.sim.simulate import simulate
+
+    result = simulate(_scenario_with(tmp_path / "s.toml", "duration_s = 120", "duration_s = 5"))
+    result.summary["cost_total"] = float("inf")
+    result.summary["cost_duplicated"] = float("-inf")
+    write_outputs(result, tmp_path / "out", charts=False)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text(), parse_constant=_reject_non_json)
+    assert summary["cost_total"] is None and summary["cost_duplicated"] is None
+    assert summary["tasks_submitted"] == result.summary["tasks_submitted"]
+
+
+def test_a_failed_command_leaves_no_output_folder_it_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: `run --out` and `sweep --out` created their folders up front and left them, empty,
+    when the command then failed; and a sweep none of whose runs worked wrote a 1-byte partial file."""
+    import importlib
+
+    from aiqsim import cli
+
+    sweep_module = importlib.import_module("aiqsim.sim.sweep")
+
+    small = _scenario_with(tmp_path / "s.toml", "duration_s = 120", "duration_s = 5")
+    empty = tmp_path / "empty.toml"
+    empty.write_text('[scenario]\nname = "e"\n', encoding="utf-8")
+    assert cli.main(["sweep", str(empty), "--out", str(tmp_path / "new" / "sub" / "s.csv")]) == 2
+    assert "empty.toml: providers: missing" in capsys.readouterr().err
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert cli.main(["sweep", str(empty), "--out", str(kept / "s.csv")]) == 2  # a folder that was there stays
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError("boom")
+
+    monkeypatch.setattr(sweep_module, "run_point", fail)
+    assert (
+        cli.main(
+            [
+                "sweep",
+                str(small),
+                "--seeds",
+                "2",
+                "--engine",
+                "serial",
+                "--out",
+                str(tmp_path / "n" / "s.csv"),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "2 sweep run(s) failed" in err and "no run worked; nothing was written" in err
+    monkeypatch.setattr(cli, "write_outputs", fail)  # the run works, writing its files fails
+    assert cli.main(["run", str(small), "--no-charts", "--out", str(tmp_path / "o" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "cannot write (boom)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.toml", "kept", "s.toml"]
+
+
+def test_a_folder_where_jobs_csv_goes_is_refused_before_the_run(tmp_path: Path) -> None:
+    """Regression: the up-front check left out jobs.csv, so this failed only after the simulation."""
+    out = tmp_path / "out"
+    (out / "jobs.csv").mkdir(parents=True)
+    result = aiqsim("run", "scenarios/ai_edit_pipeline.toml", "--out", str(out), "--no-charts")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "jobs.csv: is a directory" in result.stderr
+    assert "simulating" not in result.stderr and result.stdout == ""
+    assert [p.name for p in out.iterdir()] == ["jobs.csv"]
