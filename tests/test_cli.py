@@ -384,6 +384,8 @@ def test_sweep_refuses_runs_that_would_share_one_store_file_before_any_run(tmp_p
         (("--seeds", "1", "--grid", "retry.base_s=0.5,1"), ["2 sweep runs would share"]),
         (("--seeds", "1", "--grid", f"store.path={tmp_path / 'a.db'},{tmp_path / '.' / 'a.db'}"),
          ["a.db", "2 sweep runs would share"]),
+        (("--seeds", "1", "--grid", f"store.path={tmp_path / 'stored.toml'}"),
+         ["stored.toml already exists"]),
     ]  # fmt: skip
     for extra, fragments in cases:
         result = aiqsim("sweep", str(stored), "--out", str(csv), "--engine", "serial", *extra)

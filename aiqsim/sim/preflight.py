@@ -66,7 +66,8 @@ def check_store_unshared(runs: Iterable[tuple[Scenario, int]], *, what: str) -> 
     ``runs`` pairs each distinct scenario of the batch with how many runs use it (a sweep: each grid
     point with its seeds); ``what`` names the runs in the message (``"sweep runs"``). Scenarios without
     a fixed ``store.path`` are fine: each of their runs gets a temporary folder of its own. Paths are
-    compared absolute, so ``a.db`` and ``./a.db`` are the same file.
+    compared absolute, so ``a.db`` and ``./a.db`` are the same file. Each path is also checked as
+    ``run`` checks it (:func:`check_runnable`), so a batch meets none of those problems run by run.
     """
     from aiqsim.sim.scenario import ScenarioError
 
@@ -79,6 +80,7 @@ def check_store_unshared(runs: Iterable[tuple[Scenario, int]], *, what: str) -> 
         first, total = shared.get(key, (scenario, 0))
         shared[key] = first, total + count
     for scenario, total in shared.values():
+        check_runnable(scenario)  # e.g. a file from an earlier run: refused now, not by every run
         if total > 1:
             raise ScenarioError(
                 scenario.source or scenario.name,
