@@ -184,12 +184,27 @@ def _check_seed(seed: int | None) -> None:
         raise UsageError(f"--seed {seed}: expected an integer >= 0")
 
 
+def _check_key_window(args: argparse.Namespace) -> None:
+    """``--key-window`` before any work: only with ``--stream`` (a full run remembers every task, so the
+    flag would be silently ignored), and a finite number of seconds > 0 (the rule of ``simulate``)."""
+    from aiqsim.sim.streaming import check_window
+
+    if args.key_window is None:
+        return
+    if not getattr(args, "stream", False):
+        raise UsageError(
+            "--key-window only applies with --stream (a full run remembers every task and key); add --stream"
+        )
+    check_window(args.key_window, label="--key-window")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from aiqsim.lab.output_files import check_targets, require_table_format
     from aiqsim.sim.preflight import check_runnable
     from aiqsim.sim.scenario import load_scenario
 
     _check_seed(args.seed)
+    _check_key_window(args)
     require_table_format(args.format)
     scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
     check_runnable(scenario)

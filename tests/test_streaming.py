@@ -240,6 +240,31 @@ def test_cli_run_stream_prints_the_summary_and_what_the_run_cost(
     assert not (tmp_path / "x").exists()
 
 
+BAD_WINDOW = "--key-window: expected a finite number of seconds > 0"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--stream", "--key-window", "0"], f"{BAD_WINDOW}, got 0.0"),
+        (["--stream", "--key-window", "nan"], f"{BAD_WINDOW}, got nan"),
+        (["--stream", "--key-window=-5"], f"{BAD_WINDOW}, got -5.0"),
+        (["--key-window", "60"], "--key-window only applies with --stream"),
+    ],
+)
+def test_cli_run_refuses_a_bad_or_ignored_key_window_before_simulating(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Regression: the error named key_window_s and came after "simulating...", and without --stream
+    the flag was silently ignored."""
+    from aiqsim.cli import main
+
+    assert main(["run", str(SCENARIOS / "sjf_vs_fifo.toml"), *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"aiqsim run: error: {message}") and err.count("\n") == 1  # one line
+    assert out == "" and "simulating" not in err  # before any work
+
+
 def test_progress_bar_reports_the_virtual_clock_without_tqdm() -> None:
     import io
 

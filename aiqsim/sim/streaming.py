@@ -72,10 +72,11 @@ def check_records_mode(records: str) -> str:
     return records
 
 
-def check_window(window_s: float) -> float:
-    """``window_s`` if it is a finite number of seconds > 0, else a ConfigurationError."""
+def check_window(window_s: float, *, label: str = "key_window_s") -> float:
+    """``window_s`` if it is a finite number of seconds > 0, else a ConfigurationError naming ``label``
+    (the CLI passes ``--key-window``, so the message names the flag the user typed)."""
     if isinstance(window_s, bool) or not isinstance(window_s, int | float) or not 0 < window_s < math.inf:
-        raise ConfigurationError(f"key_window_s: expected a finite number of seconds > 0, got {window_s!r}")
+        raise ConfigurationError(f"{label}: expected a finite number of seconds > 0, got {window_s!r}")
     return float(window_s)
 
 
