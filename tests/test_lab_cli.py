@@ -256,3 +256,23 @@ def test_tune_refuses_a_storage_file_that_is_not_optunas_and_leaves_it_alone(
     assert f"tuning storage {storage}: {problem}" in err and err.count("\n") == 1, err
     assert storage.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.csv.optuna.db"]  # nothing else written
+
+
+def test_calibrate_refuses_more_arrival_bins_than_it_can_use_before_reading_the_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: --arrival-bins had no upper bound; 100000000 ran for minutes building one workload
+    per bin. The flag is named on the command line, the argument in the library."""
+    from aiqsim.core.errors import ConfigurationError
+    from aiqsim.lab.calibrate import calibrate
+
+    argv = ["calibrate", str(tmp_path), "--arrival-bins", "10001", "--out", str(tmp_path / "x.toml")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == "aiqsim calibrate: error: --arrival-bins: expected an integer in [1, 10,000] "
+        "(one workload per bin), got 10001\n"
+    )
+    with pytest.raises(ConfigurationError, match=r"^arrival_bins: expected an integer in \[1, 10,000\]"):
+        calibrate(tmp_path, arrival_bins=100_000_000)
+    assert list(tmp_path.iterdir()) == []

@@ -68,6 +68,7 @@ __all__ = [
     "ProviderFit",
     "WorkloadFit",
     "calibrate",
+    "check_arrival_bins",
     "fit_latency",
     "read_call_log",
 ]
@@ -75,6 +76,22 @@ __all__ = [
 POOR_FIT_LOG_RESIDUAL_KS = 0.08
 """Kolmogorov-Smirnov distance of the standardised log residuals from a normal above which the
 latency fit is flagged (lognormal noise assumed by the model does not describe the data)."""
+
+MAX_ARRIVAL_BINS = 10_000
+"""Most arrival-rate bins a calibration accepts. Each bin becomes one ``poisson`` workload per
+(provider, priority) in the written scenario; hourly bins over a year are 8,760, so more is a typo
+(``--arrival-bins 100000000`` ran for minutes building workloads nobody could use)."""
+
+
+def check_arrival_bins(bins: Any, *, label: str = "arrival_bins") -> int:
+    """``bins`` if it is an integer in [1, :data:`MAX_ARRIVAL_BINS`], else a ConfigurationError naming
+    ``label`` (the CLI passes ``--arrival-bins``)."""
+    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_ARRIVAL_BINS:
+        raise ConfigurationError(
+            f"{label}: expected an integer in [1, {MAX_ARRIVAL_BINS:,}] (one workload per bin), got {bins!r}"
+        )
+    return bins
+
 
 ArrivalModel = Literal["fitted", "replay"]
 """How a calibrated scenario's workloads arrive: the fitted Poisson model or the log's own times."""
@@ -482,8 +499,7 @@ def calibrate(
     locations = [logs] if isinstance(logs, str | Path) else list(logs)
     if not locations:
         raise ConfigurationError("logs: give at least one call-log folder")
-    if isinstance(arrival_bins, bool) or not isinstance(arrival_bins, int) or arrival_bins < 1:
-        raise ConfigurationError(f"arrival_bins: expected an integer >= 1, got {arrival_bins!r}")
+    check_arrival_bins(arrival_bins)
     if arrivals not in ("fitted", "replay"):
         raise ConfigurationError(f"arrivals: expected 'fitted' or 'replay', got {arrivals!r}")
     if arrivals == "replay":

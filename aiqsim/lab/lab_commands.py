@@ -78,8 +78,9 @@ def _writable(path: Path, flag: str) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from aiqsim.lab.calibrate import CalibrationError, calibrate
+    from aiqsim.lab.calibrate import CalibrationError, calibrate, check_arrival_bins
 
+    check_arrival_bins(args.arrival_bins, label="--arrival-bins")
     _writable(args.out, "--out")
     if args.report is not None:
         _writable(args.report, "--report")
