@@ -684,6 +684,19 @@ def test_missing_file_and_directory_and_non_utf8(tmp_path):
         load_scenario(latin)
 
 
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
+    """Regression: a file saved with a BOM (Windows Notepad) was 'line 1, column 1: invalid TOML'."""
+    mapping = full_mapping()
+    plain = write(tmp_path, mapping, "plain.toml")
+    with_bom = tmp_path / "bom.toml"
+    with_bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert load_scenario(with_bom) == dataclasses.replace(load_scenario(plain), source=str(with_bom))
+    broken = tmp_path / "broken.toml"  # errors after the mark still point at the right line
+    broken.write_bytes(b'\xef\xbb\xbf[scenario]\nname = = "x"\n')
+    with pytest.raises(ScenarioError, match=r"line 2, column \d+: invalid TOML"):
+        load_scenario(broken)
+
+
 @pytest.mark.parametrize(
     ("value", "key_path"),
     [

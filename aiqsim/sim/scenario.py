@@ -1287,6 +1287,9 @@ def _read_toml(path: Path, source: str) -> dict[str, Any]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ScenarioError(source, "", f"not UTF-8 text (bad byte at offset {exc.start})") from None
+    # A UTF-8 byte order mark (Windows Notepad writes one) is not TOML: tomllib called it an "Invalid
+    # statement" at line 1, column 1. It says nothing about the content, so it is dropped.
+    text = text.removeprefix("\ufeff")
     try:
         parsed = tomllib.loads(text)
     except RecursionError:  # arrays or inline tables nested deeper than the parser can recurse
