@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from aiqsim.core.errors import ConfigurationError
+
 
 @runtime_checkable
 class BackoffStrategy(Protocol):
@@ -27,15 +29,15 @@ class BackoffStrategy(Protocol):
 
 def _check(base_s: float, cap_s: float) -> None:
     if not (base_s >= 0 and math.isfinite(base_s)):
-        raise ValueError(f"base_s must be a finite number >= 0, got {base_s!r}")
+        raise ConfigurationError(f"base_s must be a finite number >= 0, got {base_s!r}")
     if not (cap_s >= base_s):
-        raise ValueError(f"cap_s ({cap_s!r}) must be >= base_s ({base_s!r})")
+        raise ConfigurationError(f"cap_s ({cap_s!r}) must be >= base_s ({base_s!r})")
 
 
 def exponential_ceiling(retry: int, base_s: float, cap_s: float) -> float:
     """``min(cap, base * 2**retry)`` without overflowing for large ``retry``."""
     if retry < 0:
-        raise ValueError(f"retry must be >= 0, got {retry}")
+        raise ConfigurationError(f"retry must be >= 0, got {retry}")
     if base_s == 0:
         return 0.0
     try:
@@ -148,7 +150,7 @@ def backoff_from_name(name: str, base_s: float = 0.5, cap_s: float = 60.0) -> Ba
     try:
         cls = BACKOFF_STRATEGIES[name]
     except KeyError:
-        raise ValueError(
+        raise ConfigurationError(
             f"unknown backoff strategy {name!r}; expected one of {sorted(BACKOFF_STRATEGIES)}"
         ) from None
     if cls is NoBackoff:

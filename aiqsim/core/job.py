@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiqsim.core.errors import SchedulingError
+from aiqsim.core.errors import ConfigurationError, SchedulingError
 from aiqsim.core.states import TRANSITIONS
 from aiqsim.core.task import Priority, TaskStatus
 
@@ -75,7 +75,7 @@ class JobRecord:
     def evolve(self, **changes: Any) -> JobRecord:
         """Return a copy with bookkeeping fields changed; status changes must use :func:`job_transition`."""
         if "status" in changes:
-            raise ValueError("change a job's status with job_transition(), not evolve()")
+            raise ConfigurationError("change a job's status with job_transition(), not evolve()")
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,7 +133,7 @@ def job_transition(job: JobRecord, next_status: TaskStatus, now: float, **change
     if next_status not in JOB_TRANSITIONS[job.status]:
         raise IllegalJobTransitionError(job.id, job.status, next_status)
     if "status" in changes:
-        raise ValueError("pass the new status as next_status, not in changes")
+        raise ConfigurationError("pass the new status as next_status, not in changes")
     changes.setdefault("updated_at", now)
     if next_status is TaskStatus.RUNNING and job.started_at is None:
         changes.setdefault("started_at", now)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from aiqsim.core.errors import SchedulingError
+from aiqsim.core.errors import ConfigurationError, SchedulingError
 from aiqsim.core.task import _TERMINAL, TaskRecord, TaskStatus, copy_record
 
 _RUNNING = TaskStatus.RUNNING  # module constants: an enum member looked up on its class costs ~0.1 µs
@@ -62,7 +62,7 @@ def transition(task: TaskRecord, next_status: TaskStatus, now: float, **changes:
     if next_status not in TRANSITIONS[task.status]:
         raise IllegalTransitionError(task.id, task.status, next_status)
     if "status" in changes:
-        raise ValueError("pass the new status as next_status, not in changes")
+        raise ConfigurationError("pass the new status as next_status, not in changes")
     fields = changes  # a fresh dict per call (keyword arguments), so it is ours to fill in
     fields.setdefault("updated_at", now)
     if next_status is _RUNNING and task.started_at is None:

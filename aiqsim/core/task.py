@@ -87,7 +87,7 @@ class TaskRecord:
     def evolve(self, **changes: Any) -> TaskRecord:
         """Return a copy with bookkeeping fields changed; status changes must use ``transition``."""
         if "status" in changes:
-            raise ValueError("change status with aiqsim.core.states.transition(), not evolve()")
+            raise ConfigurationError("change status with aiqsim.core.states.transition(), not evolve()")
         return copy_record(self, changes)
 
     def to_dict(self) -> dict[str, Any]:

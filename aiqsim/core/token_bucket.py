@@ -157,7 +157,7 @@ class TokenBucket:
     def set_level(self, level: float, now: float) -> None:
         """Overwrite the level (the server's view wins), clamped to capacity."""
         if not math.isfinite(level):
-            raise ValueError(f"a bucket level must be a finite number, got {level!r}")
+            raise ConfigurationError(f"a bucket level must be a finite number, got {level!r}")
         self._refill(now)
         self._level = min(float(level), self.capacity)
 
@@ -165,7 +165,7 @@ class TokenBucket:
 def _check_amount(what: str, amount: float) -> None:
     # NaN would poison the level for ever (every comparison with it is False); inf likewise.
     if not (amount >= 0 and math.isfinite(amount)):
-        raise ValueError(f"{what} amount must be a finite number >= 0, got {amount!r}")
+        raise ConfigurationError(f"{what} amount must be a finite number >= 0, got {amount!r}")
 
 
 @fast_frozen_init  # built per call: see aiqsim.core.slot_init

@@ -337,7 +337,9 @@ class RedisQuota:
         """
         self._last_now = now
         if not (actual_tokens >= 0 and math.isfinite(actual_tokens)):
-            raise ValueError(f"actual token amount must be a finite number >= 0, got {actual_tokens!r}")
+            raise ConfigurationError(
+                f"actual token amount must be a finite number >= 0, got {actual_tokens!r}"
+            )
         difference = actual_tokens - reservation.tokens
         if isinstance(reservation, SharedReservation) and reservation.local:
             assert self.fallback is not None

@@ -36,6 +36,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.scheduler.events import AttemptRecord
 
 __all__ = [
@@ -154,7 +155,7 @@ def latency_agreement(
 ) -> LatencyAgreement:
     """Compare the latencies of two :class:`~aiqsim.sim.simulate.SimulationResult` of one scenario."""
     if not (math.isfinite(tolerance) and tolerance > 0):
-        raise ValueError(f"tolerance must be a finite number > 0, got {tolerance!r}")
+        raise ConfigurationError(f"tolerance must be a finite number > 0, got {tolerance!r}")
     attempts = [r.attempts for r in live.records]
     agreement = LatencyAgreement(
         call_simulated_s=call_latency_p50(simulated.executions),

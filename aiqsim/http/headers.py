@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.core.retry_after import MAX_DELTA_SECONDS, delta_seconds, parse_retry_after
 from aiqsim.core.token_bucket import MultiQuota
@@ -75,7 +76,7 @@ def format_duration(seconds: float) -> str:
     a client never reads a reset earlier than the server meant.
     """
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"duration must be finite and >= 0, got {seconds!r}")
+        raise ConfigurationError(f"duration must be finite and >= 0, got {seconds!r}")
     millis = math.ceil(round(seconds * 1000.0, 6))
     if millis == 0:
         return "0s"

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import ProviderTimeoutError, SchemaViolationError, ServerError
 from aiqsim.core.token_bucket import MultiQuota
 from aiqsim.http.chat import chat_body, chat_content, completion_tokens, estimate_chat_tokens, total_tokens
@@ -148,9 +149,9 @@ class HttpProvider:
     ) -> None:
         self._httpx = require_httpx()
         if not time_scale > 0:
-            raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+            raise ConfigurationError(f"time_scale must be > 0, got {time_scale!r}")
         if max_connections is not None and (isinstance(max_connections, bool) or max_connections < 1):
-            raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+            raise ConfigurationError(f"max_connections must be an int >= 1, got {max_connections!r}")
         self.name = name
         self.url = base_url.rstrip("/") + "/" + path.lstrip("/")
         self.base_url = base_url.rstrip("/")
@@ -174,7 +175,7 @@ class HttpProvider:
         """The rate-limit headers of the latest response (for observability)."""
         if quota is not None:
             if clock is None:
-                raise ValueError("a quota needs its clock too: pass clock=runtime.now")
+                raise ConfigurationError("a quota needs its clock too: pass clock=runtime.now")
             self.bind_quota(quota, clock)
 
     # ------------------------------------------------------------------ wiring

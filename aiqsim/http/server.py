@@ -59,6 +59,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import (
     InvalidRequestError,
     QuotaExhaustedError,
@@ -268,7 +269,7 @@ class LocalProviderServer:
         host: str = "127.0.0.1",
     ) -> None:
         if lost_mode not in ("hold", "close"):
-            raise ValueError(f"lost_mode must be 'hold' or 'close', got {lost_mode!r}")
+            raise ConfigurationError(f"lost_mode must be 'hold' or 'close', got {lost_mode!r}")
         self.config = config
         self.runtime = AsyncioRuntime(time_scale=time_scale)
         self.time_scale = self.runtime.time_scale

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from aiqsim.core.errors import ConfigurationError
+
 __all__ = ["random_search_best_distribution", "random_search_expected_best"]
 
 
@@ -23,9 +25,9 @@ def random_search_best_distribution(
     (with replacement) over the grid find when minimising, best first; and the probability that no
     draw is feasible. ``values[i]``/``feasible[i]`` describe grid point ``i``."""
     if len(values) != len(feasible) or not values:
-        raise ValueError("values and feasible: two non-empty sequences of the same length")
+        raise ConfigurationError("values and feasible: two non-empty sequences of the same length")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget: expected an integer >= 1, got {budget!r}")
+        raise ConfigurationError(f"budget: expected an integer >= 1, got {budget!r}")
     n = len(values)
     ranked = sorted(v for v, ok in zip(values, feasible, strict=True) if ok)
     out = []

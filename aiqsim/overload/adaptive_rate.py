@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import FailureClass
 from aiqsim.core.token_bucket import refill_wait
 from aiqsim.overload.gate import OverloadGate
@@ -98,9 +99,9 @@ class CubicRateCurve:
         scale_constant: float = CUBIC_SCALE_CONSTANT,
     ) -> None:
         if not 0 < beta < 1:
-            raise ValueError(f"beta must be in (0, 1), got {beta!r}")
+            raise ConfigurationError(f"beta must be in (0, 1), got {beta!r}")
         if not scale_constant > 0:
-            raise ValueError(f"scale_constant must be > 0, got {scale_constant!r}")
+            raise ConfigurationError(f"scale_constant must be > 0, got {scale_constant!r}")
         self.beta = beta
         self.scale_constant = scale_constant
         self._w_max = w_max
@@ -138,9 +139,9 @@ class SendRateMeter:
         self, start: float, *, smoothing: float = RATE_SMOOTHING, bucket_s: float = RATE_BUCKET_S
     ) -> None:
         if not 0 < smoothing <= 1:
-            raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
+            raise ConfigurationError(f"smoothing must be in (0, 1], got {smoothing!r}")
         if not bucket_s > 0:
-            raise ValueError(f"bucket_s must be > 0, got {bucket_s!r}")
+            raise ConfigurationError(f"bucket_s must be > 0, got {bucket_s!r}")
         self.smoothing = smoothing
         self._bucket_scale = 1 / bucket_s
         self._last_bucket = float(math.floor(start))
@@ -170,7 +171,7 @@ class SendTokenBucket:
 
     def __init__(self, max_rate: float, now: float, *, min_rate: float = MIN_SEND_RATE) -> None:
         if not min_rate > 0:
-            raise ValueError(f"min_rate must be > 0, got {min_rate!r}")
+            raise ConfigurationError(f"min_rate must be > 0, got {min_rate!r}")
         self.min_rate = min_rate
         self._level = 0.0
         self._updated = now

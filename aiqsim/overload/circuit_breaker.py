@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_server_failure, is_server_failure_or_rate_limited
@@ -110,18 +111,18 @@ class CircuitBreaker(OverloadGate):
         half_open_poll_s: float = 1.0,
     ) -> None:
         if failure_threshold < 1:
-            raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
+            raise ConfigurationError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
         if half_open_probes < 1:
-            raise ValueError(f"half_open_probes must be >= 1, got {half_open_probes!r}")
+            raise ConfigurationError(f"half_open_probes must be >= 1, got {half_open_probes!r}")
         for name, value in (
             ("window_s", window_s),
             ("cooldown_s", cooldown_s),
             ("half_open_poll_s", half_open_poll_s),
         ):
             if not value > 0 or not math.isfinite(value):
-                raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+                raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
         if mode not in ("fail_fast", "wait"):
-            raise ValueError(f"mode must be 'fail_fast' or 'wait', got {mode!r}")
+            raise ConfigurationError(f"mode must be 'fail_fast' or 'wait', got {mode!r}")
         self.failure_threshold = int(failure_threshold)
         self.window_s = float(window_s)
         self.cooldown_s = float(cooldown_s)

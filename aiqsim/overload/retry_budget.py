@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_rate_limited, is_timeout
@@ -31,7 +32,7 @@ def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> flo
     ok = value >= 0 if allow_zero else value > 0
     if not ok or not math.isfinite(value):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+        raise ConfigurationError(f"{name} must be a finite number {bound}, got {value!r}")
     return float(value)
 
 
@@ -272,7 +273,7 @@ class RetryRatioBudget(OverloadGate):
 
     def __init__(self, ratio: float = 0.1, window_s: float = 60.0) -> None:
         if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+            raise ConfigurationError(f"ratio must be in (0, 1], got {ratio!r}")
         self.ratio = float(ratio)
         self.window_s = _check_positive("window_s", window_s)
         self._windows: dict[str, _RatioWindow] = {}

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import FailureClass
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_overload_rejection
@@ -72,7 +73,7 @@ class ClientSideThrottle(OverloadGate):
         self, k: float = 2.0, window_s: float = 120.0, *, is_rejection: ErrorPredicate = is_overload_rejection
     ) -> None:
         if not k > 0 or not math.isfinite(k):
-            raise ValueError(f"k must be a positive finite number, got {k!r}")
+            raise ConfigurationError(f"k must be a positive finite number, got {k!r}")
         self.k = float(k)
         self.window_s = float(window_s)
         TimeWindow(window_s)  # validates window_s

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from aiqsim.core.errors import ConfigurationError
+
 
 class TimeWindow:
     """Timestamps of events over the last ``window_s`` seconds.
@@ -18,7 +20,9 @@ class TimeWindow:
 
     def __init__(self, window_s: float) -> None:
         if not window_s > 0 or not math.isfinite(window_s):
-            raise ValueError(f"window_s must be a positive finite number of seconds, got {window_s!r}")
+            raise ConfigurationError(
+                f"window_s must be a positive finite number of seconds, got {window_s!r}"
+            )
         self.window_s = float(window_s)
         self._times: deque[float] = deque()
 

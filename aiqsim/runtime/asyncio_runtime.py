@@ -7,6 +7,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from aiqsim.core.errors import ConfigurationError
+
 T = TypeVar("T")
 
 
@@ -21,7 +23,7 @@ class AsyncioRuntime:
 
     def __init__(self, *, time_scale: float = 1.0, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if not time_scale > 0:
-            raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+            raise ConfigurationError(f"time_scale must be > 0, got {time_scale!r}")
         self.time_scale = float(time_scale)
         self._loop = loop
         self._origin = time.monotonic()

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.sim.config import Scenario, WorkloadConfig
 from aiqsim.sim.job_config import MAX_FANOUT, FanoutConfig, JobConfig, StageSizeConfig
 from aiqsim.sim.workloads import MAX_ARRIVALS_PER_WORKLOAD, WorkloadTooLargeError, _action_times
@@ -68,7 +69,7 @@ def _draw(dist: str, mean: float, sigma: float, low: float, high: float, rng: ra
         return rng.lognormvariate(math.log(mean) - sigma**2 / 2.0, sigma)
     if dist == "uniform":
         return rng.uniform(low, high)
-    raise ValueError(f"unknown distribution {dist!r}")
+    raise ConfigurationError(f"unknown distribution {dist!r}")
 
 
 def draw_stage_units(size: StageSizeConfig, rng: random.Random) -> int:
@@ -77,7 +78,7 @@ def draw_stage_units(size: StageSizeConfig, rng: random.Random) -> int:
     Only for drawn sizes; a ``from_stage`` size depends on an earlier stage's output.
     """
     if size.dist == "from_stage":
-        raise ValueError("a from_stage size is computed from an earlier stage's output, not drawn")
+        raise ConfigurationError("a from_stage size is computed from an earlier stage's output, not drawn")
     return max(1, round(_draw(size.dist, size.mean, size.sigma, size.low, size.high, rng)))
 
 

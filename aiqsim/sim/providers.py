@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Literal, NamedTuple, get_args
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import (
     InvalidRequestError,
     ProviderError,
@@ -456,7 +457,7 @@ def _retry_after_header(wait_s: float) -> float:
 
 def _check_probability(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+        raise ConfigurationError(f"{name} must be a probability in [0, 1], got {value!r}")
 
 
 def _validate(config: ProviderConfig) -> None:
@@ -470,16 +471,20 @@ def _validate(config: ProviderConfig) -> None:
         _check_probability(f"provider {config.name!r}: {name}", getattr(config, name))
     for name in ("latency_base_s", "latency_per_unit_s", "latency_sigma", "price_per_1k_units"):
         if not getattr(config, name) >= 0:
-            raise ValueError(f"provider {config.name!r}: {name} must be >= 0, got {getattr(config, name)!r}")
+            raise ConfigurationError(
+                f"provider {config.name!r}: {name} must be >= 0, got {getattr(config, name)!r}"
+            )
     for name in ("server_requests_per_min", "server_units_per_min"):
         limit = getattr(config, name)
         if limit is not None and not limit >= 1:
-            raise ValueError(f"provider {config.name!r}: {name} must be >= 1 or None, got {limit!r}")
+            raise ConfigurationError(f"provider {config.name!r}: {name} must be >= 1 or None, got {limit!r}")
     for outage in config.outages:
         if not outage.end_s > outage.start_s:
-            raise ValueError(f"provider {config.name!r}: outage window must end after it starts: {outage}")
+            raise ConfigurationError(
+                f"provider {config.name!r}: outage window must end after it starts: {outage}"
+            )
         if outage.mode == "slow" and not outage.slow_factor > 0:
-            raise ValueError(f"provider {config.name!r}: outage slow_factor must be > 0: {outage}")
+            raise ConfigurationError(f"provider {config.name!r}: outage slow_factor must be > 0: {outage}")
 
 
 class SimulatedProvider:

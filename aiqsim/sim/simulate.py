@@ -559,7 +559,9 @@ class _Run:
             self.executions: Callable[[], list[Any]] = lambda: list(ledger.executions)
         else:
             if executions is None:
-                raise ValueError("a run with its own providers must say where their executions are recorded")
+                raise ConfigurationError(
+                    "a run with its own providers must say where their executions are recorded"
+                )
             self.providers = list(providers)
             self.executions = executions
         self.arrivals: list[Arrival] = [] if streaming is not None else _arrivals(scenario, seed)

@@ -97,9 +97,9 @@ def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     """The cartesian product of the grid, in the order the keys and values were given."""
     for key, values in grid.items():
         if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-            raise ValueError(f"grid[{key!r}] must be a list of values, got {values!r}")
+            raise ConfigurationError(f"grid[{key!r}] must be a list of values, got {values!r}")
         if len(list(values)) == 0:
-            raise ValueError(f"grid[{key!r}] is empty")
+            raise ConfigurationError(f"grid[{key!r}] is empty")
     keys = list(grid)
     return [
         dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(list(grid[k]) for k in keys))
@@ -185,7 +185,7 @@ def sweep(
     from aiqsim.sim.scenario import load_scenario
 
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+        raise ConfigurationError(f"unknown engine {engine!r}; expected one of {ENGINES}")
     if not isinstance(scenario, Scenario):
         from aiqsim.sim.simulate import checked_scenario_path
 
@@ -199,7 +199,7 @@ def sweep(
     _check_stores(scenario, points, len(seeds))
     jobs = [(index, point, int(seed)) for index, point in enumerate(points) for seed in seeds]
     if not jobs:
-        raise ValueError("nothing to run: no seeds given")
+        raise ConfigurationError("nothing to run: no seeds given")
     bar = RunProgress(len(jobs), label=f"sweep {scenario.name}", enabled=progress)
     outcomes: dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]] = {}
     if engine == "serial":

@@ -136,13 +136,13 @@ def parse_trace_timestamp(text: str) -> int:
     """
     match = _TIMESTAMP.fullmatch(text.strip())
     if match is None:
-        raise ValueError(f"expected a timestamp like 2023-11-16 18:17:03.9799600, got {text!r}")
+        raise ConfigurationError(f"expected a timestamp like 2023-11-16 18:17:03.9799600, got {text!r}")
     year, month, day, hour, minute, second = (int(group) for group in match.groups()[:6])
     if not 1 <= month <= 12:
-        raise ValueError(f"month out of range in timestamp {text!r}")
+        raise ConfigurationError(f"month out of range in timestamp {text!r}")
     days_in_month = 29 if month == 2 and _is_leap(year) else _DAYS_IN_MONTH[month - 1]
     if not 1 <= day <= days_in_month or hour > 23 or minute > 59 or second > 59:
-        raise ValueError(f"day or time out of range in timestamp {text!r}")
+        raise ConfigurationError(f"day or time out of range in timestamp {text!r}")
     seconds = ((_days_from_civil(year, month, day) * 24 + hour) * 60 + minute) * 60 + second
     fraction = match.group(7) or ""
     return seconds * _TICKS_PER_SECOND + int((fraction + "0000000")[:7])
@@ -200,7 +200,7 @@ def draw_units(cost: CostConfig, rng: random.Random) -> int:
     elif cost.dist == "uniform":
         value = rng.uniform(cost.low, cost.high)
     else:
-        raise ValueError(f"unknown cost distribution {cost.dist!r}")
+        raise ConfigurationError(f"unknown cost distribution {cost.dist!r}")
     return max(1, round(value))
 
 
@@ -293,7 +293,7 @@ def _action_times(workload: WorkloadConfig, horizon: float, rng: random.Random) 
     if workload.type == "burst":
         count = workload.count or 0
         if count > MAX_ARRIVALS_PER_WORKLOAD:
-            raise ValueError(
+            raise ConfigurationError(
                 f"a burst of {count:,} arrivals is more than {MAX_ARRIVALS_PER_WORKLOAD:,}; lower its count"
             )
         times = [workload.start_s + workload.burst_s * step / count for step in range(count)]

@@ -81,7 +81,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from aiqsim.core.errors import StoreError
+from aiqsim.core.errors import ConfigurationError, StoreError
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.stores.base import (
@@ -280,9 +280,9 @@ class SqliteStore:
     ) -> None:
         synchronous = synchronous.upper()
         if synchronous not in SYNCHRONOUS_LEVELS:
-            raise ValueError(f"synchronous must be one of {SYNCHRONOUS_LEVELS}, got {synchronous!r}")
+            raise ConfigurationError(f"synchronous must be one of {SYNCHRONOUS_LEVELS}, got {synchronous!r}")
         if not busy_timeout_s >= 0:
-            raise ValueError(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
+            raise ConfigurationError(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
         self.path = Path(path)
         self.synchronous = synchronous
         self.busy_timeout_s = busy_timeout_s

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiqsim.core.errors import SchedulingError
+from aiqsim.core.errors import ConfigurationError, SchedulingError
 
 __all__ = ["KillReport", "WorkerFailedError", "WorkerRun", "kill_and_restart"]
 
@@ -125,9 +125,9 @@ def kill_and_restart(
     :class:`WorkerFailedError`; so must a loop that needs more than ``max_runs`` starts.
     """
     if kills < 0 or max_runs < kills + 1:
-        raise ValueError(f"need 0 <= kills < max_runs, got kills={kills}, max_runs={max_runs}")
+        raise ConfigurationError(f"need 0 <= kills < max_runs, got kills={kills}, max_runs={max_runs}")
     if not kill_window_s > 0:
-        raise ValueError(f"kill_window_s must be > 0, got {kill_window_s!r}")
+        raise ConfigurationError(f"kill_window_s must be > 0, got {kill_window_s!r}")
     rng = random.Random(seed)
     runs: list[WorkerRun] = []
     environment = None if env is None else dict(env)

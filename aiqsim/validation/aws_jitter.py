@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from aiqsim.core.backoff import BackoffStrategy, backoff_from_name
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 
 __all__ = [
@@ -106,7 +107,7 @@ def run_occ_contention(
     network (common random numbers).
     """
     if clients < 1:
-        raise ValueError(f"clients must be >= 1, got {clients}")
+        raise ConfigurationError(f"clients must be >= 1, got {clients}")
     runtime = SimPyRuntime()
     network = random.Random(f"occ-network-{clients}-{seed}")
     jitter = random.Random(f"occ-jitter-{clients}-{seed}")
@@ -172,7 +173,7 @@ def aws_jitter_study(
     calls_std, time_ms_mean, time_ms_std, runs``, in the order given.
     """
     if runs < 1:
-        raise ValueError(f"runs must be >= 1, got {runs}")
+        raise ConfigurationError(f"runs must be >= 1, got {runs}")
     built = [_strategy(spec, base_s, cap_s) for spec in strategies]
     rows = []
     for count in clients:

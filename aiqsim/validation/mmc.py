@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.core.token_bucket import QuotaLimits
 from aiqsim.runtime.gc_tuning import relaxed_gc
@@ -81,11 +82,11 @@ def erlang_c(servers: int, offered_load: float) -> float:
     hundreds of servers where the textbook sum of ``a**k / k!`` would overflow.
     """
     if servers < 1 or int(servers) != servers:
-        raise ValueError(f"servers must be a positive integer, got {servers!r}")
+        raise ConfigurationError(f"servers must be a positive integer, got {servers!r}")
     if not (offered_load >= 0 and math.isfinite(offered_load)):
-        raise ValueError(f"offered_load must be a finite number >= 0, got {offered_load!r}")
+        raise ConfigurationError(f"offered_load must be a finite number >= 0, got {offered_load!r}")
     if offered_load >= servers:
-        raise ValueError(
+        raise ConfigurationError(
             f"unstable queue: offered load {offered_load:g} Erlangs needs more than {servers} servers"
         )
     if offered_load == 0:
@@ -105,7 +106,7 @@ def expected_wait_in_queue(arrival_rate: float, service_rate: float, servers: in
 def t_quantile_975(df: int) -> float:
     """The 0.975 quantile of Student's t with ``df`` degrees of freedom (scipy if installed)."""
     if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+        raise ConfigurationError(f"degrees of freedom must be >= 1, got {df}")
     try:
         from scipy.stats import t as student_t
     except ImportError:
@@ -144,7 +145,7 @@ class ExponentialServiceProvider:
         self, runtime: Runtime, service_rate: float, rng: random.Random, name: str = PROVIDER_NAME
     ) -> None:
         if not service_rate > 0:
-            raise ValueError(f"service_rate must be > 0, got {service_rate!r}")
+            raise ConfigurationError(f"service_rate must be > 0, got {service_rate!r}")
         self.name = name
         self._runtime = runtime
         self._service_rate = service_rate
@@ -398,11 +399,11 @@ def mmc_check(
     """
     seeds = tuple(seeds)
     if len(seeds) < 2:
-        raise ValueError("mmc_check needs at least two seeds for a confidence interval")
+        raise ConfigurationError("mmc_check needs at least two seeds for a confidence interval")
     if not 0 <= warmup < tasks:
-        raise ValueError(f"warmup must be in [0, tasks), got warmup={warmup}, tasks={tasks}")
+        raise ConfigurationError(f"warmup must be in [0, tasks), got warmup={warmup}, tasks={tasks}")
     if not (arrival_rate > 0 and service_rate > 0):
-        raise ValueError("arrival_rate and service_rate must be > 0")
+        raise ConfigurationError("arrival_rate and service_rate must be > 0")
     offered = arrival_rate / service_rate
     probability_wait = erlang_c(servers, offered)  # also rejects unstable configurations
     expected = probability_wait / (servers * service_rate - arrival_rate)
