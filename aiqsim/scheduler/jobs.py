@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiqsim.core.errors import ConfigurationError, SchedulingError, StoreError
 from aiqsim.core.failures import describe_error
-from aiqsim.core.fingerprint import fingerprint
+from aiqsim.core.fingerprint import FingerprintError, fingerprint
 from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_transition, stage_status
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
@@ -570,7 +570,7 @@ class Jobs:
             changed = [
                 r.id for r, p in zip(stored, payloads, strict=True) if r.key != stage_task_key(stage, p)
             ]
-        except Exception:  # the rebuilt payload has no key at all: certainly not the stored one
+        except FingerprintError:  # the rebuilt payload has no key at all: certainly not the stored one
             changed = task_ids
         if changed:
             self.scheduler.anomalies["job_build_changed"] += 1
