@@ -114,6 +114,81 @@ def test_parse_duration_rejects_garbage(text: str) -> None:
     assert parse_duration(text) is None
 
 
+# Go's own table for time.ParseDuration (src/time/time_test.go, parseDurationTests and
+# parseDurationErrorTests). Where aiqsim differs by design, the row says how: a negative duration
+# is "no information" (None), a bare number is seconds, a duration past 2**31 s is clamped.
+_GO_DURATIONS = [
+    ("0", 0.0),
+    ("5s", 5.0),
+    ("30s", 30.0),
+    ("1478s", 1478.0),
+    ("+5s", 5.0),
+    ("-0", 0.0),
+    ("+0", 0.0),
+    ("5.0s", 5.0),
+    ("5.6s", 5.6),
+    ("5.s", 5.0),
+    (".5s", 0.5),
+    ("1.0s", 1.0),
+    ("1.00s", 1.0),
+    ("1.004s", 1.004),
+    ("1.0040s", 1.004),
+    ("100.00100s", 100.001),
+    ("10ns", 10e-9),
+    ("11us", 11e-6),
+    ("12\u00b5s", 12e-6),
+    ("12\u03bcs", 12e-6),
+    ("13ms", 13e-3),
+    ("14s", 14.0),
+    ("15m", 900.0),
+    ("16h", 57600.0),
+    ("3h30m", 12600.0),
+    ("10.5s4m", 250.5),
+    ("1h2m3s4ms5us6ns", 3723.004005006),
+    ("39h9m14.425s", 140954.425),
+    ("52763797000ns", 52.763797),
+    ("0.3333333333333333333h", 1200.0),
+    ("9007199254740993ns", 9007199.254740993),
+    ("0.100000000000000000000h", 360.0),
+    ("0.830103483285477580700h", 2988.372539827),
+]
+
+
+@pytest.mark.parametrize(("text", "seconds"), _GO_DURATIONS)
+def test_parse_duration_reads_go_s_published_table(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("text", ["-5s", "-2m3.4s", "-9223372036854775808ns", "-2562047h47m16.854775808s"])
+def test_parse_duration_reads_go_s_negative_durations_as_no_information(text: str) -> None:
+    assert parse_duration(text) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "-",
+        "s",
+        ".",
+        "-.",
+        ".s",
+        "+.s",
+        "1d",
+        "\x85\x85",
+        "\xffff",
+        "hello \xffff world",
+        "\ufffd",
+        "\ufffd hello \ufffd world",
+        "+-5s",
+        "--5s",
+        "+ 5s",
+    ],
+)
+def test_parse_duration_refuses_what_go_refuses(text: str) -> None:
+    assert parse_duration(text) is None
+
+
 def test_parse_duration_of_none_and_numbers() -> None:
     assert parse_duration(None) is None
     assert parse_duration(2) == 2.0

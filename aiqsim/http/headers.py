@@ -45,9 +45,11 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|
 def parse_duration(value: str | float | int | None) -> float | None:
     """Seconds in a Go-style duration (``"6m0s"``, ``"250ms"``, ``"1h2m3.5s"``) or a bare number of seconds.
 
-    Returns ``None`` for anything absent, negative or unparseable, so a provider that
-    changes its format degrades to "no information" instead of an exception. Longer than
-    2**31 s gives 2**31 s (:data:`~aiqsim.core.retry_after.MAX_DELTA_SECONDS`).
+    The syntax is Go's ``time.ParseDuration``: an optional sign, then one or more decimal numbers
+    each with a unit (``ns``, ``us``/``µs``/``μs``, ``ms``, ``s``, ``m``, ``h``). Returns ``None``
+    for anything absent, negative (``"-0s"`` is zero) or unparseable, so a provider that changes
+    its format degrades to "no information" instead of an exception. Longer than 2**31 s gives
+    2**31 s (:data:`~aiqsim.core.retry_after.MAX_DELTA_SECONDS`), where Go reports an overflow.
     """
     if value is None:
         return None
@@ -56,6 +58,11 @@ def parse_duration(value: str | float | int | None) -> float | None:
     except ValueError:
         pass
     text = value.strip()  # type: ignore[union-attr]  # numbers were handled above
+    negative = text[:1] == "-"
+    if text[:1] in ("+", "-"):
+        text = text[1:]
+        if text == "0":  # Go's one unitless duration, signed
+            return 0.0
     total = 0.0
     position = 0
     for match in _DURATION_PART.finditer(text):
@@ -65,6 +72,8 @@ def parse_duration(value: str | float | int | None) -> float | None:
         position = match.end()
     if position == 0 or position != len(text):
         return None
+    if negative and total > 0:
+        return None  # a reset in the past says nothing about the quota
     return min(total, MAX_DELTA_SECONDS)  # "99...9h" is far in the future, as for Retry-After
 
 
