@@ -187,3 +187,9 @@ def test_delta_seconds_beyond_two_to_the_31_mean_two_to_the_31(value: str | floa
     # RFC 9111 §1.2.2; "9" * 400 used to overflow to inf and be dropped as "no Retry-After", 10**400 raised
     assert parse_retry_after(value, NOW) == 2**31
     assert parse_retry_after("2147483648", NOW) == 2**31 and parse_retry_after("2147483647", NOW) == 2**31 - 1
+
+
+def test_a_date_further_away_than_two_to_the_31_seconds_is_clamped_like_delta_seconds() -> None:
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", NOW) == 2**31
+    near = parse_retry_after("Thu, 01 Jan 2037 00:00:00 GMT", NOW)
+    assert near is not None and 0 < near < 2**31  # a date within 68 years keeps its own wait

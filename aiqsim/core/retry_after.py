@@ -59,7 +59,8 @@ def parse_retry_after(value: str | float | int | None, now_epoch_s: float) -> fl
     parses them; a date without a zone (asctime, or ``-0000``) is UTC, as every HTTP date is.
     An RFC 850 date's two-digit year is read as RFC 9110 §5.6.7 says: the year with those last
     two digits that is at most 50 years after ``now_epoch_s``'s year (``-68`` is 1968 in 2015).
-    Delta-seconds above 2**31 give 2**31 (:data:`MAX_DELTA_SECONDS`).
+    A wait above 2**31 s gives 2**31 (:data:`MAX_DELTA_SECONDS`), for delta-seconds and dates alike
+    (``"Fri, 31 Dec 9999 23:59:59 GMT"`` is "far in the future", as ``"99999999999"`` is).
     """
     if value is None:
         return None
@@ -77,7 +78,7 @@ def parse_retry_after(value: str | float | int | None, now_epoch_s: float) -> fl
         epoch_s = calendar.timegm(when.utctimetuple()) + when.microsecond / 1e6
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, epoch_s - now_epoch_s)
+    return min(max(0.0, epoch_s - now_epoch_s), MAX_DELTA_SECONDS)
 
 
 def rfc850_year(two_digits: int, now_epoch_s: float) -> int:
