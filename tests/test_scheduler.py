@@ -90,18 +90,19 @@ def test_interactive_work_overtakes_a_background_backlog_without_preemption() ->
     assert order[:4] == ["bg0", "bg1", "bg2", "urgent"]
 
 
-def test_the_interactive_depth_limit_rejects_the_sixth_and_enqueues_nothing() -> None:
+def test_the_interactive_depth_limit_rejects_a_sixth_waiting_request_and_enqueues_nothing() -> None:
     runtime = SimPyRuntime()
     provider = ScriptedProvider(runtime)
 
     async def main():
         scheduler = Scheduler(runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)})
+        # the first starts at once on the free slot; the next five wait: the default limit
         handles = [
-            scheduler.submit("llm", {"input": f"i{i}"}, priority=Priority.INTERACTIVE) for i in range(5)
+            scheduler.submit("llm", {"input": f"i{i}"}, priority=Priority.INTERACTIVE) for i in range(6)
         ]
         stored_before = len(scheduler.store)
         with pytest.raises(QueueFullError, match="too many interactive requests"):
-            scheduler.submit("llm", {"input": "i5"}, priority=Priority.INTERACTIVE)
+            scheduler.submit("llm", {"input": "i6"}, priority=Priority.INTERACTIVE)
         assert len(scheduler.store) == stored_before
         duplicate = scheduler.submit(
             "llm", {"input": "i0"}, priority=Priority.INTERACTIVE
@@ -109,11 +110,11 @@ def test_the_interactive_depth_limit_rejects_the_sixth_and_enqueues_nothing() ->
         background = scheduler.submit("llm", {"input": "b"}, priority=Priority.BACKGROUND)
         for h in [*handles, duplicate, background]:
             await h.wait()
-        later = scheduler.submit("llm", {"input": "i5"}, priority=Priority.INTERACTIVE)
+        later = scheduler.submit("llm", {"input": "i6"}, priority=Priority.INTERACTIVE)
         return await later.wait()
 
     assert runtime.run(main()).status is TaskStatus.SUCCEEDED
-    assert provider.calls_for("i5") == 1
+    assert provider.calls_for("i6") == 1
 
 
 def _token_contention(policy, small_stream_until: float = 0.0):

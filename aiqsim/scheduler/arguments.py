@@ -99,16 +99,16 @@ def checked_providers(providers: Any) -> dict[str, Any]:
 
 
 def checked_queue_limit(value: Any, name: str) -> int | None:
-    """A queue depth limit: ``None`` (unbounded) or a whole number >= 1.
+    """A queue depth limit: ``None`` (unbounded) or a whole number >= 0 of waiting requests.
 
-    0 would refuse every task, even on an idle scheduler: a task is queued for an instant before
-    its lane starts it, so a limit counts it. A scenario file refuses the same values.
+    0 means "start at once or be refused" (:mod:`aiqsim.scheduler.depth_limit`). A scenario file
+    accepts the same values.
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise SchedulerArgumentError(
-            f"{name}: expected None (no limit) or a whole number >= 1 of queued tasks, got {value!r}"
+            f"{name}: expected None (no limit) or a whole number >= 0 of waiting requests, got {value!r}"
         )
     return int(value)
 

@@ -260,8 +260,8 @@ class Jobs:
         key = spec.key(inputs)
         existing = self.store.job_owner_of(key)
         is_duplicate = existing is not None and existing.status in LIVE_OWNER_STATUSES
-        limit = scheduler._limits[priority]
-        if not is_duplicate and limit is not None and self.depth(priority) >= limit:
+        limit = None if is_duplicate else scheduler._refusing_job_limit(spec, priority)  # depth_limit.py
+        if limit is not None:
             from aiqsim.scheduler.scheduler import QueueFullError
 
             raise QueueFullError(

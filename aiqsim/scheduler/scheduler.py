@@ -58,6 +58,7 @@ from aiqsim.scheduler.arguments import (
 from aiqsim.scheduler.attempts import AttemptLoop
 from aiqsim.scheduler.claims import ClaimRules
 from aiqsim.scheduler.commit import DEFAULT_COMMIT_WINDOW_S, GroupCommit, check_commit_window, defers_commits
+from aiqsim.scheduler.depth_limit import DepthLimit
 from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy
 from aiqsim.scheduler.events import EventSink, QueueRejected
 from aiqsim.scheduler.handles import OutcomeHandle, await_own
@@ -161,7 +162,7 @@ class Submission(OutcomeHandle[TaskRecord]):
         return record.result
 
 
-class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
+class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Outcomes):
     """Schedules provider calls under quotas, with retries, idempotency and cancellation.
 
     Parameters:
@@ -398,14 +399,15 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
             TaskStatus.RUNNING,
             TaskStatus.SUCCEEDED,
         )
-        limit = self._limits[priority]
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
-        # a job's stage tasks are counted as their job (see Jobs.depth).
+        # a job's stage tasks are counted as their job (see Jobs.depth). The rule: depth_limit.py.
         counts_against_limit = not job_stage and (
             not is_duplicate or (existing is not None and self._would_promote(existing.id, priority))
         )
-        if counts_against_limit and limit is not None and self._depth(priority) >= limit:
-            raise self._queue_full(lane, priority, limit)
+        if counts_against_limit and self._limits[priority] is not None:
+            limit = self._refusing_limit(lane, priority, cost_estimate)
+            if limit is not None:
+                raise self._queue_full(lane, priority, limit)
         now = self.runtime.now()
         record = TaskRecord(
             id=task_id if task_id is not None else f"{self.rng.getrandbits(64):016x}",
@@ -473,6 +475,11 @@ class Scheduler(Recovery, ClaimRules, LaneDispatch, AttemptLoop, Outcomes):
         if self.events is not None:
             in_lane = len(lane.queues[priority])
             self.events(QueueRejected(self.runtime.now(), lane.name, int(priority), queued, limit, in_lane))
+        if limit == 0:
+            return QueueFullError(
+                f"no {name} request may wait ({name}_limit=0) and provider {lane.name!r} cannot start this "
+                "one now; nothing was enqueued. Retry later, raise the limit, or add quota"
+            )
         return QueueFullError(
             f"too many {name} requests: {queued} already queued (limit {limit}), nothing was enqueued. "
             f"Retry later (the queue drains at the provider's quota), raise {name}_limit, or add quota"

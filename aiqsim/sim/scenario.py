@@ -438,8 +438,8 @@ _DISPATCH = _Table(
     {
         "policy": _Choice(tuple(DISPATCH_POLICIES)),
         "max_wait_s": _NON_NEGATIVE,
-        "interactive_limit": _Optional(_Integer(1)),
-        "background_limit": _Optional(_Integer(1)),
+        "interactive_limit": _Optional(_Integer(0)),
+        "background_limit": _Optional(_Integer(0)),
     },
     what="dispatch policy",
 )

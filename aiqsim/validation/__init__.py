@@ -2,6 +2,8 @@
 
 - :mod:`aiqsim.validation.mmc`: the production scheduler on the SimPy runtime against queueing
   theory (M/M/c, Erlang C).
+- :mod:`aiqsim.validation.loss`: the depth limit against queueing theory (M/M/c/K blocking, Erlang B
+  for a limit of 0).
 - :mod:`aiqsim.validation.aws_jitter`: the backoff objects against the findings of Marc Brooker's
   "Exponential Backoff And Jitter" (AWS Architecture Blog, 2015).
 - :mod:`aiqsim.validation.rate_limit_scope_study`: both sides of a 429 pause's scope (random 429s vs a
@@ -17,6 +19,7 @@ from aiqsim.validation.aws_jitter import (
     aws_jitter_study,
     run_occ_contention,
 )
+from aiqsim.validation.loss import BlockingResult, blocking_check, erlang_b, mmck_blocking, simulate_blocking
 from aiqsim.validation.mmc import (
     AntitheticRandom,
     ExponentialServiceProvider,
@@ -38,6 +41,7 @@ __all__ = [
     "ALL_STRATEGIES",
     "HOPS_PER_CALL",
     "AntitheticRandom",
+    "BlockingResult",
     "ExponentialServiceProvider",
     "MMcResult",
     "OccRun",
@@ -45,11 +49,15 @@ __all__ = [
     "Replication",
     "RunMeans",
     "aws_jitter_study",
+    "blocking_check",
+    "erlang_b",
     "erlang_c",
     "expected_wait_in_queue",
     "mmc_check",
+    "mmck_blocking",
     "run_means",
     "run_occ_contention",
+    "simulate_blocking",
     "simulate_records",
     "simulate_replication",
     "simulate_waits",

@@ -1,0 +1,195 @@
+"""The depth limit counts requests that wait, not those started at once (aiqsim.scheduler.depth_limit).
+
+A fan-out submitted in one instant used to be refused beyond the limit even with free slots (the
+lanes' dispatch runs in a later event of the instant, so every request of the burst sat in a queue
+when the next one was counted). A limit of 0 now means "start at once or be refused": a loss
+system, checked against Erlang B.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from aiqsim import AsyncioRuntime, Priority, QueueFullError, QuotaLimits, Scheduler, SimPyRuntime
+from aiqsim.scheduler.job_spec import JobSpec, Stage
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.sim.scenario import parse_scenario
+from aiqsim.validation.loss import blocking_check, erlang_b, mmck_blocking
+from tests.fakes import ScriptedProvider
+
+
+def _burst(count: int, *, concurrency: int, limit: int, **quota: Any) -> tuple[int, list[str], Any]:
+    """Submit ``count`` interactive calls in one instant; (accepted, refusal messages, provider)."""
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+    refusals: list[str] = []
+
+    async def main() -> int:
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=concurrency, **quota)},
+            interactive_limit=limit,
+            rng=random.Random(0),
+        )
+        handles = []
+        for i in range(count):
+            try:
+                handles.append(scheduler.submit("llm", {"input": f"c{i}"}, priority=Priority.INTERACTIVE))
+            except QueueFullError as refusal:
+                refusals.append(str(refusal))
+        for handle in handles:
+            await handle.wait()
+        return len(handles)
+
+    return runtime.run(main()), refusals, provider
+
+
+@pytest.mark.parametrize(
+    ("count", "concurrency", "limit", "accepted"),
+    [
+        (8, 10, 5, 8),  # every call starts at once: none waits, none is refused
+        (20, 10, 5, 15),  # ten start, five wait, five are refused
+        (5, 3, 0, 3),  # limit 0: three start at once, two would wait and are refused
+        (6, 1, 5, 6),  # one starts, five wait
+        (7, 1, 5, 6),
+    ],
+)
+def test_a_burst_in_one_instant_is_refused_only_beyond_what_starts_at_once_plus_the_limit(
+    count: int, concurrency: int, limit: int, accepted: int
+) -> None:
+    got, refusals, provider = _burst(count, concurrency=concurrency, limit=limit)
+    assert got == accepted and len(refusals) == count - accepted
+    assert len(provider.calls) == accepted
+    starts = sorted(t for t, _, _ in provider.calls)
+    assert starts[: min(concurrency, accepted)] == [0.0] * min(concurrency, accepted)
+
+
+def test_limit_zero_refusal_says_nothing_may_wait() -> None:
+    _, refusals, _ = _burst(2, concurrency=1, limit=0)
+    assert len(refusals) == 1
+    assert "interactive_limit=0" in refusals[0] and "cannot start this one now" in refusals[0]
+
+
+def test_limit_zero_counts_the_request_bucket_as_well_as_the_slots() -> None:
+    # 3 requests of burst, refilled at 1/s: three start at once, the fourth would wait for the bucket
+    got, refusals, _ = _burst(5, concurrency=10, limit=0, requests_per_min=60, request_burst=3)
+    assert got == 3 and len(refusals) == 2
+
+
+def test_a_request_behind_a_waiting_higher_class_waits_and_is_refused_at_limit_zero() -> None:
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+
+    async def main() -> tuple[bool, bool]:
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=1)},
+            interactive_limit=None,
+            background_limit=0,
+            rng=random.Random(0),
+        )
+        scheduler.submit("llm", {"input": "i0"}, priority=Priority.INTERACTIVE)  # takes the slot
+        scheduler.submit("llm", {"input": "i1"}, priority=Priority.INTERACTIVE)  # waits
+        await runtime.sleep(0.5)
+        with pytest.raises(QueueFullError):
+            scheduler.submit("llm", {"input": "b0"})
+        await runtime.sleep(2.0)  # both interactive calls are done: the slot is free
+        handle = scheduler.submit("llm", {"input": "b1"})
+        return (await handle.wait()).status == "succeeded", provider.calls_for("b0") == 0
+
+    assert runtime.run(main()) == (True, True)
+
+
+def test_a_fan_out_on_asyncio_is_not_refused_while_slots_are_free() -> None:
+    class Echo:
+        name = "llm"
+
+        async def call(self, request: ProviderRequest) -> ProviderResponse:
+            await asyncio.sleep(0.001)
+            return ProviderResponse(result=request.payload)
+
+    async def main() -> list[Any]:
+        scheduler = Scheduler(
+            AsyncioRuntime(),
+            [Echo()],
+            quotas={"llm": QuotaLimits(concurrency=10)},
+            interactive_limit=5,
+            rng=random.Random(0),
+        )
+        handles = [scheduler.submit("llm", i, priority=Priority.INTERACTIVE) for i in range(8)]
+        results = [(await handle.wait()).result for handle in handles]
+        await scheduler.close()
+        return results
+
+    assert asyncio.run(main()) == list(range(8))
+
+
+def test_a_job_at_limit_zero_starts_when_its_first_stage_can_and_is_refused_when_it_cannot() -> None:
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+    spec = JobSpec(
+        "pair",
+        "1",
+        [
+            Stage("first", "llm", build=lambda inputs, results: {"input": f"{inputs}-1"}),
+            Stage("second", "llm", after=("first",), build=lambda inputs, results: {"input": f"{inputs}-2"}),
+        ],
+    )
+
+    async def main() -> str:
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=1)},
+            background_limit=0,
+            rng=random.Random(0),
+        )
+        job = scheduler.submit_job(spec, "a")
+        with pytest.raises(QueueFullError):
+            scheduler.submit_job(spec, "b")  # the slot is taken: its first stage would wait
+        await job
+        return (await scheduler.submit_job(spec, "c")).keys().__repr__()
+
+    assert runtime.run(main()) == "dict_keys(['first', 'second'])"
+    assert [name for _, name, _ in provider.calls] == ["a-1", "a-2", "c-1", "c-2"]
+
+
+@pytest.mark.parametrize(
+    ("servers", "load", "published"),
+    [(5, 3.0, 0.1101), (10, 8.0, 0.1217), (1, 1.0, 0.5), (20, 15.0, 0.0456)],
+)
+def test_erlang_b_matches_the_published_table(servers: int, load: float, published: float) -> None:
+    assert erlang_b(servers, load) == pytest.approx(published, abs=6e-5)
+    assert mmck_blocking(load, 1.0, servers, 0) == pytest.approx(erlang_b(servers, load), rel=1e-12)
+
+
+def test_mmck_blocking_of_one_server_is_the_geometric_formula() -> None:
+    # M/M/1/K: p_K = (1 - rho) rho**K / (1 - rho**(K+1))
+    rho, places = 0.8, 4
+    expected = (1 - rho) * rho**places / (1 - rho ** (places + 1))
+    assert mmck_blocking(0.8, 1.0, 1, places - 1) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("queue_limit", [0, 2])
+def test_the_scheduler_refuses_the_share_queueing_theory_predicts(queue_limit: int) -> None:
+    result = blocking_check(3.0, 1.0, 4, queue_limit, arrivals=6_000, seeds=range(4))
+    assert result.ci_contains_expected, result
+    assert abs(result.simulated / result.expected - 1) < 0.06, result
+
+
+def test_a_scenario_may_set_a_limit_of_zero_and_refuses_a_negative_one() -> None:
+    base = {
+        "scenario": {"name": "loss", "duration_s": 10.0, "seed": 1},
+        "providers": [{"name": "llm"}],
+        "workloads": [{"type": "poisson", "provider": "llm", "rate_per_s": 1.0}],
+    }
+    scenario = parse_scenario({**base, "dispatch": {"background_limit": 0}})
+    assert scenario.dispatch.background_limit == 0
+    with pytest.raises(Exception, match="background_limit"):
+        parse_scenario({**base, "dispatch": {"background_limit": -1}})
