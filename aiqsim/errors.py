@@ -50,6 +50,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
     │   ├── TaskInterruptedError, AttemptRejectedError
     │   ├── ProviderContractError          an adapter's call() returned no ProviderResponse (fatal)
+    │   ├── ProviderCancelledError         an adapter's call() raised a cancellation nobody asked for (fatal)
     │   ├── HttpStatusError                an HTTP status with no better class
     │   └── HttpExchangeError (a ServerError)   the HTTP exchange itself broke: retryable
     │       ├── ResponseDecodingError          a body that cannot be decoded (broken gzip)
@@ -69,6 +70,7 @@ from aiqsim.core.failures import (
     AttemptRejectedError,
     InvalidRequestError,
     PoisonInputError,
+    ProviderCancelledError,
     ProviderContractError,
     ProviderError,
     ProviderTimeoutError,
@@ -143,6 +145,7 @@ __all__ = [
     "OutputPathError",
     "PoisonInputError",
     "PriorityError",
+    "ProviderCancelledError",
     "ProviderContractError",
     "ProviderError",
     "ProviderTimeoutError",

@@ -78,6 +78,13 @@ class ProviderContractError(ProviderError):
     would only call (and bill) the provider again for an answer the adapter cannot hand over."""
 
 
+class ProviderCancelledError(ProviderError):
+    """A provider's call raised a cancellation that nobody asked for (the scheduler did not cancel
+    the task): a bug in the adapter or in a library under it, such as an inner task cancelled by
+    mistake. The call's outcome is unknown, so it is fatal like any unknown error (retrying could
+    bill twice), and reported as a failure instead of passing for a user's cancellation."""
+
+
 class PoisonInputError(ProviderError):
     """Raised for a key that was recorded as poison: it is not sent to the provider again."""
 

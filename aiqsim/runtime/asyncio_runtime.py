@@ -48,6 +48,10 @@ class AsyncioRuntime:
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
         return self.loop.create_task(coro, name=name)
 
+    def cancelling(self) -> bool:
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+
     async def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
         if timeout is None:
             return await awaitable

@@ -88,3 +88,11 @@ class Runtime(Protocol):
     ) -> ScheduledCall:
         """Run ``callback()`` ``delay`` seconds from now (at once for ``delay <= 0``), unless cancelled."""
         ...
+
+    def cancelling(self) -> bool:
+        """Whether the calling task has been asked to stop (its ``cancel()`` was called).
+
+        Tells a task's own cancellation from a :class:`Cancelled` raised by the code it awaited:
+        the scheduler fails a task whose provider raises one unasked, instead of reporting a
+        cancellation nobody requested. ``False`` outside a task."""
+        ...

@@ -479,6 +479,10 @@ class SimPyRuntime:
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> SimTask:
         return SimTask(self, coro, name)
 
+    def cancelling(self) -> bool:
+        task = self.current_task
+        return task is not None and task._cancel_requests > 0
+
     def call_soon(self, callback: Callable[[], None], *, name: str | None = None) -> None:
         """Run ``callback()`` in an event of its own at the current instant, after those already
         scheduled for it; an exception it raises goes to :attr:`task_errors` under ``name``."""

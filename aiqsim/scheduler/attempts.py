@@ -16,6 +16,7 @@ from aiqsim.core.failures import (
     AttemptRejectedError,
     FailureClass,
     PoisonInputError,
+    ProviderCancelledError,
     ProviderContractError,
     RateLimitError,
     classify_failure,
@@ -108,10 +109,15 @@ class AttemptLoop:
                 awaiting_outcome = True
                 try:
                     call = lane.provider.call(request)
-                    if policy.attempt_timeout_s is None:
-                        response = await call
-                    else:
-                        response = await runtime.wait_for(call, policy.attempt_timeout_s)
+                    try:
+                        if policy.attempt_timeout_s is None:
+                            response = await call
+                        else:
+                            response = await runtime.wait_for(call, policy.attempt_timeout_s)
+                    except Cancelled as cancelled:
+                        if runtime.cancelling() or self._crashed:
+                            raise  # this task's own cancellation
+                        raise unasked_cancellation(lane.name) from cancelled
                     if type(response) is not ProviderResponse and not isinstance(response, ProviderResponse):
                         raise broken_contract(lane.name, response)
                 except Exception as error:
@@ -383,6 +389,15 @@ class AttemptLoop:
                     getattr(seen, "ratelimit", None),
                 )
             )
+
+
+def unasked_cancellation(provider: str) -> ProviderCancelledError:
+    """The error for a ``call()`` that raised a cancellation the scheduler did not ask for."""
+    return ProviderCancelledError(
+        f"provider {provider!r} raised a cancellation from call() that nobody requested (a bug in its "
+        "adapter or a library under it); the task fails instead of passing for cancelled, and the call "
+        "may have been billed"
+    )
 
 
 def broken_contract(provider: str, answer: object) -> ProviderContractError:
