@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from typing import Any
 
 import pytest
@@ -193,3 +194,47 @@ def test_a_scenario_may_set_a_limit_of_zero_and_refuses_a_negative_one() -> None
     assert scenario.dispatch.background_limit == 0
     with pytest.raises(Exception, match="background_limit"):
         parse_scenario({**base, "dispatch": {"background_limit": -1}})
+
+
+def _shared_quota_burst(quota: Any, count: int) -> tuple[int, int]:
+    """``count`` background submissions in one instant at ``background_limit=0`` on asyncio."""
+
+    class Echo:
+        name = "llm"
+
+        async def call(self, request: ProviderRequest) -> ProviderResponse:
+            await asyncio.sleep(0.001)
+            return ProviderResponse(result=request.payload)
+
+    async def main() -> tuple[int, int]:
+        scheduler = Scheduler(
+            AsyncioRuntime(), [Echo()], quotas={"llm": quota}, background_limit=0, rng=random.Random(0)
+        )
+        handles, refused = [], 0
+        for i in range(count):
+            try:
+                handles.append(scheduler.submit("llm", i))
+            except QueueFullError:
+                refused += 1
+        for handle in handles:
+            await handle.wait()
+        await scheduler.close()
+        return len(handles), refused
+
+    return asyncio.run(main())
+
+
+def test_limit_zero_with_a_worker_capped_shared_quota_admits_what_its_slots_allow() -> None:
+    from aiqsim.core.fleet_quota import SharedMultiQuota, WorkerCappedQuota
+
+    account = SharedMultiQuota(QuotaLimits(concurrency=5))
+    assert _shared_quota_burst(WorkerCappedQuota(account, concurrency=2), 4) == (2, 2)
+
+
+def test_limit_zero_with_a_redis_quota_admits_what_the_account_allows(redis_url: str) -> None:
+    # a Redis quota's time_until never says "now": the rule asks can_reserve, or every call was refused
+    from aiqsim.fleet import RedisQuota
+
+    name = f"depth-limit-{uuid.uuid4().hex}"  # an account of its own on the shared test server
+    quota = RedisQuota(redis_url, name, QuotaLimits(concurrency=2))
+    assert _shared_quota_burst(quota, 4) == (2, 2)

@@ -153,6 +153,15 @@ class WorkerCappedQuota:
             self.in_flight += reservation.slots
         return reservation
 
+    def can_reserve(self, tokens: float, now: float) -> bool:
+        """Whether :meth:`try_reserve` would grant ``tokens`` now (the inner quota answers for itself)."""
+        if self.in_flight >= self.concurrency:
+            return False
+        inner = getattr(self.inner, "can_reserve", None)
+        if callable(inner):
+            return bool(inner(tokens, now))
+        return bool(self.inner.time_until(tokens, now) <= 0.0)
+
     def time_until(self, tokens: float, now: float) -> float:
         """``inf`` while this worker's own slots are all taken, else the inner quota's wait."""
         if self.in_flight >= self.concurrency:

@@ -74,4 +74,9 @@ class DepthLimit:
         ahead = self._next_candidate(lane, now)
         if ahead is not None and ahead[1] <= priority:
             return False
+        # can_reserve where the quota has it: a shared quota's time_until never says "now" (a Redis
+        # quota answers from its last refusal, at least 1 us), which would refuse every request at 0
+        can_reserve = getattr(lane.quota, "can_reserve", None)
+        if callable(can_reserve):
+            return bool(can_reserve(cost, now))
         return bool(lane.quota.time_until(cost, now) <= 0.0)
