@@ -12,6 +12,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
     │   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
     │   ├── UnsupportedDataclassError (TypeError)  a record class fast_frozen_init cannot build
+    │   ├── CallableProviderArgumentError (TypeError)  a CallableProvider name or function that cannot work
     │   ├── SchedulerArgumentError         a bad argument to Scheduler(), its methods or RetryPolicy, named
     │   │   ├── SchedulerArgumentTypeError (TypeError)   one of the wrong type (workers="w1")
     │   │   └── UnknownNameError (KeyError)   a provider, task id, job id or stage that is not known
@@ -87,6 +88,7 @@ from aiqsim.core.states import IllegalTransitionError
 from aiqsim.core.task import PriorityError
 from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.fleet.leases import LeaseLostError
+from aiqsim.http.adapter import CallableProviderArgumentError
 from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
 from aiqsim.http.status import HttpStatusError
@@ -126,6 +128,7 @@ __all__ = [
     "AttemptRejectedError",
     "CalibrationError",
     "CallLogError",
+    "CallableProviderArgumentError",
     "ConfigurationError",
     "DuplicateTaskIdError",
     "FingerprintError",

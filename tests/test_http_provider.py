@@ -30,6 +30,7 @@ from aiqsim import AsyncioRuntime, ConstantBackoff, QuotaLimits, RetryPolicy, Sc
 from aiqsim.core.failures import (
     FailureClass,
     InvalidRequestError,
+    ProviderContractError,
     ProviderError,
     ProviderTimeoutError,
     QuotaExhaustedError,
@@ -487,6 +488,37 @@ def test_callable_provider_maps_foreign_errors_only() -> None:
             CallableProvider("p", already_mapped, error_mapper=lambda exc: ServerError()).call(make_request())
         )
     assert passed.value.retry_after_s == 2.0
+
+
+@pytest.mark.parametrize(
+    ("args", "options", "named"),
+    [
+        (("", lambda r: None), {}, "name"),
+        ((None, lambda r: None), {}, "name"),
+        (("p", "not a function"), {}, "fn"),
+        (("p", lambda r: None), {"lookup": "x"}, "lookup"),
+        (("p", lambda r: None), {"estimate_cost": 3}, "estimate_cost"),
+        (("p", lambda r: None), {"error_mapper": {}}, "error_mapper"),
+    ],
+)
+def test_callable_provider_refuses_arguments_that_cannot_work(
+    args: tuple[Any, ...], options: dict[str, Any], named: str
+) -> None:
+    from aiqsim.core.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=f"^{named}: expected") as refused:
+        CallableProvider(*args, **options)
+    assert isinstance(refused.value, TypeError)  # callers catching the old builtin still do
+
+
+def test_an_error_mapper_that_returns_no_exception_fails_the_call_as_a_broken_contract() -> None:
+    async def flaky(request: ProviderRequest) -> Any:
+        raise FlakyBackend("boom")
+
+    provider = CallableProvider("p", flaky, error_mapper=lambda exc: "retry please")
+    with pytest.raises(ProviderContractError, match="error_mapper returned 'retry please'") as broken:
+        run(provider.call(make_request()))
+    assert isinstance(broken.value.__cause__, FlakyBackend) and "FlakyBackend: boom" in str(broken.value)
 
 
 def test_callable_provider_lookup_and_estimate() -> None:

@@ -6,11 +6,17 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiqsim.core.failures import ProviderError
+from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.failures import ProviderContractError, ProviderError, describe_error
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 
 ErrorMapper = Callable[[Exception], BaseException | None]
 """Turns a foreign exception into an aiqsim failure; ``None`` means "not mine, keep the original"."""
+
+
+class CallableProviderArgumentError(ConfigurationError, TypeError):
+    """A :class:`CallableProvider` argument that cannot work: a name that is no text, a function that
+    is not callable. Still a ``TypeError``, as it was."""
 
 
 def _as_response(value: Any) -> ProviderResponse:
@@ -46,8 +52,17 @@ class CallableProvider:
         estimate_cost: Callable[[str, Any], float] | None = None,
         error_mapper: ErrorMapper | None = None,
     ) -> None:
+        if not isinstance(name, str) or not name:
+            raise CallableProviderArgumentError(f"name: expected the provider's name (text), got {name!r}")
         if not callable(fn):
-            raise TypeError(f"fn must be callable, got {fn!r}")
+            raise CallableProviderArgumentError(f"fn: expected a callable fn(request), got {fn!r}")
+        for what, given in (
+            ("lookup", lookup),
+            ("estimate_cost", estimate_cost),
+            ("error_mapper", error_mapper),
+        ):
+            if given is not None and not callable(given):
+                raise CallableProviderArgumentError(f"{what}: expected a callable or None, got {given!r}")
         self.name = name
         self._fn = fn
         self._lookup = lookup
@@ -91,7 +106,10 @@ class CallableProvider:
         if mapped is None or mapped is exc:
             return None
         if not isinstance(mapped, BaseException):
-            raise TypeError(f"error_mapper must return an exception or None, got {mapped!r}")
+            raise ProviderContractError(
+                f"provider {self.name!r}: error_mapper returned {mapped!r} for {describe_error(exc)}, not an "
+                "exception or None (a bug in the mapper; the original error is the cause)"
+            ) from exc
         return mapped
 
     def __repr__(self) -> str:
