@@ -84,3 +84,14 @@ def test_the_sweep_does_not_import_the_lab() -> None:
     imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import)]
     imported |= {alias.name for node in imports for alias in node.names}
     assert not any(name and name.startswith("aiqsim.lab") for name in imported)
+
+
+def test_a_dask_address_where_nobody_listens_fails_after_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    sweep_module = importlib.import_module("aiqsim.sim.sweep")  # aiqsim.sim.sweep is also a function
+    monkeypatch.setattr(sweep_module, "DASK_CONNECT_TIMEOUT_S", 1.0)  # 10 s in use: shortened here
+    with pytest.raises(Exception, match=r"Timed out trying to connect to tcp://127\.0\.0\.1:1 after 1 s"):
+        sweep(SCENARIO, GRID, seeds=[0], engine="dask", address="tcp://127.0.0.1:1", progress=False)

@@ -322,7 +322,9 @@ class _Runner:
                 )
                 self.client = Client(self.cluster)
             else:
-                self.client = Client(address)
+                from aiqsim.sim.sweep import DASK_CONNECT_TIMEOUT_S
+
+                self.client = Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
 
     def run(
         self, point: dict[str, Any], seeds: Sequence[int]

@@ -22,6 +22,9 @@ from aiqsim.core.errors import AiqsimError, ConfigurationError
 from aiqsim.sim.config import Scenario
 
 ENGINES = ("local", "dask", "serial")
+DASK_CONNECT_TIMEOUT_S = 10.0
+"""How long ``engine="dask"`` tries to reach a scheduler at ``address`` before it gives up (Dask's own
+default is 30 s, which left a mistyped address looking like a hang)."""
 
 
 class RunProgress:
@@ -254,7 +257,7 @@ def _run_on_dask(
         )
         client = Client(cluster)
     else:
-        client = Client(address)
+        client = Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
     try:
         scattered = client.scatter(scenario, broadcast=True)
         futures = {
