@@ -115,7 +115,10 @@ def describe_provider(config: ProviderConfig, time_scale: float) -> list[str]:
         lines.append("usage: prompt tokens = message characters / 4 (rounded up), output tokens = max_tokens")
     else:
         lines.append("usage: every message character is an output character (tts)")
-    noise = f", lognormal noise sigma {config.latency_sigma:g}" if config.latency_sigma else ""
+    if config.latency_dist == "exponential":
+        noise = ", times an exponential factor of mean 1"
+    else:
+        noise = f", lognormal noise sigma {config.latency_sigma:g}" if config.latency_sigma else ""
     lines.append(
         f"latency: {_secs(config.latency_base_s, time_scale)} + "
         f"{_secs(config.latency_per_unit_s, time_scale)} per output {unit}{noise}"

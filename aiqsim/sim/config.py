@@ -34,13 +34,19 @@ class OutageConfig:
     slow_factor: float = 10.0
 
 
+LATENCY_DISTRIBUTIONS = ("lognormal", "exponential")
+"""The noise factors a simulated provider's latency may have (``ProviderConfig.latency_dist``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProviderConfig:
     """A simulated provider: its latency model, server-side quota, failure modes and prices.
 
     Cost units are tokens (prompt + output) for ``llm`` and characters for ``tts``.
     Latency of one call = ``latency_base_s + latency_per_unit_s * output_units``, times a
-    lognormal noise factor with ``sigma = latency_sigma`` (mean 1).
+    noise factor of mean 1: lognormal with ``sigma = latency_sigma`` (``latency_dist = "lognormal"``,
+    the default; sigma 0 is deterministic) or exponential (``"exponential"``: memoryless service,
+    as queueing theory's M/M/c assumes).
     The server enforces ``server_requests_per_min`` / ``server_units_per_min`` over sliding
     60 s windows and answers 429 with a Retry-After when a client exceeds them.
     """
@@ -50,6 +56,7 @@ class ProviderConfig:
     latency_base_s: float = 0.5
     latency_per_unit_s: float = 0.01
     latency_sigma: float = 0.0
+    latency_dist: str = "lognormal"
     server_requests_per_min: float | None = None
     server_units_per_min: float | None = None
     rate_limit_prob: float = 0.0

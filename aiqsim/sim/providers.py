@@ -77,7 +77,7 @@ from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.core.slot_init import compile_copier, fast_frozen_init
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
-from aiqsim.sim.config import OutageConfig, ProviderConfig
+from aiqsim.sim.config import LATENCY_DISTRIBUTIONS, OutageConfig, ProviderConfig
 from aiqsim.sim.recent_keys import RecentKeys
 
 __all__ = [
@@ -146,6 +146,11 @@ def lognormal_noise(sigma: float, uniform: float) -> float:
     p = min(max(uniform, _UNIT_OPEN), 1.0 - _UNIT_OPEN)
     z = _STANDARD_NORMAL.inv_cdf(p) if _NORMAL_QUANTILE is None else _NORMAL_QUANTILE(p, 0.0, 1.0)
     return math.exp(sigma * z - 0.5 * sigma * sigma)
+
+
+def exponential_noise(uniform: float) -> float:
+    """An exponential factor with mean 1 from one uniform draw in [0, 1) (inverse CDF: ``-ln(1 - u)``)."""
+    return -math.log1p(-uniform)
 
 
 _copy_response = compile_copier(ProviderResponse)
@@ -469,6 +474,16 @@ def _validate(config: ProviderConfig) -> None:
         "invalid_request_prob",
     ):
         _check_probability(f"provider {config.name!r}: {name}", getattr(config, name))
+    if config.latency_dist not in LATENCY_DISTRIBUTIONS:
+        raise ConfigurationError(
+            f"provider {config.name!r}: latency_dist must be one of {list(LATENCY_DISTRIBUTIONS)}, "
+            f"got {config.latency_dist!r}"
+        )
+    if config.latency_dist == "exponential" and config.latency_sigma != 0:
+        raise ConfigurationError(
+            f"provider {config.name!r}: latency_sigma must be 0 with latency_dist='exponential', "
+            f"got {config.latency_sigma!r}"
+        )
     for name in ("latency_base_s", "latency_per_unit_s", "latency_sigma", "price_per_1k_units"):
         if not getattr(config, name) >= 0:
             raise ConfigurationError(
@@ -825,6 +840,8 @@ class SimulatedProvider:
     def _latency(self, job: SimJob, noise_draw: float) -> float:
         config = self.config
         base = config.latency_base_s + config.latency_per_unit_s * job.output_units
+        if config.latency_dist == "exponential":
+            return base * exponential_noise(noise_draw)
         return base * lognormal_noise(config.latency_sigma, noise_draw)
 
     def _record(

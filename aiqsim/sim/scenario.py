@@ -58,6 +58,7 @@ from aiqsim.core.backoff import BACKOFF_STRATEGIES
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.scheduler.dispatch import DISPATCH_POLICIES
 from aiqsim.sim.config import (
+    LATENCY_DISTRIBUTIONS,
     ClientQuotaConfig,
     CostConfig,
     CrashConfig,
@@ -391,6 +392,7 @@ _PROVIDER = _Table(
         "latency_base_s": _NON_NEGATIVE,
         "latency_per_unit_s": _NON_NEGATIVE,
         "latency_sigma": _NON_NEGATIVE,
+        "latency_dist": _Choice(LATENCY_DISTRIBUTIONS),
         "server_requests_per_min": _Optional(_Number(1.0)),  # as the simulated provider requires
         "server_units_per_min": _Optional(_Number(1.0)),
         "rate_limit_prob": _PROBABILITY,
@@ -789,6 +791,12 @@ def _providers(raw: tuple[dict[str, Any], ...], reader: _Reader) -> tuple[Provid
                 f"expected a unique provider name, got {describe(name)} (also providers[{seen[name]}])",
             )
         seen[name] = i
+        if values.get("latency_dist") == "exponential" and values.get("latency_sigma", 0.0) != 0:
+            raise reader.error(
+                f"{path}.latency_sigma",
+                f'expected 0 (unset) with latency_dist = "exponential", whose spread is fixed, got '
+                f"{describe(values['latency_sigma'])}",
+            )
         outages = tuple(
             _outage(outage, f"{path}.outages[{j}]", reader)
             for j, outage in enumerate(values.get("outages", ()))
