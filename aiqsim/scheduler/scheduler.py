@@ -176,8 +176,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         retry: retry policy (full jitter, 5 attempts, 60 s attempt timeout by default).
         interactive_limit: queued interactive tasks allowed at once; one more raises
             :class:`QueueFullError`. ``background_limit`` likewise (:data:`DEFAULT_BACKGROUND_LIMIT`
-            by default; ``None``: unbounded; otherwise a whole number >= 1: a task is counted
-            while it waits for its lane, even for an instant, so 0 would refuse every task).
+            by default; ``None``: unbounded; otherwise a whole number >= 0 of *waiting* tasks: one
+            its lane starts at once is never refused, and 0 means "start at once or be refused";
+            :mod:`aiqsim.scheduler.depth_limit`).
             Duplicates enqueue nothing and are exempt, except an
             interactive duplicate that lifts its queued owner into the interactive queue.
         rng: the only source of randomness (jitter, task ids). Seed it for reproducible runs.
