@@ -16,15 +16,14 @@ import pytest
 
 from aiqsim.sim.simulate import simulate
 from aiqsim.validation.loss import erlang_b
-from aiqsim.validation.mmc import erlang_c, t_quantile_975
+from aiqsim.validation.mmc import erlang_c, t_interval_95
 
 THEORY = Path(__file__).resolve().parent.parent / "scenarios" / "theory"
 SEEDS = range(1, 5)
 
 
 def _interval(values: list[float]) -> tuple[float, float, float]:
-    mean = statistics.fmean(values)
-    half = t_quantile_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    mean, half = t_interval_95(values)
     return mean, mean - half, mean + half
 
 

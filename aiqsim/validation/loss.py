@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from dataclasses import dataclass
 
 from aiqsim.core.errors import ConfigurationError
@@ -27,7 +26,7 @@ from aiqsim.scheduler.dispatch import FifoPolicy
 from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.scheduler.scheduler import QueueFullError, Scheduler
 from aiqsim.stores.memory import MemoryStore
-from aiqsim.validation.mmc import ExponentialServiceProvider, t_quantile_975
+from aiqsim.validation.mmc import ExponentialServiceProvider, erlang_b, t_interval_95
 
 __all__ = ["BlockingResult", "blocking_check", "erlang_b", "mmck_blocking", "simulate_blocking"]
 
@@ -39,18 +38,6 @@ def _checked(servers: int, queue_limit: int, offered_load: float) -> None:
         raise ConfigurationError(f"queue_limit must be an integer >= 0, got {queue_limit!r}")
     if not (offered_load >= 0 and math.isfinite(offered_load)):
         raise ConfigurationError(f"offered load must be a finite number >= 0, got {offered_load!r}")
-
-
-def erlang_b(servers: int, offered_load: float) -> float:
-    """The Erlang B formula: the probability that an arrival finds all ``servers`` busy and is lost.
-
-    By the recursion ``B(k) = a B(k-1) / (k + a B(k-1))``, accurate for thousands of servers.
-    """
-    _checked(servers, 0, offered_load)
-    blocking = 1.0
-    for k in range(1, servers + 1):
-        blocking = offered_load * blocking / (k + offered_load * blocking)
-    return blocking
 
 
 def mmck_blocking(arrival_rate: float, service_rate: float, servers: int, queue_limit: int) -> float:
@@ -160,8 +147,7 @@ def blocking_check(
     )
     if len(shares) < 2:
         raise ConfigurationError("blocking_check needs at least two seeds for a confidence interval")
-    mean = statistics.fmean(shares)
-    half = t_quantile_975(len(shares) - 1) * statistics.stdev(shares) / math.sqrt(len(shares))
+    mean, half = t_interval_95(shares)
     return BlockingResult(
         arrival_rate=arrival_rate,
         service_rate=service_rate,

@@ -74,6 +74,25 @@ _CORNISH_FISHER_975 = (
 )
 
 
+def erlang_b(servers: int, offered_load: float) -> float:
+    """The Erlang B formula: the probability that an arrival finds all ``servers`` busy and is lost
+    (M/M/c/c). By the recursion ``B(k) = a B(k-1) / (k + a B(k-1))``, accurate for thousands of servers."""
+    if isinstance(servers, bool) or servers < 1 or int(servers) != servers:
+        raise ConfigurationError(f"servers must be a positive integer, got {servers!r}")
+    if not (offered_load >= 0 and math.isfinite(offered_load)):
+        raise ConfigurationError(f"offered_load must be a finite number >= 0, got {offered_load!r}")
+    blocking = 1.0  # Erlang B with 0 servers
+    for k in range(1, int(servers) + 1):
+        blocking = offered_load * blocking / (k + offered_load * blocking)
+    return blocking
+
+
+def t_interval_95(values: list[float] | tuple[float, ...]) -> tuple[float, float]:
+    """The mean of ``values`` and the half-width of its 95% t-interval (at least two values)."""
+    mean = statistics.fmean(values)
+    return mean, t_quantile_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
 def erlang_c(servers: int, offered_load: float) -> float:
     """Probability that an arrival has to wait in an M/M/c queue (the Erlang C formula).
 
@@ -91,9 +110,7 @@ def erlang_c(servers: int, offered_load: float) -> float:
         )
     if offered_load == 0:
         return 0.0
-    blocking = 1.0  # Erlang B with 0 servers
-    for k in range(1, int(servers) + 1):
-        blocking = offered_load * blocking / (k + offered_load * blocking)
+    blocking = erlang_b(servers, offered_load)
     return servers * blocking / (servers - offered_load * (1.0 - blocking))
 
 
@@ -429,8 +446,7 @@ def mmc_check(
         ]
         raw.append(statistics.fmean(run.wait for run in runs))
         per_seed.append(statistics.fmean(estimate(run) for run in runs))
-    mean = statistics.fmean(per_seed)
-    half_width = t_quantile_975(len(per_seed) - 1) * statistics.stdev(per_seed) / math.sqrt(len(per_seed))
+    mean, half_width = t_interval_95(per_seed)
     return MMcResult(
         arrival_rate=arrival_rate,
         service_rate=service_rate,
