@@ -238,3 +238,199 @@ def test_limit_zero_with_a_redis_quota_admits_what_the_account_allows(redis_url:
     name = f"depth-limit-{uuid.uuid4().hex}"  # an account of its own on the shared test server
     quota = RedisQuota(redis_url, name, QuotaLimits(concurrency=2))
     assert _shared_quota_burst(quota, 4) == (2, 2)
+
+
+# ---------------------------------------------------------------- the trial dispatch (review findings)
+
+
+def _scheduler(runtime: Any, providers: list[Any], **options: Any) -> Scheduler:
+    return Scheduler(runtime, providers, rng=random.Random(0), **options)
+
+
+def test_a_duplicate_that_promotes_its_queued_owner_is_accepted_when_the_owner_would_start() -> None:
+    # limit 0, one free slot: a background call queued this instant would start, and an
+    # interactive duplicate moves it into its own class. It stands for its owner: accepted.
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+
+    async def main() -> tuple[str, str]:
+        scheduler = _scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, interactive_limit=0
+        )
+        owner = scheduler.submit("llm", {"input": "x"})
+        duplicate = scheduler.submit("llm", {"input": "x"}, priority=Priority.INTERACTIVE)
+        return (await owner.wait()).status, (await duplicate.wait()).status
+
+    assert runtime.run(main()) == ("succeeded", "deduped")
+    assert provider.calls == [(0.0, "x", 1)]
+
+
+def test_a_duplicate_whose_promoted_owner_would_wait_is_refused_at_limit_zero() -> None:
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+
+    async def main() -> list[str]:
+        scheduler = _scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, interactive_limit=0
+        )
+        scheduler.submit("llm", {"input": "first"}, priority=Priority.INTERACTIVE)  # takes the slot
+        scheduler.submit("llm", {"input": "x"})  # waits in the background queue
+        with pytest.raises(QueueFullError):
+            scheduler.submit("llm", {"input": "x"}, priority=Priority.INTERACTIVE)
+        await scheduler.join()
+        return [name for _, name, _ in provider.calls]
+
+    assert runtime.run(main()) == ["first", "x"]
+
+
+@pytest.mark.parametrize("policy", ["sjf", "sjf_aging"])
+def test_sjf_at_the_limit_accepts_a_cheaper_call_it_would_start_before_the_queued_ones(policy: str) -> None:
+    # 10 tokens of burst, barely refilled. Queued this instant: x (5, starts) and big (8, waits:
+    # the one place of interactive_limit=1). A cheap call (3) would start first under SJF: accepted.
+    # Before, the queued calls were dispatched first and cheap was refused behind big.
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+    from aiqsim.scheduler.dispatch import dispatch_policy_from_name
+
+    async def main() -> list[tuple[float, str]]:
+        scheduler = _scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(tokens_per_min=0.6, token_burst=10)},
+            interactive_limit=1,
+            dispatch=dispatch_policy_from_name(policy),
+        )
+        for name, cost in (("x", 5), ("big", 8), ("cheap", 3)):
+            scheduler.submit("llm", {"input": name}, priority=Priority.INTERACTIVE, cost_estimate=cost)
+        with pytest.raises(QueueFullError):  # 2 tokens left, big waits: a dearer fourth would wait too
+            scheduler.submit("llm", {"input": "late"}, priority=Priority.INTERACTIVE, cost_estimate=9)
+        await scheduler.join()
+        return [(t, name) for t, name, _ in provider.calls]
+
+    calls = runtime.run(main())
+    assert sorted(calls[:2]) == [(0.0, "cheap"), (0.0, "x")]
+    assert calls[2][1] == "big" and calls[2][0] > 0.0
+
+
+def test_a_job_at_limit_zero_counts_every_first_call_on_a_lane() -> None:
+    # two first stages on one lane with one slot: the second would wait, so the job is refused
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+    spec = JobSpec(
+        "twin",
+        "1",
+        [
+            Stage("left", "llm", build=lambda inputs, results: {"input": f"{inputs}-l"}),
+            Stage("right", "llm", build=lambda inputs, results: {"input": f"{inputs}-r"}),
+        ],
+    )
+
+    def run(concurrency: int) -> list[float]:
+        async def main() -> None:
+            scheduler = _scheduler(
+                runtime, [provider], quotas={"llm": QuotaLimits(concurrency=concurrency)}, background_limit=0
+            )
+            await scheduler.submit_job(spec, f"c{concurrency}")
+
+        provider.calls.clear()
+        runtime.run(main())
+        return [t for t, _, _ in provider.calls]
+
+    with pytest.raises(QueueFullError):
+        run(1)
+    assert provider.calls == []
+    assert run(2) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(("concurrency", "accepted"), [(2, False), (3, True)])
+def test_a_fan_out_first_stage_at_limit_zero_is_accepted_only_if_every_element_starts(
+    concurrency: int, accepted: bool
+) -> None:
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+    spec = JobSpec(
+        "fan",
+        "1",
+        [Stage("each", "llm", fan_out=True, build=lambda inputs, results: [{"input": x} for x in inputs])],
+    )
+
+    async def main() -> bool:
+        scheduler = _scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=concurrency)}, background_limit=0
+        )
+        try:
+            await scheduler.submit_job(spec, ["a", "b", "c"])
+        except QueueFullError:
+            return False
+        return True
+
+    assert runtime.run(main()) is accepted
+    assert [t for t, _, _ in provider.calls] == ([0.0] * 3 if accepted else [])
+
+
+def test_a_check_at_the_limit_starts_nothing_so_a_later_interactive_call_still_goes_first() -> None:
+    # one instant: background work queued on lane b, an interactive call on lane a (at its limit),
+    # then an interactive call on lane b. The check for the call on a must not start b's
+    # background work: b's one slot goes to the interactive call, as the dispatch order says.
+    runtime = SimPyRuntime()
+    lane_a = ScriptedProvider(runtime, name="a", latency_s=1.0)
+    lane_b = ScriptedProvider(runtime, name="b", latency_s=1.0)
+
+    async def main() -> None:
+        scheduler = _scheduler(
+            runtime,
+            [lane_a, lane_b],
+            quotas={"a": QuotaLimits(concurrency=1), "b": QuotaLimits(concurrency=1)},
+            interactive_limit=0,
+        )
+        scheduler.submit("b", {"input": "background"})
+        scheduler.submit("a", {"input": "on-a"}, priority=Priority.INTERACTIVE)
+        scheduler.submit("b", {"input": "on-b"}, priority=Priority.INTERACTIVE)
+        await scheduler.join()
+
+    runtime.run(main())
+    assert lane_a.calls == [(0.0, "on-a", 1)]
+    assert lane_b.calls == [(0.0, "on-b", 1), (1.0, "background", 1)]
+
+
+def test_a_quota_sample_sink_that_submits_a_duplicate_of_the_starting_task_does_not_start_it_twice() -> None:
+    from aiqsim.scheduler.events import QuotaSample
+
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+    duplicates: list[Any] = []
+    scheduler: Scheduler | None = None
+
+    def sink(event: Any) -> None:
+        if isinstance(event, QuotaSample) and event.in_flight == 1 and not duplicates:  # the start
+            assert scheduler is not None
+            duplicates.append(scheduler.submit("llm", {"input": "x"}, priority=Priority.INTERACTIVE))
+
+    async def main() -> tuple[str, str]:
+        nonlocal scheduler
+        scheduler = _scheduler(runtime, [provider], quotas={"llm": QuotaLimits(concurrency=2)}, events=sink)
+        owner = scheduler.submit("llm", {"input": "x"})
+        first = (await owner.wait()).status
+        second = (await duplicates[0].wait()).status
+        scheduler.submit("llm", {"input": "y"})
+        scheduler.submit("llm", {"input": "z"})
+        await scheduler.join()
+        return first, second
+
+    assert runtime.run(main()) == ("succeeded", "deduped")
+    # once, and both slots free after: the task started twice held one of them for ever
+    assert provider.calls == [(0.0, "x", 1), (1.0, "y", 1), (1.0, "z", 1)]
+
+
+def test_the_trial_leaves_the_quota_bit_for_bit_as_it_was() -> None:
+    from aiqsim.core.quota_trial import QuotaTrial
+    from aiqsim.core.token_bucket import MultiQuota
+
+    quota = MultiQuota(QuotaLimits(requests_per_min=7, tokens_per_min=1000, concurrency=3), now=0.0)
+    assert quota.try_reserve(0.1, 0.3) is not None
+    before = (quota.levels(0.7), quota.in_flight)
+    trial = QuotaTrial(quota)
+    granted = [trial.try_reserve(0.7, 0.7) for _ in range(4)]
+    trial.discard(0.7)
+    assert [g is not None for g in granted] == [True, True, False, False]  # 2 slots were free
+    assert (quota.levels(0.7), quota.in_flight) == before

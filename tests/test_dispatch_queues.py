@@ -59,3 +59,37 @@ def test_a_queue_serves_what_its_rule_picks_and_counts_only_live_items(policy: o
             live.remove(victim)
         assert len(queue) == len(live)
         assert queue.peek(now) is _model_choice(policy, live, now)
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+@pytest.mark.parametrize("seed", range(5))
+def test_ordered_lists_what_repeated_peek_and_pop_would_serve_and_touches_nothing(
+    policy: object, seed: int
+) -> None:
+    # the depth limit's trial dispatch walks ``ordered`` instead of popping: it must be the same
+    # sequence as the dispatcher's peek/pop at that instant, and leave the queue as it was
+    rng = random.Random(seed)
+    queue = policy.new_queue()  # type: ignore[attr-defined]
+    live: list[QueueItem] = []
+    now = 0.0
+    for seq in range(300):
+        now += rng.expovariate(2.0)
+        if rng.random() < 0.7 or not live:
+            item = QueueItem(f"t{seq}", float(rng.randint(1, 6)), now, seq)  # many equal costs
+            queue.push(item)
+            live.append(item)
+        else:
+            victim = rng.choice(live)
+            queue.pop(victim)
+            live.remove(victim)
+        if seq % 25:
+            continue
+        at = now + rng.choice([0.0, 2.0, 6.0])  # before, around and after items become overdue
+        listed = list(queue.ordered(at))
+        assert len(queue) == len(live) and queue.peek(at) is _model_choice(policy, live, at)
+        served, remaining = [], list(live)
+        while remaining:
+            chosen = _model_choice(policy, remaining, at)
+            served.append(chosen)
+            remaining.remove(chosen)
+        assert listed == served

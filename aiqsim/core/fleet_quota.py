@@ -162,6 +162,17 @@ class WorkerCappedQuota:
             return bool(inner(tokens, now))
         return bool(self.inner.time_until(tokens, now) <= 0.0)
 
+    def trial(self) -> WorkerCappedQuota | None:
+        """A private copy to try reservations on (see :meth:`MultiQuota.trial`); ``None`` when the
+        inner quota has no private copy (a Redis one: its state is the server's)."""
+        make_inner = getattr(self.inner, "trial", None)
+        inner = make_inner() if callable(make_inner) else None
+        if inner is None:
+            return None
+        twin = WorkerCappedQuota(inner, self.concurrency)
+        twin.in_flight = self.in_flight
+        return twin
+
     def time_until(self, tokens: float, now: float) -> float:
         """``inf`` while this worker's own slots are all taken, else the inner quota's wait."""
         if self.in_flight >= self.concurrency:

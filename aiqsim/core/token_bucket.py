@@ -97,6 +97,13 @@ class TokenBucket:
         self._level = self.capacity if level is None else min(float(level), self.capacity)
         self._updated = now
 
+    def copy(self) -> TokenBucket:
+        """An independent bucket in this one's exact state."""
+        twin = TokenBucket.__new__(TokenBucket)
+        twin.capacity, twin.rate, twin._slack = self.capacity, self.rate, self._slack
+        twin._level, twin._updated = self._level, self._updated
+        return twin
+
     def _check_cost(self, cost: float) -> None:
         if cost < 0 or math.isnan(cost):
             raise QuotaConfigError(f"cost must be >= 0, got {cost!r}")
@@ -264,6 +271,17 @@ class MultiQuota:
             tokens=tokens if self.tokens is not None else 0.0,
             slots=1,
         )
+
+    def trial(self) -> MultiQuota:
+        """A private copy to try reservations on: what it grants answers "would this start now?"
+        (the depth limit's question) and nothing done to it reaches this quota. A copy, not
+        reserve-then-cancel, so this quota's levels stay bit-for-bit what they were."""
+        twin = MultiQuota.__new__(MultiQuota)
+        twin.limits, twin.concurrency = self.limits, self.concurrency
+        twin.requests = self.requests.copy() if self.requests is not None else None
+        twin.tokens = self.tokens.copy() if self.tokens is not None else None
+        twin.in_flight, twin.paused_until = self.in_flight, self.paused_until
+        return twin
 
     def time_until(self, tokens: float, now: float) -> float:
         """Seconds until a reservation of ``tokens`` could succeed; ``inf`` while all slots are busy.

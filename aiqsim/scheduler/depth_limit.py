@@ -1,82 +1,149 @@
 """The queue depth limit: how many requests of a priority class may *wait* for their lane.
 
 A limit (``interactive_limit``, ``background_limit``) bounds the requests that wait. A request its
-lane can start at once -- no request of its class or a higher one ahead of it in that lane, and the
-quota admitting it now -- does not wait, so it is accepted even at the limit. Hence:
+lane would start in this instant does not wait, so it is accepted even at the limit; so is one
+that would wait while fewer than ``limit`` others of its class still wait once this instant's
+starts are made. Hence:
 
 - a fan-out of calls submitted in one instant is refused only beyond what the lanes start at once
   plus the limit (a lane's dispatch runs in a later event of the instant, so until then every one
   of them sits in a queue; counting them all refused calls that free slots would have started);
 - a limit of 0 means "start at once or be refused": a loss system (M/M/c/c, Erlang B).
 
-At the limit the lanes' dispatch runs first, inside the submission (:meth:`LanePump.run_now`), so
-the requests that can start in this instant leave the queues before they are counted. The rule of
-which request starts stays where it is (:meth:`~aiqsim.scheduler.lanes.LaneDispatch._dispatch`);
-this module only decides whether one more request may join the queue. :class:`DepthLimit` is one
-of the parts :class:`~aiqsim.scheduler.scheduler.Scheduler` is made of.
+Below the limit nothing more is asked. At the limit the question "what would start now?" is
+answered by a *trial dispatch*: the new request is put in its queue as a probe, every candidate is
+taken in the order the dispatch would take them (:meth:`LaneDispatch._start_order`, the same
+policy queues and the same class order) against a :class:`~aiqsim.core.quota_trial.QuotaTrial` of
+the lane's quota, and the probe is taken out again. Nothing starts and no quota is kept, so the
+order in which the instant's requests start is still the dispatch policy's, whoever was submitted
+first (a cheaper request submitted later in the instant still goes first under SJF; an interactive
+one still goes before background work). This module only decides whether one more request may
+join the queues; :class:`DepthLimit` is one of the parts
+:class:`~aiqsim.scheduler.scheduler.Scheduler` is made of.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
 
-from aiqsim.core.task import Priority
+from aiqsim.core.quota_trial import QuotaTrial
+from aiqsim.core.task import Priority, TaskRecord
+from aiqsim.core.token_bucket import QuotaConfigError
+from aiqsim.scheduler.dispatch import QueueItem
 from aiqsim.scheduler.lanes import Lane
 
-if TYPE_CHECKING:
-    from aiqsim.scheduler.job_spec import JobSpec
+_PROBE_ID = "\x00depth-limit-probe"
+"""The task id of a trial dispatch's probe: never a real task's (ids are hex, or given and stored)."""
 
 
 class DepthLimit:
-    """Whether one more request of a priority class may be queued, or the class is full."""
+    """Whether more requests of a priority class may be queued, or the class is full."""
 
-    def _refusing_limit(self, lane: Lane, priority: Priority, cost: float) -> int | None:
-        """The limit that refuses one more task of ``priority`` and ``cost`` on ``lane`` now, or
-        ``None`` when it may be queued (under the limit, or its lane starts it at once)."""
+    def _refusing_submission(
+        self, lane: Lane, priority: Priority, cost: float, duplicate_of: TaskRecord | None
+    ) -> int | None:
+        """The limit that refuses a submission of ``priority`` and ``cost`` on ``lane``, or ``None``.
+
+        A duplicate (``duplicate_of``: the live owner of its key) queues nothing, so no limit
+        refuses it, unless it moves its queued owner into its own, higher class: it then stands
+        for the owner there (the owner's lane and cost).
+        """
+        if duplicate_of is None:
+            return self._refusing_limit(lane, priority, cost)
+        if not self._would_promote(duplicate_of.id, priority):
+            return None
+        owner = self._live[duplicate_of.id]
+        record = owner.record
+        return self._refusing_limit(
+            self._lanes[record.provider], priority, record.cost_estimate, replacing=owner.queue_item
+        )
+
+    def _refusing_limit(
+        self, lane: Lane, priority: Priority, cost: float, *, replacing: QueueItem | None = None
+    ) -> int | None:
+        """The limit that refuses one more request of ``priority`` and ``cost`` on ``lane`` now, or
+        ``None`` when it may be queued. ``replacing`` is the queue item of a queued owner that the
+        request would move into its class (a duplicate promoting it): the request stands for it."""
         limit = self._limits[priority]
         if limit is None or self._depth(priority) < limit:
             return None
-        self._dispatch_now()
-        if self._depth(priority) < limit or self._starts_at_once(lane, priority, cost):
+        if self._admitted_at_limit(priority, limit, ((lane, cost),), replacing):
             return None
         return limit
 
-    def _refusing_job_limit(self, spec: JobSpec, priority: Priority) -> int | None:
-        """:meth:`_refusing_limit` for a job: it does not wait when every first stage's lane (the
-        stages with no ``after``) could start a call at once (a cost given as a function of the
-        payload, which is not built yet, counts as 0 here)."""
+    def _refusing_job_limit(self, calls: Sequence[tuple[Lane, float]], priority: Priority) -> int | None:
+        """:meth:`_refusing_limit` for a job whose first calls (its stages without ``after``, one
+        per element of a fan-out) are ``calls``: it does not wait when they all start at once."""
         limit = self._limits[priority]
         if limit is None or self._depth(priority) < limit:
             return None
-        self._dispatch_now()
-        if self._depth(priority) < limit:
+        if self._admitted_at_limit(priority, limit, calls, None):
             return None
-        for stage in spec.stages:
-            if stage.after:
-                continue
-            lane = self._lanes.get(stage.provider)
-            cost = stage.cost if isinstance(stage.cost, int | float) else 0.0
-            if lane is None or not self._starts_at_once(lane, priority, float(cost)):
-                return limit
-        return None
+        return limit
 
-    def _dispatch_now(self) -> None:
-        """Run every lane's dispatch now, so what can start in this instant leaves the queues."""
-        if not self._started:
-            return  # nothing has been dispatched yet: the queues hold only what waits for the start
-        for lane in self._lanes.values():
-            lane.pump.run_now()
-
-    def _starts_at_once(self, lane: Lane, priority: Priority, cost: float) -> bool:
-        """Whether a new request of ``priority`` and ``cost`` would start on ``lane`` in this instant:
-        nothing of its class or a higher one waits ahead of it, and the quota admits it now."""
+    def _admitted_at_limit(
+        self,
+        priority: Priority,
+        limit: int,
+        calls: Iterable[tuple[Lane, float]],
+        replacing: QueueItem | None,
+    ) -> bool:
+        """Whether new requests (``calls``) of ``priority`` may join the queues of a class at its
+        limit: they all start in this instant, or fewer than ``limit`` others would still wait."""
         now = self.runtime.now()
-        ahead = self._next_candidate(lane, now)
-        if ahead is not None and ahead[1] <= priority:
-            return False
-        # can_reserve where the quota has it: a shared quota's time_until never says "now" (a Redis
-        # quota answers from its last refusal, at least 1 us), which would refuse every request at 0
-        can_reserve = getattr(lane.quota, "can_reserve", None)
-        if callable(can_reserve):
-            return bool(can_reserve(cost, now))
-        return bool(lane.quota.time_until(cost, now) <= 0.0)
+        probes: list[tuple[Lane, QueueItem]] = []
+        for lane, cost in calls:
+            self._seq += 1  # a probe's place among equals is after everything already queued
+            probe = QueueItem(_PROBE_ID, cost, now, self._seq)
+            lane.queues[priority].push(probe)
+            probes.append((lane, probe))
+        try:
+            starting: set[str] = set()
+            tried: list[Lane] = []
+            probes_started = 0
+            for lane, _ in probes:
+                if lane not in tried:
+                    tried.append(lane)
+                    probes_started += self._trial_dispatch(lane, now, priority, starting, replacing)
+            if probes_started == len(probes):
+                return True
+            for lane in self._lanes.values():  # what leaves the other lanes' queues in this instant
+                if lane not in tried and len(lane.queues[priority]):
+                    self._trial_dispatch(lane, now, priority, starting, replacing)
+            return self._depth(priority, starting) < limit
+        finally:
+            for lane, probe in probes:
+                lane.queues[priority].pop(probe)
+
+    def _trial_dispatch(
+        self,
+        lane: Lane,
+        now: float,
+        priority: Priority,
+        starting: set[str],
+        replacing: QueueItem | None,
+    ) -> int:
+        """Take ``lane``'s candidates in dispatch order against a trial of its quota, up to the
+        first it would not grant. Adds the queued tasks of ``priority`` that would start (or leave
+        the queue, failed for a cost the quota can never grant) to ``starting``; returns how many
+        probes would start."""
+        trial = QuotaTrial(lane.quota)
+        probes_started = 0
+        try:
+            for candidate, klass in self._start_order(lane, now):
+                if candidate is replacing:
+                    continue  # it is the probe now, in its new class
+                try:
+                    granted = trial.try_reserve(candidate.cost, now) is not None
+                except QuotaConfigError:
+                    granted = isinstance(candidate, QueueItem)  # dispatch fails it: it does not wait
+                if not granted:
+                    break
+                if isinstance(candidate, QueueItem) and klass is priority:
+                    if candidate.task_id == _PROBE_ID:
+                        probes_started += 1
+                    else:
+                        starting.add(candidate.task_id)
+        finally:
+            trial.discard(now)
+        return probes_started

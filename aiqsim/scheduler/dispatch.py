@@ -11,6 +11,7 @@ import heapq
 import math
 import numbers
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +36,12 @@ class TaskQueue(Protocol):
     def peek(self, now: float) -> QueueItem | None: ...
     def pop(self, item: QueueItem) -> None: ...
     def __len__(self) -> int: ...
+    def ordered(self, now: float) -> Iterator[QueueItem]:
+        """The waiting items in the order ``peek``/``pop`` at ``now`` would take them, without
+        taking any (the depth limit asks which would start in this instant). Optional: a queue
+        without it is treated as showing only its head."""
+        ...
+
     def next_change(self, now: float) -> float:
         """Virtual time at which ``peek`` may change without a push/pop (aging), else ``inf``."""
         ...
@@ -87,6 +94,9 @@ class _FifoQueue(_LazyQueue):
     def peek(self, now: float) -> QueueItem | None:
         return _first_live(self._items)
 
+    def ordered(self, now: float) -> Iterator[QueueItem]:
+        return (item for item in self._items if not item.removed)
+
     def next_change(self, now: float) -> float:
         return math.inf
 
@@ -120,6 +130,31 @@ class _CostHeapQueue(_LazyQueue):
         while heap and heap[0][2].removed:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
+
+    def ordered(self, now: float) -> Iterator[QueueItem]:
+        # the overdue items oldest first (as long as the oldest waiting one is overdue), then the
+        # rest by (cost, arrival): the heap walked smallest first through a frontier of its
+        # nodes, so taking k items costs O(k log k) and the heap itself is not touched
+        taken: set[int] = set()
+        if self._max_wait is not None:
+            for item in self._arrivals:
+                if item.removed:
+                    continue
+                if now - item.enqueued_at < self._max_wait:
+                    break
+                taken.add(item.seq)
+                yield item
+        heap = self._heap
+        frontier = [(heap[0][0], heap[0][1], 0)] if heap else []
+        while frontier:
+            _, _, index = heapq.heappop(frontier)
+            item = heap[index][2]
+            if not item.removed and item.seq not in taken:
+                yield item
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < len(heap):
+                    cost, seq, _ = heap[child]
+                    heapq.heappush(frontier, (cost, seq, child))
 
     def next_change(self, now: float) -> float:
         if self._max_wait is None:

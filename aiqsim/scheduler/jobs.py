@@ -59,7 +59,7 @@ scheduler itself.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +78,7 @@ from aiqsim.stores.base import LIVE_OWNER_STATUSES
 from aiqsim.stores.job_store import JobStore
 
 if TYPE_CHECKING:
+    from aiqsim.scheduler.lanes import Lane
     from aiqsim.scheduler.scheduler import Scheduler
 
 __all__ = [
@@ -260,7 +261,11 @@ class Jobs:
         key = spec.key(inputs)
         existing = self.store.job_owner_of(key)
         is_duplicate = existing is not None and existing.status in LIVE_OWNER_STATUSES
-        limit = None if is_duplicate else scheduler._refusing_job_limit(spec, priority)  # depth_limit.py
+        limit = (
+            None
+            if is_duplicate or scheduler._limits[priority] is None
+            else scheduler._refusing_job_limit(self._first_calls(spec, inputs), priority)  # depth_limit.py
+        )
         if limit is not None:
             from aiqsim.scheduler.scheduler import QueueFullError
 
@@ -350,9 +355,10 @@ class Jobs:
             self._stop_stages(run, cancel_running=True)
         return True
 
-    def depth(self, priority: Priority) -> int:
+    def depth(self, priority: Priority, starting: Collection[str] = ()) -> int:
         """Queued requests of ``priority`` as the depth limit counts them: plain queued tasks,
-        plus each unfinished job that is queued or has a stage task waiting in a queue, once."""
+        plus each unfinished job that is queued or has a stage task waiting in a queue, once.
+        The queued tasks in ``starting`` (they start in this instant) are left out."""
         live = self.scheduler._live
         queued_stage_tasks = 0
         waiting_jobs: set[str] = set()
@@ -360,12 +366,32 @@ class Jobs:
             task = live.get(task_id)
             if task is not None and task.queue_item is not None and task.record.priority is priority:
                 queued_stage_tasks += 1
-                waiting_jobs.add(job_id)
+                if task_id not in starting:
+                    waiting_jobs.add(job_id)
+        plain_starting = sum(1 for task_id in starting if task_id not in self._stage_tasks)
         for run in self._runs.values():  # a duplicate waiting for its owner holds no place, as for tasks
             record = run.record
             if record.priority is priority and record.status is JobStatus.QUEUED and run.waiting_on is None:
                 waiting_jobs.add(record.id)
-        return self.scheduler._queued[priority] - queued_stage_tasks + len(waiting_jobs)
+        return self.scheduler._queued[priority] - queued_stage_tasks - plain_starting + len(waiting_jobs)
+
+    def _first_calls(self, spec: JobSpec, inputs: Any) -> list[tuple[Lane, float]]:
+        """The lane and cost of each call a new job of ``spec`` would queue at once: one per
+        stage without ``after``, one per element for a fan-out. A stage whose build or cost
+        raises is left out: the job fails there without queueing it."""
+        scheduler = self.scheduler
+        calls: list[tuple[Lane, float]] = []
+        for stage in spec.stages:
+            if stage.after:
+                continue
+            lane = scheduler._lanes[stage.provider]
+            try:
+                for payload in self._build(stage, inputs, {}):
+                    cost = stage.cost(payload) if callable(stage.cost) else stage.cost
+                    calls.append((lane, scheduler._cost_estimate(lane, stage.task_kind, payload, cost)))
+            except Exception:  # reported by the launch, which runs the same code
+                continue
+        return calls
 
     async def join(self) -> None:
         """Wait until every job submitted here is terminal."""

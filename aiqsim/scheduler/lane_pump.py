@@ -66,26 +66,10 @@ class LanePump:
             self._timer.cancel()
             self._timer = None
 
-    def run_now(self) -> None:
-        """Run the dispatch inside this call (the depth limit asks what can start in this instant).
-
-        A no-op while it is already running (a re-entrant call) or stopped. A run already due this
-        instant still comes; a timed retry is replaced by whatever this run asks for.
-        """
-        if self._running or self._stopped:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._step_and_arm()
-
     def _run(self) -> None:
         self._soon = False
         if self._stopped:
             return
-        self._step_and_arm()
-
-    def _step_and_arm(self) -> None:
         self._running = True
         try:
             wait = self._step()
@@ -94,8 +78,7 @@ class LanePump:
         if wait is not None and not self._stopped:
             if not wait >= 0 or math.isinf(wait):
                 raise ValueError(f"{self._name}: the dispatch asked to wait {wait!r} s")
-            if not self._soon:  # a run due this instant (after run_now) asks again itself
-                self._timer = self._runtime.call_later(wait, self._expire, name=self._name)
+            self._timer = self._runtime.call_later(wait, self._expire, name=self._name)
 
     def _expire(self) -> None:
         self._timer = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +119,25 @@ class LaneDispatch:
                 return item, priority
         return None
 
+    def _start_order(self, lane: Lane, now: float) -> Iterator[tuple[QuotaTicket | QueueItem, Priority]]:
+        """Every candidate of ``lane`` in the order :meth:`_dispatch` at ``now`` would take them if
+        the quota admitted each: what :meth:`_next_candidate` returns, then what it returns once
+        that one is gone, and so on. Nothing is taken (the depth limit asks what would start)."""
+        for priority in _PRIORITIES:
+            for ticket in lane.retries[priority]:
+                if not ticket.removed and not ticket.future.done():
+                    yield ticket, priority
+            queue = lane.queues[priority]
+            ordered = getattr(queue, "ordered", None)
+            if callable(ordered):
+                for item in ordered(now):
+                    yield item, priority
+            else:  # a policy's queue that cannot show its order: its head, and no further
+                head = queue.peek(now)
+                if head is not None:
+                    yield head, priority
+                return
+
     def _dispatch(self, lane: Lane) -> float | None:
         """Start every task ``lane``'s quota admits now, in the dispatch policy's order.
 
@@ -157,17 +177,22 @@ class LaneDispatch:
                     lane.slot_blocked = True
                     return None
                 return max(wait, 0.0)
-            if self._quota_events:
-                self._emit_quota(lane, now)
+            # the sample is read now (the queue still holds the candidate) but sent once the start
+            # is recorded: a sink that submits in between (a duplicate) sees the task started
+            sample = self._quota_sample(lane, now) if self._quota_events else None
             if isinstance(candidate, QuotaTicket):
                 lane.retries[priority].popleft()
                 candidate.future.set_result(reservation)
-                continue
-            lane.queues[priority].pop(candidate)
-            self._queued[priority] -= 1
-            live = self._live[candidate.task_id]
-            live.queue_item = None
-            live.runner = runtime.spawn(self._run(lane, live, reservation), name=f"task-{candidate.task_id}")
+            else:
+                lane.queues[priority].pop(candidate)
+                self._queued[priority] -= 1
+                live = self._live[candidate.task_id]
+                live.queue_item = None
+                run = self._run(lane, live, reservation)
+                live.runner = runtime.spawn(run, name=f"task-{candidate.task_id}")
+            if sample is not None:
+                assert self.events is not None
+                self.events(sample)
 
     async def _await_ticket(self, lane: Lane, live: LiveTask) -> Reservation:
         ticket = QuotaTicket(live.record.id, live.record.cost_estimate, self.runtime.create_future())
@@ -185,15 +210,16 @@ class LaneDispatch:
 
     def _emit_quota(self, lane: Lane, now: float) -> None:
         assert self.events is not None
+        self.events(self._quota_sample(lane, now))
+
+    def _quota_sample(self, lane: Lane, now: float) -> QuotaSample:
         requests, tokens, in_flight = lane.quota.levels(now)
-        self.events(
-            QuotaSample(
-                time=now,
-                provider=lane.name,
-                requests_level=requests,
-                tokens_level=tokens,
-                in_flight=in_flight,
-                queued_interactive=len(lane.queues[Priority.INTERACTIVE]),
-                queued_background=len(lane.queues[Priority.BACKGROUND]),
-            )
+        return QuotaSample(
+            time=now,
+            provider=lane.name,
+            requests_level=requests,
+            tokens_level=tokens,
+            in_flight=in_flight,
+            queued_interactive=len(lane.queues[Priority.INTERACTIVE]),
+            queued_background=len(lane.queues[Priority.BACKGROUND]),
         )

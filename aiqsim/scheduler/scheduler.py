@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -387,11 +387,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             )
         if type(priority) is not Priority:
             priority = Priority(priority)
-        if cost_estimate is None:
-            estimate = getattr(lane.provider, "estimate_cost", None)
-            cost_estimate = float(estimate(kind, payload)) if callable(estimate) else 0.0
-        cost_estimate = checked_cost_estimate(cost_estimate)
-        lane.quota.check_cost(cost_estimate)
+        cost_estimate = self._cost_estimate(lane, kind, payload, cost_estimate)
         if key is None:
             key = fingerprint(kind, payload, params=params, version=version)
         existing = self.store.owner_of(key)
@@ -402,11 +398,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         )
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
         # a job's stage tasks are counted as their job (see Jobs.depth). The rule: depth_limit.py.
-        counts_against_limit = not job_stage and (
-            not is_duplicate or (existing is not None and self._would_promote(existing.id, priority))
-        )
-        if counts_against_limit and self._limits[priority] is not None:
-            limit = self._refusing_limit(lane, priority, cost_estimate)
+        if not job_stage and self._limits[priority] is not None:
+            duplicate_of = existing if is_duplicate else None
+            limit = self._refusing_submission(lane, priority, cost_estimate, duplicate_of)
             if limit is not None:
                 raise self._queue_full(lane, priority, limit)
         now = self.runtime.now()
@@ -465,9 +459,22 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
 
         return jobs_of(self)
 
-    def _depth(self, priority: Priority) -> int:
-        """Queued requests of ``priority`` as its depth limit counts them (a job counts once)."""
-        return self._queued[priority] if self._jobs is None else self._jobs.depth(priority)
+    def _depth(self, priority: Priority, starting: Collection[str] = ()) -> int:
+        """Queued requests of ``priority`` as its depth limit counts them (a job counts once),
+        leaving out the queued tasks in ``starting`` (they start in this instant)."""
+        if self._jobs is None:
+            return self._queued[priority] - len(starting)
+        return self._jobs.depth(priority, starting)
+
+    def _cost_estimate(self, lane: Lane, kind: str, payload: Any, given: float | None) -> float:
+        """The quota cost a call is submitted with: ``given``, else the provider's estimate, else 0.
+        Raises when it is not a number >= 0, or when the lane's quota could never grant it."""
+        if given is None:
+            estimate = getattr(lane.provider, "estimate_cost", None)
+            given = float(estimate(kind, payload)) if callable(estimate) else 0.0
+        cost = checked_cost_estimate(given)
+        lane.quota.check_cost(cost)
+        return cost
 
     def _queue_full(self, lane: Lane, priority: Priority, limit: int) -> QueueFullError:
         """The refusal of one more ``priority`` task, reported as an event first."""
