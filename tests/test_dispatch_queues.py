@@ -93,3 +93,19 @@ def test_ordered_lists_what_repeated_peek_and_pop_would_serve_and_touches_nothin
             served.append(chosen)
             remaining.remove(chosen)
         assert listed == served
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+def test_items_removed_far_from_the_front_do_not_accumulate(policy: object) -> None:
+    # under SJF an expensive item behind a steady stream of cheap ones never reaches the front:
+    # lazy removal alone kept every removed one (refused probes, cancellations) for ever
+    queue = policy.new_queue()  # type: ignore[attr-defined]
+    head = QueueItem("head", 1.0, 0.0, 0)
+    queue.push(head)
+    for seq in range(1, 20_001):
+        item = QueueItem(f"t{seq}", 100.0, 0.0, seq)
+        queue.push(item)
+        queue.pop(item)
+    held = queue._items if isinstance(policy, FifoPolicy) else queue._heap  # type: ignore[attr-defined]
+    assert len(queue) == 1 and len(held) <= 2 * 64
+    assert queue.peek(0.0) is head and list(queue.ordered(0.0)) == [head]

@@ -62,19 +62,38 @@ def _first_live(items: deque[QueueItem]) -> QueueItem | None:
     return items[0] if items else None
 
 
+_COMPACT_SLACK = 64
+"""Removals (beyond one per live item) after which a queue sheds the removed items it still holds."""
+
+
 class _LazyQueue:
     """What every queue shares: lazy removal. ``pop`` only marks the item removed and counts it
-    out; each queue drops marked items when they reach its front (no search through the queue)."""
+    out; each queue drops marked items when they reach its front (no search through the queue).
 
-    __slots__ = ("_size",)
+    An item removed far from the front may never reach it (an expensive one under SJF while cheaper
+    work keeps arriving, or the depth limit's probes), so once the removals since the last clean-up
+    outnumber the live items (plus a slack), the queue rebuilds itself from its live items: the
+    memory held stays within about twice the live items, at an amortised O(1) per removal. The
+    order is by each item's own key, so a rebuild changes nothing a ``peek`` returns."""
+
+    __slots__ = ("_removals", "_size")
 
     def __init__(self) -> None:
         self._size = 0
+        self._removals = 0
 
     def pop(self, item: QueueItem) -> None:
         if not item.removed:
             item.removed = True
             self._size -= 1
+            self._removals += 1
+            if self._removals > self._size + _COMPACT_SLACK:
+                self._removals = 0
+                self._compact()
+
+    def _compact(self) -> None:
+        """Drop every removed item still held (new containers: a suspended ``ordered`` is unharmed)."""
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return self._size
@@ -97,6 +116,9 @@ class _FifoQueue(_LazyQueue):
     def ordered(self, now: float) -> Iterator[QueueItem]:
         return (item for item in self._items if not item.removed)
 
+    def _compact(self) -> None:
+        self._items = deque(item for item in self._items if not item.removed)
+
     def next_change(self, now: float) -> float:
         return math.inf
 
@@ -117,6 +139,12 @@ class _CostHeapQueue(_LazyQueue):
         if self._max_wait is not None:
             self._arrivals.append(item)
         self._size += 1
+
+    def _compact(self) -> None:
+        heap = [entry for entry in self._heap if not entry[2].removed]
+        heapq.heapify(heap)
+        self._heap = heap
+        self._arrivals = deque(item for item in self._arrivals if not item.removed)
 
     def _oldest(self) -> QueueItem | None:
         return _first_live(self._arrivals)
