@@ -17,7 +17,10 @@ policy queues and the same class order) against a :class:`~aiqsim.core.quota_tri
 the lane's quota, and the probe is taken out again. Nothing starts and no quota is kept, so the
 order in which the instant's requests start is still the dispatch policy's, whoever was submitted
 first (a cheaper request submitted later in the instant still goes first under SJF; an interactive
-one still goes before background work). This module only decides whether one more request may
+one still goes before background work). The other side of that choice: a request accepted
+because it would start now can be overtaken in the same instant by a request the policy puts first
+(an interactive one, or a cheaper one under SJF) submitted after it, and then waits even at limit
+0; each such overtaking was itself admitted by the same rule. This module only decides whether one more request may
 join the queues; :class:`DepthLimit` is one of the parts
 :class:`~aiqsim.scheduler.scheduler.Scheduler` is made of.
 """
