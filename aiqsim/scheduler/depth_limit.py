@@ -20,8 +20,8 @@ first (a cheaper request submitted later in the instant still goes first under S
 one still goes before background work). The other side of that choice: a request accepted
 because it would start now can be overtaken in the same instant by a request the policy puts first
 (an interactive one, or a cheaper one under SJF) submitted after it, and then waits even at limit
-0; each such overtaking was itself admitted by the same rule. This module only decides whether one more request may
-join the queues; :class:`DepthLimit` is one of the parts
+0; each such overtaking was itself admitted by the same rule. This module only decides whether
+one more request may join the queues; :class:`DepthLimit` is one of the parts
 :class:`~aiqsim.scheduler.scheduler.Scheduler` is made of.
 """
 

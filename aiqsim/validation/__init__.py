@@ -4,6 +4,8 @@
   theory (M/M/c, Erlang C).
 - :mod:`aiqsim.validation.loss`: the depth limit against queueing theory (M/M/c/K blocking, Erlang B
   for a limit of 0).
+- :mod:`aiqsim.validation.priority`: interactive before background against the M/M/c non-preemptive
+  priority formula (Cobham).
 - :mod:`aiqsim.validation.aws_jitter`: the backoff objects against the findings of Marc Brooker's
   "Exponential Backoff And Jitter" (AWS Architecture Blog, 2015).
 - :mod:`aiqsim.validation.rate_limit_scope_study`: both sides of a 429 pause's scope (random 429s vs a
@@ -36,16 +38,19 @@ from aiqsim.validation.mmc import (
     t_quantile_975,
     wait_sensitivity,
 )
+from aiqsim.validation.priority import ClassWait, PriorityResult, priority_check, priority_waits
 
 __all__ = [
     "ALL_STRATEGIES",
     "HOPS_PER_CALL",
     "AntitheticRandom",
     "BlockingResult",
+    "ClassWait",
     "ExponentialServiceProvider",
     "MMcResult",
     "OccRun",
     "OccServer",
+    "PriorityResult",
     "Replication",
     "RunMeans",
     "aws_jitter_study",
@@ -55,6 +60,8 @@ __all__ = [
     "expected_wait_in_queue",
     "mmc_check",
     "mmck_blocking",
+    "priority_check",
+    "priority_waits",
     "run_means",
     "run_occ_contention",
     "simulate_blocking",
