@@ -16,7 +16,8 @@ import pytest
 
 from aiqsim.sim.simulate import simulate
 from aiqsim.validation.loss import erlang_b
-from aiqsim.validation.mmc import erlang_c, t_interval_95
+from aiqsim.validation.mmc import erlang_c, expected_wait_in_queue, t_interval_95
+from aiqsim.validation.priority import priority_waits
 
 THEORY = Path(__file__).resolve().parent.parent / "scenarios" / "theory"
 SEEDS = range(1, 5)
@@ -65,6 +66,32 @@ def test_mmc_with_exponential_calls_waits_as_erlang_c_says() -> None:
         mean, low, high = _interval(values)
         assert low <= expected <= high, (values, expected)
         assert abs(mean / expected - 1) < tolerance, (values, expected)
+
+
+def test_two_priority_classes_wait_as_the_non_preemptive_priority_formula_says() -> None:
+    # M/M/2, interactive 0.5/s before background 0.9/s: either class waits when both slots are busy
+    # (Erlang C, 0.5765), and the mean waits are Cobham's 0.384 s and 1.281 s; one FIFO queue
+    # for both would give 0.961 s to each, outside the interactive interval.
+    chance = erlang_c(2, 1.4)
+    expected = dict(zip(("interactive", "background"), priority_waits((0.5, 0.9), 1.0, 2), strict=True))
+    waited: dict[str, list[float]] = {"interactive": [], "background": []}
+    waits: dict[str, list[float]] = {"interactive": [], "background": []}
+    for seed in SEEDS:
+        result = simulate(THEORY / "priority_two_classes.toml", seed=seed)
+        tasks = result.tasks
+        assert (tasks.status == "succeeded").all()
+        settled = tasks[tasks.created_at > 0.1 * result.scenario.duration_s]
+        for name, group in settled.groupby("priority"):
+            waited[str(name)].append(float((group.wait_s > 1e-9).mean()))
+            waits[str(name)].append(float(group.wait_s.mean()))
+    for name in ("interactive", "background"):
+        mean, low, high = _interval(waited[name])
+        assert low <= chance <= high and abs(mean / chance - 1) < 0.05, (name, waited[name], chance)
+        mean, low, high = _interval(waits[name])
+        assert low <= expected[name] <= high, (name, waits[name], expected[name])
+    mean, low, high = _interval(waits["interactive"])
+    assert abs(mean / expected["interactive"] - 1) < 0.1
+    assert not low <= expected_wait_in_queue(1.4, 1.0, 2) <= high  # a single FIFO queue is told apart
 
 
 def test_a_limit_of_zero_refuses_the_erlang_b_share_of_arrivals() -> None:
