@@ -434,3 +434,146 @@ def test_the_trial_leaves_the_quota_bit_for_bit_as_it_was() -> None:
     trial.discard(0.7)
     assert [g is not None for g in granted] == [True, True, False, False]  # 2 slots were free
     assert (quota.levels(0.7), quota.in_flight) == before
+
+
+class _QueueWithoutOrder:
+    """A policy queue with only what the TaskQueue protocol requires (no ``ordered``)."""
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+
+    def push(self, item: Any) -> None:
+        self._items.append(item)
+
+    def peek(self, now: float) -> Any:
+        live = [item for item in self._items if not item.removed]
+        return live[0] if live else None
+
+    def pop(self, item: Any) -> None:
+        item.removed = True
+
+    def __len__(self) -> int:
+        return sum(1 for item in self._items if not item.removed)
+
+    def next_change(self, now: float) -> float:
+        return float("inf")
+
+
+class _PolicyWithoutOrder:
+    name = "plain"
+
+    def new_queue(self) -> _QueueWithoutOrder:
+        return _QueueWithoutOrder()
+
+
+def test_a_policy_queue_without_order_still_lets_a_background_call_start_at_limit_zero() -> None:
+    # the trial shows such a queue's head only; an empty interactive queue must not end the walk
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+
+    async def main() -> list[str]:
+        scheduler = _scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=2)},
+            background_limit=0,
+            dispatch=_PolicyWithoutOrder(),
+        )
+        scheduler.submit("llm", {"input": "a"})
+        # beyond the head the trial cannot see the order: a second call of the instant is refused
+        with pytest.raises(QueueFullError):
+            scheduler.submit("llm", {"input": "b"})
+        await scheduler.join()
+        return [name for _, name, _ in provider.calls]
+
+    assert runtime.run(main()) == ["a"]
+
+
+@pytest.mark.parametrize("shared", ["MultiQuota", "SharedMultiQuota"])
+@pytest.mark.parametrize("order", [("a", "a", "b"), ("b", "a", "a")])
+def test_lanes_sharing_one_quota_object_are_tried_against_one_trial_in_dispatch_order(
+    shared: str, order: tuple[str, ...]
+) -> None:
+    # two providers on one account with one slot, interactive_limit=1: of three calls in one
+    # instant one starts, one waits, and the third is refused, whichever lane it is on
+    from aiqsim.core.fleet_quota import SharedMultiQuota
+    from aiqsim.core.token_bucket import MultiQuota
+
+    runtime = SimPyRuntime()
+    providers = {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in ("a", "b")}
+
+    async def main() -> tuple[list[str], int]:
+        account = (MultiQuota if shared == "MultiQuota" else SharedMultiQuota)(QuotaLimits(concurrency=1))
+        scheduler = _scheduler(
+            runtime, list(providers.values()), quotas={"a": account, "b": account}, interactive_limit=1
+        )
+        outcome = []
+        for index, lane in enumerate(order):
+            try:
+                scheduler.submit(lane, {"input": f"{lane}{index}"}, priority=Priority.INTERACTIVE)
+                outcome.append("accepted")
+            except QueueFullError:
+                outcome.append("refused")
+        await runtime.sleep(0.5)
+        waiting = scheduler.queued(Priority.INTERACTIVE)
+        await scheduler.join()
+        return outcome, waiting
+
+    assert runtime.run(main()) == (["accepted", "accepted", "refused"], 1)
+
+
+def _one_stage_job() -> JobSpec:
+    return JobSpec("j", "1", [Stage("s", "llm", build=lambda inputs, results: {"input": "shared"})])
+
+
+def test_a_job_whose_first_call_is_a_duplicate_of_a_succeeded_task_is_not_refused_at_limit_zero() -> None:
+    # its stage task queues nothing (it ends deduped at once), as a duplicate submit is accepted
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0, script={"long": ["hang"]})
+
+    async def main() -> tuple[str, dict[str, Any]]:
+        scheduler = _scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, background_limit=0
+        )
+        await scheduler.submit_job(_one_stage_job(), "first")
+        scheduler.submit("llm", {"input": "long"})  # holds the one slot from now on
+        await runtime.sleep(0.1)
+        with pytest.raises(QueueFullError):  # a new call would wait
+            scheduler.submit("llm", {"input": "new"})
+        results = await scheduler.submit_job(_one_stage_job(), "second")
+        return str(scheduler.jobs.list()[-1].status), results
+
+    status, results = runtime.run(main())
+    assert "succeeded" in status and set(results) == {"s"}
+    assert [name for _, name, _ in provider.calls] == ["shared", "long"]
+
+
+def test_a_job_below_its_limit_builds_its_first_stage_once() -> None:
+    counts = {"build": 0, "cost": 0}
+
+    def build(inputs: Any, results: Any) -> list[dict[str, str]]:
+        counts["build"] += 1
+        return [{"input": f"{inputs}-{index}"} for index in range(3)]
+
+    def cost(payload: Any) -> float:
+        counts["cost"] += 1
+        return 1.0
+
+    spec = JobSpec("fan", "1", [Stage("each", "llm", fan_out=True, build=build, cost=cost)])
+
+    def run(limit: int | None) -> dict[str, int]:
+        counts.update(build=0, cost=0)
+        runtime = SimPyRuntime()
+        provider = ScriptedProvider(runtime, latency_s=1.0)
+
+        async def main() -> None:
+            scheduler = _scheduler(
+                runtime, [provider], quotas={"llm": QuotaLimits(concurrency=10)}, background_limit=limit
+            )
+            await scheduler.submit_job(spec, "x")
+
+        runtime.run(main())
+        return dict(counts)
+
+    assert run(None) == run(1000) == {"build": 1, "cost": 3}
+    assert run(0)["build"] == 2  # at the limit the trial builds it too: it must know the first calls

@@ -27,7 +27,7 @@ one more request may join the queues; :class:`DepthLimit` is one of the parts
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from aiqsim.core.quota_trial import QuotaTrial
 from aiqsim.core.task import Priority, TaskRecord
@@ -74,13 +74,16 @@ class DepthLimit:
             return None
         return limit
 
-    def _refusing_job_limit(self, calls: Sequence[tuple[Lane, float]], priority: Priority) -> int | None:
+    def _refusing_job_limit(
+        self, first_calls: Callable[[], Sequence[tuple[Lane, float]]], priority: Priority
+    ) -> int | None:
         """:meth:`_refusing_limit` for a job whose first calls (its stages without ``after``, one
-        per element of a fan-out) are ``calls``: it does not wait when they all start at once."""
+        per element of a fan-out, each a lane and a cost) ``first_calls()`` lists: it does not wait
+        when they all start at once. They are only listed at the limit (it runs the job's builds)."""
         limit = self._limits[priority]
         if limit is None or self._depth(priority) < limit:
             return None
-        if self._admitted_at_limit(priority, limit, calls, None):
+        if self._admitted_at_limit(priority, limit, first_calls(), None):
             return None
         return limit
 
@@ -100,23 +103,40 @@ class DepthLimit:
             probe = QueueItem(_PROBE_ID, cost, now, self._seq)
             lane.queues[priority].push(probe)
             probes.append((lane, probe))
+        if not probes:
+            return True  # nothing would be queued (a job whose first calls are all duplicates)
+        trials: dict[int, QuotaTrial] = {}  # one per quota object: lanes may share one account
         try:
             starting: set[str] = set()
-            tried: list[Lane] = []
+            probe_lanes = [lane for lane, _ in probes]
+            lanes = self._dispatch_order(probe_lanes)
+            last_probe_lane = max(lanes.index(lane) for lane in probe_lanes)
             probes_started = 0
-            for lane, _ in probes:
-                if lane not in tried:
-                    tried.append(lane)
-                    probes_started += self._trial_dispatch(lane, now, priority, starting, replacing)
-            if probes_started == len(probes):
-                return True
-            for lane in self._lanes.values():  # what leaves the other lanes' queues in this instant
-                if lane not in tried and len(lane.queues[priority]):
-                    self._trial_dispatch(lane, now, priority, starting, replacing)
+            for position, lane in enumerate(lanes):
+                probes_started += self._trial_dispatch(lane, now, priority, starting, replacing, trials)
+                if position == last_probe_lane and probes_started == len(probes):
+                    return True  # what later lanes start cannot take back what these were granted
             return self._depth(priority, starting) < limit
         finally:
+            for trial in trials.values():
+                trial.discard(now)
             for lane, probe in probes:
                 lane.queues[priority].pop(probe)
+
+    def _dispatch_order(self, probe_lanes: Sequence[Lane]) -> list[Lane]:
+        """The lanes in the order their dispatches run in this instant: those already due, in the
+        order they were woken; then the probes' lanes (their submissions would wake them); then the
+        rest. It matters only where lanes share a quota object: the first to run takes it first."""
+        position = {lane: index for index, lane in enumerate(self._lanes.values())}
+
+        def order(lane: Lane) -> tuple[int, int]:
+            if lane.pump.due_now:
+                return (0, lane.pump.due_order)
+            if lane in probe_lanes:
+                return (1, probe_lanes.index(lane))
+            return (2, position[lane])
+
+        return sorted(self._lanes.values(), key=order)
 
     def _trial_dispatch(
         self,
@@ -125,28 +145,28 @@ class DepthLimit:
         priority: Priority,
         starting: set[str],
         replacing: QueueItem | None,
+        trials: dict[int, QuotaTrial],
     ) -> int:
-        """Take ``lane``'s candidates in dispatch order against a trial of its quota, up to the
-        first it would not grant. Adds the queued tasks of ``priority`` that would start (or leave
-        the queue, failed for a cost the quota can never grant) to ``starting``; returns how many
-        probes would start."""
-        trial = QuotaTrial(lane.quota)
+        """Take ``lane``'s candidates in dispatch order against the trial of its quota (from
+        ``trials``, made on first use), up to the first it would not grant. Adds the queued tasks
+        of ``priority`` that would start (or leave the queue, failed for a cost the quota can never
+        grant) to ``starting``; returns how many probes would start."""
         probes_started = 0
-        try:
-            for candidate, klass in self._start_order(lane, now):
-                if candidate is replacing:
-                    continue  # it is the probe now, in its new class
-                try:
-                    granted = trial.try_reserve(candidate.cost, now) is not None
-                except QuotaConfigError:
-                    granted = isinstance(candidate, QueueItem)  # dispatch fails it: it does not wait
-                if not granted:
-                    break
-                if isinstance(candidate, QueueItem) and klass is priority:
-                    if candidate.task_id == _PROBE_ID:
-                        probes_started += 1
-                    else:
-                        starting.add(candidate.task_id)
-        finally:
-            trial.discard(now)
+        for candidate, klass in self._start_order(lane, now):
+            if candidate is replacing:
+                continue  # it is the probe now, in its new class
+            trial = trials.get(id(lane.quota))
+            if trial is None:
+                trial = trials[id(lane.quota)] = QuotaTrial(lane.quota)
+            try:
+                granted = trial.try_reserve(candidate.cost, now) is not None
+            except QuotaConfigError:
+                granted = isinstance(candidate, QueueItem)  # dispatch fails it: it does not wait
+            if not granted:
+                break
+            if isinstance(candidate, QueueItem) and klass is priority:
+                if candidate.task_id == _PROBE_ID:
+                    probes_started += 1
+                else:
+                    starting.add(candidate.task_id)
         return probes_started

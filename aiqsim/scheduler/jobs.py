@@ -261,10 +261,10 @@ class Jobs:
         key = spec.key(inputs)
         existing = self.store.job_owner_of(key)
         is_duplicate = existing is not None and existing.status in LIVE_OWNER_STATUSES
-        limit = (
+        limit = (  # the rule: depth_limit.py
             None
             if is_duplicate or scheduler._limits[priority] is None
-            else scheduler._refusing_job_limit(self._first_calls(spec, inputs), priority)  # depth_limit.py
+            else scheduler._refusing_job_limit(lambda: self._first_calls(spec, inputs), priority)
         )
         if limit is not None:
             from aiqsim.scheduler.scheduler import QueueFullError
@@ -378,15 +378,23 @@ class Jobs:
     def _first_calls(self, spec: JobSpec, inputs: Any) -> list[tuple[Lane, float]]:
         """The lane and cost of each call a new job of ``spec`` would queue at once: one per
         stage without ``after``, one per element for a fan-out. A stage whose build or cost
-        raises is left out: the job fails there without queueing it."""
+        raises is left out: the job fails there without queueing it. So is a call that is a
+        duplicate (its key's owner is queued, running or succeeded, or it repeats an earlier call
+        of the list): it queues nothing of its own, as a duplicate ``submit`` does not."""
         scheduler = self.scheduler
         calls: list[tuple[Lane, float]] = []
+        keys: set[str] = set()
         for stage in spec.stages:
             if stage.after:
                 continue
             lane = scheduler._lanes[stage.provider]
             try:
                 for payload in self._build(stage, inputs, {}):
+                    key = stage_task_key(stage, payload)
+                    owner = scheduler.store.owner_of(key)
+                    if key in keys or (owner is not None and owner.status in LIVE_OWNER_STATUSES):
+                        continue
+                    keys.add(key)
                     cost = stage.cost(payload) if callable(stage.cost) else stage.cost
                     calls.append((lane, scheduler._cost_estimate(lane, stage.task_kind, payload, cost)))
             except Exception:  # reported by the launch, which runs the same code

@@ -136,7 +136,7 @@ class LaneDispatch:
                 head = queue.peek(now)
                 if head is not None:
                     yield head, priority
-                return
+                    return
 
     def _dispatch(self, lane: Lane) -> float | None:
         """Start every task ``lane``'s quota admits now, in the dispatch policy's order.

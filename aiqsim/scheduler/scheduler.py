@@ -71,7 +71,7 @@ from aiqsim.scheduler.recovery import Recovery
 from aiqsim.scheduler.recovery import RecoveryReport as RecoveryReport  # re-exported: its old home
 from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, split_gates
 from aiqsim.scheduler.store_writes import persist_change
-from aiqsim.stores.base import StoreWriteError, TaskStore
+from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -282,6 +282,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         }
         for lane in self._lanes.values():
             lane.pump = LanePump(runtime, partial(self._dispatch, lane), f"dispatch-{lane.name}")
+        for lane in self._lanes.values():  # lanes given one quota object wake each other
+            sharing = [other for other in self._lanes.values() if other.quota is lane.quota]
+            lane.pump.peers = tuple(other.pump for other in sharing if other is not lane)
         self._live: dict[str, LiveTask] = {}
         self._waiters: dict[str, list[str]] = {}
         self._watchers: dict[str, TaskHandle[None]] = {}
@@ -391,11 +394,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         if key is None:
             key = fingerprint(kind, payload, params=params, version=version)
         existing = self.store.owner_of(key)
-        is_duplicate = existing is not None and existing.status in (
-            TaskStatus.QUEUED,
-            TaskStatus.RUNNING,
-            TaskStatus.SUCCEEDED,
-        )
+        is_duplicate = existing is not None and existing.status in LIVE_OWNER_STATUSES
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
         # a job's stage tasks are counted as their job (see Jobs.depth). The rule: depth_limit.py.
         if not job_stage and self._limits[priority] is not None:
