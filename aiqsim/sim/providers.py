@@ -58,8 +58,9 @@ import random
 import statistics
 import struct
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from statistics import NormalDist
 from typing import Any, Literal, NamedTuple, get_args
 
@@ -75,7 +76,7 @@ from aiqsim.core.failures import (
 )
 from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.core.slot_init import compile_copier, fast_frozen_init
-from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
+from aiqsim.runtime.protocol import Future, Runtime
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.sim.config import LATENCY_DISTRIBUTIONS, OutageConfig, ProviderConfig
 from aiqsim.sim.recent_keys import RecentKeys
@@ -412,6 +413,19 @@ class _LostResponse:
 _LOST = _LostResponse()
 
 
+def _hand_over(work: Callable[[], Any], answer: Future[Any]) -> None:
+    """Run the server-side ``work`` and give its outcome to ``answer``, unless it is resolved already."""
+    try:
+        value = work()
+    except Exception as error:
+        if not answer.done():
+            answer.set_exception(error)
+        del answer  # the error's traceback holds this frame: no cycle back to the error through it
+    else:
+        if not answer.done():
+            answer.set_result(value)
+
+
 class _SlidingWindow:
     """Amounts accepted in the last :data:`WINDOW_S` seconds, against a per-minute limit."""
 
@@ -540,8 +554,6 @@ class SimulatedProvider:
         self._unit_window = _SlidingWindow(upm) if upm is not None else None
         self._in_flight: dict[str, list[Future[Any]]] = {}
         """Keys with a (non-poison) execution running -> futures of those waiting for its result."""
-        self._serving: dict[int, TaskHandle[None]] = {}
-        self._serial = 0
 
     def _draws(self, request: ProviderRequest) -> _Draws:
         key = request.idempotency_key
@@ -626,7 +638,7 @@ class SimulatedProvider:
 
         outage = self._outage_at(start)
         if outage is not None and outage.mode == "error":
-            return self._serve(self._fail_after(request, job, start, config.latency_base_s, "outage"))
+            return self._fail_after(request, job, start, config.latency_base_s, "outage")
         slow = outage.slow_factor if outage is not None else 1.0
 
         units = job.units
@@ -661,22 +673,22 @@ class SimulatedProvider:
 
         latency = self._latency(job, draws.noise) * slow
         if draws.server_error < config.server_error_prob:
-            partial = latency * SERVER_ERROR_LATENCY_FRACTION
-            return self._serve(self._fail_after(request, job, start, partial, "server_error"))
+            until_failure = latency * SERVER_ERROR_LATENCY_FRACTION
+            return self._fail_after(request, job, start, until_failure, "server_error")
         if job.poison:
-            return self._serve(self._poisoned(request, job, start, latency))
+            return self._poisoned(request, job, start, latency)
         key = request.idempotency_key
         if config.honours_idempotency:
             if self.ledger.first_success(self.name, key) is not None:
-                return self._serve(self._replay(request, job, start, config.latency_base_s * slow))
+                return self._replay(request, job, start, config.latency_base_s * slow)
             if key in self._in_flight:
-                return self._serve(self._join(request, job, start))
+                return self._join(request, job, start)
         lost = draws.response_lost < config.timeout_prob
         # Registered before the server task starts, so a repeat arriving at the same instant sees it.
         owns_in_flight = key not in self._in_flight
         if owns_in_flight:
             self._in_flight[key] = []
-        return self._serve(self._execute(request, job, start, latency, lost, owns_in_flight))
+        return self._execute(request, job, start, latency, lost, owns_in_flight)
 
     def window_usage(self, now: float) -> dict[str, tuple[float, float, float]]:
         """``{"requests"|"units": (limit, used, seconds until empty)}`` for the configured server windows
@@ -702,61 +714,60 @@ class SimulatedProvider:
         return ProviderResponse(result=result, usage=float(execution.units))
 
     # ------------------------------------------------------------------ server-side work
-    def _serve(self, work: Coroutine[Any, Any, Any]) -> Future[Any]:
-        """Run ``work`` as a server-side task; the future of its answer (its value or its exception).
+    def _serve(self, delay: float, work: Callable[[], Any]) -> Future[Any]:
+        """Do ``work`` server-side ``delay`` virtual seconds from now; the future of its answer (what
+        it returns, or the exception it raises).
 
-        The client may give up (timeout, cancellation, crash); the server task still runs
-        to the end, records and bills. A lost response (``_LOST``) makes the client hang instead.
+        The client may give up (timeout, cancellation, crash); the server's work is not the
+        client's, so it still runs at its time, records and bills. A lost response (``_LOST``)
+        makes the client hang instead. A scheduled callback rather than a task of its own: the
+        work never waits on anything but its delay, and a callback costs one event where a task
+        cost a start event, a resume and two coroutine frames (issue #19).
         """
         runtime = self.runtime
         answer: Future[Any] = runtime.create_future()
-        self._serial += 1
-        serial = self._serial
-        self._serving[serial] = runtime.spawn(
-            self._server_task(work, answer, serial), name=f"{self.name}-server-{serial}"
-        )
+        runtime.call_later(delay, partial(_hand_over, work, answer), name=f"{self.name}-server")
         return answer
 
-    async def _server_task(self, work: Coroutine[Any, Any, Any], answer: Future[Any], serial: int) -> None:
-        """Drive ``work`` to its end and hand its outcome to ``answer``, if nobody resolved it first."""
-        try:
-            value = await work
-        except Exception as error:
-            if not answer.done():
-                answer.set_exception(error)
-        else:
-            if not answer.done():
-                answer.set_result(value)
-        finally:
-            self._serving.pop(serial, None)
-
-    async def _fail_after(
+    def _fail_after(
         self, request: ProviderRequest, job: SimJob, start: float, delay: float, outcome: Outcome
-    ) -> ProviderResponse:
-        await self.runtime.sleep(delay)
-        self._record(request, start, self.runtime.now(), outcome, job.units, service_s=delay)
-        if outcome == "outage":
-            raise ServerError(f"{self.name!r} is unavailable (outage)", status=503)
-        raise ServerError(f"{self.name!r} failed while processing", status=500)
+    ) -> Future[Any]:
+        def fail() -> ProviderResponse:
+            self._record(request, start, self.runtime.now(), outcome, job.units, service_s=delay)
+            if outcome == "outage":
+                raise ServerError(f"{self.name!r} is unavailable (outage)", status=503)
+            raise ServerError(f"{self.name!r} failed while processing", status=500)
 
-    async def _poisoned(
-        self, request: ProviderRequest, job: SimJob, start: float, latency: float
-    ) -> ProviderResponse:
-        await self.runtime.sleep(latency)
-        self._record(
-            request, start, self.runtime.now(), "schema_violation", job.units, billed=True, service_s=latency
-        )
-        raise SchemaViolationError(f"response for input {job.input!r} does not match the schema")
+        return self._serve(delay, fail)
 
-    async def _replay(
-        self, request: ProviderRequest, job: SimJob, start: float, delay: float
-    ) -> ProviderResponse:
-        await self.runtime.sleep(delay)
-        return self._replayed(request, job, start)
+    def _poisoned(self, request: ProviderRequest, job: SimJob, start: float, latency: float) -> Future[Any]:
+        def poisoned() -> ProviderResponse:
+            self._record(
+                request,
+                start,
+                self.runtime.now(),
+                "schema_violation",
+                job.units,
+                billed=True,
+                service_s=latency,
+            )
+            raise SchemaViolationError(f"response for input {job.input!r} does not match the schema")
 
-    async def _join(self, request: ProviderRequest, job: SimJob, start: float) -> ProviderResponse:
-        await self._wait_in_flight(request.idempotency_key)
-        return self._replayed(request, job, start)
+        return self._serve(latency, poisoned)
+
+    def _replay(self, request: ProviderRequest, job: SimJob, start: float, delay: float) -> Future[Any]:
+        return self._serve(delay, partial(self._replayed, request, job, start))
+
+    def _join(self, request: ProviderRequest, job: SimJob, start: float) -> Future[Any]:
+        """The answer of a repeat that arrives while an execution of its key runs: a replay of
+        that execution's result, once it has finished."""
+        runtime = self.runtime
+        answer: Future[Any] = runtime.create_future()
+        done: Future[Any] = runtime.create_future()
+        self._in_flight[request.idempotency_key].append(done)
+        replay = partial(self._replayed, request, job, start)
+        done.add_done_callback(lambda _done: _hand_over(replay, answer))
+        return answer
 
     def _replayed(self, request: ProviderRequest, job: SimJob, start: float) -> ProviderResponse:
         found = self.ledger.first_success(self.name, request.idempotency_key)
@@ -767,7 +778,7 @@ class SimulatedProvider:
             result=result, usage=float(execution.units), output_units=float(job.output_units)
         )
 
-    async def _execute(
+    def _execute(
         self,
         request: ProviderRequest,
         job: SimJob,
@@ -775,24 +786,27 @@ class SimulatedProvider:
         latency: float,
         lost: bool,
         owns_in_flight: bool,
-    ) -> ProviderResponse | _LostResponse:
+    ) -> Future[Any]:
         """Do the work and bill it. The first execution of a key running at a time
         (``owns_in_flight``) wakes, when done, the repeats and lookups that waited for it."""
-        try:
-            await self.runtime.sleep(latency)
-        finally:
+
+        def execute() -> ProviderResponse | _LostResponse:
             waiters = self._in_flight.pop(request.idempotency_key, []) if owns_in_flight else []
-        result = {"input": job.input, "output_units": job.output_units, "provider": self.name}
-        end = self.runtime.now()
-        self._record(
-            request, start, end, "ok", job.units, billed=True, lost=lost, result=result, service_s=latency
-        )
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        if lost:
-            return _LOST
-        return ProviderResponse(result=result, usage=float(job.units), output_units=float(job.output_units))
+            result = {"input": job.input, "output_units": job.output_units, "provider": self.name}
+            end = self.runtime.now()
+            self._record(
+                request, start, end, "ok", job.units, billed=True, lost=lost, result=result, service_s=latency
+            )
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            if lost:
+                return _LOST
+            return ProviderResponse(
+                result=result, usage=float(job.units), output_units=float(job.output_units)
+            )
+
+        return self._serve(latency, execute)
 
     async def _wait_in_flight(self, key: str) -> None:
         waiter: Future[Any] = self.runtime.create_future()
