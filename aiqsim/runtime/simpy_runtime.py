@@ -109,7 +109,15 @@ class SimFuture(simpy.Event):
 
     def __await__(self) -> Generator[Any, None, Any]:
         if self._value is PENDING:
-            return (yield self)
+            try:
+                return (yield self)
+            except BaseException:
+                # The error thrown in here is this future's value, and its traceback holds this
+                # frame: without ``self`` the frame no longer holds the error, so the error, its
+                # traceback and their frames are freed by reference counting, not by the cycle
+                # collector (a failed call's garbage: issue #19).
+                del self
+                raise
         if self._ok:
             return self._value
         raise self._value
@@ -172,6 +180,10 @@ class _ScheduledCall:
             callback()
         except Exception as error:  # reported like a failed task nobody awaits; the run goes on
             self._rt.task_errors.append((self._name, error))
+        finally:
+            # an error raised under the callback keeps this frame in its traceback: without the
+            # callback (which may hold that error's future) the frame leads back to nothing
+            callback = None
 
 
 class _Outcome:

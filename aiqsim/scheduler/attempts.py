@@ -225,6 +225,10 @@ class AttemptLoop:
             if live.record.status.is_terminal or self._crashed:
                 raise
             self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+        finally:
+            # The last failure's traceback holds this frame, which would hold the failure: a cycle
+            # only the collector frees, once per retried task (issue #19: GC time).
+            cause = None
 
     async def _persist_running(self, lane: Lane, live: LiveTask, reservation: Reservation | None) -> bool:
         """Write ``queued -> running`` and wait until it is durable: no call is sent before.
