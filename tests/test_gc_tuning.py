@@ -67,3 +67,29 @@ def test_repeated_runs_leave_the_oldest_generation_flat() -> None:
     for seed in (2, 3, 4):
         simulate("scenarios/provider_outage.toml", seed=seed)
     assert oldest() - settled < 10_000, (settled, oldest())
+
+
+def test_failed_calls_leave_no_garbage_for_the_cycle_collector() -> None:
+    # provider_outage fails ~1,000 calls with 503s and retries them. Each failure's traceback used to
+    # hold frames that held the failure (a cycle of ~34 objects per failed call, freed only by the
+    # collector); they must now be freed by reference counting as soon as the task is done with them.
+    from aiqsim.core.failures import ProviderError
+    from aiqsim.sim import simulate
+
+    scenario = "scenarios/provider_outage.toml"
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        result = simulate(scenario, seed=0)
+        assert (result.calls["outcome"] == "outage").sum() > 100  # the failures did happen
+        del result
+        gc.collect()
+        errors = [obj for obj in gc.garbage if isinstance(obj, ProviderError)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was_enabled:
+            gc.enable()
+    assert errors == []
