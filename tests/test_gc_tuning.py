@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_failed_calls_leave_no_garbage_for_the_cycle_collector() -> None:
     from aiqsim.core.failures import ProviderError
     from aiqsim.sim import simulate
 
-    scenario = "scenarios/provider_outage.toml"
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "provider_outage.toml"
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
