@@ -489,39 +489,6 @@ def test_a_policy_queue_without_order_still_lets_a_background_call_start_at_limi
     assert runtime.run(main()) == ["a"]
 
 
-@pytest.mark.parametrize("shared", ["MultiQuota", "SharedMultiQuota"])
-@pytest.mark.parametrize("order", [("a", "a", "b"), ("b", "a", "a")])
-def test_lanes_sharing_one_quota_object_are_tried_against_one_trial_in_dispatch_order(
-    shared: str, order: tuple[str, ...]
-) -> None:
-    # two providers on one account with one slot, interactive_limit=1: of three calls in one
-    # instant one starts, one waits, and the third is refused, whichever lane it is on
-    from aiqsim.core.fleet_quota import SharedMultiQuota
-    from aiqsim.core.token_bucket import MultiQuota
-
-    runtime = SimPyRuntime()
-    providers = {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in ("a", "b")}
-
-    async def main() -> tuple[list[str], int]:
-        account = (MultiQuota if shared == "MultiQuota" else SharedMultiQuota)(QuotaLimits(concurrency=1))
-        scheduler = _scheduler(
-            runtime, list(providers.values()), quotas={"a": account, "b": account}, interactive_limit=1
-        )
-        outcome = []
-        for index, lane in enumerate(order):
-            try:
-                scheduler.submit(lane, {"input": f"{lane}{index}"}, priority=Priority.INTERACTIVE)
-                outcome.append("accepted")
-            except QueueFullError:
-                outcome.append("refused")
-        await runtime.sleep(0.5)
-        waiting = scheduler.queued(Priority.INTERACTIVE)
-        await scheduler.join()
-        return outcome, waiting
-
-    assert runtime.run(main()) == (["accepted", "accepted", "refused"], 1)
-
-
 def _one_stage_job() -> JobSpec:
     return JobSpec("j", "1", [Stage("s", "llm", build=lambda inputs, results: {"input": "shared"})])
 
@@ -577,3 +544,55 @@ def test_a_job_below_its_limit_builds_its_first_stage_once() -> None:
 
     assert run(None) == run(1000) == {"build": 1, "cost": 3}
     assert run(0)["build"] == 2  # at the limit the trial builds it too: it must know the first calls
+
+
+@pytest.mark.parametrize("as_job", [False, True])
+def test_an_interactive_duplicate_that_would_promote_a_waiting_owner_is_refused_at_limit_zero(
+    as_job: bool,
+) -> None:
+    # the one slot is taken and a background call waits for it; an interactive duplicate of that
+    # call would move it into the interactive queue, where it would wait: refused, as a submit and
+    # as a job's first stage alike (a job used to leave the duplicate out and be accepted)
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+    spec = JobSpec("j", "1", [Stage("s", "llm", build=lambda inputs, results: {"input": "x"})])
+
+    async def main() -> tuple[str, int]:
+        scheduler = _scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, interactive_limit=0
+        )
+        scheduler.submit("llm", {"input": "long"})
+        await runtime.sleep(0.1)
+        scheduler.submit("llm", {"input": "x"})  # background, waits behind "long"
+        await runtime.sleep(0.1)
+        try:
+            if as_job:
+                scheduler.submit_job(spec, "in", priority=Priority.INTERACTIVE)
+            else:
+                scheduler.submit("llm", {"input": "x"}, priority=Priority.INTERACTIVE)
+            outcome = "accepted"
+        except QueueFullError:
+            outcome = "refused"
+        await runtime.sleep(0.1)
+        waiting = scheduler.queued(Priority.INTERACTIVE)
+        await scheduler.join()
+        return outcome, waiting
+
+    assert runtime.run(main()) == ("refused", 0)
+
+
+def test_a_job_whose_duplicate_would_promote_an_owner_that_starts_at_once_is_accepted_at_limit_zero() -> None:
+    # a free slot: the queued background owner would start in this instant anyway, in either class
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+    spec = JobSpec("j", "1", [Stage("s", "llm", build=lambda inputs, results: {"input": "x"})])
+
+    async def main() -> dict[str, Any]:
+        scheduler = _scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, interactive_limit=0
+        )
+        scheduler.submit("llm", {"input": "x"})  # queued this instant, the slot is free
+        return await scheduler.submit_job(spec, "in", priority=Priority.INTERACTIVE)
+
+    assert runtime.run(main()) == {"s": {"output": "done:x"}}
+    assert provider.calls == [(0, "x", 1)]  # one call, shared by the job's stage

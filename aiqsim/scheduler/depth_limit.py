@@ -35,6 +35,10 @@ from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.scheduler.dispatch import QueueItem
 from aiqsim.scheduler.lanes import Lane
 
+Call = tuple[Lane, float, QueueItem | None]
+"""A request the depth limit is asked about: its lane, its cost, and the queue item of the queued
+owner it would move into its class (a duplicate promoting its owner stands for it), if any."""
+
 _PROBE_ID = "\x00depth-limit-probe"
 """The task id of a trial dispatch's probe: never a real task's (ids are hex, or given and stored)."""
 
@@ -53,13 +57,19 @@ class DepthLimit:
         """
         if duplicate_of is None:
             return self._refusing_limit(lane, priority, cost)
-        if not self._would_promote(duplicate_of.id, priority):
+        promoted = self._promoted_call(duplicate_of.id, priority)
+        if promoted is None:
             return None
-        owner = self._live[duplicate_of.id]
-        record = owner.record
-        return self._refusing_limit(
-            self._lanes[record.provider], priority, record.cost_estimate, replacing=owner.queue_item
-        )
+        owner_lane, owner_cost, owner_item = promoted
+        return self._refusing_limit(owner_lane, priority, owner_cost, replacing=owner_item)
+
+    def _promoted_call(self, owner_id: str, priority: Priority) -> Call | None:
+        """What a duplicate of ``priority`` queues: nothing (``None``), unless it moves its owner,
+        queued here, into its own higher class; it then stands for the owner there."""
+        if not self._would_promote(owner_id, priority):
+            return None
+        owner = self._live[owner_id]
+        return (self._lanes[owner.record.provider], owner.record.cost_estimate, owner.queue_item)
 
     def _refusing_limit(
         self, lane: Lane, priority: Priority, cost: float, *, replacing: QueueItem | None = None
@@ -70,103 +80,83 @@ class DepthLimit:
         limit = self._limits[priority]
         if limit is None or self._depth(priority) < limit:
             return None
-        if self._admitted_at_limit(priority, limit, ((lane, cost),), replacing):
+        if self._admitted_at_limit(priority, limit, ((lane, cost, replacing),)):
             return None
         return limit
 
     def _refusing_job_limit(
-        self, first_calls: Callable[[], Sequence[tuple[Lane, float]]], priority: Priority
+        self, first_calls: Callable[[], Sequence[Call]], priority: Priority
     ) -> int | None:
         """:meth:`_refusing_limit` for a job whose first calls (its stages without ``after``, one
-        per element of a fan-out, each a lane and a cost) ``first_calls()`` lists: it does not wait
-        when they all start at once. They are only listed at the limit (it runs the job's builds)."""
+        per element of a fan-out; each a lane, a cost and the queued owner it would promote, as
+        in :meth:`_refusing_limit`) ``first_calls()`` lists: it does not wait when they all start
+        at once. They are only listed at the limit (it runs the job's builds)."""
         limit = self._limits[priority]
         if limit is None or self._depth(priority) < limit:
             return None
-        if self._admitted_at_limit(priority, limit, first_calls(), None):
+        if self._admitted_at_limit(priority, limit, first_calls()):
             return None
         return limit
 
-    def _admitted_at_limit(
-        self,
-        priority: Priority,
-        limit: int,
-        calls: Iterable[tuple[Lane, float]],
-        replacing: QueueItem | None,
-    ) -> bool:
+    def _admitted_at_limit(self, priority: Priority, limit: int, calls: Iterable[Call]) -> bool:
         """Whether new requests (``calls``) of ``priority`` may join the queues of a class at its
-        limit: they all start in this instant, or fewer than ``limit`` others would still wait."""
+        limit: they all start in this instant, or fewer than ``limit`` others would still wait.
+
+        Each lane :attr:`~aiqsim.scheduler.lanes.Lane.head` (one per quota object) is tried on its
+        own: what one of them starts takes nothing from another's quota."""
         now = self.runtime.now()
         probes: list[tuple[Lane, QueueItem]] = []
-        for lane, cost in calls:
+        replaced: list[QueueItem] = []
+        for lane, cost, replacing in calls:
             self._seq += 1  # a probe's place among equals is after everything already queued
             probe = QueueItem(_PROBE_ID, cost, now, self._seq)
             lane.queues[priority].push(probe)
             probes.append((lane, probe))
+            if replacing is not None:
+                replaced.append(replacing)
         if not probes:
             return True  # nothing would be queued (a job whose first calls are all duplicates)
-        trials: dict[int, QuotaTrial] = {}  # one per quota object: lanes may share one account
         try:
             starting: set[str] = set()
-            probe_lanes = [lane for lane, _ in probes]
-            lanes = self._dispatch_order(probe_lanes)
-            last_probe_lane = max(lanes.index(lane) for lane in probe_lanes)
+            heads = list(dict.fromkeys(lane.head for lane in self._lanes.values()))
+            with_probes = list(dict.fromkeys(lane.head for lane, _ in probes))
             probes_started = 0
-            for position, lane in enumerate(lanes):
-                probes_started += self._trial_dispatch(lane, now, priority, starting, replacing, trials)
-                if position == last_probe_lane and probes_started == len(probes):
-                    return True  # what later lanes start cannot take back what these were granted
+            for head in with_probes:
+                probes_started += self._trial_dispatch(head, now, priority, starting, replaced)
+            if probes_started == len(probes):
+                return True
+            for head in heads:  # what leaves the other lanes' queues in this instant
+                if head not in with_probes and len(head.queues[priority]):
+                    self._trial_dispatch(head, now, priority, starting, replaced)
             return self._depth(priority, starting) < limit
         finally:
-            for trial in trials.values():
-                trial.discard(now)
             for lane, probe in probes:
                 lane.queues[priority].pop(probe)
 
-    def _dispatch_order(self, probe_lanes: Sequence[Lane]) -> list[Lane]:
-        """The lanes in the order their dispatches run in this instant: those already due, in the
-        order they were woken; then the probes' lanes (their submissions would wake them); then the
-        rest. It matters only where lanes share a quota object: the first to run takes it first."""
-        position = {lane: index for index, lane in enumerate(self._lanes.values())}
-
-        def order(lane: Lane) -> tuple[int, int]:
-            if lane.pump.due_now:
-                return (0, lane.pump.due_order)
-            if lane in probe_lanes:
-                return (1, probe_lanes.index(lane))
-            return (2, position[lane])
-
-        return sorted(self._lanes.values(), key=order)
-
     def _trial_dispatch(
-        self,
-        lane: Lane,
-        now: float,
-        priority: Priority,
-        starting: set[str],
-        replacing: QueueItem | None,
-        trials: dict[int, QuotaTrial],
+        self, lane: Lane, now: float, priority: Priority, starting: set[str], replaced: list[QueueItem]
     ) -> int:
-        """Take ``lane``'s candidates in dispatch order against the trial of its quota (from
-        ``trials``, made on first use), up to the first it would not grant. Adds the queued tasks
-        of ``priority`` that would start (or leave the queue, failed for a cost the quota can never
-        grant) to ``starting``; returns how many probes would start."""
+        """Take ``lane``'s candidates in dispatch order against a trial of its quota, up to the
+        first it would not grant. Adds the queued tasks of ``priority`` that would start (or leave
+        the queue, failed for a cost the quota can never grant) to ``starting``; returns how many
+        probes would start. ``replaced`` are the queue items that probes stand for."""
+        trial = QuotaTrial(lane.quota)
         probes_started = 0
-        for candidate, klass in self._start_order(lane, now):
-            if candidate is replacing:
-                continue  # it is the probe now, in its new class
-            trial = trials.get(id(lane.quota))
-            if trial is None:
-                trial = trials[id(lane.quota)] = QuotaTrial(lane.quota)
-            try:
-                granted = trial.try_reserve(candidate.cost, now) is not None
-            except QuotaConfigError:
-                granted = isinstance(candidate, QueueItem)  # dispatch fails it: it does not wait
-            if not granted:
-                break
-            if isinstance(candidate, QueueItem) and klass is priority:
-                if candidate.task_id == _PROBE_ID:
-                    probes_started += 1
-                else:
-                    starting.add(candidate.task_id)
+        try:
+            for candidate, klass in self._start_order(lane, now):
+                if any(candidate is item for item in replaced):
+                    continue  # it is a probe now, in its new class
+                try:
+                    granted = trial.try_reserve(candidate.cost, now) is not None
+                except QuotaConfigError:
+                    granted = isinstance(candidate, QueueItem)  # dispatch fails it: it does not wait
+                if not granted:
+                    break
+                if isinstance(candidate, QueueItem) and klass is priority:
+                    if candidate.task_id == _PROBE_ID:
+                        probes_started += 1
+                    else:
+                        starting.add(candidate.task_id)
+        finally:
+            trial.discard(now)
         return probes_started

@@ -63,7 +63,8 @@ class AttemptRecord(NamedTuple):
 
 
 class QuotaSample(NamedTuple):
-    """A provider's client-side quota at the moment an attempt was granted."""
+    """A provider's client-side quota at the moment an attempt was granted (the queue lengths are
+    those of every provider sharing its quota object, when it shares one: they have one queue)."""
 
     time: float
     provider: str
@@ -124,7 +125,8 @@ class QueueRejected(NamedTuple):
     """``submit`` refused a task because its priority's queue was full (:class:`QueueFullError`).
 
     ``queued`` tasks of that priority were waiting in the scheduler (all lanes) against ``limit``;
-    ``queued_in_lane`` of them for ``provider``. A run of these means arrivals outpace the
+    ``queued_in_lane`` of them for ``provider`` (for every provider sharing its quota object,
+    when it shares one: they have one queue). A run of these means arrivals outpace the
     provider's quota: the signal to shed load upstream, raise the limit or add quota.
     """
 

@@ -78,7 +78,7 @@ from aiqsim.stores.base import LIVE_OWNER_STATUSES
 from aiqsim.stores.job_store import JobStore
 
 if TYPE_CHECKING:
-    from aiqsim.scheduler.lanes import Lane
+    from aiqsim.scheduler.depth_limit import Call
     from aiqsim.scheduler.scheduler import Scheduler
 
 __all__ = [
@@ -264,7 +264,7 @@ class Jobs:
         limit = (  # the rule: depth_limit.py
             None
             if is_duplicate or scheduler._limits[priority] is None
-            else scheduler._refusing_job_limit(lambda: self._first_calls(spec, inputs), priority)
+            else scheduler._refusing_job_limit(lambda: self._first_calls(spec, inputs, priority), priority)
         )
         if limit is not None:
             from aiqsim.scheduler.scheduler import QueueFullError
@@ -375,14 +375,16 @@ class Jobs:
                 waiting_jobs.add(record.id)
         return self.scheduler._queued[priority] - queued_stage_tasks - plain_starting + len(waiting_jobs)
 
-    def _first_calls(self, spec: JobSpec, inputs: Any) -> list[tuple[Lane, float]]:
-        """The lane and cost of each call a new job of ``spec`` would queue at once: one per
-        stage without ``after``, one per element for a fan-out. A stage whose build or cost
-        raises is left out: the job fails there without queueing it. So is a call that is a
-        duplicate (its key's owner is queued, running or succeeded, or it repeats an earlier call
-        of the list): it queues nothing of its own, as a duplicate ``submit`` does not."""
+    def _first_calls(self, spec: JobSpec, inputs: Any, priority: Priority) -> list[Call]:
+        """What a new job of ``spec`` and ``priority`` would queue at once, as the depth limit
+        asks it (:data:`~aiqsim.scheduler.depth_limit.Call`): one call per stage without ``after``,
+        one per element for a fan-out. A stage whose build or cost raises is left out: the job
+        fails there without queueing it. A call that duplicates a live owner (queued, running or
+        succeeded) or an earlier call of the list queues nothing of its own, as a duplicate
+        ``submit`` does not, and is left out too, unless it would move its queued owner into the
+        job's higher class: it then stands for that owner there."""
         scheduler = self.scheduler
-        calls: list[tuple[Lane, float]] = []
+        calls: list[Call] = []
         keys: set[str] = set()
         for stage in spec.stages:
             if stage.after:
@@ -391,12 +393,18 @@ class Jobs:
             try:
                 for payload in self._build(stage, inputs, {}):
                     key = stage_task_key(stage, payload)
-                    owner = scheduler.store.owner_of(key)
-                    if key in keys or (owner is not None and owner.status in LIVE_OWNER_STATUSES):
+                    if key in keys:
                         continue
                     keys.add(key)
+                    owner = scheduler.store.owner_of(key)
+                    if owner is not None and owner.status in LIVE_OWNER_STATUSES:
+                        promoted = scheduler._promoted_call(owner.id, priority)
+                        if promoted is not None:
+                            calls.append(promoted)
+                        continue
                     cost = stage.cost(payload) if callable(stage.cost) else stage.cost
-                    calls.append((lane, scheduler._cost_estimate(lane, stage.task_kind, payload, cost)))
+                    estimate = scheduler._cost_estimate(lane, stage.task_kind, payload, cost)
+                    calls.append((lane, estimate, None))
             except Exception:  # reported by the launch, which runs the same code
                 continue
         return calls

@@ -18,7 +18,6 @@ running one scheduled callback does (``benchmarks/bench_mmc_peers.py``).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 
@@ -26,16 +25,11 @@ from aiqsim.runtime.protocol import Runtime, ScheduledCall
 
 __all__ = ["LanePump"]
 
-_wake_order = itertools.count()
-"""Numbers the scheduled runs: both runtimes run the callbacks due in one instant in the order
-they were scheduled, so the lower number runs first (the depth limit's trial follows that order)."""
-
 
 class LanePump:
     """Runs ``step`` (a lane's dispatch) when woken or when the wait it returned has passed."""
 
     __slots__ = ("_name", "_running", "_runtime", "_soon", "_step", "_stopped", "_timer")
-    __slots__ += ("due_order", "peers")
 
     def __init__(self, runtime: Runtime, step: Callable[[], float | None], name: str) -> None:
         self._runtime = runtime
@@ -45,16 +39,6 @@ class LanePump:
         self._running = False
         self._stopped = False
         self._timer: ScheduledCall | None = None
-        self.due_order = -1
-        """When a run is due in this instant: its place among the runs due (lower runs first)."""
-        self.peers: tuple[LanePump, ...] = ()
-        """The pumps of the other lanes that share this lane's quota object: a slot or tokens given
-        back on one lane may let another start, so a wake-up wakes them all."""
-
-    @property
-    def due_now(self) -> bool:
-        """A run is scheduled for this instant (a wake-up came; it has not run yet)."""
-        return self._soon
 
     @property
     def idle(self) -> bool:
@@ -66,20 +50,13 @@ class LanePump:
         return self._stopped
 
     def wake(self) -> None:
-        """Something changed: run the dispatch in a later event of this instant (once), and the
-        dispatch of every lane that draws on the same quota object (:attr:`peers`)."""
-        self._wake()
-        for peer in self.peers:
-            peer._wake()
-
-    def _wake(self) -> None:
+        """Something changed: run the dispatch in a later event of this instant (once)."""
         if self._soon or self._running or self._stopped:
             return  # a run is due (or under way: it looks again before it stops), or none will come
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._soon = True
-        self.due_order = next(_wake_order)
         self._runtime.call_soon(self._run, name=self._name)
 
     def stop(self) -> None:

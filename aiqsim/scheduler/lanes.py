@@ -5,13 +5,20 @@ line of running tasks waiting for quota again. :class:`LaneDispatch` (one of the
 :class:`~aiqsim.scheduler.scheduler.Scheduler` is made of) enqueues tasks and runs the dispatch: the
 dispatch policy's choice starts as soon as the quota admits it, retries before new work of the same
 priority, interactive before background.
+
+Providers given one quota object (one account behind two models, say) draw on one budget, so they
+are dispatched as one (:func:`share_quota_objects`): their lanes share the queues, the retry line
+and the dispatcher of the first of them (its :attr:`Lane.head`). The policy's order, the class
+order and the depth limit's trial then hold across those providers as they do within one, and a
+slot given back by one provider's call is offered to the next task in that order, whichever
+provider it is for (each lane waiting only for its own wake-ups waited for ever).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +61,28 @@ class Lane:
         default_factory=lambda: {p: deque() for p in Priority}
     )
     slot_blocked: bool = False
-    """The dispatcher waits for a concurrency slot: only a release can unblock it, not new work."""
+    """The dispatcher waits for a concurrency slot: only a release can unblock it, not new work
+    (read and set on the :attr:`head`, whose dispatcher it is)."""
     rate_limits: RateLimitHistory = field(default_factory=RateLimitHistory)
     """The lane's recent share of 429s (read by the ``adaptive`` rate-limit scope)."""
+    head: Lane = field(init=False)
+    """The lane whose queues and dispatcher this one uses: itself, unless an earlier lane has the
+    same quota object (:func:`share_quota_objects`)."""
+    shared: bool = False
+    """Whether other lanes draw on this lane's quota object (and so share its queues)."""
+
+
+def share_quota_objects(lanes: Iterable[Lane]) -> None:
+    """Make lanes given one quota object use one set of queues, one retry line and one dispatch:
+    those of the first of them, their :attr:`~Lane.head`. Every other lane is its own head.
+    Call once, before any lane has queued work and before the dispatchers are built."""
+    heads: dict[int, Lane] = {}
+    for lane in lanes:
+        head = heads.setdefault(id(lane.quota), lane)
+        lane.head = head
+        if head is not lane:
+            lane.queues, lane.retries = head.queues, head.retries
+            head.shared = lane.shared = True
 
 
 def lane_quota(given: QuotaLimits | Any, now: float) -> Any:
@@ -90,7 +116,7 @@ class LaneDispatch:
         live.queue_item = item
         lane.queues[record.priority].push(item)
         self._queued[record.priority] += 1
-        if not lane.slot_blocked:  # new work cannot help a dispatcher that waits for a free slot
+        if not lane.head.slot_blocked:  # new work cannot help a dispatcher that waits for a free slot
             lane.pump.wake()
 
     def _ensure_started(self) -> None:
@@ -143,7 +169,9 @@ class LaneDispatch:
 
         The policy's choice is never skipped: when it must wait for quota, so does the lane. Returns
         how long until it may start (``None``: until a wake-up, as when nothing is queued or only a
-        release can free a slot). Run by the lane's :class:`~aiqsim.scheduler.lane_pump.LanePump`.
+        release can free a slot). Run by the lane's :class:`~aiqsim.scheduler.lane_pump.LanePump`,
+        for a :attr:`~Lane.head` only: its queues hold the work of every lane that shares its quota
+        object, and each task starts on its own provider's lane.
         """
         runtime = self.runtime
         quota = lane.quota
@@ -177,9 +205,10 @@ class LaneDispatch:
                     lane.slot_blocked = True
                     return None
                 return max(wait, 0.0)
+            own = self._lanes[self._live[candidate.task_id].record.provider] if lane.shared else lane
             # the sample is read now (the queue still holds the candidate) but sent once the start
             # is recorded: a sink that submits in between (a duplicate) sees the task started
-            sample = self._quota_sample(lane, now) if self._quota_events else None
+            sample = self._quota_sample(own, now) if self._quota_events else None
             if isinstance(candidate, QuotaTicket):
                 lane.retries[priority].popleft()
                 candidate.future.set_result(reservation)
@@ -188,7 +217,7 @@ class LaneDispatch:
                 self._queued[priority] -= 1
                 live = self._live[candidate.task_id]
                 live.queue_item = None
-                run = self._run(lane, live, reservation)
+                run = self._run(own, live, reservation)
                 live.runner = runtime.spawn(run, name=f"task-{candidate.task_id}")
             if sample is not None:
                 assert self.events is not None
@@ -213,6 +242,8 @@ class LaneDispatch:
         self.events(self._quota_sample(lane, now))
 
     def _quota_sample(self, lane: Lane, now: float) -> QuotaSample:
+        """The quota's levels and the queues' lengths, for ``lane``'s provider (the queues of
+        every provider sharing its quota object, when it shares one)."""
         requests, tokens, in_flight = lane.quota.levels(now)
         return QuotaSample(
             time=now,

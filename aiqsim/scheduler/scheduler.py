@@ -63,7 +63,7 @@ from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy
 from aiqsim.scheduler.events import EventSink, QueueRejected
 from aiqsim.scheduler.handles import OutcomeHandle, await_own
 from aiqsim.scheduler.lane_pump import LanePump
-from aiqsim.scheduler.lanes import Lane, LaneDispatch, lane_quota
+from aiqsim.scheduler.lanes import Lane, LaneDispatch, lane_quota, share_quota_objects
 from aiqsim.scheduler.live import LiveTask, UnpersistedChange
 from aiqsim.scheduler.outcomes import Outcomes
 from aiqsim.scheduler.provider import Provider
@@ -280,11 +280,13 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             )
             for name, provider in providers.items()
         }
+        share_quota_objects(self._lanes.values())  # providers on one quota object: one dispatch
         for lane in self._lanes.values():
-            lane.pump = LanePump(runtime, partial(self._dispatch, lane), f"dispatch-{lane.name}")
-        for lane in self._lanes.values():  # lanes given one quota object wake each other
-            sharing = [other for other in self._lanes.values() if other.quota is lane.quota]
-            lane.pump.peers = tuple(other.pump for other in sharing if other is not lane)
+            if lane.head is lane:
+                names = "+".join(other.name for other in self._lanes.values() if other.head is lane)
+                lane.pump = LanePump(runtime, partial(self._dispatch, lane), f"dispatch-{names}")
+            else:
+                lane.pump = lane.head.pump
         self._live: dict[str, LiveTask] = {}
         self._waiters: dict[str, list[str]] = {}
         self._watchers: dict[str, TaskHandle[None]] = {}
