@@ -175,3 +175,33 @@ def test_a_release_runs_one_dispatch_for_the_account_not_one_per_provider(
     # one run for the submissions' instant, then one per instant in which calls end (each pair of
     # calls ends together: 32 instants), and the last run finding nothing queued
     assert len(dispatched) <= 1 + 32 + 1
+
+
+@pytest.mark.parametrize("lanes", ["aaa", "aab"])
+def test_the_accounts_429s_count_together_for_the_adaptive_pause(lanes: str) -> None:
+    # three tasks see a 429 with Retry-After 5 s on one account of three slots: the adaptive scope
+    # reads that as a spent quota and pauses it, whichever providers of the account the 429s came
+    # from (split over two providers they counted apart, and the late call went into the window)
+    runtime = SimPyRuntime()
+    script = {f"t{index}": ["429:5", "ok"] for index in range(3)}
+    providers = {n: ScriptedProvider(runtime, name=n, latency_s=1.0, script=script) for n in ("a", "b")}
+    events: list[Any] = []
+
+    async def main() -> None:
+        account = MultiQuota(QuotaLimits(concurrency=3))
+        scheduler = Scheduler(
+            runtime,
+            list(providers.values()),
+            quotas={"a": account, "b": account},
+            rng=random.Random(0),
+            events=events.append,
+        )
+        for index, lane in enumerate(lanes):
+            scheduler.submit(lane, {"input": f"t{index}"})
+        scheduler.submit("a", {"input": "late"})
+        await scheduler.join()
+
+    runtime.run(main())
+    pauses = [e.reason for e in events if type(e).__name__ == "LanePaused"]
+    late = [t for p in providers.values() for t, name, _ in p.calls if name == "late"]
+    assert (pauses, late) == (["repeated_429s"], [7.0])

@@ -73,8 +73,9 @@ class Lane:
 
 
 def share_quota_objects(lanes: Iterable[Lane]) -> None:
-    """Make lanes given one quota object use one set of queues, one retry line and one dispatch:
-    those of the first of them, their :attr:`~Lane.head`. Every other lane is its own head.
+    """Make lanes given one quota object use one set of queues, one retry line, one dispatch and
+    one history of 429s: those of the first of them, their :attr:`~Lane.head`. Every other lane is
+    its own head.
     Call once, before any lane has queued work and before the dispatchers are built."""
     heads: dict[int, Lane] = {}
     for lane in lanes:
@@ -82,6 +83,8 @@ def share_quota_objects(lanes: Iterable[Lane]) -> None:
         lane.head = head
         if head is not lane:
             lane.queues, lane.retries = head.queues, head.retries
+            # a 429 pauses the quota, so every provider on it: the account's 429s are one history
+            lane.rate_limits = head.rate_limits
             head.shared = lane.shared = True
 
 
