@@ -9,8 +9,8 @@ with mypyc after the few changes mypyc needs and that the real code does not hav
   copy merges the mixins' methods into ``Scheduler`` itself (each mixin module keeps its helpers);
 - exception classes in compiled modules are made non-native (``mypyc_attr(native_class=False)``):
   mypyc cannot build a native class on two builtin bases such as ``ValueError`` and ``TypeError``;
-- two constructs mypyc 2.4 rejects are spelled differently (``__slots__ +=`` in ``lane_pump.py``,
-  ``reversed()`` over a tuple it types as ``Any``);
+- a construct mypyc 2.4 rejects (``reversed()`` over a tuple it types as ``Any``) is spelled
+  differently;
 - mypy's errors are ignored (``ignore_errors``): the expressions they concern are compiled as
   ``Any``. ``core/task.py`` stays interpreted (mypyc 2.4 generates C that does not compile for its
   ``IntEnum`` defaults).
@@ -126,7 +126,7 @@ def merge_mixins(package: Path) -> None:
 
 
 def adapt_for_mypyc(package: Path) -> None:
-    """Non-native exception classes, and the two constructs mypyc 2.4 rejects."""
+    """Non-native exception classes, and the construct mypyc 2.4 rejects."""
     for relative in COMPILED:
         path = package / relative
         out: list[str] = []
@@ -136,11 +136,6 @@ def adapt_for_mypyc(package: Path) -> None:
                 out.append('@__import__("mypy_extensions").mypyc_attr(native_class=False)')
             out.append(line)
         text = "\n".join(out)
-        text = re.sub(
-            r"__slots__ = \(([^)]*)\)\n(\s*)__slots__ \+= \(([^)]*)\)",
-            lambda m: f"__slots__ = ({m.group(1)}, {m.group(3)})",
-            text,
-        )
         text = text.replace(
             "for gate in reversed(self._early_gates):", "for gate in list(self._early_gates)[::-1]:"
         )
