@@ -106,26 +106,25 @@ class DepthLimit:
         own: what one of them starts takes nothing from another's quota."""
         now = self.runtime.now()
         probes: list[tuple[Lane, QueueItem]] = []
-        replaced: list[QueueItem] = []
+        replaced: set[int] = set()  # the ids of the queue items that probes stand for
         for lane, cost, replacing in calls:
             self._seq += 1  # a probe's place among equals is after everything already queued
             probe = QueueItem(_PROBE_ID, cost, now, self._seq)
             lane.queues[priority].push(probe)
             probes.append((lane, probe))
             if replacing is not None:
-                replaced.append(replacing)
+                replaced.add(id(replacing))
         if not probes:
             return True  # nothing would be queued (a job whose first calls are all duplicates)
         try:
             starting: set[str] = set()
-            heads = list(dict.fromkeys(lane.head for lane in self._lanes.values()))
             with_probes = list(dict.fromkeys(lane.head for lane, _ in probes))
             probes_started = 0
             for head in with_probes:
                 probes_started += self._trial_dispatch(head, now, priority, starting, replaced)
             if probes_started == len(probes):
                 return True
-            for head in heads:  # what leaves the other lanes' queues in this instant
+            for head in self._lane_heads:  # what leaves the other lanes' queues in this instant
                 if head not in with_probes and len(head.queues[priority]):
                     self._trial_dispatch(head, now, priority, starting, replaced)
             return self._depth(priority, starting) < limit
@@ -134,17 +133,17 @@ class DepthLimit:
                 lane.queues[priority].pop(probe)
 
     def _trial_dispatch(
-        self, lane: Lane, now: float, priority: Priority, starting: set[str], replaced: list[QueueItem]
+        self, lane: Lane, now: float, priority: Priority, starting: set[str], replaced: set[int]
     ) -> int:
         """Take ``lane``'s candidates in dispatch order against a trial of its quota, up to the
         first it would not grant. Adds the queued tasks of ``priority`` that would start (or leave
         the queue, failed for a cost the quota can never grant) to ``starting``; returns how many
-        probes would start. ``replaced`` are the queue items that probes stand for."""
+        probes would start. ``replaced`` holds the ids of the queue items that probes stand for."""
         trial = QuotaTrial(lane.quota)
         probes_started = 0
         try:
             for candidate, klass in self._start_order(lane, now):
-                if any(candidate is item for item in replaced):
+                if id(candidate) in replaced:
                     continue  # it is a probe now, in its new class
                 try:
                     granted = trial.try_reserve(candidate.cost, now) is not None

@@ -72,10 +72,10 @@ class Lane:
     """Whether other lanes draw on this lane's quota object (and so share its queues)."""
 
 
-def share_quota_objects(lanes: Iterable[Lane]) -> None:
+def share_quota_objects(lanes: Iterable[Lane]) -> tuple[Lane, ...]:
     """Make lanes given one quota object use one set of queues, one retry line, one dispatch and
     one history of 429s: those of the first of them, their :attr:`~Lane.head`. Every other lane is
-    its own head.
+    its own head. Returns the heads, one per quota object, in the lanes' order.
     Call once, before any lane has queued work and before the dispatchers are built."""
     heads: dict[int, Lane] = {}
     for lane in lanes:
@@ -86,6 +86,7 @@ def share_quota_objects(lanes: Iterable[Lane]) -> None:
             # a 429 pauses the quota, so every provider on it: the account's 429s are one history
             lane.rate_limits = head.rate_limits
             head.shared = lane.shared = True
+    return tuple(heads.values())
 
 
 def lane_quota(given: QuotaLimits | Any, now: float) -> Any:
@@ -126,12 +127,12 @@ class LaneDispatch:
         if self._started or self._closed:
             return
         self._started = True
-        for lane in self._lanes.values():
-            lane.pump.wake()
+        for head in self._lane_heads:
+            head.pump.wake()
 
     def _stop_background(self) -> None:
-        for lane in self._lanes.values():
-            lane.pump.stop()
+        for head in self._lane_heads:
+            head.pump.stop()
         for watcher in list(self._watchers.values()):
             watcher.cancel()
         self._watchers.clear()

@@ -280,13 +280,13 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             )
             for name, provider in providers.items()
         }
-        share_quota_objects(self._lanes.values())  # providers on one quota object: one dispatch
+        # providers on one quota object: one dispatch (and one trial of the depth limit) for them all
+        self._lane_heads = share_quota_objects(self._lanes.values())
+        for head in self._lane_heads:
+            names = "+".join(lane.name for lane in self._lanes.values() if lane.head is head)
+            head.pump = LanePump(runtime, partial(self._dispatch, head), f"dispatch-{names}")
         for lane in self._lanes.values():
-            if lane.head is lane:
-                names = "+".join(other.name for other in self._lanes.values() if other.head is lane)
-                lane.pump = LanePump(runtime, partial(self._dispatch, lane), f"dispatch-{names}")
-            else:
-                lane.pump = lane.head.pump
+            lane.pump = lane.head.pump
         self._live: dict[str, LiveTask] = {}
         self._waiters: dict[str, list[str]] = {}
         self._watchers: dict[str, TaskHandle[None]] = {}

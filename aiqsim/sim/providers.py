@@ -706,7 +706,7 @@ class SimulatedProvider:
         if not self.config.supports_lookup:
             return None
         if idempotency_key in self._in_flight:
-            await self._wait_in_flight(idempotency_key)
+            await self._in_flight_done(idempotency_key)
         found = self.ledger.first_success(self.name, idempotency_key)
         if found is None:
             return None
@@ -761,12 +761,9 @@ class SimulatedProvider:
     def _join(self, request: ProviderRequest, job: SimJob, start: float) -> Future[Any]:
         """The answer of a repeat that arrives while an execution of its key runs: a replay of
         that execution's result, once it has finished."""
-        runtime = self.runtime
-        answer: Future[Any] = runtime.create_future()
-        done: Future[Any] = runtime.create_future()
-        self._in_flight[request.idempotency_key].append(done)
+        answer: Future[Any] = self.runtime.create_future()
         replay = partial(self._replayed, request, job, start)
-        done.add_done_callback(lambda _done: _hand_over(replay, answer))
+        self._in_flight_done(request.idempotency_key).add_done_callback(lambda _: _hand_over(replay, answer))
         return answer
 
     def _replayed(self, request: ProviderRequest, job: SimJob, start: float) -> ProviderResponse:
@@ -808,10 +805,11 @@ class SimulatedProvider:
 
         return self._serve(latency, execute)
 
-    async def _wait_in_flight(self, key: str) -> None:
+    def _in_flight_done(self, key: str) -> Future[Any]:
+        """A future resolved when the execution of ``key`` now running ends."""
         waiter: Future[Any] = self.runtime.create_future()
         self._in_flight[key].append(waiter)
-        await waiter
+        return waiter
 
     # ------------------------------------------------------------------ rules
     def _outage_at(self, now: float) -> OutageConfig | None:
