@@ -546,6 +546,14 @@ def test_a_job_below_its_limit_builds_its_first_stage_once() -> None:
     assert run(0)["build"] == 2  # at the limit the trial builds it too: it must know the first calls
 
 
+_STAGE_X = JobSpec("j", "1", [Stage("s", "llm", build=lambda inputs, results: {"input": "x"})])
+"""A job of one stage whose call is ``{"input": "x"}``."""
+
+
+def _one_slot_at_interactive_limit_zero(runtime: Any, provider: Any) -> Scheduler:
+    return _scheduler(runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, interactive_limit=0)
+
+
 @pytest.mark.parametrize("as_job", [False, True])
 def test_an_interactive_duplicate_that_would_promote_a_waiting_owner_is_refused_at_limit_zero(
     as_job: bool,
@@ -555,19 +563,16 @@ def test_an_interactive_duplicate_that_would_promote_a_waiting_owner_is_refused_
     # as a job's first stage alike (a job used to leave the duplicate out and be accepted)
     runtime = SimPyRuntime()
     provider = ScriptedProvider(runtime, latency_s=1.0)
-    spec = JobSpec("j", "1", [Stage("s", "llm", build=lambda inputs, results: {"input": "x"})])
 
     async def main() -> tuple[str, int]:
-        scheduler = _scheduler(
-            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, interactive_limit=0
-        )
+        scheduler = _one_slot_at_interactive_limit_zero(runtime, provider)
         scheduler.submit("llm", {"input": "long"})
         await runtime.sleep(0.1)
         scheduler.submit("llm", {"input": "x"})  # background, waits behind "long"
         await runtime.sleep(0.1)
         try:
             if as_job:
-                scheduler.submit_job(spec, "in", priority=Priority.INTERACTIVE)
+                scheduler.submit_job(_STAGE_X, "in", priority=Priority.INTERACTIVE)
             else:
                 scheduler.submit("llm", {"input": "x"}, priority=Priority.INTERACTIVE)
             outcome = "accepted"
@@ -585,14 +590,11 @@ def test_a_job_whose_duplicate_would_promote_an_owner_that_starts_at_once_is_acc
     # a free slot: the queued background owner would start in this instant anyway, in either class
     runtime = SimPyRuntime()
     provider = ScriptedProvider(runtime, latency_s=1.0)
-    spec = JobSpec("j", "1", [Stage("s", "llm", build=lambda inputs, results: {"input": "x"})])
 
     async def main() -> dict[str, Any]:
-        scheduler = _scheduler(
-            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, interactive_limit=0
-        )
+        scheduler = _one_slot_at_interactive_limit_zero(runtime, provider)
         scheduler.submit("llm", {"input": "x"})  # queued this instant, the slot is free
-        return await scheduler.submit_job(spec, "in", priority=Priority.INTERACTIVE)
+        return await scheduler.submit_job(_STAGE_X, "in", priority=Priority.INTERACTIVE)
 
     assert runtime.run(main()) == {"s": {"output": "done:x"}}
     assert provider.calls == [(0, "x", 1)]  # one call, shared by the job's stage

@@ -28,6 +28,19 @@ def _providers(runtime: Any, *names: str) -> dict[str, ScriptedProvider]:
     return {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in names}
 
 
+def _on_one_account(
+    runtime: Any, providers: dict[str, ScriptedProvider], account: Any, **options: Any
+) -> Scheduler:
+    """A scheduler whose providers all draw on the one quota object ``account``."""
+    return Scheduler(
+        runtime,
+        list(providers.values()),
+        quotas=dict.fromkeys(providers, account),
+        rng=random.Random(0),
+        **options,
+    )
+
+
 def _starts(*providers: ScriptedProvider, since: float = 0.0) -> list[tuple[float, str]]:
     return sorted((t - since, name) for p in providers for t, name, _ in p.calls)
 
@@ -36,9 +49,7 @@ def _fifo_starts(runtime_name: str, quota_type: type) -> list[tuple[float, str]]
     async def body(runtime: Any) -> list[tuple[float, str]]:
         providers = _providers(runtime, "a", "b")
         account = quota_type(QuotaLimits(concurrency=1), now=runtime.now())
-        scheduler = Scheduler(
-            runtime, list(providers.values()), quotas={"a": account, "b": account}, rng=random.Random(0)
-        )
+        scheduler = _on_one_account(runtime, providers, account)
         start = runtime.now()
         for lane, name in (("a", "a1"), ("b", "b1"), ("a", "a2"), ("b", "b2")):
             scheduler.submit(lane, {"input": name})
@@ -71,9 +82,7 @@ def test_interactive_work_on_one_provider_goes_before_background_work_on_another
 
     async def main() -> None:
         account = MultiQuota(QuotaLimits(concurrency=1))
-        scheduler = Scheduler(
-            runtime, list(providers.values()), quotas={"a": account, "b": account}, rng=random.Random(0)
-        )
+        scheduler = _on_one_account(runtime, providers, account)
         scheduler.submit("b", {"input": "b-running"})
         await runtime.sleep(0.1)
         scheduler.submit("b", {"input": "b-background"})
@@ -90,13 +99,7 @@ def test_sjf_takes_the_cheapest_call_of_the_account_first() -> None:
 
     async def main() -> None:
         account = MultiQuota(QuotaLimits(concurrency=1))
-        scheduler = Scheduler(
-            runtime,
-            list(providers.values()),
-            quotas={"a": account, "b": account},
-            dispatch=ShortestJobFirstPolicy(),
-            rng=random.Random(0),
-        )
+        scheduler = _on_one_account(runtime, providers, account, dispatch=ShortestJobFirstPolicy())
         scheduler.submit("a", {"input": "first"}, cost_estimate=5.0)
         await runtime.sleep(0.1)
         scheduler.submit("a", {"input": "a-large"}, cost_estimate=100.0)
@@ -119,13 +122,7 @@ def test_at_limit_zero_a_call_accepted_on_one_provider_is_not_pushed_out_by_one_
 
     async def main() -> tuple[list[str], int, list[tuple[float, str]]]:
         account = quota_type(QuotaLimits(concurrency=2))
-        scheduler = Scheduler(
-            runtime,
-            list(providers.values()),
-            quotas={"a": account, "b": account},
-            interactive_limit=0,
-            rng=random.Random(0),
-        )
+        scheduler = _on_one_account(runtime, providers, account, interactive_limit=0)
         outcome = []
         start = runtime.now()
         for index, lane in enumerate(order):
@@ -162,9 +159,7 @@ def test_a_release_runs_one_dispatch_for_the_account_not_one_per_provider(
 
     async def main() -> None:
         account = MultiQuota(QuotaLimits(concurrency=2))
-        scheduler = Scheduler(
-            runtime, list(providers.values()), quotas=dict.fromkeys(names, account), rng=random.Random(0)
-        )
+        scheduler = _on_one_account(runtime, providers, account)
         for index in range(64):
             scheduler.submit(names[index % 16], {"input": str(index)})
         await scheduler.join()
@@ -189,13 +184,7 @@ def test_the_accounts_429s_count_together_for_the_adaptive_pause(lanes: str) -> 
 
     async def main() -> None:
         account = MultiQuota(QuotaLimits(concurrency=3))
-        scheduler = Scheduler(
-            runtime,
-            list(providers.values()),
-            quotas={"a": account, "b": account},
-            rng=random.Random(0),
-            events=events.append,
-        )
+        scheduler = _on_one_account(runtime, providers, account, events=events.append)
         for index, lane in enumerate(lanes):
             scheduler.submit(lane, {"input": f"t{index}"})
         scheduler.submit("a", {"input": "late"})
