@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.slot_init import UnsupportedDataclassError, compile_copier, fast_frozen_init
+from aiqsim.core.job import JobRecord, job_transition
+from aiqsim.core.slot_init import FieldCopiers, UnsupportedDataclassError, compile_copier, fast_frozen_init
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus, copy_record
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 
@@ -118,3 +119,56 @@ def test_compile_copier_copies_every_field_and_applies_changes() -> None:
     original = _Fast(1, "x", [2])
     assert copy(original, {}) == original and copy(original, {}) is not original
     assert _as_tuple(copy(original, {"b": "y"})) == (1, "y", [2])
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"attempts": 3},
+        {"status": TaskStatus.RUNNING, "updated_at": 2.0, "started_at": 2.0},
+        {"error": "x", "meta": {}},
+    ],
+)
+def test_copy_record_equals_dataclasses_replace_for_every_set_of_changed_names(
+    changes: dict[str, Any],
+) -> None:
+    record = TaskRecord(id="t", key="k", kind="chat", provider="p", payload={"a": 1}, meta={"m": 1})
+    assert copy_record(record, dict(changes)) == dataclasses.replace(record, **changes)
+    # the same names in the other order take a copier of their own and give the same record
+    reordered = dict(reversed(list(changes.items())))
+    assert _as_tuple(copy_record(record, reordered)) == _as_tuple(dataclasses.replace(record, **changes))
+
+
+def test_a_name_that_is_not_a_field_is_refused_by_every_copier() -> None:
+    record = TaskRecord(id="t", key="k", kind="chat", provider="p")
+    with pytest.raises(TypeError, match="no field"):
+        copy_record(record, {"attempts": 1, "colour": "red"})
+    with pytest.raises(TypeError, match="no field"):
+        compile_copier(_Fast)(_Fast(1), {"d": 2})
+    job = JobRecord(id="j", key="k", name="n", version="1")
+    with pytest.raises(TypeError, match="no field"):
+        job.evolve(colour="red")
+
+
+def test_copiers_beyond_the_cap_are_built_and_used_but_not_kept() -> None:
+    copiers = FieldCopiers(_Plain)
+    copiers.MAX_SHAPES = 2  # type: ignore[misc]
+    original = _Plain(1, "x", [2])
+    for changed in (("a",), ("b",), ("c",), ("a", "b")):
+        copy = copiers.copier(changed)
+        made = copy(original, {name: getattr(_Plain(9, "y", [8]), name) for name in changed})
+        assert [getattr(made, name) for name in changed] == [getattr(_Plain(9, "y", [8]), n) for n in changed]
+        assert type(made) is _Plain
+    assert set(copiers.cache) == {("a",), ("b",)}
+
+
+def test_job_records_are_copied_as_dataclasses_replace_copies_them() -> None:
+    job = JobRecord(id="j", key="k", name="n", version="1", results={"a": 1}, stage_tasks={"a": ["t"]})
+    evolved = job.evolve(error="e", updated_at=3.0)
+    assert evolved == dataclasses.replace(job, error="e", updated_at=3.0) and type(evolved) is JobRecord
+    assert evolved.results is job.results  # a copy shares the values it did not change, as replace does
+    moved = job_transition(evolved, TaskStatus.RUNNING, 4.0)
+    assert moved == dataclasses.replace(evolved, status=TaskStatus.RUNNING, updated_at=4.0, started_at=4.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        moved.error = "other"  # type: ignore[misc]

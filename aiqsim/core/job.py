@@ -10,12 +10,12 @@ Pure: no clock, no I/O. The orchestration lives in :mod:`aiqsim.scheduler.jobs`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError, SchedulingError
+from aiqsim.core.slot_init import FieldCopiers
 from aiqsim.core.states import TRANSITIONS
 from aiqsim.core.task import Priority, TaskStatus
 
@@ -76,7 +76,7 @@ class JobRecord:
         """Return a copy with bookkeeping fields changed; status changes must use :func:`job_transition`."""
         if "status" in changes:
             raise ConfigurationError("change a job's status with job_transition(), not evolve()")
-        return dataclasses.replace(self, **changes)
+        return _copy_job(self, changes)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (enums as their values) for stores and DataFrames."""
@@ -143,7 +143,18 @@ def job_transition(job: JobRecord, next_status: TaskStatus, now: float, **change
         changes.setdefault("finished_at", None)
         changes.setdefault("error", None)
         changes.setdefault("failed_stage", None)
-    return dataclasses.replace(job, status=next_status, **changes)
+    changes["status"] = next_status
+    return _copy_job(job, changes)
+
+
+_job_copiers = FieldCopiers(JobRecord)
+
+
+def _copy_job(job: JobRecord, changes: dict[str, Any]) -> JobRecord:
+    """``dataclasses.replace`` for job records without its per-call introspection (a job changes at
+    every stage); a name that is not a field raises ``TypeError``, as ``replace`` does."""
+    changed = tuple(changes)
+    return _job_copiers.copier(changed)(job, changes)  # type: ignore[no-any-return]
 
 
 def stage_status(task_statuses: Iterable[TaskStatus | None]) -> TaskStatus | None:
