@@ -194,9 +194,10 @@ class AttemptLoop:
                 lane.pump.wake()
                 for gate in self.gates:
                     tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
-                self._emit_attempt(
-                    live, attempts, start, now, None, "done", None, None, usage, response=response
-                )
+                if self.events is not None:  # checked here too: no call at all without a sink
+                    self._emit_attempt(
+                        live, attempts, start, now, None, "done", None, None, usage, response=response
+                    )
                 lane.rate_limits.record_success(now, policy.adaptive_rule)
                 self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
                 return

@@ -111,7 +111,10 @@ class _FifoQueue(_LazyQueue):
         self._size += 1
 
     def peek(self, now: float) -> QueueItem | None:
-        return _first_live(self._items)
+        items = self._items  # _first_live, inlined: every dispatch reads the head of every FIFO queue
+        while items and items[0].removed:
+            items.popleft()
+        return items[0] if items else None
 
     def ordered(self, now: float) -> Iterator[QueueItem]:
         return (item for item in self._items if not item.removed)

@@ -35,6 +35,8 @@ from aiqsim.scheduler.rate_limit_scope import RateLimitHistory
 from aiqsim.stores.base import StoreWriteError
 
 _PRIORITIES = tuple(Priority)  # iterating the enum itself is measurably slow on the dispatch path
+_INTERACTIVE = Priority.INTERACTIVE  # module constants: an enum member looked up on its class costs ~0.1 µs
+_BACKGROUND = Priority.BACKGROUND
 
 
 @dataclass(eq=False, slots=True)
@@ -249,12 +251,14 @@ class LaneDispatch:
         """The quota's levels and the queues' lengths, for ``lane``'s provider (the queues of
         every provider sharing its quota object, when it shares one)."""
         requests, tokens, in_flight = lane.quota.levels(now)
+        queues = lane.queues
+        # positional, in QuotaSample's field order: one is built per granted attempt
         return QuotaSample(
-            time=now,
-            provider=lane.name,
-            requests_level=requests,
-            tokens_level=tokens,
-            in_flight=in_flight,
-            queued_interactive=len(lane.queues[Priority.INTERACTIVE]),
-            queued_background=len(lane.queues[Priority.BACKGROUND]),
+            now,
+            lane.name,
+            requests,
+            tokens,
+            in_flight,
+            len(queues[_INTERACTIVE]),
+            len(queues[_BACKGROUND]),
         )

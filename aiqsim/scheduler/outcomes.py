@@ -42,7 +42,8 @@ class Outcomes:
         record = transition(old, status, self.runtime.now(), **changes)
         self._write(record, old)
         live.record = record
-        self._emit_transition(old.status, record)
+        if self.events is not None:  # checked here too: no call at all without a sink (hot path)
+            self._emit_transition(old.status, record)
         return record
 
     def _finish(self, live: LiveTask, status: TaskStatus, **changes: Any) -> None:
@@ -58,7 +59,8 @@ class Outcomes:
             self._lose(live, error, outcome=record)
             return
         live.record = record
-        self._emit_transition(old.status, record)
+        if self.events is not None:
+            self._emit_transition(old.status, record)
         if self._commit is None:
             self._settle(live, record)
             return

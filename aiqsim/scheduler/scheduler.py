@@ -395,12 +395,12 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         cost_estimate = self._cost_estimate(lane, kind, payload, cost_estimate)
         if key is None:
             key = fingerprint(kind, payload, params=params, version=version)
-        existing = self.store.owner_of(key)
-        is_duplicate = existing is not None and existing.status in LIVE_OWNER_STATUSES
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
         # a job's stage tasks are counted as their job (see Jobs.depth). The rule: depth_limit.py.
         if not job_stage and self._limits[priority] is not None:
-            duplicate_of = existing if is_duplicate else None
+            existing = self.store.owner_of(key)  # only the limit asks: a store read (SQL) saved without one
+            is_live = existing is not None and existing.status in LIVE_OWNER_STATUSES
+            duplicate_of = existing if is_live else None
             limit = self._refusing_submission(lane, priority, cost_estimate, duplicate_of)
             if limit is not None:
                 raise self._queue_full(lane, priority, limit)
@@ -418,12 +418,18 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             worker=self.worker_id,
         )
         owner = persist_change(None, record, self.store.insert_and_claim, record)
-        self._staged(record.id)
-        accepted = self._commit.durable() if self._commit is not None else None
+        commit = self._commit  # _staged, inlined (as in Outcomes._write): once per submission
+        if commit is not None:
+            commit.staged(record.id)
+            accepted = commit.durable()
+        else:
+            accepted = None
         live = LiveTask(record=record, future=self.runtime.create_future(), retry=retry)
         self._live[record.id] = live
-        self._emit_transition(None, record)
-        self._ensure_started()
+        if self.events is not None:
+            self._emit_transition(None, record)
+        if not self._started:
+            self._ensure_started()
         self._follow_owner(live, owner)
         return Submission(record.id, key, live.future, self.runtime.create_future, accepted)
 
