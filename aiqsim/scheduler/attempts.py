@@ -47,7 +47,7 @@ class AttemptLoop:
         if live.cancel_requested or live.lost is not None:
             assert reservation is not None
             lane.quota.cancel(reservation, runtime.now())
-            lane.pump.wake()
+            self._quota_returned(lane)
             if live.lost is None:
                 self._finish(live, TaskStatus.CANCELLED)
             return
@@ -66,7 +66,7 @@ class AttemptLoop:
                 assert reservation is not None
                 lane.quota.cancel(reservation, runtime.now())
                 reservation = None
-                lane.pump.wake()
+                self._quota_returned(lane)
                 await self._fail_poison(
                     live, attempts, PoisonInputError(f"input recorded as poison ({poison})")
                 )
@@ -89,7 +89,7 @@ class AttemptLoop:
                 if refusal is not None:
                     lane.quota.cancel(reservation, runtime.now())
                     reservation = None
-                    lane.pump.wake()
+                    self._quota_returned(lane)
                     error = AttemptRejectedError(refusal)
                     self._emit_attempt(
                         live, attempts, runtime.now(), runtime.now(), error, "rejected", None, None
@@ -125,7 +125,7 @@ class AttemptLoop:
                     now = runtime.now()
                     lane.quota.release(reservation, now)
                     reservation = None
-                    lane.pump.wake()
+                    self._quota_returned(lane)
                     failure = classify_failure(error, tries, poison_after=policy.poison_after)
                     retry_after = retry_after_of(error)
                     pause, too_long = policy.retry_after_wait(retry_after)
@@ -191,7 +191,7 @@ class AttemptLoop:
                 lane.quota.reconcile(reservation, usage, now)
                 lane.quota.release(reservation, now)
                 reservation = None
-                lane.pump.wake()
+                self._quota_returned(lane)
                 for gate in self.gates:
                     tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
                 if self.events is not None:  # checked here too: no call at all without a sink
@@ -213,7 +213,7 @@ class AttemptLoop:
                 else:  # cancelled in a gate wait: nothing was sent, give it all back
                     lane.quota.cancel(reservation, runtime.now())
                     attempts -= 1
-                lane.pump.wake()
+                self._quota_returned(lane)
             if self._crashed:
                 raise
             self._finish(live, TaskStatus.CANCELLED, attempts=attempts)
@@ -222,7 +222,7 @@ class AttemptLoop:
                 self._abandon_early(lane.name, record.id)
             if reservation is not None:
                 lane.quota.release(reservation, runtime.now())
-                lane.pump.wake()
+                self._quota_returned(lane)
             if live.record.status.is_terminal or self._crashed:
                 raise
             self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
@@ -257,9 +257,9 @@ class AttemptLoop:
         return True
 
     def _give_back(self, lane: Lane, reservation: Reservation) -> None:
-        """Give back an unused reservation (nothing was sent) and wake the lane's dispatcher."""
+        """Give back an unused reservation (nothing was sent) and wake the lane's dispatcher if work waits."""
         lane.quota.cancel(reservation, self.runtime.now())
-        lane.pump.wake()
+        self._quota_returned(lane)
 
     def _charged_usage(self, lane: Lane, live: LiveTask, attempt: int, reported: Any, now: float) -> float:
         """The usage to reconcile for a successful call; a hostile or buggy report is clamped and

@@ -240,8 +240,21 @@ class LaneDispatch:
             future = ticket.future
             if future.done() and not future.cancelled():
                 lane.quota.cancel(future.result(), self.runtime.now())
-            lane.pump.wake()
+            self._quota_returned(lane)
             raise
+
+    def _quota_returned(self, lane: Lane) -> None:
+        """Quota came back to ``lane`` (a release, a cancelled reservation, a retry that stopped
+        waiting): wake its dispatcher, unless no task waits for quota anywhere, when that run would
+        find nothing to start. The slot is then noted as free, so that the next submission wakes it
+        (a release once cost a dispatch run per call even on an idle lane)."""
+        head = lane.head
+        retries = head.retries
+        queued = self._queued
+        if queued[_INTERACTIVE] or queued[_BACKGROUND] or retries[_INTERACTIVE] or retries[_BACKGROUND]:
+            head.pump.wake()
+        else:
+            head.slot_blocked = False
 
     def _emit_quota(self, lane: Lane, now: float) -> None:
         assert self.events is not None
