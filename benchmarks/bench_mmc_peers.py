@@ -26,6 +26,11 @@ count that any machine reproduces exactly, which says where the CPU column's dif
 Prints one markdown table: min / median µs of CPU per customer, the ratios of the medians to SimPy's
 and to Ciw's from this same run, and the load average before and after.
 
+``--instructions N`` adds a second table: per customer, the instructions executed, the I1 and D1
+cache misses and the mispredicted branches under ``valgrind --tool=cachegrind`` (its simulated
+caches and predictor), from runs of 2,000 and 2,000 + N customers. Counts any machine with the same
+Python build reproduces, whatever its load; they also show why CPU ratios exceed instruction ratios.
+
 ``--baseline REF`` adds aiqsim from an earlier commit (exported with ``git archive``, imported through
 ``PYTHONPATH``) in the ``mmc_check`` configuration, in the same rounds.
 
@@ -40,6 +45,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -218,6 +224,88 @@ def run_worker(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+_CACHEGRIND_COUNTS = {
+    "instructions": re.compile(r"I\s+refs:\s+([\d,]+)"),
+    "I1 misses": re.compile(r"I1\s+misses:\s+([\d,]+)"),
+    "D1 misses": re.compile(r"D1\s+misses:\s+([\d,]+)"),
+    "mispredicted branches": re.compile(r"Mispredicts:\s+([\d,]+)"),
+}
+"""What ``--instructions`` reads off cachegrind's summary (a simulated cache and branch predictor)."""
+
+INSTRUCTIONS_BASE = 2_000
+"""Customers of the run whose counts are subtracted: what is left is the per-customer part (the
+imports, the interpreter's start and the first customers' caches cancel out)."""
+
+
+def cachegrind_counts(model: str, customers: int, baseline: str | None) -> dict[str, int]:
+    """Counts of one worker run of ``model`` (seed 0) under ``valgrind --tool=cachegrind``: the same
+    on any machine with the same Python build, whatever its load (cachegrind simulates the caches)."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    if model == "aiqsim@baseline":
+        assert baseline is not None
+        env["PYTHONPATH"] = baseline
+    # without address-space randomisation, the same run gives the same counts (hash tables of
+    # objects hashed by address probe alike): a spread of ~1% per customer otherwise
+    no_aslr = ["setarch", "-R"] if shutil.which("setarch") else []
+    done = subprocess.run(
+        [
+            *no_aslr,
+            "valgrind",
+            "--tool=cachegrind",
+            "--cache-sim=yes",
+            "--branch-sim=yes",
+            "--cachegrind-out-file=/dev/null",
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            model,
+            "0",
+            str(customers),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=tempfile.gettempdir(),
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{model} under cachegrind failed:\n{done.stderr[-2000:]}")
+    counts = {}
+    for name, pattern in _CACHEGRIND_COUNTS.items():
+        found = pattern.search(done.stderr)
+        if found is None:
+            raise RuntimeError(f"cachegrind printed no {name!r} for {model}:\n{done.stderr[-2000:]}")
+        counts[name] = int(found.group(1).replace(",", ""))
+    return counts
+
+
+def print_instruction_table(models: list[str], extra: int, baseline: str | None) -> None:
+    """Per-customer counts under cachegrind: runs of ``INSTRUCTIONS_BASE`` and ``+ extra`` customers."""
+    if shutil.which("valgrind") is None:
+        print("\n--instructions needs valgrind on the PATH: its table is left out.")
+        return
+    rows = {}
+    for model in models:
+        small = cachegrind_counts(model, INSTRUCTIONS_BASE, baseline)
+        large = cachegrind_counts(model, INSTRUCTIONS_BASE + extra, baseline)
+        rows[model] = {name: (large[name] - small[name]) / extra for name in small}
+        print(f"  {model} under cachegrind: {rows[model]}", file=sys.stderr)
+    names = list(_CACHEGRIND_COUNTS)
+    print(
+        f"\nPer customer under cachegrind (valgrind's simulated caches and branch predictor): a run of "
+        f"{INSTRUCTIONS_BASE + extra:,} customers minus one of {INSTRUCTIONS_BASE:,}, seed 0, divided by "
+        f"{extra:,}. Counts, not time: the same on any machine with this Python build.\n"
+    )
+    print("| model | " + " | ".join(names) + " | instructions vs SimPy |")
+    print("|---|" + "---:|" * (len(names) + 1))
+    for model in models:
+        ratio = (
+            f"{rows[model]['instructions'] / rows['simpy']['instructions']:.2f}x" if "simpy" in rows else "-"
+        )
+        cells = " | ".join(f"{rows[model][name] / 1000:.1f}k" for name in names)
+        print(f"| {LABELS[model]} | {cells} | {ratio} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--customers", type=int, default=100_000)
@@ -233,6 +321,14 @@ def main() -> None:
         type=int,
         default=20_000,
         help="customers of the one cProfile run per model that counts function calls (0: no count)",
+    )
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        default=0,
+        metavar="CUSTOMERS",
+        help="also count instructions, cache misses and mispredicted branches per customer under "
+        "cachegrind over this many customers (0: not; 10000 takes a few minutes per model)",
     )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SEED", "CUSTOMERS"), help=argparse.SUPPRESS)
     parser.add_argument("--count-calls", nargs=2, metavar=("MODEL", "CUSTOMERS"), help=argparse.SUPPRESS)
@@ -269,8 +365,6 @@ def main() -> None:
         m: run_worker(m, 0, args.calls_customers, baseline_dir, count=True)["calls_per_customer"]
         for m in (models if args.calls_customers > 0 else [])
     }
-    if baseline_dir is not None:
-        shutil.rmtree(baseline_dir, ignore_errors=True)
     median_us = {m: statistics.median(r["cpu_s"] for r in results[m]) / args.customers * 1e6 for m in models}
     print(
         f"M/M/{SERVERS}, lambda={ARRIVAL_RATE:g}, mu={SERVICE_RATE:g}, {args.customers:,} customers, seeds "
@@ -304,6 +398,10 @@ def main() -> None:
             f"{args.calls_customers:,} customers, seed 0, per customer; a count, so it does not depend on "
             "the machine or its load."
         )
+    if args.instructions > 0:
+        print_instruction_table(models, args.instructions, baseline_dir)
+    if baseline_dir is not None:
+        shutil.rmtree(baseline_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
