@@ -201,24 +201,32 @@ def erlang_c_wait() -> float:
     return expected_wait_in_queue(ARRIVAL_RATE, SERVICE_RATE, SERVERS)
 
 
-def run_worker(
-    model: str, seed: int, customers: int, baseline: str | None = None, *, count: bool = False
-) -> dict[str, float]:
-    env = dict(os.environ)
+def run_this_script(
+    model: str, arguments: list[str], baseline: str | None, *, under: list[str] | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """This script in a fresh process with ``arguments`` (a worker mode), ``under`` a command such as
+    valgrind if given, from the temporary folder; the baseline's tree first on the path for its model."""
+    environment = {**os.environ, **env}
     if model == "aiqsim@baseline":  # the baseline tree's aiqsim shadows the installed one
         assert baseline is not None
-        env["PYTHONPATH"] = baseline
-    mode = (
-        ["--count-calls", model, str(customers)] if count else ["--worker", model, str(seed), str(customers)]
-    )
-    done = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), *mode],
+        environment["PYTHONPATH"] = baseline
+    return subprocess.run(
+        [*(under or []), sys.executable, os.path.abspath(__file__), *arguments],
         capture_output=True,
         text=True,
         check=False,
-        env=env,
+        env=environment,
         cwd=tempfile.gettempdir(),
     )
+
+
+def run_worker(
+    model: str, seed: int, customers: int, baseline: str | None = None, *, count: bool = False
+) -> dict[str, float]:
+    mode = (
+        ["--count-calls", model, str(customers)] if count else ["--worker", model, str(seed), str(customers)]
+    )
+    done = run_this_script(model, mode, baseline)
     if done.returncode != 0:
         raise RuntimeError(f"{model} seed {seed} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -240,33 +248,16 @@ imports, the interpreter's start and the first customers' caches cancel out)."""
 def cachegrind_counts(model: str, customers: int, baseline: str | None) -> dict[str, int]:
     """Counts of one worker run of ``model`` (seed 0) under ``valgrind --tool=cachegrind``: the same
     on any machine with the same Python build, whatever its load (cachegrind simulates the caches)."""
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    if model == "aiqsim@baseline":
-        assert baseline is not None
-        env["PYTHONPATH"] = baseline
     # without address-space randomisation, the same run gives the same counts (hash tables of
     # objects hashed by address probe alike): a spread of ~1% per customer otherwise
     no_aslr = ["setarch", "-R"] if shutil.which("setarch") else []
-    done = subprocess.run(
-        [
-            *no_aslr,
-            "valgrind",
-            "--tool=cachegrind",
-            "--cache-sim=yes",
-            "--branch-sim=yes",
-            "--cachegrind-out-file=/dev/null",
-            sys.executable,
-            os.path.abspath(__file__),
-            "--worker",
-            model,
-            "0",
-            str(customers),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-        cwd=tempfile.gettempdir(),
+    valgrind = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", "--branch-sim=yes"]
+    done = run_this_script(
+        model,
+        ["--worker", model, "0", str(customers)],
+        baseline,
+        under=[*no_aslr, *valgrind, "--cachegrind-out-file=/dev/null"],
+        PYTHONHASHSEED="0",
     )
     if done.returncode != 0:
         raise RuntimeError(f"{model} under cachegrind failed:\n{done.stderr[-2000:]}")

@@ -17,26 +17,14 @@ import pytest
 from aiqsim import Priority, QuotaLimits, Scheduler, SimPyRuntime, TaskStatus
 from tests.fakes import ScriptedProvider
 from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, run_on
-
-
-def _counting_dispatches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record the lane of every dispatch run (the pump binds ``_dispatch`` when the scheduler is built)."""
-    runs: list[str] = []
-    original = Scheduler._dispatch
-
-    def counted(self: Scheduler, lane: Any) -> float | None:
-        runs.append(lane.name)
-        return original(self, lane)
-
-    monkeypatch.setattr(Scheduler, "_dispatch", counted)
-    return runs
+from tests.scheduler_probes import count_dispatch_runs
 
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)
 def test_calls_one_after_another_take_one_dispatch_run_each(
     runtime_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runs = _counting_dispatches(monkeypatch)
+    runs = count_dispatch_runs(monkeypatch)
 
     async def body(runtime: Any) -> list[float]:
         provider = ScriptedProvider(runtime, name="llm", latency_s=1.0)

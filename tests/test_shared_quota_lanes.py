@@ -22,6 +22,7 @@ from aiqsim.core.token_bucket import MultiQuota
 from aiqsim.scheduler.dispatch import ShortestJobFirstPolicy
 from tests.fakes import ScriptedProvider
 from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, run_on
+from tests.scheduler_probes import count_dispatch_runs
 
 
 def _providers(runtime: Any, *names: str) -> dict[str, ScriptedProvider]:
@@ -148,14 +149,7 @@ def test_a_release_runs_one_dispatch_for_the_account_not_one_per_provider(
     runtime = SimPyRuntime()
     names = [f"p{index}" for index in range(16)]
     providers = _providers(runtime, *names)
-    dispatched: list[str] = []
-    original = Scheduler._dispatch
-
-    def counted(self: Scheduler, lane: Any) -> float | None:
-        dispatched.append(lane.name)
-        return original(self, lane)
-
-    monkeypatch.setattr(Scheduler, "_dispatch", counted)
+    dispatched = count_dispatch_runs(monkeypatch)
 
     async def main() -> None:
         account = MultiQuota(QuotaLimits(concurrency=2))
