@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_baseline import export  # a sibling script: run as python benchmarks/bench_instructions.py
+from bench_baseline import export  # sibling scripts: run as python benchmarks/bench_instructions.py
+from cachegrind import cachegrind_command, read_counts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,26 +46,14 @@ def instructions(tree: Path, program: str) -> int:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
     subprocess.run([sys.executable, "-c", IMPORT_ONLY], env=env, check=True, cwd=tempfile.gettempdir())
     done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=cachegrind",
-            "--cache-sim=no",
-            "--cachegrind-out-file=/dev/null",
-            sys.executable,
-            "-c",
-            program,
-            str(REPO / "scenarios"),
-        ],
+        [*cachegrind_command(), sys.executable, "-c", program, str(REPO / "scenarios")],
         env=env,
         capture_output=True,
         text=True,
         check=True,
         cwd=tempfile.gettempdir(),
     )
-    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
-    return int(found.group(1).replace(",", ""))
+    return read_counts(done.stderr)["instructions"]
 
 
 def main() -> None:

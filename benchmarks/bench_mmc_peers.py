@@ -45,7 +45,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import statistics
 import subprocess
@@ -232,14 +231,6 @@ def run_worker(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-_CACHEGRIND_COUNTS = {
-    "instructions": re.compile(r"I\s+refs:\s+([\d,]+)"),
-    "I1 misses": re.compile(r"I1\s+misses:\s+([\d,]+)"),
-    "D1 misses": re.compile(r"D1\s+misses:\s+([\d,]+)"),
-    "mispredicted branches": re.compile(r"Mispredicts:\s+([\d,]+)"),
-}
-"""What ``--instructions`` reads off cachegrind's summary (a simulated cache and branch predictor)."""
-
 INSTRUCTIONS_BASE = 2_000
 """Customers of the run whose counts are subtracted: what is left is the per-customer part (the
 imports, the interpreter's start and the first customers' caches cancel out)."""
@@ -248,26 +239,18 @@ imports, the interpreter's start and the first customers' caches cancel out)."""
 def cachegrind_counts(model: str, customers: int, baseline: str | None) -> dict[str, int]:
     """Counts of one worker run of ``model`` (seed 0) under ``valgrind --tool=cachegrind``: the same
     on any machine with the same Python build, whatever its load (cachegrind simulates the caches)."""
-    # without address-space randomisation, the same run gives the same counts (hash tables of
-    # objects hashed by address probe alike): a spread of ~1% per customer otherwise
-    no_aslr = ["setarch", "-R"] if shutil.which("setarch") else []
-    valgrind = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", "--branch-sim=yes"]
+    from cachegrind import COUNTS, cachegrind_command, read_counts  # a sibling script
+
     done = run_this_script(
         model,
         ["--worker", model, "0", str(customers)],
         baseline,
-        under=[*no_aslr, *valgrind, "--cachegrind-out-file=/dev/null"],
+        under=cachegrind_command(simulate_caches=True),
         PYTHONHASHSEED="0",
     )
     if done.returncode != 0:
         raise RuntimeError(f"{model} under cachegrind failed:\n{done.stderr[-2000:]}")
-    counts = {}
-    for name, pattern in _CACHEGRIND_COUNTS.items():
-        found = pattern.search(done.stderr)
-        if found is None:
-            raise RuntimeError(f"cachegrind printed no {name!r} for {model}:\n{done.stderr[-2000:]}")
-        counts[name] = int(found.group(1).replace(",", ""))
-    return counts
+    return read_counts(done.stderr, tuple(COUNTS))
 
 
 def print_instruction_table(models: list[str], extra: int, baseline: str | None) -> None:
@@ -281,7 +264,7 @@ def print_instruction_table(models: list[str], extra: int, baseline: str | None)
         large = cachegrind_counts(model, INSTRUCTIONS_BASE + extra, baseline)
         rows[model] = {name: (large[name] - small[name]) / extra for name in small}
         print(f"  {model} under cachegrind: {rows[model]}", file=sys.stderr)
-    names = list(_CACHEGRIND_COUNTS)
+    names = list(rows[models[0]])
     print(
         f"\nPer customer under cachegrind (valgrind's simulated caches and branch predictor): a run of "
         f"{INSTRUCTIONS_BASE + extra:,} customers minus one of {INSTRUCTIONS_BASE:,}, seed 0, divided by "

@@ -169,21 +169,17 @@ def run(tree: Path, customers: int, script: Path, *, instructions: bool = False)
     command = [sys.executable, str(script), str(tree), str(customers)]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     if instructions:
-        command = [
-            "valgrind",
-            "--tool=cachegrind",
-            "--cache-sim=no",
-            "--cachegrind-out-file=/dev/null",
-            *command,
-        ]
+        from cachegrind import cachegrind_command  # a sibling script
+
+        command = [*cachegrind_command(), *command]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tempfile.gettempdir(), env=env)
     if done.returncode != 0:
         raise SystemExit(f"{tree.name} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if instructions:
-        refs = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
-        assert refs is not None, done.stderr[-2000:]
-        result["instructions"] = float(refs.group(1).replace(",", ""))
+        from cachegrind import read_counts
+
+        result["instructions"] = float(read_counts(done.stderr)["instructions"])
     return result
 
 
