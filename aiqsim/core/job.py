@@ -10,12 +10,12 @@ Pure: no clock, no I/O. The orchestration lives in :mod:`aiqsim.scheduler.jobs`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError, SchedulingError
-from aiqsim.core.slot_init import FieldCopiers
+from aiqsim.core.slot_init import compile_copier
 from aiqsim.core.states import TRANSITIONS
 from aiqsim.core.task import Priority, TaskStatus
 
@@ -147,14 +147,9 @@ def job_transition(job: JobRecord, next_status: TaskStatus, now: float, **change
     return _copy_job(job, changes)
 
 
-_job_copiers = FieldCopiers(JobRecord)
-
-
-def _copy_job(job: JobRecord, changes: dict[str, Any]) -> JobRecord:
-    """``dataclasses.replace`` for job records without its per-call introspection (a job changes at
-    every stage); a name that is not a field raises ``TypeError``, as ``replace`` does."""
-    changed = tuple(changes)
-    return _job_copiers.copier(changed)(job, changes)  # type: ignore[no-any-return]
+_copy_job: Callable[[JobRecord, dict[str, Any]], JobRecord] = compile_copier(JobRecord)
+"""``dataclasses.replace`` for job records without its per-call introspection (a job changes at
+every stage); a name that is not a field raises ``TypeError``, as ``replace`` does."""
 
 
 def stage_status(task_statuses: Iterable[TaskStatus | None]) -> TaskStatus | None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.slot_init import FieldCopiers, fast_frozen_init
+from aiqsim.core.slot_init import compile_copier, fast_frozen_init
 
 
 class TaskStatus(enum.StrEnum):
@@ -136,19 +137,10 @@ class TaskRecord:
         )
 
 
-_copiers = FieldCopiers(TaskRecord)  # plain slot stores, then the frozen class (see slot_init)
-_copier_for = _copiers.cache.get
+copy_record: Callable[[TaskRecord, dict[str, Any]], TaskRecord] = compile_copier(TaskRecord)
+"""``copy_record(task, changes)``: ``dataclasses.replace`` for task records, without its per-call
+field introspection (see :mod:`aiqsim.core.slot_init`: one generated copier per set of changed names).
 
-
-def copy_record(task: TaskRecord, changes: dict[str, Any]) -> TaskRecord:
-    """``dataclasses.replace`` for task records, without its per-call field introspection.
-
-    Every status change of every task goes through here, so it is on the scheduler's hot path
-    (``replace`` was a tenth of a simulation's time). ``TaskRecord.__init__`` validates nothing,
-    so skipping it changes nothing but the cost. A name that is not a field raises ``TypeError``.
-    """
-    changed = tuple(changes)
-    copy = _copier_for(changed)
-    if copy is None:
-        copy = _copiers.copier(changed)
-    return copy(task, changes)  # type: ignore[no-any-return]
+Every status change of every task goes through here, so it is on the scheduler's hot path
+(``replace`` was a tenth of a simulation's time). ``TaskRecord.__init__`` validates nothing, so
+skipping it changes nothing but the cost. A name that is not a field raises ``TypeError``."""
