@@ -208,6 +208,8 @@ class SimTask:
         "_coro",
         "_deadlines",
         "_done",
+        "_ended",
+        "_outcome",
         "_rt",
         "_waiting",
         "name",
@@ -217,7 +219,9 @@ class SimTask:
         self._rt = rt
         self._coro = coro
         self.name = name
-        self._done = SimFuture(rt.env)
+        self._done: SimFuture | None = None  # made when first asked for (_done_future): rarely
+        self._ended: bool | None = None  # None while running; then True (returned) or False (raised)
+        self._outcome: Any = None  # what it returned or raised
         self._cancel_pending = False
         self._cancel_requests = 0  # calls of the public cancel(); a wait_for deadline is not one
         self._deadlines: list[_Deadline] = []  # the wait_for deadlines open in this task, outermost first
@@ -243,16 +247,19 @@ class SimTask:
             else:
                 event._defused = True
                 yielded = self._coro.throw(event._value)
-        except StopIteration as stop:
-            self._done.set_result(stop.value)
+        except StopIteration as stop:  # _end(True, stop.value), inlined: once per task
+            self._ended = True
+            self._outcome = value = stop.value
+            if self._done is not None:
+                self._done.set_result(value)
             return
         except Cancelled as cancelled:
-            self._done.set_exception(cancelled)
+            self._end(False, cancelled)
             return
         except BaseException as error:
-            if not self._done.callbacks:  # nobody is waiting for this task: do not lose the error
+            if self._done is None or not self._done.callbacks:  # nobody waits: do not lose the error
                 self._rt.task_errors.append((self.name, error))
-            self._done.set_exception(error)
+            self._end(False, error)
             return
         finally:
             rt.current_task = outer
@@ -260,7 +267,7 @@ class SimTask:
             self._coro.close()
             error = TypeError(f"SimPy runtime cannot await {yielded!r}; await runtime primitives only")
             self._rt.task_errors.append((self.name, error))
-            self._done.set_exception(error)
+            self._end(False, error)
             return
         self._waiting = yielded
         if yielded.callbacks is not None:
@@ -275,6 +282,31 @@ class SimTask:
                 again._defused = True
             self._rt.env.schedule(again)
 
+    def _end(self, ok: bool, value: Any) -> None:
+        """The coroutine returned ``value`` (``ok``) or raised it: the task is done."""
+        self._ended = ok
+        self._outcome = value
+        done = self._done
+        if done is not None:
+            if ok:
+                done.set_result(value)
+            else:
+                done.set_exception(value)
+
+    def _done_future(self) -> SimFuture:
+        """The future that resolves with the task's outcome, made on first use: most tasks (a
+        scheduler's runners) are only ever cancelled, never awaited, and a future each that
+        nobody reads was one more event object per task (issue #19)."""
+        done = self._done
+        if done is None:
+            done = self._done = SimFuture(self._rt.env)
+            if self._ended is not None:  # already over: resolved at once, as it was when it ended
+                if self._ended:
+                    done.set_result(self._outcome)
+                else:
+                    done.set_exception(self._outcome)
+        return done
+
     def _step(self, value: Any, exc: BaseException | None) -> None:
         """Step the coroutine now with ``value`` sent or ``exc`` thrown (not from an event it awaited)."""
         wakeup = _Outcome(exc is None, value if exc is None else exc)
@@ -282,12 +314,12 @@ class SimTask:
         self._resume(wakeup)  # type: ignore[arg-type]
 
     def _deliver_cancel(self, _event: simpy.Event) -> None:
-        if self._done._value is not PENDING or not self._cancel_pending:
+        if self._ended is not None or not self._cancel_pending:
             return
         self._cancel_pending = False
         self._waiting = None
         if getattr(self._coro, "cr_frame", self) is None:  # closed by cancel() before its first step
-            self._done.set_exception(Cancelled())
+            self._end(False, Cancelled())
             return
         deadlines = self._deadlines
         if deadlines and deadlines[-1].future_wait and deadlines[-1].owns_timeout():
@@ -309,7 +341,7 @@ class SimTask:
         is delivered, and an unstarted coroutine left to the garbage collector dies with only a
         "was never awaited" warning. The task is still done, cancelled, at the delivery.
         """
-        if self._done._value is not PENDING:
+        if self._ended is not None:
             return False
         self._cancel_requests += 1
         if iscoroutine(self._coro) and getcoroutinestate(self._coro) == CORO_CREATED:
@@ -328,19 +360,23 @@ class SimTask:
             self._rt.env.schedule(soon)
 
     def done(self) -> bool:
-        return self._done._value is not PENDING
+        return self._ended is not None
 
     def cancelled(self) -> bool:
-        return self._done.cancelled()
+        return self._ended is False and isinstance(self._outcome, Cancelled)
 
     def result(self) -> Any:
-        return self._done.result()
+        if self._ended is None:
+            raise InvalidStateError("result is not ready")
+        if self._ended:
+            return self._outcome
+        raise self._outcome
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        self._done.add_done_callback(lambda _ev: fn(self))
+        self._done_future().add_done_callback(lambda _ev: fn(self))
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return self._done.__await__()
+        return self._done_future().__await__()
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
@@ -365,7 +401,7 @@ class _Deadline:
         """True for the deadline of ``_wait_for_future``, which can take its timeout as a marker."""
 
     def expire(self, _event: Any) -> None:
-        if self.armed and self.task._done._value is PENDING:
+        if self.armed and self.task._ended is None:
             self.expired = True
             self.task._request_cancel()
 
@@ -581,7 +617,7 @@ class SimPyRuntime:
         if isinstance(awaitable, SimFuture):
             target = awaitable
         else:
-            child, target = awaitable, awaitable._done
+            child, target = awaitable, awaitable._done_future()
         if target._value is not PENDING:
             return target.result()
         gate = SimFuture(self.env)
@@ -624,7 +660,7 @@ class SimPyRuntime:
         env = self.env
         queue = env._queue
         step = env.step if type(env).step is not simpy.Environment.step else None
-        done = main._done
+        done = main._done_future()
         while done._value is PENDING:
             if not queue:
                 raise SimulationDeadlock(
