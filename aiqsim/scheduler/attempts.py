@@ -51,7 +51,9 @@ class AttemptLoop:
             if live.lost is None:
                 self._finish(live, TaskStatus.CANCELLED)
             return
-        if not await self._persist_running(lane, live, reservation):
+        if not self._mark_running(lane, live, reservation):
+            return
+        if self._commit is not None and not await self._running_durable(lane, live, reservation):
             return
         record = live.record
         attempts = record.attempts
@@ -231,30 +233,47 @@ class AttemptLoop:
             # only the collector frees, once per retried task (issue #19: GC time).
             cause = None
 
-    async def _persist_running(self, lane: Lane, live: LiveTask, reservation: Reservation | None) -> bool:
-        """Write ``queued -> running`` and wait until it is durable: no call is sent before.
+    def _mark_running(self, lane: Lane, live: LiveTask, reservation: Reservation | None) -> bool:
+        """Write ``queued -> running``; no call is sent before it is durable (with a group commit,
+        :meth:`_running_durable` waits for that). False when the task must not run
+        (:meth:`_not_started`).
 
-        False when the task must not run: the write (or its group commit) failed, so the task is
-        lost (quota given back), or it was cancelled while waiting for the commit.
+        Not a coroutine: with a store that commits every write there is nothing to wait for, and
+        a coroutine per task to await was measurable (issue #19).
         """
         assert reservation is not None
         try:
             self._move(live, TaskStatus.RUNNING)
-            if self._commit is not None:
-                lost = await self._commit.durable()
-                if lost is not None:
-                    raise lost
-        except StoreWriteError as error:
-            self._give_back(lane, reservation)
+        except (StoreWriteError, Cancelled) as error:
+            return self._not_started(lane, live, reservation, error)
+        return True
+
+    async def _running_durable(self, lane: Lane, live: LiveTask, reservation: Reservation) -> bool:
+        """Wait until the group commit has made ``running`` durable; False when the task must not
+        run (:meth:`_not_started`)."""
+        assert self._commit is not None
+        try:
+            lost = await self._commit.durable()
+            if lost is not None:
+                raise lost
+        except (StoreWriteError, Cancelled) as error:
+            return self._not_started(lane, live, reservation, error)
+        return True
+
+    def _not_started(
+        self, lane: Lane, live: LiveTask, reservation: Reservation, error: StoreWriteError | Cancelled
+    ) -> bool:
+        """``running`` could not be made durable: the quota is given back and the task is lost (the
+        write or its commit failed) or cancelled (while it waited for the commit). Returns False;
+        re-raises a cancellation when the scheduler crashed."""
+        self._give_back(lane, reservation)
+        if isinstance(error, StoreWriteError):
             self._lose(live, error)
             return False
-        except Cancelled:
-            self._give_back(lane, reservation)
-            if self._crashed:
-                raise
-            self._finish(live, TaskStatus.CANCELLED)
-            return False
-        return True
+        if self._crashed:
+            raise error
+        self._finish(live, TaskStatus.CANCELLED)
+        return False
 
     def _give_back(self, lane: Lane, reservation: Reservation) -> None:
         """Give back an unused reservation (nothing was sent) and wake the lane's dispatcher if work waits."""
