@@ -219,6 +219,11 @@ class QuotaLimits:
             )
 
 
+_TOKENLESS = (Reservation(requests=0.0, tokens=0.0, slots=1), Reservation(requests=1.0, tokens=0.0, slots=1))
+"""What a quota without a token bucket grants, by whether it counts requests: the same every time,
+so not built anew per call (issue #19)."""
+
+
 def _is_real(value: object) -> bool:
     """A plain real number (int or float, not a bool, not a string that looks like one)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -263,14 +268,11 @@ class MultiQuota:
             return None
         if self.requests is not None:
             self.requests.try_acquire(1.0, now)
-        if self.tokens is not None:
-            self.tokens.try_acquire(tokens, now)
         self.in_flight += 1
-        return Reservation(
-            requests=1.0 if self.requests is not None else 0.0,
-            tokens=tokens if self.tokens is not None else 0.0,
-            slots=1,
-        )
+        if self.tokens is None:  # nothing in the grant varies: one shared value (records are values)
+            return _TOKENLESS[self.requests is not None]
+        self.tokens.try_acquire(tokens, now)
+        return Reservation(requests=1.0 if self.requests is not None else 0.0, tokens=tokens, slots=1)
 
     def trial(self) -> MultiQuota:
         """A private copy to try reservations on: what it grants answers "would this start now?"
