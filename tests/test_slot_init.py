@@ -11,9 +11,18 @@ import pytest
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.job import JobRecord, job_transition
-from aiqsim.core.slot_init import FieldCopiers, UnsupportedDataclassError, compile_copier, fast_frozen_init
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus, copy_record
-from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.core.slot_init import (
+    FieldCopiers,
+    UnsupportedDataclassError,
+    compile_builder,
+    compile_copier,
+    fast_frozen_init,
+)
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus, copy_record, new_task_record
+from aiqsim.core.usage import UsageVerdict, sane_usage
+from aiqsim.scheduler.dispatch import QueueItem, new_queue_item
+from aiqsim.scheduler.live import LiveTask, new_live_task
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, new_request, new_response
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,3 +181,78 @@ def test_job_records_are_copied_as_dataclasses_replace_copies_them() -> None:
     assert moved == dataclasses.replace(evolved, status=TaskStatus.RUNNING, updated_at=4.0, started_at=4.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         moved.error = "other"  # type: ignore[misc]
+
+
+@dataclass(slots=True)
+class _Mutable:
+    a: int
+    b: str = "b"
+    c: list[int] = field(default_factory=list)
+
+
+@pytest.mark.parametrize("cls", [_Plain, _Fast, _Mutable])
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((1,), {}), ((1, "x"), {}), ((1,), {"c": [3]}), ((), {"a": 2, "b": "y", "c": [4, 5]})],
+)
+def test_a_builder_builds_what_the_class_call_builds(
+    cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    built = compile_builder(cls)(*args, **kwargs)
+    assert type(built) is cls and built == cls(*args, **kwargs)
+    assert _as_tuple(built) == _as_tuple(cls(*args, **kwargs))
+    assert pickle.loads(pickle.dumps(built)) == built
+
+
+def test_a_built_frozen_object_stays_frozen_and_a_mutable_one_mutable() -> None:
+    frozen = compile_builder(_Plain)(1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        frozen.a = 2  # type: ignore[misc]
+    assert frozen == _Plain(1) and type(frozen) is _Plain
+    mutable = compile_builder(_Mutable)(1)
+    mutable.a = 2
+    assert mutable == _Mutable(2)
+
+
+def test_a_builder_refuses_the_arguments_the_class_refuses() -> None:
+    build = compile_builder(_Plain)
+    for args, kwargs in (((), {}), ((1,), {"d": 2}), ((1, "x", [], 4), {}), ((1,), {"a": 1})):
+        with pytest.raises(TypeError):
+            build(*args, **kwargs)
+    first, second = build(1), build(2)
+    assert first.c == [] and first.c is not second.c  # each gets its own default-factory value
+
+
+def test_a_builder_refuses_shapes_it_cannot_reproduce() -> None:
+    @dataclass(slots=True)
+    class WithPostInit:
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    @dataclass
+    class NoSlots:
+        a: int
+
+    class NotADataclass:
+        __slots__ = ("a",)
+
+    for cls in (WithPostInit, NoSlots, NotADataclass):
+        with pytest.raises(UnsupportedDataclassError):
+            compile_builder(cls)
+
+
+def test_the_hot_path_builders_build_what_their_classes_build() -> None:
+    record = new_task_record(id="t", key="k", kind="chat", provider="p", cost_estimate=2.0, payload=[1])
+    assert record == TaskRecord(id="t", key="k", kind="chat", provider="p", cost_estimate=2.0, payload=[1])
+    assert (
+        record.meta == {} and record.meta is not new_task_record(id="u", key="k", kind="c", provider="p").meta
+    )
+    request = ("t", "k", "chat", None, 1.0, 1, Priority.INTERACTIVE)
+    assert new_request(*request) == ProviderRequest(*request)
+    assert new_response(result="r", usage=3.0) == ProviderResponse(result="r", usage=3.0)
+    live = new_live_task(record=record, future=None, retry=None)
+    assert _as_tuple(live) == _as_tuple(LiveTask(record=record, future=None))  # type: ignore[arg-type]
+    assert _as_tuple(new_queue_item("t", 1.0, 0.5, 3)) == _as_tuple(QueueItem("t", 1.0, 0.5, 3))
+    assert sane_usage(None, 4.0, None) == UsageVerdict(4.0) and sane_usage(5, 4.0, None) == UsageVerdict(5.0)

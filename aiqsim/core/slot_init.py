@@ -11,7 +11,9 @@ memory layout) and no frozen ``__setattr__``. An object is filled in as the twin
 attribute stores (which CPython specialises for slots) and then turned into the frozen class by
 assigning ``__class__``, which CPython allows between classes of identical layout.
 :func:`fast_frozen_init` gives a class an ``__init__`` built this way, with the same parameters,
-defaults and default factories as the dataclass's own; :func:`compile_copier` builds a
+defaults and default factories as the dataclass's own; :func:`compile_builder` a plain function that
+builds one from the same arguments (calling a class on CPython 3.11 packs its arguments into a
+tuple and a dict first: the scheduler's hot paths call builders); :func:`compile_copier` builds a
 ``copy(obj, changes)`` (``dataclasses.replace`` without its per-call introspection), through
 :class:`FieldCopiers`: one generated copier per set of changed names. The class
 stays frozen for everyone else: assignment still raises ``FrozenInstanceError``; equality,
@@ -40,11 +42,13 @@ class UnsupportedDataclassError(ConfigurationError, TypeError):
 _NO_ARGUMENT = object()  # the default of a field with a default factory: "not given"
 
 
-def _checked_fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
-    """The fields of ``cls``, after checking that its construction can be reproduced here."""
+def _checked_fields(cls: type, *, frozen: bool = True) -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of ``cls``, after checking that its construction can be reproduced here
+    (a frozen dataclass with slots; any dataclass with slots when ``frozen`` is False)."""
     params = getattr(cls, "__dataclass_params__", None)
-    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
-        raise UnsupportedDataclassError(f"{cls.__name__} is not a frozen dataclass with slots")
+    if params is None or (frozen and not params.frozen) or "__slots__" not in cls.__dict__:
+        kind = "frozen dataclass" if frozen else "dataclass"
+        raise UnsupportedDataclassError(f"{cls.__name__} is not a {kind} with slots")
     if cls.__bases__ != (object,):
         raise UnsupportedDataclassError(f"{cls.__name__} must derive from object only (its twin's layout)")
     if hasattr(cls, "__post_init__"):
@@ -68,40 +72,79 @@ def _mutable_twin(cls: type) -> type:
     return twin
 
 
-def fast_frozen_init(cls: C) -> C:
-    """Give the frozen slotted dataclass ``cls`` an equivalent, cheaper ``__init__`` (see module docs)."""
-    fields = _checked_fields(cls)
+def _filling_function(
+    cls: type,
+    fields: tuple[dataclasses.Field[Any], ...],
+    name: str,
+    leading: tuple[str, ...],
+    first: str,
+    last: tuple[str, ...],
+) -> Callable[..., Any]:
+    """A generated function ``name(*leading, <the fields as __init__ takes them>)``: the line
+    ``first``, one plain slot store on ``self`` per field (defaults and default factories as the
+    dataclass's own ``__init__``), then the lines ``last``. Built from the field names only."""
     namespace: dict[str, Any] = {
         "_NO_ARGUMENT": _NO_ARGUMENT,
         "_become": object.__setattr__,
-        "_Twin": _mutable_twin(cls),
+        "_new": object.__new__,
+        "_Twin": _mutable_twin(cls) if cls.__dataclass_params__.frozen else cls,  # type: ignore[attr-defined]
         "_Frozen": cls,
     }
     parameters: list[str] = []
-    body = ["    _become(self, '__class__', _Twin)"]  # the frozen __setattr__ refuses even __class__
+    body = [f"    {first}"]
     for field in fields:
-        name = field.name
+        field_name = field.name
         if field.default_factory is not dataclasses.MISSING:
-            namespace[f"_factory_{name}"] = field.default_factory
-            parameters.append(f"{name}=_NO_ARGUMENT")
-            body.append(f"    self.{name} = _factory_{name}() if {name} is _NO_ARGUMENT else {name}")
+            namespace[f"_factory_{field_name}"] = field.default_factory
+            parameters.append(f"{field_name}=_NO_ARGUMENT")
+            made = f"_factory_{field_name}()"
+            body.append(f"    self.{field_name} = {made} if {field_name} is _NO_ARGUMENT else {field_name}")
         else:
             if field.default is not dataclasses.MISSING:
-                namespace[f"_default_{name}"] = field.default
-                parameters.append(f"{name}=_default_{name}")
+                namespace[f"_default_{field_name}"] = field.default
+                parameters.append(f"{field_name}=_default_{field_name}")
             else:
-                parameters.append(name)
-            body.append(f"    self.{name} = {name}")
-    body.append("    self.__class__ = _Frozen")
-    source = "\n".join([f"def __init__(self, {', '.join(parameters)}):", *body])
-    exec(source, namespace)  # built from the dataclass's own field names only
-    init = namespace["__init__"]
+                parameters.append(field_name)
+            body.append(f"    self.{field_name} = {field_name}")
+    body += [f"    {line}" for line in last]
+    exec("\n".join([f"def {name}({', '.join([*leading, *parameters])}):", *body]), namespace)
+    return namespace[name]  # type: ignore[no-any-return]
+
+
+def fast_frozen_init(cls: C) -> C:
+    """Give the frozen slotted dataclass ``cls`` an equivalent, cheaper ``__init__`` (see module docs)."""
+    fields = _checked_fields(cls)
+    # the frozen __setattr__ refuses even __class__: the object becomes the twin through object's
+    init = _filling_function(
+        cls, fields, "__init__", ("self",), "_become(self, '__class__', _Twin)", ("self.__class__ = _Frozen",)
+    )
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     init.__doc__ = cls.__init__.__doc__
     init.__annotations__ = dict(cls.__init__.__annotations__)
     cls.__init__ = init  # type: ignore[misc]
     return cls
+
+
+def compile_builder(cls: type) -> Callable[..., Any]:
+    """A function that builds a ``cls`` from the arguments ``cls(...)`` takes (the same
+    parameters, defaults and default factories), for the slotted dataclass ``cls``, frozen or not.
+
+    For the scheduler's hot paths: on CPython 3.11 calling a class is not specialised, so each
+    ``cls(...)`` builds an argument tuple (and a dict for keyword arguments) before ``__init__``
+    even runs; a call of a plain function passes its arguments as they are. A frozen class is
+    filled in as its mutable twin and then becomes itself, as in :func:`fast_frozen_init`. The
+    result is an ordinary ``cls``: equal to, and indistinguishable from, one made by ``cls(...)``.
+    """
+    params = getattr(cls, "__dataclass_params__", None)
+    frozen = params is not None and params.frozen
+    fields = _checked_fields(cls, frozen=frozen)
+    last = ("self.__class__ = _Frozen", "return self") if frozen else ("return self",)
+    build = _filling_function(cls, fields, f"new_{cls.__name__}", (), "self = _new(_Twin)", last)
+    build.__qualname__ = build.__name__
+    build.__module__ = cls.__module__
+    build.__doc__ = f"A new :class:`{cls.__name__}`, as ``{cls.__name__}(...)`` (see aiqsim.core.slot_init)."
+    return build
 
 
 class FieldCopiers:

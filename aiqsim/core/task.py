@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.slot_init import compile_copier, fast_frozen_init
+from aiqsim.core.slot_init import compile_builder, compile_copier, fast_frozen_init
 
 
 class TaskStatus(enum.StrEnum):
@@ -136,6 +136,10 @@ class TaskRecord:
             worker=data.get("worker"),
         )
 
+
+new_task_record: Callable[..., TaskRecord] = compile_builder(TaskRecord)
+"""``new_task_record(...)``: ``TaskRecord(...)`` for the scheduler's hot path (one per submission),
+without the cost of calling a class on 3.11 (:func:`aiqsim.core.slot_init.compile_builder`)."""
 
 copy_record: Callable[[TaskRecord, dict[str, Any]], TaskRecord] = compile_copier(TaskRecord)
 """``copy_record(task, changes)``: ``dataclasses.replace`` for task records, without its per-call

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from aiqsim.core.slot_init import fast_frozen_init
+from aiqsim.core.slot_init import compile_builder, fast_frozen_init
 
 __all__ = ["UsageVerdict", "sane_usage"]
 
@@ -36,6 +36,9 @@ class UsageVerdict:
     anomaly: str | None = None
 
 
+_new_verdict = compile_builder(UsageVerdict)  # one verdict per successful call: no class call
+
+
 def sane_usage(reported: Any, estimate: float, capacity: float | None) -> UsageVerdict:
     """The usage to reconcile for a call that reported ``reported`` tokens (see the module rule).
 
@@ -43,7 +46,7 @@ def sane_usage(reported: Any, estimate: float, capacity: float | None) -> UsageV
     token-bucket capacity, ``None`` when tokens are unlimited (then no upper bound applies).
     """
     if reported is None:
-        return UsageVerdict(estimate)
+        return _new_verdict(estimate)
     if isinstance(reported, bool) or not isinstance(reported, int | float):
         return UsageVerdict(
             estimate, f"usage is not a number ({type(reported).__name__}): charged the estimate"
@@ -60,4 +63,4 @@ def sane_usage(reported: Any, estimate: float, capacity: float | None) -> UsageV
         bound = max(capacity, estimate)
         if value > bound:
             return UsageVerdict(bound, f"usage {value:g} is above the bound {bound:g}: charged the bound")
-    return UsageVerdict(value)
+    return _new_verdict(value)

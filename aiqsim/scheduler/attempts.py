@@ -30,7 +30,7 @@ from aiqsim.runtime.protocol import Cancelled
 from aiqsim.scheduler.events import AttemptRecord, LanePaused, UsageAnomaly
 from aiqsim.scheduler.lanes import Lane
 from aiqsim.scheduler.live import LiveTask
-from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.scheduler.provider import ProviderResponse, new_request
 from aiqsim.scheduler.rate_limit_scope import RateLimitScope, pauses_lane
 from aiqsim.scheduler.retry import abandon_at_gate, ask_gates, gate_wait_s, tell_gate
 from aiqsim.scheduler.store_writes import persist
@@ -98,7 +98,7 @@ class AttemptLoop:
                     )
                     self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
                     return
-                request = ProviderRequest(
+                request = new_request(
                     task_id=record.id,
                     idempotency_key=record.key,
                     kind=record.kind,

@@ -26,7 +26,7 @@ from aiqsim.core.failures import describe_error
 from aiqsim.core.task import Priority, TaskStatus
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 from aiqsim.runtime.protocol import Cancelled, Future
-from aiqsim.scheduler.dispatch import QueueItem, TaskQueue
+from aiqsim.scheduler.dispatch import QueueItem, TaskQueue, new_queue_item
 from aiqsim.scheduler.events import QuotaSample
 from aiqsim.scheduler.lane_pump import LanePump
 from aiqsim.scheduler.live import LiveTask
@@ -128,7 +128,7 @@ class LaneDispatch:
         record = live.record
         lane = self._lanes[record.provider]
         self._seq += 1
-        item = QueueItem(record.id, record.cost_estimate, self.runtime.now(), self._seq)
+        item = new_queue_item(record.id, record.cost_estimate, self.runtime.now(), self._seq)
         live.queue_item = item
         lane.queues[record.priority].push(item)
         self._queued[record.priority] += 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from aiqsim.core.slot_init import compile_builder
 from aiqsim.core.task import TaskRecord
 from aiqsim.runtime.protocol import Future, TaskHandle
 from aiqsim.scheduler.dispatch import QueueItem
@@ -27,6 +29,11 @@ class LiveTask:
     lost: StoreWriteError | None = None
     """Set when the task's record was rolled back before its runner started: it must not run."""
     retry: RetryPolicy | None = None  # this task's own policy (a job stage's), else the scheduler's
+
+
+new_live_task: Callable[..., LiveTask] = compile_builder(LiveTask)
+"""``LiveTask(...)`` without the cost of a class call (one per submission; see
+:func:`aiqsim.core.slot_init.compile_builder`)."""
 
 
 @dataclass(frozen=True, slots=True)

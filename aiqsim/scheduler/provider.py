@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.ratelimit import RateLimitSnapshot
-from aiqsim.core.slot_init import fast_frozen_init
+from aiqsim.core.slot_init import compile_builder, fast_frozen_init
 from aiqsim.core.task import Priority
 
 
@@ -40,6 +41,14 @@ class ProviderResponse:
     usage: float | None = None
     output_units: float | None = None
     ratelimit: RateLimitSnapshot | None = None
+
+
+new_request: Callable[..., ProviderRequest] = compile_builder(ProviderRequest)
+"""``ProviderRequest(...)`` without the cost of a class call (one per attempt; see
+:func:`aiqsim.core.slot_init.compile_builder`)."""
+
+new_response: Callable[..., ProviderResponse] = compile_builder(ProviderResponse)
+"""``ProviderResponse(...)`` without the cost of a class call, for simulated providers (one per call)."""
 
 
 @runtime_checkable

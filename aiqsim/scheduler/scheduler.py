@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from aiqsim.core.errors import SchedulingError
 from aiqsim.core.fingerprint import fingerprint
 from aiqsim.core.states import transition
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus, new_task_record
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.runtime.sync import Signal
@@ -64,7 +64,7 @@ from aiqsim.scheduler.events import EventSink, QueueRejected
 from aiqsim.scheduler.handles import OutcomeHandle, await_own
 from aiqsim.scheduler.lane_pump import LanePump
 from aiqsim.scheduler.lanes import Lane, LaneDispatch, lane_quota, share_quota_objects
-from aiqsim.scheduler.live import LiveTask, UnpersistedChange
+from aiqsim.scheduler.live import LiveTask, UnpersistedChange, new_live_task
 from aiqsim.scheduler.outcomes import Outcomes
 from aiqsim.scheduler.provider import Provider
 from aiqsim.scheduler.recovery import Recovery
@@ -410,7 +410,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             if limit is not None:
                 raise self._queue_full(lane, priority, limit)
         now = self.runtime.now()
-        record = TaskRecord(
+        record = new_task_record(
             id=task_id if task_id is not None else f"{self.rng.getrandbits(64):016x}",
             key=key,
             kind=kind,
@@ -429,7 +429,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             accepted = commit.durable()
         else:
             accepted = None
-        live = LiveTask(record=record, future=self.runtime.create_future(), retry=retry)
+        live = new_live_task(record=record, future=self.runtime.create_future(), retry=retry)
         self._live[record.id] = live
         if self.events is not None:
             self._emit_transition(None, record)

@@ -28,7 +28,7 @@ from aiqsim.runtime.gc_tuning import relaxed_gc
 from aiqsim.runtime.protocol import Runtime
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.scheduler.dispatch import FifoPolicy
-from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, new_response
 from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.scheduler.scheduler import Scheduler
 from aiqsim.stores.memory import MemoryStore
@@ -178,7 +178,7 @@ class ExponentialServiceProvider:
         service = self._rng.expovariate(self._service_rate)
         self.service_draws.append(service)
         await self._runtime.sleep(service)
-        return ProviderResponse(result=None)
+        return new_response(result=None)
 
 
 @dataclass(frozen=True, slots=True)
