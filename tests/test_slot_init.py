@@ -256,3 +256,27 @@ def test_the_hot_path_builders_build_what_their_classes_build() -> None:
     assert _as_tuple(live) == _as_tuple(LiveTask(record=record, future=None))  # type: ignore[arg-type]
     assert _as_tuple(new_queue_item("t", 1.0, 0.5, 3)) == _as_tuple(QueueItem("t", 1.0, 0.5, 3))
     assert sane_usage(None, 4.0, None) == UsageVerdict(4.0) and sane_usage(5, 4.0, None) == UsageVerdict(5.0)
+
+
+def test_named_tuple_builders_build_what_their_classes_build() -> None:
+    from aiqsim.scheduler.events import (
+        AttemptRecord,
+        QuotaSample,
+        TaskTransition,
+        new_attempt_record,
+        new_quota_sample,
+        new_task_transition,
+    )
+
+    transition_args = (1.0, "t", "k", "p", 1, None, "queued", 0)
+    assert new_task_transition(*transition_args) == TaskTransition(*transition_args)
+    assert type(new_task_transition(*transition_args)) is TaskTransition
+    assert new_task_transition(*transition_args).cost_estimate is None  # the default
+    attempt = ("t", "k", "p", 1, 0.0, 1.0, "ok", "done", 2.0, 2.0, None, None)
+    assert new_attempt_record(*attempt, output_units=3.0) == AttemptRecord(*attempt, output_units=3.0)
+    sample = (1.0, "p", 0.5, 0.5, 2, 0, 1)
+    assert new_quota_sample(*sample) == QuotaSample(*sample)
+    with pytest.raises(TypeError):
+        new_quota_sample(*sample[:-1])
+    with pytest.raises(TypeError):
+        new_task_transition(*transition_args, cost_estimate=1.0, colour="red")

@@ -128,7 +128,8 @@ def fast_frozen_init(cls: C) -> C:
 
 def compile_builder(cls: type) -> Callable[..., Any]:
     """A function that builds a ``cls`` from the arguments ``cls(...)`` takes (the same
-    parameters, defaults and default factories), for the slotted dataclass ``cls``, frozen or not.
+    parameters, defaults and default factories), for the slotted dataclass ``cls``, frozen or not,
+    or the ``NamedTuple`` ``cls``.
 
     For the scheduler's hot paths: on CPython 3.11 calling a class is not specialised, so each
     ``cls(...)`` builds an argument tuple (and a dict for keyword arguments) before ``__init__``
@@ -136,6 +137,8 @@ def compile_builder(cls: type) -> Callable[..., Any]:
     filled in as its mutable twin and then becomes itself, as in :func:`fast_frozen_init`. The
     result is an ordinary ``cls``: equal to, and indistinguishable from, one made by ``cls(...)``.
     """
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return _named_tuple_builder(cls)
     params = getattr(cls, "__dataclass_params__", None)
     frozen = params is not None and params.frozen
     fields = _checked_fields(cls, frozen=frozen)
@@ -145,6 +148,28 @@ def compile_builder(cls: type) -> Callable[..., Any]:
     build.__module__ = cls.__module__
     build.__doc__ = f"A new :class:`{cls.__name__}`, as ``{cls.__name__}(...)`` (see aiqsim.core.slot_init)."
     return build
+
+
+def _named_tuple_builder(cls: type) -> Callable[..., Any]:
+    """:func:`compile_builder` for a ``NamedTuple``: its fields and defaults, then ``tuple.__new__``
+    (what the class's own ``__new__`` does, after the class call it is reached through)."""
+    names: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+    defaults: dict[str, Any] = cls._field_defaults  # type: ignore[attr-defined]
+    namespace: dict[str, Any] = {"_tuple_new": tuple.__new__, "_Cls": cls}
+    parameters = []
+    for name in names:
+        if name in defaults:
+            namespace[f"_default_{name}"] = defaults[name]
+            parameters.append(f"{name}=_default_{name}")
+        else:
+            parameters.append(name)
+    function = f"new_{cls.__name__}"
+    values = "".join(f"{name}, " for name in names)
+    exec(f"def {function}({', '.join(parameters)}):\n    return _tuple_new(_Cls, ({values}))", namespace)
+    build = namespace[function]
+    build.__module__ = cls.__module__
+    build.__doc__ = f"A new :class:`{cls.__name__}`, as ``{cls.__name__}(...)`` (see aiqsim.core.slot_init)."
+    return build  # type: ignore[no-any-return]
 
 
 class FieldCopiers:

@@ -27,7 +27,7 @@ from aiqsim.core.task import TaskStatus
 from aiqsim.core.token_bucket import Reservation
 from aiqsim.core.usage import sane_usage
 from aiqsim.runtime.protocol import Cancelled
-from aiqsim.scheduler.events import AttemptRecord, LanePaused, UsageAnomaly
+from aiqsim.scheduler.events import LanePaused, UsageAnomaly, new_attempt_record
 from aiqsim.scheduler.lanes import Lane
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.provider import ProviderResponse, new_request
@@ -396,7 +396,7 @@ class AttemptLoop:
             record = live.record
             seen = response if response is not None else error
             self.events(
-                AttemptRecord(
+                new_attempt_record(
                     record.id,
                     record.key,
                     record.provider,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from aiqsim.core.ratelimit import RateLimitSnapshot
+from aiqsim.core.slot_init import compile_builder
 
 
 class TaskTransition(NamedTuple):
@@ -73,6 +74,13 @@ class QuotaSample(NamedTuple):
     in_flight: int
     queued_interactive: int
     queued_background: int
+
+
+new_task_transition: Callable[..., TaskTransition] = compile_builder(TaskTransition)
+new_attempt_record: Callable[..., AttemptRecord] = compile_builder(AttemptRecord)
+new_quota_sample: Callable[..., QuotaSample] = compile_builder(QuotaSample)
+"""The three records built on every call (a status change, an attempt, a grant), built without a
+class call (:func:`aiqsim.core.slot_init.compile_builder`): equal to ``TaskTransition(...)`` etc."""
 
 
 class StoreWriteFailed(NamedTuple):

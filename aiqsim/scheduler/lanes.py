@@ -27,7 +27,7 @@ from aiqsim.core.task import Priority, TaskStatus
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 from aiqsim.runtime.protocol import Cancelled, Future
 from aiqsim.scheduler.dispatch import QueueItem, TaskQueue, new_queue_item
-from aiqsim.scheduler.events import QuotaSample
+from aiqsim.scheduler.events import QuotaSample, new_quota_sample
 from aiqsim.scheduler.lane_pump import LanePump
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.provider import Provider
@@ -275,7 +275,7 @@ class LaneDispatch:
         requests, tokens, in_flight = lane.quota.levels(now)
         queues = lane.queues
         # positional, in QuotaSample's field order: one is built per granted attempt
-        return QuotaSample(
+        return new_quota_sample(
             now,
             lane.name,
             requests,

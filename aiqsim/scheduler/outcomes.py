@@ -15,7 +15,7 @@ from aiqsim.core.failures import describe_error
 from aiqsim.core.states import transition
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future
-from aiqsim.scheduler.events import StoreWriteFailed, TaskTransition
+from aiqsim.scheduler.events import StoreWriteFailed, new_task_transition
 from aiqsim.scheduler.live import LiveTask, UnpersistedChange
 from aiqsim.scheduler.store_writes import describe_change, persist_change
 from aiqsim.stores.base import StoreWriteError
@@ -177,7 +177,7 @@ class Outcomes:
         # is the enum's plain value (``.value`` goes through a descriptor, measurably slower here)
         if self.events is not None:
             self.events(
-                TaskTransition(
+                new_task_transition(
                     record.updated_at,
                     record.id,
                     record.key,

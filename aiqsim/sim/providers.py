@@ -75,9 +75,9 @@ from aiqsim.core.failures import (
     ServerError,
 )
 from aiqsim.core.ratelimit import RateLimitSnapshot
-from aiqsim.core.slot_init import compile_copier, fast_frozen_init
+from aiqsim.core.slot_init import compile_builder, compile_copier, fast_frozen_init
 from aiqsim.runtime.protocol import Future, Runtime
-from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, new_response
 from aiqsim.sim.config import LATENCY_DISTRIBUTIONS, OutageConfig, ProviderConfig
 from aiqsim.sim.recent_keys import RecentKeys
 
@@ -155,6 +155,7 @@ def exponential_noise(uniform: float) -> float:
 
 
 _copy_response = compile_copier(ProviderResponse)
+_new_snapshot = compile_builder(RateLimitSnapshot)  # one per simulated answer: no class call
 """``dataclasses.replace`` for responses without its per-call introspection (one per simulated answer)."""
 
 
@@ -619,7 +620,7 @@ class SimulatedProvider:
             remaining_tokens = float(math.floor(max(0.0, limit_tokens - used)))
         # Positional, in field order: tests/test_sim_providers_fast_paths.py compares it with the
         # snapshot built by keyword from window_usage, so a field reorder fails there.
-        return RateLimitSnapshot(
+        return _new_snapshot(
             limit_requests, remaining_requests, reset_requests, limit_tokens, remaining_tokens, reset_tokens
         )
 
@@ -711,7 +712,7 @@ class SimulatedProvider:
         if found is None:
             return None
         execution, result = found
-        return ProviderResponse(result=result, usage=float(execution.units))
+        return new_response(result=result, usage=float(execution.units))
 
     # ------------------------------------------------------------------ server-side work
     def _serve(self, delay: float, work: Callable[[], Any]) -> Future[Any]:
@@ -799,9 +800,7 @@ class SimulatedProvider:
                     waiter.set_result(None)
             if lost:
                 return _LOST
-            return ProviderResponse(
-                result=result, usage=float(job.units), output_units=float(job.output_units)
-            )
+            return new_response(result=result, usage=float(job.units), output_units=float(job.output_units))
 
         return self._serve(latency, execute)
 
