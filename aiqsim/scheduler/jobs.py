@@ -67,7 +67,7 @@ from aiqsim.core.errors import ConfigurationError, SchedulingError, StoreError
 from aiqsim.core.failures import describe_error
 from aiqsim.core.fingerprint import FingerprintError, fingerprint
 from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_transition, stage_status
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus, random_id
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.arguments import UnknownNameError
@@ -699,7 +699,7 @@ class Jobs:
     def _new_job_id(self) -> str:
         """A job id from the scheduler's rng that the store does not hold yet (see :meth:`_new_task_id`)."""
         while True:
-            job_id = f"job-{self.scheduler.rng.getrandbits(64):016x}"
+            job_id = f"job-{random_id(self.scheduler.rng)}"
             if self.store.get_job(job_id) is None:
                 return job_id
 
@@ -708,7 +708,7 @@ class Jobs:
         hold yet: a restarted process seeded like its predecessor draws the same ids again."""
         scheduler = self.scheduler
         while True:
-            task_id = f"{scheduler.rng.getrandbits(64):016x}"
+            task_id = random_id(scheduler.rng)
             if task_id not in self._stage_tasks and scheduler.store.get(task_id) is None:
                 return task_id
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from aiqsim.core.errors import SchedulingError
 from aiqsim.core.fingerprint import fingerprint
 from aiqsim.core.states import transition
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus, new_task_record
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus, new_task_record, random_id
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.runtime.sync import Signal
@@ -411,7 +411,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 raise self._queue_full(lane, priority, limit)
         now = self.runtime.now()
         record = new_task_record(
-            id=task_id if task_id is not None else f"{self.rng.getrandbits(64):016x}",
+            id=task_id if task_id is not None else random_id(self.rng),
             key=key,
             kind=kind,
             provider=lane_name,
