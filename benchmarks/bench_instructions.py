@@ -8,7 +8,9 @@ times, not instead of them.
 
 Each side runs in a fresh process under ``valgrind --tool=cachegrind --cache-sim=no`` (~50x slower:
 about one minute per side), with ``PYTHONPATH`` at its own tree: import ``aiqsim.sim`` and
-``simulate(path, seed=0)`` once on every ``scenarios/*.toml`` of the current tree. A third run that
+``simulate(path, seed=0)`` once on every ``scenarios/*.toml`` of the current tree that the baseline
+shipped too (as ``bench_baseline.py`` does: a newer scenario may use keys the baseline cannot parse;
+those left out are named). A third run that
 only imports gives the part both sides share, so the difference is also stated as a share of the
 ``simulate()`` part. A tree's ``.pyc`` files are written by an untimed import first (compiling them
 would count).
@@ -25,28 +27,27 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from bench_baseline import export  # sibling scripts: run as python benchmarks/bench_instructions.py
+from bench_baseline import export, shared_scenarios  # sibling scripts: run this file as a script
 from cachegrind import cachegrind_command, read_counts
 
 REPO = Path(__file__).resolve().parent.parent
 
 SIMULATE_ALL = (
-    "import glob, sys\n"
-    "from aiqsim.sim import simulate\n"
-    "for path in sorted(glob.glob(sys.argv[1] + '/*.toml')):\n"
-    "    simulate(path, seed=0)\n"
+    "import sys\nfrom aiqsim.sim import simulate\nfor path in sys.argv[1:]:\n    simulate(path, seed=0)\n"
 )
 IMPORT_ONLY = "from aiqsim.sim import simulate\n"
 
 
-def instructions(tree: Path, program: str) -> int:
-    """Instructions ``program`` executes with ``tree`` first on ``PYTHONPATH`` (cachegrind's ``I refs``)."""
+def instructions(tree: Path, program: str, scenarios: Sequence[str] = ()) -> int:
+    """Instructions ``program`` (given the ``scenarios`` paths as arguments) executes with ``tree``
+    first on ``PYTHONPATH`` (cachegrind's ``I refs``)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
     subprocess.run([sys.executable, "-c", IMPORT_ONLY], env=env, check=True, cwd=tempfile.gettempdir())
     done = subprocess.run(
-        [*cachegrind_command(), sys.executable, "-c", program, str(REPO / "scenarios")],
+        [*cachegrind_command(), sys.executable, "-c", program, *scenarios],
         env=env,
         capture_output=True,
         text=True,
@@ -65,9 +66,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="aiqsim-instructions-") as folder:
         baseline = Path(folder)
         export(args.ref, baseline)
+        scenarios, skipped = shared_scenarios(REPO / "scenarios", baseline / "scenarios")
+        if skipped:
+            print(f"not in {args.ref}, left out: {', '.join(skipped)}")
         shared = instructions(baseline, IMPORT_ONLY)
-        before = instructions(baseline, SIMULATE_ALL)
-        after = instructions(REPO, SIMULATE_ALL)
+        before = instructions(baseline, SIMULATE_ALL, scenarios)
+        after = instructions(REPO, SIMULATE_ALL, scenarios)
     change = after - before
     print(f"import only: {shared / 1e6:,.0f}M instructions")
     print(f"{args.ref}: {before / 1e6:,.0f}M   working tree: {after / 1e6:,.0f}M")
