@@ -172,8 +172,12 @@ def test_a_failed_flush_at_any_point_fails_its_batch_and_nothing_else(rt_name: s
                     assert stored == result  # reported only what is durable
             # a call is never sent for a task whose running write was rolled back
             assert all(status is TaskStatus.RUNNING for _, status in provider.seen)
+            # the lane keeps serving after the failure. If the six took fewer flushes than counted
+            # (asyncio batches by wall time: seen once in CI on a loaded machine), flush n is still to
+            # come and would hit this task instead: the injected failure is withdrawn first
+            store.fail_flushes.clear()
             fresh = await rt.wait_for(scheduler.submit("llm", {"input": "fresh"}).wait(), 200)
-            assert fresh.status is TaskStatus.SUCCEEDED  # the lane keeps serving
+            assert fresh.status is TaskStatus.SUCCEEDED
             await scheduler.close()
 
         run_on(rt_name, body)
