@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import enum
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.slot_init import compile_builder, compile_copier, fast_frozen_init
+
+if TYPE_CHECKING:
+    from random import Random  # the injected generator's type; no randomness is imported
 
 
 class TaskStatus(enum.StrEnum):
@@ -138,7 +140,7 @@ class TaskRecord:
         )
 
 
-def random_id(rng: random.Random) -> str:
+def random_id(rng: Random) -> str:
     """A fresh task (or job) id: 64 bits drawn from ``rng``, as 16 lowercase hex digits.
 
     The same string as ``f"{rng.getrandbits(64):016x}"`` for the same draw, made without the

@@ -36,7 +36,7 @@ class UsageVerdict:
     anomaly: str | None = None
 
 
-_new_verdict = compile_builder(UsageVerdict)  # one verdict per successful call: no class call
+_new_verdict = compile_builder(UsageVerdict)  # one verdict per successful call: not a class call
 
 
 def sane_usage(reported: Any, estimate: float, capacity: float | None) -> UsageVerdict:
@@ -48,7 +48,7 @@ def sane_usage(reported: Any, estimate: float, capacity: float | None) -> UsageV
     if reported is None:
         return _new_verdict(estimate)
     if isinstance(reported, bool) or not isinstance(reported, int | float):
-        return UsageVerdict(
+        return _new_verdict(
             estimate, f"usage is not a number ({type(reported).__name__}): charged the estimate"
         )
     try:
@@ -56,11 +56,11 @@ def sane_usage(reported: Any, estimate: float, capacity: float | None) -> UsageV
     except OverflowError:  # an int beyond any float
         value = math.inf if reported > 0 else -math.inf
     if not math.isfinite(value):
-        return UsageVerdict(estimate, f"usage {value!r} is not finite: charged the estimate")
+        return _new_verdict(estimate, f"usage {value!r} is not finite: charged the estimate")
     if value < 0:
-        return UsageVerdict(estimate, f"usage {value:g} is negative: charged the estimate")
+        return _new_verdict(estimate, f"usage {value:g} is negative: charged the estimate")
     if capacity is not None:
         bound = max(capacity, estimate)
         if value > bound:
-            return UsageVerdict(bound, f"usage {value:g} is above the bound {bound:g}: charged the bound")
+            return _new_verdict(bound, f"usage {value:g} is above the bound {bound:g}: charged the bound")
     return _new_verdict(value)

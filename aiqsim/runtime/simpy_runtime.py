@@ -247,11 +247,8 @@ class SimTask:
             else:
                 event._defused = True
                 yielded = self._coro.throw(event._value)
-        except StopIteration as stop:  # _end(True, stop.value), inlined: once per task
-            self._ended = True
-            self._outcome = value = stop.value
-            if self._done is not None:
-                self._done.set_result(value)
+        except StopIteration as stop:
+            self._end(True, stop.value)
             return
         except Cancelled as cancelled:
             self._end(False, cancelled)

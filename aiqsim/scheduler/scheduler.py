@@ -136,12 +136,8 @@ class Submission(OutcomeHandle[TaskRecord]):
         new_future: Callable[[], Future[TaskRecord]] | None = None,
         accepted: Future[StoreWriteError | None] | None = None,
     ) -> None:
-        # OutcomeHandle.__init__'s four stores, without the zero-argument super() that 3.11 does
-        # not specialise (one Submission per submit: 3% of an M/M/c run's samples; issue #19)
-        self.id = task_id
-        self.key = key
-        self._future = future
-        self._new_future = new_future
+        # the base named, not super(): 3.11 does not specialise the zero-argument form (one per submit)
+        OutcomeHandle.__init__(self, task_id, key, future, new_future)
         self._accepted = accepted
 
     async def accepted(self) -> None:

@@ -772,9 +772,7 @@ class SimulatedProvider:
         assert found is not None, "a replay follows a completed execution of the same key"
         execution, result = found
         self._record(request, start, self.runtime.now(), "replay", job.units)
-        return ProviderResponse(
-            result=result, usage=float(execution.units), output_units=float(job.output_units)
-        )
+        return new_response(result=result, usage=float(execution.units), output_units=float(job.output_units))
 
     def _execute(
         self,
