@@ -260,6 +260,39 @@ def test_simpy_reports_a_deadlock() -> None:
         runtime.run(body())
 
 
+@pytest.mark.parametrize("until", [None, 100.0], ids=["plain loop", "with until"])
+def test_simpy_a_failed_event_nobody_defused_stops_the_run_as_simpy_does(until: float | None) -> None:
+    """Both of run's loops (the plain one and the one that watches ``until``) treat a raw SimPy
+    event that failed with nobody to defuse it as ``simpy.Environment.step`` does: the run stops
+    with a copy of the error, the original as its cause, at the event's time."""
+    import simpy
+
+    runtime = SimPyRuntime()
+    original = ValueError("a raw SimPy event failed")
+
+    async def body():
+        fail = lambda _event: simpy.Event(runtime.env).fail(original)  # noqa: E731
+        simpy.Timeout(runtime.env, 2.0).callbacks.append(fail)
+        await runtime.sleep(5.0)
+
+    with pytest.raises(ValueError, match="a raw SimPy event failed") as raised:
+        runtime.run(body(), until=until)
+    assert raised.value is not original and raised.value.__cause__ is original
+    assert runtime.now() == 2.0
+
+
+@pytest.mark.parametrize("until", [None, 100.0], ids=["plain loop", "with until"])
+def test_simpy_reports_a_deadlock_in_either_loop(until: float | None) -> None:
+    runtime = SimPyRuntime()
+
+    async def body():
+        await runtime.sleep(3.0)
+        await runtime.create_future()
+
+    with pytest.raises(SimulationDeadlock, match="t=3"):
+        runtime.run(body(), until=until)
+
+
 @pytest.mark.parametrize("rt_name", RUNTIMES)
 def test_run_until_cancels_the_main_task_at_the_horizon(rt_name: str) -> None:
     runtime = make_runtime(rt_name)

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from heapq import heappop, heappush
 from inspect import CORO_CREATED, getcoroutinestate, iscoroutine
 from types import CoroutineType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import simpy
 from simpy.events import NORMAL, PENDING
@@ -501,6 +501,13 @@ class _DeadlineWheel:
             self._arm(first[0])
 
 
+def _raise_undefused(event: Any) -> NoReturn:
+    """A failed event nobody defused crashes the run, exactly as in ``simpy.Environment.step``."""
+    exc = type(event._value)(*event._value.args)
+    exc.__cause__ = event._value
+    raise exc
+
+
 class SimPyRuntime:
     """Runs scheduler coroutines in virtual time on a ``simpy.Environment``."""
 
@@ -658,6 +665,9 @@ class SimPyRuntime:
         queue = env._queue
         step = env.step if type(env).step is not simpy.Environment.step else None
         done = main._done_future()
+        if until is None and step is None:
+            self._run_plain(env, queue, done)
+            return main.result()
         while done._value is PENDING:
             if not queue:
                 raise SimulationDeadlock(
@@ -677,8 +687,22 @@ class SimPyRuntime:
             for callback in callbacks:
                 callback(event)
             if not event._ok and not hasattr(event, "_defused"):
-                # a failed event nobody defused crashes the run, exactly as in simpy
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
-                raise exc
+                _raise_undefused(event)
         return main.result()
+
+    @staticmethod
+    def _run_plain(env: simpy.Environment, queue: list[Any], done: SimFuture) -> None:
+        """:meth:`run`'s loop for a plain environment and no ``until``: ``simpy.Environment.step``
+        inlined with nothing else to check per event (it is the innermost loop of every simulation)."""
+        while done._value is PENDING:
+            try:
+                env._now, _, _, event = heappop(queue)
+            except IndexError:
+                raise SimulationDeadlock(
+                    f"main task still waiting at t={env.now:g} but no event is scheduled"
+                ) from None
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                _raise_undefused(event)
