@@ -135,8 +135,13 @@ class TokenBucket:
         """
         if not self.can_acquire(cost, now):
             return False
-        self._level = self._level - cost if self._level >= cost else min(self._level, 0.0)
+        self._take(cost)
         return True
+
+    def _take(self, cost: float) -> None:
+        """Take ``cost`` tokens that :meth:`can_acquire` just granted at this bucket's present time
+        (the second half of :meth:`try_acquire`, for a caller that has asked already)."""
+        self._level = self._level - cost if self._level >= cost else min(self._level, 0.0)
 
     def time_until(self, cost: float, now: float) -> float:
         """Seconds from ``now`` until ``cost`` tokens will be available (0 if now, ``inf`` if never)."""
@@ -266,12 +271,14 @@ class MultiQuota:
         """Take one request, ``tokens`` tokens and one slot, or nothing; None when not possible now."""
         if not self.can_reserve(tokens, now):
             return None
+        # can_reserve has just refilled both buckets to ``now`` and found room: take it without
+        # asking again (try_acquire would check the cost and refill a second time, to no effect)
         if self.requests is not None:
-            self.requests.try_acquire(1.0, now)
+            self.requests._take(1.0)
         self.in_flight += 1
         if self.tokens is None:  # nothing in the grant varies: one shared value (records are values)
             return _TOKENLESS[self.requests is not None]
-        self.tokens.try_acquire(tokens, now)
+        self.tokens._take(tokens)
         return Reservation(requests=1.0 if self.requests is not None else 0.0, tokens=tokens, slots=1)
 
     def trial(self) -> MultiQuota:
