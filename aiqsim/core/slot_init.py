@@ -143,7 +143,10 @@ def compile_builder(cls: type) -> Callable[..., Any]:
     frozen = params is not None and params.frozen
     fields = _checked_fields(cls, frozen=frozen)
     last = ("self.__class__ = _Frozen", "return self") if frozen else ("return self",)
-    build = _filling_function(cls, fields, f"new_{cls.__name__}", (), "self = _new(_Twin)", last)
+    # a frozen class's twin has no __init__ of its own: calling it makes an empty object more cheaply
+    # than object.__new__(twin), which parses its arguments (a non-frozen class's __init__ would run)
+    first = "self = _Twin()" if frozen else "self = _new(_Twin)"
+    build = _filling_function(cls, fields, f"new_{cls.__name__}", (), first, last)
     build.__qualname__ = build.__name__
     build.__module__ = cls.__module__
     build.__doc__ = f"A new :class:`{cls.__name__}`, as ``{cls.__name__}(...)`` (see aiqsim.core.slot_init)."
@@ -207,7 +210,8 @@ class FieldCopiers:
         if unknown:
             raise TypeError(f"{self._namespace['_Frozen'].__name__} has no field(s) {sorted(unknown)}")
         taken = set(changed)
-        lines = ["def copy(obj, changes):", "    new = _new(_Twin)"]
+        # the twin has no __init__: calling it is the cheap way to an empty object (see compile_builder)
+        lines = ["def copy(obj, changes):", "    new = _Twin()"]
         lines += [
             f"    new.{name} = changes[{name!r}]" if name in taken else f"    new.{name} = obj.{name}"
             for name in self.names
