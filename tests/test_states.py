@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from aiqsim.core.states import TRANSITIONS, IllegalTransitionError, is_legal, transition
+from aiqsim.core.states import TRANSITIONS, IllegalTransitionError, is_legal, transition, transition_with
 from aiqsim.core.task import TaskRecord, TaskStatus
 
 S = TaskStatus
@@ -158,3 +158,29 @@ def test_a_full_lifecycle_through_every_state_that_can_chain() -> None:
 def test_record_round_trips_through_its_dict_form() -> None:
     task = transition(record_in(S.QUEUED, payload={"q": [1, 2]}), S.RUNNING, now=3.0)
     assert TaskRecord.from_dict(task.to_dict()) == task
+
+
+@pytest.mark.parametrize(("current", "target"), LEGAL_PAIRS)
+def test_transition_with_a_dict_of_changes_is_transition(current: TaskStatus, target: TaskStatus) -> None:
+    """The dict form the scheduler uses gives the very record ``transition`` gives (same fields,
+    same stamps), for every legal pair and with changes of the caller's own."""
+    record = record_in(current, started_at=2.0 if current is not S.QUEUED else None)
+    assert transition_with(record, target, 9.0, {"attempts": 3}) == transition(
+        record, target, 9.0, attempts=3
+    )
+    assert transition_with(record, target, 9.0, {}) == transition(record, target, 9.0)
+
+
+@pytest.mark.parametrize(("current", "target"), ILLEGAL_PAIRS)
+def test_transition_with_an_illegal_pair_raises_and_leaves_the_changes_alone(
+    current: TaskStatus, target: TaskStatus
+) -> None:
+    changes = {"attempts": 3}
+    with pytest.raises(IllegalTransitionError):
+        transition_with(record_in(current), target, 9.0, changes)
+    assert changes == {"attempts": 3}
+
+
+def test_transition_with_refuses_a_status_among_the_changes() -> None:
+    with pytest.raises(ValueError, match="next_status"):
+        transition_with(record_in(S.QUEUED), S.RUNNING, 9.0, {"status": S.FAILED})

@@ -57,13 +57,23 @@ def transition(task: TaskRecord, next_status: TaskStatus, now: float, **changes:
     ``finished_at`` on entering a terminal state (cleared again by a manual retry).
     Raises :class:`IllegalTransitionError` naming both states and the task id.
     """
+    return transition_with(task, next_status, now, changes)
+
+
+def transition_with(
+    task: TaskRecord, next_status: TaskStatus, now: float, changes: dict[str, Any]
+) -> TaskRecord:
+    """:func:`transition` with the field changes in a dict of the caller's that this call may fill in
+    (with ``updated_at``, ``status``...): for a caller that holds its changes as a keyword-argument
+    dict of its own already, which would otherwise be unpacked only to be packed again (once per
+    status change of every task: the scheduler's ``_move`` and ``_finish``)."""
     if type(next_status) is not TaskStatus:
         next_status = TaskStatus(next_status)
     if next_status not in TRANSITIONS[task.status]:
         raise IllegalTransitionError(task.id, task.status, next_status)
     if "status" in changes:
         raise ConfigurationError("pass the new status as next_status, not in changes")
-    fields = changes  # a fresh dict per call (keyword arguments), so it is ours to fill in
+    fields = changes
     # ``name not in fields`` rather than ``setdefault``: no method call (this runs per status change)
     if "updated_at" not in fields:
         fields["updated_at"] = now

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiqsim.core.failures import describe_error
-from aiqsim.core.states import transition
+from aiqsim.core.states import transition_with
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future
 from aiqsim.scheduler.events import StoreWriteFailed, new_task_transition
@@ -39,7 +39,7 @@ class Outcomes:
 
     def _move(self, live: LiveTask, status: TaskStatus, **changes: Any) -> TaskRecord:
         old = live.record
-        record = transition(old, status, self.runtime.now(), **changes)
+        record = transition_with(old, status, self.runtime.now(), changes)  # changes: our own kwargs dict
         self._write(record, old)
         live.record = record
         if self.events is not None:  # checked here too: no call at all without a sink (hot path)
@@ -52,7 +52,7 @@ class Outcomes:
         A failed write (or group commit) resolves the submission with ``StoreWriteError`` instead.
         """
         old = live.record
-        record = transition(old, status, self.runtime.now(), **changes)
+        record = transition_with(old, status, self.runtime.now(), changes)  # changes: our own kwargs dict
         try:
             self._write(record, old)
         except StoreWriteError as error:
