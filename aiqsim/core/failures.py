@@ -101,6 +101,11 @@ class FailureClass(enum.StrEnum):
     POISON = "poison"
 
 
+# The members as module globals, for the hot paths (as aiqsim.core.task's statuses).
+RETRYABLE = FailureClass.RETRYABLE
+FATAL = FailureClass.FATAL
+POISON = FailureClass.POISON
+
 POISON_AFTER_ATTEMPTS = 3
 """A schema violation that survives this many attempts marks the input as poison."""
 
@@ -114,13 +119,17 @@ def classify_failure(
     a schema violation is retried until ``poison_after`` attempts, then poison; anything
     unknown is fatal (retrying a bug multiplies it).
     """
-    if isinstance(err, RateLimitError | TimeoutError | ServerError):
-        return FailureClass.RETRYABLE
+    if isinstance(err, _RETRYABLE_ERRORS):
+        return RETRYABLE
     if isinstance(err, SchemaViolationError):
-        return FailureClass.POISON if attempts >= poison_after else FailureClass.RETRYABLE
+        return POISON if attempts >= poison_after else RETRYABLE
     if isinstance(err, PoisonInputError):
-        return FailureClass.POISON
-    return FailureClass.FATAL
+        return POISON
+    return FATAL
+
+
+_RETRYABLE_ERRORS = (RateLimitError, TimeoutError, ServerError)
+"""429s, timeouts and 5xx (a tuple built once: ``A | B | C`` in the call made a union per failure)."""
 
 
 def describe_error(err: BaseException) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from aiqsim.core.errors import ConfigurationError, SchedulingError
 from aiqsim.core.slot_init import compile_copier
 from aiqsim.core.states import TRANSITIONS
-from aiqsim.core.task import Priority, TaskStatus
+from aiqsim.core.task import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Priority, TaskStatus
 
 JobStatus = TaskStatus
 """A job's status: the task vocabulary (queued, running, succeeded, failed, cancelled, deduped)."""
@@ -135,11 +135,11 @@ def job_transition(job: JobRecord, next_status: TaskStatus, now: float, **change
     if "status" in changes:
         raise ConfigurationError("pass the new status as next_status, not in changes")
     changes.setdefault("updated_at", now)
-    if next_status is TaskStatus.RUNNING and job.started_at is None:
+    if next_status is RUNNING and job.started_at is None:
         changes.setdefault("started_at", now)
     if next_status.is_terminal:
         changes.setdefault("finished_at", now)
-    elif next_status is TaskStatus.QUEUED:
+    elif next_status is QUEUED:
         changes.setdefault("finished_at", None)
         changes.setdefault("error", None)
         changes.setdefault("failed_stage", None)
@@ -167,17 +167,17 @@ def stage_status(task_statuses: Iterable[TaskStatus | None]) -> TaskStatus | Non
     if not statuses:
         return None
     present = [status for status in statuses if status is not None]
-    if TaskStatus.FAILED in present:
-        return TaskStatus.FAILED
-    if TaskStatus.CANCELLED in present:
-        return TaskStatus.CANCELLED
+    if FAILED in present:
+        return FAILED
+    if CANCELLED in present:
+        return CANCELLED
     if len(present) == len(statuses) and all(status in _DONE for status in present):
-        return TaskStatus.SUCCEEDED
+        return SUCCEEDED
     if not present:
         return None
     if all(status in _WAITING for status in present):
-        return TaskStatus.QUEUED
-    return TaskStatus.RUNNING
+        return QUEUED
+    return RUNNING
 
 
 def derive_job_status(stage_states: Mapping[str, TaskStatus | None]) -> TaskStatus:
@@ -186,7 +186,7 @@ def derive_job_status(stage_states: Mapping[str, TaskStatus | None]) -> TaskStat
     Same precedence as :func:`stage_status`; a job none of whose stages has started is queued.
     ``deduped`` is never derived: it is reserved for a duplicate *job* that shared another's run.
     """
-    return stage_status(stage_states.values()) or TaskStatus.QUEUED
+    return stage_status(stage_states.values()) or QUEUED
 
 
 def job_failure_message(stage: str, reason: str) -> str:

@@ -32,6 +32,15 @@ class TaskStatus(enum.StrEnum):
 
 _TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.DEDUPED})
 
+# The members as module globals, for the hot paths: on CPython 3.11 each read of ``TaskStatus.SUCCEEDED``
+# goes through enum's member descriptor (~0.1 µs, not specialised), a global's ~0.02 µs (issue #19).
+QUEUED = TaskStatus.QUEUED
+RUNNING = TaskStatus.RUNNING
+SUCCEEDED = TaskStatus.SUCCEEDED
+FAILED = TaskStatus.FAILED
+CANCELLED = TaskStatus.CANCELLED
+DEDUPED = TaskStatus.DEDUPED
+
 
 class PriorityError(ConfigurationError):
     """A ``priority`` that is neither a :class:`Priority`, its value, nor its name."""
@@ -53,6 +62,10 @@ class Priority(enum.IntEnum):
                 return member
         accepted = ", ".join(f"Priority.{m.name} ({m.name.lower()!r} or {m.value})" for m in cls)
         raise PriorityError(f"priority: expected one of {accepted}, got {value!r}")
+
+
+INTERACTIVE = Priority.INTERACTIVE  # module globals, as the statuses above
+BACKGROUND = Priority.BACKGROUND
 
 
 @fast_frozen_init  # built on every submit and status change: see aiqsim.core.slot_init

@@ -13,8 +13,9 @@ from typing import Any
 
 from aiqsim.core.backoff import retry_delay
 from aiqsim.core.failures import (
+    POISON,
+    RETRYABLE,
     AttemptRejectedError,
-    FailureClass,
     PoisonInputError,
     ProviderCancelledError,
     ProviderContractError,
@@ -23,7 +24,7 @@ from aiqsim.core.failures import (
     describe_error,
     retry_after_of,
 )
-from aiqsim.core.task import TaskStatus
+from aiqsim.core.task import CANCELLED, FAILED, RUNNING, SUCCEEDED
 from aiqsim.core.token_bucket import Reservation
 from aiqsim.core.usage import sane_usage
 from aiqsim.runtime.protocol import Cancelled
@@ -49,7 +50,7 @@ class AttemptLoop:
             lane.quota.cancel(reservation, runtime.now())
             self._quota_returned(lane)
             if live.lost is None:
-                self._finish(live, TaskStatus.CANCELLED)
+                self._finish(live, CANCELLED)
             return
         if not self._mark_running(lane, live, reservation):
             return
@@ -96,7 +97,7 @@ class AttemptLoop:
                     self._emit_attempt(
                         live, attempts, runtime.now(), runtime.now(), error, "rejected", None, None
                     )
-                    self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+                    self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
                     return
                 request = new_request(
                     task_id=record.id,
@@ -143,9 +144,9 @@ class AttemptLoop:
                             f"{describe_error(error)} (Retry-After {retry_after:g} s is longer than "
                             f"max_retry_after_s={policy.max_retry_after_s:g})"
                         )
-                        self._finish(live, TaskStatus.FAILED, attempts=attempts, error=message)
+                        self._finish(live, FAILED, attempts=attempts, error=message)
                         return
-                    if failure is FailureClass.RETRYABLE and tries < policy.max_attempts:
+                    if failure is RETRYABLE and tries < policy.max_attempts:
                         delay = retry_delay(
                             policy.backoff,
                             tries - 1,
@@ -165,9 +166,7 @@ class AttemptLoop:
                                 rejected = AttemptRejectedError(refusal)
                                 attempts += 1
                                 self._emit_attempt(live, attempts, now, now, rejected, "rejected", None, None)
-                                self._finish(
-                                    live, TaskStatus.FAILED, attempts=attempts, error=describe_error(rejected)
-                                )
+                                self._finish(live, FAILED, attempts=attempts, error=describe_error(rejected))
                                 return
                             admitted = True
                         self._emit_attempt(live, attempts, start, now, error, "retry", retry_after, delay)
@@ -180,12 +179,12 @@ class AttemptLoop:
                         # that it goes before queued work when the lane reopens on either runtime
                         # (sleeping instead, on asyncio it raced the lane's own wake-up at that instant)
                         continue
-                    decision = "exhausted" if failure is FailureClass.RETRYABLE else failure.value
+                    decision = "exhausted" if failure is RETRYABLE else failure.value
                     self._emit_attempt(live, attempts, start, now, error, decision, retry_after, None)
-                    if failure is FailureClass.POISON:
+                    if failure is POISON:
                         await self._fail_poison(live, attempts, error)
                         return
-                    self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+                    self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
                     return
                 awaiting_outcome = False
                 now = runtime.now()
@@ -201,7 +200,7 @@ class AttemptLoop:
                         live, attempts, start, now, None, "done", None, None, usage, response=response
                     )
                 lane.rate_limits.record_success(now, policy.adaptive_rule)
-                self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=response.result)
+                self._finish(live, SUCCEEDED, attempts=attempts, result=response.result)
                 return
         except Cancelled:
             if awaiting_outcome:
@@ -218,7 +217,7 @@ class AttemptLoop:
                 self._quota_returned(lane)
             if self._crashed:
                 raise
-            self._finish(live, TaskStatus.CANCELLED, attempts=attempts)
+            self._finish(live, CANCELLED, attempts=attempts)
         except Exception as error:  # not a provider failure: a gate or an event sink broke
             if admitted:
                 self._abandon_early(lane.name, record.id)
@@ -227,7 +226,7 @@ class AttemptLoop:
                 self._quota_returned(lane)
             if live.record.status.is_terminal or self._crashed:
                 raise
-            self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+            self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
         finally:
             # The last failure's traceback holds this frame, which would hold the failure: a cycle
             # only the collector frees, once per retried task (issue #19: GC time).
@@ -243,7 +242,7 @@ class AttemptLoop:
         """
         assert reservation is not None
         try:
-            self._move(live, TaskStatus.RUNNING)
+            self._move(live, RUNNING)
         except (StoreWriteError, Cancelled) as error:
             return self._not_started(lane, live, reservation, error)
         return True
@@ -272,7 +271,7 @@ class AttemptLoop:
             return False
         if self._crashed:
             raise error
-        self._finish(live, TaskStatus.CANCELLED)
+        self._finish(live, CANCELLED)
         return False
 
     def _give_back(self, lane: Lane, reservation: Reservation) -> None:
@@ -344,11 +343,11 @@ class AttemptLoop:
                 result = await self.poison_fallback(record)
             except Exception as fallback_error:
                 message = f"{describe_error(error)}; fallback failed: {describe_error(fallback_error)}"
-                self._finish(live, TaskStatus.FAILED, attempts=attempts, error=message)
+                self._finish(live, FAILED, attempts=attempts, error=message)
                 return
-            self._finish(live, TaskStatus.SUCCEEDED, attempts=attempts, result=result)
+            self._finish(live, SUCCEEDED, attempts=attempts, result=result)
             return
-        self._finish(live, TaskStatus.FAILED, attempts=attempts, error=describe_error(error))
+        self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
 
     def _gate_wait(self, provider: str, is_retry: bool) -> float:
         """The longest wait any gate asks for before the next attempt (0: none)."""

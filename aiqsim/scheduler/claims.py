@@ -9,7 +9,7 @@ another process sharing the store is watched until it ends. :class:`ClaimRules` 
 
 from __future__ import annotations
 
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.core.task import DEDUPED, SUCCEEDED, Priority, TaskRecord, TaskStatus
 from aiqsim.scheduler.foreign_owner import FOREIGN_SAFETY_POLL_S, announces_changes, store_change
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.store_writes import persist
@@ -33,8 +33,8 @@ class ClaimRules:
                 priorities = [self._live[w].record.priority for w in waiting if w in self._live]
                 if priorities:
                     self._inherit_priority(live, min(priorities))
-        elif owner.status is TaskStatus.SUCCEEDED:
-            self._finish(live, TaskStatus.DEDUPED, result=owner.result, deduped_from=owner.id)
+        elif owner.status is SUCCEEDED:
+            self._finish(live, DEDUPED, result=owner.result, deduped_from=owner.id)
         elif owner.id in self._unpersisted and owner.id not in self._live:
             self._follow_unpersisted(live, owner)  # its run ended here, unrecorded: never wait for it
         else:
@@ -137,9 +137,7 @@ class ClaimRules:
         ``deduped`` with that run's result or error. Used when a live owner ends, and by recovery for a
         duplicate that was waiting when the process stopped (whose owner recovery may have failed as
         interrupted: claiming the key instead would send the call again)."""
-        self._finish(
-            waiter, TaskStatus.DEDUPED, result=owner.result, error=owner.error, deduped_from=owner.id
-        )
+        self._finish(waiter, DEDUPED, result=owner.result, error=owner.error, deduped_from=owner.id)
 
     async def _watch_foreign_owner(self, owner_id: str) -> None:
         """Wait until the run of a key owned by another process is terminal.

@@ -67,7 +67,18 @@ from aiqsim.core.errors import ConfigurationError, SchedulingError, StoreError
 from aiqsim.core.failures import describe_error
 from aiqsim.core.fingerprint import FingerprintError, fingerprint
 from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_transition, stage_status
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus, random_id
+from aiqsim.core.task import (
+    CANCELLED,
+    DEDUPED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    Priority,
+    TaskRecord,
+    TaskStatus,
+    random_id,
+)
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.arguments import UnknownNameError
@@ -130,9 +141,9 @@ class JobHandle(OutcomeHandle[JobRecord]):
     async def result(self) -> dict[str, Any]:
         """``{stage name: result}``; raises :class:`JobFailedError` or :class:`JobCancelledError`."""
         record = await self.wait()
-        if record.status is JobStatus.CANCELLED:
+        if record.status is CANCELLED:
             raise JobCancelledError(record)
-        if record.status is JobStatus.FAILED or record.error is not None:
+        if record.status is FAILED or record.error is not None:
             raise JobFailedError(record)
         return dict(record.results)
 
@@ -324,7 +335,7 @@ class Jobs:
         for name in names:
             phase = run.phases.get(name) if run is not None else None
             if name in record.results:
-                states[name] = TaskStatus.SUCCEEDED
+                states[name] = SUCCEEDED
             elif phase is not None:  # live here: each element's current task (its fallback's, once taken)
                 current = {index: task_id for task_id, index in phase.pending.items()}
                 parts: list[TaskStatus | None] = []
@@ -333,7 +344,7 @@ class Jobs:
                     parts.append(None if task is None else task.status)
                 states[name] = stage_status(parts)
             elif record.status.is_terminal:
-                states[name] = TaskStatus.FAILED if name == record.failed_stage else None
+                states[name] = FAILED if name == record.failed_stage else None
             else:  # another process's job: what its stage tasks say
                 found = [tasks.get(task_id) for task_id in record.stage_tasks.get(name, ())]
                 states[name] = stage_status([task.status for task in found if task is not None])
@@ -351,7 +362,7 @@ class Jobs:
                 waiters.remove(job_id)
             run.waiting_on = None
         with self._unpersisted(run):
-            self._finish(run, JobStatus.CANCELLED)
+            self._finish(run, CANCELLED)
             self._stop_stages(run, cancel_running=True)
         return True
 
@@ -371,7 +382,7 @@ class Jobs:
         plain_starting = sum(1 for task_id in starting if task_id not in self._stage_tasks)
         for run in self._runs.values():  # a duplicate waiting for its owner holds no place, as for tasks
             record = run.record
-            if record.priority is priority and record.status is JobStatus.QUEUED and run.waiting_on is None:
+            if record.priority is priority and record.status is QUEUED and run.waiting_on is None:
                 waiting_jobs.add(record.id)
         return self.scheduler._queued[priority] - queued_stage_tasks - plain_starting + len(waiting_jobs)
 
@@ -436,7 +447,7 @@ class Jobs:
         """
         resumed = reattached = unknown = left = 0
         me = self.scheduler.worker_id
-        for stored in self.store.list_jobs(JobStatus.QUEUED, JobStatus.RUNNING):
+        for stored in self.store.list_jobs(QUEUED, RUNNING):
             if stored.id in self._runs:
                 continue
             if adopted is not None and stored.worker not in adopted:
@@ -466,7 +477,7 @@ class Jobs:
             for stage_name, stage_ids in record.stage_tasks.items():
                 for task_id in stage_ids:
                     self._stage_tasks[task_id] = (record.id, stage_name)
-            if record.status is JobStatus.RUNNING:
+            if record.status is RUNNING:
                 with self._unpersisted(run):
                     self._start(run)
                 resumed += 1
@@ -495,8 +506,8 @@ class Jobs:
         record = run.record
         if owner.id == record.id:
             self._start(run)
-        elif owner.status is JobStatus.SUCCEEDED:
-            self._finish(run, JobStatus.DEDUPED, results=dict(owner.results), deduped_from=owner.id)
+        elif owner.status is SUCCEEDED:
+            self._finish(run, DEDUPED, results=dict(owner.results), deduped_from=owner.id)
         else:
             run.waiting_on = owner.id
             self._waiters.setdefault(owner.id, []).append(record.id)
@@ -511,7 +522,7 @@ class Jobs:
         duplicate that was waiting when the process stopped)."""
         self._finish(
             waiter,
-            JobStatus.DEDUPED,
+            DEDUPED,
             results=dict(owner.results),
             error=owner.error,
             failed_stage=owner.failed_stage,
@@ -554,9 +565,9 @@ class Jobs:
         assert run.spec is not None
         run.done = {name for name in run.record.results if name in {s.name for s in run.spec.stages}}
         if len(run.done) == len(run.spec.stages):  # every result was recorded before a crash
-            if run.record.status is JobStatus.QUEUED:
-                self._move(run, JobStatus.RUNNING)
-            self._finish(run, JobStatus.SUCCEEDED)
+            if run.record.status is QUEUED:
+                self._move(run, RUNNING)
+            self._finish(run, SUCCEEDED)
             return
         self._launch_ready(run)  # the first stage's write also moves the job to running
 
@@ -656,8 +667,8 @@ class Jobs:
         stage_tasks[stage.name] = [*stage_tasks.get(stage.name, []), *ids]
         now = scheduler.runtime.now()
         old = run.record
-        if old.status is JobStatus.QUEUED:  # one write: queued -> running with its first stage's tasks
-            self._write(job_transition(old, JobStatus.RUNNING, now, stage_tasks=stage_tasks), run)
+        if old.status is QUEUED:  # one write: queued -> running with its first stage's tasks
+            self._write(job_transition(old, RUNNING, now, stage_tasks=stage_tasks), run)
             self._emit(old.status, run.record)
         else:
             self._write(old.evolve(stage_tasks=stage_tasks, updated_at=now), run)
@@ -732,7 +743,7 @@ class Jobs:
         """Every task of a stage (or of its fallback) ended: fall back, fail, or record the result."""
         stage = phase.stage
         outcomes = [record for record in phase.outcomes if record is not None]
-        if any(record.status is TaskStatus.CANCELLED for record in outcomes):
+        if any(record.status is CANCELLED for record in outcomes):
             self._cancel_from_stage(run, stage.name)
             return
         failed = [i for i, record in enumerate(phase.outcomes) if record is None or not _succeeded(record)]
@@ -772,7 +783,7 @@ class Jobs:
         self._emit_stage(run, stage.name, "succeeded", tuple(record.id for record in outcomes))
         assert run.spec is not None
         if len(run.done) == len(run.spec.stages):
-            self._finish(run, JobStatus.SUCCEEDED)
+            self._finish(run, SUCCEEDED)
         else:
             self._launch_ready(run)
 
@@ -791,17 +802,17 @@ class Jobs:
     def _fail(self, run: _JobRun, stage: str, reason: str) -> None:
         if run.finished:
             return
-        if run.record.status is JobStatus.QUEUED:
-            self._move(run, JobStatus.RUNNING)
+        if run.record.status is QUEUED:
+            self._move(run, RUNNING)
         message = job_failure_message(stage, reason)
         self._emit_stage(run, stage, "failed", (), message)
-        self._finish(run, JobStatus.FAILED, failed_stage=stage, error=message)
+        self._finish(run, FAILED, failed_stage=stage, error=message)
         self._stop_stages(run, cancel_running=False)
 
     def _cancel_from_stage(self, run: _JobRun, stage: str) -> None:
         """A stage task was cancelled from outside (``scheduler.cancel``, ``close``): so is the job."""
         self._emit_stage(run, stage, "cancelled", ())
-        self._finish(run, JobStatus.CANCELLED, failed_stage=stage)
+        self._finish(run, CANCELLED, failed_stage=stage)
         self._stop_stages(run, cancel_running=True)
 
     def _stop_stages(self, run: _JobRun, *, cancel_running: bool) -> None:
@@ -819,9 +830,9 @@ class Jobs:
         now = self.scheduler.runtime.now()
         message = f"job cannot continue: {problem}"
         moved = record
-        if moved.status is JobStatus.QUEUED:
-            moved = job_transition(moved, JobStatus.RUNNING, now)
-        done = job_transition(moved, JobStatus.FAILED, now, error=message)
+        if moved.status is QUEUED:
+            moved = job_transition(moved, RUNNING, now)
+        done = job_transition(moved, FAILED, now, error=message)
         self._write(done)
         self._emit(record.status, done)
 
@@ -848,13 +859,13 @@ class Jobs:
         self._runs.pop(run.record.id, None)
         now = self.scheduler.runtime.now()
         old = run.record
-        record = old if old.status is not JobStatus.QUEUED else job_transition(old, JobStatus.RUNNING, now)
+        record = old if old.status is not QUEUED else job_transition(old, RUNNING, now)
         if not record.status.is_terminal:
             message = (
                 f"store write failed: {describe_error(error)}; this job's later progress was not "
                 "persisted (recover() re-drives it from the last write that succeeded)"
             )
-            record = job_transition(record, JobStatus.FAILED, now, error=message)
+            record = job_transition(record, FAILED, now, error=message)
         run.record = record
         self._emit(old.status, record)
         run.future.set_result(record)
@@ -928,7 +939,7 @@ def _error_of(record: TaskRecord | None) -> str:
 
 def _succeeded(record: TaskRecord) -> bool:
     """A stage task that produced a result (its own, or a finished owner's through dedup)."""
-    return record.status in (TaskStatus.SUCCEEDED, TaskStatus.DEDUPED) and record.error is None
+    return record.status in (SUCCEEDED, DEDUPED) and record.error is None
 
 
 async def recover_jobs(
@@ -942,7 +953,7 @@ async def recover_jobs(
     jobs = getattr(scheduler, "_jobs", None)
     if jobs is None:
         store = scheduler.store
-        if not keeps_jobs(store) or not store.list_jobs(JobStatus.QUEUED, JobStatus.RUNNING):  # type: ignore[attr-defined]
+        if not keeps_jobs(store) or not store.list_jobs(QUEUED, RUNNING):  # type: ignore[attr-defined]
             return None
         jobs = Jobs(scheduler)
     return await jobs.recover(adopted)

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aiqsim.core.job import JobRecord, JobStatus
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.core.job import JobRecord
+from aiqsim.core.task import DEDUPED, FAILED, Priority, TaskRecord
 from aiqsim.scheduler.events import AttemptRecord, TaskTransition
 from aiqsim.scheduler.job_events import StageEvent
 
@@ -230,7 +230,7 @@ def _split_stage(index: _Index, task_ids: Sequence[str], start: float, end: floa
     finished = [t for t in tasks if t.finished_at is not None]
     chain: list[TaskRecord] = []
     if finished:
-        current = max(finished, key=lambda t: (t.finished_at, t.status is not TaskStatus.FAILED))
+        current = max(finished, key=lambda t: (t.finished_at, t.status is not FAILED))
         chain.append(current)
         while current.created_at > start + 1e-9:
             before = [
@@ -380,10 +380,10 @@ def job_row(
             row[f"{name}_{part}_s"] = parts[part]
         for part in PARTS:
             totals[part] += parts[part]
-    if latency is not None and job.status is not JobStatus.DEDUPED:
+    if latency is not None and job.status is not DEDUPED:
         totals["other"] += max(0.0, latency - sum(on_path.values()))
     for part in PARTS:
-        row[f"{part}_s"] = totals[part] if job.status is not JobStatus.DEDUPED else None
+        row[f"{part}_s"] = totals[part] if job.status is not DEDUPED else None
     row["critical_path"] = ">".join(path)
     row["slowest_stage"] = max(on_path, key=lambda n: on_path[n]) if on_path else None
     return row

@@ -13,7 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus
+from aiqsim.core.task import (
+    BACKGROUND,
+    CANCELLED,
+    DEDUPED,
+    FAILED,
+    INTERACTIVE,
+    SUCCEEDED,
+    Priority,
+    TaskRecord,
+    TaskStatus,
+)
 from aiqsim.scheduler.events import AttemptRecord, QuotaSample, SchedulerEvent
 
 if TYPE_CHECKING:
@@ -104,8 +114,8 @@ def summarize(
     counts = Counter(r.status for r in records)
     latencies: dict[Priority | None, list[float]] = {
         None: [],
-        Priority.INTERACTIVE: [],
-        Priority.BACKGROUND: [],
+        INTERACTIVE: [],
+        BACKGROUND: [],
     }
     failure_times: list[float] = []
     for r in records:
@@ -115,7 +125,7 @@ def summarize(
         if r.status in SUCCESS_STATUSES:
             latencies[None].append(elapsed)
             latencies[r.priority].append(elapsed)
-        elif r.status is TaskStatus.FAILED:
+        elif r.status is FAILED:
             failure_times.append(elapsed)
     # One pass over the executions and one over the events (each of the figures below once had its own;
     # the events outnumber the tasks several times over).
@@ -151,14 +161,14 @@ def summarize(
     # exactly rounded sums (math.fsum): independent of the order of the terms, so the streaming mode
     # (aiqsim.sim.streaming.ExactSum, which sees them in another order) gives the identical figure
     cost_duplicated = math.fsum(duplicate_costs)
-    done = counts[TaskStatus.SUCCEEDED] + counts[TaskStatus.DEDUPED]
+    done = counts[SUCCEEDED] + counts[DEDUPED]
     return {
         "tasks_submitted": len(records),
         "tasks_rejected": rejected,
-        "tasks_succeeded": counts[TaskStatus.SUCCEEDED],
-        "tasks_failed": counts[TaskStatus.FAILED],
-        "tasks_cancelled": counts[TaskStatus.CANCELLED],
-        "tasks_deduped": counts[TaskStatus.DEDUPED],
+        "tasks_succeeded": counts[SUCCEEDED],
+        "tasks_failed": counts[FAILED],
+        "tasks_cancelled": counts[CANCELLED],
+        "tasks_deduped": counts[DEDUPED],
         "tasks_lost": sum(count for status, count in counts.items() if not status.is_terminal),
         "attempts": attempts,
         "retries": attempts - tasks_attempted,
@@ -175,8 +185,8 @@ def summarize(
         "success_latency_p99_s": _percentile(latencies[None], 99),
         "failure_time_p50_s": _percentile(failure_times, 50),
         "failure_time_p99_s": _percentile(failure_times, 99),
-        "interactive_success_latency_p99_s": _percentile(latencies[Priority.INTERACTIVE], 99),
-        "background_success_latency_p99_s": _percentile(latencies[Priority.BACKGROUND], 99),
+        "interactive_success_latency_p99_s": _percentile(latencies[INTERACTIVE], 99),
+        "background_success_latency_p99_s": _percentile(latencies[BACKGROUND], 99),
         "quota_utilization": quota_utilization(scenario, executions, records),
         "goodput_per_s": done / sim_time_s if sim_time_s > 0 else math.nan,
         "sim_time_s": sim_time_s,
