@@ -99,15 +99,12 @@ class AttemptLoop:
                     )
                     self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
                     return
+                # positional, in ProviderRequest's field order (task_id, idempotency_key, kind, payload,
+                # cost_estimate, attempt, priority; tests/test_slot_init.py): keyword calls are slower
                 request = new_request(
-                    task_id=record.id,
-                    idempotency_key=record.key,
-                    kind=record.kind,
-                    payload=record.payload,
-                    cost_estimate=record.cost_estimate,
-                    attempt=attempts,
-                    priority=record.priority,
-                )
+                    record.id, record.key, record.kind, record.payload, record.cost_estimate, attempts,
+                    record.priority,
+                )  # fmt: skip
                 start = runtime.now()
                 awaiting_outcome = True
                 try:
