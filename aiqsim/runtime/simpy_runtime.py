@@ -501,6 +501,11 @@ class _DeadlineWheel:
             self._arm(first[0])
 
 
+def _deadlock(env: simpy.Environment) -> SimulationDeadlock:
+    """What :meth:`SimPyRuntime.run` raises when its main task waits and no event is left."""
+    return SimulationDeadlock(f"main task still waiting at t={env.now:g} but no event is scheduled")
+
+
 def _raise_undefused(event: Any) -> NoReturn:
     """A failed event nobody defused crashes the run, exactly as in ``simpy.Environment.step``."""
     exc = type(event._value)(*event._value.args)
@@ -673,9 +678,7 @@ class SimPyRuntime:
         queue = env._queue  # an Environment subclass (e.g. real time) keeps its own step
         while done._value is PENDING:
             if not queue:
-                raise SimulationDeadlock(
-                    f"main task still waiting at t={env.now:g} but no event is scheduled"
-                )
+                raise _deadlock(env)
             if queue[0][0] > horizon:
                 env._now = max(env._now, horizon)
                 main.cancel()
@@ -694,9 +697,7 @@ class SimPyRuntime:
             try:
                 env._now, _, _, event = heappop(queue)
             except IndexError:
-                raise SimulationDeadlock(
-                    f"main task still waiting at t={env.now:g} but no event is scheduled"
-                ) from None
+                raise _deadlock(env) from None
             callbacks, event.callbacks = event.callbacks, None
             for callback in callbacks:
                 callback(event)
@@ -713,9 +714,7 @@ class SimPyRuntime:
             try:
                 at, priority, eid, event = heappop(queue)
             except IndexError:
-                raise SimulationDeadlock(
-                    f"main task still waiting at t={env.now:g} but no event is scheduled"
-                ) from None
+                raise _deadlock(env) from None
             if at > horizon:
                 heappush(queue, (at, priority, eid, event))
                 env._now = max(env._now, horizon)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiqsim.core.failures import describe_error
-from aiqsim.core.task import Priority, TaskStatus
+from aiqsim.core.task import BACKGROUND, INTERACTIVE, Priority, TaskStatus
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 from aiqsim.runtime.protocol import Cancelled, Future
 from aiqsim.scheduler.dispatch import QueueItem, TaskQueue, new_queue_item
@@ -35,8 +35,6 @@ from aiqsim.scheduler.rate_limit_scope import RateLimitHistory
 from aiqsim.stores.base import StoreWriteError
 
 _PRIORITIES = tuple(Priority)  # iterating the enum itself is measurably slow on the dispatch path
-_INTERACTIVE = Priority.INTERACTIVE  # module constants: an enum member looked up on its class costs ~0.1 µs
-_BACKGROUND = Priority.BACKGROUND
 
 
 @dataclass(eq=False, slots=True)
@@ -260,7 +258,7 @@ class LaneDispatch:
         head = lane.head
         retries = head.retries
         queued = self._queued
-        if queued[_INTERACTIVE] or queued[_BACKGROUND] or retries[_INTERACTIVE] or retries[_BACKGROUND]:
+        if queued[INTERACTIVE] or queued[BACKGROUND] or retries[INTERACTIVE] or retries[BACKGROUND]:
             head.pump.wake()
         else:
             head.slot_blocked = False
@@ -281,6 +279,6 @@ class LaneDispatch:
             requests,
             tokens,
             in_flight,
-            len(queues[_INTERACTIVE]),
-            len(queues[_BACKGROUND]),
+            len(queues[INTERACTIVE]),
+            len(queues[BACKGROUND]),
         )
