@@ -270,3 +270,21 @@ def test_a_retry_held_by_the_lane_pause_goes_before_queued_work_when_the_lane_re
         return [(name, attempt) for _, name, attempt in provider.calls]
 
     assert run_on(rt_name, body) == [("a", 1), ("a", 2), ("q1", 1), ("q2", 1)]
+
+
+def test_a_success_decays_the_counts_exactly_as_a_429_does() -> None:
+    # record_success decays inline (it runs once per successful call); it must stay the same rule
+    # as _decay, which record_rate_limit uses: same counts to the last bit, whatever the gaps
+    rule = AdaptiveScopeRule(window_s=0.7)
+    inline, reference = RateLimitHistory(), RateLimitHistory()
+    for now in (0.0, 0.0, 0.3, 1.9, 1.9, 2.0, 40.0, 40.25):
+        inline.record_success(now, rule)
+        reference._decay(now, rule)
+        reference.attempts += 1.0
+        assert (inline.attempts, inline.rate_limited, inline.updated_at) == (
+            reference.attempts,
+            reference.rate_limited,
+            reference.updated_at,
+        )
+        inline.record_rate_limit("t", now + 0.1, rule)
+        reference.record_rate_limit("t", now + 0.1, rule)

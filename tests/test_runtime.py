@@ -490,3 +490,28 @@ def test_an_environment_subclass_gives_the_same_run_as_a_plain_one() -> None:
         (2.0, "set"),
         (3.0, "timed out"),
     ]
+
+
+def test_a_deadline_the_wheel_still_holds_keeps_no_finished_task_alive() -> None:
+    # A call that ends long before its timeout leaves its disarmed deadline on the wheel until the
+    # wheel's timer fires, up to a whole timeout later: it must not hold the task (and through it
+    # the coroutine and whatever that referenced) all that time.
+    rt = SimPyRuntime()
+
+    async def call() -> str:
+        await rt.sleep(1.0)
+        return "done"
+
+    async def attempt() -> str:
+        return await rt.wait_for(call(), 60.0)
+
+    async def main() -> list[str]:
+        results = [await rt.spawn(attempt()) for _ in range(3)]
+        await rt.sleep(5.0)  # the deadlines (due at 61, 62, 63) are still on the wheel
+        return results
+
+    assert rt.run(main()) == ["done"] * 3
+    assert rt.now() == 8.0
+    held = list(rt._deadlines._tail) + list(rt._deadlines._heap)
+    assert len(held) == 3
+    assert all(not deadline.armed and deadline.task is None for _, _, deadline in held)

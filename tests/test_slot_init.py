@@ -243,6 +243,20 @@ def test_a_builder_refuses_shapes_it_cannot_reproduce() -> None:
             compile_builder(cls)
 
 
+def test_the_field_orders_that_positional_hot_path_calls_rely_on() -> None:
+    # Scheduler.submit builds TaskRecord and LiveTask positionally (keyword calls cost more): a new
+    # or moved field must be reflected there, or records get the wrong values without an error.
+    assert [f.name for f in dataclasses.fields(TaskRecord)] == [
+        "id", "key", "kind", "provider", "priority", "status", "cost_estimate", "attempts",
+        "created_at", "updated_at", "started_at", "finished_at", "payload", "result", "error",
+        "deduped_from", "worker", "meta",
+    ]  # fmt: skip
+    assert [f.name for f in dataclasses.fields(LiveTask)] == [
+        "record", "future", "queue_item", "runner", "started", "cancel_requested", "waiting_on",
+        "finishing", "lost", "retry",
+    ]  # fmt: skip
+
+
 def test_the_hot_path_builders_build_what_their_classes_build() -> None:
     record = new_task_record(id="t", key="k", kind="chat", provider="p", cost_estimate=2.0, payload=[1])
     assert record == TaskRecord(id="t", key="k", kind="chat", provider="p", cost_estimate=2.0, payload=[1])

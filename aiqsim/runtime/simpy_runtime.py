@@ -188,8 +188,9 @@ class _ScheduledCall:
 
 class _Outcome:
     """A triggered event reduced to what the SimPy loop and :meth:`SimTask._resume` read of one
-    (``callbacks``, ``_ok``, ``_value``): a task's first step, a step no event delivers (a
-    cancellation, a deadline's marker). Slots and no ``simpy.Event.__init__``: one is made per task."""
+    (``callbacks``, ``_ok``, ``_value``): a step no event delivers (a cancellation, a deadline's
+    marker). Slots and no ``simpy.Event.__init__``. (A task's first step needs none: the task is
+    its own first event.)"""
 
     __slots__ = ("_defused", "_ok", "_value", "callbacks")
 
@@ -209,9 +210,12 @@ class SimTask:
         "_deadlines",
         "_done",
         "_ended",
+        "_ok",
         "_outcome",
         "_rt",
+        "_value",
         "_waiting",
+        "callbacks",
         "name",
     )
 
@@ -225,13 +229,17 @@ class SimTask:
         self._cancel_pending = False
         self._cancel_requests = 0  # calls of the public cancel(); a wait_for deadline is not one
         self._deadlines: list[_Deadline] = []  # the wait_for deadlines open in this task, outermost first
-        start = _Outcome(True, None, [self._resume])
-        self._waiting: simpy.Event | _Outcome | None = start
+        # The task is its own first event (what the SimPy loop reads of one: ``callbacks``, ``_ok``,
+        # ``_value``): one object less per task than a separate start event (issue #19).
+        self.callbacks: list[Callable[[Any], None]] | None = [self._resume]
+        self._ok = True
+        self._value = None
+        self._waiting: simpy.Event | _Outcome | SimTask | None = self
         env = rt.env
-        if type(env) is _Environment:  # env.schedule(start), inlined (see _Environment)
-            heappush(env._queue, (env._now, NORMAL, next(env._eid), start))
+        if type(env) is _Environment:  # env.schedule(self), inlined (see _Environment)
+            heappush(env._queue, (env._now, NORMAL, next(env._eid), self))
         else:
-            env.schedule(start)
+            env.schedule(self)  # type: ignore[arg-type]
 
     # -- driving -------------------------------------------------------------------------
     def _resume(self, event: simpy.Event) -> None:
@@ -390,7 +398,9 @@ class _Deadline:
     __slots__ = ("armed", "cancel_requests", "expired", "future_wait", "task")
 
     def __init__(self, task: SimTask, future_wait: bool = False) -> None:
-        self.task = task
+        self.task: SimTask | None = task
+        """The task it cancels; ``None`` once closed (the wheel may hold a closed deadline until its
+        timer fires, up to a whole timeout later: it must not keep a finished task alive)."""
         self.armed = True
         self.expired = False
         self.cancel_requests = task._cancel_requests
@@ -398,9 +408,10 @@ class _Deadline:
         """True for the deadline of ``_wait_for_future``, which can take its timeout as a marker."""
 
     def expire(self, _event: Any) -> None:
-        if self.armed and self.task._ended is None:
+        task = self.task
+        if self.armed and task is not None and task._ended is None:
             self.expired = True
-            self.task._request_cancel()
+            task._request_cancel()
 
     def owns_timeout(self) -> bool:
         """Whether the cancellation that reached this ``wait_for`` is its own timeout.
@@ -411,7 +422,7 @@ class _Deadline:
         ``Signal.wait`` returning False) would keep running past the outer deadline.
         """
         task = self.task
-        if not self.expired or task._cancel_requests != self.cancel_requests:
+        if task is None or not self.expired or task._cancel_requests != self.cancel_requests:
             return False
         for outer in task._deadlines:
             if outer is self:
@@ -422,9 +433,12 @@ class _Deadline:
 
 
 def _close_deadline(deadline: _Deadline) -> None:
-    """Disarm ``deadline`` (the wheel drops it lazily) and forget it in its task."""
+    """Disarm ``deadline`` (the wheel drops it lazily) and forget it in its task, and the task in it."""
     deadline.armed = False
-    deadline.task._deadlines.remove(deadline)
+    task = deadline.task
+    if task is not None:
+        task._deadlines.remove(deadline)
+        deadline.task = None
 
 
 class _DeadlineWheel:

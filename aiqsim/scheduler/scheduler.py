@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from aiqsim.core.errors import SchedulingError
 from aiqsim.core.fingerprint import fingerprint
 from aiqsim.core.states import transition
-from aiqsim.core.task import Priority, TaskRecord, TaskStatus, new_task_record, random_id
+from aiqsim.core.task import QUEUED, Priority, TaskRecord, TaskStatus, new_task_record, random_id
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
 from aiqsim.runtime.protocol import Future, Runtime, TaskHandle
 from aiqsim.runtime.sync import Signal
@@ -406,17 +406,26 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             if limit is not None:
                 raise self._queue_full(lane, priority, limit)
         now = self.runtime.now()
+        # positional, in TaskRecord's field order (pinned by tests/test_slot_init.py): a keyword call
+        # maps each name to its parameter, once per submission; the cost is a float already
         record = new_task_record(
-            id=task_id if task_id is not None else random_id(self.rng),
-            key=key,
-            kind=kind,
-            provider=lane_name,
-            priority=priority,
-            cost_estimate=float(cost_estimate),
-            created_at=now,
-            updated_at=now,
-            payload=payload,
-            worker=self.worker_id,
+            task_id if task_id is not None else random_id(self.rng),  # id
+            key,
+            kind,
+            lane_name,  # provider
+            priority,
+            QUEUED,  # status
+            cost_estimate,
+            0,  # attempts
+            now,  # created_at
+            now,  # updated_at
+            None,  # started_at
+            None,  # finished_at
+            payload,
+            None,  # result
+            None,  # error
+            None,  # deduped_from
+            self.worker_id,  # worker
         )
         owner = persist_change(None, record, self.store.insert_and_claim, record)
         commit = self._commit  # _staged, inlined (as in Outcomes._write): once per submission
@@ -425,7 +434,10 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             accepted = commit.durable()
         else:
             accepted = None
-        live = new_live_task(record=record, future=self.runtime.create_future(), retry=retry)
+        # positional, in LiveTask's field order (record, future, queue_item, runner, started,
+        # cancel_requested, waiting_on, finishing, lost, retry; tests/test_slot_init.py)
+        future = self.runtime.create_future()
+        live = new_live_task(record, future, None, None, False, False, None, False, None, retry)
         self._live[record.id] = live
         if self.events is not None:
             self._emit_transition(None, record)
