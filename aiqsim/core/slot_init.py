@@ -225,13 +225,15 @@ class FieldCopiers:
         return copy  # type: ignore[no-any-return]
 
 
-def compile_copier(cls: type) -> Callable[[Any, dict[str, Any]], Any]:
+def compile_copier(cls: type, copiers: FieldCopiers | None = None) -> Callable[[Any, dict[str, Any]], Any]:
     """``copy(obj, changes)``: a new ``cls`` with the fields of ``obj``, except those in ``changes``.
 
     A name in ``changes`` that is not a field raises ``TypeError`` (``dataclasses.replace`` raises
-    one too). Dispatches to :class:`FieldCopiers`' copier for the changed names.
+    one too). Dispatches to :class:`FieldCopiers`' copier for the changed names (``copiers``, given
+    when a hot path also reads their cache itself; else new ones for ``cls``).
     """
-    copiers = FieldCopiers(cls)
+    if copiers is None:
+        copiers = FieldCopiers(cls)
     cache = copiers.cache
     build = copiers.copier
 

@@ -11,22 +11,27 @@ from types import MappingProxyType
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError, SchedulingError
-from aiqsim.core.task import _TERMINAL, QUEUED, RUNNING, TaskRecord, TaskStatus, copy_record
+from aiqsim.core.task import _TERMINAL, QUEUED, RECORD_COPIERS, RUNNING, TaskRecord, TaskStatus, copy_record
 
 _S = TaskStatus
 
-TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = MappingProxyType(
-    {
-        _S.QUEUED: frozenset({_S.RUNNING, _S.CANCELLED, _S.DEDUPED}),
-        _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED}),
-        # failed -> queued is a *manual* retry; the scheduler retries inside ``running``.
-        _S.FAILED: frozenset({_S.QUEUED}),
-        _S.SUCCEEDED: frozenset(),
-        _S.CANCELLED: frozenset(),
-        _S.DEDUPED: frozenset(),
-    }
-)
-"""Legal next states for each state. Anything not listed raises :class:`IllegalTransitionError`."""
+_NEXT_STATES: dict[TaskStatus, frozenset[TaskStatus]] = {
+    _S.QUEUED: frozenset({_S.RUNNING, _S.CANCELLED, _S.DEDUPED}),
+    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED}),
+    # failed -> queued is a *manual* retry; the scheduler retries inside ``running``.
+    _S.FAILED: frozenset({_S.QUEUED}),
+    _S.SUCCEEDED: frozenset(),
+    _S.CANCELLED: frozenset(),
+    _S.DEDUPED: frozenset(),
+}
+
+TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = MappingProxyType(_NEXT_STATES)
+"""Legal next states for each state. Anything not listed raises :class:`IllegalTransitionError`.
+(A read-only view of the one table; :func:`transition_with` reads the table itself, without the
+view's indirection, on every status change.)"""
+
+
+_COPIES = RECORD_COPIERS.cache
 
 
 class IllegalTransitionError(SchedulingError):
@@ -66,7 +71,7 @@ def transition_with(
     status change of every task: the scheduler's ``_move`` and ``_finish``)."""
     if type(next_status) is not TaskStatus:
         next_status = TaskStatus(next_status)
-    if next_status not in TRANSITIONS[task.status]:
+    if next_status not in _NEXT_STATES[task.status]:
         raise IllegalTransitionError(task.id, task.status, next_status)
     if "status" in changes:
         raise ConfigurationError("pass the new status as next_status, not in changes")
@@ -85,4 +90,6 @@ def transition_with(
         if "error" not in fields:
             fields["error"] = None
     fields["status"] = next_status
-    return copy_record(task, fields)
+    # copy_record's dispatch, inlined: the copier for these changed names, built on first use
+    copy = _COPIES.get(tuple(fields))
+    return copy(task, fields) if copy is not None else copy_record(task, fields)

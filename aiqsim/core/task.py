@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.slot_init import compile_builder, compile_copier, fast_frozen_init
+from aiqsim.core.slot_init import FieldCopiers, compile_builder, compile_copier, fast_frozen_init
 
 if TYPE_CHECKING:
     from random import Random  # the injected generator's type; no randomness is imported
@@ -165,7 +165,11 @@ new_task_record: Callable[..., TaskRecord] = compile_builder(TaskRecord)
 """``new_task_record(...)``: ``TaskRecord(...)`` for the scheduler's hot path (one per submission),
 without the cost of calling a class on 3.11 (:func:`aiqsim.core.slot_init.compile_builder`)."""
 
-copy_record: Callable[[TaskRecord, dict[str, Any]], TaskRecord] = compile_copier(TaskRecord)
+RECORD_COPIERS = FieldCopiers(TaskRecord)
+"""The task record's copiers by changed names (what :data:`copy_record` dispatches to; a status change
+reads ``RECORD_COPIERS.cache`` itself: :func:`aiqsim.core.states.transition_with`)."""
+
+copy_record: Callable[[TaskRecord, dict[str, Any]], TaskRecord] = compile_copier(TaskRecord, RECORD_COPIERS)
 """``copy_record(task, changes)``: ``dataclasses.replace`` for task records, without its per-call
 field introspection (see :mod:`aiqsim.core.slot_init`: one generated copier per set of changed names).
 

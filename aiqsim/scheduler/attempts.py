@@ -80,25 +80,28 @@ class AttemptLoop:
                 attempts += 1
                 tries += 1
                 is_retry = tries > 1
-                wait = self._gate_wait(lane.name, is_retry) if self.gates else 0.0
-                while wait > 0:
-                    await runtime.sleep(wait)
+                if self.gates:  # (without gates nothing below applies: ``admitted`` is never set)
                     wait = self._gate_wait(lane.name, is_retry)
-                asked = self._late_gates if admitted else self.gates
-                refusal = self._gate_refusal(lane.name, is_retry, record.id, cause, asked) if asked else None
-                if refusal is not None and admitted:  # not sent after all: the quota gets its charge back
-                    self._abandon_early(lane.name, record.id)
-                admitted = False
-                if refusal is not None:
-                    lane.quota.cancel(reservation, runtime.now())
-                    reservation = None
-                    self._quota_returned(lane)
-                    error = AttemptRejectedError(refusal)
-                    self._emit_attempt(
-                        live, attempts, runtime.now(), runtime.now(), error, "rejected", None, None
+                    while wait > 0:
+                        await runtime.sleep(wait)
+                        wait = self._gate_wait(lane.name, is_retry)
+                    asked = self._late_gates if admitted else self.gates
+                    refusal = (
+                        self._gate_refusal(lane.name, is_retry, record.id, cause, asked) if asked else None
                     )
-                    self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
-                    return
+                    if refusal is not None and admitted:  # not sent after all: the quota gets its charge back
+                        self._abandon_early(lane.name, record.id)
+                    admitted = False
+                    if refusal is not None:
+                        lane.quota.cancel(reservation, runtime.now())
+                        reservation = None
+                        self._quota_returned(lane)
+                        error = AttemptRejectedError(refusal)
+                        self._emit_attempt(
+                            live, attempts, runtime.now(), runtime.now(), error, "rejected", None, None
+                        )
+                        self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
+                        return
                 # positional, in ProviderRequest's field order (task_id, idempotency_key, kind, payload,
                 # cost_estimate, attempt, priority; tests/test_slot_init.py): keyword calls are slower
                 request = new_request(

@@ -136,8 +136,11 @@ class Submission(OutcomeHandle[TaskRecord]):
         new_future: Callable[[], Future[TaskRecord]] | None = None,
         accepted: Future[StoreWriteError | None] | None = None,
     ) -> None:
-        # the base named, not super(): 3.11 does not specialise the zero-argument form (one per submit)
-        OutcomeHandle.__init__(self, task_id, key, future, new_future)
+        # OutcomeHandle.__init__'s four stores, made here: one Python call less per submission
+        self.id = task_id
+        self.key = key
+        self._future = future
+        self._new_future = new_future
         self._accepted = accepted
 
     async def accepted(self) -> None:
