@@ -136,11 +136,8 @@ class Submission(OutcomeHandle[TaskRecord]):
         new_future: Callable[[], Future[TaskRecord]] | None = None,
         accepted: Future[StoreWriteError | None] | None = None,
     ) -> None:
-        # OutcomeHandle.__init__'s four stores, made here: one Python call less per submission
-        self.id = task_id
-        self.key = key
-        self._future = future
-        self._new_future = new_future
+        # the base named, not super(): 3.11 does not specialise the zero-argument form
+        OutcomeHandle.__init__(self, task_id, key, future, new_future)
         self._accepted = accepted
 
     async def accepted(self) -> None:
@@ -164,6 +161,31 @@ class Submission(OutcomeHandle[TaskRecord]):
         if record.status is TaskStatus.FAILED or record.error is not None:
             raise TaskFailedError(record)
         return record.result
+
+
+class _IssuedSubmission(Submission):
+    """The :class:`Submission` ``submit`` returns: the same handle, built by :func:`_new_submission`
+    without a Python ``__init__`` to run (one per submission; a class call that runs one costs more)."""
+
+    __slots__ = ()
+    __init__ = object.__init__  # type: ignore[assignment]
+
+
+def _new_submission(
+    task_id: str,
+    key: str,
+    future: Future[TaskRecord],
+    new_future: Callable[[], Future[TaskRecord]],
+    accepted: Future[StoreWriteError | None] | None,
+) -> Submission:
+    """``Submission(task_id, key, future, new_future, accepted)``, as :meth:`Submission.__init__` fills it."""
+    submission = _IssuedSubmission()
+    submission.id = task_id
+    submission.key = key
+    submission._future = future
+    submission._new_future = new_future
+    submission._accepted = accepted
+    return submission
 
 
 class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Outcomes):
@@ -447,7 +469,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         if not self._started:
             self._ensure_started()
         self._follow_owner(live, owner)
-        return Submission(record.id, key, live.future, self.runtime.create_future, accepted)
+        return _new_submission(record.id, key, live.future, self.runtime.create_future, accepted)
 
     async def submit_durable(self, kind: str, payload: Any, **options: Any) -> Submission:
         """:meth:`submit`, then wait until the submission's record is durable (:meth:`Submission.accepted`).
