@@ -18,7 +18,7 @@ import numbers
 from dataclasses import dataclass
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.slot_init import fast_frozen_init
+from aiqsim.core.slot_init import compile_builder, fast_frozen_init
 
 
 class QuotaConfigError(ConfigurationError):
@@ -190,6 +190,9 @@ class Reservation:
     slots: int
 
 
+_new_reservation = compile_builder(Reservation)  # one per granted attempt with tokens: not a class call
+
+
 @dataclass(frozen=True, slots=True)
 class QuotaLimits:
     """Per-provider client-side limits. ``None`` means unlimited in that dimension.
@@ -279,7 +282,8 @@ class MultiQuota:
         if self.tokens is None:  # nothing in the grant varies: one shared value (records are values)
             return _TOKENLESS[self.requests is not None]
         self.tokens._take(tokens)
-        return Reservation(requests=1.0 if self.requests is not None else 0.0, tokens=tokens, slots=1)
+        # positional (requests, tokens, slots): one per granted attempt with a token bucket
+        return _new_reservation(1.0 if self.requests is not None else 0.0, tokens, 1)
 
     def trial(self) -> MultiQuota:
         """A private copy to try reservations on: what it grants answers "would this start now?"

@@ -28,7 +28,7 @@ class Outcomes:
         """Persist ``record`` (raises :class:`StoreWriteError` naming the change if it fails)."""
         if self._crashed:
             raise Cancelled()
-        persist_change(old, record, self.store.update, record)
+        persist_change(old, record, self.store.update)
         if self._commit is not None:  # _staged, inlined: this runs on every transition
             self._commit.staged(record.id)
 

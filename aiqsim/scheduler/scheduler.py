@@ -452,7 +452,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             None,  # deduped_from
             self.worker_id,  # worker
         )
-        owner = persist_change(None, record, self.store.insert_and_claim, record)
+        owner = persist_change(None, record, self.store.insert_and_claim)
         commit = self._commit  # _staged, inlined (as in Outcomes._write): once per submission
         if commit is not None:
             commit.staged(record.id)
@@ -586,7 +586,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             )
         failed = record
         record = transition(record, TaskStatus.QUEUED, self.runtime.now(), worker=self.worker_id)
-        persist_change(failed, record, self.store.update, record)
+        persist_change(failed, record, self.store.update)
         self._staged(record.id)
         accepted = self._commit.durable() if self._commit is not None else None
         self._emit_transition(TaskStatus.FAILED, record)

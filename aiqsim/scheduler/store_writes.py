@@ -42,12 +42,12 @@ def persist(what: str, write: Callable[..., T], *args: object) -> T:
         raise StoreWriteError(what, error) from error
 
 
-def persist_change(old: TaskRecord | None, new: TaskRecord, write: Callable[..., T], *args: object) -> T:
-    """:func:`persist` for a task's change ``old -> new``; the description
+def persist_change(old: TaskRecord | None, new: TaskRecord, write: Callable[[TaskRecord], T]) -> T:
+    """:func:`persist` for a task's change ``old -> new``: ``write(new)``; the description
     (:func:`describe_change`) is only built when the write fails. Every transition of every task
     is written through here, and formatting a message nobody reads was ~5% of a simulation."""
     try:
-        return write(*args)
+        return write(new)
     except (StoreWriteError, ValueError, TypeError):
         raise
     except Exception as error:
