@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Callable
 
 import pytest
+import simpy
 
 from aiqsim.runtime import Cancelled, Lock, Queue, Signal, SimPyRuntime, SimulationDeadlock
 from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, make_runtime, run_on
@@ -546,3 +547,85 @@ def test_what_the_runtime_builds_is_what_the_public_classes_build() -> None:
     assert rt.run(main()) == ["spawned", "public", "future"]
     assert order == ["spawned", "public"] and rt.now() == 3.0
     assert repr(spawned) == "<SimTask a done>"
+
+
+class _SteppedEnvironment(simpy.Environment):
+    """A plain environment driven through its own ``step`` (as a subclass with a custom step is):
+    every event goes through the heap, which makes it the reference order."""
+
+    def step(self) -> None:
+        super().step()
+
+
+def _same_instant_program(rt: SimPyRuntime) -> list[str]:
+    """Events of one instant made every way the runtime and SimPy make them, in one log."""
+    log: list[str] = []
+    env = rt.env
+
+    def process(name: str):  # a raw SimPy process: its start is an URGENT event
+        log.append(f"{name} starts")
+        yield env.timeout(0)
+        log.append(f"{name} after timeout(0)")
+
+    async def child(name: str) -> None:
+        log.append(f"{name} runs")
+        await rt.sleep(0)
+        log.append(f"{name} after sleep(0)")
+
+    async def main() -> list[str]:
+        for round_ in range(3):
+            rt.spawn(child(f"task{round_}a"))
+            rt.call_soon(lambda r=round_: log.append(f"call{r}"))
+            env.process(process(f"proc{round_}"))
+            rt.spawn(child(f"task{round_}b"))
+            future = rt.create_future()
+            future.add_done_callback(lambda _f, r=round_: log.append(f"future{r} done"))
+            future.set_result(None)
+            event = env.event()
+            event.callbacks.append(lambda _e, r=round_: log.append(f"event{r}"))
+            event.succeed()
+            await rt.sleep(0)
+            log.append(f"main after round {round_}")
+            await rt.sleep(1.0)
+        return log
+
+    return rt.run(main())
+
+
+def test_the_line_of_this_instants_events_keeps_the_heaps_order() -> None:
+    # run() keeps spawn/call_soon events of the current instant in a line beside the heap; taken
+    # together they must come in exactly the order the heap alone gives
+    fast = _same_instant_program(SimPyRuntime())
+    reference = _same_instant_program(SimPyRuntime(_SteppedEnvironment()))
+    assert fast == reference
+    assert len(fast) == 3 * 10 and fast.index("proc0 starts") < fast.index("task0a runs")
+
+
+def test_events_still_in_the_line_when_a_run_ends_are_handed_to_the_heap() -> None:
+    rt = SimPyRuntime()
+    log: list[str] = []
+
+    async def child() -> None:
+        log.append("child")
+
+    async def first() -> None:
+        rt.spawn(child())  # its first step is due in this instant, after first() has returned
+        rt.call_soon(lambda: log.append("call"))
+
+    rt.run(first())
+    assert log == [] and rt._ready is None and len(rt.env._queue) == 2
+    rt.env.step()  # anything driving the environment next finds them, in order
+    rt.env.step()
+    assert log == ["child", "call"]
+
+
+def test_a_run_that_fails_hands_its_line_to_the_heap_too() -> None:
+    rt = SimPyRuntime()
+
+    async def boom() -> None:
+        rt.call_soon(lambda: None)
+        await rt.create_future()  # nothing will resolve it: deadlock once the call has run
+
+    with pytest.raises(SimulationDeadlock):
+        rt.run(boom())
+    assert rt._ready is None

@@ -215,7 +215,10 @@ def _schedule_call(
     call._callback = callback
     call._name = name
     env = rt.env
-    if type(env) is _Environment:  # env.schedule(call, NORMAL, delay), inlined (see _Environment)
+    ready = rt._ready
+    if ready is not None and delay == 0:  # run() drives a plain environment: this instant's line
+        ready.append((env._now, NORMAL, next(env._eid), call))
+    elif type(env) is _Environment:  # env.schedule(call, NORMAL, delay), inlined (see _Environment)
         heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), call))
     else:
         env.schedule(call, NORMAL, delay)  # type: ignore[arg-type]
@@ -439,7 +442,10 @@ def _start_task(task: SimTask, rt: SimPyRuntime, coro: Coroutine[Any, Any, Any],
     task._value = None
     task._waiting = task
     env = rt.env
-    if type(env) is _Environment:  # env.schedule(task), inlined (see _Environment)
+    ready = rt._ready
+    if ready is not None:  # run() drives a plain environment: its line of this instant's events
+        ready.append((env._now, NORMAL, next(env._eid), task))
+    elif type(env) is _Environment:  # env.schedule(task), inlined (see _Environment)
         heappush(env._queue, (env._now, NORMAL, next(env._eid), task))
     else:
         env.schedule(task)  # type: ignore[arg-type]
@@ -597,6 +603,9 @@ class SimPyRuntime:
         self._deadlines = _DeadlineWheel(self.env)
         self.task_errors: list[tuple[str | None, BaseException]] = []
         """Exceptions that ended spawned tasks nobody was awaiting (cancellation excluded)."""
+        self._ready: deque[tuple[float, int, int, Any]] | None = None
+        """While :meth:`run` drives a plain environment: the events scheduled for the current
+        instant by :meth:`spawn` and :meth:`call_soon` (see :meth:`_run_plain`); else ``None``."""
 
     def now(self) -> float:
         return self.env._now
@@ -768,43 +777,73 @@ class SimPyRuntime:
             env.step()
         return main.result()
 
-    @staticmethod
-    def _run_plain(env: simpy.Environment, done: SimFuture) -> None:
+    def _run_plain(self, env: simpy.Environment, done: SimFuture) -> None:
         """:meth:`run`'s loop for a plain environment and no horizon: ``simpy.Environment.step``
         inlined, nothing else checked per event (the innermost loop of every simulation; the horizon's
-        check in :meth:`_run_until` costs ~1% of an M/M/c run, so the loop without one is its own)."""
-        queue = env._queue
-        while done._value is PENDING:
-            try:
-                env._now, _, _, event = heappop(queue)
-            except IndexError:
-                raise _deadlock(env) from None
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                _raise_undefused(event)
+        check in :meth:`_run_until` costs ~1% of an M/M/c run, so the loop without one is its own).
 
-    @staticmethod
-    def _run_until(env: simpy.Environment, main: SimTask, done: SimFuture, horizon: float) -> None:
-        """:meth:`_run_plain` with a horizon, checked on the event just taken: an event later than
+        The events :meth:`spawn` and :meth:`call_soon` schedule for the current instant (a task's
+        first step, a dispatcher's wake-up: half of a simulated call's events) wait in a line of
+        their own, not on the heap, where each went to the top and back down (~8 tuple comparisons).
+        Their keys are those ``env.schedule`` gives, all for the current instant and in the order
+        made, so the loop takes events in exactly the heap's order: the line's first unless the
+        heap's top has a smaller key. Left over when the run ends, they go on the heap."""
+        queue = env._queue
+        ready: deque[tuple[float, int, int, Any]] = deque()
+        self._ready = ready
+        try:
+            while done._value is PENDING:
+                if ready and (not queue or (top := queue[0])[0] > env._now or top > ready[0]):
+                    event = ready.popleft()[3]
+                else:
+                    try:
+                        env._now, _, _, event = heappop(queue)
+                    except IndexError:
+                        raise _deadlock(env) from None
+                callbacks, event.callbacks = event.callbacks, None
+                for callback in callbacks:
+                    callback(event)
+                if not event._ok and not hasattr(event, "_defused"):
+                    _raise_undefused(event)
+        finally:
+            self._hand_back(ready)
+
+    def _run_until(self, env: simpy.Environment, main: SimTask, done: SimFuture, horizon: float) -> None:
+        """:meth:`_run_plain` with a horizon, checked on the event just taken from the heap (the
+        line holds only events of the current instant, never past the horizon): an event later than
         ``horizon`` goes back on the heap as it was (the same key: nothing reorders) and the main
         task is cancelled at ``horizon``, as :meth:`run` promises."""
         queue = env._queue
-        while done._value is PENDING:
-            try:
-                at, priority, eid, event = heappop(queue)
-            except IndexError:
-                raise _deadlock(env) from None
-            if at > horizon:
-                heappush(queue, (at, priority, eid, event))
-                env._now = max(env._now, horizon)
-                main.cancel()
-                horizon = math.inf
-                continue
-            env._now = at
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                _raise_undefused(event)
+        ready: deque[tuple[float, int, int, Any]] = deque()
+        self._ready = ready
+        try:
+            while done._value is PENDING:
+                if ready and (not queue or (top := queue[0])[0] > env._now or top > ready[0]):
+                    event = ready.popleft()[3]
+                else:
+                    try:
+                        at, priority, eid, event = heappop(queue)
+                    except IndexError:
+                        raise _deadlock(env) from None
+                    if at > horizon:
+                        heappush(queue, (at, priority, eid, event))
+                        env._now = max(env._now, horizon)
+                        main.cancel()
+                        horizon = math.inf
+                        continue
+                    env._now = at
+                callbacks, event.callbacks = event.callbacks, None
+                for callback in callbacks:
+                    callback(event)
+                if not event._ok and not hasattr(event, "_defused"):
+                    _raise_undefused(event)
+        finally:
+            self._hand_back(ready)
+
+    def _hand_back(self, ready: deque[tuple[float, int, int, Any]]) -> None:
+        """The run is over: events still in the line go on the heap with their keys, where
+        whatever drives the environment next finds them."""
+        self._ready = None
+        queue = self.env._queue
+        for entry in ready:
+            heappush(queue, entry)
