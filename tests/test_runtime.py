@@ -8,7 +8,15 @@ from collections.abc import Callable
 import pytest
 import simpy
 
-from aiqsim.runtime import Cancelled, Lock, Queue, Signal, SimPyRuntime, SimulationDeadlock
+from aiqsim.runtime import (
+    Cancelled,
+    Lock,
+    Queue,
+    RuntimeAlreadyRunningError,
+    Signal,
+    SimPyRuntime,
+    SimulationDeadlock,
+)
 from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, make_runtime, run_on
 
 both = pytest.mark.parametrize("rt_name", RUNTIMES)
@@ -629,3 +637,22 @@ def test_a_run_that_fails_hands_its_line_to_the_heap_too() -> None:
     with pytest.raises(SimulationDeadlock):
         rt.run(boom())
     assert rt._ready is None
+
+
+def test_run_cannot_be_nested_and_says_so() -> None:
+    rt = SimPyRuntime()
+    seen: list[BaseException] = []
+
+    async def inner() -> str:
+        return "inner"
+
+    async def outer() -> str:
+        try:
+            rt.run(inner())
+        except RuntimeAlreadyRunningError as error:
+            seen.append(error)
+        return await inner()  # what to do instead
+
+    assert rt.run(outer()) == "inner"
+    assert len(seen) == 1 and "await the coroutine" in str(seen[0])
+    assert rt.run(inner()) == "inner"  # the runtime is usable again once run() returned

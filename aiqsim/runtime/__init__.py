@@ -2,7 +2,13 @@
 
 from aiqsim.runtime.asyncio_runtime import AsyncioRuntime
 from aiqsim.runtime.protocol import Cancelled, Future, Runtime, TaskHandle
-from aiqsim.runtime.simpy_runtime import SimFuture, SimPyRuntime, SimTask, SimulationDeadlock
+from aiqsim.runtime.simpy_runtime import (
+    RuntimeAlreadyRunningError,
+    SimFuture,
+    SimPyRuntime,
+    SimTask,
+    SimulationDeadlock,
+)
 from aiqsim.runtime.sync import Lock, Queue, Signal
 
 __all__ = [
@@ -12,6 +18,7 @@ __all__ = [
     "Lock",
     "Queue",
     "Runtime",
+    "RuntimeAlreadyRunningError",
     "Signal",
     "SimFuture",
     "SimPyRuntime",

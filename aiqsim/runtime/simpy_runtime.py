@@ -49,6 +49,11 @@ class SimulationDeadlock(SchedulingError, RuntimeError):
     """The main coroutine is still waiting but nothing is left to happen."""
 
 
+class RuntimeAlreadyRunningError(SchedulingError, RuntimeError):
+    """:meth:`SimPyRuntime.run` was called while that runtime is already running (from one of its
+    own tasks or callbacks), as asyncio refuses a nested ``run``: await the coroutine instead."""
+
+
 class SimFuture(simpy.Event):
     """A one-shot future that is also a SimPy event (so awaiting it costs no extra object)."""
 
@@ -603,6 +608,7 @@ class SimPyRuntime:
         self._deadlines = _DeadlineWheel(self.env)
         self.task_errors: list[tuple[str | None, BaseException]] = []
         """Exceptions that ended spawned tasks nobody was awaiting (cancellation excluded)."""
+        self._running = False  # run() is driving the environment (it cannot be nested)
         self._ready: deque[tuple[float, int, int, Any]] | None = None
         """While :meth:`run` drives a plain environment: the events scheduled for the current
         instant by :meth:`spawn` and :meth:`call_soon` (see :meth:`_run_plain`); else ``None``."""
@@ -753,8 +759,22 @@ class SimPyRuntime:
 
         Stops when the main task is done, not when the event heap is empty (timers that
         nobody awaits any more may still be scheduled). With ``until``, stops at that
-        virtual time at the latest and cancels the main task.
+        virtual time at the latest and cancels the main task. Raises
+        :class:`RuntimeAlreadyRunningError` when called while this runtime runs (and closes ``coro``).
         """
+        if self._running:
+            coro.close()
+            raise RuntimeAlreadyRunningError(
+                "SimPyRuntime.run() called while this runtime is already running (from one of its tasks "
+                "or callbacks); await the coroutine there instead, or spawn it"
+            )
+        self._running = True
+        try:
+            return self._run_main(coro, until)
+        finally:
+            self._running = False
+
+    def _run_main(self, coro: Coroutine[Any, Any, T], until: float | None) -> T:
         main = self.spawn(coro, name="main")
         env = self.env
         done = main._done_future()
