@@ -565,7 +565,7 @@ class _SteppedEnvironment(simpy.Environment):
         super().step()
 
 
-def _same_instant_program(rt: SimPyRuntime) -> list[str]:
+def _same_instant_program(rt: SimPyRuntime, until: float | None = None) -> list[str]:
     """Events of one instant made every way the runtime and SimPy make them, in one log."""
     log: list[str] = []
     env = rt.env
@@ -597,14 +597,15 @@ def _same_instant_program(rt: SimPyRuntime) -> list[str]:
             await rt.sleep(1.0)
         return log
 
-    return rt.run(main())
+    return rt.run(main(), until=until)
 
 
-def test_the_line_of_this_instants_events_keeps_the_heaps_order() -> None:
+@pytest.mark.parametrize("until", [None, 100.0], ids=["no horizon", "horizon"])
+def test_the_line_of_this_instants_events_keeps_the_heaps_order(until: float | None) -> None:
     # run() keeps spawn/call_soon events of the current instant in a line beside the heap; taken
-    # together they must come in exactly the order the heap alone gives
-    fast = _same_instant_program(SimPyRuntime())
-    reference = _same_instant_program(SimPyRuntime(_SteppedEnvironment()))
+    # together they must come in exactly the order the heap alone gives (both of run's loops)
+    fast = _same_instant_program(SimPyRuntime(), until)
+    reference = _same_instant_program(SimPyRuntime(_SteppedEnvironment()), until)
     assert fast == reference
     assert len(fast) == 3 * 10 and fast.index("proc0 starts") < fast.index("task0a runs")
 

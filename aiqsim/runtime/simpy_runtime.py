@@ -807,7 +807,9 @@ class SimPyRuntime:
         their own, not on the heap, where each went to the top and back down (~8 tuple comparisons).
         Their keys are those ``env.schedule`` gives, all for the current instant and in the order
         made, so the loop takes events in exactly the heap's order: the line's first unless the
-        heap's top has a smaller key. Left over when the run ends, they go on the heap."""
+        heap's top has a smaller key. Left over when the run ends, they go on the heap. (The rule is
+        written out here and in :meth:`_run_until`, not called: it runs once per event; a test
+        drives both loops against the heap alone.)"""
         queue = env._queue
         ready: deque[tuple[float, int, int, Any]] = deque()
         self._ready = ready
