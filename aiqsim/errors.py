@@ -45,7 +45,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
     │   ├── InvariantViolation (AssertionError)   a crash test found a broken recovery guarantee
     │   ├── WorkerFailedError (RuntimeError)      a SIGKILL test's worker failed on its own
-    │   └── InvalidStateError, SimulationDeadlock (RuntimeError)   the SimPy runtime
+    │   └── InvalidStateError, SimulationDeadlock, RuntimeAlreadyRunningError (RuntimeError)   SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
     │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
@@ -95,7 +95,7 @@ from aiqsim.http.status import HttpStatusError
 from aiqsim.lab.decisions import NoSettingMeetsError
 from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
-from aiqsim.runtime.simpy_runtime import InvalidStateError, SimulationDeadlock
+from aiqsim.runtime.simpy_runtime import InvalidStateError, RuntimeAlreadyRunningError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.call_log import CallLogError
 from aiqsim.scheduler.jobs import JobCancelledError, JobFailedError, JobSpecError
@@ -160,6 +160,7 @@ __all__ = [
     "ReplayArrivalsError",
     "ResponseDecodingError",
     "ResponseMismatchError",
+    "RuntimeAlreadyRunningError",
     "ScenarioError",
     "SchedulerArgumentError",
     "SchedulerArgumentTypeError",

@@ -657,3 +657,27 @@ def test_run_cannot_be_nested_and_says_so() -> None:
     assert rt.run(outer()) == "inner"
     assert len(seen) == 1 and "await the coroutine" in str(seen[0])
     assert rt.run(inner()) == "inner"  # the runtime is usable again once run() returned
+
+
+def test_an_environment_that_overrides_schedule_still_sees_every_event_scheduled() -> None:
+    # the line beside the heap is SimPy's own Environment's: a subclass's schedule() is not bypassed
+    class Tracing(simpy.Environment):
+        scheduled = 0
+
+        def schedule(self, event, priority=simpy.events.NORMAL, delay=0):  # type: ignore[no-untyped-def]
+            Tracing.scheduled += 1
+            super().schedule(event, priority, delay)
+
+    rt = SimPyRuntime(Tracing())
+
+    async def child() -> None:
+        await rt.sleep(0)
+
+    async def main() -> None:
+        for _ in range(3):
+            rt.spawn(child())
+            rt.call_soon(lambda: None)
+        await rt.sleep(1.0)
+
+    rt.run(main())
+    assert Tracing.scheduled >= 1 + 3 * 3 + 1  # main's start, 3 x (start, call, child's sleep), main's sleep

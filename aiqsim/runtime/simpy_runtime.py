@@ -610,8 +610,9 @@ class SimPyRuntime:
         """Exceptions that ended spawned tasks nobody was awaiting (cancellation excluded)."""
         self._running = False  # run() is driving the environment (it cannot be nested)
         self._ready: deque[tuple[float, int, int, Any]] | None = None
-        """While :meth:`run` drives a plain environment: the events scheduled for the current
-        instant by :meth:`spawn` and :meth:`call_soon` (see :meth:`_run_plain`); else ``None``."""
+        """While :meth:`run` drives a ``simpy.Environment`` (not a subclass): the events scheduled
+        for the current instant by :meth:`spawn` and :meth:`call_soon` (see :meth:`_run_plain`);
+        else ``None``."""
 
     def now(self) -> float:
         return self.env._now
@@ -812,7 +813,8 @@ class SimPyRuntime:
         drives both loops against the heap alone.)"""
         queue = env._queue
         ready: deque[tuple[float, int, int, Any]] = deque()
-        self._ready = ready
+        # the line only for SimPy's own class: a subclass may override schedule() (to trace, say)
+        self._ready = ready if type(env) is _Environment else None
         try:
             while done._value is PENDING:
                 if ready and (not queue or (top := queue[0])[0] > env._now or top > ready[0]):
@@ -837,7 +839,8 @@ class SimPyRuntime:
         task is cancelled at ``horizon``, as :meth:`run` promises."""
         queue = env._queue
         ready: deque[tuple[float, int, int, Any]] = deque()
-        self._ready = ready
+        # the line only for SimPy's own class: a subclass may override schedule() (to trace, say)
+        self._ready = ready if type(env) is _Environment else None
         try:
             while done._value is PENDING:
                 if ready and (not queue or (top := queue[0])[0] > env._now or top > ready[0]):
