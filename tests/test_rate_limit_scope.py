@@ -273,8 +273,8 @@ def test_a_retry_held_by_the_lane_pause_goes_before_queued_work_when_the_lane_re
 
 
 def test_a_success_decays_the_counts_exactly_as_a_429_does() -> None:
-    # record_success decays inline (it runs once per successful call); it must stay the same rule
-    # as _decay, which record_rate_limit uses: same counts to the last bit, whatever the gaps
+    # a success and a 429 decay the counts by the one rule (_decay): the same counts to the last
+    # bit, whatever the gaps
     rule = AdaptiveScopeRule(window_s=0.7)
     inline, reference = RateLimitHistory(), RateLimitHistory()
     for now in (0.0, 0.0, 0.3, 1.9, 1.9, 2.0, 40.0, 40.25):

@@ -114,14 +114,8 @@ class RateLimitHistory:
 
     def record_success(self, now: float, rule: AdaptiveScopeRule) -> None:
         """An attempt of the lane succeeded (other failures are not counted either way)."""
-        elapsed = now - self.updated_at
-        if elapsed > 0:  # _decay, inlined: this runs once per successful call
-            factor = math.exp(-elapsed / rule.window_s) if math.isfinite(elapsed) else 0.0
-            self.attempts = self.attempts * factor + 1.0
-            self.rate_limited *= factor
-            self.updated_at = now
-        else:
-            self.attempts += 1.0
+        self._decay(now, rule)
+        self.attempts += 1.0
 
     def record_rate_limit(self, task_id: str, now: float, rule: AdaptiveScopeRule) -> bool:
         """Count a 429 seen by ``task_id`` at ``now``; whether the lane now looks spent (see the rule)."""

@@ -163,31 +163,6 @@ class Submission(OutcomeHandle[TaskRecord]):
         return record.result
 
 
-class _IssuedSubmission(Submission):
-    """The :class:`Submission` ``submit`` returns: the same handle, built by :func:`_new_submission`
-    without a Python ``__init__`` to run (one per submission; a class call that runs one costs more)."""
-
-    __slots__ = ()
-    __init__ = object.__init__  # type: ignore[assignment]
-
-
-def _new_submission(
-    task_id: str,
-    key: str,
-    future: Future[TaskRecord],
-    new_future: Callable[[], Future[TaskRecord]],
-    accepted: Future[StoreWriteError | None] | None,
-) -> Submission:
-    """``Submission(task_id, key, future, new_future, accepted)``, as :meth:`Submission.__init__` fills it."""
-    submission = _IssuedSubmission()
-    submission.id = task_id
-    submission.key = key
-    submission._future = future
-    submission._new_future = new_future
-    submission._accepted = accepted
-    return submission
-
-
 class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Outcomes):
     """Schedules provider calls under quotas, with retries, idempotency and cancellation.
 
@@ -469,7 +444,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         if not self._started:
             self._ensure_started()
         self._follow_owner(live, owner)
-        return _new_submission(record.id, key, live.future, self.runtime.create_future, accepted)
+        return Submission(record.id, key, live.future, self.runtime.create_future, accepted)
 
     async def submit_durable(self, kind: str, payload: Any, **options: Any) -> Submission:
         """:meth:`submit`, then wait until the submission's record is durable (:meth:`Submission.accepted`).
