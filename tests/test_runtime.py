@@ -603,7 +603,7 @@ def _same_instant_program(rt: SimPyRuntime, until: float | None = None) -> list[
 @pytest.mark.parametrize("until", [None, 100.0], ids=["no horizon", "horizon"])
 def test_the_line_of_this_instants_events_keeps_the_heaps_order(until: float | None) -> None:
     # run() keeps spawn/call_soon events of the current instant in a line beside the heap; taken
-    # together they must come in exactly the order the heap alone gives (both of run's loops)
+    # together they must come in exactly the order the heap alone gives (with and without a horizon)
     fast = _same_instant_program(SimPyRuntime(), until)
     reference = _same_instant_program(SimPyRuntime(_SteppedEnvironment()), until)
     assert fast == reference

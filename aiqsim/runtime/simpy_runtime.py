@@ -611,7 +611,7 @@ class SimPyRuntime:
         self._running = False  # run() is driving the environment (it cannot be nested)
         self._ready: deque[tuple[float, int, int, Any]] | None = None
         """While :meth:`run` drives a ``simpy.Environment`` (not a subclass): the events scheduled
-        for the current instant by :meth:`spawn` and :meth:`call_soon` (see :meth:`_run_plain`);
+        for the current instant by :meth:`spawn` and :meth:`call_soon` (see :meth:`_run_until`);
         else ``None``."""
 
     def now(self) -> float:
@@ -781,10 +781,7 @@ class SimPyRuntime:
         done = main._done_future()
         horizon = math.inf if until is None else until
         if type(env).step is simpy.Environment.step:
-            if until is None:
-                self._run_plain(env, done)
-            else:
-                self._run_until(env, main, done, horizon)
+            self._run_until(env, main, done, horizon)
             return main.result()
         queue = env._queue  # an Environment subclass (e.g. real time) keeps its own step
         while done._value is PENDING:
@@ -798,45 +795,20 @@ class SimPyRuntime:
             env.step()
         return main.result()
 
-    def _run_plain(self, env: simpy.Environment, done: SimFuture) -> None:
-        """:meth:`run`'s loop for a plain environment and no horizon: ``simpy.Environment.step``
-        inlined, nothing else checked per event (the innermost loop of every simulation; the horizon's
-        check in :meth:`_run_until` costs ~1% of an M/M/c run, so the loop without one is its own).
+    def _run_until(self, env: simpy.Environment, main: SimTask, done: SimFuture, horizon: float) -> None:
+        """:meth:`run`'s loop for a plain environment: ``simpy.Environment.step`` inlined.
 
         The events :meth:`spawn` and :meth:`call_soon` schedule for the current instant (a task's
         first step, a dispatcher's wake-up: half of a simulated call's events) wait in a line of
         their own, not on the heap, where each went to the top and back down (~8 tuple comparisons).
         Their keys are those ``env.schedule`` gives, all for the current instant and in the order
         made, so the loop takes events in exactly the heap's order: the line's first unless the
-        heap's top has a smaller key. Left over when the run ends, they go on the heap. (The rule is
-        written out here and in :meth:`_run_until`, not called: it runs once per event; a test
-        drives both loops against the heap alone.)"""
-        queue = env._queue
-        ready: deque[tuple[float, int, int, Any]] = deque()
-        # the line only for SimPy's own class: a subclass may override schedule() (to trace, say)
-        self._ready = ready if type(env) is _Environment else None
-        try:
-            while done._value is PENDING:
-                if ready and (not queue or (top := queue[0])[0] > env._now or top > ready[0]):
-                    event = ready.popleft()[3]
-                else:
-                    try:
-                        env._now, _, _, event = heappop(queue)
-                    except IndexError:
-                        raise _deadlock(env) from None
-                callbacks, event.callbacks = event.callbacks, None
-                for callback in callbacks:
-                    callback(event)
-                if not event._ok and not hasattr(event, "_defused"):
-                    _raise_undefused(event)
-        finally:
-            self._hand_back(ready)
+        heap's top has a smaller key. Left over when the run ends, they go on the heap.
 
-    def _run_until(self, env: simpy.Environment, main: SimTask, done: SimFuture, horizon: float) -> None:
-        """:meth:`_run_plain` with a horizon, checked on the event just taken from the heap (the
-        line holds only events of the current instant, never past the horizon): an event later than
-        ``horizon`` goes back on the heap as it was (the same key: nothing reorders) and the main
-        task is cancelled at ``horizon``, as :meth:`run` promises."""
+        ``horizon`` (``inf`` without ``until``) is checked on each event taken from the heap (the
+        line holds only events of the current instant, never past it): an event later than the
+        horizon goes back on the heap as it was (the same key: nothing reorders) and the main task
+        is cancelled at the horizon, as :meth:`run` promises."""
         queue = env._queue
         ready: deque[tuple[float, int, int, Any]] = deque()
         # the line only for SimPy's own class: a subclass may override schedule() (to trace, say)
