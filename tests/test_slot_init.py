@@ -20,9 +20,11 @@ from aiqsim.core.slot_init import (
 )
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus, copy_record, new_task_record
 from aiqsim.core.usage import UsageVerdict, sane_usage
+from aiqsim.runtime import SimPyRuntime
 from aiqsim.scheduler.dispatch import QueueItem, new_queue_item
 from aiqsim.scheduler.live import LiveTask, new_live_task
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, new_request, new_response
+from aiqsim.scheduler.scheduler import Submission, new_submission
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,3 +296,19 @@ def test_named_tuple_builders_build_what_their_classes_build() -> None:
         new_quota_sample(*sample[:-1])
     with pytest.raises(TypeError):
         new_task_transition(*transition_args, cost_estimate=1.0, colour="red")
+
+
+def test_new_submission_sets_every_slot_the_constructor_sets() -> None:
+    """``new_submission`` fills the handle's slots itself: a slot added to ``Submission`` or its base
+    that the builder misses (or a value put in the wrong one) fails here."""
+    runtime = SimPyRuntime()
+    arguments = ("t1", "k1", runtime.create_future(), runtime.create_future, runtime.create_future())
+    built = new_submission(*arguments)
+    made = Submission(*arguments)  # type: ignore[arg-type]
+    slots = [name for cls in type(made).__mro__ for name in getattr(cls, "__slots__", ())]
+    assert set(slots) >= {"id", "key", "_future", "_new_future", "_accepted"}
+    for name in slots:
+        assert getattr(built, name) is getattr(made, name), name
+    assert isinstance(built, Submission) and repr(built) == "<Submission t1 pending>"
+    without = new_submission("t2", "k2", object(), None, None)  # type: ignore[arg-type]
+    assert without._accepted is None and without._new_future is None
