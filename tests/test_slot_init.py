@@ -24,7 +24,7 @@ from aiqsim.runtime import SimPyRuntime
 from aiqsim.scheduler.dispatch import QueueItem, new_queue_item
 from aiqsim.scheduler.live import LiveTask, new_live_task
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, new_request, new_response
-from aiqsim.scheduler.scheduler import Submission, new_submission
+from aiqsim.scheduler.scheduler import Submission, _new_submission
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,16 +299,16 @@ def test_named_tuple_builders_build_what_their_classes_build() -> None:
 
 
 def test_new_submission_sets_every_slot_the_constructor_sets() -> None:
-    """``new_submission`` fills the handle's slots itself: a slot added to ``Submission`` or its base
+    """``_new_submission`` fills the handle's slots itself: a slot added to ``Submission`` or its base
     that the builder misses (or a value put in the wrong one) fails here."""
     runtime = SimPyRuntime()
     arguments = ("t1", "k1", runtime.create_future(), runtime.create_future, runtime.create_future())
-    built = new_submission(*arguments)
+    built = _new_submission(*arguments)
     made = Submission(*arguments)  # type: ignore[arg-type]
     slots = [name for cls in type(made).__mro__ for name in getattr(cls, "__slots__", ())]
     assert set(slots) >= {"id", "key", "_future", "_new_future", "_accepted"}
     for name in slots:
         assert getattr(built, name) is getattr(made, name), name
     assert isinstance(built, Submission) and repr(built) == "<Submission t1 pending>"
-    without = new_submission("t2", "k2", object(), None, None)  # type: ignore[arg-type]
+    without = _new_submission("t2", "k2", object(), None, None)  # type: ignore[arg-type]
     assert without._accepted is None and without._new_future is None
