@@ -255,7 +255,7 @@ def test_the_field_orders_that_positional_hot_path_calls_rely_on() -> None:
     ]  # fmt: skip
     assert [f.name for f in dataclasses.fields(LiveTask)] == [
         "record", "future", "queue_item", "runner", "started", "cancel_requested", "waiting_on",
-        "finishing", "lost", "retry",
+        "finishing", "lost", "retry", "outcome", "outcome_error",
     ]  # fmt: skip
 
 
@@ -302,13 +302,14 @@ def test_new_submission_sets_every_slot_the_constructor_sets() -> None:
     """``_new_submission`` fills the handle's slots itself: a slot added to ``Submission`` or its base
     that the builder misses (or a value put in the wrong one) fails here."""
     runtime = SimPyRuntime()
-    arguments = ("t1", "k1", runtime.create_future(), runtime.create_future, runtime.create_future())
+    live = LiveTask(record=new_task_record(id="t1", key="k1", kind="chat", provider="p"))
+    arguments = ("t1", "k1", live, runtime.create_future, runtime.create_future())
     built = _new_submission(*arguments)
     made = Submission(*arguments)  # type: ignore[arg-type]
     slots = [name for cls in type(made).__mro__ for name in getattr(cls, "__slots__", ())]
-    assert set(slots) >= {"id", "key", "_future", "_new_future", "_accepted"}
+    assert set(slots) >= {"id", "key", "_holder", "_new_future", "_accepted"}
     for name in slots:
         assert getattr(built, name) is getattr(made, name), name
     assert isinstance(built, Submission) and repr(built) == "<Submission t1 pending>"
-    without = _new_submission("t2", "k2", object(), None, None)  # type: ignore[arg-type]
-    assert without._accepted is None and without._new_future is None
+    without = _new_submission("t2", "k2", live, runtime.create_future, None)
+    assert without._accepted is None and without._holder is live

@@ -1,24 +1,108 @@
 """Waiting for a shared outcome: the one way task and job handles wait for completion.
 
 A :class:`~aiqsim.scheduler.scheduler.Submission` and a :class:`~aiqsim.scheduler.jobs.JobHandle`
-both hand their callers a view of one future that the scheduler resolves once, however many
-callers wait on it. Each caller must wait through a future of its own: asyncio cancels the
-future a cancelled awaiter was awaiting, so a caller that gave up (a timeout, a cancelled task)
-would otherwise cancel the shared future under every other waiter. :func:`await_own` is that
-rule, and :class:`OutcomeHandle` the handle shape built on it; both run on any runtime of the
-protocol (asyncio or SimPy), since they only use :class:`~aiqsim.runtime.protocol.Future`.
+both hand their callers a view of one outcome that the scheduler resolves once, however many
+callers wait on it. The outcome lives on the scheduler's in-process state of the work (an
+:class:`OutcomeHolder`: a task's :class:`~aiqsim.scheduler.live.LiveTask`, a job's run), and a
+future is made for it only when a caller waits before it is known: most simulated tasks are never
+awaited one by one (a run ends with ``join()``), and a future per task was 1.8% of an M/M/c
+customer's instructions (issue #19). :func:`resolve` and :func:`resolve_with_error` are how the
+scheduler ends an outcome; :func:`await_outcome` how a handle waits for it.
+
+Each caller must wait through a future of its own: asyncio cancels the future a cancelled awaiter
+was awaiting, so a caller that gave up (a timeout, a cancelled task) would otherwise cancel the
+shared future under every other waiter. :func:`await_own` is that rule, and :class:`OutcomeHandle`
+the handle shape built on it; all run on any runtime of the protocol (asyncio or SimPy), since
+they only use :class:`~aiqsim.runtime.protocol.Future`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any, ClassVar, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from aiqsim.runtime.protocol import Future
 
 R = TypeVar("R")
 
-__all__ = ["OutcomeHandle", "await_own", "relay"]
+__all__ = [
+    "OutcomeAlreadySetError",
+    "OutcomeHandle",
+    "OutcomeHolder",
+    "PendingOutcome",
+    "await_outcome",
+    "await_own",
+    "outcome_known",
+    "relay",
+    "resolve",
+    "resolve_with_error",
+]
+
+
+class OutcomeHolder(Protocol):
+    """Where one unit of work's outcome is kept until every handle has read it.
+
+    ``outcome`` is the final value (never ``None`` once set), ``outcome_error`` the exception the
+    work ended with instead; ``future`` is made by the first caller that has to wait, and resolved
+    with the outcome when it comes. Only :func:`resolve` and :func:`resolve_with_error` set them.
+    """
+
+    future: Future[Any] | None
+    outcome: Any
+    outcome_error: BaseException | None
+
+
+@dataclass(eq=False, slots=True)
+class PendingOutcome:
+    """The plain :class:`OutcomeHolder`: an outcome with nothing else kept beside it."""
+
+    future: Future[Any] | None = None
+    outcome: Any = None
+    outcome_error: BaseException | None = None
+
+
+class OutcomeAlreadySetError(RuntimeError):
+    """An outcome was resolved twice: a scheduler bug, raised rather than overwriting the first."""
+
+
+def outcome_known(holder: OutcomeHolder) -> bool:
+    """True once ``holder``'s outcome (a value or an exception) is set."""
+    return holder.outcome is not None or holder.outcome_error is not None
+
+
+def resolve(holder: OutcomeHolder, outcome: Any) -> None:
+    """End ``holder`` with ``outcome`` (not ``None``) and wake whoever waits on it."""
+    if holder.outcome is not None or holder.outcome_error is not None:
+        raise OutcomeAlreadySetError(f"outcome already set; refused {outcome!r}")
+    holder.outcome = outcome
+    if holder.future is not None:
+        holder.future.set_result(outcome)
+
+
+def resolve_with_error(holder: OutcomeHolder, error: BaseException) -> None:
+    """End ``holder`` with ``error``, which every handle's wait then raises."""
+    if holder.outcome is not None or holder.outcome_error is not None:
+        raise OutcomeAlreadySetError(f"outcome already set; refused {error!r}")
+    holder.outcome_error = error
+    if holder.future is not None:
+        holder.future.set_exception(error)
+
+
+async def await_outcome(holder: OutcomeHolder, new_future: Callable[[], Future[Any]]) -> Any:
+    """``holder``'s outcome (or its exception raised), waiting for it if it is not known yet.
+
+    A known outcome is returned without a future; otherwise the holder's shared future is made
+    (once, by the first waiter) and awaited through a future of this caller's own (:func:`await_own`).
+    """
+    if holder.outcome is not None:
+        return holder.outcome
+    if holder.outcome_error is not None:
+        raise holder.outcome_error
+    future = holder.future
+    if future is None:
+        future = holder.future = new_future()
+    return await await_own(future, new_future)
 
 
 def relay(source: Future[Any], target: Future[Any]) -> None:
@@ -54,12 +138,13 @@ async def await_own(future: Future[Any], new_future: Callable[[], Future[Any]] |
 class OutcomeHandle(Generic[R]):
     """A caller's handle on one scheduled unit of work (a task or a job) and its final record.
 
-    ``id`` and ``key`` name the work; :meth:`done` and :meth:`wait` look at the shared future
-    through :func:`await_own`; ``await handle`` is :meth:`result`, which each subclass defines
-    (it turns the final record into a value or raises the subclass's failure errors).
+    ``id`` and ``key`` name the work; :meth:`done` and :meth:`wait` read its
+    :class:`OutcomeHolder` (:func:`await_outcome`); ``await handle`` is :meth:`result`, which each
+    subclass defines (it turns the final record into a value or raises the subclass's failure
+    errors). ``new_future`` is the runtime's ``create_future``.
     """
 
-    __slots__ = ("_future", "_new_future", "id", "key")
+    __slots__ = ("_holder", "_new_future", "id", "key")
 
     #: The name ``repr`` shows (kept per class so a subclass's repr does not change by accident).
     _repr_name: ClassVar[str] = "OutcomeHandle"
@@ -68,21 +153,22 @@ class OutcomeHandle(Generic[R]):
         self,
         work_id: str,
         key: str,
-        future: Future[R],
-        new_future: Callable[[], Future[R]] | None = None,
+        holder: OutcomeHolder,
+        new_future: Callable[[], Future[Any]],
     ) -> None:
         self.id = work_id
         self.key = key
-        self._future = future
+        self._holder = holder
         self._new_future = new_future
 
     def done(self) -> bool:
         """True once the work reached a terminal state in this scheduler (or its outcome was lost)."""
-        return self._future.done()
+        holder = self._holder
+        return holder.outcome is not None or holder.outcome_error is not None
 
     async def wait(self) -> R:
-        """The final record; raises only what the scheduler resolved the shared future with."""
-        return await await_own(self._future, self._new_future)
+        """The final record; raises only what the scheduler ended the outcome with."""
+        return await await_outcome(self._holder, self._new_future)  # type: ignore[no-any-return]
 
     async def result(self) -> Any:
         """The work's result, or its failure raised (defined by each kind of handle)."""

@@ -82,7 +82,7 @@ from aiqsim.core.task import (
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.arguments import UnknownNameError
-from aiqsim.scheduler.handles import OutcomeHandle
+from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
 from aiqsim.stores.base import LIVE_OWNER_STATUSES
@@ -134,8 +134,8 @@ class JobHandle(OutcomeHandle[JobRecord]):
     __slots__ = ("_jobs",)
     _repr_name = "JobHandle"
 
-    def __init__(self, jobs: Jobs, job_id: str, key: str, future: Future[JobRecord]) -> None:
-        super().__init__(job_id, key, future, jobs.scheduler.runtime.create_future)
+    def __init__(self, jobs: Jobs, job_id: str, key: str, run: OutcomeHolder) -> None:
+        super().__init__(job_id, key, run, jobs.scheduler.runtime.create_future)
         self._jobs = jobs
 
     async def result(self) -> dict[str, Any]:
@@ -181,7 +181,9 @@ class _JobRun:
 
     record: JobRecord
     spec: JobSpec | None
-    future: Future[JobRecord]
+    future: Future[JobRecord] | None = None  # the OutcomeHolder fields (aiqsim.scheduler.handles)
+    outcome: JobRecord | None = None
+    outcome_error: BaseException | None = None
     done: set[str] = field(default_factory=set)
     phases: dict[str, _StagePhase] = field(default_factory=dict)
     task_ids: list[str] = field(default_factory=list)
@@ -297,20 +299,20 @@ class Jobs:
             worker=scheduler.worker_id,
         )
         owner = self.store.insert_and_claim_job(record)
-        run = _JobRun(record=record, spec=spec, future=scheduler.runtime.create_future())
+        run = _JobRun(record=record, spec=spec)
         self._runs[record.id] = run
         self._emit(None, record)
         scheduler._ensure_started()
         with self._unpersisted(run):
             self._follow_owner(run, owner)
-        return JobHandle(self, record.id, key, run.future)
+        return JobHandle(self, record.id, key, run)
 
     def handle(self, job_id: str) -> JobHandle | None:
         """A handle for a job live in this scheduler (e.g. one re-driven by recovery)."""
         run = self._runs.get(job_id)
         if run is None:
             return None
-        return JobHandle(self, job_id, run.record.key, run.future)
+        return JobHandle(self, job_id, run.record.key, run)
 
     def get(self, job_id: str) -> JobRecord | None:
         """The stored record of a job (live or not)."""
@@ -472,7 +474,7 @@ class Jobs:
                 continue
             if record is not stored:
                 self._write(record)
-            run = _JobRun(record=record, spec=spec, future=self.scheduler.runtime.create_future())
+            run = _JobRun(record=record, spec=spec)
             self._runs[record.id] = run
             for stage_name, stage_ids in record.stage_tasks.items():
                 for task_id in stage_ids:
@@ -868,7 +870,7 @@ class Jobs:
             record = job_transition(record, FAILED, now, error=message)
         run.record = record
         self._emit(old.status, record)
-        run.future.set_result(record)
+        resolve(run, record)
         if record.id in self._waiters:
             self._resolve_waiters(record.id, record)
         if not self._runs:
@@ -896,7 +898,7 @@ class Jobs:
         for task_ids in record.stage_tasks.values():
             for task_id in task_ids:
                 self._stage_tasks.pop(task_id, None)
-        run.future.set_result(record)
+        resolve(run, record)
         if record.id in self._waiters:
             self._resolve_waiters(record.id, record)
         if not self._runs:

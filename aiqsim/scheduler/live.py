@@ -15,10 +15,13 @@ from aiqsim.stores.base import StoreWriteError
 
 @dataclass(eq=False, slots=True)
 class LiveTask:
-    """In-process state of a task that is not yet terminal here."""
+    """In-process state of a task that is not yet terminal here, and the
+    :class:`~aiqsim.scheduler.handles.OutcomeHolder` its handles read (kept by them after the
+    task leaves the scheduler's live set)."""
 
     record: TaskRecord
-    future: Future[TaskRecord]
+    future: Future[TaskRecord] | None = None
+    """Made by the first handle that waits before the outcome is known (see aiqsim.scheduler.handles)."""
     queue_item: QueueItem | None = None
     runner: TaskHandle[None] | None = None
     started: bool = False
@@ -29,6 +32,10 @@ class LiveTask:
     lost: StoreWriteError | None = None
     """Set when the task's record was rolled back before its runner started: it must not run."""
     retry: RetryPolicy | None = None  # this task's own policy (a job stage's), else the scheduler's
+    outcome: TaskRecord | None = None
+    """The terminal record, once durable (set by :func:`~aiqsim.scheduler.handles.resolve`)."""
+    outcome_error: BaseException | None = None  # a StoreWriteError; typed as OutcomeHolder declares it
+    """Why the outcome was lost instead (set by :func:`~aiqsim.scheduler.handles.resolve_with_error`)."""
 
 
 new_live_task: Callable[..., LiveTask] = compile_builder(LiveTask)

@@ -16,6 +16,7 @@ from aiqsim.core.states import transition_with
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Cancelled, Future
 from aiqsim.scheduler.events import StoreWriteFailed, new_task_transition
+from aiqsim.scheduler.handles import outcome_known, resolve, resolve_with_error
 from aiqsim.scheduler.live import LiveTask, UnpersistedChange
 from aiqsim.scheduler.store_writes import describe_change, persist_change
 from aiqsim.stores.base import StoreWriteError
@@ -86,7 +87,7 @@ class Outcomes:
     def _settle(self, live: LiveTask, record: TaskRecord) -> None:
         """The terminal record is durable: resolve the submission and its duplicates' waits."""
         del self._live[record.id]
-        live.future.set_result(record)
+        resolve(live, record)
         if record.id in self._waiters:
             self._resolve_waiters(record.id, record)
         if self._jobs is not None:  # a job's next stage is queued in this same instant
@@ -140,8 +141,8 @@ class Outcomes:
                     error=describe_error(error),
                 )
             )
-        if not live.future.done():
-            live.future.set_exception(error)
+        if not outcome_known(live):
+            resolve_with_error(live, error)
         for waiter_id in self._waiters.pop(record.id, ()):
             waiter = self._live.get(waiter_id)
             if waiter is not None and waiter.waiting_on == record.id:

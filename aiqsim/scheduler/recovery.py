@@ -165,7 +165,7 @@ class Recovery:
             if queued.worker != me:  # taken over from another worker: say so in the store first
                 queued = queued.evolve(worker=me)
                 self._write(queued)
-            live = LiveTask(record=queued, future=self.runtime.create_future())
+            live = LiveTask(record=queued)
             ended = self.store.owner_of(queued.key)
             if ended is not None and ended.id != queued.id and ended.status in SHARED_ENDINGS:
                 # a duplicate that was waiting when the process stopped, on an owner whose run has

@@ -132,12 +132,12 @@ class Submission(OutcomeHandle[TaskRecord]):
         self,
         task_id: str,
         key: str,
-        future: Future[TaskRecord],
-        new_future: Callable[[], Future[TaskRecord]] | None = None,
+        live: LiveTask,
+        new_future: Callable[[], Future[Any]],
         accepted: Future[StoreWriteError | None] | None = None,
     ) -> None:
         # the base named, not super(): 3.11 does not specialise the zero-argument form
-        OutcomeHandle.__init__(self, task_id, key, future, new_future)
+        OutcomeHandle.__init__(self, task_id, key, live, new_future)
         self._accepted = accepted
 
     async def accepted(self) -> None:
@@ -174,11 +174,11 @@ class _IssuedSubmission(Submission):
 def _new_submission(
     task_id: str,
     key: str,
-    future: Future[TaskRecord],
-    new_future: Callable[[], Future[TaskRecord]] | None,
+    live: LiveTask,
+    new_future: Callable[[], Future[Any]],
     accepted: Future[StoreWriteError | None] | None,
 ) -> Submission:
-    """``Submission(task_id, key, future, new_future, accepted)`` without the class call: one is made
+    """``Submission(task_id, key, live, new_future, accepted)`` without the class call: one is made
     per :meth:`Scheduler.submit`, and on CPython 3.11 a class call whose ``__init__`` calls its base's
     is not specialised (0.8% of an M/M/c customer's instructions, issue #19). It sets the handle's
     slots itself, as ``OutcomeHandle.__init__`` does (filling them through one shared function
@@ -187,7 +187,7 @@ def _new_submission(
     handle = _IssuedSubmission()
     handle.id = task_id
     handle.key = key
-    handle._future = future
+    handle._holder = live
     handle._new_future = new_future
     handle._accepted = accepted
     return handle
@@ -466,16 +466,16 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         else:
             accepted = None
         # positional, in LiveTask's field order (record, future, queue_item, runner, started,
-        # cancel_requested, waiting_on, finishing, lost, retry; tests/test_slot_init.py)
-        future = self.runtime.create_future()
-        live = new_live_task(record, future, None, None, False, False, None, False, None, retry)
+        # cancel_requested, waiting_on, finishing, lost, retry; tests/test_slot_init.py). No future:
+        # one is made only if a handle waits before the outcome is known (aiqsim.scheduler.handles)
+        live = new_live_task(record, None, None, None, False, False, None, False, None, retry)
         self._live[record.id] = live
         if self.events is not None:
             self._emit_transition(None, record)
         if not self._started:
             self._ensure_started()
         self._follow_owner(live, owner)
-        return _new_submission(record.id, key, live.future, self._create_future, accepted)
+        return _new_submission(record.id, key, live, self._create_future, accepted)
 
     async def submit_durable(self, kind: str, payload: Any, **options: Any) -> Submission:
         """:meth:`submit`, then wait until the submission's record is durable (:meth:`Submission.accepted`).
@@ -596,11 +596,11 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         self._staged(record.id)
         accepted = self._commit.durable() if self._commit is not None else None
         self._emit_transition(TaskStatus.FAILED, record)
-        live = LiveTask(record=record, future=self.runtime.create_future())
+        live = LiveTask(record=record)
         self._live[record.id] = live
         self._ensure_started()
         self._claim_and_follow(live)
-        return _new_submission(record.id, record.key, live.future, self._create_future, accepted)
+        return _new_submission(record.id, record.key, live, self._create_future, accepted)
 
     async def join(self) -> None:
         """Wait until every task submitted here is terminal."""
@@ -649,4 +649,4 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         live = self._live.get(task_id)
         if live is None:
             return None
-        return _new_submission(task_id, live.record.key, live.future, self._create_future, None)
+        return _new_submission(task_id, live.record.key, live, self._create_future, None)
