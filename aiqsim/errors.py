@@ -41,6 +41,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TaskFailedError, TaskCancelledError   raised by ``await submission``
     │   ├── IllegalTransitionError         a status change the transition table forbids
     │   ├── IllegalJobTransitionError      the same, for a job
+    │   ├── OutcomeAlreadySetError (RuntimeError)  a task's or job's outcome resolved twice (a bug)
     │   ├── JobFailedError, JobCancelledError   raised by ``await job_handle`` (stage and reason)
     │   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
     │   ├── InvariantViolation (AssertionError)   a crash test found a broken recovery guarantee
@@ -98,6 +99,7 @@ from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.simpy_runtime import InvalidStateError, RuntimeAlreadyRunningError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.call_log import CallLogError
+from aiqsim.scheduler.handles import OutcomeAlreadySetError
 from aiqsim.scheduler.jobs import JobCancelledError, JobFailedError, JobSpecError
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
@@ -145,6 +147,7 @@ __all__ = [
     "KitOptionError",
     "LeaseLostError",
     "NoSettingMeetsError",
+    "OutcomeAlreadySetError",
     "OutputPathError",
     "PoisonInputError",
     "PriorityError",

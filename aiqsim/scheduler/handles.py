@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from aiqsim.core.errors import SchedulingError
 from aiqsim.runtime.protocol import Future
 
 R = TypeVar("R")
@@ -62,7 +63,7 @@ class PendingOutcome:
     outcome_error: BaseException | None = None
 
 
-class OutcomeAlreadySetError(RuntimeError):
+class OutcomeAlreadySetError(SchedulingError, RuntimeError):
     """An outcome was resolved twice: a scheduler bug, raised rather than overwriting the first."""
 
 
