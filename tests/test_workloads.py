@@ -295,6 +295,32 @@ def test_trace_timestamps_agree_with_the_calendar(moment, ticks):
 
 
 @pytest.mark.parametrize(
+    ("text", "ticks_after_midnight"),
+    [
+        ("2024-02-29 00:00:00", 0),
+        ("2024-02-29T23:59:59.9999999", 863_999_999_999),
+        ("  2024-02-29 12:00:00.5  ", 432_005_000_000),
+        ("2024-02-29 00:01:02.1234567", 621_234_567),
+    ],
+)
+def test_trace_timestamp_forms_share_the_day_they_name(text, ticks_after_midnight):
+    # the day's start is worked out once per date and reused: every form of the same date agrees
+    midnight = parse_trace_timestamp("2024-02-29 00:00:00.0000000")
+    assert parse_trace_timestamp(text) - midnight == ticks_after_midnight
+
+
+def test_an_impossible_date_is_refused_after_a_valid_one_of_its_month():
+    parse_trace_timestamp("2023-02-28 00:00:00")
+    for _ in range(2):  # refused every time, not only before the valid date was worked out
+        with pytest.raises(ValueError, match="day or time out of range"):
+            parse_trace_timestamp("2023-02-29 00:00:00")
+    with pytest.raises(ValueError, match="month out of range"):
+        parse_trace_timestamp("2023-00-10 00:00:00")
+    with pytest.raises(ValueError, match="day or time out of range"):
+        parse_trace_timestamp("2023-02-28 23:60:00")
+
+
+@pytest.mark.parametrize(
     "text", ["2023-02-29 00:00:00.0", "2023-13-01 00:00:00", "2023-11-16 24:00:00", "16/11/2023 18:17", ""]
 )
 def test_impossible_trace_timestamps_are_refused(text):

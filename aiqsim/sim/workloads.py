@@ -18,12 +18,13 @@ import itertools
 import math
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.slot_init import fast_frozen_init
+from aiqsim.core.slot_init import compile_builder, fast_frozen_init
 from aiqsim.sim.config import CostConfig, ProviderKind, Scenario, WorkloadConfig
 from aiqsim.sim.replay_arrivals import read_replay_arrivals
 
@@ -73,6 +74,7 @@ class TraceError(ConfigurationError):
     """A trace CSV that cannot be replayed (missing columns, unparsable row, no rows)."""
 
 
+@fast_frozen_init  # built per trace row: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class TraceRow:
     """One request of a trace: seconds after the first row, prompt and output sizes."""
@@ -134,18 +136,39 @@ def parse_trace_timestamp(text: str) -> int:
     Integer ticks keep all 7 fractional digits exact (a float or a datetime would not);
     differences of ticks then give exact offsets between rows.
     """
-    match = _TIMESTAMP.fullmatch(text.strip())
+    match = _TIMESTAMP_MATCH(text) or _TIMESTAMP_MATCH(text.strip())
     if match is None:
         raise ConfigurationError(f"expected a timestamp like 2023-11-16 18:17:03.9799600, got {text!r}")
-    year, month, day, hour, minute, second = (int(group) for group in match.groups()[:6])
-    if not 1 <= month <= 12:
-        raise ConfigurationError(f"month out of range in timestamp {text!r}")
-    days_in_month = 29 if month == 2 and _is_leap(year) else _DAYS_IN_MONTH[month - 1]
-    if not 1 <= day <= days_in_month or hour > 23 or minute > 59 or second > 59:
+    year, month, day, hour, minute, second, fraction = match.groups()
+    day_start = _day_start_ticks(year, month, day)
+    if type(day_start) is str:
+        raise ConfigurationError(f"{day_start} out of range in timestamp {text!r}")
+    hour, minute_second = divmod(int(hour + minute + second), 10_000)  # one int() for HHMMSS
+    minute, second = divmod(minute_second, 100)
+    if hour > 23 or minute > 59 or second > 59:
         raise ConfigurationError(f"day or time out of range in timestamp {text!r}")
-    seconds = ((_days_from_civil(year, month, day) * 24 + hour) * 60 + minute) * 60 + second
-    fraction = match.group(7) or ""
-    return seconds * _TICKS_PER_SECOND + int((fraction + "0000000")[:7])
+    ticks = day_start + ((hour * 60 + minute) * 60 + second) * _TICKS_PER_SECOND
+    return ticks + int((fraction + "0000000")[:7]) if fraction else ticks
+
+
+_TIMESTAMP_MATCH = _TIMESTAMP.fullmatch
+
+
+@functools.lru_cache(maxsize=4096)
+def _day_start_ticks(year: str, month: str, day: str) -> int | str:
+    """The tick count at 00:00 of a trace date given as its digits, or what is out of range
+    (``"month"``, ``"day or time"``). Cached: a trace's rows share a few dates, and working each
+    row's date out again was much of the cost of reading a trace (issue #19)."""
+    year_number, month_number, day_number = int(year), int(month), int(day)
+    if not 1 <= month_number <= 12:
+        return "month"
+    last = 29 if month_number == 2 and _is_leap(year_number) else _DAYS_IN_MONTH[month_number - 1]
+    if not 1 <= day_number <= last:
+        return "day or time"
+    return _days_from_civil(year_number, month_number, day_number) * 86_400 * _TICKS_PER_SECOND
+
+
+_new_trace_row: Callable[[float, int, int], TraceRow] = compile_builder(TraceRow)
 
 
 @functools.lru_cache(maxsize=8)
@@ -156,18 +179,22 @@ def read_trace(trace: str) -> tuple[TraceRow, ...]:
     columns, a row that does not parse, a negative token count, no rows at all, not UTF-8.
     """
     rows: list[TraceRow] = []
+    append = rows.append
     first_ticks: int | None = None
     try:
         with _open_trace_text(trace) as handle:
             reader = csv.reader(handle)
             index = _check_header(next(reader, None), trace)
+            at_timestamp = index["TIMESTAMP"]
+            at_context = index["ContextTokens"]
+            at_generated = index["GeneratedTokens"]
             for row in reader:
-                if not row or all(not cell.strip() for cell in row):
+                if not row or not "".join(row).strip():  # a blank line, or only blank cells
                     continue
                 try:
-                    ticks = parse_trace_timestamp(row[index["TIMESTAMP"]])
-                    context = int(row[index["ContextTokens"]])
-                    generated = int(row[index["GeneratedTokens"]])
+                    ticks = parse_trace_timestamp(row[at_timestamp])
+                    context = int(row[at_context])
+                    generated = int(row[at_generated])
                 except (ValueError, IndexError) as exc:
                     raise TraceError(
                         f"trace {trace!r}, line {reader.line_num}: cannot parse {row!r}: {exc}"
@@ -178,7 +205,7 @@ def read_trace(trace: str) -> tuple[TraceRow, ...]:
                     )
                 if first_ticks is None:
                     first_ticks = ticks
-                rows.append(TraceRow((ticks - first_ticks) / _TICKS_PER_SECOND, context, generated))
+                append(_new_trace_row((ticks - first_ticks) / _TICKS_PER_SECOND, context, generated))
     except OSError as exc:
         raise TraceError(f"cannot read trace {trace!r}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
