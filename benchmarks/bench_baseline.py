@@ -11,8 +11,8 @@ sides run the scenario files of the *current* tree, those the baseline shipped t
 may use keys the baseline cannot parse; the ones left out are named).
 
 Prints one markdown table: per scenario min / median CPU ms on each side and the ratio of medians,
-plus the total over all scenarios (with the ratio of the minima too), and the load average before and
-after.
+plus the total over all scenarios (with the ratio of the minima too), each round's own ratio of the
+totals (min / median / max: the spread of the machine's noise), and the load average before and after.
 
 Run: ``python benchmarks/bench_baseline.py [--ref REF] [--rounds 5] [--repeat 3]``.
 """
@@ -151,6 +151,19 @@ def main() -> None:
             f"| {label} | {min(base):.0f} / {statistics.median(base):.0f} | {min(now):.0f} / "
             f"{statistics.median(now):.0f} | {ratio:.2f}x{on_minima} |"
         )
+    paired = paired_ratios(sides["baseline"], sides["current"])
+    print(
+        f"\nTotal speed-up round by round (the two sides of a round ran back to back): min / median / max "
+        f"{min(paired):.2f}x / {statistics.median(paired):.2f}x / {max(paired):.2f}x "
+        f"over {len(paired)} rounds: the spread is the machine's noise, which a ratio of medians hides."
+    )
+
+
+def paired_ratios(baseline: list[dict[str, float]], current: list[dict[str, float]]) -> list[float]:
+    """Each round's baseline total over its current total: the ratio of two runs made minutes apart,
+    so a slow spell of the machine hits both (a ratio of the sides' medians pairs runs of different
+    rounds)."""
+    return [sum(base.values()) / sum(now.values()) for base, now in zip(baseline, current, strict=True)]
 
 
 if __name__ == "__main__":

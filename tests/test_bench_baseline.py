@@ -27,3 +27,9 @@ def test_a_scenario_newer_than_the_baseline_is_left_out_and_named(tmp_path: Path
     both, skipped = _bench_module().shared_scenarios(current, baseline)
     assert both == [str(current / "a.toml"), str(current / "b.toml")]
     assert skipped == ["new"]
+
+
+def test_each_round_is_paired_with_its_own_other_side() -> None:
+    baseline = [{"a": 2.0, "b": 2.0}, {"a": 9.0, "b": 3.0}]
+    current = [{"a": 1.0, "b": 1.0}, {"a": 3.0, "b": 3.0}]
+    assert _bench_module().paired_ratios(baseline, current) == [2.0, 2.0]
