@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from aiqsim import Priority, QuotaLimits, Scheduler, SimPyRuntime, TaskStatus
+from aiqsim import Priority, QuotaLimits, RetryPolicy, Scheduler, SimPyRuntime, TaskStatus
 from tests.fakes import ScriptedProvider
 from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, run_on
 from tests.scheduler_probes import count_dispatch_runs
@@ -72,10 +72,19 @@ def test_a_release_wakes_the_dispatcher_for_queued_work_and_for_a_waiting_retry(
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)
 def test_a_slot_freed_while_nothing_waits_starts_the_next_submission_at_once(runtime_name: str) -> None:
+    # "a" holds the one slot for longer than an asyncio timer may be late (ASYNCIO_LATENESS_S), so
+    # that "b" is cancelled while it still waits even on a loaded machine: with a 1 s call (10 ms of
+    # wall time) a 5 ms stall let "a" release first and "b" start (seen under two CPU hogs)
+    holding_s = ASYNCIO_LATENESS_S + 10.0
+
     async def body(runtime: Any) -> dict[str, float]:
-        provider = ScriptedProvider(runtime, name="llm", latency_s=1.0)
+        provider = ScriptedProvider(runtime, name="llm", latency_s=holding_s)
         scheduler = Scheduler(
-            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, rng=random.Random(0)
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=1)},
+            retry=RetryPolicy(attempt_timeout_s=4 * holding_s),  # the call is slow, not stuck
+            rng=random.Random(0),
         )
         start = runtime.now()
         first = scheduler.submit("llm", {"input": "a"})
@@ -83,7 +92,7 @@ def test_a_slot_freed_while_nothing_waits_starts_the_next_submission_at_once(run
         waiting = scheduler.submit("llm", {"input": "b"}, priority=Priority.INTERACTIVE)  # no slot: it waits
         await runtime.sleep(0.25)
         assert scheduler.cancel(waiting.id)  # the queue is empty again while "a" holds the slot
-        await first  # "a" releases at 1 with nothing waiting
+        await first  # "a" releases at holding_s with nothing waiting
         await runtime.sleep(0.5)
         late = scheduler.submit("llm", {"input": "c"})
         await late
@@ -93,6 +102,6 @@ def test_a_slot_freed_while_nothing_waits_starts_the_next_submission_at_once(run
     starts = run_on(runtime_name, body)
     assert set(starts) == {"a", "c"}
     if runtime_name == "simpy":
-        assert starts == {"a": 0.0, "c": 1.5}
+        assert starts == {"a": 0.0, "c": holding_s + 0.5}
     else:
-        assert 1.5 <= starts["c"] < 1.5 + ASYNCIO_LATENESS_S
+        assert holding_s + 0.5 <= starts["c"] < holding_s + 0.5 + ASYNCIO_LATENESS_S
