@@ -16,7 +16,7 @@ from aiqsim.core.failures import ServerError
 from aiqsim.overload import CircuitBreaker, GateChain, RetryTokenBucket
 from aiqsim.scheduler.events import AttemptRecord
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
-from tests.runtimes import RUNTIMES, run_on
+from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, run_on
 
 
 class AlwaysFailing:
@@ -82,11 +82,13 @@ def test_a_retry_cancelled_during_its_backoff_gets_its_quota_back(rt_name: str) 
         scheduler = Scheduler(
             rt,
             [AlwaysFailing(rt)],
-            retry=RetryPolicy(backoff=ConstantBackoff(delay_s=10.0), max_attempts=5),
+            # a backoff longer than an asyncio timer may be late: the cancel lands inside it on a
+            # loaded machine too (10 s was 90 ms of wall time at the suite's asyncio scale)
+            retry=RetryPolicy(backoff=ConstantBackoff(delay_s=ASYNCIO_LATENESS_S + 10.0), max_attempts=5),
             gates=[bucket],
         )
         handle = scheduler.submit("llm", {"input": "a"})
-        await rt.sleep(1.0)  # failed at t=0, retry charged, sleeping its 10 s backoff
+        await rt.sleep(1.0)  # failed at t=0, retry charged, sleeping its backoff
         charged = bucket.level("llm")
         scheduler.cancel(handle.id)
         record = await handle.wait()
