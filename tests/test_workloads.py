@@ -418,3 +418,14 @@ def test_packaged_data_carries_its_attribution():
         "Patel",
     ):
         assert phrase in readme
+
+
+def test_trace_rows_built_without_a_class_call_are_ordinary_frozen_rows():
+    import dataclasses
+
+    from aiqsim.sim.workloads import TraceRow, _new_trace_row
+
+    row = _new_trace_row(1.5, 2, 3)
+    assert type(row) is TraceRow and row == TraceRow(1.5, 2, 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.offset_s = 0.0  # type: ignore[misc]

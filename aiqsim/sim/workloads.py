@@ -74,7 +74,6 @@ class TraceError(ConfigurationError):
     """A trace CSV that cannot be replayed (missing columns, unparsable row, no rows)."""
 
 
-@fast_frozen_init  # built per trace row: see aiqsim.core.slot_init
 @dataclass(frozen=True, slots=True)
 class TraceRow:
     """One request of a trace: seconds after the first row, prompt and output sizes."""
@@ -143,11 +142,11 @@ def parse_trace_timestamp(text: str) -> int:
     day_start = _day_start_ticks(year, month, day)
     if type(day_start) is str:
         raise ConfigurationError(f"{day_start} out of range in timestamp {text!r}")
-    hour, minute_second = divmod(int(hour + minute + second), 10_000)  # one int() for HHMMSS
-    minute, second = divmod(minute_second, 100)
-    if hour > 23 or minute > 59 or second > 59:
+    hours, minutes_seconds = divmod(int(hour + minute + second), 10_000)  # one int() for HHMMSS
+    minutes, seconds = divmod(minutes_seconds, 100)
+    if hours > 23 or minutes > 59 or seconds > 59:
         raise ConfigurationError(f"day or time out of range in timestamp {text!r}")
-    ticks = day_start + ((hour * 60 + minute) * 60 + second) * _TICKS_PER_SECOND
+    ticks = day_start + ((hours * 60 + minutes) * 60 + seconds) * _TICKS_PER_SECOND
     return ticks + int((fraction + "0000000")[:7]) if fraction else ticks
 
 
@@ -169,6 +168,7 @@ def _day_start_ticks(year: str, month: str, day: str) -> int | str:
 
 
 _new_trace_row: Callable[[float, int, int], TraceRow] = compile_builder(TraceRow)
+"""``TraceRow(offset_s, context_tokens, generated_tokens)`` without a class call (one per trace row)."""
 
 
 @functools.lru_cache(maxsize=8)
