@@ -3,8 +3,16 @@
 The pure rules (task states, token buckets, backoff, failure classes, idempotency keys)
 live in :mod:`aiqsim.core`; the one scheduler in :mod:`aiqsim.scheduler`; the two
 runtimes that drive it in :mod:`aiqsim.runtime`; task stores in :mod:`aiqsim.stores`;
-the simulation lab in :mod:`aiqsim.sim`.
+the simulation lab in :mod:`aiqsim.sim`. An optional compiled build of the hot modules, from the
+same source, is described in :mod:`aiqsim.compiled`.
 """
+
+# ruff: noqa: E402 -- the check below must run before the imports after it
+# First, before any module that may be compiled is imported: a compiled build whose sources were
+# edited since it was built is refused (Python would run the old compiled code). Pure: a few stats.
+from aiqsim.compiled import check_compiled_sources as _check_compiled_sources
+
+_check_compiled_sources()
 
 from aiqsim.core.backoff import (
     BackoffStrategy,
@@ -140,9 +148,9 @@ __all__ = [
 ]
 
 # Jobs: pipelines of calls (issue #15). Appended as one block so parallel edits above merge cleanly.
-from aiqsim.core.job import JobRecord, JobStatus, derive_job_status  # noqa: E402
-from aiqsim.scheduler import jobs as _jobs  # noqa: E402
-from aiqsim.scheduler.jobs import *  # noqa: E402, F403
+from aiqsim.core.job import JobRecord, JobStatus, derive_job_status
+from aiqsim.scheduler import jobs as _jobs
+from aiqsim.scheduler.jobs import *  # noqa: F403
 
 __all__ += _jobs.__all__
 __all__ += ["JobRecord", "JobStatus", "derive_job_status"]

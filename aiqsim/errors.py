@@ -27,6 +27,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── CallLogError (OSError)         a call log that cannot be written where asked
     │   ├── CalibrationError               a call log that cannot be calibrated from
     │   ├── TuneError (RuntimeError)       a tuning run in which no trial could run
+    │   ├── StaleCompiledModulesError (ImportError)  a compiled build whose sources were edited since
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
     │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
@@ -67,7 +68,13 @@ checks each public exception class descends from :class:`AiqsimError`.
 
 from __future__ import annotations
 
-from aiqsim.core.errors import AiqsimError, ConfigurationError, SchedulingError, StoreError
+from aiqsim.core.errors import (
+    AiqsimError,
+    ConfigurationError,
+    SchedulingError,
+    StaleCompiledModulesError,
+    StoreError,
+)
 from aiqsim.core.failures import (
     AttemptRejectedError,
     InvalidRequestError,
@@ -173,6 +180,7 @@ __all__ = [
     "ServerError",
     "ServerStartError",
     "SimulationDeadlock",
+    "StaleCompiledModulesError",
     "StoreAccessError",
     "StoreClosedError",
     "StoreCorruptError",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -93,6 +94,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which must run every test: {reason}"
+
+
+# ------------------------------------------------------------------ which aiqsim is under test
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which build of aiqsim the session imports: the pure checkout, or a compiled build
+    (tests/test_compiled_build.py runs the rules' tests against one and reads this line)."""
+    import aiqsim
+    from aiqsim.compiled import build_status
+
+    build = build_status().describe().removeprefix("aiqsim: ")
+    return f"aiqsim under test: {build} ({Path(aiqsim.__file__).parent})"
 
 
 # ------------------------------------------------------------------ temporary files in memory

@@ -12,7 +12,13 @@ provider family's root is :class:`aiqsim.core.failures.ProviderError`.
 
 from __future__ import annotations
 
-__all__ = ["AiqsimError", "ConfigurationError", "SchedulingError", "StoreError"]
+__all__ = [
+    "AiqsimError",
+    "ConfigurationError",
+    "SchedulingError",
+    "StaleCompiledModulesError",
+    "StoreError",
+]
 
 
 class AiqsimError(Exception):
@@ -29,3 +35,10 @@ class StoreError(AiqsimError):
 
 class SchedulingError(AiqsimError):
     """The scheduler refused work or a task did not produce a result."""
+
+
+class StaleCompiledModulesError(ConfigurationError, ImportError):
+    """A compiled build whose modules no longer match their ``.py`` sources (:mod:`aiqsim.compiled`).
+
+    Raised by ``import aiqsim`` before any compiled module is loaded: Python would run the compiled
+    code and silently ignore the edited source."""
