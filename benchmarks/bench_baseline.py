@@ -10,11 +10,14 @@ loaded shared machine), ``--repeat`` times in a row, and keeps the least (see :f
 sides run the scenario files of the *current* tree, those the baseline shipped too (a newer scenario
 may use keys the baseline cannot parse; the ones left out are named).
 
+``--compiled`` adds a third side: this tree's optional compiled build (:mod:`aiqsim.compiled`, the same
+source compiled by Cython into a temporary folder first), with its own speed-up over the baseline.
+
 Prints one markdown table: per scenario min / median CPU ms on each side and the ratio of medians,
 plus the total over all scenarios (with the ratio of the minima too), each round's own ratio of the
 totals (min / median / max: the spread of the machine's noise), and the load average before and after.
 
-Run: ``python benchmarks/bench_baseline.py [--ref REF] [--rounds 5] [--repeat 3]``.
+Run: ``python benchmarks/bench_baseline.py [--ref REF] [--rounds 5] [--repeat 3] [--compiled]``.
 """
 
 from __future__ import annotations
@@ -99,24 +102,31 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=3, help="runs of each scenario per round; the least counts (default 3)"
     )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also time this tree's compiled build (aiqsim.compiled; needs Cython and a C compiler)",
+    )
     args = parser.parse_args()
     if args.rounds < 1 or args.repeat < 1:
         parser.error("--rounds and --repeat must be at least 1")
-    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="aiqsim-baseline-") as folder:
-        baseline_tree = Path(folder)
-        export(args.ref, baseline_tree)
-        scenarios, skipped = shared_scenarios(REPO / "scenarios", baseline_tree / "scenarios")
+        trees = {"baseline": Path(folder) / "baseline", "current": REPO}
+        trees["baseline"].mkdir()
+        export(args.ref, trees["baseline"])
+        if args.compiled:
+            trees["compiled"] = build_compiled(Path(folder) / "compiled")
+        scenarios, skipped = shared_scenarios(REPO / "scenarios", trees["baseline"] / "scenarios")
         if skipped:
             print(f"  not in {args.ref}, left out: {', '.join(skipped)}", file=sys.stderr)
-        sides: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
+        sides: dict[str, list[dict[str, float]]] = {side: [] for side in trees}
+        load_before = os.getloadavg()
         for round_ in range(args.rounds):
-            order = ("baseline", "current") if round_ % 2 == 0 else ("current", "baseline")
+            order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
             for side in order:
-                tree = baseline_tree if side == "baseline" else REPO
-                sides[side].append(run_side(tree, scenarios, args.repeat))
+                sides[side].append(run_side(trees[side], scenarios, args.repeat))
                 print(f"  round {round_} {side}: {sum(sides[side][-1].values()):.3f} s", file=sys.stderr)
-    load_after = os.getloadavg()
+        load_after = os.getloadavg()
     head = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -133,8 +143,13 @@ def main() -> None:
         f"{' (+ uncommitted changes)' if dirty else ''}. Load "
         f"average before {load_before[0]:.2f}, after {load_after[0]:.2f}.\n"
     )
-    print("| scenario | baseline min / median ms | current min / median ms | speed-up (medians) |")
-    print("|---|---:|---:|---:|")
+    others = [side for side in sides if side != "baseline"]
+    print(
+        "| scenario | baseline min / median ms | "
+        + " | ".join(f"{side} min / median ms | {side} speed-up (medians)" for side in others)
+        + " |"
+    )
+    print("|---|---:|" + "---:|---:|" * len(others))
     names = list(sides["baseline"][0])
     for name in [*names, "total"]:
 
@@ -143,20 +158,52 @@ def main() -> None:
                 return [sum(run.values()) * 1e3 for run in sides[side]]
             return [run[name] * 1e3 for run in sides[side]]
 
-        base, now = values("baseline"), values("current")
-        ratio = statistics.median(base) / statistics.median(now)
+        base = values("baseline")
+        cells = []
+        for side in others:
+            now = values(side)
+            ratio = statistics.median(base) / statistics.median(now)
+            on_minima = f" ({min(base) / min(now):.2f}x on the minima)" if name == "total" else ""
+            cells.append(f"{min(now):.0f} / {statistics.median(now):.0f} | {ratio:.2f}x{on_minima}")
         label = f"**{name}**" if name == "total" else name
-        on_minima = f" ({min(base) / min(now):.2f}x on the minima)" if name == "total" else ""
+        print(f"| {label} | {min(base):.0f} / {statistics.median(base):.0f} | " + " | ".join(cells) + " |")
+    for side in others:
+        paired = paired_ratios(sides["baseline"], sides[side])
         print(
-            f"| {label} | {min(base):.0f} / {statistics.median(base):.0f} | {min(now):.0f} / "
-            f"{statistics.median(now):.0f} | {ratio:.2f}x{on_minima} |"
+            f"\nTotal speed-up of {side} round by round (the sides of a round ran back to back): "
+            "min / median "
+            f"/ max {min(paired):.2f}x / {statistics.median(paired):.2f}x / {max(paired):.2f}x over "
+            f"{len(paired)} rounds: the spread is the machine's noise, which a ratio of medians hides."
         )
-    paired = paired_ratios(sides["baseline"], sides["current"])
-    print(
-        f"\nTotal speed-up round by round (the two sides of a round ran back to back): min / median / max "
-        f"{min(paired):.2f}x / {statistics.median(paired):.2f}x / {max(paired):.2f}x "
-        f"over {len(paired)} rounds: the spread is the machine's noise, which a ratio of medians hides."
+    if "compiled" in sides:
+        paired = paired_ratios(sides["current"], sides["compiled"])
+        print(
+            f"Compiled over pure, round by round: min / median / max {min(paired):.2f}x / "
+            f"{statistics.median(paired):.2f}x / {max(paired):.2f}x."
+        )
+
+
+def build_compiled(into: Path) -> Path:
+    """This tree's compiled build in ``into``, checked to import as compiled before anything is timed."""
+    from aiqsim.compiled import build_compiled_tree
+
+    print("  building the compiled tree ...", file=sys.stderr)
+    build_compiled_tree(REPO, into)
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import aiqsim.compiled as c; s = c.build_status(); print(s.is_compiled and not s.stale)",
+        ],
+        env={**os.environ, "PYTHONPATH": str(into)},
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tempfile.gettempdir(),
     )
+    if check.stdout.strip() != "True":
+        raise RuntimeError(f"the build in {into} does not import as compiled:\n{check.stdout}{check.stderr}")
+    return into
 
 
 def paired_ratios(baseline: list[dict[str, float]], current: list[dict[str, float]]) -> list[float]:

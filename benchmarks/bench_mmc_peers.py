@@ -34,6 +34,10 @@ Python build reproduces, whatever its load; they also show why CPU ratios exceed
 ``--baseline REF`` adds aiqsim from an earlier commit (exported with ``git archive``, imported through
 ``PYTHONPATH``) in the ``mmc_check`` configuration, in the same rounds.
 
+``--compiled`` adds this tree's optional compiled build (:mod:`aiqsim.compiled`: the same source,
+compiled by Cython into a temporary folder first, about a minute and a half on 2 cores) in both
+aiqsim configurations, in the same rounds; its worker refuses to run unless the build is compiled.
+
 Run: ``python benchmarks/bench_mmc_peers.py`` (a few minutes) or ``--customers 20000`` for a quick look.
 """
 
@@ -156,7 +160,10 @@ _RUNNERS = {
     "aiqsim": lambda n, s: run_aiqsim(n, s, timeout=False),
     "aiqsim+timeout": lambda n, s: run_aiqsim(n, s, timeout=True),
     "aiqsim@baseline": lambda n, s: run_aiqsim(n, s, timeout=False),
+    "aiqsim@compiled": lambda n, s: run_aiqsim(n, s, timeout=False),
+    "aiqsim+timeout@compiled": lambda n, s: run_aiqsim(n, s, timeout=True),
 }
+COMPILED_MODELS = ("aiqsim@compiled", "aiqsim+timeout@compiled")
 _IMPORTS = {"simpy": ["simpy"], "coroutines": ["aiqsim", "aiqsim.runtime"], "ciw": ["ciw"]}
 
 
@@ -165,6 +172,14 @@ def worker(model: str, seed: int, customers: int) -> None:
     runner = _RUNNERS[model]
     for name in _IMPORTS.get(model, ["aiqsim.validation.mmc"]):  # imports are not the model's cost
         importlib.import_module(name)
+    if model in COMPILED_MODELS:
+        from aiqsim.compiled import build_status
+
+        status = build_status()
+        if not status.is_compiled or status.stale:
+            raise SystemExit(
+                f"{model}: the aiqsim imported is not a fresh compiled build: {status.describe()}"
+            )
     started = time.process_time()
     waits = runner(customers, seed)
     cpu = time.process_time() - started
@@ -201,14 +216,14 @@ def erlang_c_wait() -> float:
 
 
 def run_this_script(
-    model: str, arguments: list[str], baseline: str | None, *, under: list[str] | None = None, **env: str
+    model: str, arguments: list[str], trees: dict[str, str], *, under: list[str] | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """This script in a fresh process with ``arguments`` (a worker mode), ``under`` a command such as
-    valgrind if given, from the temporary folder; the baseline's tree first on the path for its model."""
+    valgrind if given, from the temporary folder; ``trees[model]`` (a baseline's or the compiled build's
+    tree) first on the path for the models that run another tree's aiqsim."""
     environment = {**os.environ, **env}
-    if model == "aiqsim@baseline":  # the baseline tree's aiqsim shadows the installed one
-        assert baseline is not None
-        environment["PYTHONPATH"] = baseline
+    if model in trees:  # that tree's aiqsim shadows the installed one
+        environment["PYTHONPATH"] = trees[model]
     return subprocess.run(
         [*(under or []), sys.executable, os.path.abspath(__file__), *arguments],
         capture_output=True,
@@ -220,12 +235,12 @@ def run_this_script(
 
 
 def run_worker(
-    model: str, seed: int, customers: int, baseline: str | None = None, *, count: bool = False
+    model: str, seed: int, customers: int, trees: dict[str, str], *, count: bool = False
 ) -> dict[str, float]:
     mode = (
         ["--count-calls", model, str(customers)] if count else ["--worker", model, str(seed), str(customers)]
     )
-    done = run_this_script(model, mode, baseline)
+    done = run_this_script(model, mode, trees)
     if done.returncode != 0:
         raise RuntimeError(f"{model} seed {seed} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -236,7 +251,7 @@ INSTRUCTIONS_BASE = 2_000
 imports, the interpreter's start and the first customers' caches cancel out)."""
 
 
-def cachegrind_counts(model: str, customers: int, baseline: str | None) -> dict[str, int]:
+def cachegrind_counts(model: str, customers: int, trees: dict[str, str]) -> dict[str, int]:
     """Counts of one worker run of ``model`` (seed 0) under ``valgrind --tool=cachegrind``: the same
     on any machine with the same Python build, whatever its load (cachegrind simulates the caches)."""
     from cachegrind import COUNTS, cachegrind_command, read_counts  # a sibling script
@@ -244,7 +259,7 @@ def cachegrind_counts(model: str, customers: int, baseline: str | None) -> dict[
     done = run_this_script(
         model,
         ["--worker", model, "0", str(customers)],
-        baseline,
+        trees,
         under=cachegrind_command(simulate_caches=True),
         PYTHONHASHSEED="0",
     )
@@ -253,15 +268,15 @@ def cachegrind_counts(model: str, customers: int, baseline: str | None) -> dict[
     return read_counts(done.stderr, tuple(COUNTS))
 
 
-def print_instruction_table(models: list[str], extra: int, baseline: str | None) -> None:
+def print_instruction_table(models: list[str], extra: int, trees: dict[str, str]) -> None:
     """Per-customer counts under cachegrind: runs of ``INSTRUCTIONS_BASE`` and ``+ extra`` customers."""
     if shutil.which("valgrind") is None:
         print("\n--instructions needs valgrind on the PATH: its table is left out.")
         return
     rows = {}
     for model in models:
-        small = cachegrind_counts(model, INSTRUCTIONS_BASE, baseline)
-        large = cachegrind_counts(model, INSTRUCTIONS_BASE + extra, baseline)
+        small = cachegrind_counts(model, INSTRUCTIONS_BASE, trees)
+        large = cachegrind_counts(model, INSTRUCTIONS_BASE + extra, trees)
         rows[model] = {name: (large[name] - small[name]) / extra for name in small}
         print(f"  {model} under cachegrind: {rows[model]}", file=sys.stderr)
     names = list(rows[models[0]])
@@ -291,6 +306,11 @@ def main() -> None:
         help="also run aiqsim (mmc_check configuration) from this commit, exported with git archive",
     )
     parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also run this tree's compiled build (aiqsim.compiled; needs Cython and a C compiler)",
+    )
+    parser.add_argument(
         "--calls-customers",
         type=int,
         default=20_000,
@@ -317,14 +337,26 @@ def main() -> None:
     if "ciw" in models and importlib.util.find_spec("ciw") is None:  # e.g. under run_all.py in a test venv
         print("Ciw is not installed (pip install -e '.[peers]' in a venv of its own): its row is left out.\n")
         models.remove("ciw")
-    baseline_dir = None
+    trees: dict[str, str] = {}
     if args.baseline:
         from bench_baseline import export  # a sibling script (this one runs from benchmarks/ too)
 
-        baseline_dir = tempfile.mkdtemp(prefix="aiqsim-mmc-baseline-")
-        export(args.baseline, Path(baseline_dir))
+        trees["aiqsim@baseline"] = tempfile.mkdtemp(prefix="aiqsim-mmc-baseline-")
+        export(args.baseline, Path(trees["aiqsim@baseline"]))
         models.append("aiqsim@baseline")
         LABELS["aiqsim@baseline"] = f"aiqsim at {args.baseline}, `mmc_check` configuration"
+    if args.compiled:
+        from aiqsim.compiled import build_compiled_tree
+
+        compiled = tempfile.mkdtemp(prefix="aiqsim-mmc-compiled-")
+        print("building the compiled tree ...", file=sys.stderr)
+        build_compiled_tree(Path(__file__).resolve().parent.parent, Path(compiled))
+        wanted = {"aiqsim": "aiqsim@compiled", "aiqsim+timeout": "aiqsim+timeout@compiled"}
+        for plain, name in wanted.items():
+            if plain in models:
+                models.append(name)
+                trees[name] = compiled
+                LABELS[name] = LABELS[plain].replace("aiqsim", "aiqsim compiled (Cython, same source)", 1)
     from aiqsim.validation.mmc import t_quantile_975
 
     expected = erlang_c_wait()
@@ -332,11 +364,11 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {m: [] for m in models}
     for seed in range(args.rounds):  # rounds interleave the models, so load drifts hit all of them
         for model in models:
-            results[model].append(run_worker(model, seed, args.customers, baseline_dir))
+            results[model].append(run_worker(model, seed, args.customers, trees))
             print(f"  {model} seed {seed}: {results[model][-1]}", file=sys.stderr)
     load_after = os.getloadavg()
     calls = {
-        m: run_worker(m, 0, args.calls_customers, baseline_dir, count=True)["calls_per_customer"]
+        m: run_worker(m, 0, args.calls_customers, trees, count=True)["calls_per_customer"]
         for m in (models if args.calls_customers > 0 else [])
     }
     median_us = {m: statistics.median(r["cpu_s"] for r in results[m]) / args.customers * 1e6 for m in models}
@@ -373,9 +405,9 @@ def main() -> None:
             "the machine or its load."
         )
     if args.instructions > 0:
-        print_instruction_table(models, args.instructions, baseline_dir)
-    if baseline_dir is not None:
-        shutil.rmtree(baseline_dir, ignore_errors=True)
+        print_instruction_table(models, args.instructions, trees)
+    for tree in set(trees.values()):
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 if __name__ == "__main__":
