@@ -403,6 +403,12 @@ def main() -> None:
             f"\ncalls / customer: function calls (Python and built-in) that cProfile counts in one run of "
             f"{args.calls_customers:,} customers, seed 0, per customer; a count, so it does not depend on "
             "the machine or its load."
+            + (
+                " A compiled build's functions are C functions that cProfile does not see: its count is"
+                " only the Python-level calls left (SimPy, random, generated builders)."
+                if any(model in COMPILED_MODELS for model in calls)
+                else ""
+            )
         )
     if args.instructions > 0:
         print_instruction_table(models, args.instructions, trees)
