@@ -89,6 +89,14 @@ COMPILED_MODULES: tuple[str, ...] = (
     "aiqsim.sim.simulate",
     "aiqsim.sim.metrics",
     "aiqsim.sim.job_metrics",
+    # streaming mode, where long runs spend their time: on-the-fly summary, timeline and sketches,
+    # the window of recent keys, merged arrivals, the store's retention of finished tasks
+    "aiqsim.sim.streaming",
+    "aiqsim.sim.streaming_run",
+    "aiqsim.sim.job_stream",
+    "aiqsim.sim.recent_keys",
+    "aiqsim.sim.arrival_stream",
+    "aiqsim.stores.retention",
     "aiqsim.validation.mmc",
 )
 """The modules the compiled build compiles: those a profile of ``simulate()`` on the shipped scenarios

@@ -226,6 +226,12 @@ for path in sorted(Path("scenarios").glob("*.toml")):
             frame = getattr(result, table)
             parts.append(frame.to_csv(float_format=repr) if frame is not None else "-")
         digests[f"{path.stem}@{seed}"] = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    # streaming mode (records="summary"): its summary and timeline, computed on the fly
+    streamed = simulate(path, seed=0, records="summary")
+    parts = [json.dumps(streamed.summary, sort_keys=True, default=repr)]
+    timeline = streamed.timeline
+    parts.append(timeline.to_csv(float_format=repr) if timeline is not None else "-")
+    digests[f"{path.stem}@stream"] = hashlib.sha256("\n".join(parts).encode()).hexdigest()
 for seed in (0, 1):
     records = simulate_replication(7.0, 1.0, 8, 3000, seed, attempt_timeout_s=60.0).records
     waits = [repr(r.started_at - r.created_at) for r in records]
@@ -247,7 +253,7 @@ def test_the_compiled_build_gives_the_pure_builds_results_to_the_last_bit(compil
     assert compiled_origin.endswith(SUFFIX), compiled_origin
     assert compiled_origin.startswith(str(compiled_tree)), compiled_origin
     pure_digests, compiled_digests = json.loads(pure_out), json.loads(compiled_out)
-    assert len(pure_digests) >= 2 * 9 + 2
+    assert len(pure_digests) >= 3 * 9 + 2
     differing = sorted(k for k in pure_digests if pure_digests[k] != compiled_digests.get(k))
     assert not differing, f"the compiled build's results differ from the pure build's on {differing}"
 
@@ -272,6 +278,8 @@ RULE_TESTS = (
     "tests/test_validation.py",
     "tests/test_simulate.py",
     "tests/test_shipped_scenarios.py",
+    "tests/test_streaming.py",
+    "tests/test_streaming_jobs.py",
 )
 
 

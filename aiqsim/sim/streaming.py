@@ -421,7 +421,8 @@ class StreamingSummary:
         """The summary dict (same keys and order as :data:`aiqsim.sim.metrics.SUMMARY_KEYS`)."""
         recoveries = list(recoveries)
         s = self.statuses
-        per_key = max([self.max_executions_per_key, *(state.executions for state in self._keys.values())])
+        most = self.max_executions_per_key  # keys already forgotten, then the keys still in the window
+        per_key = max(most, max((state.executions for state in self._keys.values()), default=most))
         done = s["succeeded"] + s["deduped"]
         p50, p95, p99 = self.success_latency.percentiles([50, 95, 99])
         f50, f99 = self.failure_time.percentiles([50, 99])
