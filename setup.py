@@ -77,10 +77,7 @@ class BuildWithManifest(build_ext):
             return
         # where this build puts aiqsim's top-level modules: the build folder, or the checkout (--inplace)
         package_dir = Path(self.get_ext_fullpath("aiqsim._manifest_probe")).parent
-        manifest = {
-            name: RULES.source_digest(ROOT / Path(*name.split(".")).with_suffix(".py"))
-            for name in RULES.COMPILED_MODULES
-        }
+        manifest = RULES.source_manifest(ROOT / "aiqsim")
         (package_dir / RULES.MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
@@ -89,7 +86,7 @@ def _extensions() -> list[Extension]:
     if not COMPILE:
         return []
     return [
-        Extension(name, [str(Path(*name.split(".")).with_suffix(".py"))]) for name in RULES.COMPILED_MODULES
+        Extension(name, [str(RULES.module_source(Path("aiqsim"), name))]) for name in RULES.COMPILED_MODULES
     ]
 
 

@@ -43,7 +43,9 @@ __all__ = [
     "build_compiled_tree",
     "build_status",
     "check_compiled_sources",
+    "module_source",
     "source_digest",
+    "source_manifest",
 ]
 
 COMPILE_ENV = "AIQSIM_COMPILE"
@@ -110,13 +112,20 @@ def source_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _relative_stem(module: str) -> Path:
-    """``aiqsim.scheduler.lanes`` -> ``scheduler/lanes`` (relative to the package directory)."""
-    return Path(*module.split(".")[1:])
+def module_source(package_dir: Path, module: str) -> Path:
+    """The ``.py`` of ``module`` in the package at ``package_dir``: ``aiqsim.scheduler.lanes`` ->
+    ``package_dir/scheduler/lanes.py``. The build (``setup.py``) and the guard find sources alike."""
+    return Path(package_dir, *module.split(".")[1:]).with_suffix(".py")
+
+
+def source_manifest(package_dir: Path) -> dict[str, str]:
+    """``{module: SHA-256 of its source}`` for :data:`COMPILED_MODULES`: what the build writes to
+    :data:`MANIFEST_NAME` and the guard compares against."""
+    return {name: source_digest(module_source(package_dir, name)) for name in COMPILED_MODULES}
 
 
 def _extension_files(package_dir: Path, module: str) -> list[Path]:
-    stem = package_dir / _relative_stem(module)
+    stem = module_source(package_dir, module).with_suffix("")
     return [
         Path(f"{stem}{suffix}")
         for suffix in importlib.machinery.EXTENSION_SUFFIXES
@@ -162,7 +171,7 @@ def build_status(package_dir: Path = PACKAGE_DIR) -> BuildStatus:
         recorded = {}
     stale = []
     for name in compiled:
-        source = package_dir / _relative_stem(name).with_suffix(".py")
+        source = module_source(package_dir, name)
         digest = recorded.get(name) if isinstance(recorded, dict) else None
         if digest is None or (source.exists() and source_digest(source) != digest):
             stale.append(name)
@@ -213,7 +222,7 @@ def build_compiled_tree(checkout: Path, into: Path, *, jobs: int | None = None) 
     Returns ``into``, a folder to put on ``PYTHONPATH`` in front of everything else. Used by the test
     suite (which runs the compiled build against the pure one) and the benchmarks (which time both in
     the same run); needs Cython and a C compiler. Raises ``RuntimeError`` with the compiler's output
-    when the build fails."""
+    when the build fails, and when it leaves a listed module uncompiled or stale."""
     checkout, into = Path(checkout), Path(into)
     into.mkdir(parents=True, exist_ok=True)
     shutil.copytree(
@@ -239,6 +248,9 @@ def build_compiled_tree(checkout: Path, into: Path, *, jobs: int | None = None) 
             f"the compiled build failed (exit {done.returncode}) in {into}:\n"
             f"{done.stdout[-3000:]}{done.stderr[-6000:]}"
         )
+    status = build_status(into / "aiqsim")
+    if len(status.compiled) != len(COMPILED_MODULES) or status.stale:
+        raise RuntimeError(f"the compiled build in {into} is incomplete:\n{status.describe()}")
     return into
 
 

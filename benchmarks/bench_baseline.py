@@ -184,26 +184,12 @@ def main() -> None:
 
 
 def build_compiled(into: Path) -> Path:
-    """This tree's compiled build in ``into``, checked to import as compiled before anything is timed."""
+    """This tree's compiled build in ``into`` (checked complete by ``build_compiled_tree``); the
+    workers import it first, from ``PYTHONPATH``."""
     from aiqsim.compiled import build_compiled_tree
 
     print("  building the compiled tree ...", file=sys.stderr)
-    build_compiled_tree(REPO, into)
-    check = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import aiqsim.compiled as c; s = c.build_status(); print(s.is_compiled and not s.stale)",
-        ],
-        env={**os.environ, "PYTHONPATH": str(into)},
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tempfile.gettempdir(),
-    )
-    if check.stdout.strip() != "True":
-        raise RuntimeError(f"the build in {into} does not import as compiled:\n{check.stdout}{check.stderr}")
-    return into
+    return build_compiled_tree(REPO, into)
 
 
 def paired_ratios(baseline: list[dict[str, float]], current: list[dict[str, float]]) -> list[float]:

@@ -4,9 +4,9 @@ The suite as a whole runs the pure-Python path. This module builds the compiled 
 checkout (Cython, once per test session, shared by the xdist workers) and checks that:
 
 - every module listed in ``COMPILED_MODULES`` really is an extension module in that build;
-- it gives bit-for-bit the results of the pure build: every shipped scenario's summary and tables, and
-  the M/M/c validation's waits, for two seeds;
-- the scheduler's, runtime's, states' and simulation's own tests pass against it;
+- it gives bit-for-bit the results of the pure build: every shipped scenario's summary and tables for
+  two seeds, its streamed summary and timeline, and the M/M/c validation's waits;
+- the scheduler's, runtime's, states', simulation's and streaming mode's own tests pass against it;
 - a compiled module whose source was edited afterwards is refused on ``import aiqsim``;
 - without ``AIQSIM_COMPILE`` the build compiles nothing.
 
