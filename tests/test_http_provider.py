@@ -335,6 +335,25 @@ def test_retry_after_prefers_ms_then_seconds_then_date() -> None:
     assert retry_after_from_headers({"retry-after": "soon"}, now) is None
 
 
+@pytest.mark.parametrize(
+    "millis", ["1e3", "1E3", "1_000", "+5", "-0", "-5", "nan", "inf", "0x10", "\u0661", ""]
+)
+def test_retry_after_ms_has_delta_seconds_grammar_and_falls_back(millis: str) -> None:
+    """retry-after-ms is read as Retry-After's delta-seconds are (ASCII digits, an optional fraction):
+    what float() alone would accept (a sign, an exponent, underscores) is not a wait the server sent."""
+    now = 1_700_000_000.0
+    assert retry_after_from_headers({"retry-after-ms": millis}, now) is None
+    assert retry_after_from_headers({"retry-after-ms": millis, "retry-after": "3"}, now) == 3.0
+
+
+def test_retry_after_ms_is_capped_like_delta_seconds() -> None:
+    now = 1_700_000_000.0
+    assert retry_after_from_headers({"retry-after-ms": " 250.5\t"}, now) == 0.2505
+    assert retry_after_from_headers({"retry-after-ms": "0"}, now) == 0.0
+    assert retry_after_from_headers({"retry-after-ms": "9" * 400}, now) == 2**31  # RFC 9111 §1.2.2
+    assert retry_after_from_headers({"retry-after-ms": "1" + "0" * 300}, now) == 2**31
+
+
 # ---------------------------------------------------------------------------- status mapping (pure)
 QUOTA_BODY = error_json("You exceeded your current quota.", "insufficient_quota", "insufficient_quota")
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiqsim.core.retry_after import parse_retry_after
+from aiqsim.core.retry_after import _utc_date, parse_retry_after
 
 NOW_DT = datetime(2015, 10, 21, 7, 28, 0, tzinfo=UTC)
 NOW = float(calendar.timegm(NOW_DT.utctimetuple()))  # 1445412480, computed without a clock
@@ -164,7 +164,12 @@ def test_any_text_parses_to_none_or_a_non_negative_delay_and_never_raises(header
     [
         # RFC 9110 §5.6.7: a two-digit year more than 50 years ahead is the last such year in the past
         ("Sunday, 06-Nov-68 08:49:37 GMT", NOW_DT, 1968),  # email.utils alone reads 2068
-        ("Thursday, 06-Nov-65 08:49:37 GMT", NOW_DT, 2065),  # 50 years ahead: still the future
+        # the rule is by timestamp, not by year: 2065-11-06 is 50 years and 16 days ahead of NOW
+        ("Friday, 06-Nov-65 08:49:37 GMT", NOW_DT, 1965),
+        ("Wednesday, 21-Oct-65 07:28:00 GMT", NOW_DT, 2065),  # exactly 50 years ahead: not more
+        ("Wednesday, 21-Oct-65 07:28:01 GMT", NOW_DT, 1965),  # one second more
+        ("Wednesday, 21-Oct-65 09:28:01 +0200", NOW_DT, 1965),  # the zone counts: 07:28:01 UTC
+        ("Tuesday, 01-Jan-01 00:00:00 GMT", datetime(2099, 6, 1, tzinfo=UTC), 2101),  # the next century
         ("Friday, 06-Nov-66 08:49:37 GMT", NOW_DT, 1966),
         ("Tuesday, 01-Jan-69 00:00:00 GMT", datetime(2026, 1, 1, tzinfo=UTC), 2069),  # email.utils: 1969
         ("Wednesday, 01-Jan-76 00:00:00 GMT", datetime(2026, 1, 1, tzinfo=UTC), 2076),
@@ -176,8 +181,38 @@ def test_an_rfc850_two_digit_year_is_read_within_50_years_of_now(
     header: str, now: datetime, year: int
 ) -> None:
     now_s = float(calendar.timegm(now.utctimetuple()))
-    when = datetime(year, *parsedate_tz(header)[1:6], tzinfo=UTC)  # type: ignore[index, misc]
+    parsed = parsedate_tz(header)
+    assert parsed is not None
+    when = datetime(year, *parsed[1:6], tzinfo=UTC) - timedelta(seconds=parsed[9] or 0)
     assert parse_retry_after(header, now_s) == max(0.0, calendar.timegm(when.utctimetuple()) - now_s)
+
+
+def test_an_rfc850_29_february_takes_the_latest_year_that_has_one() -> None:
+    # 2096 is a leap year but 2096 is more than 50 years after 2026; 1996 is the one before it
+    now_s = float(calendar.timegm(datetime(2026, 1, 1, tzinfo=UTC).utctimetuple()))
+    assert parse_retry_after("Thursday, 29-Feb-96 00:00:00 GMT", now_s) == 0.0  # 1996: in the past
+    now_s = float(calendar.timegm(datetime(2050, 1, 1, tzinfo=UTC).utctimetuple()))
+    when = calendar.timegm(datetime(2096, 2, 29, tzinfo=UTC).utctimetuple())
+    assert parse_retry_after("Wednesday, 29-Feb-96 00:00:00 GMT", now_s) == when - now_s
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Wed, 21 Oct 2015 23:59:60 GMT", "Wednesday, 21-Oct-15 23:59:60 GMT", "Wed Oct 21 23:59:60 2015"],
+)
+def test_a_leap_second_is_the_second_after_59(header: str) -> None:
+    """RFC 9110 §5.6.7 takes second = 2DIGIT and its meaning from RFC 5322 §3.3, which allows 60."""
+    midnight = calendar.timegm(datetime(2015, 10, 22, tzinfo=UTC).utctimetuple())
+    assert parse_retry_after(header, NOW) == midnight - NOW
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Wed, 21 Oct 2015 23:59:61 GMT", "Wed, 31 Nov 2015 07:28:00 GMT", "Wed, 21 Oct 2015 24:00:00 GMT",
+     "Wed, 21 Oct 2015 07:28:00 +9999"],
+)  # fmt: skip
+def test_what_is_not_a_date_is_no_retry_after(header: str) -> None:
+    assert parse_retry_after(header, NOW) is None
 
 
 @pytest.mark.parametrize(
@@ -193,3 +228,11 @@ def test_a_date_further_away_than_two_to_the_31_seconds_is_clamped_like_delta_se
     assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", NOW) == 2**31
     near = parse_retry_after("Thu, 01 Jan 2037 00:00:00 GMT", NOW)
     assert near is not None and 0 < near < 2**31  # a date within 68 years keeps its own wait
+
+
+@given(st.integers(min_value=-6 * 10**10, max_value=25 * 10**10), st.sampled_from([0.0, 0.25, 0.999]))
+def test_the_clock_free_calendar_agrees_with_datetime(whole_s: int, fraction_s: float) -> None:
+    """aiqsim.core reads no clock (tests/test_architecture.py), so it dates an instant by arithmetic."""
+    epoch_s = whole_s + fraction_s  # fractions datetime holds exactly (it rounds to microseconds)
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=whole_s)
+    assert _utc_date(epoch_s) == (moment.year, moment.month, moment.day)

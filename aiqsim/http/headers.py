@@ -26,7 +26,7 @@ from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.ratelimit import RateLimitSnapshot
-from aiqsim.core.retry_after import MAX_DELTA_SECONDS, delta_seconds, parse_retry_after
+from aiqsim.core.retry_after import MAX_DELTA_SECONDS, delta_seconds, parse_retry_after, parse_retry_after_ms
 from aiqsim.core.token_bucket import MultiQuota
 
 _UNIT_SECONDS = {
@@ -215,9 +215,11 @@ def retry_after_from_headers(headers: Mapping[str, Any] | Any, now_epoch_s: floa
     """Seconds to wait from ``retry-after-ms`` (preferred, sent by OpenAI/Azure) or ``Retry-After``.
 
     ``Retry-After`` may be delta-seconds or an HTTP date, measured against ``now_epoch_s``
-    (Unix seconds, passed in to keep this pure).
+    (Unix seconds, passed in to keep this pure). Both headers are read with delta-seconds' grammar
+    and its 2**31 s ceiling (:mod:`aiqsim.core.retry_after`); an unparseable ``retry-after-ms``
+    falls back to ``Retry-After``.
     """
-    millis = _number(header_value(headers, "retry-after-ms"))
-    if millis is not None and millis >= 0:
-        return millis / 1000.0
+    waited = parse_retry_after_ms(header_value(headers, "retry-after-ms"))
+    if waited is not None:
+        return waited
     return parse_retry_after(header_value(headers, "retry-after"), now_epoch_s)
