@@ -24,6 +24,7 @@ from aiqsim.core.backoff import (
     exponential_ceiling,
     retry_delay,
 )
+from aiqsim.core.errors import ConfigurationError
 
 bases = st.floats(min_value=1e-3, max_value=10.0)
 cap_factors = st.floats(min_value=1.0, max_value=1e4)
@@ -258,10 +259,36 @@ def test_backoff_from_name_rejects_unknown_names_clearly() -> None:
 
 
 @pytest.mark.parametrize("cls", [ExponentialBackoff, FullJitter, EqualJitter, DecorrelatedJitter])
-@pytest.mark.parametrize(("base", "cap"), [(-1.0, 10.0), (math.nan, 10.0), (math.inf, math.inf), (5.0, 1.0)])
-def test_impossible_parameters_are_refused(cls: type, base: float, cap: float) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("base", "cap"),
+    [
+        (-1.0, 10.0),
+        (math.nan, 10.0),
+        (math.inf, math.inf),
+        (5.0, 1.0),
+        (1.0, math.inf),  # an infinite cap gave delays of inf, or NaN (inf times a draw of 0.0)
+        (1.0, math.nan),
+        (True, 10.0),
+        ("1", 10.0),
+        (1.0, "60"),
+    ],
+)
+def test_impossible_parameters_are_refused(cls: type, base: object, cap: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"base_s|cap_s"):
         cls(base_s=base, cap_s=cap)
+
+
+@pytest.mark.parametrize("delay", [-1.0, math.nan, math.inf, True, "1"])
+def test_a_constant_delay_must_be_a_finite_number(delay: object) -> None:
+    with pytest.raises(ConfigurationError, match="delay_s"):
+        ConstantBackoff(delay_s=delay)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("retry", [1.5, -1, True, "2", None])
+@pytest.mark.parametrize("cls", [ExponentialBackoff, FullJitter, EqualJitter])
+def test_a_retry_number_must_be_a_whole_number(cls: type, retry: object) -> None:
+    with pytest.raises(ConfigurationError, match="retry must be a whole number"):
+        cls().delay(retry, random.Random(0))
 
 
 def test_zero_base_means_no_wait() -> None:

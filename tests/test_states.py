@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.states import TRANSITIONS, IllegalTransitionError, is_legal, transition, transition_with
 from aiqsim.core.task import TaskRecord, TaskStatus
 
@@ -89,6 +90,15 @@ def test_every_legal_pair_moves_the_status_and_stamps_updated_at(
 
 def test_status_may_be_given_by_its_string_value() -> None:
     assert transition(record_in(S.QUEUED), "running", now=3.0).status is S.RUNNING  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bogus", ["bogus", "RUNNING", 3, None])
+def test_an_unknown_status_is_a_configuration_error_listing_the_statuses(bogus: object) -> None:
+    task = record_in(S.QUEUED)
+    with pytest.raises(ConfigurationError, match="unknown task status") as info:
+        transition(task, bogus, now=1.0)  # type: ignore[arg-type]
+    assert all(status.value in str(info.value) for status in S)
+    assert task.status is S.QUEUED
 
 
 def test_changes_are_applied_with_the_transition() -> None:

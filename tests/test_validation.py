@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from aiqsim.core.backoff import ExponentialBackoff, FullJitter, NoBackoff
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.runtime import Cancelled, Signal, SimPyRuntime
 from aiqsim.validation import (
@@ -34,7 +35,7 @@ from aiqsim.validation import (
     t_quantile_975,
     wait_sensitivity,
 )
-from aiqsim.validation.mmc import _t_quantile_975_table
+from aiqsim.validation.mmc import _t_quantile_975_table, erlang_b
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,6 +86,35 @@ def test_erlang_c_rejects_unstable_or_meaningless_queues() -> None:
         erlang_c(2, -1.0)
     with pytest.raises(ValueError, match="offered_load"):
         erlang_c(2, math.nan)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ((True, 0.0), "servers"),  # a boolean is not a number of servers, even where the load is 0
+        (("8", 1.0), "servers"),
+        ((math.inf, 1.0), "servers"),
+        ((2.5, 1.0), "servers"),
+        ((8, True), "offered_load"),
+    ],
+)
+def test_erlang_formulas_refuse_what_is_not_a_queue_with_a_project_error(
+    arguments: tuple[object, object], named: str
+) -> None:
+    for formula in (erlang_b, erlang_c):
+        with pytest.raises(ConfigurationError, match=named):
+            formula(*arguments)  # type: ignore[arg-type]
+    assert erlang_c(8.0, 7.0) == erlang_c(8, 7.0)  # a whole float is a number of servers
+
+
+@pytest.mark.parametrize(
+    ("arrival", "service", "named"),
+    [(1.0, 0.0, "service_rate"), (1.0, -1.0, "service_rate"), (math.nan, 1.0, "arrival_rate"),
+     (-1.0, 1.0, "arrival_rate"), (1.0, math.inf, "service_rate")],
+)  # fmt: skip
+def test_expected_wait_refuses_rates_that_are_not_rates(arrival: float, service: float, named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):  # 0 used to raise a bare ZeroDivisionError
+        expected_wait_in_queue(arrival, service, 2)
 
 
 def test_expected_wait_is_erlang_c_over_spare_capacity() -> None:

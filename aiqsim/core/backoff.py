@@ -9,6 +9,7 @@ retries from 0 (the first retry waits about ``base_s``).
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -27,17 +28,28 @@ class BackoffStrategy(Protocol):
         ...
 
 
+def _finite_non_negative(name: str, value: float) -> None:
+    # finite: an infinite delay or cap made retries that never come, or (inf times a draw of 0.0) NaN
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (math.isfinite(value) and value >= 0)
+    ):
+        raise ConfigurationError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
 def _check(base_s: float, cap_s: float) -> None:
-    if not (base_s >= 0 and math.isfinite(base_s)):
-        raise ConfigurationError(f"base_s must be a finite number >= 0, got {base_s!r}")
+    """Refuse what is not a finite, non-negative ``base_s`` up to a finite ``cap_s``."""
+    _finite_non_negative("base_s", base_s)
+    _finite_non_negative("cap_s", cap_s)
     if not (cap_s >= base_s):
         raise ConfigurationError(f"cap_s ({cap_s!r}) must be >= base_s ({base_s!r})")
 
 
 def exponential_ceiling(retry: int, base_s: float, cap_s: float) -> float:
     """``min(cap, base * 2**retry)`` without overflowing for large ``retry``."""
-    if retry < 0:
-        raise ConfigurationError(f"retry must be >= 0, got {retry}")
+    if isinstance(retry, bool) or not isinstance(retry, numbers.Integral) or retry < 0:
+        raise ConfigurationError(f"retry must be a whole number >= 0, got {retry!r}")
     if base_s == 0:
         return 0.0
     try:
@@ -63,6 +75,9 @@ class ConstantBackoff:
 
     delay_s: float = 1.0
     name: str = "constant"
+
+    def __post_init__(self) -> None:
+        _finite_non_negative("delay_s", self.delay_s)
 
     def delay(self, retry: int, rng: random.Random, previous: float | None = None) -> float:
         return self.delay_s

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiqsim.core.errors import ConfigurationError, SchedulingError
 from aiqsim.core.slot_init import compile_copier
-from aiqsim.core.states import TRANSITIONS
+from aiqsim.core.states import TRANSITIONS, as_status
 from aiqsim.core.task import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Priority, TaskStatus
 
 JobStatus = TaskStatus
@@ -129,7 +129,7 @@ def job_transition(job: JobRecord, next_status: TaskStatus, now: float, **change
 
     Raises :class:`IllegalJobTransitionError` naming both states and the job id.
     """
-    next_status = TaskStatus(next_status)
+    next_status = as_status(next_status)
     if next_status not in JOB_TRANSITIONS[job.status]:
         raise IllegalJobTransitionError(job.id, job.status, next_status)
     if "status" in changes:

@@ -47,6 +47,18 @@ class IllegalTransitionError(SchedulingError):
         )
 
 
+def as_status(value: TaskStatus | str) -> TaskStatus:
+    """``value`` as a :class:`TaskStatus` (a member or its value, ``"running"``); anything else is a
+    :class:`ConfigurationError` that lists the statuses there are (not the enum's bare ``ValueError``)."""
+    if type(value) is TaskStatus:
+        return value
+    try:
+        return TaskStatus(value)
+    except ValueError:
+        statuses = ", ".join(status.value for status in TaskStatus)
+        raise ConfigurationError(f"unknown task status {value!r}; expected one of: {statuses}") from None
+
+
 def is_legal(current: TaskStatus, requested: TaskStatus) -> bool:
     """True when ``current -> requested`` is in :data:`TRANSITIONS`."""
     return requested in TRANSITIONS[current]
@@ -70,7 +82,7 @@ def transition_with(
     dict of its own already, which would otherwise be unpacked only to be packed again (once per
     status change of every task: the scheduler's ``_move`` and ``_finish``)."""
     if type(next_status) is not TaskStatus:
-        next_status = TaskStatus(next_status)
+        next_status = as_status(next_status)
     if next_status not in _NEXT_STATES[task.status]:
         raise IllegalTransitionError(task.id, task.status, next_status)
     if "status" in changes:
