@@ -470,3 +470,24 @@ def test_reserving_at_now_plus_time_until_succeeds(
     wait = quota.time_until(amount, now)
     assert wait >= pause or now + wait >= now + pause
     assert quota.try_reserve(amount, now + wait) is not None
+
+
+@given(
+    level=st.floats(min_value=0.0, max_value=9.0),
+    cost=st.floats(min_value=0.5, max_value=10.0),
+    behind=st.floats(min_value=1e-3, max_value=50.0),
+)
+def test_a_wait_asked_from_the_buckets_past_counts_from_its_present(
+    level: float, cost: float, behind: float
+) -> None:
+    """A caller whose clock reading is older than the bucket's last use (another caller read the
+    clock later and used the bucket first) must not get a wait that ends before any refill."""
+    used_at = 100.0
+    bucket = TokenBucket(capacity=10.0, rate=1.0, now=used_at, level=level)
+    asked_at = used_at - behind
+    wait = bucket.time_until(cost, asked_at)
+    if cost <= level:
+        assert wait == 0.0
+        return
+    assert asked_at + wait >= used_at + (cost - level)  # never earlier than the refill allows
+    assert bucket.try_acquire(cost, asked_at + wait)

@@ -144,10 +144,17 @@ class TokenBucket:
         self._level = self._level - cost if self._level >= cost else min(self._level, 0.0)
 
     def time_until(self, cost: float, now: float) -> float:
-        """Seconds from ``now`` until ``cost`` tokens will be available (0 if now, ``inf`` if never)."""
+        """Seconds from ``now`` until ``cost`` tokens will be available (0 if now, ``inf`` if never).
+
+        Counted from the bucket's own present: a ``now`` earlier than the last time the bucket was
+        used (a clock read before another caller's) waits for that time too, since no refill
+        happens before it (the wait was once counted from ``now``, too short by the difference).
+        """
         if self.can_acquire(cost, now):
             return 0.0
-        return refill_wait(cost - self._level, self.rate, now)
+        updated = self._updated  # == now unless now is in the bucket's past
+        wait = refill_wait(cost - self._level, self.rate, updated)
+        return wait if updated <= now else wait_until(updated + wait, now)
 
     def refund(self, amount: float, now: float) -> None:
         """Give back ``amount`` tokens (never above capacity)."""
