@@ -51,6 +51,29 @@ def test_a_thousand_identical_submissions_make_one_provider_call() -> None:
     assert late.status is TaskStatus.DEDUPED and late.finished_at == late.created_at
 
 
+def test_the_key_names_the_work_not_the_provider_as_docs_concepts_says() -> None:
+    """docs/concepts.md: the key is (kind, version, params, input); the same work asked of a second
+    provider is deduped, and a different ``version`` (the model) makes it a task of its own."""
+    runtime = SimPyRuntime()
+    first, second = ScriptedProvider(runtime, name="a"), ScriptedProvider(runtime, name="b")
+
+    async def main():
+        scheduler = Scheduler(runtime, [first, second])
+        on_a = await scheduler.submit("summarize", {"input": "x"}, provider="a").wait()
+        on_b = await scheduler.submit("summarize", {"input": "x"}, provider="b").wait()
+        other_model = await scheduler.submit("summarize", {"input": "x"}, provider="b", version="m2").wait()
+        return on_a, on_b, other_model
+
+    on_a, on_b, other_model = runtime.run(main())
+    assert (on_a.status, on_b.status, on_b.deduped_from) == (
+        TaskStatus.SUCCEEDED,
+        TaskStatus.DEDUPED,
+        on_a.id,
+    )
+    assert other_model.status is TaskStatus.SUCCEEDED and other_model.key != on_a.key
+    assert (len(first.calls), len(second.calls)) == (1, 1)
+
+
 def test_a_duplicate_of_a_failed_run_shares_its_failure_without_a_second_call() -> None:
     runtime = SimPyRuntime()
     provider = ScriptedProvider(runtime, script={"bad": ["invalid"]})
