@@ -681,3 +681,26 @@ def test_an_environment_that_overrides_schedule_still_sees_every_event_scheduled
 
     rt.run(main())
     assert Tracing.scheduled >= 1 + 3 * 3 + 1  # main's start, 3 x (start, call, child's sleep), main's sleep
+
+
+def test_simpy_an_await_it_cannot_drive_raises_at_that_await_in_a_later_event() -> None:
+    """As asyncio throws "Task got bad yield" into the task: the awaiting code sees the error (and
+    may recover), one event later at the same instant; nothing goes to task_errors."""
+    rt = SimPyRuntime()
+
+    class Foreign:
+        def __await__(self):
+            yield "foreign"
+
+    async def body():
+        await rt.sleep(2)
+        try:
+            await Foreign()
+        except TypeError as error:
+            seen = str(error)
+        await rt.sleep(1)
+        return seen, rt.now()
+
+    seen, now = rt.run(body())
+    assert "cannot await 'foreign'" in seen and now == 3
+    assert rt.task_errors == []

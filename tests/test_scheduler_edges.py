@@ -241,3 +241,193 @@ def test_a_dispatch_that_raises_is_reported_and_the_lane_goes_on() -> None:
     assert [(name, str(error)) for name, error in runtime.task_errors] == [
         ("dispatch-llm", "event sink broke")
     ]
+
+
+def sink_failing_on(status: str, task_input: str, ids: dict):
+    """An event sink that raises on one task's transition to ``status``."""
+
+    def sink(event) -> None:
+        if getattr(event, "new", None) == status and event.task_id == ids.get(task_input, event.task_id):
+            raise RuntimeError(f"event sink broke on {status}")
+
+    return sink
+
+
+@both
+def test_a_sink_failing_on_queued_raises_from_submit_and_the_task_still_runs(rt_name: str) -> None:
+    """The change a sink reports stands: the task was stored, so it is queued and runs; a second
+    submission of its key finds it; nothing waits for ever (close() used to hang)."""
+
+    async def body(rt):
+        provider = ScriptedProvider(rt, latency_s=1.0)
+        ids: dict = {}
+        scheduler = Scheduler(rt, [provider], events=sink_failing_on("queued", "first", ids))
+        ids["first"] = "first-id"
+        with pytest.raises(RuntimeError, match="event sink broke on queued"):
+            scheduler.submit("llm", {"input": "a"}, task_id="first-id")
+        again = scheduler.submit("llm", {"input": "a"})
+        record = await again.wait()
+        await scheduler.close()
+        return scheduler.store.get("first-id").status, record.status, record.deduped_from, len(provider.calls)
+
+    assert run_on(rt_name, body) == (TaskStatus.SUCCEEDED, TaskStatus.DEDUPED, "first-id", 1)
+
+
+async def bad_then_good(rt, provider, status: str) -> tuple[list, Scheduler]:
+    """Tasks "bad" then "good" on one slot, with a sink that breaks on bad's ``status`` event;
+    their records once both are done, and the closed scheduler."""
+    ids: dict = {}
+    quotas = {"llm": QuotaLimits(concurrency=1)}
+    scheduler = Scheduler(rt, [provider], quotas=quotas, events=sink_failing_on(status, "bad", ids))
+    bad = scheduler.submit("llm", {"input": "bad"})
+    ids["bad"] = bad.id
+    good = scheduler.submit("llm", {"input": "good"})
+    records = [await bad.wait(), await good.wait()]
+    await scheduler.close()
+    return records, scheduler
+
+
+@both
+def test_a_sink_failing_on_running_fails_that_task_and_frees_its_slot(rt_name: str) -> None:
+    async def body(rt):
+        provider = ScriptedProvider(rt, latency_s=1.0)
+        records, _ = await bad_then_good(rt, provider, "running")
+        return [(r.status, r.error) for r in records], [name for _, name, _ in provider.calls]
+
+    statuses, sent = run_on(rt_name, body)
+    assert statuses == [
+        (TaskStatus.FAILED, "RuntimeError: event sink broke on running"),
+        (TaskStatus.SUCCEEDED, None),
+    ]
+    assert sent == ["good"]  # the failed task was never sent
+
+
+@both
+def test_a_sink_failing_on_a_terminal_event_leaves_the_outcome_delivered(rt_name: str) -> None:
+    """The success is stored and stays; the submission resolves and the slot is free (both used to
+    wait for ever); the error ends the attempt's coroutine, reported as the runtime reports those
+    (SimPy: task_errors; asyncio: its exception handler, once the task is collected)."""
+
+    async def body(rt):
+        records, scheduler = await bad_then_good(rt, ScriptedProvider(rt, latency_s=1.0), "succeeded")
+        stored = [scheduler.store.get(r.id).status for r in records]
+        return [r.status for r in records], stored, [str(e) for _, e in getattr(rt, "task_errors", [])]
+
+    statuses, stored, task_errors = run_on(rt_name, body)
+    assert statuses == stored == [TaskStatus.SUCCEEDED, TaskStatus.SUCCEEDED]
+    if rt_name != "asyncio":
+        assert task_errors == ["event sink broke on succeeded"]
+
+
+class NotAnException(BaseException):
+    """What a buggy provider (or a library under it) may raise: a BaseException that is no Exception."""
+
+
+@both
+def test_a_provider_raising_a_base_exception_fails_its_task_and_the_lane_goes_on(rt_name: str) -> None:
+    async def body(rt):
+        provider = ScriptedProvider(rt, latency_s=1.0)
+        original = provider.call
+
+        async def call(request):
+            if request.payload["input"] == "bad":
+                raise NotAnException("deep in a library")
+            return await original(request)
+
+        provider.call = call  # type: ignore[method-assign]
+        scheduler = Scheduler(rt, [provider], quotas={"llm": QuotaLimits(concurrency=1)})
+        bad = scheduler.submit("llm", {"input": "bad"})
+        good = scheduler.submit("llm", {"input": "good"})
+        records = await bad.wait(), await good.wait()
+        await scheduler.close()
+        return [(r.status, r.error) for r in records], scheduler.quota("llm").in_flight
+
+    records, in_flight = run_on(rt_name, body)
+    assert records == [(TaskStatus.FAILED, "NotAnException: deep in a library"), (TaskStatus.SUCCEEDED, None)]
+    assert in_flight == 0
+
+
+def test_ctrl_c_in_a_provider_stops_a_simulation_instead_of_being_swallowed() -> None:
+    """KeyboardInterrupt leaves SimPyRuntime.run() as it leaves an asyncio loop; it used to be kept in
+    task_errors while the run went on (and Ctrl-C at the CLI was lost about half the time)."""
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+    original = provider.call
+
+    async def call(request):
+        await original(request)
+        raise KeyboardInterrupt
+
+    provider.call = call  # type: ignore[method-assign]
+
+    async def main():
+        scheduler = Scheduler(runtime, [provider])
+        await scheduler.submit("llm", {"input": "a"}).wait()
+
+    with pytest.raises(KeyboardInterrupt):
+        runtime.run(main())
+    assert runtime.now() == 1.0 and runtime.task_errors == []
+
+
+@both
+def test_a_provider_awaiting_another_loops_primitive_fails_its_attempt(rt_name: str) -> None:
+    """A provider that awaits something its runtime cannot drive (an asyncio future on the SimPy
+    runtime; a bare yield on asyncio): the error is thrown in at that await, as asyncio throws
+    "Task got bad yield", so the attempt fails and frees its slot. On SimPy the task used to die
+    with the error only in task_errors, leaving the task running and its lane stalled."""
+
+    class Foreign:
+        def __await__(self):
+            yield "foreign"  # neither a SimPy event nor an asyncio future (None is asyncio's bare yield)
+
+    async def body(rt):
+        provider = ScriptedProvider(rt, latency_s=1.0)
+        original = provider.call
+
+        async def call(request):
+            if request.payload["input"] == "bad":
+                await Foreign()
+            return await original(request)
+
+        provider.call = call  # type: ignore[method-assign]
+        retry = RetryPolicy(max_attempts=1)
+        scheduler = Scheduler(rt, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, retry=retry)
+        bad = scheduler.submit("llm", {"input": "bad"})
+        good = scheduler.submit("llm", {"input": "good"})
+        records = await bad.wait(), await good.wait()
+        await scheduler.close()
+        errors = list(getattr(rt, "task_errors", ()))
+        return [r.status for r in records], records[0].error, errors
+
+    statuses, error, task_errors = run_on(rt_name, body)
+    assert statuses == [TaskStatus.FAILED, TaskStatus.SUCCEEDED]
+    assert error is not None and ("cannot await 'foreign'" in error or "bad yield" in error)
+    assert task_errors == []
+
+
+@both
+@pytest.mark.parametrize("answer", [float("inf"), float("nan"), None, "soon"])
+def test_a_gate_asking_an_impossible_wait_fails_the_attempt_not_the_lane(
+    rt_name: str, answer: object
+) -> None:
+    """A gate whose seconds_until_attempt is not a finite number: the task fails naming the gate and
+    the answer, and its slot is free (inf slept for ever holding the lane's only slot)."""
+
+    class BrokenGate(WaitGate):
+        def seconds_until_attempt(self, provider, is_retry, now):
+            return answer if self.broken else 0.0
+
+    async def body(rt):
+        gate = BrokenGate()
+        gate.broken = True
+        provider = ScriptedProvider(rt, latency_s=1.0)
+        scheduler = Scheduler(rt, [provider], gates=[gate], quotas={"llm": QuotaLimits(concurrency=1)})
+        bad = await scheduler.submit("llm", {"input": "bad"}).wait()
+        gate.broken = False
+        good = await scheduler.submit("llm", {"input": "good"}).wait()
+        await scheduler.close()
+        return bad, good.status, [name for _, name, _ in provider.calls]
+
+    bad, good, sent = run_on(rt_name, body)
+    assert bad.status is TaskStatus.FAILED and "BrokenGate.seconds_until_attempt('llm') returned" in bad.error
+    assert (good, sent) == (TaskStatus.SUCCEEDED, ["good"])

@@ -293,6 +293,9 @@ class SimTask:
         except Cancelled as cancelled:
             self._end(False, cancelled)
             return
+        except (KeyboardInterrupt, SystemExit) as stop:  # the process stops (Ctrl-C): out of run(), as
+            self._end(False, stop)  # asyncio's tasks let them out of the loop; not a task's error
+            raise
         except BaseException as error:
             if self._done is None or not self._done.callbacks:  # nobody waits: do not lose the error
                 self._rt.task_errors.append((self.name, error))
@@ -301,23 +304,29 @@ class SimTask:
         finally:
             rt.current_task = outer
         if not isinstance(yielded, simpy.Event):
-            self._coro.close()
+            # awaited something of another event loop (asyncio.sleep, an asyncio future): the error
+            # is thrown in at that await in a later event, as asyncio throws "Task got bad yield",
+            # so the code that awaited it fails like any call (a provider's attempt fails and frees
+            # its slot) instead of the task dying where no one looks
             error = TypeError(f"SimPy runtime cannot await {yielded!r}; await runtime primitives only")
-            self._rt.task_errors.append((self.name, error))
-            self._end(False, error)
+            self._resume_later(False, error)
             return
         self._waiting = yielded
         if yielded.callbacks is not None:
             yielded.callbacks.append(self._resume)
         else:  # already processed: resume in a fresh event at the current time
-            again = simpy.Event(self._rt.env)
-            self._waiting = again
-            again.callbacks.append(self._resume)
-            again._ok = yielded._ok
-            again._value = yielded._value
-            if not yielded._ok:
-                again._defused = True
-            self._rt.env.schedule(again)
+            self._resume_later(yielded._ok, yielded._value)
+
+    def _resume_later(self, ok: bool, value: Any) -> None:
+        """Resume the coroutine in a fresh event at the current time: ``value`` sent (``ok``) or thrown."""
+        again = simpy.Event(self._rt.env)
+        self._waiting = again
+        again.callbacks.append(self._resume)
+        again._ok = ok
+        again._value = value
+        if not ok:
+            again._defused = True
+        self._rt.env.schedule(again)
 
     def _end(self, ok: bool, value: Any) -> None:
         """The coroutine returned ``value`` (``ok``) or raised it: the task is done."""

@@ -218,13 +218,23 @@ class AttemptLoop:
             if self._crashed:
                 raise
             self._finish(live, CANCELLED, attempts=attempts)
-        except Exception as error:  # not a provider failure: a gate or an event sink broke
+        except BaseException as error:
+            # Not a provider failure (those are classified above): a gate or an event sink broke, or
+            # a provider raised a BaseException that is no Exception. The task must not keep its
+            # slot or stay running for ever. KeyboardInterrupt and SystemExit stop the process: the
+            # task stays ``running`` in the store, for recover() to reconcile, as after a crash.
+            if isinstance(error, GeneratorExit):
+                raise  # the coroutine is being closed: no bookkeeping is possible
             if admitted:
                 self._abandon_early(lane.name, record.id)
             if reservation is not None:
                 lane.quota.release(reservation, runtime.now())
                 self._quota_returned(lane)
-            if live.record.status.is_terminal or self._crashed:
+            if (
+                live.record.status.is_terminal
+                or self._crashed
+                or isinstance(error, KeyboardInterrupt | SystemExit)
+            ):
                 raise
             self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
         finally:
@@ -245,6 +255,10 @@ class AttemptLoop:
             self._move(live, RUNNING)
         except (StoreWriteError, Cancelled) as error:
             return self._not_started(lane, live, reservation, error)
+        except Exception as error:  # the event sink broke on ``running``: nothing was sent
+            self._give_back(lane, reservation)
+            self._finish(live, FAILED, error=describe_error(error))
+            return False
         return True
 
     async def _running_durable(self, lane: Lane, live: LiveTask, reservation: Reservation) -> bool:

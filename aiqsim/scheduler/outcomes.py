@@ -61,7 +61,15 @@ class Outcomes:
             return
         live.record = record
         if self.events is not None:
-            self._emit_transition(old.status, record)
+            try:
+                self._emit_transition(old.status, record)
+            except BaseException:  # the sink broke: the outcome stands and is still delivered
+                self._deliver(live, old, record)
+                raise
+        self._deliver(live, old, record)
+
+    def _deliver(self, live: LiveTask, old: TaskRecord, record: TaskRecord) -> None:
+        """Resolve the submission of the terminal ``record`` now, or once its write is durable."""
         if self._commit is None:
             self._settle(live, record)
             return

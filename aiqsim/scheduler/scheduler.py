@@ -69,7 +69,7 @@ from aiqsim.scheduler.outcomes import Outcomes
 from aiqsim.scheduler.provider import Provider
 from aiqsim.scheduler.recovery import Recovery
 from aiqsim.scheduler.recovery import RecoveryReport as RecoveryReport  # re-exported: its old home
-from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, split_gates
+from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, check_retry_policy, split_gates
 from aiqsim.scheduler.store_writes import persist_change
 from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
@@ -213,7 +213,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             Duplicates enqueue nothing and are exempt, except an
             interactive duplicate that lifts its queued owner into the interactive queue.
         rng: the only source of randomness (jitter, task ids). Seed it for reproducible runs.
-        events: a sink for :mod:`aiqsim.scheduler.events` records (e.g. ``list.append``).
+        events: a sink for :mod:`aiqsim.scheduler.events` records (e.g. ``list.append``). It is
+            called after the change it reports is made; an exception it raises does not undo or
+            stall that change (see "A failing event sink" below).
         gates: overload guards consulted before each attempt (retry budgets, breakers...).
         poison_fallback: called with the record of a task whose input proved poison; its
             return value becomes the task's result (the task still records the poison).
@@ -239,6 +241,16 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
     was the ``running`` write, the duplicate resolves with ``StoreWriteError`` at once. It never
     waits for a run this process will not finish, and the key is never sent again (the provider may
     have done the work). A failing ``submit`` write raises ``StoreWriteError`` from ``submit``.
+
+    A failing event sink. The sink is called after the change it reports, and the change stands:
+    an exception from it on a task's ``queued`` event is raised from ``submit`` after the task is
+    stored and queued (it runs; a duplicate submission of its key finds it); on ``running`` or on an
+    attempt's record it fails the task with the sink's error as the task's error (its quota is
+    given back; an answer already received is not reported succeeded, as after any error that
+    follows it); on a terminal event the task keeps that outcome and its submission resolves, and
+    the error ends the coroutine that emitted the event, which the runtime reports
+    (``SimPyRuntime.task_errors``; asyncio's exception handler). No task is left waiting and no
+    quota stays held because a sink broke.
 
     Hostile usage. A response's usage is clamped before the token bucket is reconciled (the rule
     is :func:`aiqsim.core.usage.sane_usage`); the call still succeeds, and the anomaly is emitted
@@ -272,6 +284,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         self.store: TaskStore = store if store is not None else MemoryStore()
         self.dispatch = dispatch if dispatch is not None else FifoPolicy()
         self.retry = retry if retry is not None else RetryPolicy()
+        check_retry_policy(self.retry, "retry", "no scheduler was created")
         self.rng = rng if rng is not None else random.Random()
         self.events = events
         # a sink may decline the per-grant quota samples (the call log does: it has no use for them)
@@ -414,6 +427,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         """
         if self._closed:
             raise SchedulerClosedError("scheduler is closed")
+        if retry is not None:
+            check_retry_policy(retry, "retry", "nothing was queued or stored")
         lane_name = provider if provider is not None else kind
         lane = self._lanes.get(lane_name)
         if lane is None:
@@ -471,11 +486,19 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         live = new_live_task(record, None, None, None, False, False, None, False, None, retry)
         self._live[record.id] = live
         if self.events is not None:
-            self._emit_transition(None, record)
+            try:
+                self._emit_transition(None, record)
+            except BaseException:  # the sink broke: the task is stored, so it is queued all the same
+                self._admit(live, owner)
+                raise
+        self._admit(live, owner)
+        return _new_submission(record.id, key, live, self._create_future, accepted)
+
+    def _admit(self, live: LiveTask, owner: TaskRecord) -> None:
+        """A new task is stored: queue it, or make it follow the owner of its key."""
         if not self._started:
             self._ensure_started()
         self._follow_owner(live, owner)
-        return _new_submission(record.id, key, live, self._create_future, accepted)
 
     async def submit_durable(self, kind: str, payload: Any, **options: Any) -> Submission:
         """:meth:`submit`, then wait until the submission's record is durable (:meth:`Submission.accepted`).
