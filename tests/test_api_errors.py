@@ -341,6 +341,12 @@ def test_recover_refuses_what_it_cannot_do_before_writing_anything(
         ("poison_after", 0, ValueError, ">= 1"),
         ("max_retry_after_s", -1.0, ValueError, "> 0 or None"),
         ("adaptive_rule", "lane", TypeError, "an AdaptiveScopeRule"),
+        # each of these was accepted and failed a task only at its first retry (after a billed call)
+        ("backoff", None, TypeError, "a backoff strategy"),
+        ("backoff", "full_jitter", TypeError, "backoff_from_name('full_jitter')"),
+        ("max_attempts", 2.5, ValueError, "a whole number >= 1"),
+        ("max_attempts", math.inf, ValueError, "a whole number >= 1"),
+        ("poison_after", 1.5, ValueError, "a whole number >= 1"),
     ],
 )
 def test_a_retry_policy_that_cannot_be_used_is_refused_when_built(
@@ -351,6 +357,19 @@ def test_a_retry_policy_that_cannot_be_used_is_refused_when_built(
         scheduler.submit("llm", {"input": "a"}, retry=RetryPolicy(**{field: value}))
     message = _refused(caught, builtin, field)
     assert accepted in message and repr(value) in message and "no RetryPolicy was built" in message
+    runtime.run(scheduler.join())
+    assert provider.calls == [] and store.list_by_status() == []
+
+
+@pytest.mark.parametrize("retry", [5, "full_jitter", {"max_attempts": 3}])
+def test_a_retry_that_is_no_retry_policy_is_refused_by_the_scheduler_and_by_submit(retry: Any) -> None:
+    runtime, provider, scheduler, store = _scheduler()
+    with pytest.raises(SchedulerArgumentError) as caught:
+        Scheduler(runtime, [provider], retry=retry)
+    assert "expected a RetryPolicy" in _refused(caught, TypeError, "retry")
+    with pytest.raises(SchedulerArgumentError) as caught:
+        scheduler.submit("llm", {"input": "a"}, retry=retry)
+    assert "nothing was queued or stored" in _refused(caught, TypeError, "retry")
     runtime.run(scheduler.join())
     assert provider.calls == [] and store.list_by_status() == []
 

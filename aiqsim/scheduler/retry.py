@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import random
 from collections.abc import Callable, Iterable
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.backoff import BackoffStrategy, FullJitter
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import POISON_AFTER_ATTEMPTS, FailureClass
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError
 from aiqsim.scheduler.rate_limit_scope import (
@@ -23,6 +25,10 @@ DEFAULT_MAX_RETRY_AFTER_S = 300.0
 
 
 _NOT_BUILT = "no RetryPolicy was built"
+
+
+def _whole_at_least_one(value: float) -> bool:
+    return math.isfinite(value) and value >= 1 and value == int(value)
 
 
 def _check(name: str, value: Any, accepted: str, ok: Callable[[float], bool]) -> None:
@@ -71,9 +77,19 @@ class RetryPolicy:
             raise SchedulerArgumentTypeError(
                 f"adaptive_rule must be an AdaptiveScopeRule, got {self.adaptive_rule!r}; {_NOT_BUILT}"
             )
-        _check("max_attempts", self.max_attempts, ">= 1 (1: no retries)", lambda n: n >= 1)
+        if not callable(getattr(self.backoff, "delay", None)):  # what the attempt loop calls
+            raise SchedulerArgumentTypeError(
+                f"backoff must be a backoff strategy (FullJitter(), ExponentialBackoff()..., or "
+                f"backoff_from_name('full_jitter')), got {self.backoff!r}; {_NOT_BUILT}"
+            )
+        _check("max_attempts", self.max_attempts, "a whole number >= 1 (1: no retries)", _whole_at_least_one)
         _check("attempt_timeout_s", self.attempt_timeout_s, "> 0 or None (None: no limit)", lambda n: n > 0)
-        _check("poison_after", self.poison_after, ">= 1 (attempts before a key is poison)", lambda n: n >= 1)
+        _check(
+            "poison_after",
+            self.poison_after,
+            "a whole number >= 1 (attempts before a key is poison)",
+            _whole_at_least_one,
+        )
         longest = self.max_retry_after_s
         _check("max_retry_after_s", longest, "> 0 or None (None: trust any value)", lambda n: n > 0)
 
@@ -88,6 +104,12 @@ class RetryPolicy:
         if cap is not None and retry_after_s > cap:
             return cap, True
         return retry_after_s, False
+
+
+def check_retry_policy(value: Any, name: str, consequence: str) -> None:
+    """Refuse ``value`` unless it is a :class:`RetryPolicy`, naming ``name`` and what was not done."""
+    if not isinstance(value, RetryPolicy):
+        raise SchedulerArgumentTypeError(f"{name}: expected a RetryPolicy, got {value!r}; {consequence}")
 
 
 @runtime_checkable
@@ -173,7 +195,14 @@ def gate_wait_s(gate: Any, provider: str, is_retry: bool, now: float) -> float:
     query = getattr(gate, "seconds_until_attempt", None)
     if query is None:
         return 0.0
-    return max(0.0, float(query(provider, is_retry, now)))
+    wait = query(provider, is_retry, now)
+    # a gate's bug must not hold a slot for ever (inf) or spin (NaN): the attempt fails, naming it
+    if isinstance(wait, bool) or not isinstance(wait, numbers.Real) or not wait < math.inf:
+        raise ConfigurationError(
+            f"{type(gate).__name__}.seconds_until_attempt({provider!r}) returned {wait!r}; "
+            "expected a finite number of seconds (0 or less: no wait)"
+        )
+    return max(0.0, float(wait))
 
 
 def ask_gates(
