@@ -26,7 +26,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiqsim import AsyncioRuntime, ConstantBackoff, QuotaLimits, RetryPolicy, Scheduler, TaskStatus
+from aiqsim import (
+    AsyncioRuntime,
+    ConstantBackoff,
+    QuotaLimits,
+    RetryPolicy,
+    Scheduler,
+    SimPyRuntime,
+    TaskStatus,
+)
 from aiqsim.core.failures import (
     FailureClass,
     InvalidRequestError,
@@ -306,6 +314,36 @@ def test_a_spent_server_quota_pushes_the_refill_past_its_reset() -> None:
     assert corrected_level(10.0, 0.0, 6.0, rate=100.0) == pytest.approx(1.0 - 600.0)
     # a slower client bucket already waits longer than the server: no change beyond min()
     assert corrected_level(0.0, 0.0, 6.0, rate=1.0, limit=60.0) == 0.0
+
+
+def test_a_reset_holds_a_lane_back_no_longer_than_the_longest_wait() -> None:
+    """A reset header is a Retry-After by another name: bounded as max_retry_after_s bounds one.
+    A reset of 99999 h (a server's bug, a spent daily quota) froze the lane for 11 years, silently."""
+    assert corrected_level(10.0, 0.0, 359_996_400.0, rate=1.0, longest_wait_s=300.0) == 1.0 - 300.0
+    assert corrected_level(10.0, 0.0, 6.0, rate=1.0, longest_wait_s=300.0) == 1.0 - 6.0  # shorter: as said
+    quota = MultiQuota(QuotaLimits(requests_per_min=60), now=0.0)
+    snapshot = RateLimitSnapshot(remaining_requests=0, reset_requests_s=parse_duration("99999h"))
+    assert apply_ratelimit_snapshot(snapshot, quota, 0.0)  # the default bound: 300 s
+    assert quota.time_until(0.0, 0.0) == pytest.approx(300.0)
+    quota = MultiQuota(QuotaLimits(requests_per_min=60), now=0.0)
+    assert apply_ratelimit_snapshot(snapshot, quota, 0.0, longest_wait_s=None)  # trust any: as before
+    assert quota.time_until(0.0, 0.0) == pytest.approx(359_996_400.0)
+
+
+def test_attach_to_bounds_resets_by_the_schedulers_max_retry_after() -> None:
+    runtime = SimPyRuntime()
+    provider = HttpProvider("llm", "http://127.0.0.1:9/v1/chat/completions")
+    scheduler = Scheduler(
+        runtime,
+        [provider],
+        quotas={"llm": QuotaLimits(requests_per_min=60)},
+        retry=RetryPolicy(max_retry_after_s=30.0),
+    )
+    provider.attach_to(scheduler)
+    provider._observe(
+        httpx.Headers({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "99999h"})
+    )
+    assert scheduler.quota("llm").time_until(0.0, 0.0) == pytest.approx(30.0)
 
 
 def test_snapshot_resets_are_converted_with_the_time_scale() -> None:

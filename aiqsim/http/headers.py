@@ -28,6 +28,7 @@ from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.core.retry_after import MAX_DELTA_SECONDS, delta_seconds, parse_retry_after, parse_retry_after_ms
 from aiqsim.core.token_bucket import MultiQuota
+from aiqsim.scheduler.retry import DEFAULT_MAX_RETRY_AFTER_S
 
 _UNIT_SECONDS = {
     "ns": 1e-9,
@@ -152,6 +153,7 @@ def corrected_level(
     *,
     limit: float | None = None,
     unit: float = 1.0,
+    longest_wait_s: float | None = None,
 ) -> float:
     """The client bucket's level after the server reported ``remaining`` units left (pure).
 
@@ -168,6 +170,10 @@ def corrected_level(
       ``limit``, after the whole ``reset_s`` (the cautious reading). Without this, a client
       whose own rate is faster than the server's refill asks again too early and meets a 429.
     - ``remaining`` ``None`` (the header was absent or unreadable): ``local_level`` unchanged.
+    - ``longest_wait_s`` bounds that wait, as ``RetryPolicy.max_retry_after_s`` bounds a
+      Retry-After (a reset is one by another name): a reset of years, a server's bug or a spent
+      daily quota, would otherwise hold the lane for that long without a word; past the bound the
+      lane asks again, and a 429 then says how long, under the retry policy's rules.
 
     The result is never above ``local_level``.
     """
@@ -178,12 +184,19 @@ def corrected_level(
         wait = reset_s
         if limit is not None and math.isfinite(limit) and limit > max(remaining, 0.0) + unit:
             wait = reset_s * (unit - max(remaining, 0.0)) / (limit - max(remaining, 0.0))
+        if longest_wait_s is not None:
+            wait = min(wait, longest_wait_s)
         level = min(level, unit - rate * wait)
     return level
 
 
 def apply_ratelimit_snapshot(
-    snapshot: RateLimitSnapshot, quota: MultiQuota, now: float, *, time_scale: float = 1.0
+    snapshot: RateLimitSnapshot,
+    quota: MultiQuota,
+    now: float,
+    *,
+    time_scale: float = 1.0,
+    longest_wait_s: float | None = DEFAULT_MAX_RETRY_AFTER_S,
 ) -> bool:
     """Lower the quota's bucket levels to the server's remaining counts; True if any level fell.
 
@@ -204,7 +217,9 @@ def apply_ratelimit_snapshot(
             continue
         level = bucket.level(now)
         reset_s = None if reset_wall is None else reset_wall / time_scale
-        corrected = corrected_level(level, remaining, reset_s, bucket.rate, limit=limit)
+        corrected = corrected_level(
+            level, remaining, reset_s, bucket.rate, limit=limit, longest_wait_s=longest_wait_s
+        )
         if corrected < level:
             bucket.set_level(corrected, now)
             changed = True

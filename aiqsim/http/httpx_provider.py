@@ -54,6 +54,7 @@ from aiqsim.http.headers import (
 from aiqsim.http.protocol_errors import ResponseDecodingError, ResponseMismatchError
 from aiqsim.http.status import error_for_status
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.scheduler.retry import DEFAULT_MAX_RETRY_AFTER_S
 
 if TYPE_CHECKING:
     import httpx
@@ -169,6 +170,7 @@ class HttpProvider:
         self._wall_clock = wall_clock
         self._quota: MultiQuota | None = None
         self._clock: Callable[[], float] | None = None
+        self._longest_wait_s: float | None = DEFAULT_MAX_RETRY_AFTER_S
         self._max_connections = max_connections
         self._lane_concurrency: int | None = None
         self.last_ratelimit: RateLimitSnapshot | None = None
@@ -179,18 +181,32 @@ class HttpProvider:
             self.bind_quota(quota, clock)
 
     # ------------------------------------------------------------------ wiring
-    def bind_quota(self, quota: MultiQuota, clock: Callable[[], float]) -> None:
+    def bind_quota(
+        self,
+        quota: MultiQuota,
+        clock: Callable[[], float],
+        *,
+        longest_wait_s: float | None = DEFAULT_MAX_RETRY_AFTER_S,
+    ) -> None:
         """Correct ``quota`` (read at ``clock()``) from every response's rate-limit headers, and
         size the owned connection pool from its ``concurrency`` (unless ``max_connections`` was
-        given). Bind before the first call: a client already created keeps its pool."""
+        given). Bind before the first call: a client already created keeps its pool. A reset
+        header holds the lane back at most ``longest_wait_s`` (``None``: any; see
+        :func:`~aiqsim.http.headers.corrected_level`)."""
         self._quota = quota
         self._clock = clock
+        self._longest_wait_s = longest_wait_s
         self._lane_concurrency = quota.concurrency
 
     def attach_to(self, scheduler: Scheduler) -> HttpProvider:
         """Bind to the quota of this provider's lane in ``scheduler`` (header corrections and
-        pool size); returns self."""
-        self.bind_quota(scheduler.quota(self.name), scheduler.runtime.now)
+        pool size; a reset header holds the lane back no longer than the scheduler's retry policy
+        waits out a Retry-After, ``max_retry_after_s``); returns self."""
+        self.bind_quota(
+            scheduler.quota(self.name),
+            scheduler.runtime.now,
+            longest_wait_s=scheduler.retry.max_retry_after_s,
+        )
         return self
 
     @property
@@ -361,7 +377,13 @@ class HttpProvider:
             return
         self.last_ratelimit = snapshot
         if self._quota is not None and self._clock is not None:
-            apply_ratelimit_snapshot(snapshot, self._quota, self._clock(), time_scale=self.time_scale)
+            apply_ratelimit_snapshot(
+                snapshot,
+                self._quota,
+                self._clock(),
+                time_scale=self.time_scale,
+                longest_wait_s=self._longest_wait_s,
+            )
 
     def __repr__(self) -> str:
         return f"HttpProvider({self.name!r}, {self.url!r})"
