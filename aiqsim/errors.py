@@ -17,6 +17,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   │   ├── SchedulerArgumentTypeError (TypeError)   one of the wrong type (workers="w1")
     │   │   └── UnknownNameError (KeyError)   a provider, task id, job id or stage that is not known
     │   ├── DuplicateTaskIdError           a task (or job) id already in the store; nothing was stored
+    │   ├── UnstorableValueError (TypeError)  a payload or result a durable store cannot keep as JSON
     │   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
     │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
     │   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
@@ -127,6 +128,7 @@ from aiqsim.stores.base import (
     StoreLockedError,
     StoreOpenError,
     StoreWriteError,
+    UnstorableValueError,
 )
 from aiqsim.testing.invariants import InvariantViolation
 from aiqsim.testing.options import KitOptionError
@@ -197,6 +199,7 @@ __all__ = [
     "TraceError",
     "TuneError",
     "UnknownNameError",
+    "UnstorableValueError",
     "UnsupportedDataclassError",
     "WorkerFailedError",
     "WorkloadTooLargeError",

@@ -146,3 +146,30 @@ def test_lookup_retry_checks_its_bounds() -> None:
         LookupRetry(attempts=0)
     with pytest.raises(ConfigurationError, match="timeout_s"):
         LookupRetry(timeout_s=0)
+
+
+@pytest.mark.parametrize("answer", [{"result": "a dict"}, "text", 42])
+def test_a_lookup_answering_no_provider_response_leaves_the_orphan_undecided(answer: object) -> None:
+    """An adapter bug, like a call() returning no ProviderResponse: once, not retried, and reported;
+    the orphan stays running (its work may be done) and the other orphans are reconciled. It used
+    to raise a bare AttributeError out of recover(), leaving every orphan as it was."""
+    runtime = SimPyRuntime()
+    store = store_with_orphans("odd", "done")
+
+    class OddLookups(FlakyLookups):
+        async def lookup(self, key: str):
+            self.lookups[key] += 1
+            return answer if key == "key-odd" else ProviderResponse(result="from provider")
+
+    provider = OddLookups(runtime, done={}, failures={})
+
+    async def body():
+        scheduler = Scheduler(runtime, [provider], store=store)
+        report = await scheduler.recover(lookup_retry=LookupRetry(attempts=3, backoff=ConstantBackoff(1.0)))
+        await scheduler.close()
+        return report
+
+    report = runtime.run(body())
+    assert report.undecided == ("odd",) and report.orphans_completed == 1
+    assert store.get("odd").status is TaskStatus.RUNNING and store.get("done").status is TaskStatus.SUCCEEDED
+    assert provider.lookups["key-odd"] == 1

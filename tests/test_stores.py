@@ -33,6 +33,7 @@ from aiqsim.stores import (
     StoreCorruptError,
     StoreLockedError,
     TaskStore,
+    UnstorableValueError,
     open_store,
 )
 from aiqsim.stores.sqlite import SCHEMA_VERSION
@@ -287,14 +288,45 @@ def test_reopen_gives_the_same_records_and_owners(file_opener: Opener) -> None:
     assert {key: store.owner_of(key) for key in owners} == owners
 
 
-def test_non_json_payload_is_refused_without_a_trace(file_opener: Opener) -> None:
+@pytest.mark.parametrize("value", [{"when": object()}, b"raw bytes", {"tags": {"a", "b"}}])
+def test_non_json_payload_is_refused_without_a_trace(file_opener: Opener, value: object) -> None:
     store = file_opener.open()
-    with pytest.raises(TypeError):
-        store.insert_and_claim(task("a", payload={"when": object()}))
+    with pytest.raises(UnstorableValueError, match=r"task 'a'.* cannot be stored: .*nothing was written"):
+        store.insert_and_claim(task("a", payload=value))
     assert store.get("a") is None and store.owner_of("key-a") is None
+    assert issubclass(UnstorableValueError, TypeError)  # what this used to raise, bare
     store.insert_and_claim(task("b"))
     store = file_opener.reopen(store)
     assert [r.id for r in store.list_by_status()] == ["b"]
+
+
+def test_a_result_a_durable_store_cannot_keep_fails_its_task_saying_so(tmp_path: Path) -> None:
+    """A provider's answer that JSON cannot hold (a set): the task fails with an error that says the
+    result could not be stored, in the store and to the caller; the next task runs as usual."""
+    runtime = SimPyRuntime()
+
+    class SetProvider:
+        name = "llm"
+
+        async def call(self, request):
+            await runtime.sleep(1)
+            answer = {"labels": {"cat", "dog"}} if request.payload == "bad" else {"labels": ["cat"]}
+            return ProviderResponse(result=answer)
+
+    store = SqliteStore(tmp_path / "tasks.sqlite")
+
+    async def main():
+        scheduler = Scheduler(runtime, [SetProvider()], store=store)
+        records = [await scheduler.submit("llm", payload).wait() for payload in ("bad", "good")]
+        await scheduler.close()
+        return records
+
+    bad, good = runtime.run(main())
+    assert bad.status is TaskStatus.FAILED and good.status is TaskStatus.SUCCEEDED
+    assert bad.error.startswith("UnstorableValueError: task ") and "result cannot be stored" in bad.error
+    assert store.get(bad.id).status is TaskStatus.FAILED and store.get(bad.id).error == bad.error
+    assert runtime.task_errors == []
+    store.close()
 
 
 def test_closed_store_refuses_use(file_opener: Opener) -> None:

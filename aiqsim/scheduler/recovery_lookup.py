@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from aiqsim.core.backoff import BackoffStrategy, FullJitter, retry_delay
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.failures import ProviderContractError
 from aiqsim.runtime.protocol import Runtime
 from aiqsim.scheduler.provider import ProviderResponse, SupportsLookup
 
@@ -69,7 +70,15 @@ async def lookup_with_retries(
         except Exception as failure:  # a raising or hung lookup: try again, then give up on this orphan
             error = failure
         else:
-            return LookupOutcome(True, response, None, attempt)
+            if response is None or isinstance(response, ProviderResponse):
+                return LookupOutcome(True, response, None, attempt)
+            # an adapter's bug, as for call() (ProviderContractError): asking again would not mend
+            # it, and the orphan stays undecided (its work may be done) instead of stopping recovery
+            error = ProviderContractError(
+                f"lookup({key!r}) returned {type(response).__name__}, not a ProviderResponse or None "
+                "(aiqsim.scheduler.provider): a bug in the provider's adapter; the task is left running"
+            )
+            return LookupOutcome(False, None, error, attempt)
         if attempt < policy.attempts:
             previous = retry_delay(policy.backoff, attempt - 1, rng, previous=previous)
             await runtime.sleep(previous)

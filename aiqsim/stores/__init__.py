@@ -22,6 +22,7 @@ from aiqsim.stores.base import (
     StoreOpenError,
     StoreWriteError,
     TaskStore,
+    UnstorableValueError,
     claim_owner,
 )
 from aiqsim.stores.json_file import JsonFileStore
@@ -78,6 +79,7 @@ __all__ = [
     "StoreOpenError",
     "StoreWriteError",
     "TaskStore",
+    "UnstorableValueError",
     "claim_owner",
     "open_store",
     "purge_periodically",

@@ -12,6 +12,7 @@ that covers it returned. A store that commits every write on its own has
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -85,6 +86,24 @@ def check_store_location(path: Path) -> None:
         ) from error
     if not exists and not os.access(folder, os.W_OK | os.X_OK):
         raise StoreAccessError(f"{path}: cannot create the store: no permission to write in {folder}")
+
+
+class UnstorableValueError(ConfigurationError, TypeError):
+    """A record holds a value that a durable store keeps as JSON and JSON cannot hold (bytes, a set,
+    an object): nothing was written. A payload is refused by ``submit``; a provider's result that
+    cannot be stored fails its task with this error (the call itself was made)."""
+
+
+def store_json(value: Any, what: str) -> str:
+    """The compact JSON text durable stores keep for ``value`` (non-ASCII kept as is); a value JSON
+    cannot hold raises :class:`UnstorableValueError` naming ``what`` (e.g. ``task 'a1' payload``)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise UnstorableValueError(
+            f"{what} cannot be stored: {error}. A durable store keeps payloads and results as JSON "
+            "(strings, numbers, booleans, null, lists and dicts with string keys); nothing was written"
+        ) from None
 
 
 class StoreWriteError(StoreError, OSError):

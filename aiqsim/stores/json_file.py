@@ -77,6 +77,7 @@ from aiqsim.stores.base import (
     plan_in_memory_purge,
     purge_report,
     record_from_stored,
+    store_json,
 )
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
 
@@ -96,8 +97,8 @@ _JOB_OPS = frozenset({"job_insert", "job_claim", "job_update"})
 _OPS = _OPS | _JOB_OPS
 
 
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+def _dumps(value: Any, what: str = "the store") -> bytes:
+    return store_json(value, what).encode("utf-8")
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -533,7 +534,9 @@ class JsonFileStore:
         self._check_open()
         assert self._journal_fd is not None
         seq = self._seq + 1
-        body = _dumps({"seq": seq, **entry})  # may raise TypeError for a non-JSON payload: nothing written
+        body = _dumps(
+            {"seq": seq, **entry}, what
+        )  # a value JSON cannot hold: UnstorableValueError, nothing written
         line = b'{"crc":"%08x","entry":%b}\n' % (zlib.crc32(body), body)
         try:
             if self._journal_needs_cut:

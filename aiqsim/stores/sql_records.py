@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from aiqsim.core.task import TaskStatus
-from aiqsim.stores.base import PurgeCandidate, PurgePlan, plan_purge
+from aiqsim.stores.base import PurgeCandidate, PurgePlan, plan_purge, store_json
 from aiqsim.stores.columns import COLUMNS, JOB_COLUMNS, JOB_JSON_COLUMNS, JSON_COLUMNS
 
 
@@ -202,15 +202,20 @@ def select_sql(table: RecordTable, dialect: SqlDialect, absent: Collection[str] 
 
 
 # ---------------------------------------------------------------------------- rows
-def json_text(value: Any) -> str:
-    """The compact JSON text the SQL stores keep (non-ASCII kept as is)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def json_text(value: Any, what: str = "a value") -> str:
+    """The compact JSON text the SQL stores keep (:func:`~aiqsim.stores.base.store_json`)."""
+    return store_json(value, what)
 
 
 def encode_row(table: RecordTable, data: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A record's ``to_dict()`` as the row values of ``table`` (JSON columns as text), in order."""
+    """A record's ``to_dict()`` as the row values of ``table`` (JSON columns as text), in order.
+    A JSON column whose value JSON cannot hold raises :class:`~aiqsim.stores.base.UnstorableValueError`
+    naming the record and the column."""
     return tuple(
-        json_text(data[name]) if name in table.json_columns else data[name] for name in table.columns
+        json_text(data[name], f"{table.kind} {data.get('id')!r} {name}")
+        if name in table.json_columns
+        else data[name]
+        for name in table.columns
     )
 
 
