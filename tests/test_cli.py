@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -301,6 +303,49 @@ def test_an_output_that_cannot_be_written_leaves_the_earlier_files_untouched(tmp
     assert "tasks_submitted" not in result.stdout  # refused before simulating
     assert (out / "tasks.csv").read_text(encoding="utf-8") == "earlier run\n"
     assert sorted(p.name for p in out.iterdir()) == ["calls.csv", "tasks.csv"]  # no staging left behind
+
+
+def special_outputs(folder: Path) -> dict[str, str]:
+    """A FIFO, a symbolic link and (where this process may make one) a device node, by name."""
+    made = {}
+    os.mkfifo(folder / "fifo.csv")
+    made["fifo.csv"] = "a device or special file"
+    (folder / "target.csv").write_text("the link's target\n", encoding="utf-8")
+    (folder / "link.csv").symlink_to(folder / "target.csv")
+    made["link.csv"] = "a symbolic link"
+    try:
+        os.mknod(folder / "null.csv", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # like /dev/null
+        made["null.csv"] = "a device or special file"
+    except PermissionError:
+        pass
+    return made
+
+
+def test_an_output_path_that_is_no_regular_file_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """--out over a device, a FIFO or a link used to put a plain file in its place (as root, over
+    /dev/null itself) and exit 0; each is now refused before anything is written."""
+    made = special_outputs(tmp_path)
+    sweep = ("sweep", "scenarios/sjf_vs_fifo.toml", "--seeds", "1", "--engine", "serial", "--out")
+    results = aiqsim_each([((*sweep, str(tmp_path / name)), []) for name in made])
+    for (name, kind), result in zip(made.items(), results, strict=True):
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"{name}: is {kind}" in result.stderr and "Nothing was written" in result.stderr
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo.csv").st_mode)
+    assert (tmp_path / "link.csv").is_symlink() and (
+        tmp_path / "target.csv"
+    ).read_text() == "the link's target\n"
+    if "null.csv" in made:
+        assert stat.S_ISCHR(os.lstat(tmp_path / "null.csv").st_mode)
+
+
+def test_a_run_refuses_an_output_folder_holding_a_special_file_where_it_writes(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "summary.json")
+    result = aiqsim("run", "scenarios/retry_storm_429.toml", "--out", str(out), "--no-charts")
+    assert result.returncode == 2 and "summary.json: is a device or special file" in result.stderr
+    assert stat.S_ISFIFO(os.lstat(out / "summary.json").st_mode)
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
 
 def test_staged_outputs_move_into_place_only_when_all_were_written(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.files import replaced_atomically, write_text_atomically
+from aiqsim.files import OutputPathError, check_replaceable, replaced_atomically, write_text_atomically
 
 __all__ = [
     "PARQUET_INSTALL",
@@ -43,10 +43,6 @@ class TableFormatUnavailableError(ConfigurationError, ImportError):
     """A table format whose writer library is not installed; the message names the install command."""
 
 
-class OutputPathError(ConfigurationError):
-    """An output path that cannot receive a result file (a folder in its place, no permission)."""
-
-
 def require_table_format(table_format: str) -> None:
     """Raise :class:`TableFormatUnavailableError` now if tables in ``table_format`` cannot be written.
 
@@ -65,13 +61,10 @@ def require_table_format(table_format: str) -> None:
 
 
 def check_targets(out: Path, names: Iterable[str]) -> None:
-    """Refuse, before any work, output names in ``out`` that a file cannot replace (e.g. a folder)."""
+    """Refuse, before any work, output names in ``out`` that a result file must not replace (a folder,
+    a device, a link: :func:`~aiqsim.files.check_replaceable`)."""
     for name in names:
-        target = out / name
-        if target.is_dir() and not target.is_symlink():
-            raise OutputPathError(
-                f"{target}: is a directory, where the run writes a file; remove or rename it"
-            )
+        check_replaceable(out / name)
 
 
 @contextlib.contextmanager
