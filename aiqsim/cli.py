@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from aiqsim import __version__
-from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.errors import AiqsimError, ConfigurationError
 
 EXIT_BAD_INPUT = 2
 EXIT_STDOUT_FAILED = 1
+EXIT_FAILED = 1
+"""A command that could not finish for a reason its project error states (a store that cannot be
+written, a run that failed): no traceback, the message says what happened and what was kept."""
 EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: what a shell reports for a program a closed pipe ended
 
 
@@ -677,6 +680,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ScenarioError, UsageError, ConfigurationError) as error:
         print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except AiqsimError as error:  # e.g. StoreWriteError: a store path where no file can be made
+        print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

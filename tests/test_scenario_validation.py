@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import pickle
 import random
 import re
@@ -24,6 +25,7 @@ from aiqsim.scheduler.dispatch import dispatch_policy_from_name
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.job_workloads import generate_job_arrivals
 from aiqsim.sim.scenario import (
+    MAX_SCENARIO_BYTES,
     SECTION_FIELDS,
     ScenarioError,
     apply_overrides,
@@ -448,6 +450,12 @@ CATALOGUE = [
         ['"azure_code" or the path of a CSV file', "no such file"],
     ),
     (
+        "trace_file_is_a_directory",  # was reported as "no such file"
+        mutate(("workloads[3].trace", ".")),
+        "workloads[3].trace",
+        ['"azure_code" or the path of a CSV file', "(a directory: "],
+    ),
+    (
         "burst_without_count",
         mutate(("workloads[1].count", DELETE)),
         "workloads[1].count",
@@ -682,6 +690,31 @@ def test_missing_file_and_directory_and_non_utf8(tmp_path):
     latin.write_bytes(b'[scenario]\nname = "caf\xe9"\n')
     with pytest.raises(ScenarioError, match="not UTF-8"):
         load_scenario(latin)
+
+
+def test_what_is_no_regular_file_or_too_large_is_refused_without_reading_it_all(tmp_path):
+    """A FIFO blocked the loader for ever; /dev/zero was read until memory ran out."""
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ScenarioError, match=r"fifo\.toml: is not a regular file"):
+        load_scenario(fifo)
+    with pytest.raises(ScenarioError, match="is not a regular file"):
+        load_scenario("/dev/zero")
+    huge = tmp_path / "huge.toml"
+    with huge.open("wb") as handle:
+        handle.truncate(MAX_SCENARIO_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(ScenarioError, match=r"huge\.toml: larger than 16 MiB"):
+        load_scenario(huge)
+
+
+def test_an_integer_too_long_for_python_is_a_scenario_error(tmp_path):
+    """tomllib raised a bare ValueError (int max str digits, 4300) for a 5000-digit seed."""
+    path = tmp_path / "digits.toml"
+    path.write_text(f'[scenario]\nname = "x"\nseed = 1{"0" * 5000}\n', encoding="utf-8")
+    with pytest.raises(ScenarioError, match=r"digits\.toml: a number is too long to read"):
+        load_scenario(path)
+    with pytest.raises(ScenarioError, match=r"<override>: scenario\.seed: a number is too long to read"):
+        parse_override(f"scenario.seed=1{'0' * 5000}")
 
 
 def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
@@ -1222,3 +1255,24 @@ def test_dates_in_a_file_are_described_readably(tmp_path):
         ScenarioError, match=r"scenario\.seed: expected an integer >= 0, got the date/time 2024-01-02"
     ):
         load_scenario(write(tmp_path, mapping))
+
+
+def test_a_breaker_cooldown_of_zero_is_refused_by_the_loader_as_at_run_time(tmp_path):
+    """validate said ok and run failed without naming the file or key: the loader now asks what
+    CircuitBreaker asks (a positive cool-down: 0 would never keep the breaker open)."""
+    mapping = full_mapping()
+    mapping["overload"] = {"circuit_breaker": True, "breaker_cooldown_s": 0}
+    path = write(tmp_path, mapping, "breaker.toml")
+    with pytest.raises(
+        ScenarioError, match=r"breaker\.toml: overload\.breaker_cooldown_s: expected a number > 0"
+    ):
+        load_scenario(path)
+
+
+def test_a_fleet_slot_poll_shorter_than_a_millisecond_is_refused(tmp_path):
+    """1e-300 passed validate and the run then spun for ever, polling a full pool."""
+    mapping = full_mapping()
+    mapping["fleet"] = {"workers": 2, "quota": "shared", "slot_poll_s": 1e-300}
+    path = write(tmp_path, mapping, "poll.toml")
+    with pytest.raises(ScenarioError, match=r"poll\.toml: fleet\.slot_poll_s: expected a number >= 0\.001"):
+        load_scenario(path)

@@ -240,13 +240,14 @@ def test_cli_run_stream_prints_the_summary_and_what_the_run_cost(
     assert not (tmp_path / "x").exists()
 
 
-BAD_WINDOW = "--key-window: expected a finite number of seconds > 0"
+BAD_WINDOW = "--key-window: expected a finite number of seconds >= 1 (how long a key is remembered)"
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--stream", "--key-window", "0"], f"{BAD_WINDOW}, got 0.0"),
+        (["--stream", "--key-window", "1e-6"], f"{BAD_WINDOW}, got 1e-06"),  # purged every 0.5 µs: hung
         (["--stream", "--key-window", "nan"], f"{BAD_WINDOW}, got nan"),
         (["--stream", "--key-window=-5"], f"{BAD_WINDOW}, got -5.0"),
         (["--key-window", "60"], "--key-window only applies with --stream"),

@@ -48,6 +48,7 @@ import json
 import math
 import numbers
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -611,7 +612,7 @@ _OVERLOAD = _Table(
         "circuit_breaker": _Boolean(),
         "breaker_failure_threshold": _Integer(1),
         "breaker_window_s": _POSITIVE,
-        "breaker_cooldown_s": _NON_NEGATIVE,
+        "breaker_cooldown_s": _POSITIVE,  # CircuitBreaker refuses 0: it would never stay open
         "breaker_half_open_probes": _Integer(1),
         "throttle": _Boolean(),
         "throttle_k": _POSITIVE,
@@ -630,7 +631,7 @@ _FLEET = _Table(
         "quota": _Choice(("shared", "split")),
         "routing": _Choice(("round_robin", "weighted")),
         "weights": _Weights(),
-        "slot_poll_s": _POSITIVE,
+        "slot_poll_s": _Number(0.001),  # a poll more often than every millisecond spins the run
         "worker_concurrency": _Optional(_Integer(1)),
     },
     what="fleet",
@@ -880,10 +881,17 @@ def _scenario_relative_file(value: str, path: str, reader: _Reader, expected: st
     if not candidate.is_absolute() and source.is_file():
         candidate = source.parent / candidate
     if not candidate.is_file():
+        why = (
+            "a directory"
+            if candidate.is_dir()
+            else "not a regular file"
+            if candidate.exists()
+            else "no such file"
+        )
         raise reader.error(
             path,
             f"expected {expected} (relative to the scenario file), got {describe(value)} "
-            f"(no such file: {candidate})",
+            f"({why}: {candidate})",
         )
     return str(candidate.resolve())
 
@@ -1282,9 +1290,24 @@ def _nesting_error(file: str, key_path: str) -> ScenarioError:
     )
 
 
+MAX_SCENARIO_BYTES = 16 * 1024 * 1024
+"""The largest scenario file read (16 MiB; the shipped ones are a few KiB): more is not a scenario
+(``/dev/zero`` would otherwise be read until memory runs out)."""
+
+
 def _read_toml(path: Path, source: str) -> dict[str, Any]:
     try:
-        data = path.read_bytes()
+        mode = path.stat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block the read for ever
+            raise ScenarioError(
+                source, "", "is not a regular file (a FIFO, a device...), expected a .toml file"
+            )
+        with path.open("rb") as handle:
+            data = handle.read(MAX_SCENARIO_BYTES + 1)
+        if len(data) > MAX_SCENARIO_BYTES:
+            raise ScenarioError(
+                source, "", f"larger than {MAX_SCENARIO_BYTES // 2**20} MiB: not a scenario file"
+            )
     except FileNotFoundError:
         raise ScenarioError(source, "", "no such file") from None
     except IsADirectoryError:
@@ -1312,6 +1335,8 @@ def _read_toml(path: Path, source: str) -> dict[str, Any]:
         raise ScenarioError(
             source, "", f"line {line}, column {column}: invalid TOML: {reason}", line=line
         ) from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ScenarioError(source, "", f"a number is too long to read ({exc})") from None
     deep = _too_deep(parsed)
     if deep is not None:
         raise _nesting_error(source, deep)
@@ -1498,6 +1523,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise _nesting_error("<override>", key) from None
     except tomllib.TOMLDecodeError:
         value = value_text
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise ScenarioError("<override>", key, f"a number is too long to read ({exc})") from None
     if _too_deep(value) is not None:
         raise _nesting_error("<override>", key)
     return key, value

@@ -72,11 +72,22 @@ def check_records_mode(records: str) -> str:
     return records
 
 
+MIN_KEY_WINDOW_S = 1.0
+"""The shortest key window: the store is purged every half window, so a window of a microsecond
+made millions of purges per simulated second (the run never finished), and a key forgotten within
+a second is forgotten while its own calls still run."""
+
+
 def check_window(window_s: float, *, label: str = "key_window_s") -> float:
-    """``window_s`` if it is a finite number of seconds > 0, else a ConfigurationError naming ``label``
-    (the CLI passes ``--key-window``, so the message names the flag the user typed)."""
-    if isinstance(window_s, bool) or not isinstance(window_s, int | float) or not 0 < window_s < math.inf:
-        raise ConfigurationError(f"{label}: expected a finite number of seconds > 0, got {window_s!r}")
+    """``window_s`` if it is a finite number of seconds >= :data:`MIN_KEY_WINDOW_S`, else a
+    ConfigurationError naming ``label`` (the CLI passes ``--key-window``, so the message names the flag
+    the user typed)."""
+    number = not isinstance(window_s, bool) and isinstance(window_s, int | float)
+    if not number or not MIN_KEY_WINDOW_S <= window_s < math.inf:
+        raise ConfigurationError(
+            f"{label}: expected a finite number of seconds >= {MIN_KEY_WINDOW_S:g} (how long a key is "
+            f"remembered), got {window_s!r}"
+        )
     return float(window_s)
 
 
