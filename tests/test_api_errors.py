@@ -36,7 +36,7 @@ def _scheduler(**kwargs: Any) -> tuple[SimPyRuntime, ScriptedProvider, Scheduler
     return runtime, provider, Scheduler(runtime, [provider], store=store, **kwargs), store
 
 
-@pytest.mark.parametrize("cost", [-10, -0.5, math.nan, math.inf, -math.inf, "300", True])
+@pytest.mark.parametrize("cost", [-10, -0.5, math.nan, math.inf, -math.inf, "300", True, 10**400])
 def test_a_cost_estimate_that_is_not_a_finite_count_is_refused_before_any_call(cost: Any) -> None:
     runtime, provider, scheduler, store = _scheduler()  # no token quota: nothing else would catch it
 
@@ -436,3 +436,25 @@ def test_an_unknown_dispatch_policy_name_lists_the_known_ones() -> None:
         dispatch_policy_from_name("lifo")
     message = _refused(caught, ValueError, "name")
     assert "'lifo'" in message and "['fifo', 'sjf', 'sjf_aging']" in message
+
+
+@pytest.mark.parametrize("estimate", [None, "many", -1.0, math.nan, 10**400])
+def test_a_provider_estimate_that_is_no_cost_is_refused_naming_the_provider(estimate: Any) -> None:
+    runtime, provider, scheduler, store = _scheduler()
+    provider.estimate_cost = lambda kind, payload: estimate  # type: ignore[attr-defined]
+    with pytest.raises(
+        SchedulerArgumentError, match=r"provider 'llm': estimate_cost\('llm', \.\.\.\) returned"
+    ):
+        scheduler.submit("llm", {"input": "a"})  # was a bare TypeError from float(None)
+    runtime.run(scheduler.join())
+    assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_queued_takes_a_priority_as_submit_does_and_cancel_refuses_what_is_no_task_id() -> None:
+    runtime, _, scheduler, _ = _scheduler(interactive_limit=None)
+    scheduler.submit("llm", {"input": "a"}, priority="interactive")
+    assert scheduler.queued("interactive") == scheduler.queued(Priority.INTERACTIVE) == 1  # a KeyError
+    with pytest.raises(SchedulerArgumentError) as caught:
+        scheduler.cancel(["id"])  # type: ignore[arg-type]  # was a bare "unhashable type" TypeError
+    assert "nothing was cancelled" in _refused(caught, TypeError, "task_id")
+    runtime.run(scheduler.join())

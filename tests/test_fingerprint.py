@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from typing import Any
@@ -360,3 +361,25 @@ def test_the_assembled_text_gives_the_whole_documents_key(
         kind, payload, params, version
     )
     assert texts[:2] == [kind, version]
+
+
+def _holding_itself() -> list:
+    cycle: list = []
+    cycle.append(cycle)
+    return cycle
+
+
+@pytest.mark.parametrize(
+    ("payload", "params", "said"),
+    [
+        (_holding_itself(), None, "holds itself"),  # was a bare RecursionError
+        ({"n": 10**5000}, None, "4300 digits"),  # was a bare ValueError from int-to-text
+        ({"a": 1}, [1], "$.params: expected a mapping"),  # was a bare TypeError from dict()
+    ],
+)
+def test_what_has_no_canonical_form_is_a_fingerprint_error(payload: Any, params: Any, said: str) -> None:
+    with pytest.raises(FingerprintError, match=re.escape(said)):
+        fingerprint("llm", payload, params=params)  # type: ignore[arg-type]
+    if params is None:
+        with pytest.raises(FingerprintError, match=re.escape(said)):
+            canonical_json(payload)

@@ -431,3 +431,21 @@ def test_a_gate_asking_an_impossible_wait_fails_the_attempt_not_the_lane(
     bad, good, sent = run_on(rt_name, body)
     assert bad.status is TaskStatus.FAILED and "BrokenGate.seconds_until_attempt('llm') returned" in bad.error
     assert (good, sent) == (TaskStatus.SUCCEEDED, ["good"])
+
+
+@both
+def test_an_attempt_timeout_says_which_deadline_on_both_runtimes(rt_name: str) -> None:
+    """asyncio's wait_for raises a TimeoutError without a message: the task's error was a bare
+    'TimeoutError: ' there and 'timed out after 2 s (virtual)' on SimPy."""
+
+    async def body(rt):
+        provider = ScriptedProvider(rt, latency_s=1.0, script={"slow": ["hang"]})
+        retry = RetryPolicy(max_attempts=1, attempt_timeout_s=2.0)
+        scheduler = Scheduler(rt, [provider], retry=retry)
+        record = await scheduler.submit("llm", {"input": "slow"}).wait()
+        await scheduler.close()
+        return record.status, record.error
+
+    status, error = run_on(rt_name, body)
+    assert status is TaskStatus.FAILED
+    assert "timed out after 2 s" in error

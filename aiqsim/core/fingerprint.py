@@ -118,7 +118,20 @@ _encode_text: Callable[[str], str] = json.encoder.encode_basestring
 
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of ``value`` (sorted keys, compact, UTF-8, integral floats as ints)."""
-    return _ENCODE(_canonical(value, "$"))
+    try:
+        return _ENCODE(_canonical(value, "$"))
+    except FingerprintError:
+        raise
+    except (RecursionError, ValueError) as error:
+        raise _unencodable("$", error) from None
+
+
+def _unencodable(path: str, error: BaseException) -> FingerprintError:
+    """What a walk or an encoding that failed for want of depth or digits says: a value that holds
+    itself (or is nested deeper than Python recurses), or an integer too long to write as text."""
+    if isinstance(error, RecursionError):
+        return FingerprintError(f"{path}: nested too deeply, or holds itself (a cycle): no canonical form")
+    return FingerprintError(f"{path}: {error}")
 
 
 def _valid_text(text: str) -> bool:
@@ -190,9 +203,16 @@ def fingerprint(
     """
     # members converted in the order canonical_json({"kind", "version", "params", "input"}) walks
     # them, so that of several bad members the same one is named
-    kind_text = _member_text(kind, "$.kind")
-    version_text = _member_text(version, "$.version")
-    params_text = _member_text(dict(params), "$.params") if params else "{}"  # none: an empty mapping
-    input_text = _member_text(payload, "$.input")
+    if params is not None and not isinstance(params, Mapping):
+        raise FingerprintError(f"$.params: expected a mapping of names to values, got {params!r}")
+    try:
+        kind_text = _member_text(kind, "$.kind")
+        version_text = _member_text(version, "$.version")
+        params_text = _member_text(dict(params), "$.params") if params else "{}"  # none: an empty mapping
+        input_text = _member_text(payload, "$.input")
+    except FingerprintError:
+        raise  # it names the bad value's path already
+    except (RecursionError, ValueError) as error:
+        raise _unencodable("$", error) from None
     text = f'{{"input":{input_text},"kind":{kind_text},"params":{params_text},"version":{version_text}}}'
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

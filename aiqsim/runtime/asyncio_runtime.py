@@ -59,6 +59,11 @@ class AsyncioRuntime:
         requested = task.cancelling() if task is not None else 0
         try:
             return await asyncio.wait_for(awaitable, max(0.0, timeout) * self.time_scale)
+        except TimeoutError as error:
+            if error.args or not isinstance(error.__cause__, asyncio.CancelledError):
+                raise  # the awaited work's own TimeoutError, not this deadline's
+            # say which deadline, as SimPyRuntime does ("timed out after 60 s (virtual)")
+            raise TimeoutError(f"timed out after {timeout:g} s") from error.__cause__
         finally:
             # Python 3.11's wait_for drops a cancellation of this task that arrives in the same
             # loop iteration as the inner outcome (it returns/raises that outcome instead).

@@ -11,6 +11,7 @@ Pure functions: no clock, no I/O.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -50,12 +51,16 @@ def checked_cost_estimate(value: Any) -> float:
     """``cost_estimate`` as a float: a finite real number >= 0 (tokens, characters...)."""
     kind = type(value)
     if (kind is float or kind is int) and 0 <= value < math.inf:  # the usual case, without the ABC check
-        return float(value)
+        with contextlib.suppress(OverflowError):  # an int beyond any float (10**400) is refused below
+            return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SchedulerArgumentError(
             f"cost_estimate: expected a finite number >= 0 (the call's expected token count), got {value!r}"
         )
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
     if not (math.isfinite(number) and number >= 0):
         raise SchedulerArgumentError(
             f"cost_estimate: expected a finite number >= 0 (the call's expected token count), got {value!r}"

@@ -378,7 +378,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         """Tasks waiting in dispatch queues (of one priority, or all)."""
         if priority is None:
             return sum(self._queued.values())
-        return self._queued[priority]
+        return self._queued[priority if type(priority) is Priority else Priority(priority)]
 
     def sample_quotas(self) -> None:
         """Emit a :class:`QuotaSample` for every provider now (bucket levels, in-flight calls, queue depths).
@@ -545,7 +545,18 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         Raises when it is not a number >= 0, or when the lane's quota could never grant it."""
         if given is None:
             estimate = getattr(lane.provider, "estimate_cost", None)
-            given = float(estimate(kind, payload)) if callable(estimate) else 0.0
+            if not callable(estimate):
+                given = 0.0
+            else:
+                estimated = estimate(kind, payload)
+                try:
+                    given = checked_cost_estimate(float(estimated))
+                except (TypeError, ValueError, OverflowError):
+                    raise SchedulerArgumentError(
+                        f"provider {lane.name!r}: estimate_cost({kind!r}, ...) returned {estimated!r}; "
+                        "expected a finite number >= 0 (a bug in the provider's adapter); nothing was queued "
+                        "or stored"
+                    ) from None
         cost = checked_cost_estimate(given)
         lane.quota.check_cost(cost)
         return cost
@@ -573,6 +584,10 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         A queued task ends ``cancelled`` at once; a running one receives a cancellation at
         its current await (an in-flight provider call is abandoned) and ends ``cancelled``.
         """
+        if not isinstance(task_id, str):
+            raise SchedulerArgumentTypeError(
+                f"task_id: expected a task id (str), got {task_id!r}; nothing was cancelled"
+            )
         live = self._live.get(task_id)
         if live is None or live.cancel_requested or live.finishing or self._crashed:
             return False
