@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
@@ -627,7 +628,23 @@ class _GuardedStdout:
 
     def write(self, text: str) -> int:
         try:
-            return self._stream.write(text)
+            buffer = getattr(self._stream, "buffer", None)
+            if buffer is None or os.linesep != "\n":
+                return self._stream.write(text)
+            # Through the byte buffer, counting: for a write larger than its buffer, BufferedWriter
+            # returns a short count when the file takes only part (a file size limit, a full disk),
+            # and TextIOWrapper ignores it, so `aiqsim schema > file` ended with exit 0 and a
+            # truncated file. Writing the rest raises the error the short count hid.
+            self._stream.flush()
+            data = memoryview(text.encode(self._stream.encoding, self._stream.errors or "strict"))
+            while data:
+                written = buffer.write(data)
+                if not written:
+                    raise OSError(errno.EIO, "standard output took none of the data")
+                data = data[written:]
+            if self._stream.line_buffering and "\n" in text:
+                buffer.flush()
+            return len(text)
         except OSError as error:
             raise _StdoutError(error) from error
 

@@ -212,6 +212,24 @@ def test_an_error_writing_stdout_is_one_line_and_status_1() -> None:
     assert result.stderr == message
 
 
+def test_output_cut_short_by_a_file_size_limit_is_an_error_not_a_truncated_success(tmp_path: Path) -> None:
+    """Regression: ``ulimit -f 1; aiqsim schema > file`` exited 0 with the first 1,024 bytes: for a
+    large write BufferedWriter reports a short count, which TextIOWrapper ignores."""
+    import resource
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))
+
+    target = tmp_path / "schema.json"
+    with target.open("w") as handle:
+        result = subprocess.run(
+            [sys.executable, "-m", "aiqsim", "schema"], cwd=ROOT, stdout=handle, stderr=subprocess.PIPE,
+            text=True, timeout=300, check=False, preexec_fn=limit_file_size,
+        )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == "aiqsim schema: error: cannot write to standard output (File too large)\n"
+
+
 def test_sweep_checks_every_combination_and_bad_options_up_front(tmp_path: Path) -> None:
     out = str(tmp_path / "s.csv")
     cases = [
@@ -225,6 +243,10 @@ def test_sweep_checks_every_combination_and_bad_options_up_front(tmp_path: Path)
          ["--address bogus://x: unknown address scheme 'bogus'"]),
         (("--grid", "retry.base_s=0.1", "--engine", "dask", "--address", "tcp://"),
          ["--address tcp://: expected e.g. tcp://HOST:PORT"]),
+        (("--grid", "retry.base_s=0.1", "--engine", "dask", "--address", "tcp://127.0.0.1"),
+         ["--address tcp://127.0.0.1: missing port number", "expected e.g. tcp://HOST:PORT"]),
+        (("--grid", "retry.base_s=0.1", "--engine", "dask", "--address", "127.0.0.1:abc"),
+         ["--address 127.0.0.1:abc: invalid literal"]),
     ]  # fmt: skip
     for extra, fragments in cases:  # extra last: its --engine wins
         result = aiqsim("sweep", "scenarios/retry_storm_429.toml", "--out", out, "--engine", "serial", *extra)

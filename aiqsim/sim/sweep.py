@@ -154,15 +154,19 @@ def check_dask_address(address: str, *, label: str = "address") -> None:
     answers there is not checked (that needs a connection attempt; the engine reports it).
     """
     try:
-        from distributed.comm.addressing import parse_address
+        from distributed.comm.addressing import parse_address, parse_host_port
         from distributed.comm.registry import get_backend
     except ImportError:  # the dask engine itself says that dask is not installed
         return
     try:
         scheme, location = parse_address(address)
         get_backend(scheme)
+        if location and scheme != "inproc":  # a network address: a host and a port (tcp://HOST:PORT)
+            _, port = parse_host_port(location)
+            if not 0 < port < 65536:
+                raise ValueError(f"port {port} is not a TCP port (1-65535)")
     except ValueError as error:
-        raise ConfigurationError(f"{label} {address}: {error}") from None
+        raise ConfigurationError(f"{label} {address}: {error} (expected e.g. tcp://HOST:PORT)") from None
     if not location:
         raise ConfigurationError(f"{label} {address}: expected e.g. tcp://HOST:PORT, got no host")
 
