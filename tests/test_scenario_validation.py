@@ -1276,3 +1276,19 @@ def test_a_fleet_slot_poll_shorter_than_a_millisecond_is_refused(tmp_path):
     path = write(tmp_path, mapping, "poll.toml")
     with pytest.raises(ScenarioError, match=r"poll\.toml: fleet\.slot_poll_s: expected a number >= 0\.001"):
         load_scenario(path)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("sigma", 1e200, "expected a number in [0, 20]"),  # overflowed sigma**2 / 2 at run time
+        ("mean", 1e308, "expected a number in (0, 1e+12]"),  # overflowed the lognormal draw
+    ],
+)
+def test_a_lognormal_size_that_cannot_be_drawn_is_refused_when_loaded(tmp_path, key, value, expected):
+    """validate said ok and run then failed with an OverflowError traceback."""
+    mapping = full_mapping()
+    mapping["workloads"][0]["cost"][key] = value
+    path = write(tmp_path, mapping, "size.toml")
+    with pytest.raises(ScenarioError, match=re.escape(f"size.toml: workloads[0].cost.{key}: {expected}")):
+        load_scenario(path)

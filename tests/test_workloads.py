@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiqsim.sim import workloads as workloads_module
+from aiqsim.sim.replay_arrivals import ReplayArrivalsError, read_replay_arrivals
 from aiqsim.sim.scenario import parse_scenario
 from aiqsim.sim.workloads import (
     Arrival,
@@ -363,6 +364,22 @@ def test_trace_rows_with_bad_values_name_the_line(tmp_path):
     trace = write_trace(tmp_path / "bad.csv", [("2024-01-01 10:00:00.5", 1, 1), ("yesterday", 2, 2)])
     with pytest.raises(TraceError, match="line 3"):
         read_trace(str(trace))
+
+
+def test_sizes_no_call_has_are_refused_naming_the_line(tmp_path):
+    """A 401-digit token count loaded, then overflowed a float at run time (OverflowError traceback)."""
+    huge = 10**400
+    trace = write_trace(
+        tmp_path / "huge.csv", [("2024-01-01 10:00:00", 5, 1), ("2024-01-01 10:00:01", huge, 1)]
+    )
+    with pytest.raises(TraceError, match="line 3: a token count above 1e\\+12 is no call"):
+        read_trace(str(trace))
+    replay = tmp_path / "replay.csv"
+    replay.write_text(f"offset_s,prompt_units,output_units,input\n0.5,{huge},10,a\n", encoding="utf-8")
+    with pytest.raises(
+        ReplayArrivalsError, match="line 2: expected offset_s >= 0 and sizes from 0 to 1e\\+12"
+    ):
+        read_replay_arrivals(str(replay))
 
 
 def count_packaged_rows() -> tuple[int, int, int]:

@@ -13,6 +13,11 @@ from typing import Literal
 from aiqsim.core.fleet_quota import DEFAULT_SLOT_POLL_S
 from aiqsim.sim.job_config import JobConfig
 
+MAX_CALL_UNITS = 10**12
+"""The largest size of one call in provider units (tokens, characters), for a size drawn from a
+scenario's distribution and for a row of a trace or a replay file: a trillion is no call, and
+larger numbers overflowed the float arithmetic of a run after loading went through."""
+
 ProviderKind = Literal["llm", "tts"]
 OutageMode = Literal["error", "slow"]
 PriorityName = Literal["interactive", "background"]

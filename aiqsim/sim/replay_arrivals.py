@@ -28,6 +28,7 @@ from pathlib import Path
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.files import replaced_atomically
+from aiqsim.sim.config import MAX_CALL_UNITS
 
 __all__ = [
     "REPLAY_COLUMNS",
@@ -108,10 +109,12 @@ def _parse(target: Path) -> tuple[ReplayRow, ...]:
                     raise ReplayArrivalsError(
                         f"replay arrivals {name!r}, line {reader.line_num}: cannot parse {row!r}: {error}"
                     ) from None
-                if not (math.isfinite(offset) and offset >= 0) or prompt < 0 or output < 0:
+                if not (math.isfinite(offset) and offset >= 0) or not (
+                    0 <= prompt <= MAX_CALL_UNITS and 0 <= output <= MAX_CALL_UNITS
+                ):
                     raise ReplayArrivalsError(
                         f"replay arrivals {name!r}, line {reader.line_num}: expected offset_s >= 0 and "
-                        f"sizes >= 0, got {row!r}"
+                        f"sizes from 0 to {MAX_CALL_UNITS:.0e} units, got {row!r}"
                     )
                 rows.append(ReplayRow(offset, prompt, output, label))
     except OSError as error:

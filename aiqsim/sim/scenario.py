@@ -60,6 +60,7 @@ from aiqsim.core.errors import ConfigurationError
 from aiqsim.scheduler.dispatch import DISPATCH_POLICIES
 from aiqsim.sim.config import (
     LATENCY_DISTRIBUTIONS,
+    MAX_CALL_UNITS,
     ClientQuotaConfig,
     CostConfig,
     CrashConfig,
@@ -190,7 +191,7 @@ class _Number:
     @property
     def expected(self) -> str:
         if self.low is not None and self.high is not None:
-            return f"a number in [{_fmt(self.low)}, {_fmt(self.high)}]"
+            return f"a number in {'(' if self.low_open else '['}{_fmt(self.low)}, {_fmt(self.high)}]"
         if self.low is not None:
             return f"a number {'>' if self.low_open else '>='} {_fmt(self.low)}"
         return "a number"
@@ -330,6 +331,12 @@ class _Weights:
 _PROBABILITY = _Number(0.0, 1.0)
 _NON_NEGATIVE = _Number(0.0)
 _POSITIVE = _Number(0.0, low_open=True)
+_SIZE_MEAN = _Number(0.0, float(MAX_CALL_UNITS), low_open=True)
+"""A call's mean size in provider units (tokens, characters): a trillion is no call, and a mean near
+the float range overflowed the lognormal draw at run time."""
+_SIZE_SIGMA = _Number(0.0, 20.0)
+"""A lognormal size's sigma: e^20 (~5e8) between typical and large calls is already no workload;
+sigma 1.4e154 overflowed sigma^2 at run time after validate said ok."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,8 +475,8 @@ _COST_KEYS = {
 _COST = _Table(
     {
         "dist": _Choice(tuple(_COST_KEYS)),
-        "mean": _POSITIVE,
-        "sigma": _NON_NEGATIVE,
+        "mean": _SIZE_MEAN,
+        "sigma": _SIZE_SIGMA,
         "low": _NON_NEGATIVE,
         "high": _NON_NEGATIVE,
         "output_fraction": _PROBABILITY,
@@ -533,8 +540,8 @@ _SIZE_KEYS = {  # a stage's size: any workload cost distribution, or a ratio of 
 _STAGE_SIZE = _Table(
     {
         "dist": _Choice(tuple(_SIZE_KEYS)),
-        "mean": _POSITIVE,
-        "sigma": _NON_NEGATIVE,
+        "mean": _SIZE_MEAN,
+        "sigma": _SIZE_SIGMA,
         "low": _NON_NEGATIVE,
         "high": _NON_NEGATIVE,
         "stage": _Text(name_like=True),
@@ -558,7 +565,7 @@ _FANOUT = _Table(
     {
         "dist": _Choice(tuple(_FANOUT_KEYS)),
         "mean": _Number(1.0),
-        "sigma": _NON_NEGATIVE,
+        "sigma": _SIZE_SIGMA,
         "low": _Number(1.0),
         "high": _Number(1.0),
     },

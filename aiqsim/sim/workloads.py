@@ -25,7 +25,7 @@ from pathlib import Path
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.slot_init import compile_builder, fast_frozen_init
-from aiqsim.sim.config import CostConfig, ProviderKind, Scenario, WorkloadConfig
+from aiqsim.sim.config import MAX_CALL_UNITS, CostConfig, ProviderKind, Scenario, WorkloadConfig
 from aiqsim.sim.replay_arrivals import read_replay_arrivals
 
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -202,6 +202,11 @@ def read_trace(trace: str) -> tuple[TraceRow, ...]:
                 if context < 0 or generated < 0:
                     raise TraceError(
                         f"trace {trace!r}, line {reader.line_num}: negative token count in {row!r}"
+                    )
+                if context > MAX_CALL_UNITS or generated > MAX_CALL_UNITS:
+                    raise TraceError(
+                        f"trace {trace!r}, line {reader.line_num}: a token count above {MAX_CALL_UNITS:.0e} "
+                        "is no call"
                     )
                 if first_ticks is None:
                     first_ticks = ticks
