@@ -155,6 +155,39 @@ def test_a_folder_without_a_log_is_refused_with_its_name(tmp_path: Path) -> None
         calibrate(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("file", "column", "value", "said"),
+    [
+        ("tasks", "submitted_at", "abc", "holds 'abc'; expected a number"),  # was a bare ValueError
+        ("calls", "latency_s", "abc", "holds 'abc'; expected a number"),
+        ("tasks", "submitted_at", "1e308", "expected a number (at most 1e+15 in size)"),  # numpy refused
+        ("tasks", "provider", "", "column 'provider' is blank"),  # min() of an empty sequence
+    ],
+)
+def test_a_call_log_cell_no_fit_can_read_is_refused_naming_file_column_and_line(
+    truth: Path, tmp_path: Path, file: str, column: str, value: str, said: str
+) -> None:
+    import pandas as pd
+
+    simulate(truth, seed=4, overrides={"scenario.duration_s": 60}).call_log.write(tmp_path)
+    path = tmp_path / f"{file}.csv"
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    frame.loc[2, column] = value
+    frame.to_csv(path, index=False)
+    before = path.read_bytes()
+    with pytest.raises(CalibrationError, match=f"{file}, line 4: column '{column}'") as caught:
+        calibrate(tmp_path)
+    assert said in str(caught.value)
+    assert path.read_bytes() == before  # the log is left as it was
+
+
+def test_a_call_log_without_tasks_has_nothing_to_calibrate_from(truth: Path, tmp_path: Path) -> None:
+    simulate(truth, seed=4, overrides={"scenario.duration_s": 60}).call_log.write(tmp_path)
+    (tmp_path / "tasks.csv").write_text(",".join(TASK_LOG_COLUMNS) + "\n", encoding="utf-8")
+    with pytest.raises(CalibrationError, match="no task rows: nothing to calibrate from"):
+        calibrate(tmp_path)
+
+
 def test_without_headers_the_limit_is_estimated_from_where_429s_start(tmp_path: Path) -> None:
     """A provider that sends no x-ratelimit-* headers: the limit comes from the attempts admitted in
     the minute before each 429 at the busiest times (retry_storm_429: 180 offered per minute against a

@@ -124,8 +124,53 @@ def read_call_log(location: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         missing = [c for c in columns if c not in frame.columns]
         if missing:
             raise CalibrationError(f"{folder}/{name}: missing column(s) {', '.join(missing)}")
+        _check_cells(frame, f"{folder}/{name}", _NUMBER_COLUMNS[name], _REQUIRED_COLUMNS[name])
         frames.append(frame)
+    if frames[0].empty:
+        raise CalibrationError(f"{folder}/tasks: no task rows: nothing to calibrate from")
     return frames[0], frames[1]
+
+
+_NUMBER_COLUMNS: dict[str, tuple[str, ...]] = {
+    "tasks": ("cost_estimate", "attempts", "submitted_at", "started_at", "finished_at", "latency_s"),
+    "calls": (
+        "attempt", "start", "end", "latency_s", "cost_estimate", "usage", "output_units", "retry_after_s",
+        "delay_s", "limit_requests", "remaining_requests", "reset_requests_s", "limit_tokens",
+        "remaining_tokens", "reset_tokens_s",
+    ),
+}  # fmt: skip
+"""The columns of a call log that hold numbers (blank where there is none), per file."""
+
+_REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "tasks": ("task_id", "key", "provider", "priority", "submitted_at"),
+    "calls": ("task_id", "key", "provider", "priority", "start", "end"),
+}
+"""The columns every row of a call log fills in (the writer always does)."""
+
+_LARGEST_NUMBER = 1e15
+"""Larger than any time (s), size or count a call log holds; beyond it the fits' arithmetic
+overflows (numpy refused a histogram of times near 1e308)."""
+
+
+def _check_cells(frame: pd.DataFrame, where: str, numbers: Sequence[str], required: Sequence[str]) -> None:
+    """Refuse a cell that is no number in a number column, a blank required cell, or a number no log
+    holds, naming the file, the column and the line (the header is line 1), before any fit reads it."""
+    for column in required:
+        blank = frame[column].isna()
+        if blank.any():
+            line = int(np.flatnonzero(blank.to_numpy())[0]) + 2
+            raise CalibrationError(f"{where}, line {line}: column {column!r} is blank; every row fills it")
+    for column in numbers:
+        values = pd.to_numeric(frame[column], errors="coerce")
+        wrong = (values.isna() & frame[column].notna()) | (values.abs() > _LARGEST_NUMBER)
+        if wrong.any():
+            line = int(np.flatnonzero(wrong.to_numpy())[0]) + 2
+            cell = frame[column].iloc[line - 2]
+            raise CalibrationError(
+                f"{where}, line {line}: column {column!r} holds {cell!r}; expected a number "
+                f"(at most {_LARGEST_NUMBER:g} in size) or a blank"
+            )
+        frame[column] = values
 
 
 def _concat_logs(locations: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
