@@ -213,7 +213,8 @@ BAD_FLEETS = [
     ({"fleet.weights": [1, 2, 3]}, "fleet.weights", "one weight per worker (4)"),
     ({"fleet.weights": [1, 2, 0, 1]}, "fleet.weights", "numbers > 0"),
     ({"fleet.weights": "8,2,1,1"}, "fleet.weights", "an array"),
-    ({"fleet.slot_poll_s": 0}, "fleet.slot_poll_s", "> 0"),
+    ({"fleet.slot_poll_s": 0}, "fleet.slot_poll_s", ">= 0.001"),
+    ({"fleet.slot_poll_s": 1e-300}, "fleet.slot_poll_s", ">= 0.001"),  # spun for ever
     ({"fleet.workerz": 2}, "fleet.workerz", "fleet has no key 'workerz'"),
 ]
 

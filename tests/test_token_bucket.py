@@ -491,3 +491,13 @@ def test_a_wait_asked_from_the_buckets_past_counts_from_its_present(
         return
     assert asked_at + wait >= used_at + (cost - level)  # never earlier than the refill allows
     assert bucket.try_acquire(cost, asked_at + wait)
+
+
+@pytest.mark.parametrize(
+    "limits", [{"requests_per_min": 10, "request_burst": 0.5}, {"requests_per_min": 0.5}]
+)
+def test_a_request_bucket_that_can_never_grant_a_request_is_refused(limits: dict) -> None:
+    """Each attempt takes one request: a burst below 1 failed every task at dispatch instead."""
+    with pytest.raises(QuotaConfigError, match="can never grant a request"):
+        QuotaLimits(**limits)
+    assert QuotaLimits(requests_per_min=0.5, request_burst=1).request_burst == 1  # one every 2 min

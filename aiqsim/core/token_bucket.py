@@ -232,6 +232,13 @@ class QuotaLimits:
             raise QuotaConfigError(
                 f"QuotaLimits(concurrency=...): expected an integer >= 1 or None, got {self.concurrency!r}"
             )
+        if self.requests_per_min is not None:
+            burst = self.request_burst if self.request_burst is not None else self.requests_per_min
+            if burst < 1:  # every attempt takes one request: a smaller bucket never grants one
+                raise QuotaConfigError(
+                    f"QuotaLimits: a request burst of {burst:g} (request_burst, else one minute of "
+                    f"requests_per_min) can never grant a request, which takes 1; give at least 1"
+                )
 
 
 _TOKENLESS = (Reservation(requests=0.0, tokens=0.0, slots=1), Reservation(requests=1.0, tokens=0.0, slots=1))
