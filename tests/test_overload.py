@@ -28,6 +28,7 @@ from aiqsim import (
     SimPyRuntime,
     TaskStatus,
 )
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.overload import (
     AdaptiveRateLimiter,
     AdaptiveSendRate,
@@ -936,3 +937,22 @@ def test_with_the_wait_extension_adaptive_mode_delays_instead_of_failing() -> No
     assert rejected == []  # the scheduler waited for send tokens instead of failing tasks
     assert adaptive.throttled < 0.5 * plain.throttled
     assert adaptive.served == 60
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: CircuitBreaker(failure_threshold=float("nan")), "failure_threshold"),  # int(nan) later
+        (lambda: CircuitBreaker(half_open_probes=float("inf")), "half_open_probes"),  # int(inf) later
+        (lambda: CircuitBreaker(failure_threshold=2.5), "failure_threshold"),
+        (lambda: CircuitBreaker(cooldown_s="5"), "cooldown_s"),  # a bare TypeError from '>'
+        # each of these was accepted and failed every task at its first attempt instead
+        (lambda: AdaptiveRateLimiter(min_rate=0), "min_rate"),
+        (lambda: AdaptiveRateLimiter(smoothing=float("nan")), "smoothing"),
+        (lambda: AdaptiveRateLimiter(bucket_s=0), "bucket_s"),
+        (lambda: AdaptiveRateLimiter(max_rate_adjust_scale=float("nan")), "max_rate_adjust_scale"),
+    ],
+)
+def test_gate_settings_that_cannot_work_are_refused_when_the_gate_is_built(make, named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        make()

@@ -87,9 +87,9 @@ class TokenBucket:
     __slots__ = ("_level", "_slack", "_updated", "capacity", "rate")
 
     def __init__(self, capacity: float, rate: float, *, now: float = 0.0, level: float | None = None) -> None:
-        if capacity <= 0 or not math.isfinite(capacity):
+        if not _is_real(capacity) or not 0 < capacity < math.inf:
             raise QuotaConfigError(f"bucket capacity must be a positive finite number, got {capacity!r}")
-        if rate < 0 or not math.isfinite(rate):
+        if not _is_real(rate) or not 0 <= rate < math.inf:
             raise QuotaConfigError(f"bucket refill rate must be >= 0 and finite, got {rate!r}")
         self.capacity = float(capacity)
         self.rate = float(rate)

@@ -235,6 +235,10 @@ class AdaptiveSendRate:
         smoothing: float = RATE_SMOOTHING,
         bucket_s: float = RATE_BUCKET_S,
     ) -> None:
+        if not 0 < max_rate_adjust_scale < math.inf:
+            raise ConfigurationError(
+                f"max_rate_adjust_scale must be a finite number > 0, got {max_rate_adjust_scale!r}"
+            )
         self.curve = CubicRateCurve(0.0, start, beta=beta, scale_constant=scale_constant)
         self.meter = SendRateMeter(start, smoothing=smoothing, bucket_s=bucket_s)
         self.bucket = SendTokenBucket(INITIAL_SEND_RATE, start, min_rate=min_rate)
@@ -299,7 +303,8 @@ class AdaptiveRateLimiter(OverloadGate):
             "smoothing": smoothing,
             "bucket_s": bucket_s,
         }
-        CubicRateCurve(beta=beta, scale_constant=scale_constant)  # validates the curve settings
+        # every setting checked now, as a limiter checks it, not at the first attempt of every task
+        AdaptiveSendRate(0.0, **self._settings)
         self.is_throttle = is_throttle
         self._limiters: dict[str, AdaptiveSendRate] = {}
         self._took_token: dict[str, bool] = {}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -110,16 +111,16 @@ class CircuitBreaker(OverloadGate):
         is_failure: ErrorPredicate | None = None,
         half_open_poll_s: float = 1.0,
     ) -> None:
-        if failure_threshold < 1:
-            raise ConfigurationError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
-        if half_open_probes < 1:
-            raise ConfigurationError(f"half_open_probes must be >= 1, got {half_open_probes!r}")
+        for name, count in (("failure_threshold", failure_threshold), ("half_open_probes", half_open_probes)):
+            whole = not isinstance(count, bool) and isinstance(count, numbers.Real) and math.isfinite(count)
+            if not whole or count < 1 or count != int(count):  # NaN and inf failed later in int()
+                raise ConfigurationError(f"{name} must be a whole number >= 1, got {count!r}")
         for name, value in (
             ("window_s", window_s),
             ("cooldown_s", cooldown_s),
             ("half_open_poll_s", half_open_poll_s),
         ):
-            if not value > 0 or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
                 raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
         if mode not in ("fail_fast", "wait"):
             raise ConfigurationError(f"mode must be 'fail_fast' or 'wait', got {mode!r}")
