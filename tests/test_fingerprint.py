@@ -383,3 +383,21 @@ def test_what_has_no_canonical_form_is_a_fingerprint_error(payload: Any, params:
     if params is None:
         with pytest.raises(FingerprintError, match=re.escape(said)):
             canonical_json(payload)
+
+
+def test_nesting_is_bounded_by_depth_not_by_the_recursion_limit() -> None:
+    """Compiled with Cython the walk has no recursion limit: a value holding itself overran the C
+    stack (a crash of the interpreter). Depth beyond MAX_NESTING is refused on either build."""
+    from aiqsim.core.fingerprint import MAX_NESTING
+
+    def nested(depth: int) -> Any:
+        value: Any = 1
+        for level in range(depth):
+            value = [value] if level % 2 else {"x": value}
+        return value
+
+    assert fingerprint("llm", nested(MAX_NESTING - 1)) == fingerprint("llm", nested(MAX_NESTING - 1))
+    with pytest.raises(FingerprintError, match=f"nested deeper than {MAX_NESTING} levels"):
+        fingerprint("llm", nested(MAX_NESTING + 1))
+    with pytest.raises(FingerprintError, match=f"nested deeper than {MAX_NESTING} levels"):
+        canonical_json(nested(MAX_NESTING + 1))

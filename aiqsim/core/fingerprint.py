@@ -35,7 +35,13 @@ def _check_text(text: str, path: str) -> str:
     return text
 
 
-def _canonical(value: Any, path: str) -> Any:
+MAX_NESTING = 100
+"""The deepest nesting of lists and dicts a fingerprinted value may have. Deeper (or a value that
+holds itself) is refused by depth, not left to Python's recursion limit: compiled with Cython
+(``aiqsim.compiled``) the walk has no such limit and overran the C stack."""
+
+
+def _canonical(value: Any, path: str, depth: int = 0) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -49,15 +55,17 @@ def _canonical(value: Any, path: str) -> Any:
             # 1.0 and 1 (and 1e16 and 10**16) are equal numbers, so they fingerprint alike.
             return int(value)
         return value
+    if isinstance(value, Mapping | list | tuple) and depth >= MAX_NESTING:
+        raise FingerprintError(f"{path}: nested deeper than {MAX_NESTING} levels, or holds itself (a cycle)")
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise FingerprintError(f"{path}: dict keys must be str, got {type(k).__name__} {k!r}")
-            out[_check_text(k, f"{path} key")] = _canonical(v, f"{path}.{k}")
+            out[_check_text(k, f"{path} key")] = _canonical(v, f"{path}.{k}", depth + 1)
         return out
     if isinstance(value, list | tuple):
-        return [_canonical(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_canonical(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, bytes | bytearray):
         return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
     raise FingerprintError(
@@ -145,7 +153,7 @@ def _valid_text(text: str) -> bool:
     return True
 
 
-def _already_canonical(value: Any) -> bool:
+def _already_canonical(value: Any, depth: int = 0) -> bool:
     """Whether ``value`` is its own canonical form, so that the canonical encoder can take it as is.
 
     True only for exact builtin types whose JSON text :func:`_canonical` would not change: ``None``,
@@ -155,6 +163,8 @@ def _already_canonical(value: Any) -> bool:
     :class:`FingerprintError` with the path of the offending value. Either way the key is the same.
     """
     kind = type(value)
+    if depth >= MAX_NESTING:
+        return False  # the slow path says why (:func:`_canonical`)
     if kind is dict:
         for key, item in value.items():
             if type(key) is not str or not (key.isascii() or _valid_text(key)):
@@ -165,7 +175,9 @@ def _already_canonical(value: Any) -> bool:
             if item_kind is str:
                 if not (item.isascii() or _valid_text(item)):
                     return False
-            elif not (item_kind is int or item_kind is bool or item is None or _already_canonical(item)):
+            elif not (
+                item_kind is int or item_kind is bool or item is None or _already_canonical(item, depth + 1)
+            ):
                 return False
         return True
     if kind is str:
@@ -175,7 +187,7 @@ def _already_canonical(value: Any) -> bool:
     if kind is float:
         return math.isfinite(value) and not value.is_integer()
     if kind is list:
-        return all(_already_canonical(item) for item in value)
+        return all(_already_canonical(item, depth + 1) for item in value)
     return False
 
 
