@@ -231,14 +231,50 @@ def _unrelated_sqlite_db(path: Path) -> None:
     connection.close()
 
 
+def _optuna_lookalike_db(path: Path) -> None:
+    """Two of Optuna's table names and nothing else: Optuna added its other tables, then failed."""
+    import sqlite3
+
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE studies (x)")
+        connection.execute("CREATE TABLE version_info (y)")
+    connection.close()
+
+
+def _optuna_db_edited(sql: str) -> Any:
+    """A study this very command made, then changed by ``sql`` (as by hand)."""
+
+    def make(path: Path) -> None:
+        import sqlite3
+
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(storage=f"sqlite:///{path}", study_name="edited")
+        study.optimize(lambda trial: trial.suggest_float("retry.base_s", 0.1, 5), n_trials=1)
+        with sqlite3.connect(path) as connection:
+            connection.execute(sql)
+        connection.close()
+
+    return make
+
+
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
         (lambda path: path.write_bytes(bytes(range(256)) * 8), "is not an SQLite database"),
         (_optuna_db_cut_short, "is not a readable SQLite database"),
-        (_unrelated_sqlite_db, "is an SQLite database that is not Optuna's (its tables: invoices)"),
+        (_unrelated_sqlite_db, "is an SQLite database that is not Optuna's (its tables: invoices"),
+        (
+            _optuna_lookalike_db,
+            "is an SQLite database that is not Optuna's (its tables: studies, version_info",
+        ),
+        (
+            _optuna_db_edited("UPDATE alembic_version SET version_num = 'v9.9.9'"),
+            "Optuna cannot open the study in it (RuntimeError",
+        ),
     ],
-    ids=["random_bytes", "truncated_optuna_db", "unrelated_sqlite_db"],
+    ids=["random_bytes", "truncated_optuna_db", "unrelated_sqlite_db", "lookalike", "future_schema"],
 )
 def test_tune_refuses_a_storage_file_that_is_not_optunas_and_leaves_it_alone(
     small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, problem: str
@@ -256,6 +292,39 @@ def test_tune_refuses_a_storage_file_that_is_not_optunas_and_leaves_it_alone(
     assert f"tuning storage {storage}: {problem}" in err and err.count("\n") == 1, err
     assert storage.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.csv.optuna.db"]  # nothing else written
+
+
+@pytest.mark.parametrize(
+    ("sql", "problem"),
+    [
+        ("UPDATE trials SET state = 'BOGUS'", "Optuna cannot open the study in it (LookupError"),
+        (
+            "UPDATE trial_params SET param_value = 1e6",
+            "trial 0 holds retry.base_s = 1000000.0, outside the searched",
+        ),
+    ],
+    ids=["unknown_state", "value_outside_the_search"],
+)
+def test_tune_refuses_its_own_study_changed_by_hand_and_leaves_it_alone(
+    small: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], sql: str, problem: str
+) -> None:
+    """A bare LookupError traceback; and a best.toml with base_s = 1e6 from a search of 0.1:5."""
+    import sqlite3
+
+    out = tmp_path / "tune.csv"
+    storage = tmp_path / "tune.csv.optuna.db"
+    argv = ["tune", str(small), "--param", "retry.base_s=0.1:5", "--seeds", "1", "--trials", "1",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    with sqlite3.connect(storage) as connection:
+        connection.execute(sql)
+    connection.close()
+    before = storage.read_bytes()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"tuning storage {storage}: {problem}" in err and err.count("\n") == 1, err
+    assert storage.read_bytes() == before
 
 
 def test_calibrate_refuses_more_arrival_bins_than_it_can_use_before_reading_the_logs(

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.errors import AiqsimError, ConfigurationError
 from aiqsim.lab.lab_errors import TuneError
 from aiqsim.lab.toml_out import dumps_toml
 from aiqsim.sim.config import Scenario
@@ -210,8 +210,16 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-OPTUNA_TABLES = frozenset({"studies", "version_info"})
-"""Tables every Optuna RDB storage has; a database with tables but not these is someone else's."""
+OPTUNA_TABLES = frozenset(
+    {
+        "alembic_version", "studies", "study_directions", "study_system_attributes",
+        "study_user_attributes", "trial_heartbeats", "trial_intermediate_values", "trial_params",
+        "trial_system_attributes", "trial_user_attributes", "trial_values", "trials", "version_info",
+    }
+)  # fmt: skip
+"""Tables every Optuna RDB storage has (Optuna 3 and later); a database with tables but not all of
+these is someone else's, or damaged: Optuna would add the missing ones to it (it did, to a file
+holding only ``studies`` and ``version_info``, then failed)."""
 
 
 def check_optuna_storage(path: Path) -> None:
@@ -255,7 +263,50 @@ def check_optuna_storage(path: Path) -> None:
     tables = {name for (name,) in rows}
     if tables and not tables >= OPTUNA_TABLES:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-        raise refuse(f"is an SQLite database that is not Optuna's (its tables: {shown})")
+        lacking = ", ".join(sorted(OPTUNA_TABLES - tables)[:3])
+        raise refuse(f"is an SQLite database that is not Optuna's (its tables: {shown}; it lacks {lacking})")
+
+
+def _storage_error(storage: str | Path, doing: str, error: BaseException) -> TuneError:
+    """What Optuna (or the SQLite under it) raised about ``storage``, as a project error naming it."""
+    return TuneError(
+        f"tuning storage {storage}: {doing} ({type(error).__name__}: {error}); move it away or choose "
+        "another path"
+    )
+
+
+def _storage_errors(optuna: Any) -> tuple[type[BaseException], ...]:
+    """The errors a failing Optuna storage raises: sqlite's, sqlalchemy's, Optuna's own, the OS's."""
+    import sqlite3
+
+    kinds: list[type[BaseException]] = [OSError, sqlite3.Error, optuna.exceptions.StorageInternalError]
+    try:
+        import sqlalchemy.exc
+    except ImportError:  # an Optuna without an RDB storage has no sqlalchemy
+        pass
+    else:
+        kinds.append(sqlalchemy.exc.SQLAlchemyError)
+    return tuple(kinds)
+
+
+def _check_trial_params(storage: str | Path, study: Any, specs: Sequence[ParamSpec], complete: Any) -> None:
+    """Refuse a stored trial whose parameter lies outside what is searched now: the study was changed
+    by hand (its best setting would be one the search never asked for)."""
+    for trial in study.trials:
+        if trial.state != complete:
+            continue
+        for spec in specs:
+            value = trial.params.get(spec.key)
+            if spec.kind == "choice":
+                inside = value in spec.choices
+            else:
+                inside = isinstance(value, int | float) and spec.low <= value <= spec.high  # type: ignore[operator]
+            if not inside:
+                raise TuneError(
+                    f"tuning storage {storage}: trial {trial.number} holds {spec.key} = {value!r}, outside "
+                    f"the searched {spec.describe()}; the study was changed by hand. Move it away or "
+                    "choose another path (it was left as it was)"
+                )
 
 
 def _require_optuna() -> Any:
@@ -449,15 +500,22 @@ def tune(
     if storage is not None:
         check_optuna_storage(Path(storage))
         url = f"sqlite:///{Path(storage).resolve()}"
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=url,
-        sampler=chosen,
-        directions=list(dirs),
-        load_if_exists=True,
-    )
     complete = optuna.trial.TrialState.COMPLETE
-    done = len([t for t in study.trials if t.state == complete])
+    try:
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=url,
+            sampler=chosen,
+            directions=list(dirs),
+            load_if_exists=True,
+        )
+        done = len([t for t in study.trials if t.state == complete])
+    except Exception as error:  # a damaged or unwritable study: Optuna's, sqlalchemy's or sqlite's error
+        if storage is None or isinstance(error, AiqsimError):
+            raise
+        raise _storage_error(storage, "Optuna cannot open the study in it", error) from error
+    if storage is not None:
+        _check_trial_params(storage, study, specs, complete)
     remaining = max(0, trials - done)
     replications = list(range(seeds))
     runner = _Runner(scenario, engine, workers, address) if remaining else None
@@ -511,6 +569,12 @@ def tune(
             study.optimize(
                 evaluate, n_trials=remaining, catch=(_TrialFailed,), callbacks=[lambda *_: bar.advance()]
             )
+    except _storage_errors(optuna) as error:  # a storage that fails mid-run (a full disk)
+        if storage is None:
+            raise
+        raise _storage_error(
+            storage, "a trial could not be written to it; the trials before it are kept", error
+        ) from error
     finally:
         if runner is not None:
             runner.close()
