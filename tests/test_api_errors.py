@@ -458,3 +458,20 @@ def test_queued_takes_a_priority_as_submit_does_and_cancel_refuses_what_is_no_ta
         scheduler.cancel(["id"])  # type: ignore[arg-type]  # was a bare "unhashable type" TypeError
     assert "nothing was cancelled" in _refused(caught, TypeError, "task_id")
     runtime.run(scheduler.join())
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"key": 123}, "key"),  # stored; a JSON file store then called its own journal corrupt
+        ({"key": b"k"}, "key"),  # a bare TypeError from json.dumps in a durable store
+        ({"task_id": 1.5}, "task_id"),
+    ],
+)
+def test_names_that_are_no_text_are_refused_by_submit(arguments: dict, named: str) -> None:
+    runtime, provider, scheduler, store = _scheduler()
+    with pytest.raises(SchedulerArgumentError) as caught:
+        scheduler.submit("llm", {"input": "a"}, **arguments)
+    assert "nothing was queued or stored" in _refused(caught, TypeError, named)
+    runtime.run(scheduler.join())
+    assert provider.calls == [] and store.list_by_status() == []

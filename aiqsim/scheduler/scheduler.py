@@ -36,7 +36,7 @@ import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiqsim.core.errors import SchedulingError
 from aiqsim.core.fingerprint import fingerprint
@@ -191,6 +191,20 @@ def _new_submission(
     handle._new_future = new_future
     handle._accepted = accepted
     return handle
+
+
+_ID_TYPES = (str, type(None))
+
+
+def _refuse_names(kind: object, key: object, task_id: object) -> NoReturn:
+    """The first of submit's names that is no text (a key of 123 was stored, then a JSON file store
+    reported its own journal as corrupt on reopening)."""
+    for name, value in (("kind", kind), ("key", key), ("task_id", task_id)):
+        if type(value) is not str and (value is not None or name == "kind"):
+            raise SchedulerArgumentTypeError(
+                f"{name}: expected a string, got {value!r}; nothing was queued or stored"
+            )
+    raise AssertionError("unreachable: one of the names is no string")
 
 
 class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Outcomes):
@@ -429,6 +443,12 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             raise SchedulerClosedError("scheduler is closed")
         if retry is not None:
             check_retry_policy(retry, "retry", "nothing was queued or stored")
+        if (
+            type(kind) is not str
+            or (key is not None and type(key) is not str)
+            or type(task_id) not in _ID_TYPES
+        ):
+            _refuse_names(kind, key, task_id)
         lane_name = provider if provider is not None else kind
         lane = self._lanes.get(lane_name)
         if lane is None:
