@@ -11,7 +11,6 @@ Pure functions: no clock, no I/O.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -51,8 +50,10 @@ def checked_cost_estimate(value: Any) -> float:
     """``cost_estimate`` as a float: a finite real number >= 0 (tokens, characters...)."""
     kind = type(value)
     if (kind is float or kind is int) and 0 <= value < math.inf:  # the usual case, without the ABC check
-        with contextlib.suppress(OverflowError):  # an int beyond any float (10**400) is refused below
+        try:  # not contextlib.suppress: this runs once per submission, and a try costs nothing
             return float(value)
+        except OverflowError:  # an int beyond any float (10**400): refused below
+            pass
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SchedulerArgumentError(
             f"cost_estimate: expected a finite number >= 0 (the call's expected token count), got {value!r}"
