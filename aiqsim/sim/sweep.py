@@ -161,12 +161,12 @@ def check_dask_address(address: str, *, label: str = "address") -> None:
     try:
         scheme, location = parse_address(address)
         get_backend(scheme)
-        if location and scheme != "inproc":  # a network address: a host and a port (tcp://HOST:PORT)
-            _, port = parse_host_port(location)
-            if not 0 < port < 65536:
-                raise ValueError(f"port {port} is not a TCP port (1-65535)")
+        # a network address needs a host and a port (tcp://HOST:PORT)
+        port = parse_host_port(location)[1] if location and scheme != "inproc" else None
     except ValueError as error:
         raise ConfigurationError(f"{label} {address}: {error} (expected e.g. tcp://HOST:PORT)") from None
+    if port is not None and not 0 < port < 65536:
+        raise ConfigurationError(f"{label} {address}: port {port} is not a TCP port (1-65535)")
     if not location:
         raise ConfigurationError(f"{label} {address}: expected e.g. tcp://HOST:PORT, got no host")
 
