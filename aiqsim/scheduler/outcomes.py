@@ -60,25 +60,19 @@ class Outcomes:
             self._lose(live, error, outcome=record)
             return
         live.record = record
-        if self.events is not None:
-            try:
+        try:
+            if self.events is not None:
                 self._emit_transition(old.status, record)
-            except BaseException:  # the sink broke: the outcome stands and is still delivered
-                self._deliver(live, old, record)
-                raise
-        self._deliver(live, old, record)
-
-    def _deliver(self, live: LiveTask, old: TaskRecord, record: TaskRecord) -> None:
-        """Resolve the submission of the terminal ``record`` now, or once its write is durable."""
-        if self._commit is None:
-            self._settle(live, record)
-            return
-        live.finishing = True
-        committed = self._commit.durable()  # now: the flush that covers this very write
-        live.runner = self.runtime.spawn(
-            self._settle_when_durable(live, record, committed, describe_change(old, record)),
-            name=f"commit-{record.id}",
-        )
+        finally:  # also when the sink broke: the outcome stands and is still delivered
+            if self._commit is None:
+                self._settle(live, record)
+            else:
+                live.finishing = True
+                committed = self._commit.durable()  # now: the flush that covers this very write
+                live.runner = self.runtime.spawn(
+                    self._settle_when_durable(live, record, committed, describe_change(old, record)),
+                    name=f"commit-{record.id}",
+                )
 
     async def _settle_when_durable(
         self, live: LiveTask, record: TaskRecord, committed: Future[StoreWriteError | None], lost: str

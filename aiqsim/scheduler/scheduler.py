@@ -193,9 +193,6 @@ def _new_submission(
     return handle
 
 
-_ID_TYPES = (str, type(None))
-
-
 def _refuse_names(kind: object, key: object, task_id: object) -> NoReturn:
     """The first of submit's names that is no text (a key of 123 was stored, then a JSON file store
     reported its own journal as corrupt on reopening)."""
@@ -446,7 +443,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         if (
             type(kind) is not str
             or (key is not None and type(key) is not str)
-            or type(task_id) not in _ID_TYPES
+            or (task_id is not None and type(task_id) is not str)
         ):
             _refuse_names(kind, key, task_id)
         lane_name = provider if provider is not None else kind
@@ -505,20 +502,14 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         # one is made only if a handle waits before the outcome is known (aiqsim.scheduler.handles)
         live = new_live_task(record, None, None, None, False, False, None, False, None, retry)
         self._live[record.id] = live
-        if self.events is not None:
-            try:
+        try:
+            if self.events is not None:
                 self._emit_transition(None, record)
-            except BaseException:  # the sink broke: the task is stored, so it is queued all the same
-                self._admit(live, owner)
-                raise
-        self._admit(live, owner)
+        finally:  # also when the sink broke: the task is stored, so it is queued all the same
+            if not self._started:
+                self._ensure_started()
+            self._follow_owner(live, owner)
         return _new_submission(record.id, key, live, self._create_future, accepted)
-
-    def _admit(self, live: LiveTask, owner: TaskRecord) -> None:
-        """A new task is stored: queue it, or make it follow the owner of its key."""
-        if not self._started:
-            self._ensure_started()
-        self._follow_owner(live, owner)
 
     async def submit_durable(self, kind: str, payload: Any, **options: Any) -> Submission:
         """:meth:`submit`, then wait until the submission's record is durable (:meth:`Submission.accepted`).
