@@ -564,3 +564,75 @@ def test_an_empty_fan_out_succeeds_at_once_with_an_empty_list_and_feeds_the_next
     assert record.status is JobStatus.SUCCEEDED and record.finished_at == pytest.approx(1.0)
     assert record.results == {"parts": [], "n": {"output": "done:count:0"}}
     assert provs["tts"].calls == []
+
+
+def _named_build(name: str) -> Any:
+    def build(inputs: Any, results: Any) -> dict:
+        return {"input": f"{name}:{inputs['x']}"}
+
+    build.__qualname__ = f"build_{name}"
+    return build
+
+
+@pytest.mark.parametrize("breaks_on", ["job queued", "stage b submitted", "job succeeded"])
+def test_a_sink_failing_on_a_job_event_is_reported_and_the_job_goes_on(breaks_on: str) -> None:
+    """The job's events are sent in the middle of its steps: a sink raising there left the job
+    stored but never run, its stage tasks named but never submitted, or finished but never resolved
+    (each with its double clicks waiting for ever). The error is now reported as a failing callback."""
+    spec = JobSpec(
+        "pipeline",
+        "1",
+        [Stage("a", "a", build=_named_build("a")), Stage("b", "b", after=("a",), build=_named_build("b"))],
+    )
+    runtime = SimPyRuntime()
+    armed = [True]
+
+    def sink(event: Any) -> None:
+        hit = {
+            "job queued": isinstance(event, JobTransition) and event.new == "queued",
+            "stage b submitted": isinstance(event, StageEvent)
+            and (event.stage, event.event) == ("b", "submitted"),
+            "job succeeded": isinstance(event, JobTransition) and event.new == "succeeded",
+        }[breaks_on]
+        if hit and armed[0]:
+            armed[0] = False
+            raise RuntimeError("event sink broke")
+
+    async def body() -> tuple:
+        providers = [ScriptedProvider(runtime, name=name) for name in "ab"]
+        scheduler = Scheduler(runtime, providers, events=sink, rng=random.Random(3))
+        first = await runtime.wait_for(scheduler.submit_job(spec, {"x": 1}).wait(), 100)
+        again = await runtime.wait_for(scheduler.submit_job(spec, {"x": 1}).wait(), 100)
+        return first.status, list(first.results), again.status, scheduler.jobs.in_flight
+
+    assert runtime.run(body()) == (TaskStatus.SUCCEEDED, ["a", "b"], TaskStatus.DEDUPED, 0)
+    assert [(name, str(error)) for name, error in runtime.task_errors] == [
+        (f"job event sink ({'StageEvent' if 'stage' in breaks_on else 'JobTransition'})", "event sink broke")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        ({"after": None}, "after must be a stage name or a list of names"),  # bare TypeError
+        ({"after": [["a"]]}, "after must be a stage name or a list of names"),  # unhashable list
+        ({"fan_out": "no"}, "fan_out must be True or False"),  # failed after stage a was billed
+        ({"cost": float("inf")}, "cost must be a finite number >= 0"),  # the same
+        ({"retry": "three times"}, "retry must be a RetryPolicy or None"),  # the same
+    ],
+)
+def test_a_stage_that_cannot_run_is_refused_when_defined(arguments: dict, said: str) -> None:
+    with pytest.raises(JobSpecError, match=said):
+        Stage("b", "llm", **arguments)
+
+
+def test_stages_that_are_no_list_and_job_ids_that_are_no_text_are_refused() -> None:
+    with pytest.raises(JobSpecError, match="stages must be a list of Stage objects"):
+        JobSpec("pipeline", "1", Stage("a", "llm"))  # type: ignore[arg-type]
+    runtime = SimPyRuntime()
+    scheduler = Scheduler(runtime, [ScriptedProvider(runtime)])
+    spec = JobSpec("pipeline", "1", [Stage("a", "llm")])
+    for job_id in (123, ""):  # 123 was kept as a number in memory and as '123' in SQLite
+        with pytest.raises(ConfigurationError, match="job_id: expected a non-empty string"):
+            scheduler.submit_job(spec, {"input": "x"}, job_id=job_id)  # type: ignore[arg-type]
+    assert scheduler.jobs.list() == []

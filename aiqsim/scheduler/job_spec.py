@@ -8,6 +8,7 @@ a job is :mod:`aiqsim.scheduler.jobs`' business.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,18 +84,30 @@ class Stage:
     def __post_init__(self) -> None:
         _checked_name(self.name, "Stage name")
         _checked_name(self.provider, f"stage {self.name!r}: provider")
-        if isinstance(self.after, str):
-            object.__setattr__(self, "after", (self.after,))
-        object.__setattr__(self, "after", tuple(self.after))
+        after = (self.after,) if isinstance(self.after, str) else self.after
+        if not isinstance(after, list | tuple) or not all(isinstance(name, str) for name in after):
+            raise JobSpecError(
+                f"stage {self.name!r}: after must be a stage name or a list of names, got {self.after!r}"
+            )
+        object.__setattr__(self, "after", tuple(after))
+        if not isinstance(self.fan_out, bool):
+            raise JobSpecError(f"stage {self.name!r}: fan_out must be True or False, got {self.fan_out!r}")
         if self.kind is not None:
             _checked_name(self.kind, f"stage {self.name!r}: kind")
         if self.build is not None and not callable(self.build):
             raise JobSpecError(f"stage {self.name!r}: build must be callable, got {self.build!r}")
         cost = self.cost
         if (cost is not None and not callable(cost)) and (
-            isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0
+            isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < math.inf
         ):
-            raise JobSpecError(f"stage {self.name!r}: cost must be a number >= 0 or a callable")
+            raise JobSpecError(
+                f"stage {self.name!r}: cost must be a finite number >= 0 or a callable, got {cost!r}"
+            )
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            # refused here, not when the stage's tasks are submitted (after the earlier stages' calls)
+            raise JobSpecError(
+                f"stage {self.name!r}: retry must be a RetryPolicy or None, got {self.retry!r}"
+            )
         fallback = self.fallback
         if fallback is not None and not isinstance(fallback, Stage | str):
             raise JobSpecError(f"stage {self.name!r}: fallback must be a provider name or a Stage")
@@ -160,6 +173,10 @@ class JobSpec:
         _checked_name(self.name, "JobSpec name")
         if not isinstance(self.version, str):
             raise JobSpecError(f"job {self.name!r}: version must be a string, got {self.version!r}")
+        if not isinstance(self.stages, list | tuple):
+            raise JobSpecError(
+                f"job {self.name!r}: stages must be a list of Stage objects, got {self.stages!r}"
+            )
         stages = tuple(self.stages)
         object.__setattr__(self, "stages", stages)
         if not stages:

@@ -81,7 +81,7 @@ from aiqsim.core.task import (
 )
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
-from aiqsim.scheduler.arguments import UnknownNameError
+from aiqsim.scheduler.arguments import SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
@@ -269,6 +269,11 @@ class Jobs:
             from aiqsim.scheduler.scheduler import SchedulerClosedError
 
             raise SchedulerClosedError("scheduler is closed")
+        if job_id is not None and (type(job_id) is not str or not job_id):
+            # a number was stored as is in memory and as text in SQLite: get_job() then differed
+            raise SchedulerArgumentTypeError(
+                f"job_id: expected a non-empty string or None, got {job_id!r}; no job was submitted"
+            )
         self.register(spec)
         priority = Priority(priority)
         key = spec.key(inputs)
@@ -908,7 +913,8 @@ class Jobs:
     def _emit(self, old: JobStatus | None, record: JobRecord) -> None:
         events = self.scheduler.events
         if events is not None:
-            events(
+            self._send(
+                events,
                 JobTransition(
                     time=record.updated_at,
                     job_id=record.id,
@@ -919,7 +925,7 @@ class Jobs:
                     new=record.status.value,
                     stage=record.failed_stage,
                     error=record.error,
-                )
+                ),
             )
 
     def _emit_stage(
@@ -927,7 +933,23 @@ class Jobs:
     ) -> None:
         events = self.scheduler.events
         if events is not None:
-            events(StageEvent(self.scheduler.runtime.now(), run.record.id, stage, event, task_ids, error))
+            self._send(
+                events, StageEvent(self.scheduler.runtime.now(), run.record.id, stage, event, task_ids, error)
+            )
+
+    def _send(self, events: Any, event: Any) -> None:
+        """Give ``event`` to the sink. Its events are sent in the middle of a job's steps: a sink that
+        raises must not cut one short (the job was left stored but never run, or finished but never
+        resolved), so the error is handed to the runtime as a failing callback of its own, which
+        reports it (``SimPyRuntime.task_errors``, asyncio's exception handler), and the job goes on."""
+        try:
+            events(event)
+        except Exception as error:
+
+            def report(failure: Exception = error) -> None:  # bound now: `error` is unset after except
+                raise failure
+
+            self.scheduler.runtime.call_soon(report, name=f"job event sink ({type(event).__name__})")
 
 
 def stage_task_key(stage: Stage, payload: Any) -> str:

@@ -260,8 +260,10 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
     given back; an answer already received is not reported succeeded, as after any error that
     follows it); on a terminal event the task keeps that outcome and its submission resolves, and
     the error ends the coroutine that emitted the event, which the runtime reports
-    (``SimPyRuntime.task_errors``; asyncio's exception handler). No task is left waiting and no
-    quota stays held because a sink broke.
+    (``SimPyRuntime.task_errors``; asyncio's exception handler). A job's events come in the middle
+    of its steps: a sink's error there is handed to the runtime as a failing callback (reported the
+    same way) and the job goes on. No task or job is left waiting and no quota stays held because a
+    sink broke.
 
     Hostile usage. A response's usage is clamped before the token bucket is reconciled (the rule
     is :func:`aiqsim.core.usage.sane_usage`); the call still succeeds, and the anomaly is emitted
