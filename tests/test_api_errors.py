@@ -475,3 +475,17 @@ def test_names_that_are_no_text_are_refused_by_submit(arguments: dict, named: st
     assert "nothing was queued or stored" in _refused(caught, TypeError, named)
     runtime.run(scheduler.join())
     assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_a_provider_estimate_that_raises_is_refused_naming_the_provider() -> None:
+    """HttpProvider's estimate of a payload asking max_tokens=10**400 raised a bare OverflowError."""
+    runtime, provider, scheduler, store = _scheduler()
+
+    def estimate(kind: str, payload: Any) -> float:
+        return float(payload["max_tokens"])
+
+    provider.estimate_cost = estimate  # type: ignore[attr-defined]
+    with pytest.raises(SchedulerArgumentError, match=r"estimate_cost\('llm', payload\) raised OverflowError"):
+        scheduler.submit("llm", {"input": "a", "max_tokens": 10**400})
+    runtime.run(scheduler.join())
+    assert provider.calls == [] and store.list_by_status() == []

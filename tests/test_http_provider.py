@@ -35,6 +35,7 @@ from aiqsim import (
     SimPyRuntime,
     TaskStatus,
 )
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import (
     FailureClass,
     InvalidRequestError,
@@ -850,6 +851,46 @@ async def call_once(provider: HttpProvider, request: ProviderRequest | None = No
         return await provider.call(request or make_request())
     finally:
         await provider.aclose()
+
+
+def test_a_body_larger_than_the_limit_is_not_read_into_memory(scripted: ScriptedServer) -> None:
+    """aread() took any size: a body that never ended grew the process by 1.4 GB in 10 s."""
+    body = completion_json("c1", "m", "x" * 5000, prompt=3, output=4, created=0)
+    provider = provider_for(scripted, "big", HttpReply.json(200, body), max_response_bytes=4096)
+    with pytest.raises(SchemaViolationError, match=r"larger than max_response_bytes \(4,096 bytes\)"):
+        run(call_once(provider))
+    provider = provider_for(scripted, "big", HttpReply.json(200, body))  # the default: 64 MiB
+    assert run(call_once(provider)).result == "x" * 5000
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "said"),
+    [
+        ("deep", b"[" * 100_000, "HTTP 200"),  # a bare RecursionError from json
+        (
+            "bigint",
+            b'{"choices":[{"message":{"content":"hi"}}],"usage":{"total_tokens":1' + b"0" * 400 + b"}}",
+            None,
+        ),
+    ],
+)
+def test_an_answer_json_cannot_hold_is_no_raw_error(
+    scripted: ScriptedServer, case: str, body: bytes, said: Any
+) -> None:
+    provider = provider_for(scripted, case, HttpReply(200, body, {"content-type": "application/json"}))
+    if said is None:  # a usage count beyond any float (an OverflowError) is no usage: the answer stands
+        assert run(call_once(provider)).result == "hi"
+        return
+    with pytest.raises(SchemaViolationError, match=said):
+        run(call_once(provider))
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://[::1", "ftp://host", "127.0.0.1:8000", ""])
+def test_a_base_url_no_request_can_go_to_is_refused_when_the_provider_is_made(url: str) -> None:
+    """Each was accepted, then every call failed (a raw InvalidURL, an ExceptionGroup around an
+    OverflowError, or a 'connection failed' that was retried as if the server were down)."""
+    with pytest.raises(ConfigurationError, match="provider 'llm': base_url"):
+        HttpProvider("llm", url)
 
 
 def test_http_provider_posts_json_with_the_idempotency_key(scripted: ScriptedServer) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 import random
 import time
@@ -627,3 +628,26 @@ def test_the_pool_keeps_one_connection_per_concurrent_attempt_alive() -> None:
 def test_an_explicit_pool_size_wins_over_the_lane_concurrency() -> None:
     accepted, requests, peak = run_through_pool({"max_connections": 8}, concurrency=16)
     assert requests == 32 and accepted <= 8 and peak <= 8
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({"stream": True}, "stream=true is not supported"),  # the SDK saw an empty stream, billed
+        ({"n": 5}, "n=5: this server returns one choice"),  # answered with one choice
+        ({"max_tokens": -5}, "max_tokens must be a whole number from 1"),  # billed as 16 tokens
+        ({"max_tokens": 10**400}, "max_tokens must be a whole number from 1"),  # a 500, retried, unlogged
+        ({"max_tokens": 10**12}, "max_tokens must be a whole number from 1"),  # held the connection
+    ],
+    ids=["stream", "n", "negative", "huge", "absurd"],
+)
+def test_requests_this_server_cannot_answer_as_the_api_would_are_a_logged_400(extra: dict, said: str) -> None:
+    config = ProviderConfig(name="llm", latency_base_s=0.0, latency_per_unit_s=0.0)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    with start_local_server(config) as server:
+        answer = httpx.post(server.url + "/v1/chat/completions", content=json.dumps(body), timeout=10)
+        nested = httpx.post(server.url + "/v1/chat/completions", content=b"[" * 100_000, timeout=10)
+        ledger = server.ledger()
+    assert answer.status_code == 400 and said in answer.json()["error"]["message"]
+    assert nested.status_code == 400  # was a 500 'handler failed: RecursionError'
+    assert ledger.total_cost == 0

@@ -121,8 +121,8 @@ def total_tokens(body: Any) -> float | None:
     """``usage.total_tokens`` of a response, or ``None`` when it is missing or not a number."""
     usage = body.get("usage") if isinstance(body, Mapping) else None
     value = usage.get("total_tokens") if isinstance(usage, Mapping) else None
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    if isinstance(value, int | float) and not isinstance(value, bool) and -1e300 < value < 1e300:
+        return float(value)  # finite, and no int beyond a float (a 401-digit count raised OverflowError)
     return None
 
 
@@ -130,8 +130,8 @@ def completion_tokens(body: Any) -> float | None:
     """``usage.completion_tokens`` of a response (what the model generated), or ``None``."""
     usage = body.get("usage") if isinstance(body, Mapping) else None
     value = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    if isinstance(value, int | float) and not isinstance(value, bool) and -1e300 < value < 1e300:
+        return float(value)  # finite, and no int beyond a float (a 401-digit count raised OverflowError)
     return None
 
 

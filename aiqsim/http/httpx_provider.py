@@ -63,6 +63,9 @@ if TYPE_CHECKING:
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 DEFAULT_MAX_CONNECTIONS = 100
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+"""The largest response body read (64 MiB, decoded): a chat completion is kilobytes; a body that
+never ends is a broken server, not an answer."""
 """Pool size of an owned client when neither ``max_connections`` nor the lane's concurrency is known
 (httpx's own default size, but with every connection kept alive, not only 20)."""
 
@@ -76,6 +79,24 @@ def require_httpx() -> Any:
             "aiqsim.http.HttpProvider needs the optional dependency httpx: pip install 'aiqsim[http]'"
         ) from exc
     return httpx
+
+
+def _check_url(httpx: Any, url: str, name: str) -> None:
+    """Refuse, when the provider is made, a URL no request can go to: each call then failed (as a
+    retried 'connection failed', or a raw InvalidURL / an OverflowError for port 99999)."""
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError, TypeError) as error:
+        raise ConfigurationError(f"provider {name!r}: base_url {url!r} is not a URL ({error})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigurationError(
+            f"provider {name!r}: base_url {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]"
+        )
+    if port is not None and not 0 < port < 65536:
+        raise ConfigurationError(
+            f"provider {name!r}: base_url {url!r}: port {port} is not a TCP port (1-65535)"
+        )
 
 
 class HttpProvider:
@@ -115,6 +136,8 @@ class HttpProvider:
             lane's ``concurrency`` (:meth:`attach_to`, ``bind_quota``), else
             :data:`DEFAULT_MAX_CONNECTIONS`. Fewer connections than attempts in flight makes
             attempts wait for a connection (counted in their timeout); more are never used.
+        max_response_bytes: the largest response body read (decoded; :data:`DEFAULT_MAX_RESPONSE_BYTES`);
+            a larger one fails the attempt with ``SchemaViolationError`` and its connection is dropped.
         model: filled into bodies that name no model.
         build_body: ``request -> dict`` JSON body (default :func:`aiqsim.http.chat.chat_body`).
         parse_result: ``decoded JSON -> result`` (default: ``choices[0].message.content``);
@@ -147,8 +170,16 @@ class HttpProvider:
         send_task_headers: bool = False,
         wall_clock: Callable[[], float] = time.time,
         max_connections: int | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self._httpx = require_httpx()
+        if (
+            isinstance(max_response_bytes, bool)
+            or not isinstance(max_response_bytes, int)
+            or max_response_bytes < 1
+        ):
+            raise ConfigurationError(f"max_response_bytes must be an int >= 1, got {max_response_bytes!r}")
+        self.max_response_bytes = max_response_bytes
         if not time_scale > 0:
             raise ConfigurationError(f"time_scale must be > 0, got {time_scale!r}")
         if max_connections is not None and (isinstance(max_connections, bool) or max_connections < 1):
@@ -156,6 +187,7 @@ class HttpProvider:
         self.name = name
         self.url = base_url.rstrip("/") + "/" + path.lstrip("/")
         self.base_url = base_url.rstrip("/")
+        _check_url(self._httpx, self.url, name)
         self.time_scale = float(time_scale)
         self.lookup_path = lookup_path
         self.send_task_headers = send_task_headers
@@ -316,7 +348,7 @@ class HttpProvider:
                         echoed_key=echoed,
                     )
                 encoding = response.headers.get("content-encoding", encoding)
-                await response.aread()
+                await self._read_bounded(response)
             finally:
                 await response.aclose()
             return response
@@ -335,12 +367,28 @@ class HttpProvider:
                 f"{self.name}: request failed: {type(exc).__name__}: {detail}", status=0
             ) from exc
 
+    async def _read_bounded(self, response: httpx.Response) -> None:
+        """Read the body, at most :attr:`max_response_bytes` of it (decoded): ``aread()`` took any size,
+        so a body that never ended grew the process until the attempt timed out (1.4 GB in 10 s)."""
+        limit = self.max_response_bytes
+        parts: list[bytes] = []
+        size = 0
+        async for part in response.aiter_bytes():
+            size += len(part)
+            if size > limit:
+                raise SchemaViolationError(
+                    f"{self.name}: the response body is larger than max_response_bytes ({limit:,} bytes); "
+                    "not read further, its connection is dropped"
+                )
+            parts.append(part)
+        response._content = b"".join(parts)  # what Response.aread() keeps: .json() and .text read it
+
     def _check(self, response: httpx.Response) -> Any:
         """Apply rate-limit headers, raise for a failure status, return the decoded body."""
         self._observe(response.headers)
         try:
             body: Any = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError):  # [[[[... nested
             body = None
             decoded = False
         else:

@@ -223,6 +223,30 @@ class _ExchangeLedger(ProviderLedger):
                 exchange.lost.set_result(None)
 
 
+MAX_REQUEST_TOKENS = 1_000_000
+"""The most output tokens (and the most stated units) a request may ask for: more is no model's
+answer, and a 400-digit max_tokens crashed the handler (HTTP 500, retried, never logged)."""
+
+
+def unsupported_request(body: Mapping[str, Any]) -> str | None:
+    """Why this server cannot answer ``body`` as the API would, or ``None``. OpenAI streams when asked
+    (this server answered a whole JSON body, which the SDK read as an empty stream, billed), returns
+    ``n`` choices (this server one) and refuses a ``max_tokens`` below 1."""
+    if body.get("stream"):
+        return "stream=true is not supported by this server: it answers whole responses; send stream=false"
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        return f"n={n!r}: this server returns one choice; send n=1 or leave it out"
+    for field in ("max_completion_tokens", "max_tokens", "prompt_units", "output_units"):
+        value = body.get(field)
+        if value is None:
+            continue
+        least = 0 if field.endswith("_units") else 1
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_REQUEST_TOKENS:
+            return f"{field} must be a whole number from {least} to {MAX_REQUEST_TOKENS:,}, got {value!r}"
+    return None
+
+
 def simulator_payload(body: Mapping[str, Any], kind: str, default_max_tokens: int) -> dict[str, Any]:
     """The :class:`~aiqsim.sim.providers.SimJob` payload for a request body.
 
@@ -409,13 +433,16 @@ class LocalProviderServer:
 
         try:
             body = request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser recurses
             body = None
         if not isinstance(body, dict) or (
             explicit_units(body) is None and not isinstance(body.get("messages"), list)
         ):
             message = "the body must be a JSON object with a messages list (or prompt_units and output_units)"
             return reply(400, error_json(message, "invalid_request_error"), "bad_request")
+        problem = unsupported_request(body)
+        if problem is not None:  # refused before it is simulated, billed or logged as served
+            return reply(400, error_json(problem, "invalid_request_error"), "bad_request")
 
         self._arrivals += 1  # the server loop is one thread: a unique, deterministic arrival number
         arrival = self._arrivals

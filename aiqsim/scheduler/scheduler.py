@@ -561,7 +561,14 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             if not callable(estimate):
                 given = 0.0
             else:
-                estimated = estimate(kind, payload)
+                try:
+                    estimated = estimate(kind, payload)
+                except (TypeError, ValueError, OverflowError, RecursionError) as error:  # max_tokens 10**400
+                    raise SchedulerArgumentError(
+                        f"provider {lane.name!r}: estimate_cost({kind!r}, payload) raised "
+                        f"{type(error).__name__}: {error}; the payload cannot be sized; nothing was queued "
+                        "or stored"
+                    ) from error
                 try:
                     given = checked_cost_estimate(float(estimated))
                 except (TypeError, ValueError, OverflowError):
