@@ -636,3 +636,33 @@ def test_stages_that_are_no_list_and_job_ids_that_are_no_text_are_refused() -> N
         with pytest.raises(ConfigurationError, match="job_id: expected a non-empty string"):
             scheduler.submit_job(spec, {"input": "x"}, job_id=job_id)  # type: ignore[arg-type]
     assert scheduler.jobs.list() == []
+
+
+def test_a_build_that_edits_what_it_is_given_changes_nothing_stored() -> None:
+    """Stage b's build upper-cased results["a"]["output"]: a memory store's job and task records of
+    stage a changed with it (a durable store's did not), and so did what a double click saw."""
+
+    def shouting_build(inputs: Any, results: Any) -> dict:
+        results["a"]["output"] = results["a"]["output"].upper()
+        inputs["x"] = "edited"
+        return {"input": results["a"]["output"]}
+
+    spec = JobSpec(
+        "pipeline",
+        "1",
+        [Stage("a", "a", build=_named_build("a")), Stage("b", "b", after=("a",), build=shouting_build)],
+    )
+    runtime = SimPyRuntime()
+
+    async def body() -> Any:
+        scheduler = Scheduler(
+            runtime, [ScriptedProvider(runtime, name=name) for name in "ab"], rng=random.Random(3)
+        )
+        record = await scheduler.submit_job(spec, {"x": 1}).wait()
+        stored_task = scheduler.store.get(record.stage_tasks["a"][0])
+        return record, scheduler.jobs.get(record.id), stored_task
+
+    record, stored_job, stored_task = runtime.run(body())
+    assert record.results["a"] == stored_job.results["a"] == stored_task.result == {"output": "done:a:1"}
+    assert stored_job.inputs == {"x": 1}
+    assert record.results["b"] == {"output": "done:DONE:A:1"}

@@ -59,6 +59,7 @@ scheduler itself.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -799,7 +800,9 @@ class Jobs:
     ) -> list[Any]:
         """The stage's payloads (one per task); raises what ``build`` raised, or ``TypeError``."""
         fan_out = (primary or stage).fan_out
-        payload = inputs if stage.build is None else stage.build(inputs, dict(results))
+        # a build gets copies all the way down: one that edits what it is given (results["a"]["x"] = ...)
+        # changed stage a's stored result in a memory store, and not in a durable one
+        payload = inputs if stage.build is None else stage.build(*copy.deepcopy((inputs, dict(results))))
         if not fan_out:
             return [payload]
         if not isinstance(payload, list | tuple):
