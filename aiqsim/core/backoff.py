@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.numeric import is_whole
 
 
 @runtime_checkable
@@ -48,7 +49,7 @@ def _check(base_s: float, cap_s: float) -> None:
 
 def exponential_ceiling(retry: int, base_s: float, cap_s: float) -> float:
     """``min(cap, base * 2**retry)`` without overflowing for large ``retry``."""
-    if isinstance(retry, bool) or not isinstance(retry, numbers.Integral) or retry < 0:
+    if not (is_whole(retry, 0) and isinstance(retry, numbers.Integral)):
         raise ConfigurationError(f"retry must be a whole number >= 0, got {retry!r}")
     if base_s == 0:
         return 0.0

@@ -18,6 +18,7 @@ import numbers
 from dataclasses import dataclass
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.numeric import is_real
 from aiqsim.core.slot_init import compile_builder, fast_frozen_init
 
 
@@ -87,9 +88,9 @@ class TokenBucket:
     __slots__ = ("_level", "_slack", "_updated", "capacity", "rate")
 
     def __init__(self, capacity: float, rate: float, *, now: float = 0.0, level: float | None = None) -> None:
-        if not _is_real(capacity) or not 0 < capacity < math.inf:
+        if not is_real(capacity) or not 0 < capacity < math.inf:
             raise QuotaConfigError(f"bucket capacity must be a positive finite number, got {capacity!r}")
-        if not _is_real(rate) or not 0 <= rate < math.inf:
+        if not is_real(rate) or not 0 <= rate < math.inf:
             raise QuotaConfigError(f"bucket refill rate must be >= 0 and finite, got {rate!r}")
         self.capacity = float(capacity)
         self.rate = float(rate)
@@ -220,7 +221,7 @@ class QuotaLimits:
             value = getattr(self, name)
             if value is None:
                 continue
-            if not _is_real(value) or not (math.isfinite(value) and value > 0):
+            if not is_real(value) or not (math.isfinite(value) and value > 0):
                 raise QuotaConfigError(
                     f"QuotaLimits({name}=...): expected a finite number > 0 or None, got {value!r}"
                 )
@@ -244,11 +245,6 @@ class QuotaLimits:
 _TOKENLESS = (Reservation(requests=0.0, tokens=0.0, slots=1), Reservation(requests=1.0, tokens=0.0, slots=1))
 """What a quota without a token bucket grants, by whether it counts requests: the same every time,
 so not built anew per call (issue #19)."""
-
-
-def _is_real(value: object) -> bool:
-    """A plain real number (int or float, not a bool, not a string that looks like one)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 class MultiQuota:

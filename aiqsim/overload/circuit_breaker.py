@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import enum
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import FailureClass
+from aiqsim.core.numeric import is_real, is_whole
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_server_failure, is_server_failure_or_rate_limited
 from aiqsim.overload.window import TimeWindow
@@ -112,15 +112,14 @@ class CircuitBreaker(OverloadGate):
         half_open_poll_s: float = 1.0,
     ) -> None:
         for name, count in (("failure_threshold", failure_threshold), ("half_open_probes", half_open_probes)):
-            whole = not isinstance(count, bool) and isinstance(count, numbers.Real) and math.isfinite(count)
-            if not whole or count < 1 or count != int(count):  # NaN and inf failed later in int()
+            if not is_whole(count, 1):  # NaN and inf failed later in int(), 2.5 was truncated
                 raise ConfigurationError(f"{name} must be a whole number >= 1, got {count!r}")
         for name, value in (
             ("window_s", window_s),
             ("cooldown_s", cooldown_s),
             ("half_open_poll_s", half_open_poll_s),
         ):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+            if not is_real(value) or not 0 < value < math.inf:
                 raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
         if mode not in ("fail_fast", "wait"):
             raise ConfigurationError(f"mode must be 'fail_fast' or 'wait', got {mode!r}")

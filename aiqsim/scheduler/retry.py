@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 from aiqsim.core.backoff import BackoffStrategy, FullJitter
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import POISON_AFTER_ATTEMPTS, FailureClass
+from aiqsim.core.numeric import is_real, is_whole
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError
 from aiqsim.scheduler.rate_limit_scope import (
     DEFAULT_RATE_LIMIT_SCOPE,
@@ -28,7 +28,7 @@ _NOT_BUILT = "no RetryPolicy was built"
 
 
 def _whole_at_least_one(value: float) -> bool:
-    return math.isfinite(value) and value >= 1 and value == int(value)
+    return is_whole(value, 1)
 
 
 def _check(name: str, value: Any, accepted: str, ok: Callable[[float], bool]) -> None:
@@ -37,7 +37,7 @@ def _check(name: str, value: Any, accepted: str, ok: Callable[[float], bool]) ->
     if value is None and "None" in accepted:
         return
     message = f"{name} must be {accepted}, got {value!r}; {_NOT_BUILT}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise SchedulerArgumentTypeError(message)
     if not ok(value):
         raise SchedulerArgumentError(message)
@@ -197,7 +197,7 @@ def gate_wait_s(gate: Any, provider: str, is_retry: bool, now: float) -> float:
         return 0.0
     wait = query(provider, is_retry, now)
     # a gate's bug must not hold a slot for ever (inf) or spin (NaN): the attempt fails, naming it
-    if isinstance(wait, bool) or not isinstance(wait, numbers.Real) or not wait < math.inf:
+    if not is_real(wait) or not wait < math.inf:
         raise ConfigurationError(
             f"{type(gate).__name__}.seconds_until_attempt({provider!r}) returned {wait!r}; "
             "expected a finite number of seconds (0 or less: no wait)"

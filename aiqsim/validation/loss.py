@@ -14,7 +14,6 @@ M/M/c/c, whose blocking probability is Erlang B. :func:`blocking_check` runs the
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
@@ -26,18 +25,21 @@ from aiqsim.scheduler.dispatch import FifoPolicy
 from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.scheduler.scheduler import QueueFullError, Scheduler
 from aiqsim.stores.memory import MemoryStore
-from aiqsim.validation.mmc import ExponentialServiceProvider, erlang_b, t_interval_95
+from aiqsim.validation.mmc import (
+    ExponentialServiceProvider,
+    check_erlang_arguments,
+    check_rate,
+    erlang_b,
+    t_interval_95,
+)
 
 __all__ = ["BlockingResult", "blocking_check", "erlang_b", "mmck_blocking", "simulate_blocking"]
 
 
 def _checked(servers: int, queue_limit: int, offered_load: float) -> None:
-    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
-        raise ConfigurationError(f"servers must be a positive integer, got {servers!r}")
+    check_erlang_arguments(servers, offered_load)  # the same servers and load as Erlang B and C
     if isinstance(queue_limit, bool) or not isinstance(queue_limit, int) or queue_limit < 0:
         raise ConfigurationError(f"queue_limit must be an integer >= 0, got {queue_limit!r}")
-    if not (offered_load >= 0 and math.isfinite(offered_load)):
-        raise ConfigurationError(f"offered load must be a finite number >= 0, got {offered_load!r}")
 
 
 def mmck_blocking(arrival_rate: float, service_rate: float, servers: int, queue_limit: int) -> float:
@@ -45,10 +47,11 @@ def mmck_blocking(arrival_rate: float, service_rate: float, servers: int, queue_
 
     Defined for any load (a finite queue is always stable); ``queue_limit=0`` is :func:`erlang_b`.
     """
-    if not (service_rate > 0 and math.isfinite(service_rate)):
-        raise ConfigurationError(f"service_rate must be a finite number > 0, got {service_rate!r}")
+    check_rate("arrival_rate", arrival_rate, zero_allowed=True)
+    check_rate("service_rate", service_rate, zero_allowed=False)
     offered = arrival_rate / service_rate
     _checked(servers, queue_limit, offered)
+    servers = int(servers)  # a whole float (8.0) is a number of servers, as in Erlang B and C
     # Unnormalised state probabilities p_n / p_0, built by ratios so nothing overflows: each step
     # multiplies by a / min(n, c). Rescaled as they grow (only their ratios matter).
     term, total = 1.0, 1.0

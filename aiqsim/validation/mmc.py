@@ -16,13 +16,13 @@ slot accounting and the SimPy runtime's clock all tell the truth.
 from __future__ import annotations
 
 import math
-import numbers
 import random
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.numeric import is_real, is_whole
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.core.token_bucket import QuotaLimits
 from aiqsim.runtime.gc_tuning import relaxed_gc
@@ -75,23 +75,17 @@ _CORNISH_FISHER_975 = (
 )
 
 
-def _check_erlang_arguments(servers: int, offered_load: float) -> None:
+def check_erlang_arguments(servers: int, offered_load: float) -> None:
     """Refuse what is not a whole number of servers >= 1 (``8.0`` is 8; ``True`` is not one) and a
     finite offered load >= 0, with a :class:`ConfigurationError` naming the argument."""
-    whole = (
-        not isinstance(servers, bool)
-        and isinstance(servers, numbers.Real)
-        and math.isfinite(servers)
-        and servers >= 1
-        and int(servers) == servers
-    )
-    if not whole:
+    if not is_whole(servers, 1):
         raise ConfigurationError(f"servers must be a positive integer, got {servers!r}")
-    _check_rate("offered_load", offered_load, zero_allowed=True)
+    check_rate("offered_load", offered_load, zero_allowed=True)
 
 
-def _check_rate(name: str, value: float, *, zero_allowed: bool) -> None:
-    number = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+def check_rate(name: str, value: float, *, zero_allowed: bool) -> None:
+    """Refuse what is not a finite rate >= 0 (> 0 unless ``zero_allowed``), naming ``name``."""
+    number = is_real(value) and math.isfinite(value)
     if not number or value < 0 or (value == 0 and not zero_allowed):
         least = ">= 0" if zero_allowed else "> 0"
         raise ConfigurationError(f"{name} must be a finite number {least}, got {value!r}")
@@ -100,7 +94,7 @@ def _check_rate(name: str, value: float, *, zero_allowed: bool) -> None:
 def erlang_b(servers: int, offered_load: float) -> float:
     """The Erlang B formula: the probability that an arrival finds all ``servers`` busy and is lost
     (M/M/c/c). By the recursion ``B(k) = a B(k-1) / (k + a B(k-1))``, accurate for thousands of servers."""
-    _check_erlang_arguments(servers, offered_load)
+    check_erlang_arguments(servers, offered_load)
     blocking = 1.0  # Erlang B with 0 servers
     for k in range(1, int(servers) + 1):
         blocking = offered_load * blocking / (k + offered_load * blocking)
@@ -120,7 +114,7 @@ def erlang_c(servers: int, offered_load: float) -> float:
     ``a < servers``. Computed through the Erlang B recursion, which stays accurate for
     hundreds of servers where the textbook sum of ``a**k / k!`` would overflow.
     """
-    _check_erlang_arguments(servers, offered_load)
+    check_erlang_arguments(servers, offered_load)
     if offered_load >= servers:
         raise ConfigurationError(
             f"unstable queue: offered load {offered_load:g} Erlangs needs more than {servers} servers"
@@ -133,8 +127,8 @@ def erlang_c(servers: int, offered_load: float) -> float:
 
 def expected_wait_in_queue(arrival_rate: float, service_rate: float, servers: int) -> float:
     """Erlang C mean wait in queue ``Wq = C(c, a) / (c * mu - lambda)`` in the rates' time unit."""
-    _check_rate("arrival_rate", arrival_rate, zero_allowed=True)
-    _check_rate("service_rate", service_rate, zero_allowed=False)
+    check_rate("arrival_rate", arrival_rate, zero_allowed=True)
+    check_rate("service_rate", service_rate, zero_allowed=False)
     offered = arrival_rate / service_rate
     return erlang_c(servers, offered) / (servers * service_rate - arrival_rate)
 
