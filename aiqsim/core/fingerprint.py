@@ -55,7 +55,7 @@ def _canonical(value: Any, path: str, depth: int = 0) -> Any:
             # 1.0 and 1 (and 1e16 and 10**16) are equal numbers, so they fingerprint alike.
             return int(value)
         return value
-    if isinstance(value, Mapping | list | tuple) and depth >= MAX_NESTING:
+    if depth >= MAX_NESTING and isinstance(value, Mapping | list | tuple):
         raise FingerprintError(f"{path}: nested deeper than {MAX_NESTING} levels, or holds itself (a cycle)")
     if isinstance(value, Mapping):
         out = {}
