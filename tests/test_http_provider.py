@@ -1282,3 +1282,37 @@ def test_the_owned_client_keeps_every_pooled_connection_alive() -> None:
         return pool._max_connections, pool._max_keepalive_connections
 
     assert run(limits()) == (64, 64)
+
+
+def test_a_404_names_the_request_it_answered_without_its_secrets(scripted: ScriptedServer) -> None:
+    """A wrong path said only 'llm: HTTP 404', leaving the user to guess which address was asked."""
+    scripted.cases["missing"] = HttpReply(404, b"")
+    base = scripted.http.url.replace("http://", "http://user:s3cret@")
+    provider = HttpProvider("llm", base, path="/case/missing?api_key=s3cret")
+    with pytest.raises(InvalidRequestError) as raised:
+        run(call_once(provider))
+    message = str(raised.value)
+    assert message == f"llm: HTTP 404 from POST {scripted.http.url}/case/missing"
+    assert "s3cret" not in message
+
+
+@pytest.mark.parametrize("location", ["https://api.example.invalid/v2/chat", None])
+def test_a_redirect_is_not_followed_and_says_where_it_points(
+    scripted: ScriptedServer, location: str | None
+) -> None:
+    """A 301 (a moved endpoint) said 'llm: HTTP 301' and nothing about why it was not followed."""
+    headers = {} if location is None else {"location": location}
+    provider = provider_for(scripted, "moved", HttpReply(301, b"", headers))
+    with pytest.raises(HttpStatusError) as raised:
+        run(call_once(provider))
+    message = str(raised.value)
+    assert message.startswith(f"llm: HTTP 301 from POST {scripted.http.url}/case/moved: a redirect")
+    assert "not followed" in message and "base_url" in message
+    if location is not None:
+        assert f"a redirect to {location}," in message
+    assert classify_failure(raised.value, attempts=1) is FailureClass.FATAL
+
+
+def test_a_redirect_location_is_cut_to_the_message_limit() -> None:
+    error = error_for_status(302, headers={"Location": "https://x.invalid/" + "a" * 5000}, source="p")
+    assert error is not None and len(str(error)) < 600

@@ -400,6 +400,7 @@ class HttpProvider:
             now_epoch_s=self._wall_clock(),
             time_scale=self.time_scale,
             source=self.name,
+            request=_described_request(response),
         )
         if error is not None:
             snapshot = parse_ratelimit_headers(response.headers)
@@ -435,3 +436,15 @@ class HttpProvider:
 
     def __repr__(self) -> str:
         return f"HttpProvider({self.name!r}, {self.url!r})"
+
+
+def _described_request(response: httpx.Response) -> str | None:
+    """``"POST http://host/v1/chat/completions"``: the request ``response`` answers, for an error's
+    message (a 404 or a redirect is about the address). No user, password or query string: they may
+    hold a secret."""
+    try:
+        request = response.request
+    except RuntimeError:  # a response built by hand, with no request
+        return None
+    url = request.url
+    return f"{request.method} {url.scheme}://{url.netloc.decode('ascii')}{url.path}"

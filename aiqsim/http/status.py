@@ -31,7 +31,7 @@ from aiqsim.core.failures import (
     RateLimitError,
     ServerError,
 )
-from aiqsim.http.headers import parse_ratelimit_headers, retry_after_from_headers
+from aiqsim.http.headers import header_value, parse_ratelimit_headers, retry_after_from_headers
 
 QUOTA_EXHAUSTED_CODES = frozenset(
     {"insufficient_quota", "billing_hard_limit_reached", "quota_exceeded", "billing_not_active"}
@@ -157,6 +157,7 @@ def error_for_status(
     now_epoch_s: float = 0.0,
     time_scale: float = 1.0,
     source: str = "provider",
+    request: str | None = None,
 ) -> ProviderError | None:
     """The failure for an HTTP ``status`` (``None`` for 2xx).
 
@@ -164,13 +165,24 @@ def error_for_status(
     clock for an HTTP-date Retry-After. ``time_scale`` converts the server's wall seconds
     into the caller's scheduler seconds (``retry_after_s = wall / time_scale``), matching
     :class:`~aiqsim.runtime.AsyncioRuntime` run with the same scale. ``source`` names the
-    provider in messages. A 429's and a 503's Retry-After (``retry-after-ms`` preferred) land
-    in ``retry_after_s``; a 429 also says whether the quota is spent (:func:`rate_limit_quota_spent`).
+    provider in messages, ``request`` (``"POST https://..."``) the request that got this answer. A
+    redirect (3xx) is a failure too: following it would send a billed POST again, so its message
+    names the ``Location`` to put in ``base_url`` instead. A 429's and a 503's Retry-After
+    (``retry-after-ms`` preferred) land in ``retry_after_s``; a 429 also says whether the quota is
+    spent (:func:`rate_limit_quota_spent`).
     """
     if 200 <= status < 300:
         return None
     detail = error_message(body)
-    message = f"{source}: HTTP {status}" + (f": {detail}" if detail else "")
+    if 300 <= status < 400:
+        location = header_value(headers, "location")
+        location = None if location is None else location[:_MESSAGE_LIMIT]
+        detail = (
+            f"a redirect{f' to {location}' if location else ''}, not followed (it would send the call "
+            "again); point the provider's base_url at the address the server names"
+        )
+    message = f"{source}: HTTP {status}" + (f" from {request}" if request else "")
+    message += f": {detail}" if detail else ""
     if status in (429, 403) and is_quota_exhausted(body):
         return QuotaExhaustedError(message)
     retry_after_s: float | None = None
