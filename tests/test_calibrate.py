@@ -225,3 +225,24 @@ def test_parquet_call_log_calibrates_like_csv(truth: Path, tmp_path: Path) -> No
     from_csv = calibrate(tmp_path / "csv").providers["llm"]
     from_parquet = calibrate(tmp_path / "parquet").providers["llm"]
     assert from_csv == from_parquet
+
+
+def test_a_fitted_value_no_scenario_can_hold_names_the_log_columns_it_came_from(
+    truth: Path, tmp_path: Path
+) -> None:
+    """A log of calls costing 5e13 units each (within what a log cell may hold) gave a cost no
+    scenario allows; the error named only 'calibrated: workloads[0].cost.mean', a file that does
+    not exist, and not the log's columns the value came from."""
+    import pandas as pd
+
+    simulate(truth, seed=4, overrides={"scenario.duration_s": 60}).call_log.write(tmp_path / "log")
+    for name in ("tasks", "calls"):
+        frame = pd.read_csv(tmp_path / "log" / f"{name}.csv")
+        frame["cost_estimate"] = 5e13
+        frame.to_csv(tmp_path / "log" / f"{name}.csv", index=False)
+    with pytest.raises(CalibrationError) as raised:
+        calibrate(tmp_path / "log")
+    message = str(raised.value)
+    assert message.startswith(f"{tmp_path / 'log'}: the calibrated scenario's workloads[0].cost.mean")
+    assert "fitted from the tasks' cost_estimate" in message
+    assert "expected a number in (0, 1e+12], got 5" in message

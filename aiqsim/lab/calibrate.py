@@ -538,7 +538,7 @@ def calibrate(
     it cannot be stretched with ``duration_s``.
     """
     from aiqsim.sim.config import CostConfig, ProviderConfig, WorkloadConfig
-    from aiqsim.sim.scenario import parse_scenario, scenario_to_dict
+    from aiqsim.sim.scenario import ScenarioError, parse_scenario, scenario_to_dict
     from aiqsim.sim.simulate import resolve_scenario
 
     locations = [logs] if isinstance(logs, str | Path) else list(logs)
@@ -655,7 +655,17 @@ def calibrate(
     document.pop("crashes", None)
     quotas = document.get("quotas", {})
     document["quotas"] = {k: v for k, v in quotas.items() if k in fits}
-    scenario = parse_scenario(document, source=name)
+    try:
+        scenario = parse_scenario(document, source=name)
+    except ScenarioError as error:
+        fitted_from = _fitted_from(error.key_path)
+        if fitted_from is None:
+            raise  # a value of the settings scenario's, not of the log's
+        raise CalibrationError(
+            f"{', '.join(map(str, locations))}: the calibrated scenario's {error.key_path}, fitted from "
+            f"{fitted_from}, is unusable ({error.message}); check those columns of the log (nothing "
+            "was written)"
+        ) from None
     inputs = {
         "logs": [str(Path(location).resolve()) for location in locations],
         "name": name,
@@ -666,6 +676,34 @@ def calibrate(
     if isinstance(settings, str | Path):
         inputs["settings"] = str(Path(settings).resolve())
     return Calibration(scenario, fits, workloads, flags, tasks, calls, arrivals, inputs)
+
+
+_FITTED_FROM: tuple[tuple[str, str], ...] = (
+    ("latency_", "the calls' latency_s (end - start) and usage"),
+    ("server_requests_per_min", "the calls' start times and limit_requests"),
+    ("server_units_per_min", "the calls' usage and limit_tokens"),
+    ("rate_limit_retry_after_s", "the calls' retry_after_s"),
+    ("_prob", "the calls' outcomes"),
+    ("cost", "the tasks' cost_estimate and the calls' usage and output_units"),
+    ("distinct_inputs", "the tasks' keys"),
+    ("rate_per_s", "the tasks' submitted_at"),
+    ("start_s", "the tasks' submitted_at"),
+    ("end_s", "the tasks' submitted_at"),
+    ("duration_s", "the tasks' submitted_at"),
+)
+"""What the calibrated scenario's fitted fields are computed from, by a part of their key path."""
+
+
+def _fitted_from(key_path: str) -> str | None:
+    """The log columns a calibrated scenario's ``key_path`` was fitted from (``None``: a value the
+    settings scenario gave, e.g. a quota)."""
+    if not key_path.startswith(("providers", "workloads", "scenario.duration_s")):
+        return None
+    field_name = key_path.rsplit(".", 1)[-1]
+    for part, columns in _FITTED_FROM:
+        if part in field_name or (part == "cost" and ".cost." in key_path):
+            return columns
+    return None
 
 
 def _replay_workload(
