@@ -48,6 +48,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
     │   ├── InvariantViolation (AssertionError)   a crash test found a broken recovery guarantee
     │   ├── WorkerFailedError (RuntimeError)      a SIGKILL test's worker failed on its own
+    │   ├── DeadlineExceeded (TimeoutError)   Runtime.wait_for's own deadline passed
     │   └── InvalidStateError, SimulationDeadlock, RuntimeAlreadyRunningError (RuntimeError)   SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
@@ -104,6 +105,7 @@ from aiqsim.http.status import HttpStatusError
 from aiqsim.lab.decisions import NoSettingMeetsError
 from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
+from aiqsim.runtime.protocol import DeadlineExceeded
 from aiqsim.runtime.simpy_runtime import InvalidStateError, RuntimeAlreadyRunningError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.call_log import CallLogError
@@ -141,6 +143,7 @@ __all__ = [
     "CallLogError",
     "CallableProviderArgumentError",
     "ConfigurationError",
+    "DeadlineExceeded",
     "DuplicateTaskIdError",
     "FingerprintError",
     "HttpExchangeError",

@@ -66,3 +66,82 @@ def test_a_call_that_returns_no_provider_response_fails_the_task_once_and_the_la
 
 def test_the_contract_error_is_a_provider_error() -> None:
     assert issubclass(ProviderContractError, ProviderError)
+
+
+class SyncAdapter:
+    """A provider whose ``call`` is a plain function: it does the work when called and returns
+    the response itself, which cannot be awaited."""
+
+    name = "llm"
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.calls: list[str] = []
+
+    def call(self, request: ProviderRequest) -> ProviderResponse:
+        self.calls.append(request.payload["input"])
+        return ProviderResponse(result="ok")
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+def test_a_call_that_is_no_coroutine_function_fails_once_naming_the_provider(rt_name: str) -> None:
+    """Before: the task failed with asyncio's 'An asyncio.Future, a coroutine or an awaitable is
+    required' (or SimPy's 'object ProviderResponse can't be used in await'), retried as a
+    TypeError would be, without naming the provider."""
+
+    async def body(rt):
+        provider = SyncAdapter(rt)
+        scheduler = Scheduler(rt, [provider], retry=RetryPolicy(max_attempts=5, attempt_timeout_s=30.0))
+        record = await rt.wait_for(scheduler.submit("llm", {"input": "a"}).wait(), 100)
+        await scheduler.close()
+        return record, provider.calls
+
+    record, calls = run_on(rt_name, body)
+    assert record.status is TaskStatus.FAILED
+    assert record.error.startswith("ProviderContractError: provider 'llm': call() returned ProviderResponse")
+    assert "async def" in record.error
+    assert calls == ["a"]  # it ran (and may have billed): not sent again
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+def test_a_call_returning_another_awaitable_is_awaited(rt_name: str) -> None:
+    """A plain ``call`` that returns an awaitable (a wrapper around an async function) is a provider."""
+
+    class Wrapped:
+        name = "llm"
+
+        def __init__(self, runtime) -> None:
+            self.runtime = runtime
+
+        async def _call(self, request):
+            await self.runtime.sleep(1.0)
+            return ProviderResponse(result=request.payload)
+
+        def call(self, request):
+            return self._call(request)
+
+    async def body(rt):
+        scheduler = Scheduler(rt, [Wrapped(rt)])
+        record = await rt.wait_for(scheduler.submit("llm", "x").wait(), 100)
+        await scheduler.close()
+        return record
+
+    record = run_on(rt_name, body)
+    assert (record.status, record.result) == (TaskStatus.SUCCEEDED, "x")
+
+
+@pytest.mark.parametrize("call", [None, "not callable"], ids=["missing", "not-callable"])
+def test_a_provider_without_a_call_method_is_refused_when_the_scheduler_is_made(call: object) -> None:
+    from aiqsim import SimPyRuntime
+    from aiqsim.scheduler.arguments import SchedulerArgumentError
+
+    class NoCall:
+        name = "llm"
+
+    provider = NoCall()
+    if call is not None:
+        provider.call = call  # type: ignore[attr-defined]
+    with pytest.raises(SchedulerArgumentError, match=r"'llm' \(NoCall\) has no call\(\) method"):
+        Scheduler(SimPyRuntime(), [provider])
+    with pytest.raises(SchedulerArgumentError, match="has no call"):
+        Scheduler(SimPyRuntime(), {"lane": provider})

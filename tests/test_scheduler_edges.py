@@ -448,4 +448,84 @@ def test_an_attempt_timeout_says_which_deadline_on_both_runtimes(rt_name: str) -
 
     status, error = run_on(rt_name, body)
     assert status is TaskStatus.FAILED
-    assert "timed out after 2 s" in error
+    assert error.startswith("TimeoutError: provider 'llm': timed out after 2 s")
+    assert "attempt_timeout_s=2" in error and "billed" in error
+
+
+class OwnTimeout:
+    """Raises a TimeoutError of its own (an SDK's read timeout) after 1 s."""
+
+    name = "llm"
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+
+    async def call(self, request):
+        await self.runtime.sleep(1.0)
+        raise TimeoutError("read timeout from the SDK")
+
+
+@both
+def test_a_providers_own_timeout_error_is_not_called_the_attempt_timeout(rt_name: str) -> None:
+    async def body(rt):
+        scheduler = Scheduler(rt, [OwnTimeout(rt)], retry=RetryPolicy(max_attempts=1, attempt_timeout_s=60.0))
+        record = await scheduler.submit("llm", {"input": "x"}).wait()
+        await scheduler.close()
+        return record.error
+
+    assert run_on(rt_name, body) == "TimeoutError: read timeout from the SDK"
+
+
+@both
+def test_wait_for_says_its_own_deadline_passed_with_deadline_exceeded(rt_name: str) -> None:
+    from aiqsim.runtime import DeadlineExceeded
+
+    async def body(rt):
+        async def own() -> None:
+            raise TimeoutError("inner")
+
+        outcomes = []
+        for work in (rt.sleep(10), own()):
+            try:
+                await rt.wait_for(work, 1.0)
+            except TimeoutError as error:
+                outcomes.append(isinstance(error, DeadlineExceeded))
+        return outcomes
+
+    assert run_on(rt_name, body) == [True, False]  # the deadline's own, then the work's TimeoutError
+
+
+@both
+def test_cancelling_a_double_clicks_first_submission_leaves_the_second_to_send_the_key_again(
+    rt_name: str,
+) -> None:
+    """The rule ``Scheduler.cancel`` documents: a waiting duplicate does not end with its cancelled
+    owner; it takes the key over and sends it again, under the same idempotency key. Cancelling
+    both ends the key's work."""
+
+    async def body(rt):
+        # the first call of each input never answers: only the cancellation ends it, however late
+        # a loaded machine runs the test's sleeps
+        provider = ScriptedProvider(rt, latency_s=2.0, script={"edit": ["hang", "ok"], "again": ["hang"]})
+        scheduler = Scheduler(rt, [provider])
+        first = scheduler.submit("llm", {"input": "edit"})
+        second = scheduler.submit("llm", {"input": "edit"})
+        await rt.sleep(1.0)
+        scheduler.cancel(first.id)
+        kept = await rt.wait_for(second.wait(), 100)
+        ended = await first.wait()
+        sent = [(at, name) for at, name, _ in provider.calls]
+        third = scheduler.submit("llm", {"input": "again"})
+        fourth = scheduler.submit("llm", {"input": "again"})
+        await rt.sleep(1.0)
+        scheduler.cancel(third.id)
+        scheduler.cancel(fourth.id)
+        both_ended = [(await h.wait()).status for h in (third, fourth)]
+        await scheduler.close()
+        return ended.status, kept.status, kept.result, sent, both_ended, provider.calls_for("again")
+
+    ended, kept, result, sent, both_ended, again = run_on(rt_name, body)
+    assert (ended, kept, result) == (TaskStatus.CANCELLED, TaskStatus.SUCCEEDED, {"output": "done:edit"})
+    assert [name for _, name in sent] == ["edit", "edit"]
+    assert sent[0][0] < sent[1][0] and sent[1][0] >= 1.0  # sent again once the first was cancelled
+    assert both_ended == [TaskStatus.CANCELLED, TaskStatus.CANCELLED] and again == 1

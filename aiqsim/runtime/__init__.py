@@ -1,7 +1,7 @@
 """Runtimes that drive the scheduler's coroutines: asyncio (real time) and SimPy (virtual time)."""
 
 from aiqsim.runtime.asyncio_runtime import AsyncioRuntime
-from aiqsim.runtime.protocol import Cancelled, Future, Runtime, TaskHandle
+from aiqsim.runtime.protocol import Cancelled, DeadlineExceeded, Future, Runtime, TaskHandle
 from aiqsim.runtime.simpy_runtime import (
     RuntimeAlreadyRunningError,
     SimFuture,
@@ -14,6 +14,7 @@ from aiqsim.runtime.sync import Lock, Queue, Signal
 __all__ = [
     "AsyncioRuntime",
     "Cancelled",
+    "DeadlineExceeded",
     "Future",
     "Lock",
     "Queue",

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.runtime.protocol import DeadlineExceeded
 
 T = TypeVar("T")
 
@@ -63,7 +64,7 @@ class AsyncioRuntime:
             if error.args or not isinstance(error.__cause__, asyncio.CancelledError):
                 raise  # the awaited work's own TimeoutError, not this deadline's
             # say which deadline, as SimPyRuntime does ("timed out after 60 s (virtual)")
-            raise TimeoutError(f"timed out after {timeout:g} s") from error.__cause__
+            raise DeadlineExceeded(f"timed out after {timeout:g} s") from error.__cause__
         finally:
             # Python 3.11's wait_for drops a cancellation of this task that arrives in the same
             # loop iteration as the inner outcome (it returns/raises that outcome instead).

@@ -16,9 +16,19 @@ from asyncio import CancelledError as Cancelled
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from aiqsim.core.errors import SchedulingError
+
 T = TypeVar("T")
 
-__all__ = ["Cancelled", "Future", "Runtime", "ScheduledCall", "TaskHandle"]
+__all__ = ["Cancelled", "DeadlineExceeded", "Future", "Runtime", "ScheduledCall", "TaskHandle"]
+
+
+class DeadlineExceeded(SchedulingError, TimeoutError):
+    """:meth:`Runtime.wait_for`'s own deadline passed (the awaited work was cancelled).
+
+    A ``TimeoutError``, so ``except TimeoutError`` still catches it; a class of its own so that a
+    caller can tell the deadline it set from a ``TimeoutError`` the awaited work raised itself (the
+    scheduler names the provider and the attempt timeout in a task's error)."""
 
 
 @runtime_checkable
@@ -73,7 +83,8 @@ class Runtime(Protocol):
         ...
 
     def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> Awaitable[T]:
-        """Await ``awaitable`` for at most ``timeout`` seconds, else cancel it and raise ``TimeoutError``."""
+        """Await ``awaitable`` for at most ``timeout`` seconds, else cancel it and raise
+        :class:`DeadlineExceeded` (a ``TimeoutError``)."""
         ...
 
     def call_soon(self, callback: Callable[[], None], *, name: str | None = None) -> None:

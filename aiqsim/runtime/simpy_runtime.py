@@ -31,7 +31,7 @@ import simpy
 from simpy.events import NORMAL, PENDING
 
 from aiqsim.core.errors import SchedulingError
-from aiqsim.runtime.protocol import Cancelled
+from aiqsim.runtime.protocol import Cancelled, DeadlineExceeded
 
 T = TypeVar("T")
 
@@ -680,12 +680,12 @@ class SimPyRuntime:
             if deadline.owns_timeout():
                 # the timeout wins over whatever the cancelled work raised on its way out
                 cause = None if isinstance(error, Cancelled) else error
-                raise TimeoutError(f"timed out after {timeout:g} s (virtual)") from cause
+                raise DeadlineExceeded(f"timed out after {timeout:g} s (virtual)") from cause
             raise  # the work's own outcome, or a cancel from outside or for an outer deadline
         finally:
             _close_deadline(deadline)
         if deadline.expired:  # the inner work swallowed the cancellation: the timeout still wins
-            raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
+            raise DeadlineExceeded(f"timed out after {timeout:g} s (virtual)")
         return result
 
     def _open_deadline(self, task: SimTask, timeout: float, *, future_wait: bool = False) -> _Deadline:
@@ -724,7 +724,7 @@ class SimPyRuntime:
                 # this task stopped waiting on it: no stale wake-up event for the cancellation
                 callbacks.remove(task._resume)
             future.cancel()
-            raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
+            raise DeadlineExceeded(f"timed out after {timeout:g} s (virtual)")
         return result
 
     async def _wait_for_event(self, awaitable: SimFuture | SimTask, timeout: float) -> Any:
@@ -762,7 +762,7 @@ class SimPyRuntime:
                 pass
         else:
             target.cancel()
-        raise TimeoutError(f"timed out after {timeout:g} s (virtual)")
+        raise DeadlineExceeded(f"timed out after {timeout:g} s (virtual)")
 
     def run(self, coro: Coroutine[Any, Any, T], *, until: float | None = None) -> T:
         """Run ``coro`` as the main task until it finishes and return its result.

@@ -70,7 +70,8 @@ def checked_cost_estimate(value: Any) -> float:
 
 
 def checked_providers(providers: Any) -> dict[str, Any]:
-    """The providers by name: at least one, each with a non-empty string ``name``, no name twice.
+    """The providers by name: at least one, each with a non-empty string ``name`` and a ``call``
+    method, no name twice.
 
     ``providers`` is an iterable of provider objects (named by their ``name``) or a mapping
     name -> provider (the mapping's keys are the lane names).
@@ -101,6 +102,12 @@ def checked_providers(providers: Any) -> dict[str, Any]:
         raise SchedulerArgumentError(
             "providers: expected at least one provider; a scheduler without providers cannot run any task"
         )
+    for name, provider in by_name.items():
+        if not callable(getattr(provider, "call", None)):
+            raise SchedulerArgumentError(
+                f"providers: {name!r} ({type(provider).__name__}) has no call() method; a provider "
+                "needs 'async def call(self, request) -> ProviderResponse' (aiqsim.scheduler.provider)"
+            )
     return by_name
 
 

@@ -9,6 +9,8 @@ A success's usage is checked and reconciled with the quota. :class:`AttemptLoop`
 from __future__ import annotations
 
 import math
+from inspect import isawaitable
+from types import CoroutineType
 from typing import Any
 
 from aiqsim.core.backoff import retry_delay
@@ -27,7 +29,7 @@ from aiqsim.core.failures import (
 from aiqsim.core.task import CANCELLED, FAILED, RUNNING, SUCCEEDED
 from aiqsim.core.token_bucket import Reservation
 from aiqsim.core.usage import sane_usage
-from aiqsim.runtime.protocol import Cancelled
+from aiqsim.runtime.protocol import Cancelled, DeadlineExceeded
 from aiqsim.scheduler.events import LanePaused, UsageAnomaly, new_attempt_record
 from aiqsim.scheduler.lanes import Lane
 from aiqsim.scheduler.live import LiveTask
@@ -112,6 +114,8 @@ class AttemptLoop:
                 awaiting_outcome = True
                 try:
                     call = lane.provider.call(request)
+                    if type(call) is not CoroutineType and not isawaitable(call):
+                        raise not_awaitable(lane.name, call)
                     try:
                         if policy.attempt_timeout_s is None:
                             response = await call
@@ -121,6 +125,8 @@ class AttemptLoop:
                         if runtime.cancelling() or self._crashed:
                             raise  # this task's own cancellation
                         raise unasked_cancellation(lane.name) from cancelled
+                    except DeadlineExceeded as late:  # the attempt timeout, not the provider's own
+                        raise attempt_timed_out(lane.name, policy.attempt_timeout_s, late) from late
                     if type(response) is not ProviderResponse and not isinstance(response, ProviderResponse):
                         raise broken_contract(lane.name, response)
                 except Exception as error:
@@ -442,4 +448,25 @@ def broken_contract(provider: str, answer: object) -> ProviderContractError:
     return ProviderContractError(
         f"provider {provider!r} returned {type(answer).__name__} from call(), not a ProviderResponse "
         "(aiqsim.scheduler.provider): a bug in its adapter; the call may have been billed"
+    )
+
+
+def not_awaitable(provider: str, answer: object) -> ProviderContractError:
+    """The error for a ``call()`` that returned ``answer``, which cannot be awaited: a provider's
+    ``call`` must be a coroutine function (``async def``). A plain function has already run, so the
+    work may have been done and billed."""
+    return ProviderContractError(
+        f"provider {provider!r}: call() returned {type(answer).__name__}, not an awaitable; define "
+        "call with 'async def' (aiqsim.scheduler.provider.Provider). It ran, so the call may have "
+        "been billed"
+    )
+
+
+def attempt_timed_out(provider: str, timeout_s: float | None, deadline: DeadlineExceeded) -> TimeoutError:
+    """The error of an attempt the retry policy's ``attempt_timeout_s`` cut short: a ``TimeoutError``
+    (retryable, and counted as such by gates and the call log) that names the provider and the
+    setting, where the runtime's own error said only how long it waited."""
+    return TimeoutError(
+        f"provider {provider!r}: {deadline} (the attempt timeout, attempt_timeout_s={timeout_s:g}); "
+        "the call was abandoned, and the provider may still have done and billed it"
     )

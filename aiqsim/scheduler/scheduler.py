@@ -603,6 +603,11 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
 
         A queued task ends ``cancelled`` at once; a running one receives a cancellation at
         its current await (an in-flight provider call is abandoned) and ends ``cancelled``.
+
+        Duplicates waiting on a cancelled owner (a double click's second submission) do not end
+        with it: the first of them takes the key over and sends the call again, under the same
+        idempotency key (a provider honouring it does not bill twice). To stop all of a key's work,
+        cancel each of its submissions.
         """
         if not isinstance(task_id, str):
             raise SchedulerArgumentTypeError(
