@@ -230,3 +230,86 @@ def test_a_job_whose_progress_cannot_be_written_resolves_failed_and_recovers_lat
     assert stored.status is JobStatus.RUNNING and stored.results == {}  # the last write that succeeded
     assert recovered.status is JobStatus.SUCCEEDED
     assert len(provs["a"].calls) == 1 and len(provs["b"].calls) == 1  # stage a was reused, not re-run
+
+
+FALLBACK_SPEC = JobSpec("voice", "1", [Stage("tts", "tts", build=first, fallback="tts_backup")])
+
+
+def crash_during_the_fallback_then(restart, *, crash_at: float = 2.0):
+    """The primary fails at t = 1 (an invalid request), the fallback's call runs 1-3: crash at
+    ``crash_at``, then ``restart(...)`` one second later."""
+    runtime = SimPyRuntime()
+    store = MemoryStore()
+    provs = {
+        "tts": ScriptedProvider(runtime, name="tts", latency_s=1.0, script={"first:1": ["invalid"]}),
+        "tts_backup": ScriptedProvider(runtime, name="tts_backup", latency_s=2.0),
+    }
+
+    async def main():
+        before = make(runtime, store, provs, specs=(FALLBACK_SPEC,))
+        before.submit_job(FALLBACK_SPEC, {"x": 1}, job_id="j")
+        await runtime.sleep(crash_at)
+        before.crash()
+        await runtime.sleep(1.0)
+        return await restart(runtime, store, provs)
+
+    return runtime.run(main())
+
+
+@pytest.mark.parametrize("requeue", [False, True], ids=["interrupted", "requeued"])
+def test_a_crash_during_a_fallback_goes_on_with_the_fallback_and_never_resends_the_primary(requeue) -> None:
+    """The re-drive used to submit the stage on its primary again: its failed call was sent (and
+    billed) a second time before the job fell back again."""
+
+    async def restart(runtime, store, provs):
+        after = make(runtime, store, provs, specs=(FALLBACK_SPEC,))
+        await after.recover(requeue_interrupted=requeue)
+        await after.join()
+        return after.jobs.get("j"), provs, store
+
+    job, provs, store = crash_during_the_fallback_then(restart)
+    assert len(provs["tts"].calls) == 1  # the failed primary, once
+    primary, backup = job.stage_tasks["tts"]
+    assert store.get(primary).status is TaskStatus.FAILED
+    if requeue:  # the caller's choice: the interrupted fallback call is sent again, and it succeeds
+        assert len(provs["tts_backup"].calls) == 2
+        assert job.status is JobStatus.SUCCEEDED and job.results == {"tts": {"output": "done:first:1"}}
+        assert job.finished_at == pytest.approx(5.0)  # the restart at 3, the backup's 2 s
+    else:  # interrupted without a lookup: not sent again; the job fails saying both
+        assert len(provs["tts_backup"].calls) == 1
+        assert job.status is JobStatus.FAILED and job.failed_stage == "tts"
+        assert "InvalidRequestError" in job.error and "fallback 'tts_backup' failed too" in job.error
+        assert "TaskInterruptedError" in job.error
+        assert store.get(backup).status is TaskStatus.FAILED
+
+
+def test_a_fallback_that_ended_before_the_crash_gives_the_stage_its_result_without_a_call() -> None:
+    """The fallback's task was stored as succeeded, but the job's own write of the result was lost
+    (two writes: with a SQL store, two transactions): the job record is put back as it was while
+    the fallback ran (t = 2), and recovery finds the result in the fallback's task."""
+    runtime = SimPyRuntime()
+    store = MemoryStore()
+    provs = {
+        "tts": ScriptedProvider(runtime, name="tts", latency_s=1.0, script={"first:1": ["invalid"]}),
+        "tts_backup": ScriptedProvider(runtime, name="tts_backup", latency_s=2.0),
+    }
+
+    async def main():
+        before = make(runtime, store, provs, specs=(FALLBACK_SPEC,))
+        before.submit_job(FALLBACK_SPEC, {"x": 1}, job_id="j")
+        await runtime.sleep(2.0)
+        while_falling_back = store.get_job("j")
+        await runtime.sleep(1.5)
+        before.crash()
+        assert store.get_job("j").status is JobStatus.SUCCEEDED
+        store.update_job(while_falling_back)
+        after = make(runtime, store, provs, specs=(FALLBACK_SPEC,))
+        await after.recover()
+        await after.join()
+        return while_falling_back, after.jobs.get("j")
+
+    while_falling_back, job = runtime.run(main())
+    assert while_falling_back.status is JobStatus.RUNNING and len(while_falling_back.stage_tasks["tts"]) == 2
+    assert job.status is JobStatus.SUCCEEDED and job.results == {"tts": {"output": "done:first:1"}}
+    assert job.finished_at == pytest.approx(3.5)  # at the restart: nothing ran again
+    assert (len(provs["tts"].calls), len(provs["tts_backup"].calls)) == (1, 1)

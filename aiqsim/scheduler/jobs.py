@@ -46,8 +46,10 @@ was (tasks resumed by task recovery are waited for, ended ones count as they end
 that recovery failed as interrupted fails the job and is not sent again); the others are submitted
 again, so finished ones dedup, in-flight ones are waited for, and only the rest run. A job whose spec
 (name, version) is not registered, or whose registered spec no longer matches the job's key,
-ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash is
-tried on its primary again (a poison input is remembered and not sent twice).
+ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash goes
+on with its fallback tasks (its failed primaries are not sent again), unless a fallback task was not
+stored before the crash: then the stage is submitted again on its primary (a poison input is
+remembered and not sent twice).
 
 Retries: a stage's ``retry`` policy replaces the scheduler's for its tasks (in this process; a
 stage task resumed from the store by ``recover()`` runs under the scheduler's policy).
@@ -174,6 +176,8 @@ class _StagePhase:
     fallback: bool = False
     launching: bool = False
     primary_error: str | None = None
+    outcomes_replaced: set[int] = field(default_factory=set)
+    """Elements whose fallback task was picked up by recovery: their primary's outcome is not theirs."""
 
 
 @dataclass(eq=False)
@@ -608,15 +612,17 @@ class Jobs:
 
         Only when the record names one task per payload, each stored and either live here (resumed
         by task recovery: waited for) or ended (counted as it ended, as :meth:`task_finished` would
-        have: an orphan failed as interrupted fails the stage and is not sent again). Otherwise (no
-        tasks yet, a task not stored before the crash, one left undecided or held elsewhere, or a
-        fallback under way) returns False: the stage is submitted again and the task keys sort out
-        what already ran. A stored task whose key is not the rebuilt payload's means the stage's
-        ``build`` is not deterministic: the stored tasks are followed (nothing is sent twice) and a
+        have: an orphan failed as interrupted fails the stage and is not sent again), and, for a
+        stage that had failed over, after them one fallback task per failed one, each stored too:
+        the fallback is picked up where it was (its primary is not sent again). Otherwise (no tasks
+        yet, a task not stored before the crash, one left undecided or held elsewhere) returns
+        False: the stage is submitted again and the task keys sort out what already ran. A stored
+        task whose key is not the rebuilt payload's means the stage's ``build`` is not
+        deterministic: the stored tasks are followed (nothing is sent twice) and a
         ``"rebuilt_differently"`` :class:`StageEvent` and an anomaly say so.
         """
         task_ids = list(recorded)
-        if not task_ids or len(task_ids) != len(payloads):
+        if not task_ids or len(task_ids) < len(payloads):
             return False
         live = self.scheduler._live
         stored: list[TaskRecord] = []
@@ -625,6 +631,10 @@ class Jobs:
             if record is None or (task_id not in live and not record.status.is_terminal):
                 return False
             stored.append(record)
+        stored, fallback_tasks = stored[: len(payloads)], stored[len(payloads) :]
+        task_ids = task_ids[: len(payloads)]
+        if fallback_tasks and not self._resume_fallback(run, phase, stored, fallback_tasks):
+            return False
         ended = {record.id: record for record in stored if record.id not in live}
         stage = phase.stage
         try:
@@ -644,6 +654,8 @@ class Jobs:
                 "task(s) were submitted with, which were followed (is its build function deterministic?)",
             )
         for index, task_id in enumerate(task_ids):
+            if phase.fallback and index in phase.outcomes_replaced:
+                continue  # its fallback task's outcome stands for it (_resume_fallback)
             if task_id in ended:
                 phase.outcomes[index] = ended[task_id]
             else:
@@ -651,6 +663,32 @@ class Jobs:
                 run.task_ids.append(task_id)
         if not phase.pending:
             self._phase_done(run, phase)
+        return True
+
+    def _resume_fallback(
+        self, run: _JobRun, phase: _StagePhase, primaries: list[TaskRecord], fallbacks: list[TaskRecord]
+    ) -> bool:
+        """The stage had failed over before the crash: ``primaries`` (all ended) are followed by one
+        fallback task per failed primary, in element order, as :meth:`_phase_done` submitted them.
+        Put the phase in its fallback state, each failed element waiting on (or holding the
+        outcome of) its fallback task. False when the stored tasks are not that shape."""
+        live = self.scheduler._live
+        failed = [index for index, record in enumerate(primaries) if not _succeeded(record)]
+        if (
+            phase.stage.fallback_stage() is None
+            or len(failed) != len(fallbacks)
+            or any(record.id in live for record in primaries)
+        ):
+            return False
+        phase.fallback = True
+        phase.primary_error = _error_of(primaries[failed[0]])
+        for index, record in zip(failed, fallbacks, strict=True):
+            phase.outcomes_replaced.add(index)
+            if record.id in live:
+                phase.pending[record.id] = index
+                run.task_ids.append(record.id)
+            else:
+                phase.outcomes[index] = record
         return True
 
     def _submit_phase(
