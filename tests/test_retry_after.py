@@ -236,3 +236,23 @@ def test_the_clock_free_calendar_agrees_with_datetime(whole_s: int, fraction_s: 
     epoch_s = whole_s + fraction_s  # fractions datetime holds exactly (it rounds to microseconds)
     moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=whole_s)
     assert _utc_date(epoch_s) == (moment.year, moment.month, moment.day)
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Thu, 01 Jan 0030 00:00:00 GMT", "Sat, 01 Jan 0050 00:00:00 -0000", "Fri Jan  1 00:00:00 0068"],
+)
+def test_a_four_digit_year_below_100_is_that_year_not_this_century(header: str) -> None:
+    """RFC 9110's dates have a 4DIGIT year; email.utils reads 0000-0099 as two-digit years (0030 ->
+    2030, CPython gh-126845): a garbage date in the past became a wait of years."""
+    assert parse_retry_after(header, NOW) == 0.0
+
+
+@given(year=st.integers(min_value=1, max_value=9999), seconds=st.integers(min_value=0, max_value=86399))
+def test_an_imf_fixdate_of_any_four_digit_year_is_that_instant(year: int, seconds: int) -> None:
+    from aiqsim.core.retry_after import http_date_epoch
+
+    day = datetime(year, 3, 1, tzinfo=UTC) + timedelta(seconds=seconds)
+    header = f"{day:%a}, 01 Mar {year:04d} {day:%H:%M:%S} GMT"
+    expected = (day - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()
+    assert http_date_epoch(header, NOW) == expected

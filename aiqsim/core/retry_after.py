@@ -22,6 +22,10 @@ for a float) mean "far in the future", not "unparseable", so they are clamped he
 _RFC850_DATE = re.compile(r"[A-Za-z]+,[ \t]*[0-9]{1,2}-[A-Za-z]{3}-([0-9]{2})[ \t]")
 """The start of an obsolete RFC 850 date (``Sunday, 06-Nov-94 08:49:37 GMT``): its two-digit year."""
 
+_FOUR_DIGIT_YEAR = re.compile(r"(?<![0-9:+-])([0-9]{4})(?![0-9:])")
+"""The year of an IMF-fixdate or asctime date (``4DIGIT``): a four-digit number that is no part of
+the time of day and no numeric zone (``-0000``)."""
+
 _OWS = " \t"
 """HTTP optional whitespace (RFC 9110 §5.6.3): only SP and HTAB are trimmed, not Unicode spaces."""
 
@@ -96,7 +100,8 @@ def http_date_epoch(text: str, now_epoch_s: float) -> float | None:
     as :func:`email.utils.parsedate_tz` reads them; a date without a zone (asctime, or ``-0000``)
     is UTC, as every HTTP date is. A leap second (``23:59:60``, which RFC 9110 takes from RFC 5322
     §3.3) is the second after ``23:59:59``. An RFC 850 date's two-digit year is read relative to
-    ``now_epoch_s`` (:func:`rfc850_year`); the other forms do not depend on it.
+    ``now_epoch_s`` (:func:`rfc850_year`); the other forms do not depend on it, and their four-digit
+    year is the one written (``0030`` is the year 30, in the past).
     """
     parsed = parsedate_tz(text)
     if parsed is None:
@@ -111,7 +116,13 @@ def http_date_epoch(text: str, now_epoch_s: float) -> float | None:
         two_digit_year = _RFC850_DATE.match(text)
         if two_digit_year is not None:
             year = rfc850_year(int(two_digit_year.group(1)), fields, offset_s, now_epoch_s)
-        elif not _is_date(year, fields):  # refuses what is not a date: 31 Nov, hour 24, second 61
+        else:
+            four_digits = _FOUR_DIGIT_YEAR.search(text)
+            if four_digits is not None:  # as written: parsedate_tz reads 0030 as 2030 (CPython gh-126845)
+                year = int(four_digits.group(1))
+        if two_digit_year is None and not _is_date(
+            year, fields
+        ):  # refuses what is not a date: 31 Nov, hour 24, second 61
             return None
     except (TypeError, ValueError, OverflowError):
         return None

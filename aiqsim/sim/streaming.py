@@ -130,7 +130,8 @@ class RelativeErrorHistogram:
     The DDSketch bucket mapping: a positive value ``x`` goes to bucket ``ceil(log_gamma(x))`` with
     ``gamma = (1 + a) / (1 - a)``, whose representative ``2 gamma^i / (gamma + 1)`` is within ``a`` of
     every value in it (relative). Zero is counted exactly; negative values mirror the positive ones.
-    Memory is the number of occupied buckets (~7,000 for 1 ms .. 1e4 s at a = 0.1%), not the values.
+    Memory is the number of occupied buckets, not the values: ~8,100 for 1 ms .. 1e4 s at a = 0.1%
+    (``ln(1e7) / ln(gamma)``).
 
     :meth:`percentile` interpolates between the two order statistics around rank ``(n - 1) q / 100``
     like ``numpy.percentile``'s default (``linear``) method, so for non-negative values it is within
