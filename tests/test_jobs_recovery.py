@@ -313,3 +313,60 @@ def test_a_fallback_that_ended_before_the_crash_gives_the_stage_its_result_witho
     assert job.status is JobStatus.SUCCEEDED and job.results == {"tts": {"output": "done:first:1"}}
     assert job.finished_at == pytest.approx(3.5)  # at the restart: nothing ran again
     assert (len(provs["tts"].calls), len(provs["tts_backup"].calls)) == (1, 1)
+
+
+def test_an_interrupted_primary_is_not_sent_to_the_fallback_either() -> None:
+    """The primary's call was in flight at the crash (t = 0.5 of 1 s) and the provider has no lookup:
+    recovery fails it as interrupted, since it may have been done and billed. The re-drive used to
+    take that failure as the primary's and send the stage to its fallback: billed on both providers."""
+    runtime = SimPyRuntime()
+    store = MemoryStore()
+    provs = {
+        "tts": ScriptedProvider(runtime, name="tts", latency_s=1.0),
+        "tts_backup": ScriptedProvider(runtime, name="tts_backup", latency_s=1.0),
+    }
+
+    async def main():
+        before = make(runtime, store, provs, specs=(FALLBACK_SPEC,))
+        before.submit_job(FALLBACK_SPEC, {"x": 1}, job_id="j")
+        await runtime.sleep(0.5)
+        before.crash()
+        after = make(runtime, store, provs, specs=(FALLBACK_SPEC,))
+        report = await after.recover()
+        await after.join()
+        return report, after.jobs.get("j")
+
+    report, job = runtime.run(main())
+    assert report.orphans_failed == 1
+    assert job.status is JobStatus.FAILED and job.failed_stage == "tts"
+    assert job.error.startswith("stage 'tts' failed: TaskInterruptedError")
+    assert (len(provs["tts"].calls), len(provs["tts_backup"].calls)) == (1, 0)
+
+
+def test_the_crash_kit_finds_no_stage_billed_on_both_providers() -> None:
+    """The review's schedule (a fallback stage, a slow primary, other writes while it is in flight),
+    crashed after every store write by the kit users run on their own code."""
+    from aiqsim.testing import CrashDriver
+    from aiqsim.testing.options import CrashOptions
+
+    def build(inputs, results):
+        return {"input": inputs["x"], "prompt_units": 5, "output_units": 100}
+
+    spec = JobSpec("one", "1", [Stage("s", "primary", build=build, fallback="backup")])
+
+    def providers(world):
+        return [
+            world.simulated_provider("primary", supports_lookup=False, latency_base_s=2.0),
+            world.simulated_provider("backup", supports_lookup=False),
+            world.simulated_provider("other", supports_lookup=False, latency_base_s=0.1),
+        ]
+
+    async def scenario(life):
+        life.submit_job(spec, {"x": "doc"}, job_id="j")
+        for n in range(3):
+            await life.runtime.sleep(0.3)
+            life.submit("other", {"input": f"o{n}", "prompt_units": 1, "output_units": 1}, task_id=f"o{n}")
+        await life.join()
+
+    report = CrashDriver(CrashOptions(seeds=(0, 1))).run(scenario, providers=providers, jobs=[spec])
+    assert report.cases >= 10

@@ -43,9 +43,9 @@ or :meth:`Jobs.register`; specs passed to ``submit_job`` are registered too). ``
 first reconciles the tasks as always, then re-drives every unfinished job it adopts: stages whose
 results the job record holds are done; a stage whose tasks are all stored is picked up where it
 was (tasks resumed by task recovery are waited for, ended ones count as they ended: a stage task
-that recovery failed as interrupted fails the job and is not sent again); the others are submitted
-again, so finished ones dedup, in-flight ones are waited for, and only the rest run. A job whose spec
-(name, version) is not registered, or whose registered spec no longer matches the job's key,
+that recovery failed as interrupted fails the job and is not sent again, nor to the stage's
+fallback); the others are submitted again, so finished ones dedup, in-flight ones are waited for,
+and only the rest run. A job whose spec (name, version) is not registered, or whose registered spec no longer matches the job's key,
 ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash goes
 on with its fallback tasks (its failed primaries are not sent again), unless a fallback task was not
 stored before the crash: then the stage is submitted again on its primary (a poison input is
@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiqsim.core.errors import ConfigurationError, SchedulingError, StoreError
-from aiqsim.core.failures import describe_error
+from aiqsim.core.failures import TaskInterruptedError, describe_error
 from aiqsim.core.fingerprint import FingerprintError, fingerprint
 from aiqsim.core.job import JobRecord, JobStatus, job_failure_message, job_transition, stage_status
 from aiqsim.core.task import (
@@ -794,7 +794,10 @@ class Jobs:
             return
         failed = [i for i, record in enumerate(phase.outcomes) if record is None or not _succeeded(record)]
         fallback = stage.fallback_stage()
-        if failed and fallback is not None and not phase.fallback:
+        # an orphan recovery failed as interrupted may have been done and billed: sending its work
+        # to the fallback would bill the stage twice, as sending it again would (recover() docs)
+        interrupted = any(_interrupted(phase.outcomes[i]) for i in failed)
+        if failed and fallback is not None and not phase.fallback and not interrupted:
             phase.primary_error = _error_of(phase.outcomes[failed[0]])
             try:
                 if fallback.build is None:
@@ -1000,6 +1003,16 @@ def stage_task_key(stage: Stage, payload: Any) -> str:
 
 def _error_of(record: TaskRecord | None) -> str:
     return "the task never started" if record is None else str(record.error)
+
+
+def _interrupted(record: TaskRecord | None) -> bool:
+    """A stage task that ``recover()`` failed as interrupted: its call was in flight when the process
+    stopped, and may have been done (and billed) without its answer being kept."""
+    return record is not None and record.error is not None and record.error.startswith(_INTERRUPTED)
+
+
+_INTERRUPTED = f"{TaskInterruptedError.__name__}:"
+"""How the error of a task recovery failed as interrupted begins (``describe_error``)."""
 
 
 def _succeeded(record: TaskRecord) -> bool:

@@ -231,8 +231,9 @@ def check_job_stages_billed_once(
                 lines.append(
                     f"job {job.id!r} ({job.name}) stage {stage!r} was executed under {len(billed)} "
                     f"different keys for {elements} element(s) ({', '.join(repr(k[:12]) for k in billed)}): "
-                    "its payload was built differently after the restart; "
-                    "is its build function deterministic?"
+                    "its payload was built differently after the restart (is its build function "
+                    "deterministic?), or it was sent to its fallback after a call that was done "
+                    "but whose answer was lost"
                 )
                 offenders.append(job.id)
     if lines:
