@@ -45,8 +45,8 @@ results the job record holds are done; a stage whose tasks are all stored is pic
 was (tasks resumed by task recovery are waited for, ended ones count as they ended: a stage task
 that recovery failed as interrupted fails the job and is not sent again, nor to the stage's
 fallback); the others are submitted again, so finished ones dedup, in-flight ones are waited for,
-and only the rest run. A job whose spec (name, version) is not registered, or whose registered spec no longer matches the job's key,
-ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash goes
+and only the rest run. A job whose spec (name, version) is not registered, or whose registered
+spec no longer matches the job's key, ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash goes
 on with its fallback tasks (its failed primaries are not sent again), unless a fallback task was not
 stored before the crash: then the stage is submitted again on its primary (a poison input is
 remembered and not sent twice).
