@@ -46,10 +46,10 @@ was (tasks resumed by task recovery are waited for, ended ones count as they end
 that recovery failed as interrupted fails the job and is not sent again, nor to the stage's
 fallback); the others are submitted again, so finished ones dedup, in-flight ones are waited for,
 and only the rest run. A job whose spec (name, version) is not registered, or whose registered
-spec no longer matches the job's key, ends ``failed`` with that reason. A stage that had failed over to its fallback before the crash goes
-on with its fallback tasks (its failed primaries are not sent again), unless a fallback task was not
-stored before the crash: then the stage is submitted again on its primary (a poison input is
-remembered and not sent twice).
+spec no longer matches the job's key, ends ``failed`` with that reason. A stage that had failed
+over to its fallback before the crash goes on with its fallback tasks (its failed primaries are not
+sent again), unless a fallback task was not stored before the crash: then the stage is submitted
+again on its primary (a poison input is remembered and not sent twice).
 
 Retries: a stage's ``retry`` policy replaces the scheduler's for its tasks (in this process; a
 stage task resumed from the store by ``recover()`` runs under the scheduler's policy).
