@@ -7,6 +7,7 @@ file) is recovered from silently and safely.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
 import subprocess
@@ -369,7 +370,57 @@ def test_sqlite_bad_file_is_refused_untouched(
 def test_sqlite_unreadable_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "tasks.sqlite"
     path.mkdir()
-    assert_refused_untouched(tmp_path, lambda: SqliteStore(path), str(path), "cannot be read")
+    assert_refused_untouched(
+        tmp_path, lambda: SqliteStore(path), str(path), "is a directory, not a regular file"
+    )
+
+
+@pytest.mark.parametrize("side", ["", "-wal"])
+def test_a_fifo_as_the_store_or_its_wal_is_refused_not_waited_on(sqlite_path: Path, side: str) -> None:
+    """open() on a FIFO waits for a writer: SqliteStore hung for ever on one."""
+    target = Path(f"{sqlite_path}{side}")
+    target.unlink(missing_ok=True)
+    os.mkfifo(target)
+    assert_refused_untouched(
+        sqlite_path.parent, lambda: SqliteStore(sqlite_path), "is a FIFO, not a regular file"
+    )
+
+
+def test_a_rollback_journal_beside_the_store_is_refused_and_kept(sqlite_path: Path) -> None:
+    """The store writes in WAL mode and leaves no -journal; SQLite deleted (or played back) one found
+    beside it on the first read, so whatever another program left there was gone."""
+    Path(f"{sqlite_path}-journal").write_bytes(b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7" + bytes(504))
+    assert_refused_untouched(sqlite_path.parent, lambda: SqliteStore(sqlite_path), "rollback journal")
+
+
+@pytest.mark.parametrize(
+    ("rebuild", "expected"),
+    [
+        (
+            "ALTER TABLE keys RENAME TO keys_old; CREATE TABLE keys (key TEXT, owner_id TEXT); "
+            "INSERT INTO keys SELECT * FROM keys_old; DROP TABLE keys_old",
+            "table 'keys': column 'key' is neither its primary key nor unique",
+        ),
+        (
+            "ALTER TABLE tasks RENAME TO tasks_old; CREATE VIEW tasks AS SELECT * FROM tasks_old",
+            "'tasks' is a view, not a table",
+        ),
+    ],
+    ids=["keys-without-primary-key", "tasks-as-a-view"],
+)
+def test_a_store_rebuilt_without_its_constraints_is_refused_untouched(
+    sqlite_path: Path, rebuild: str, expected: str
+) -> None:
+    """Right table and column names, no uniqueness: it opened, was switched to WAL (its bytes
+    changed), and every claim then failed with a raw SQL error inside a StoreWriteError; a keys
+    table without its primary key could not keep a key to one run."""
+    conn = sqlite3.connect(sqlite_path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = DELETE")
+        conn.executescript(f"BEGIN; {rebuild}; COMMIT;")
+    finally:
+        conn.close()
+    assert_refused_untouched(sqlite_path.parent, lambda: SqliteStore(sqlite_path), expected, "left untouched")
 
 
 def test_sqlite_invalid_row_read_later_is_still_reported(sqlite_path: Path) -> None:

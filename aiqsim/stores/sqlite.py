@@ -76,6 +76,7 @@ import contextlib
 import glob
 import os
 import sqlite3
+import stat
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -242,6 +243,16 @@ def _text_columns(version: int) -> tuple[str, ...]:
     return _TEXT_COLUMNS_V1 + (("worker",) if version >= 2 else ())
 
 
+def _not_a_regular_file(path: Path) -> str | None:
+    """What ``path`` is when it exists and is no regular file (``"a FIFO"``, ``"a directory"``...),
+    after following symlinks; ``None`` for a regular file. Raises ``FileNotFoundError`` if absent."""
+    mode = path.stat().st_mode
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "a device")
+
+
 def _access(path: Path, mode: int) -> bool:
     """``os.access`` with the effective ids where the platform allows it (setuid-safe)."""
     return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
@@ -255,6 +266,35 @@ _BAD_POISON = f"""
 SELECT key FROM poison
 WHERE typeof(key) != 'text' OR typeof(error) != 'text' OR typeof(recorded_at) NOT IN {_NUMBER} LIMIT 1
 """
+
+
+_UNIQUE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "tasks": ("seq", "id"),
+    "keys": ("key",),
+    "poison": ("key",),
+    "jobs": ("seq", "id"),
+    "job_keys": ("key",),
+}
+"""The columns each table must keep unique (a primary key or a unique index), as :data:`SCHEMA` makes them."""
+
+
+def _missing_constraint(conn: sqlite3.Connection, version: int) -> str | None:
+    """What the file lacks of the schema's tables and uniqueness (``None``: nothing): a table that is
+    a view, or a column the store writes with ``ON CONFLICT`` or looks records up by that is not
+    unique. Read-only: ``sqlite_master`` and the ``table_info`` / ``index_list`` pragmas."""
+    for table in expected_tables(version):
+        kind = conn.execute("SELECT type FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+        if kind is None or kind[0] != "table":
+            return f"{table!r} is a {kind[0] if kind else 'missing object'}, not a table"
+        primary = [row[1] for row in conn.execute(f"PRAGMA table_info({table})") if row[5]]
+        unique = {tuple(primary)}
+        for index in conn.execute(f"PRAGMA index_list({table})").fetchall():
+            if index[2]:  # unique
+                unique.add(tuple(row[2] for row in conn.execute(f"PRAGMA index_info({index[1]!r})")))
+        for column in _UNIQUE_COLUMNS[table]:
+            if (column,) not in unique:
+                return f"table {table!r}: column {column!r} is neither its primary key nor unique"
+    return None
 
 
 class SqliteStore:
@@ -394,6 +434,9 @@ class SqliteStore:
         the size is then left to ``integrity_check``.
         """
         try:
+            kind = _not_a_regular_file(self.path)
+            if kind is not None:  # open() would wait for ever on a FIFO's writer
+                raise self._corrupt(f"is {kind}, not a regular file; expected an SQLite task store")
             with open(self.path, "rb") as handle:
                 header = handle.read(SQLITE_HEADER_SIZE)
                 size = os.fstat(handle.fileno()).st_size
@@ -435,6 +478,15 @@ class SqliteStore:
         once two reads in a row return the same bytes; a file that keeps changing is in live use,
         and its writer, not this open, decides what it holds.
         """
+        journal = Path(f"{self.path}-journal")
+        if journal.is_symlink() or journal.exists():
+            # The store writes in WAL mode, so it leaves no rollback journal. SQLite would play a hot
+            # one back into the file (or delete it) on the first read: refused before that happens.
+            raise self._corrupt(
+                f"a rollback journal {journal} is beside it, which aiqsim's WAL-mode store never "
+                "leaves; another program wrote to this file. Nothing was opened or played back; move "
+                "the journal away only if you know the file is whole without it"
+            )
         wal = Path(f"{self.path}-wal")
         data = self._read_wal(wal)
         for _ in range(_WAL_READS):
@@ -451,6 +503,9 @@ class SqliteStore:
 
     def _read_wal(self, wal: Path) -> bytes:
         try:
+            kind = _not_a_regular_file(wal)
+            if kind is not None:
+                raise self._corrupt(f"its write-ahead log {wal} is {kind}, not a regular file")
             return wal.read_bytes()
         except FileNotFoundError:
             return b""
@@ -509,6 +564,13 @@ class SqliteStore:
                 found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
                 if found != expected:
                     raise self._corrupt(f"table {table!r} has columns {found}, expected {expected}")
+            missing = _missing_constraint(conn, version)
+            if missing is not None:
+                raise self._corrupt(
+                    f"{missing}: the store's claims rely on it (a key runs once). Not an aiqsim task "
+                    "store, or one rebuilt without its constraints; restore a backup or copy its rows "
+                    "into a store aiqsim creates"
+                )
             if not full:
                 return version
             check = [row[0] for row in conn.execute("PRAGMA integrity_check")]
