@@ -101,6 +101,7 @@ class Run:
     crashes: int = 0
     incarnation: int = 0
     down: bool = False
+    recovering: bool = False
     backlog: list[tuple[float, str, str, Priority]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -173,10 +174,13 @@ class Run:
         self.raw_store = self._open_store()
         self.scheduler = self._new_scheduler()
         self.down = False
+        self.recovering = True  # recover() awaits its lookups: the run is not over meanwhile
         try:
             await self.scheduler.recover()
         except SimulatedCrash:
             return  # crashed again while recovering: the next restart takes over
+        finally:
+            self.recovering = False
         backlog, self.backlog = self.backlog, []
         for arrival in backlog:
             self._offer(*arrival)
@@ -196,7 +200,7 @@ class Run:
         for at, job_id, clip, priority in ARRIVALS:
             await self.runtime.sleep(max(0.0, at - self.runtime.now()))
             self._offer(at, job_id, clip, priority)
-        while self.down or self.scheduler.jobs.in_flight or self.scheduler.in_flight:
+        while self.down or self.recovering or self.scheduler.jobs.in_flight or self.scheduler.in_flight:
             await self.runtime.sleep(0.5)
 
     def execute(self) -> Run:

@@ -112,16 +112,66 @@ def test_lookup_retries_back_off_on_the_runtime_clock_and_a_hung_lookup_times_ou
 
     report = runtime.run(body())
     assert report.undecided == ("broken", "hung")
-    # broken: at 0, 2, 4; hung: three 5 s timeouts with 2 s between them, from t=4
-    assert provider.lookup_times == [
+    # looked up side by side: broken at 0, 2, 4; hung: three 5 s timeouts with 2 s between them
+    assert sorted(provider.lookup_times) == [
         (0.0, "key-broken"),
+        (0.0, "key-hung"),
         (2.0, "key-broken"),
         (4.0, "key-broken"),
-        (4.0, "key-hung"),
-        (11.0, "key-hung"),
-        (18.0, "key-hung"),
+        (7.0, "key-hung"),
+        (14.0, "key-hung"),
     ]
-    assert runtime.now() == 23.0
+    assert runtime.now() == 19.0
+
+
+@pytest.mark.parametrize(("concurrency", "took_s"), [(1, 40 * 5.0), (16, 3 * 5.0), (64, 5.0)])
+def test_hung_lookups_hold_a_restart_for_one_timeout_per_round_of_concurrency(
+    concurrency: int, took_s: float
+) -> None:
+    """recover() looked orphans up one after another: a provider whose lookups hung held the restart
+    for orphans x attempts x timeout_s (32 min for 16 orphans with the defaults). 40 orphans, one
+    5 s attempt each: ceil(40 / concurrency) rounds of 5 s."""
+    runtime = SimPyRuntime()
+    ids = [f"o{n:02d}" for n in range(40)]
+    store = store_with_orphans(*ids)
+    provider = FlakyLookups(runtime, done={}, failures={f"key-{i}": "hang" for i in ids})
+    scheduler = Scheduler(runtime, [provider], store=store)
+    retry = LookupRetry(attempts=1, timeout_s=5.0, concurrency=concurrency)
+
+    report = runtime.run(scheduler.recover(lookup_retry=retry))
+    assert runtime.now() == took_s
+    assert report.undecided == tuple(ids)  # in the store's order, whatever order they answered in
+    assert sorted(key for _, key in provider.lookup_times) == sorted(f"key-{i}" for i in ids)
+
+
+def test_recovery_cancelled_during_its_lookups_stops_them_all() -> None:
+    runtime = SimPyRuntime()
+    ids = [f"o{n}" for n in range(5)]
+    store = store_with_orphans(*ids)
+    stopped: list[str] = []
+
+    class Hangs(FlakyLookups):
+        async def lookup(self, key: str):
+            try:
+                return await super().lookup(key)
+            except BaseException:
+                stopped.append(key)
+                raise
+
+    provider = Hangs(runtime, done={}, failures={f"key-{i}": "hang" for i in ids})
+    scheduler = Scheduler(runtime, [provider], store=store)
+
+    async def body():
+        recovery = runtime.spawn(scheduler.recover(lookup_retry=LookupRetry(attempts=1, timeout_s=None)))
+        await runtime.sleep(1.0)
+        recovery.cancel()
+        await runtime.sleep(1.0)
+        return recovery
+
+    recovery = runtime.run(body())
+    assert recovery.cancelled()
+    assert sorted(stopped) == sorted(f"key-{i}" for i in ids)  # no lookup left hanging
+    assert all(store.get(i).status is TaskStatus.RUNNING for i in ids)  # nothing decided, nothing written
 
 
 def test_a_second_recover_decides_what_the_first_left_undecided() -> None:
@@ -146,6 +196,9 @@ def test_lookup_retry_checks_its_bounds() -> None:
         LookupRetry(attempts=0)
     with pytest.raises(ConfigurationError, match="timeout_s"):
         LookupRetry(timeout_s=0)
+    for concurrency in (0, 1.5, True, None):
+        with pytest.raises(ConfigurationError, match="concurrency must be an integer >= 1"):
+            LookupRetry(concurrency=concurrency)
 
 
 @pytest.mark.parametrize("answer", [{"result": "a dict"}, "text", 42])

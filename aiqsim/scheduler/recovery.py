@@ -17,7 +17,7 @@ from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgument
 from aiqsim.scheduler.claims import SHARED_ENDINGS
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.provider import ProviderResponse, SupportsLookup
-from aiqsim.scheduler.recovery_lookup import LookupRetry, lookup_with_retries
+from aiqsim.scheduler.recovery_lookup import LookupRetry, lookup_all
 from aiqsim.scheduler.store_writes import persist
 
 
@@ -120,16 +120,27 @@ class Recovery:
         undecided: list[str] = []
         retry = lookup_retry if lookup_retry is not None else LookupRetry()
         me = self.worker_id
+        orphans: list[TaskRecord] = []
         for orphan in self.store.list_by_status(TaskStatus.RUNNING):
             if orphan.id in self._live or orphan.id in unknown:
                 continue  # running here, in this process (not an orphan), or not ours to run
             if not ours(orphan):
                 left += 1
                 continue
-            lane = self._lanes.get(orphan.provider)
+            orphans.append(orphan)
+        looked_up = [orphan for orphan in orphans if use_lookup and self._lookup_of(orphan) is not None]
+        lookups = [(self._lookup_of(orphan), orphan.key) for orphan in looked_up]
+        outcomes = dict(
+            zip(
+                (orphan.id for orphan in looked_up),
+                await lookup_all(self.runtime, lookups, retry, self.rng),  # type: ignore[arg-type]
+                strict=True,
+            )
+        )
+        for orphan in orphans:  # in the store's order, whatever order the lookups answered in
             response: ProviderResponse | None = None
-            if use_lookup and lane is not None and isinstance(lane.provider, SupportsLookup):
-                outcome = await lookup_with_retries(self.runtime, lane.provider, orphan.key, retry, self.rng)
+            outcome = outcomes.get(orphan.id)
+            if outcome is not None:
                 if not outcome.decided:
                     undecided.append(orphan.id)
                     continue
@@ -195,6 +206,13 @@ class Recovery:
         return RecoveryReport(
             completed, failed, requeued, resumed, reattached, left, len(unknown), tuple(undecided), settled
         )
+
+    def _lookup_of(self, orphan: TaskRecord) -> SupportsLookup | None:
+        """The provider that can say whether it did ``orphan``'s work, if its provider can."""
+        lane = self._lanes.get(orphan.provider)
+        if lane is not None and isinstance(lane.provider, SupportsLookup):
+            return lane.provider
+        return None
 
     def _unknown_provider_tasks(self, ours: Callable[[TaskRecord], bool]) -> dict[str, TaskRecord]:
         """Running and queued tasks that recovery would adopt but that name no provider of ours."""
