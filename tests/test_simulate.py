@@ -218,3 +218,60 @@ def test_a_simulated_durable_store_skips_fsync_yet_holds_every_task_when_the_run
         assert (opened.synchronous == "OFF") if kind == "sqlite" else (opened.fsync is False)
     finally:
         opened.close()
+
+
+BILLED_AFTER_THE_CLIENT_GAVE_UP = """
+[scenario]
+name = "slow-server"
+seed = 1
+duration_s = 20.0
+drain_s = 2000.0
+
+[[providers]]
+name = "p"
+latency_base_s = 30.0
+latency_per_unit_s = 0.0
+latency_sigma = 0.0
+price_per_1k_units = 2.0
+
+[quotas.p]
+concurrency = 1000
+
+[retry]
+strategy = "constant"
+base_s = 0.5
+cap_s = 30.0
+max_attempts = 3
+attempt_timeout_s = 10.0
+
+[dispatch]
+background_limit = "none"
+interactive_limit = "none"
+
+[[workloads]]
+type = "poisson"
+provider = "p"
+rate_per_s = 2.0
+[workloads.cost]
+dist = "fixed"
+mean = 500
+"""
+
+
+@pytest.mark.parametrize("records", ["full", "summary"])
+def test_calls_the_server_finishes_after_the_last_task_ended_are_billed(tmp_path: Path, records: str) -> None:
+    """Every call takes 30 s server-side and the client gives up after 10 s: each task sends three,
+    each done and billed (1.0 apiece). The run stopped when the last task failed, before the server
+    finished its last calls: ~half of the billed calls were missing from attempts, billed_calls and
+    cost_total (found by a review against known answers)."""
+    path = tmp_path / "slow.toml"
+    path.write_text(BILLED_AFTER_THE_CLIENT_GAVE_UP)
+    result = simulate(path, seed=3, records=records)
+    s = result.summary
+    tasks = s["tasks_submitted"]
+    assert tasks > 20 and s["tasks_failed"] == tasks
+    assert s["attempts"] == s["billed_calls"] == 3 * tasks
+    assert s["cost_total"] == pytest.approx(3.0 * tasks)
+    # the run still ends when its last task did (arrival + 3 x 10 s + 2 x 0.5 s), not when the server's
+    # last call does (20 s later)
+    assert s["sim_time_s"] < 20.0 + 31.0 + 1e-9

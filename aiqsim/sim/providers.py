@@ -555,6 +555,9 @@ class SimulatedProvider:
         self._unit_window = _SlidingWindow(upm) if upm is not None else None
         self._in_flight: dict[str, list[Future[Any]]] = {}
         """Keys with a (non-poison) execution running -> futures of those waiting for its result."""
+        self.server_work = 0
+        """Server-side work accepted and not yet done (the client may have given up on it)."""
+        self._server_idle: list[Future[Any]] = []
 
     def _draws(self, request: ProviderRequest) -> _Draws:
         key = request.idempotency_key
@@ -727,8 +730,37 @@ class SimulatedProvider:
         """
         runtime = self.runtime
         answer: Future[Any] = runtime.create_future()
-        runtime.call_later(delay, partial(_hand_over, work, answer), name=f"{self.name}-server")
+        self.server_work += 1
+        runtime.call_later(delay, partial(self._work_done, work, answer), name=f"{self.name}-server")
         return answer
+
+    def _work_done(self, work: Callable[[], Any], answer: Future[Any]) -> None:
+        """Server-side ``work``'s time has come: :func:`_hand_over` (inlined: once per call), then
+        count it done."""
+        self.server_work -= 1
+        if not self.server_work and self._server_idle:
+            waiters, self._server_idle = self._server_idle, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        try:
+            value = work()
+        except Exception as error:
+            if not answer.done():
+                answer.set_exception(error)
+            del answer  # the error's traceback holds this frame: no cycle back to the error through it
+        else:
+            if not answer.done():
+                answer.set_result(value)
+
+    async def finish_server_work(self) -> None:
+        """Wait until the work this provider accepted is done, answered or not: a call the client gave
+        up on (a timeout, a crash) still runs, is recorded and billed at its time. A simulation waits
+        for it once its tasks have ended, so that such calls count in its ledger."""
+        while self.server_work:
+            waiter: Future[Any] = self.runtime.create_future()
+            self._server_idle.append(waiter)
+            await waiter
 
     def _fail_after(
         self, request: ProviderRequest, job: SimJob, start: float, delay: float, outcome: Outcome

@@ -580,6 +580,8 @@ class _Run:
         self.crash_configs = {c.after_writes: c for c in scenario.crashes if c.after_writes is not None}
         self.incarnation = 0
         self.down = False
+        self.drained_at: float | None = None
+        """When the last task ended (and the run with it); None if the horizon cut the run first."""
         self.backlog: list[Arrival] = []
         self.torn_writes_recovered = 0
         self.changed = Signal(self.runtime)
@@ -903,6 +905,13 @@ class _Run:
                 )
                 runtime.spawn(watch, name="idle-watch")
             await self.changed.wait()
+        self.drained_at = runtime.now()
+        # Calls the clients gave up on (timed out, say) may still be running server-side: they are
+        # billed when they end, so the ledger waits for them (up to the horizon, as everything does).
+        for provider in self.providers:
+            finish = getattr(provider, "finish_server_work", None)
+            if finish is not None:
+                await finish()
 
     def execute(self) -> SimulationResult:
         horizon = self.scenario.duration_s + self.scenario.drain_s
@@ -910,7 +919,8 @@ class _Run:
             self.runtime.run(self._main(), until=horizon)
         except Cancelled:
             pass  # the main task was cut at the horizon: whatever is not terminal is reported lost
-        sim_time = self.runtime.now()
+        # the run ended when its last task did; the providers' leftover work only adds to the ledger
+        sim_time = self.drained_at if self.drained_at is not None else self.runtime.now()
         if self.down and self.durable:
             self.raw_store = self._open_store()  # the run ended while the process was down
         if self.streaming is not None:
