@@ -275,3 +275,17 @@ def test_calls_the_server_finishes_after_the_last_task_ended_are_billed(tmp_path
     # the run still ends when its last task did (arrival + 3 x 10 s + 2 x 0.5 s), not when the server's
     # last call does (20 s later)
     assert s["sim_time_s"] < 20.0 + 31.0 + 1e-9
+
+
+def test_a_crash_timer_the_run_never_reached_leaves_no_unawaited_coroutine() -> None:
+    """``--set scenario.duration_s=1e-300`` on the crash scenario printed "coroutine '_Run._crash_at'
+    was never awaited": the run ended before the timer's first step and nobody closed it."""
+    import gc
+    import warnings
+
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "crash_recovery.toml"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        simulate(scenario, seed=0, overrides={"scenario.duration_s": 1e-300})
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]

@@ -24,7 +24,7 @@ from aiqsim.core.failures import describe_error
 from aiqsim.core.task import Priority, TaskRecord
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
 from aiqsim.runtime.gc_tuning import relaxed_gc
-from aiqsim.runtime.protocol import Cancelled
+from aiqsim.runtime.protocol import Cancelled, TaskHandle
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.dispatch import dispatch_policy_from_name
@@ -844,15 +844,15 @@ class _Run:
     async def _main(self) -> None:
         runtime = self.runtime
         sampler = runtime.spawn(self._sample_quotas(), name="quota-sampler")
-        helpers = [sampler]
+        helpers: list[TaskHandle[Any]] = [sampler]
         if self.streaming is not None:
             helpers.append(runtime.spawn(self._purge_finished(), name="retention"))
         if self.progress is not None:
             helpers.append(runtime.spawn(self._report_progress(), name="progress"))
         try:
-            await self._feed_and_drain()
+            await self._feed_and_drain(helpers)
         finally:
-            for helper in helpers:
+            for helper in helpers:  # a crash timer that never started is closed, not left unawaited
                 helper.cancel()
 
     async def _purge_finished(self) -> None:
@@ -874,13 +874,14 @@ class _Run:
             self.progress(self.runtime.now(), horizon)
             await self.runtime.sleep(step)
 
-    async def _feed_and_drain(self) -> None:
+    async def _feed_and_drain(self, helpers: list[TaskHandle[Any]]) -> None:
+        """Offer every arrival at its time, then wait until every task has ended (crash timers
+        are added to ``helpers``: the run's end cancels them)."""
         runtime = self.runtime
         for crash in self.scenario.crashes:
             if crash.at_s is not None:
-                runtime.spawn(
-                    self._crash_at(crash.at_s, crash.restart_after_s, crash.torn_write), name="crash"
-                )
+                timer = self._crash_at(crash.at_s, crash.restart_after_s, crash.torn_write)
+                helpers.append(runtime.spawn(timer, name="crash"))
         feed: Iterable[Arrival | JobArrival]
         if self.streaming is not None:  # generated as the clock goes; calls before jobs at one instant
             feed = heapq.merge(
