@@ -198,6 +198,44 @@ def test_terminal_transitions_are_announced(postgres_dsn: str, schema: str) -> N
         assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
 
 
+@pytest.mark.parametrize("written", ["0", "\u00b2", "-1", " 3", ""])
+def test_a_schema_version_that_is_no_whole_number_from_1_is_refused_and_left_alone(
+    postgres_dsn: str, schema: str, written: str
+) -> None:
+    """'0' raised a bare KeyError (no migration from version 0) and '\u00b2' passed str.isdigit(), then
+    int() raised a bare ValueError: neither said the store was foreign."""
+    from aiqsim.stores.postgres import PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        store._conn.execute(f"UPDATE {schema}.meta SET value = %s WHERE name = 'schema_version'", (written,))
+    with pytest.raises(StoreCorruptError, match="no valid schema_version in meta"):
+        PostgresStore(postgres_dsn, schema=schema)
+    import psycopg
+
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute(f"SELECT value FROM {schema}.meta").fetchone() == (written,)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "secret"),
+    [
+        ("host=127.0.0.1 port=1 user=postgres password=S3cretPassw0rd dbname=aiqsim", "S3cretPassw0rd"),
+        ("postgresql://postgres:S3cr@tPassw0rd@127.0.0.1:1/aiqsim", "tPassw0rd"),
+        ("postgresql://postgres@127.0.0.1:1/aiqsim?password=S3cret&sslmode=disable", "S3cret"),
+    ],
+    ids=["key-value", "url-with-at-sign", "url-query"],
+)
+def test_a_store_that_cannot_connect_names_the_dsn_without_its_password(dsn: str, secret: str) -> None:
+    """Only a URL's user:password@ was hidden: a key=value DSN's password, a password holding an '@'
+    and one in the query string were printed in the error (and its repr)."""
+    from aiqsim.stores.postgres import PostgresStore
+
+    with pytest.raises(StoreError) as raised:
+        PostgresStore(dsn, connect_timeout_s=2)
+    assert secret not in str(raised.value) and secret not in repr(raised.value)
+    assert "127.0.0.1" in str(raised.value) and "***" in str(raised.value)
+
+
 def test_a_version_1_store_is_upgraded_keeping_its_records(postgres_dsn: str, schema: str) -> None:
     import psycopg
 

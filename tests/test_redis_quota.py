@@ -163,3 +163,35 @@ def test_bad_configuration_is_refused(redis_url: str) -> None:
         RedisQuota(redis_url, "a", {"requests_per_min": 5})  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="expected a finite number > 0"):
         RedisQuota(redis_url, "a", QuotaLimits(requests_per_min=0))
+
+
+def _reserve_in_a_fork(quota_object, results) -> None:  # type: ignore[no-untyped-def]
+    results.put(quota_object.try_reserve(0.0, 0.0) is not None)
+
+
+def test_processes_forked_from_one_quota_object_hold_one_slot_each(redis_url: str, account: str) -> None:
+    """Slots were named worker:id(self):sequence: processes forked after the quota was made (or
+    making theirs at the same address) named their first slots alike, Redis counted one, and 5
+    processes ran under concurrency=2."""
+    shared = quota(redis_url, account, QuotaLimits(concurrency=2))
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    workers = [context.Process(target=_reserve_in_a_fork, args=(shared, results)) for _ in range(5)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    granted = sorted(results.get(timeout=10) for _ in workers)
+    assert granted == [False, False, False, True, True]
+    assert shared.levels(0.0)[2] == 2
+
+
+def test_a_url_redis_cannot_use_and_an_unreachable_reset_are_project_errors() -> None:
+    from aiqsim.fleet import RedisQuota
+
+    with pytest.raises(ConfigurationError, match=r"http://127\.0\.0\.1:1 is not a Redis URL"):
+        RedisQuota("http://127.0.0.1:1", "acct", QuotaLimits(concurrency=1))
+    unreachable = RedisQuota("redis://user:pw-secret@127.0.0.1:1/0", "acct", QuotaLimits(concurrency=1))
+    with pytest.raises(ConfigurationError, match="cannot reset the shared state") as raised:
+        unreachable.reset()
+    assert "pw-secret" not in str(raised.value)

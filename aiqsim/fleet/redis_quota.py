@@ -37,9 +37,11 @@ synchronously from the scheduler's loop; keep Redis close to the workers.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from aiqsim.core.dsn import redacted_dsn
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.fleet_quota import DEFAULT_SLOT_POLL_S, poll_full_pool
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
@@ -200,12 +202,19 @@ class RedisQuota:
         self.unavailable = 0
         """Calls that found Redis unreachable (each fell back or failed closed)."""
         self._redis = _redis_module()
+        self.url = url
         if client is None:
             if not isinstance(url, str) or not url:
                 raise ConfigurationError(f"RedisQuota needs a Redis URL, got {url!r}")
-            client = self._redis.Redis.from_url(
-                url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
-            )
+            try:
+                client = self._redis.Redis.from_url(
+                    url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
+                )
+            except ValueError as error:  # a scheme redis-py does not know, a database that is no number
+                raise ConfigurationError(
+                    f"RedisQuota {name!r}: {redacted_dsn(url)} is not a Redis URL ({error}); expected "
+                    "redis://host:port/db, rediss://... or unix://..."
+                ) from None
         self._client = client
         self._keys = (f"aiqsim:quota:{name}:state", f"aiqsim:quota:{name}:slots")
         self._reserve = client.register_script(_RESERVE)
@@ -213,6 +222,9 @@ class RedisQuota:
         self._pause = client.register_script(_PAUSE)
         self._levels = client.register_script(_LEVELS)
         self._sequence = 0
+        self._instance = os.urandom(6).hex()
+        """Names this quota's slots apart from every other's, with the process id: two processes
+        forked with the same objects made slots of the same names, which Redis counted once."""
         self._last_now = 0.0
         self._local_slots = 0
 
@@ -253,7 +265,7 @@ class RedisQuota:
         self._last_now = now
         self._shape.check_cost(tokens)
         self._sequence += 1
-        member = f"{self.worker}:{id(self):x}:{self._sequence}"
+        member = f"{self.worker}:{os.getpid()}:{self._instance}:{self._sequence}"
         try:
             granted, detail = self._call(
                 self._reserve,
@@ -379,8 +391,18 @@ class RedisQuota:
         return req, tok, int(slots)
 
     def reset(self) -> None:
-        """Forget the account's shared state (buckets full, no pause, no slots) — for tests and setup."""
-        self._client.delete(*self._keys)
+        """Forget the account's shared state (buckets full, no pause, no slots) — for tests and setup.
+
+        Raises :class:`~aiqsim.core.errors.ConfigurationError` naming the server when Redis cannot
+        be reached (nothing was reset)."""
+        try:
+            self._client.delete(*self._keys)
+        except self._redis.RedisError as error:
+            where = redacted_dsn(self.url) if isinstance(self.url, str) else "the given client"
+            raise ConfigurationError(
+                f"RedisQuota {self.name!r}: cannot reset the shared state at {where} "
+                f"({type(error).__name__}: {error}); nothing was reset"
+            ) from None
 
 
 __all__ = ["QuotaConfigError", "RedisQuota", "SharedReservation"]

@@ -38,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from aiqsim.core.dsn import redacted_dsn, without_secrets
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.stores.base import (
@@ -205,7 +206,8 @@ class PostgresStore:
         try:
             self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout_s)))
         except psycopg.Error as error:
-            raise StoreError(f"cannot connect to PostgreSQL at {self._where()}: {error}") from error
+            detail = without_secrets(str(error), self.dsn)
+            raise StoreError(f"cannot connect to PostgreSQL at {self._where()}: {detail}") from None
         try:
             self._open_schema()
         except BaseException:
@@ -218,8 +220,8 @@ class PostgresStore:
         self._job_claim = KeyClaim(self._jobs, self._decode_job, claim_job_owner)
 
     def _where(self) -> str:
-        """The DSN without its password, for messages."""
-        return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", self.dsn)
+        """The DSN without its password, for messages (:func:`redacted_dsn`)."""
+        return redacted_dsn(self.dsn)
 
     # ------------------------------------------------------------------ schema
     def _open_schema(self) -> None:
@@ -256,7 +258,8 @@ class PostgresStore:
                         f"UPDATE {s}.meta SET value = %s WHERE name = 'schema_version'", (str(version),)
                     )
         except self._errors as error:
-            raise StoreError(f"{self._where()} schema {s!r}: cannot open the store: {error}") from error
+            detail = without_secrets(str(error), self.dsn)
+            raise StoreError(f"{self._where()} schema {s!r}: cannot open the store: {detail}") from error
 
     def _check_empty_schema(self) -> None:
         """Refuse to build the store into a schema that already holds other tables of the same names."""
@@ -275,11 +278,14 @@ class PostgresStore:
         row = self._conn.execute(
             f"SELECT value FROM {self.schema}.meta WHERE name = 'schema_version'"
         ).fetchone()
-        if row is None or not str(row[0]).isdigit():
+        text = None if row is None else str(row[0])
+        # ASCII digits only: str.isdigit() took '²', which int() then refused with a bare ValueError
+        if text is None or re.fullmatch(r"[0-9]{1,9}", text) is None or int(text) < 1:
             raise StoreCorruptError(
-                f"{self._where()} schema {self.schema!r}: no valid schema_version in meta"
+                f"{self._where()} schema {self.schema!r}: no valid schema_version in meta "
+                f"(got {text!r}; expected a whole number from 1 to {SCHEMA_VERSION}); nothing was changed"
             )
-        return int(row[0])
+        return int(text)
 
     def _check_tables(self, version: int) -> None:
         for table, expected in expected_tables(version).items():
