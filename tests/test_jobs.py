@@ -666,3 +666,43 @@ def test_a_build_that_edits_what_it_is_given_changes_nothing_stored() -> None:
     assert record.results["a"] == stored_job.results["a"] == stored_task.result == {"output": "done:a:1"}
     assert stored_job.inputs == {"x": 1}
     assert record.results["b"] == {"output": "done:DONE:A:1"}
+
+
+# ---------------------------------------------------------------------------- a failed job sends nothing more
+FAIL_FAST = RetryPolicy(
+    backoff=ExponentialBackoff(base_s=4.0, cap_s=4.0), max_attempts=3, attempt_timeout_s=100
+)
+
+
+@pytest.mark.parametrize(
+    ("a_script", "a_latency", "a_ends", "a_calls"),
+    [
+        (["500", "ok"], 1.0, TaskStatus.CANCELLED, 1),  # between attempts at t=2: cancelled then
+        (["500", "ok"], 3.0, TaskStatus.CANCELLED, 1),  # at the provider at t=2: its call fails, no retry
+        (["ok"], 3.0, TaskStatus.SUCCEEDED, 1),  # at the provider at t=2: its answer is kept
+    ],
+    ids=["in-backoff", "in-flight-then-fails", "in-flight-then-succeeds"],
+)
+def test_when_a_job_fails_its_other_stages_send_no_further_attempt(
+    a_script: list[str], a_latency: float, a_ends: TaskStatus, a_calls: int
+) -> None:
+    """README: a failed stage "fails the job (queued stage tasks are cancelled, calls in flight finish
+    and are kept)". A stage task waiting out a backoff was neither: its retry was sent (and billed)
+    after the job had failed (found by a review that fuzzed jobs)."""
+    spec = JobSpec("two", "1", [Stage("a", "a", build=named("a")), Stage("b", "b", build=named("b"))])
+
+    async def body(runtime):
+        provs = providers(
+            runtime, {"a": a_latency, "b": 2.0}, scripts={"a": {"a:1": a_script}, "b": {"b:1": ["invalid"]}}
+        )
+        scheduler = make_scheduler(runtime, provs, retry=FAIL_FAST)
+        record = await scheduler.submit_job(spec, {"x": 1}).wait()
+        await scheduler.join()
+        a_task = scheduler.store.get(record.stage_tasks["a"][0])
+        await scheduler.close()
+        return record, a_task, provs["a"].calls, runtime.task_errors
+
+    record, a_task, calls, errors = run(body)
+    assert record.status is JobStatus.FAILED and record.failed_stage == "b" and record.finished_at == 2.0
+    assert len(calls) == a_calls and all(at < record.finished_at for at, _, _ in calls)
+    assert a_task.status is a_ends and errors == []

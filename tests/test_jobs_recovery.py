@@ -370,3 +370,60 @@ def test_the_crash_kit_finds_no_stage_billed_on_both_providers() -> None:
 
     report = CrashDriver(CrashOptions(seeds=(0, 1))).run(scenario, providers=providers, jobs=[spec])
     assert report.cases >= 10
+
+
+@pytest.mark.parametrize("mode", ["cancel", "fail"])
+@pytest.mark.parametrize("crash_after", [1, 2, 3])
+def test_a_crash_while_a_job_ends_never_lets_recovery_send_its_stopped_stages(
+    mode: str, crash_after: int
+) -> None:
+    """The job's terminal write came first and the cancellation of its queued stage tasks after it:
+    a crash in between left a cancelled (or failed) job with a queued stage task, which recover()
+    resumed and sent for a job nobody waited for. Stage b waits in the queue behind a's one slot;
+    the job ends (cancelled at 0.5, or failed by a at 1.0) and the process dies at the
+    ``crash_after``-th store write from then on."""
+    from aiqsim import QuotaLimits
+    from aiqsim.sim.crash import CrashingStore, SimulatedCrash
+
+    spec = JobSpec("two", "1", [Stage("a", "llm", build=first), Stage("b", "llm", build=other_second_input)])
+    runtime = SimPyRuntime()
+    raw = MemoryStore()
+    writes = [0]
+    points: set[int] = set()
+    llm = ScriptedProvider(runtime, name="llm", latency_s=1.0, script={"first:1": ["invalid"]})
+    current: dict[str, Scheduler] = {}
+
+    def new_scheduler() -> tuple[Scheduler, CrashingStore]:
+        store = CrashingStore(raw, counter=writes, crash_points=points, on_crash=lambda: current["s"].crash())
+        scheduler = Scheduler(
+            runtime, [llm], store=store, quotas={"llm": QuotaLimits(concurrency=1)}, rng=random.Random(9)
+        )
+        scheduler.jobs.register(spec)
+        current["s"] = scheduler
+        return scheduler, store
+
+    async def main():
+        before, store = new_scheduler()
+        handle = before.submit_job(spec, {"x": 1}, job_id="j")
+        await runtime.sleep(0.5)
+        points.add(writes[0] + crash_after)
+        if mode == "cancel":
+            try:
+                handle.cancel()
+            except SimulatedCrash:
+                pass
+        await runtime.sleep(2.0)
+        assert before._crashed, "the crash point was reached"
+        store.dead = True
+        after, _ = new_scheduler()
+        await after.recover()
+        await after.join()
+        return raw.get_job("j"), raw.list_by_status(), llm.calls
+
+    job, tasks, calls = runtime.run(main())
+    assert [name for _, name, _ in calls] == ["first:1"]  # b was never sent
+    assert job.status.is_terminal and all(task.status.is_terminal for task in tasks)
+
+
+def other_second_input(inputs, results):
+    return {"input": f"b:{inputs['x']}"}

@@ -29,7 +29,7 @@ def without_secrets(text: str, dsn: str) -> str:
     secrets: set[str] = set()
     for match in re.finditer(r"(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)", dsn):
         secrets.add(match.group(1).strip("'"))
-    scheme, separator, rest = dsn.partition("://")
+    _scheme, separator, rest = dsn.partition("://")
     userinfo, at, _host = rest.rpartition("@")
     if separator and at and ":" in userinfo:
         password = userinfo.split(":", 1)[1]

@@ -77,6 +77,12 @@ class AttemptLoop:
                 )
                 return
             while True:
+                if tries and live.last_attempt:  # its job ended while the last call was out: no more
+                    if admitted:
+                        self._abandon_early(lane.name, record.id)
+                        admitted = False
+                    self._finish(live, CANCELLED, attempts=attempts)
+                    return
                 if reservation is None:
                     reservation = await self._await_ticket(lane, live)
                 attempts += 1
@@ -111,7 +117,7 @@ class AttemptLoop:
                     record.priority,
                 )  # fmt: skip
                 start = runtime.now()
-                awaiting_outcome = True
+                awaiting_outcome = live.in_call = True
                 try:
                     call = lane.provider.call(request)
                     if type(call) is not CoroutineType and not isawaitable(call):
@@ -130,7 +136,7 @@ class AttemptLoop:
                     if type(response) is not ProviderResponse and not isinstance(response, ProviderResponse):
                         raise broken_contract(lane.name, response)
                 except Exception as error:
-                    awaiting_outcome = False
+                    awaiting_outcome = live.in_call = False
                     now = runtime.now()
                     lane.quota.release(reservation, now)
                     reservation = None
@@ -192,7 +198,7 @@ class AttemptLoop:
                         return
                     self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
                     return
-                awaiting_outcome = False
+                awaiting_outcome = live.in_call = False
                 now = runtime.now()
                 usage = self._charged_usage(lane, live, attempts, response.usage, now)
                 lane.quota.reconcile(reservation, usage, now)
@@ -244,6 +250,7 @@ class AttemptLoop:
                 raise
             self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
         finally:
+            live.in_call = False
             # The last failure's traceback holds this frame, which would hold the failure: a cycle
             # only the collector frees, once per retried task (issue #19: GC time).
             cause = None

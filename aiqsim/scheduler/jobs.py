@@ -194,6 +194,8 @@ class _JobRun:
     task_ids: list[str] = field(default_factory=list)
     waiting_on: str | None = None
     finished: bool = False
+    stopping: bool = False
+    """Its stage tasks are being stopped before its terminal write: their endings do not advance it."""
 
 
 _SHARED_JOB_ENDINGS = (JobStatus.SUCCEEDED, JobStatus.FAILED)
@@ -374,8 +376,8 @@ class Jobs:
                 waiters.remove(job_id)
             run.waiting_on = None
         with self._unpersisted(run):
-            self._finish(run, CANCELLED)
             self._stop_stages(run, cancel_running=True)
+            self._finish(run, CANCELLED)
         return True
 
     def depth(self, priority: Priority, starting: Collection[str] = ()) -> int:
@@ -775,7 +777,7 @@ class Jobs:
         if owner is None:
             return
         run = self._runs.get(owner[0])
-        if run is None or run.finished:
+        if run is None or run.finished or run.stopping:
             return
         phase = run.phases.get(owner[1])
         if phase is None or record.id not in phase.pending:
@@ -857,24 +859,35 @@ class Jobs:
             self._move(run, RUNNING)
         message = job_failure_message(stage, reason)
         self._emit_stage(run, stage, "failed", (), message)
-        self._finish(run, FAILED, failed_stage=stage, error=message)
         self._stop_stages(run, cancel_running=False)
+        self._finish(run, FAILED, failed_stage=stage, error=message)
 
     def _cancel_from_stage(self, run: _JobRun, stage: str) -> None:
         """A stage task was cancelled from outside (``scheduler.cancel``, ``close``): so is the job."""
         self._emit_stage(run, stage, "cancelled", ())
-        self._finish(run, CANCELLED, failed_stage=stage)
         self._stop_stages(run, cancel_running=True)
+        self._finish(run, CANCELLED, failed_stage=stage)
 
     def _stop_stages(self, run: _JobRun, *, cancel_running: bool) -> None:
-        """Cancel a finished job's queued (and, with ``cancel_running``, running) stage tasks."""
-        live = self.scheduler._live
-        for task_id in run.task_ids:
+        """Stop an ending job's stage tasks, before its terminal write: a crash between the two
+        leaves a job that recovery ends again, not a terminal job whose queued tasks it would send.
+
+        Queued tasks and waiting duplicates are cancelled. Running ones too with ``cancel_running``;
+        without it (the job failed), a call at the provider finishes and is kept, but no attempt
+        starts after it, and a task between attempts (a backoff, a wait for quota) is cancelled."""
+        run.stopping = True
+        scheduler = self.scheduler
+        live = scheduler._live
+        # the record's ids too: a stage task resumed by recovery whose stage was not re-driven yet
+        recorded = [task_id for ids in run.record.stage_tasks.values() for task_id in ids]
+        for task_id in dict.fromkeys([*run.task_ids, *recorded]):
             task = live.get(task_id)
             if task is None:
                 continue
-            if cancel_running or task.queue_item is not None or task.waiting_on is not None:
-                self.scheduler.cancel(task_id)
+            if cancel_running or not task.in_call:
+                scheduler.cancel(task_id)
+            else:
+                task.last_attempt = True
 
     def _fail_stored(self, record: JobRecord, problem: str) -> None:
         """Fail a stored job that recovery cannot run, in one write (queued -> running -> failed)."""

@@ -36,6 +36,11 @@ class LiveTask:
     """The terminal record, once durable (set by :func:`~aiqsim.scheduler.handles.resolve`)."""
     outcome_error: BaseException | None = None  # a StoreWriteError; typed as OutcomeHolder declares it
     """Why the outcome was lost instead (set by :func:`~aiqsim.scheduler.handles.resolve_with_error`)."""
+    in_call: bool = False
+    """A call of this task is at the provider now, its answer awaited (set by the attempt loop)."""
+    last_attempt: bool = False
+    """No attempt may start after the one at the provider (its job failed): a retry ends the task
+    ``cancelled`` instead of being sent."""
 
 
 new_live_task: Callable[..., LiveTask] = compile_builder(LiveTask)
