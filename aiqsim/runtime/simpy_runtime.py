@@ -390,7 +390,11 @@ class SimTask:
         if self._ended is not None:
             return False
         self._cancel_requests += 1
-        if iscoroutine(self._coro) and getcoroutinestate(self._coro) == CORO_CREATED:
+        # not started: its own first event is what it waits for (a compiled build's coroutines are
+        # no CoroutineType, so the state check alone missed them)
+        if self._waiting is self or (
+            iscoroutine(self._coro) and getcoroutinestate(self._coro) == CORO_CREATED
+        ):
             self._coro.close()
         self._request_cancel()
         return True
