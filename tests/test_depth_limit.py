@@ -598,3 +598,34 @@ def test_a_job_whose_duplicate_would_promote_an_owner_that_starts_at_once_is_acc
 
     assert runtime.run(main()) == {"s": {"output": "done:x"}}
     assert provider.calls == [(0, "x", 1)]  # one call, shared by the job's stage
+
+
+def test_a_manual_retry_is_refused_at_the_depth_limit_and_the_task_stays_failed() -> None:
+    """retry_failed() queued the task whatever the limit: at background_limit=0 ("start at once or
+    be refused") a retried task waited 10 s in the queue where a fresh submission was refused."""
+    from aiqsim import QuotaLimits, Scheduler, SimPyRuntime, TaskStatus
+    from aiqsim.scheduler.scheduler import QueueFullError
+    from tests.fakes import ScriptedProvider
+
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=10.0, script={"bad": ["invalid", "ok"]})
+
+    async def body():
+        scheduler = Scheduler(
+            runtime, [provider], quotas={"llm": QuotaLimits(concurrency=1)}, background_limit=0
+        )
+        failed = await scheduler.submit("llm", {"input": "bad"}).wait()
+        scheduler.submit("llm", {"input": "long"})  # the only slot, until t = 20
+        await runtime.sleep(0)
+        with pytest.raises(QueueFullError):
+            scheduler.retry_failed(failed.id)
+        kept = scheduler.store.get(failed.id)
+        queued = scheduler.queued()
+        await runtime.sleep(15.0)  # the slot is free again: the retry starts at once
+        retried = await scheduler.retry_failed(failed.id).wait()
+        await scheduler.close()
+        return kept, queued, retried
+
+    kept, queued, retried = runtime.run(body())
+    assert kept.status is TaskStatus.FAILED and queued == 0
+    assert retried.status is TaskStatus.SUCCEEDED and retried.finished_at == 35.0  # sent at 25

@@ -706,3 +706,35 @@ def test_when_a_job_fails_its_other_stages_send_no_further_attempt(
     assert record.status is JobStatus.FAILED and record.failed_stage == "b" and record.finished_at == 2.0
     assert len(calls) == a_calls and all(at < record.finished_at for at, _, _ in calls)
     assert a_task.status is a_ends and errors == []
+
+
+def test_close_refuses_new_work_at_once_while_a_live_job_finishes_its_stages() -> None:
+    """close(cancel_pending=False) set its flag only after the live jobs had finished: a job and a
+    plain call submitted meanwhile were accepted and run (found by a review that fuzzed jobs)."""
+    from aiqsim.scheduler.scheduler import SchedulerClosedError
+
+    spec = JobSpec(
+        "j", "1", [Stage("a", "a", build=named("a")), Stage("b", "a", after=("a",), build=named("b"))]
+    )
+
+    async def body(runtime):
+        provs = providers(runtime, {"a": 5.0})
+        scheduler = make_scheduler(runtime, provs)
+        handle = scheduler.submit_job(spec, {"x": 1})
+        closing = runtime.spawn(scheduler.close(cancel_pending=False))
+        await runtime.sleep(1.0)
+        refused = []
+        for submit in (
+            lambda: scheduler.submit_job(spec, {"x": 2}),
+            lambda: scheduler.submit("a", {"input": "x"}),
+        ):
+            with pytest.raises(SchedulerClosedError, match="closing"):
+                submit()
+            refused.append(True)
+        await closing
+        return await handle.wait(), runtime.now(), refused, provs["a"].calls
+
+    record, closed_at, refused, calls = run(body)
+    assert record.status is JobStatus.SUCCEEDED  # its later stage still got in
+    assert closed_at == 10.0 and refused == [True, True]
+    assert [name for _, name, _ in calls] == ["a:1", "b:1"]

@@ -288,3 +288,47 @@ def test_a_success_decays_the_counts_exactly_as_a_429_does() -> None:
         )
         inline.record_rate_limit("t", now + 0.1, rule)
         reference.record_rate_limit("t", now + 0.1, rule)
+
+
+class _FirstCallOfA429s:
+    """Answers after 0.1 s; the first call of payload "a" is a 429 with Retry-After 10 s."""
+
+    name = "llm"
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse:
+        await self.runtime.sleep(0.1)
+        if request.payload == "a" and request.attempt == 1:
+            raise RateLimitError("slow down", retry_after_s=10.0)
+        return ProviderResponse(result="ok", usage=0)
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+@pytest.mark.parametrize(
+    ("scheduler_scope", "task_scope", "b_waits"), [("lane", "task", False), ("task", "lane", True)]
+)
+def test_a_tasks_own_retry_policy_decides_whether_its_429_pauses_the_lane(
+    rt_name: str, scheduler_scope: str, task_scope: str, b_waits: bool
+) -> None:
+    """submit(retry=...) "replaces the scheduler's retry policy for this task", but the lane pause
+    read the scheduler's rate_limit_scope: a task that said only it should wait froze the lane
+    (found by a review that fuzzed the scheduler)."""
+
+    async def body(rt):
+        scheduler = Scheduler(
+            rt, [_FirstCallOfA429s(rt)], retry=RetryPolicy(rate_limit_scope=scheduler_scope)
+        )
+        a = scheduler.submit("llm", "a", retry=RetryPolicy(rate_limit_scope=task_scope))
+        await rt.sleep(1.0)
+        b = await scheduler.submit("llm", "b").wait()
+        await a.wait()
+        await scheduler.close()
+        return b.started_at
+
+    started = run_on(rt_name, body)
+    if b_waits:  # the lane reopens at 0.1 + 10 s
+        assert started >= 10.1
+    else:  # at once, at 1 s (asyncio may start it late, never 9 s late)
+        assert 1.0 <= started < 1.0 + 9.0

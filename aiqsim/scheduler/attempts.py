@@ -35,7 +35,7 @@ from aiqsim.scheduler.lanes import Lane
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.provider import ProviderResponse, new_request
 from aiqsim.scheduler.rate_limit_scope import RateLimitScope, pauses_lane
-from aiqsim.scheduler.retry import abandon_at_gate, ask_gates, gate_wait_s, tell_gate
+from aiqsim.scheduler.retry import RetryPolicy, abandon_at_gate, ask_gates, gate_wait_s, tell_gate
 from aiqsim.scheduler.store_writes import persist
 from aiqsim.stores.base import StoreWriteError
 
@@ -145,7 +145,7 @@ class AttemptLoop:
                     retry_after = retry_after_of(error)
                     pause, too_long = policy.retry_after_wait(retry_after)
                     if pause is not None and isinstance(error, RateLimitError):
-                        self._pause_for_rate_limit(lane, error, record.id, now, pause)
+                        self._pause_for_rate_limit(lane, error, record.id, now, pause, policy)
                     for gate in self.gates:
                         tell_gate(gate, lane.name, is_retry, failure, error, now, task_id=record.id)
                     if too_long:
@@ -330,13 +330,19 @@ class AttemptLoop:
         return verdict.usage
 
     def _pause_for_rate_limit(
-        self, lane: Lane, error: BaseException, task_id: str, now: float, pause: float
+        self,
+        lane: Lane,
+        error: BaseException,
+        task_id: str,
+        now: float,
+        pause: float,
+        policy: RetryPolicy,
     ) -> None:
-        """Pause the whole lane for a 429's Retry-After when the rate-limit scope says so.
+        """Pause the whole lane for a 429's Retry-After when the rate-limit scope of ``policy`` (the
+        task's own, else the scheduler's) says so.
 
         The task that saw the 429 waits it out in any case (its retry delay is floored by it).
         """
-        policy = self.retry
         scope = policy.rate_limit_scope
         quota_spent = error.quota_spent if isinstance(error, RateLimitError) else None
         looks_spent = lane.rate_limits.record_rate_limit(task_id, now, policy.adaptive_rule)

@@ -272,10 +272,10 @@ class Jobs:
     ) -> JobHandle:
         """Start a job (see :meth:`Scheduler.submit_job`)."""
         scheduler = self.scheduler
-        if scheduler._closed:
+        if scheduler._closed or scheduler._closing:
             from aiqsim.scheduler.scheduler import SchedulerClosedError
 
-            raise SchedulerClosedError("scheduler is closed")
+            raise SchedulerClosedError("scheduler is closed" if scheduler._closed else "scheduler is closing")
         if job_id is not None and (type(job_id) is not str or not job_id):
             # a number was stored as is in memory and as text in SQLite: get_job() then differed
             raise SchedulerArgumentTypeError(

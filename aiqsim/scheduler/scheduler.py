@@ -352,6 +352,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         self._seq = 0
         self._started = False
         self._closed = False
+        self._closing = False
+        """close() has begun: only a live job's later stages may still be submitted."""
         self._crashed = False
         self._commit: GroupCommit | None = (
             GroupCommit(runtime, self.store, commit_window_s, self._batch_lost)
@@ -438,8 +440,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         policy for this task in this process (not persisted: a task resumed by :meth:`recover`
         runs under the scheduler's policy).
         """
-        if self._closed:
-            raise SchedulerClosedError("scheduler is closed")
+        if self._closed or (self._closing and not job_stage):
+            raise SchedulerClosedError("scheduler is closed" if self._closed else "scheduler is closing")
         if retry is not None:
             check_retry_policy(retry, "retry", "nothing was queued or stored")
         if (
@@ -639,11 +641,12 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
 
         Raises :class:`~aiqsim.scheduler.arguments.UnknownNameError` (a ``KeyError``) for an id not
         in the store or a task of a provider this scheduler lacks, and
-        :class:`~aiqsim.core.states.IllegalTransitionError` for a task that is not failed; the task
-        is then left as it was.
+        :class:`~aiqsim.core.states.IllegalTransitionError` for a task that is not failed, and
+        :class:`QueueFullError` when its priority's queue is at its depth limit, as
+        :meth:`submit` does; the task is then left as it was.
         """
-        if self._closed:
-            raise SchedulerClosedError("scheduler is closed")
+        if self._closed or self._closing:
+            raise SchedulerClosedError("scheduler is closed" if self._closed else "scheduler is closing")
         record = self.store.get(task_id)
         if record is None:
             raise UnknownNameError(f"task_id: no task {task_id!r} in the store; nothing was retried")
@@ -653,6 +656,15 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 f"lacks (it has {sorted(self._lanes)}); retry it from a scheduler given that provider. "
                 f"The task was left {record.status.value}"
             )
+        if self._limits[record.priority] is not None and record.status is TaskStatus.FAILED:
+            # the depth limit, as for a submission (rule: depth_limit.py)
+            existing = self.store.owner_of(record.key)
+            live_owner = existing is not None and existing.id != record.id
+            duplicate_of = existing if live_owner and existing.status in LIVE_OWNER_STATUSES else None
+            lane = self._lanes[record.provider]
+            limit = self._refusing_submission(lane, record.priority, record.cost_estimate, duplicate_of)
+            if limit is not None:
+                raise self._queue_full(lane, record.priority, limit)
         failed = record
         record = transition(record, TaskStatus.QUEUED, self.runtime.now(), worker=self.worker_id)
         persist_change(failed, record, self.store.update)
@@ -672,6 +684,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
 
     async def close(self, *, cancel_pending: bool = True) -> None:
         """Stop taking work; cancel what is still live (or wait for it) and stop the dispatchers."""
+        self._closing = True  # refuse new work at once; a live job's later stages still get in
         if self._jobs is not None:  # a job's later stages are submitted while it runs
             await self._jobs.close(cancel_pending=cancel_pending)
         self._closed = True  # refuse new submissions while the live ones finish
