@@ -290,6 +290,53 @@ def test_leases_expire_and_are_adopted_by_exactly_one_worker(postgres_dsn: str, 
         assert "dead" not in b.leases()
 
 
+def test_a_worker_that_wakes_after_its_adoption_finished_is_still_fenced_off(
+    postgres_dsn: str, schema: str
+) -> None:
+    """finish_adoption deleted the lease row, so a worker that stalled past its lease and woke after
+    the adopter had recovered its tasks renewed a fresh lease and ran those tasks a second time (found
+    by a review with real processes). The finished adoption is now a tombstone: the stalled process's
+    beats are refused; a new process of the worker id takes a fresh lease at its start."""
+    import time
+
+    from aiqsim.stores.postgres import PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as a, PostgresStore(postgres_dsn, schema=schema) as b:
+        assert a.acquire_lease("dead", 0.2) and b.acquire_lease("b", 30.0)
+        time.sleep(0.3)
+        assert b.adopt_expired("b") == ["dead"]
+        assert not a.acquire_lease("dead", 5.0)  # a new process must wait while the takeover runs
+        b.finish_adoption("dead", "b")
+        assert "dead" not in b.leases()  # a tombstone is no lease
+        assert not a.renew_lease("dead", 5.0)  # the stalled process wakes: still fenced off
+        assert b.adopt_expired("b") == []  # and nothing is adopted twice
+        assert a.acquire_lease("dead", 5.0)  # a restarted process of the worker id starts afresh
+        assert a.renew_lease("dead", 5.0) and b.leases()["dead"][1] is None
+
+
+def test_an_adoption_cut_short_is_taken_up_again(postgres_dsn: str, schema: str) -> None:
+    """An adoption whose adopter died mid-takeover stayed 'adopted by' it for ever: the dead worker's
+    remaining tasks were never recovered. Its adopter takes it up again while alive (recovery left
+    orphans undecided); once the adopter holds no lease any more, another worker does."""
+    import time
+
+    from aiqsim.stores.postgres import PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        assert store.acquire_lease("dead", 0.1) and store.acquire_lease("a", 0.6)
+        assert store.acquire_lease("c", 30.0)
+        time.sleep(0.2)
+        assert store.adopt_expired("a") == ["dead"]
+        assert store.adopt_expired("a") == ["dead"]  # not finished: its adopter takes it up again
+        assert store.adopt_expired("c") == []  # a is alive: its takeover is its own
+        time.sleep(0.5)  # a dies mid-takeover; its lease expires
+        assert store.adopt_expired("c") == ["a"]  # first a itself ...
+        assert store.adopt_expired("c") == ["a", "dead"]  # ... then what a had not finished
+        store.finish_adoption("a", "c")
+        store.finish_adoption("dead", "c")
+        assert store.adopt_expired("c") == [] and set(store.leases()) == {"c"}
+
+
 def test_a_worker_whose_lease_was_adopted_stops(postgres_dsn: str, schema: str) -> None:
     from aiqsim.fleet import LeaseKeeper, LeaseLostError
     from aiqsim.runtime import SimPyRuntime
@@ -315,3 +362,49 @@ def test_a_worker_whose_lease_was_adopted_stops(postgres_dsn: str, schema: str) 
 
         with pytest.raises(SchedulerClosedError):
             scheduler.submit("llm", {"x": 1})
+
+
+def test_a_keeper_finishes_an_adoption_only_once_recovery_decided_every_orphan(
+    postgres_dsn: str, schema: str
+) -> None:
+    """The keeper finished an adoption whose recovery left orphans undecided (the provider's lookup
+    was down): the tasks stayed running under the dead worker for ever, with no lease to retry them."""
+    import time
+
+    from aiqsim.core.states import transition
+    from aiqsim.fleet import LeaseKeeper
+    from aiqsim.runtime import SimPyRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.scheduler.provider import ProviderResponse
+    from aiqsim.scheduler.recovery_lookup import LookupRetry
+    from aiqsim.stores.postgres import PostgresStore
+
+    class Lookups:
+        name = "llm"
+        down = True
+
+        async def call(self, request):
+            return ProviderResponse(result="fresh")
+
+        async def lookup(self, key):
+            if self.down:
+                raise ConnectionError("lookup endpoint down")
+            return ProviderResponse(result="done before the crash")
+
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        orphan = TaskRecord(id="o", key="k-o", kind="llm", provider="llm", worker="dead")
+        store.insert_and_claim(orphan)
+        store.update(transition(orphan, TaskStatus.RUNNING, 0.0))
+        assert store.acquire_lease("dead", 0.1)
+        time.sleep(0.2)
+        runtime = SimPyRuntime()
+        provider = Lookups()
+        scheduler = Scheduler(runtime, [provider], store=store, worker_id="me")
+        keeper = LeaseKeeper(scheduler, ttl_s=30.0)
+        first = runtime.run(keeper.adopt())
+        assert [a.report.undecided for a in first] == [("o",)]
+        assert store.leases()["dead"][1] == "me"  # still under way
+        provider.down = False
+        second = runtime.run(keeper.adopt())
+        assert [a.report.orphans_completed for a in second] == [1]
+        assert "dead" not in store.leases() and store.get("o").status is TaskStatus.SUCCEEDED

@@ -12,8 +12,12 @@ lookup (no second call, no second bill), queued tasks run here. It is the explic
 The rule that makes this safe is fencing by the lease: a worker that finds its own lease
 adopted (it stalled longer than ``ttl_s`` — a long GC pause, a network partition — and was
 presumed dead) stops at once (``scheduler.crash()``) and raises :class:`LeaseLostError`, so
-two workers never run the same task. Choose ``ttl_s`` well above the longest stall you expect
-(several renew periods); a shorter one adopts sooner after a real crash.
+two workers never run the same task. A finished adoption stays in the store as a tombstone that
+keeps refusing that worker's beats; a new process of the worker id takes a fresh lease at its
+start. An adoption cut short (its adopter died, or recovery left orphans undecided) is taken up
+again, by the adopter or, once the adopter holds no lease, by another worker. Choose ``ttl_s``
+well above the longest stall you expect (several renew periods); a shorter one adopts sooner
+after a real crash.
 
 The store must support leases (:class:`aiqsim.stores.PostgresStore` does). The keeper runs on
 the scheduler's runtime (no clock of its own).
@@ -97,37 +101,61 @@ class LeaseKeeper:
     def beat(self) -> None:
         """Renew the lease now; if it was adopted, stop the scheduler and raise :class:`LeaseLostError`."""
         if not self.store.renew_lease(self.worker, self.ttl_s):
-            self.scheduler.crash()
-            raise LeaseLostError(
-                f"worker {self.worker!r}: its lease was adopted by another worker (it was presumed dead); "
-                "this scheduler stopped so that no task runs twice — restart it under a new worker id"
-            )
+            self._lost()
+
+    def _lost(self) -> None:
+        self.scheduler.crash()
+        raise LeaseLostError(
+            f"worker {self.worker!r}: its lease was adopted by another worker (it was presumed dead); "
+            "this scheduler stopped so that no task runs twice — restart the process (a new process "
+            "of the worker takes a fresh lease once the adoption is finished)"
+        )
 
     async def adopt(self) -> list[Adoption]:
-        """Take over every worker whose lease expired, recovering its tasks here."""
+        """Take over every worker whose lease expired, recovering its tasks here.
+
+        An adoption is finished only when recovery decided every orphan and left no task for a
+        provider this scheduler lacks; otherwise the store keeps it under way, and the next call
+        recovers again what is left (``recover()``: "call it again once the provider answers")."""
         taken = []
         for dead in self.store.adopt_expired(self.worker):
             report = await self.scheduler.recover(
                 workers=[dead], requeue_interrupted=self.requeue_interrupted, unknown_providers="leave"
             )
-            self.store.finish_adoption(dead, self.worker)
+            if not report.undecided and not report.left_for_unknown_providers:
+                self.store.finish_adoption(dead, self.worker)
             adoption = Adoption(dead, report)
             self.adoptions.append(adoption)
             taken.append(adoption)
         return taken
 
     async def run(self) -> None:
-        """Beat and adopt every ``renew_every_s`` until cancelled (or the lease is lost)."""
+        """Beat every ``renew_every_s`` until cancelled (or the lease is lost), adopting beside it.
+
+        The beats go on while an adoption's recovery runs (its lookups may take minutes): an
+        adopter that stopped beating meanwhile was presumed dead itself."""
         runtime = self.scheduler.runtime
         scale = float(getattr(runtime, "time_scale", 1.0))  # the store's clock runs in wall seconds
-        while True:
-            self.beat()
-            await self.adopt()
-            await runtime.sleep(self.renew_every_s / scale)
+        adopting: TaskHandle[list[Adoption]] | None = None
+        try:
+            while True:
+                self.beat()
+                if adopting is None or adopting.done():
+                    if adopting is not None:
+                        adopting.result()  # an adoption that failed stops the keeper, loudly
+                    adopting = runtime.spawn(self.adopt(), name=f"adopt-{self.worker}")
+                await runtime.sleep(self.renew_every_s / scale)
+        finally:
+            if adopting is not None and not adopting.done():
+                adopting.cancel()
 
     def start(self) -> TaskHandle[None]:
-        """Start :meth:`run` on the scheduler's runtime (after ``recover()``); the first beat is now."""
-        self.beat()
+        """Take the lease (:meth:`acquire_lease <aiqsim.stores.PostgresStore.acquire_lease>`) and start
+        :meth:`run` on the scheduler's runtime (after ``recover()``). Raises :class:`LeaseLostError`
+        while another worker is still taking over this worker id's tasks."""
+        acquire = getattr(self.store, "acquire_lease", self.store.renew_lease)
+        if not acquire(self.worker, self.ttl_s):
+            self._lost()
         self._handle = self.scheduler.runtime.spawn(self.run(), name=f"lease-{self.worker}")
         return self._handle
 

@@ -468,16 +468,36 @@ class PostgresStore:
 
     # ------------------------------------------------------------------ leases
     def renew_lease(self, worker: str, ttl_s: float) -> bool:
-        """Hold (or extend) ``worker``'s lease for ``ttl_s`` seconds of the server's clock.
+        """Extend ``worker``'s lease for ``ttl_s`` seconds of the server's clock (or take it, if it
+        has none).
 
-        Returns False when the lease was already adopted by another worker: this worker was
-        presumed dead, its tasks now belong to someone else, and it must stop at once.
+        Returns False when the lease was adopted by another worker, whether that adoption is under
+        way or finished: this worker was presumed dead, its tasks now belong to someone else, and it
+        must stop at once. A finished adoption is kept as a tombstone for this: when its row was
+        deleted, a worker that woke after it took a fresh lease and ran its tasks a second time.
         """
         with self._write(f"lease of worker {worker!r}") as conn:
             row = conn.execute(
                 f"INSERT INTO {self.schema}.leases (worker, expires_at) VALUES (%s, {_SERVER_NOW} + %s) "
                 f"ON CONFLICT (worker) DO UPDATE SET expires_at = excluded.expires_at "
                 f"WHERE {self.schema}.leases.adopted_by IS NULL RETURNING worker",
+                (worker, float(ttl_s)),
+            ).fetchone()
+            return row is not None
+
+    def acquire_lease(self, worker: str, ttl_s: float) -> bool:
+        """Take ``worker``'s lease at a process's start (:meth:`renew_lease` for the beats after it).
+
+        A new process of a worker id whose tasks were adopted and recovered (a finished adoption's
+        tombstone) starts afresh with a new lease. False while an adoption of it is under way: its
+        tasks are being taken over now, so it must not start under that id yet.
+        """
+        with self._write(f"lease of worker {worker!r} at its start") as conn:
+            row = conn.execute(
+                f"INSERT INTO {self.schema}.leases (worker, expires_at) VALUES (%s, {_SERVER_NOW} + %s) "
+                f"ON CONFLICT (worker) DO UPDATE SET expires_at = excluded.expires_at, adopted_by = NULL "
+                f"WHERE {self.schema}.leases.adopted_by IS NULL "
+                f"OR {self.schema}.leases.expires_at = '-Infinity' RETURNING worker",
                 (worker, float(ttl_s)),
             ).fetchone()
             return row is not None
@@ -490,30 +510,48 @@ class PostgresStore:
             )
 
     def adopt_expired(self, adopter: str) -> list[str]:
-        """Take over every worker whose lease expired; returns their ids (each adopted by one worker only).
+        """The workers whose tasks ``adopter`` is to take over now (each adopted by one worker only).
 
-        The ``UPDATE ... WHERE adopted_by IS NULL`` is the atomic step: of several live workers
-        looking at one expired lease, exactly one gets the row back. The adopter then recovers
-        the dead worker's tasks (:meth:`Scheduler.recover` with ``workers=[...]``).
+        Workers whose lease expired; adoptions of ``adopter``'s own that are not finished (recovery
+        left orphans undecided: they are taken up again); and adoptions under way by a worker that
+        holds no lease any more (it died or was itself adopted mid-takeover: otherwise the dead
+        worker's remaining tasks stayed stranded). The ``UPDATE`` is the atomic step: of several
+        live workers looking at one such row, exactly one gets it back. The adopter then recovers
+        the dead worker's tasks (:meth:`Scheduler.recover` with ``workers=[...]``) and
+        :meth:`finish_adoption`.
         """
+        s = self.schema
         with self._write(f"adoption by worker {adopter!r}") as conn:
             rows = conn.execute(
-                f"UPDATE {self.schema}.leases SET adopted_by = %s "
-                f"WHERE adopted_by IS NULL AND worker != %s AND expires_at < {_SERVER_NOW} RETURNING worker",
-                (adopter, adopter),
+                f"UPDATE {s}.leases AS dead SET adopted_by = %s "
+                f"WHERE dead.worker != %s AND dead.expires_at != '-Infinity' AND ("
+                f"(dead.adopted_by IS NULL AND dead.expires_at < {_SERVER_NOW}) "
+                f"OR dead.adopted_by = %s "
+                f"OR (dead.adopted_by IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.leases AS held "
+                f"WHERE held.worker = dead.adopted_by AND held.adopted_by IS NULL))"
+                f") RETURNING worker",
+                (adopter, adopter, adopter),
             ).fetchall()
             return sorted(row[0] for row in rows)
 
     def finish_adoption(self, dead: str, adopter: str) -> None:
-        """Forget the lease of a worker whose tasks ``adopter`` has recovered."""
+        """``adopter`` has recovered ``dead``'s tasks: its lease becomes a tombstone, which fences off
+        a process of ``dead`` that wakes later (:meth:`renew_lease`) until a new one starts
+        (:meth:`acquire_lease`)."""
         with self._write(f"end of adoption of {dead!r}") as conn:
             conn.execute(
-                f"DELETE FROM {self.schema}.leases WHERE worker = %s AND adopted_by = %s", (dead, adopter)
+                f"UPDATE {self.schema}.leases SET expires_at = '-Infinity' "
+                "WHERE worker = %s AND adopted_by = %s",
+                (dead, adopter),
             )
 
     def leases(self) -> dict[str, tuple[float, str | None]]:
-        """Every lease: worker -> (seconds until it expires on the server's clock, adopter or None)."""
-        rows = self._read(f"SELECT worker, expires_at - {_SERVER_NOW}, adopted_by FROM {self.schema}.leases")
+        """Every lease held or under adoption: worker -> (seconds until it expires on the server's
+        clock, adopter or None). A finished adoption's tombstone is no lease and is left out."""
+        rows = self._read(
+            f"SELECT worker, expires_at - {_SERVER_NOW}, adopted_by FROM {self.schema}.leases "
+            "WHERE expires_at != '-Infinity'"
+        )
         return {worker: (float(left), adopter) for worker, left, adopter in rows}
 
     def notification_fileno(self) -> int:
