@@ -376,7 +376,6 @@ def test_a_keeper_finishes_an_adoption_only_once_recovery_decided_every_orphan(
     from aiqsim.runtime import SimPyRuntime
     from aiqsim.scheduler import Scheduler
     from aiqsim.scheduler.provider import ProviderResponse
-    from aiqsim.scheduler.recovery_lookup import LookupRetry
     from aiqsim.stores.postgres import PostgresStore
 
     class Lookups:
