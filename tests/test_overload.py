@@ -956,3 +956,84 @@ def test_with_the_wait_extension_adaptive_mode_delays_instead_of_failing() -> No
 def test_gate_settings_that_cannot_work_are_refused_when_the_gate_is_built(make, named: str) -> None:
     with pytest.raises(ConfigurationError, match=named):
         make()
+
+
+class _Sends:
+    """Records when each payload is sent; "x" fails with a 500, "r" (first attempt) with a 429 after
+    2 s whose Retry-After is 30 s; everything else answers after 0.1 s."""
+
+    name = "llm"
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.sent: list[tuple[float, str]] = []
+
+    async def call(self, request):
+        from aiqsim.core.failures import RateLimitError, ServerError
+        from aiqsim.scheduler.provider import ProviderResponse
+
+        self.sent.append((round(self.runtime.now(), 3), request.payload))
+        if request.payload == "r" and request.attempt == 1:
+            await self.runtime.sleep(2.0)
+            raise RateLimitError("quota spent", retry_after_s=30.0)
+        await self.runtime.sleep(0.1)
+        if request.payload == "x":
+            raise ServerError("boom", status=500)
+        return ProviderResponse(result="ok", usage=0)
+
+
+def test_a_waiting_gate_is_waited_out_holding_no_quota_so_the_bucket_still_paces_the_calls() -> None:
+    """The breaker's wait came after the quota reservation: tasks took request tokens at 1/s while
+    the breaker was open, then all went at 5.1 s, three in one instant past a bucket of burst 1
+    (found by a review that fuzzed the scheduler)."""
+    from aiqsim import QuotaLimits, RetryPolicy, Scheduler, SimPyRuntime
+    from aiqsim.overload import CircuitBreaker
+
+    runtime = SimPyRuntime()
+    provider = _Sends(runtime)
+
+    async def body():
+        breaker = CircuitBreaker(failure_threshold=1, cooldown_s=5, half_open_probes=3, mode="wait")
+        limits = QuotaLimits(requests_per_min=60, request_burst=1, concurrency=5)
+        scheduler = Scheduler(
+            runtime, [provider], quotas={"llm": limits}, retry=RetryPolicy(max_attempts=1), gates=[breaker]
+        )
+        await scheduler.submit("llm", "x").wait()  # t=0.1: the 500 opens the breaker until 5.1
+        for payload in ("a", "b", "c"):
+            scheduler.submit("llm", payload)
+        await scheduler.join()
+        await scheduler.close()
+
+    runtime.run(body())
+    assert provider.sent == [(0.0, "x"), (5.1, "a"), (6.1, "b"), (7.1, "c")]
+
+
+def test_a_lane_paused_while_a_task_waits_at_a_gate_holds_that_task_too() -> None:
+    """A 429 with Retry-After 30 s paused the lane at t=2 until 32; tasks parked in the breaker's
+    wait already held their reservation and were sent at 5.1 into the paused lane."""
+    from aiqsim import QuotaLimits, RetryPolicy, Scheduler, SimPyRuntime
+    from aiqsim.overload import CircuitBreaker
+
+    runtime = SimPyRuntime()
+    provider = _Sends(runtime)
+
+    async def body():
+        breaker = CircuitBreaker(failure_threshold=1, cooldown_s=5, half_open_probes=3, mode="wait")
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=5)},
+            retry=RetryPolicy(max_attempts=2, rate_limit_scope="lane"),
+            gates=[breaker],
+        )
+        scheduler.submit("llm", "r")  # its 429 at t=2 pauses the lane until t=32
+        await scheduler.submit("llm", "x", retry=RetryPolicy(max_attempts=1)).wait()
+        await runtime.sleep(0.9)
+        scheduler.submit("llm", "a")
+        scheduler.submit("llm", "b")  # t=1: they wait for the breaker (open until 5.1)
+        await scheduler.join()
+        await scheduler.close()
+
+    runtime.run(body())
+    late = [(at, payload) for at, payload in provider.sent if payload in ("a", "b")]
+    assert late and all(at >= 32.0 for at, _ in late), provider.sent

@@ -83,16 +83,15 @@ class AttemptLoop:
                         admitted = False
                     self._finish(live, CANCELLED, attempts=attempts)
                     return
-                if reservation is None:
+                if self.gates:  # the helper owns the reservation until it hands one back
+                    held, reservation = reservation, None
+                    reservation = await self._wait_for_gates(lane, live, held, tries > 0)
+                elif reservation is None:
                     reservation = await self._await_ticket(lane, live)
                 attempts += 1
                 tries += 1
                 is_retry = tries > 1
                 if self.gates:  # (without gates nothing below applies: ``admitted`` is never set)
-                    wait = self._gate_wait(lane.name, is_retry)
-                    while wait > 0:
-                        await runtime.sleep(wait)
-                        wait = self._gate_wait(lane.name, is_retry)
                     asked = self._late_gates if admitted else self.gates
                     refusal = (
                         self._gate_refusal(lane.name, is_retry, record.id, cause, asked) if asked else None
@@ -381,6 +380,33 @@ class AttemptLoop:
             self._finish(live, SUCCEEDED, attempts=attempts, result=result)
             return
         self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
+
+    async def _wait_for_gates(
+        self, lane: Lane, live: LiveTask, reservation: Reservation | None, is_retry: bool
+    ) -> Reservation:
+        """Quota for the next attempt, held once no gate asks to wait (``reservation``: what the task
+        holds already). A gate's wait is waited out holding no quota: tasks that held theirs through
+        it took tokens at the bucket's pace, then all went at once when the gate opened, past the
+        bucket and through a lane pause, holding concurrency slots meanwhile."""
+        runtime = self.runtime
+        try:
+            while True:
+                wait = self._gate_wait(lane.name, is_retry)
+                if wait > 0:
+                    if reservation is not None:
+                        lane.quota.cancel(reservation, runtime.now())
+                        reservation = None
+                        self._quota_returned(lane)
+                    await runtime.sleep(wait)
+                elif reservation is None:
+                    reservation = await self._await_ticket(lane, live)  # then ask the gates again
+                else:
+                    return reservation
+        except BaseException:
+            if reservation is not None:  # cancelled (or a gate broke) holding it: nothing was sent
+                lane.quota.cancel(reservation, runtime.now())
+                self._quota_returned(lane)
+            raise
 
     def _gate_wait(self, provider: str, is_retry: bool) -> float:
         """The longest wait any gate asks for before the next attempt (0: none)."""
