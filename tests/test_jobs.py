@@ -738,3 +738,52 @@ def test_close_refuses_new_work_at_once_while_a_live_job_finishes_its_stages() -
     assert record.status is JobStatus.SUCCEEDED  # its later stage still got in
     assert closed_at == 10.0 and refused == [True, True]
     assert [name for _, name, _ in calls] == ["a:1", "b:1"]
+
+
+@pytest.mark.parametrize(
+    ("hit", "script", "ends", "cancelled"),
+    [
+        ("terminal", {}, JobStatus.SUCCEEDED, False),
+        ("a-succeeded", {}, JobStatus.CANCELLED, True),  # b has not started: the cancel stops the job
+        ("b-succeeded", {}, JobStatus.SUCCEEDED, False),  # every result is in: too late
+        ("b-failed", {"b:1": ["invalid"]}, JobStatus.FAILED, False),  # the failure is decided: too late
+    ],
+)
+def test_a_sink_that_cancels_the_job_it_is_told_about_gets_a_consistent_answer(
+    hit: str, script: dict, ends: JobStatus, cancelled: bool
+) -> None:
+    """Job events are sent in the middle of a job's steps. A sink that cancelled the job (a UI's stop
+    button wired to the stream) got IllegalJobTransitionError on the terminal event, or ended a job
+    cancelled with every result recorded (and 'cancelled -> succeeded' in task_errors), or cancelled
+    with a 'failed' stage event (found by a review that fuzzed jobs). Once the job's ending is
+    decided cancel() returns False; before it, the cancel wins and nothing more starts."""
+    spec = JobSpec(
+        "ab", "1", [Stage("a", "a", build=named("a")), Stage("b", "b", after=("a",), build=named("b"))]
+    )
+    answers: list[object] = []
+    handle_box: list = []
+
+    def sink(event) -> None:
+        matches = {
+            "terminal": isinstance(event, JobTransition)
+            and event.new in ("succeeded", "failed", "cancelled"),
+            "a-succeeded": isinstance(event, StageEvent) and (event.stage, event.event) == ("a", "succeeded"),
+            "b-succeeded": isinstance(event, StageEvent) and (event.stage, event.event) == ("b", "succeeded"),
+            "b-failed": isinstance(event, StageEvent) and (event.stage, event.event) == ("b", "failed"),
+        }
+        if matches[hit] and handle_box and not answers:
+            answers.append(handle_box[0].cancel())
+
+    async def body(runtime):
+        provs = providers(runtime, {"a": 1.0, "b": 1.0}, scripts={"b": script})
+        scheduler = make_scheduler(runtime, provs, events=sink)
+        handle_box.append(scheduler.submit_job(spec, {"x": 1}))
+        record = await handle_box[0].wait()
+        await scheduler.join()
+        return record, provs["b"].calls, runtime.task_errors, scheduler.jobs.in_flight
+
+    record, b_calls, errors, in_flight = run(body)
+    assert answers == [cancelled] and record.status is ends
+    assert errors == [] and in_flight == 0
+    if ends is JobStatus.CANCELLED:
+        assert b_calls == [] and "b" not in record.results

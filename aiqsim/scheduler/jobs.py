@@ -195,7 +195,8 @@ class _JobRun:
     waiting_on: str | None = None
     finished: bool = False
     stopping: bool = False
-    """Its stage tasks are being stopped before its terminal write: their endings do not advance it."""
+    """Its ending is decided (its stage tasks are being stopped before its terminal write, or every
+    result is in): their endings do not advance it, and a cancel comes too late."""
 
 
 _SHARED_JOB_ENDINGS = (JobStatus.SUCCEEDED, JobStatus.FAILED)
@@ -368,8 +369,8 @@ class Jobs:
         """Cancel a live job: its queued and running stage tasks are cancelled, the job ends
         ``cancelled``. False if the job is not live here."""
         run = self._runs.get(job_id)
-        if run is None or run.finished or self._crashed:
-            return False
+        if run is None or run.finished or run.stopping or run.record.status.is_terminal or self._crashed:
+            return False  # (ending already: a sink told of its last step cancels too late)
         if run.waiting_on is not None:
             waiters = self._waiters.get(run.waiting_on)
             if waiters and job_id in waiters:
@@ -831,12 +832,15 @@ class Jobs:
             run,
         )
         run.done.add(stage.name)
-        self._emit_stage(run, stage.name, "succeeded", tuple(record.id for record in outcomes))
         assert run.spec is not None
-        if len(run.done) == len(run.spec.stages):
+        last = len(run.done) == len(run.spec.stages)
+        if last:  # every result is in: a cancel from the sink below comes too late
+            run.stopping = True
+        self._emit_stage(run, stage.name, "succeeded", tuple(record.id for record in outcomes))
+        if last:
             self._finish(run, SUCCEEDED)
         else:
-            self._launch_ready(run)
+            self._launch_ready(run)  # (launches nothing if the sink cancelled the job)
 
     def _build(
         self, stage: Stage, inputs: Any, results: Mapping[str, Any], primary: Stage | None = None
@@ -858,12 +862,14 @@ class Jobs:
         if run.record.status is QUEUED:
             self._move(run, RUNNING)
         message = job_failure_message(stage, reason)
+        run.stopping = True  # the failure is decided: a cancel from the sink below comes too late
         self._emit_stage(run, stage, "failed", (), message)
         self._stop_stages(run, cancel_running=False)
         self._finish(run, FAILED, failed_stage=stage, error=message)
 
     def _cancel_from_stage(self, run: _JobRun, stage: str) -> None:
         """A stage task was cancelled from outside (``scheduler.cancel``, ``close``): so is the job."""
+        run.stopping = True
         self._emit_stage(run, stage, "cancelled", ())
         self._stop_stages(run, cancel_running=True)
         self._finish(run, CANCELLED, failed_stage=stage)
