@@ -16,6 +16,9 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
 - **Slots are leases.** A concurrency slot is a member of a sorted set scored by its expiry
   (``slot_ttl_s`` after the reservation), so the slots of a worker killed mid-call come back on
   their own instead of leaking for ever. ``slot_ttl_s`` must exceed the attempt timeout.
+- **Redis must keep its state across a restart** (``appendonly yes``): a restart that loses it
+  forgets the slots in use, so the fleet may run up to twice its concurrency until those calls
+  end, and the buckets start full. Nothing here can tell a lost state from a new account.
 - **When Redis is unreachable** the quota fails closed by default: nothing is granted, and
   ``time_until`` asks the lane to try again after ``retry_s`` — a fleet never overruns the
   account's limit because its coordinator is down. With ``fallback=QuotaLimits(...)`` (e.g.
