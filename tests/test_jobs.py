@@ -787,3 +787,32 @@ def test_a_sink_that_cancels_the_job_it_is_told_about_gets_a_consistent_answer(
     assert errors == [] and in_flight == 0
     if ends is JobStatus.CANCELLED:
         assert b_calls == [] and "b" not in record.results
+
+
+@pytest.mark.parametrize("how", ["job", "stage task"])
+def test_the_stage_states_of_a_cancelled_job_derive_cancelled(how: str) -> None:
+    """stage_states() is "the input of derive_job_status", but for a cancelled job it said the stage
+    a cancelled task had stopped was failed (derived: failed), or left the running stage None
+    (derived: running), found by a review that fuzzed jobs."""
+    from aiqsim.core.job import derive_job_status
+
+    spec = JobSpec(
+        "ab", "1", [Stage("a", "a", build=named("a")), Stage("b", "b", after=("a",), build=named("b"))]
+    )
+
+    async def body(runtime):
+        provs = providers(runtime, {"a": 1.0, "b": 5.0})
+        scheduler = make_scheduler(runtime, provs)
+        handle = scheduler.submit_job(spec, {"x": 1}, job_id="j")
+        await runtime.sleep(2.0)  # a done, b running
+        if how == "job":
+            handle.cancel()
+        else:
+            scheduler.cancel(scheduler.jobs.get("j").stage_tasks["b"][0])
+        record = await handle.wait()
+        return record, scheduler.jobs.stage_states("j")
+
+    record, states = run(body)
+    assert record.status is JobStatus.CANCELLED
+    assert states == {"a": TaskStatus.SUCCEEDED, "b": TaskStatus.CANCELLED}
+    assert derive_job_status(states) is TaskStatus.CANCELLED

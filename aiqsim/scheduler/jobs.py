@@ -358,6 +358,8 @@ class Jobs:
                     task = tasks.get(current[index]) if index in current else outcome
                     parts.append(None if task is None else task.status)
                 states[name] = stage_status(parts)
+            elif record.status is CANCELLED:  # a stage it had started was stopped with it
+                states[name] = CANCELLED if record.stage_tasks.get(name) else None
             elif record.status.is_terminal:
                 states[name] = FAILED if name == record.failed_stage else None
             else:  # another process's job: what its stage tasks say
