@@ -235,15 +235,21 @@ def test_a_job_whose_progress_cannot_be_written_resolves_failed_and_recovers_lat
 FALLBACK_SPEC = JobSpec("voice", "1", [Stage("tts", "tts", build=first, fallback="tts_backup")])
 
 
-def crash_during_the_fallback_then(restart, *, crash_at: float = 2.0):
-    """The primary fails at t = 1 (an invalid request), the fallback's call runs 1-3: crash at
-    ``crash_at``, then ``restart(...)`` one second later."""
+def failing_over_world():
+    """A runtime, a memory store and the two TTS providers of FALLBACK_SPEC: the primary fails the
+    job's input at t = 1 (an invalid request); the backup answers after 2 s."""
     runtime = SimPyRuntime()
-    store = MemoryStore()
     provs = {
         "tts": ScriptedProvider(runtime, name="tts", latency_s=1.0, script={"first:1": ["invalid"]}),
         "tts_backup": ScriptedProvider(runtime, name="tts_backup", latency_s=2.0),
     }
+    return runtime, MemoryStore(), provs
+
+
+def crash_during_the_fallback_then(restart, *, crash_at: float = 2.0):
+    """The primary fails at t = 1 (an invalid request), the fallback's call runs 1-3: crash at
+    ``crash_at``, then ``restart(...)`` one second later."""
+    runtime, store, provs = failing_over_world()
 
     async def main():
         before = make(runtime, store, provs, specs=(FALLBACK_SPEC,))
@@ -287,12 +293,7 @@ def test_a_fallback_that_ended_before_the_crash_gives_the_stage_its_result_witho
     """The fallback's task was stored as succeeded, but the job's own write of the result was lost
     (two writes: with a SQL store, two transactions): the job record is put back as it was while
     the fallback ran (t = 2), and recovery finds the result in the fallback's task."""
-    runtime = SimPyRuntime()
-    store = MemoryStore()
-    provs = {
-        "tts": ScriptedProvider(runtime, name="tts", latency_s=1.0, script={"first:1": ["invalid"]}),
-        "tts_backup": ScriptedProvider(runtime, name="tts_backup", latency_s=2.0),
-    }
+    runtime, store, provs = failing_over_world()
 
     async def main():
         before = make(runtime, store, provs, specs=(FALLBACK_SPEC,))
