@@ -414,8 +414,12 @@ class _LostResponse:
 _LOST = _LostResponse()
 
 
-def _hand_over(work: Callable[[], Any], answer: Future[Any]) -> None:
-    """Run the server-side ``work`` and give its outcome to ``answer``, unless it is resolved already."""
+def _hand_over(work: Callable[[], Any], answer: Future[Any], done: Callable[[], None] | None = None) -> None:
+    """Run the server-side ``work`` and give its outcome to ``answer``, unless it is resolved already;
+    ``done`` is called first (the provider counts its work done). Called as the scheduled callback
+    itself: a frame between would hold ``answer``, which the error's traceback leads back to."""
+    if done is not None:
+        done()
     try:
         value = work()
     except Exception as error:
@@ -731,18 +735,19 @@ class SimulatedProvider:
         runtime = self.runtime
         answer: Future[Any] = runtime.create_future()
         self.server_work += 1
-        runtime.call_later(delay, partial(self._work_done, work, answer), name=f"{self.name}-server")
+        runtime.call_later(
+            delay, partial(_hand_over, work, answer, self._work_done), name=f"{self.name}-server"
+        )
         return answer
 
-    def _work_done(self, work: Callable[[], Any], answer: Future[Any]) -> None:
-        """Server-side ``work``'s time has come: count it done, then do it (:func:`_hand_over`)."""
+    def _work_done(self) -> None:
+        """A piece of server-side work's time has come (it runs next): count it done."""
         self.server_work -= 1
         if not self.server_work and self._server_idle:
             waiters, self._server_idle = self._server_idle, []
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
-        _hand_over(work, answer)
 
     async def finish_server_work(self) -> None:
         """Wait until the work this provider accepted is done, answered or not: a call the client gave
