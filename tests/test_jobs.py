@@ -816,3 +816,29 @@ def test_the_stage_states_of_a_cancelled_job_derive_cancelled(how: str) -> None:
     assert record.status is JobStatus.CANCELLED
     assert states == {"a": TaskStatus.SUCCEEDED, "b": TaskStatus.CANCELLED}
     assert derive_job_status(states) is TaskStatus.CANCELLED
+
+
+def test_an_interactive_double_click_of_a_job_lifts_its_owner_out_of_the_background_backlog() -> None:
+    """A duplicate task lifts its lower-priority owner to its own class; a duplicate job did not: the
+    interactive double click of a background job waited for the 5 background calls queued ahead
+    of its owner's stage (resolved at 6 s; the same with plain tasks at 1 s; found by a review)."""
+    from aiqsim import Priority, QuotaLimits
+
+    spec = JobSpec(
+        "ab", "1", [Stage("a", "llm", build=named("a")), Stage("b", "llm", after=("a",), build=named("b"))]
+    )
+
+    async def body(runtime):
+        provs = providers(runtime, {"llm": 1.0})
+        scheduler = make_scheduler(runtime, provs, quotas={"llm": QuotaLimits(concurrency=1)})
+        for n in range(5):
+            scheduler.submit("llm", {"input": f"bg{n}"})
+        owner = scheduler.submit_job(spec, {"x": 1}, priority=Priority.BACKGROUND)
+        click = scheduler.submit_job(spec, {"x": 1}, priority=Priority.INTERACTIVE)
+        record = await click.wait()
+        await scheduler.join()
+        return record, (await owner.wait()), [name for _, name, _ in provs["llm"].calls]
+
+    click, owner, calls = run(body)
+    assert click.status is JobStatus.DEDUPED and click.finished_at == 2.0  # a then b, ahead of the backlog
+    assert calls[:2] == ["a:1", "b:1"] and owner.priority is Priority.INTERACTIVE

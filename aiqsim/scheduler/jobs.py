@@ -528,10 +528,28 @@ class Jobs:
         else:
             run.waiting_on = owner.id
             self._waiters.setdefault(owner.id, []).append(record.id)
-            if owner.id not in self._runs and owner.id not in self._watchers:
+            owner_run = self._runs.get(owner.id)
+            if owner_run is not None:
+                self._inherit_priority(owner_run, record.priority)
+            elif owner.id not in self._watchers:
                 self._watchers[owner.id] = self.scheduler.runtime.spawn(
                     self._watch_foreign_owner(owner.id), name=f"watch-job-{owner.id}"
                 )
+
+    def _inherit_priority(self, owner: _JobRun, priority: Priority) -> None:
+        """Raise a live owner job to its duplicate's priority, as a task is raised
+        (:meth:`~aiqsim.scheduler.claims.ClaimRules._inherit_priority`): its live stage tasks move to
+        the duplicate's class, and its later stages are submitted in it. Without this an interactive
+        double click of a job waited for the background backlog ahead of its owner's calls."""
+        if priority >= owner.record.priority or owner.finished:
+            return
+        owner.record = owner.record.evolve(priority=priority)  # persisted with the job's next write
+        scheduler = self.scheduler
+        recorded = [task_id for ids in owner.record.stage_tasks.values() for task_id in ids]
+        for task_id in dict.fromkeys([*owner.task_ids, *recorded]):
+            task = scheduler._live.get(task_id)
+            if task is not None:
+                scheduler._inherit_priority(task, priority)
 
     def _share_ending(self, waiter: _JobRun, owner: JobRecord) -> None:
         """``waiter`` duplicated ``owner``, whose run ended succeeded or failed: it ends ``deduped``
