@@ -26,7 +26,10 @@ Same contract as :class:`~aiqsim.stores.sqlite.SqliteStore`, on a server instead
 
 Errors: connection and server failures on writes raise
 :class:`~aiqsim.stores.base.StoreWriteError` (the change is not persisted; the transaction was
-rolled back); on reads, :class:`~aiqsim.stores.base.StoreError`. Durability is the server's:
+rolled back); on reads, :class:`~aiqsim.stores.base.StoreError`. A lost connection is not made
+again: every later call raises the same way until the process restarts (its supervisor restarts
+it; ``recover()`` then reconciles what it left running). Messages name the DSN without its
+password (:func:`aiqsim.core.dsn.redacted_dsn`). Durability is the server's:
 with PostgreSQL's default ``synchronous_commit = on`` a committed transition survives a crash of
 the server's host.
 """
