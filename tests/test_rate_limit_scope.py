@@ -17,7 +17,7 @@ from aiqsim import (
 )
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import RateLimitError
-from aiqsim.scheduler.events import LanePaused
+from aiqsim.scheduler.events import AttemptRecord, LanePaused
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.scheduler.rate_limit_scope import (
     DEFAULT_RATE_LIMIT_SCOPE,
@@ -32,7 +32,7 @@ from aiqsim.sim.scenario import ScenarioError, load_scenario
 from aiqsim.sim.simulate import retry_policy
 from aiqsim.validation.rate_limit_scope_study import random_429_throughput, server_quota_overrun
 from tests.fakes import ScriptedProvider
-from tests.runtimes import RUNTIMES, run_on
+from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, run_on
 
 # ------------------------------------------------------------------ the rule
 
@@ -291,17 +291,20 @@ def test_a_success_decays_the_counts_exactly_as_a_429_does() -> None:
 
 
 class _FirstCallOfA429s:
-    """Answers after 0.1 s; the first call of payload "a" is a 429 with Retry-After 10 s."""
+    """Answers after 0.1 s; the first call of payload "a" is a 429 with Retry-After 100 s, and says
+    when (``limited``: a future resolved with the time)."""
 
     name = "llm"
 
     def __init__(self, runtime) -> None:
         self.runtime = runtime
+        self.limited = runtime.create_future()
 
     async def call(self, request: ProviderRequest) -> ProviderResponse:
         await self.runtime.sleep(0.1)
         if request.payload == "a" and request.attempt == 1:
-            raise RateLimitError("slow down", retry_after_s=10.0)
+            self.limited.set_result(self.runtime.now())
+            raise RateLimitError("slow down", retry_after_s=100.0)
         return ProviderResponse(result="ok", usage=0)
 
 
@@ -314,21 +317,30 @@ def test_a_tasks_own_retry_policy_decides_whether_its_429_pauses_the_lane(
 ) -> None:
     """submit(retry=...) "replaces the scheduler's retry policy for this task", but the lane pause
     read the scheduler's rate_limit_scope: a task that said only it should wait froze the lane
-    (found by a review that fuzzed the scheduler)."""
+    (found by a review that fuzzed the scheduler). b is submitted once a's 429 has been seen; the
+    outcome ruled out is kept beyond ASYNCIO_LATENESS_S (timers never fire early)."""
 
     async def body(rt):
+        provider = _FirstCallOfA429s(rt)
+        handled = rt.create_future()  # the scheduler has dealt with a's 429 (asyncio hears of it later)
+
+        def sink(event: object) -> None:
+            if isinstance(event, AttemptRecord) and event.outcome == "RateLimitError" and not handled.done():
+                handled.set_result(None)
+
         scheduler = Scheduler(
-            rt, [_FirstCallOfA429s(rt)], retry=RetryPolicy(rate_limit_scope=scheduler_scope)
+            rt, [provider], retry=RetryPolicy(rate_limit_scope=scheduler_scope), events=sink
         )
         a = scheduler.submit("llm", "a", retry=RetryPolicy(rate_limit_scope=task_scope))
-        await rt.sleep(1.0)
+        await handled
+        limited_at = await provider.limited
         b = await scheduler.submit("llm", "b").wait()
         await a.wait()
         await scheduler.close()
-        return b.started_at
+        return b.started_at - limited_at
 
-    started = run_on(rt_name, body)
-    if b_waits:  # the lane reopens at 0.1 + 10 s
-        assert started >= 10.1
-    else:  # at once, at 1 s (asyncio may start it late, never 9 s late)
-        assert 1.0 <= started < 1.0 + 9.0
+    after_the_429 = run_on(rt_name, body)
+    if b_waits:  # the lane reopens 100 s after the 429
+        assert after_the_429 >= 100.0
+    else:  # at once
+        assert 0.0 <= after_the_429 < 100.0 - ASYNCIO_LATENESS_S
