@@ -63,7 +63,6 @@ class AttemptLoop:
         tries = 0
         previous_delay: float | None = None
         cause: BaseException | None = None
-        awaiting_outcome = False
         admitted = False  # a retry the gates admitted before its backoff, not yet sent
         try:
             poison = self.store.poison_error(record.key)
@@ -116,7 +115,7 @@ class AttemptLoop:
                     record.priority,
                 )  # fmt: skip
                 start = runtime.now()
-                awaiting_outcome = live.in_call = True
+                live.in_call = True  # the call is sent: its answer is awaited
                 try:
                     call = lane.provider.call(request)
                     if type(call) is not CoroutineType and not isawaitable(call):
@@ -135,7 +134,7 @@ class AttemptLoop:
                     if type(response) is not ProviderResponse and not isinstance(response, ProviderResponse):
                         raise broken_contract(lane.name, response)
                 except Exception as error:
-                    awaiting_outcome = live.in_call = False
+                    live.in_call = False
                     now = runtime.now()
                     lane.quota.release(reservation, now)
                     reservation = None
@@ -197,7 +196,7 @@ class AttemptLoop:
                         return
                     self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
                     return
-                awaiting_outcome = live.in_call = False
+                live.in_call = False
                 now = runtime.now()
                 usage = self._charged_usage(lane, live, attempts, response.usage, now)
                 lane.quota.reconcile(reservation, usage, now)
@@ -214,13 +213,13 @@ class AttemptLoop:
                 self._finish(live, SUCCEEDED, attempts=attempts, result=response.result)
                 return
         except Cancelled:
-            if awaiting_outcome:
+            if live.in_call:
                 for gate in self.gates:
                     abandon_at_gate(gate, lane.name, tries > 1, True, runtime.now(), task_id=record.id)
             elif admitted:  # a retry charged before its backoff and never sent: give the charge back
                 self._abandon_early(lane.name, record.id)
             if reservation is not None:
-                if awaiting_outcome:  # the call was sent: the provider counts it
+                if live.in_call:  # the call was sent: the provider counts it
                     lane.quota.release(reservation, runtime.now())
                 else:  # cancelled in a gate wait: nothing was sent, give it all back
                     lane.quota.cancel(reservation, runtime.now())
