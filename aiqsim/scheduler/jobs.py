@@ -93,6 +93,7 @@ from aiqsim.stores.job_store import JobStore
 
 if TYPE_CHECKING:
     from aiqsim.scheduler.depth_limit import Call
+    from aiqsim.scheduler.live import LiveTask
     from aiqsim.scheduler.scheduler import Scheduler
 
 __all__ = [
@@ -176,8 +177,6 @@ class _StagePhase:
     fallback: bool = False
     launching: bool = False
     primary_error: str | None = None
-    outcomes_replaced: set[int] = field(default_factory=set)
-    """Elements whose fallback task was picked up by recovery: their primary's outcome is not theirs."""
 
 
 @dataclass(eq=False)
@@ -544,12 +543,19 @@ class Jobs:
         if priority >= owner.record.priority or owner.finished:
             return
         owner.record = owner.record.evolve(priority=priority)  # persisted with the job's next write
-        scheduler = self.scheduler
-        recorded = [task_id for ids in owner.record.stage_tasks.values() for task_id in ids]
-        for task_id in dict.fromkeys([*owner.task_ids, *recorded]):
-            task = scheduler._live.get(task_id)
-            if task is not None:
-                scheduler._inherit_priority(task, priority)
+        for _, task in self._live_stage_tasks(owner):
+            self.scheduler._inherit_priority(task, priority)
+
+    def _live_stage_tasks(self, run: _JobRun) -> list[tuple[str, LiveTask]]:
+        """``run``'s stage tasks live in this scheduler: those it submitted or picked up, and those its
+        record names (a stage task that recovery resumed before its stage was re-driven)."""
+        live = self.scheduler._live
+        recorded = [task_id for ids in run.record.stage_tasks.values() for task_id in ids]
+        return [
+            (task_id, live[task_id])
+            for task_id in dict.fromkeys([*run.task_ids, *recorded])
+            if task_id in live
+        ]
 
     def _share_ending(self, waiter: _JobRun, owner: JobRecord) -> None:
         """``waiter`` duplicated ``owner``, whose run ended succeeded or failed: it ends ``deduped``
@@ -656,8 +662,12 @@ class Jobs:
             stored.append(record)
         stored, fallback_tasks = stored[: len(payloads)], stored[len(payloads) :]
         task_ids = task_ids[: len(payloads)]
-        if fallback_tasks and not self._resume_fallback(run, phase, stored, fallback_tasks):
-            return False
+        replaced: set[int] = set()  # elements whose fallback task stands for them
+        if fallback_tasks:
+            taken = self._resume_fallback(run, phase, stored, fallback_tasks)
+            if taken is None:
+                return False
+            replaced = taken
         ended = {record.id: record for record in stored if record.id not in live}
         stage = phase.stage
         try:
@@ -677,7 +687,7 @@ class Jobs:
                 "task(s) were submitted with, which were followed (is its build function deterministic?)",
             )
         for index, task_id in enumerate(task_ids):
-            if phase.fallback and index in phase.outcomes_replaced:
+            if index in replaced:
                 continue  # its fallback task's outcome stands for it (_resume_fallback)
             if task_id in ended:
                 phase.outcomes[index] = ended[task_id]
@@ -690,11 +700,12 @@ class Jobs:
 
     def _resume_fallback(
         self, run: _JobRun, phase: _StagePhase, primaries: list[TaskRecord], fallbacks: list[TaskRecord]
-    ) -> bool:
+    ) -> set[int] | None:
         """The stage had failed over before the crash: ``primaries`` (all ended) are followed by one
         fallback task per failed primary, in element order, as :meth:`_phase_done` submitted them.
         Put the phase in its fallback state, each failed element waiting on (or holding the
-        outcome of) its fallback task. False when the stored tasks are not that shape."""
+        outcome of) its fallback task; returns those elements. ``None`` when the stored tasks are
+        not that shape."""
         live = self.scheduler._live
         failed = [index for index, record in enumerate(primaries) if not _succeeded(record)]
         if (
@@ -702,17 +713,16 @@ class Jobs:
             or len(failed) != len(fallbacks)
             or any(record.id in live for record in primaries)
         ):
-            return False
+            return None
         phase.fallback = True
         phase.primary_error = _error_of(primaries[failed[0]])
         for index, record in zip(failed, fallbacks, strict=True):
-            phase.outcomes_replaced.add(index)
             if record.id in live:
                 phase.pending[record.id] = index
                 run.task_ids.append(record.id)
             else:
                 phase.outcomes[index] = record
-        return True
+        return set(failed)
 
     def _submit_phase(
         self,
@@ -902,16 +912,9 @@ class Jobs:
         without it (the job failed), a call at the provider finishes and is kept, but no attempt
         starts after it, and a task between attempts (a backoff, a wait for quota) is cancelled."""
         run.stopping = True
-        scheduler = self.scheduler
-        live = scheduler._live
-        # the record's ids too: a stage task resumed by recovery whose stage was not re-driven yet
-        recorded = [task_id for ids in run.record.stage_tasks.values() for task_id in ids]
-        for task_id in dict.fromkeys([*run.task_ids, *recorded]):
-            task = live.get(task_id)
-            if task is None:
-                continue
+        for task_id, task in self._live_stage_tasks(run):
             if cancel_running or not task.in_call:
-                scheduler.cancel(task_id)
+                self.scheduler.cancel(task_id)
             else:
                 task.last_attempt = True
 
