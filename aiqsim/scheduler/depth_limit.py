@@ -34,6 +34,7 @@ from aiqsim.core.task import Priority, TaskRecord
 from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.scheduler.dispatch import QueueItem
 from aiqsim.scheduler.lanes import Lane
+from aiqsim.stores.base import LIVE_OWNER_STATUSES
 
 Call = tuple[Lane, float, QueueItem | None]
 """A request the depth limit is asked about: its lane, its cost, and the queue item of the queued
@@ -45,6 +46,18 @@ _PROBE_ID = "\x00depth-limit-probe"
 
 class DepthLimit:
     """Whether more requests of a priority class may be queued, or the class is full."""
+
+    def _check_depth_limit(
+        self, lane: Lane, priority: Priority, cost: float, key: str, task_id: str | None = None
+    ) -> None:
+        """Raise :class:`~aiqsim.scheduler.scheduler.QueueFullError` when the limit of ``priority``
+        refuses one more request (a submission, or the manual retry of task ``task_id``) of ``cost``
+        for ``key`` on ``lane``; its key's live owner, if another task, makes it a duplicate."""
+        existing = self.store.owner_of(key)  # only the limit asks: a store read (SQL) saved without one
+        live = existing is not None and existing.id != task_id and existing.status in LIVE_OWNER_STATUSES
+        limit = self._refusing_submission(lane, priority, cost, existing if live else None)
+        if limit is not None:
+            raise self._queue_full(lane, priority, limit)
 
     def _refusing_submission(
         self, lane: Lane, priority: Priority, cost: float, duplicate_of: TaskRecord | None

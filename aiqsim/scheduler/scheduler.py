@@ -71,7 +71,7 @@ from aiqsim.scheduler.recovery import Recovery
 from aiqsim.scheduler.recovery import RecoveryReport as RecoveryReport  # re-exported: its old home
 from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, check_retry_policy, split_gates
 from aiqsim.scheduler.store_writes import persist_change
-from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError, TaskStore
+from aiqsim.stores.base import StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -466,12 +466,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
         # a job's stage tasks are counted as their job (see Jobs.depth). The rule: depth_limit.py.
         if not job_stage and self._limits[priority] is not None:
-            existing = self.store.owner_of(key)  # only the limit asks: a store read (SQL) saved without one
-            is_live = existing is not None and existing.status in LIVE_OWNER_STATUSES
-            duplicate_of = existing if is_live else None
-            limit = self._refusing_submission(lane, priority, cost_estimate, duplicate_of)
-            if limit is not None:
-                raise self._queue_full(lane, priority, limit)
+            self._check_depth_limit(lane, priority, cost_estimate, key)
         now = self.runtime.now()
         # positional, in TaskRecord's field order (pinned by tests/test_slot_init.py): a keyword call
         # maps each name to its parameter, once per submission; the cost is a float already
@@ -657,14 +652,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 f"The task was left {record.status.value}"
             )
         if self._limits[record.priority] is not None and record.status is TaskStatus.FAILED:
-            # the depth limit, as for a submission (rule: depth_limit.py)
-            existing = self.store.owner_of(record.key)
-            live_owner = existing is not None and existing.id != record.id
-            duplicate_of = existing if live_owner and existing.status in LIVE_OWNER_STATUSES else None
-            lane = self._lanes[record.provider]
-            limit = self._refusing_submission(lane, record.priority, record.cost_estimate, duplicate_of)
-            if limit is not None:
-                raise self._queue_full(lane, record.priority, limit)
+            lane = self._lanes[record.provider]  # the depth limit, as for a submission
+            self._check_depth_limit(lane, record.priority, record.cost_estimate, record.key, record.id)
         failed = record
         record = transition(record, TaskStatus.QUEUED, self.runtime.now(), worker=self.worker_id)
         persist_change(failed, record, self.store.update)
