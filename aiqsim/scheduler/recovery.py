@@ -128,15 +128,13 @@ class Recovery:
                 left += 1
                 continue
             orphans.append(orphan)
-        looked_up = [orphan for orphan in orphans if use_lookup and self._lookup_of(orphan) is not None]
-        lookups = [(self._lookup_of(orphan), orphan.key) for orphan in looked_up]
-        outcomes = dict(
-            zip(
-                (orphan.id for orphan in looked_up),
-                await lookup_all(self.runtime, lookups, retry, self.rng),  # type: ignore[arg-type]
-                strict=True,
-            )
-        )
+        asked = [
+            (orphan, provider)
+            for orphan in orphans
+            if use_lookup and (provider := self._lookup_of(orphan)) is not None
+        ]
+        answers = await lookup_all(self.runtime, [(p, orphan.key) for orphan, p in asked], retry, self.rng)
+        outcomes = {orphan.id: answer for (orphan, _), answer in zip(asked, answers, strict=True)}
         for orphan in orphans:  # in the store's order, whatever order the lookups answered in
             response: ProviderResponse | None = None
             outcome = outcomes.get(orphan.id)
