@@ -479,14 +479,7 @@ class PostgresStore:
         must stop at once. A finished adoption is kept as a tombstone for this: when its row was
         deleted, a worker that woke after it took a fresh lease and ran its tasks a second time.
         """
-        with self._write(f"lease of worker {worker!r}") as conn:
-            row = conn.execute(
-                f"INSERT INTO {self.schema}.leases (worker, expires_at) VALUES (%s, {_SERVER_NOW} + %s) "
-                f"ON CONFLICT (worker) DO UPDATE SET expires_at = excluded.expires_at "
-                f"WHERE {self.schema}.leases.adopted_by IS NULL RETURNING worker",
-                (worker, float(ttl_s)),
-            ).fetchone()
-            return row is not None
+        return self._hold_lease(worker, ttl_s, f"lease of worker {worker!r}", after_adoption=False)
 
     def acquire_lease(self, worker: str, ttl_s: float) -> bool:
         """Take ``worker``'s lease at a process's start (:meth:`renew_lease` for the beats after it).
@@ -495,12 +488,21 @@ class PostgresStore:
         tombstone) starts afresh with a new lease. False while an adoption of it is under way: its
         tasks are being taken over now, so it must not start under that id yet.
         """
-        with self._write(f"lease of worker {worker!r} at its start") as conn:
+        return self._hold_lease(
+            worker, ttl_s, f"lease of worker {worker!r} at its start", after_adoption=True
+        )
+
+    def _hold_lease(self, worker: str, ttl_s: float, what: str, *, after_adoption: bool) -> bool:
+        """Insert or extend ``worker``'s lease unless it is adopted; ``after_adoption``: also over a
+        finished adoption's tombstone (which it clears). Whether the lease is held now."""
+        leases = f"{self.schema}.leases"
+        tombstone = f" OR {leases}.expires_at = '-Infinity'" if after_adoption else ""
+        clear = ", adopted_by = NULL" if after_adoption else ""
+        with self._write(what) as conn:
             row = conn.execute(
-                f"INSERT INTO {self.schema}.leases (worker, expires_at) VALUES (%s, {_SERVER_NOW} + %s) "
-                f"ON CONFLICT (worker) DO UPDATE SET expires_at = excluded.expires_at, adopted_by = NULL "
-                f"WHERE {self.schema}.leases.adopted_by IS NULL "
-                f"OR {self.schema}.leases.expires_at = '-Infinity' RETURNING worker",
+                f"INSERT INTO {leases} (worker, expires_at) VALUES (%s, {_SERVER_NOW} + %s) "
+                f"ON CONFLICT (worker) DO UPDATE SET expires_at = excluded.expires_at{clear} "
+                f"WHERE {leases}.adopted_by IS NULL{tombstone} RETURNING worker",
                 (worker, float(ttl_s)),
             ).fetchone()
             return row is not None
