@@ -23,7 +23,6 @@ import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from heapq import heappop, heappush
-from inspect import CORO_CREATED, getcoroutinestate, iscoroutine
 from types import CoroutineType
 from typing import Any, NoReturn, TypeVar
 
@@ -390,11 +389,9 @@ class SimTask:
         if self._ended is not None:
             return False
         self._cancel_requests += 1
-        # not started: its own first event is what it waits for (a compiled build's coroutines are
-        # no CoroutineType, so the state check alone missed them)
-        if self._waiting is self or (
-            iscoroutine(self._coro) and getcoroutinestate(self._coro) == CORO_CREATED
-        ):
+        # not started: its own first event is what it waits for (the test of the coroutine's state
+        # missed a compiled build's coroutines, which are no CoroutineType)
+        if self._waiting is self:
             self._coro.close()
         self._request_cancel()
         return True
