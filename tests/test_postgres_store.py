@@ -166,19 +166,104 @@ def test_bad_arguments_and_an_unreachable_server_are_clear_errors() -> None:
         PostgresStore("postgresql://u:secret@127.0.0.1:1/db", connect_timeout_s=1)
 
 
-def test_a_write_on_a_lost_connection_is_a_store_write_error(postgres_dsn: str, schema: str) -> None:
+def _terminate_backend(dsn: str, pid: int) -> None:
+    """End one server process as an administrator (or a server restart) would: its client's
+    connection is lost, and it finds out at its next statement."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+
+
+def test_a_connection_the_server_dropped_is_made_again_by_the_next_call(
+    postgres_dsn: str, schema: str
+) -> None:
     from aiqsim.stores.postgres import PostgresStore
 
-    store = PostgresStore(postgres_dsn, schema=schema)
-    try:
+    with PostgresStore(postgres_dsn, schema=schema) as store:
         store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm"))
-        store._conn.close()  # the server went away under us, as far as this connection can tell
-        with pytest.raises(StoreWriteError, match="not persisted: insert task 'b'"):
-            store.insert_and_claim(TaskRecord(id="b", key="k2", kind="llm", provider="llm"))
-    finally:
-        store.close()
+        _terminate_backend(postgres_dsn, store._conn.info.backend_pid)
+        # the write finds the connection gone at BEGIN, before any of it reached the server
+        assert store.insert_and_claim(TaskRecord(id="b", key="k2", kind="llm", provider="llm")).id == "b"
+        assert store.reconnects == 1
+        _terminate_backend(postgres_dsn, store._conn.info.backend_pid)
+        assert store.get("a") is not None  # a read asks again on a new connection
+        assert store.reconnects == 2
+        assert sorted(r.id for r in store.list_by_status()) == ["a", "b"]
     with PostgresStore(postgres_dsn, schema=schema) as again:
-        assert [r.id for r in again.list_by_status()] == ["a"]
+        assert sorted(r.id for r in again.list_by_status()) == ["a", "b"]
+
+
+def test_while_the_server_is_unreachable_calls_fail_and_the_first_after_it_is_back_works(
+    postgres_dsn: str, schema: str
+) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    from aiqsim.stores.postgres import PostgresStore
+    from tests.tcp_link import TcpLink
+
+    parts = urlsplit(postgres_dsn)
+    assert parts.hostname is not None and parts.port is not None, postgres_dsn
+    with TcpLink((parts.hostname, parts.port)) as link:
+        user = f"{parts.username}@" if parts.username else ""
+        via_link = urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{link.port}"))
+        with PostgresStore(via_link, schema=schema, connect_timeout_s=2) as store:
+            store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm"))
+            link.cut()
+            with pytest.raises(StoreWriteError, match=r"not persisted: insert task 'b'.*cannot connect"):
+                store.insert_and_claim(TaskRecord(id="b", key="k2", kind="llm", provider="llm"))
+            with pytest.raises(StoreError, match=f"cannot connect to PostgreSQL at .*:{link.port}"):
+                store.get("a")
+            link.restore()
+            store.insert_and_claim(TaskRecord(id="c", key="k3", kind="llm", provider="llm"))
+            assert sorted(r.id for r in store.list_by_status()) == ["a", "c"]
+            assert store.reconnects == 1
+    with PostgresStore(postgres_dsn, schema=schema) as again:  # b was never written
+        assert sorted(r.id for r in again.list_by_status()) == ["a", "c"]
+
+
+def test_a_write_that_loses_its_connection_mid_transaction_is_not_applied(
+    postgres_dsn: str, schema: str
+) -> None:
+    from aiqsim.core.states import transition
+    from aiqsim.stores.postgres import PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        record = TaskRecord(id="a", key="k", kind="llm", provider="llm")
+        store.insert_and_claim(record)
+        # the connection dies inside the transaction, before its COMMIT
+        with (
+            pytest.raises(StoreWriteError, match="not persisted: task 'a' -> running"),
+            store._write("task 'a' -> running") as conn,
+        ):
+            conn.execute(f"UPDATE {schema}.tasks SET status = 'running' WHERE id = 'a'")
+            _terminate_backend(postgres_dsn, conn.info.backend_pid)
+            conn.execute("SELECT 1")
+        assert store.get("a").status is TaskStatus.QUEUED  # rolled back by the server; the store goes on
+        store.update(transition(record, TaskStatus.RUNNING, 1.0))
+        assert store.get("a").status is TaskStatus.RUNNING
+
+
+def test_the_listen_connection_is_made_again_after_it_was_lost(postgres_dsn: str, schema: str) -> None:
+    from aiqsim.core.states import transition
+    from aiqsim.stores.postgres import PostgresStore
+
+    with (
+        PostgresStore(postgres_dsn, schema=schema) as waiter,
+        PostgresStore(postgres_dsn, schema=schema) as writer,
+    ):
+        record = TaskRecord(id="a", key="k", kind="llm", provider="llm")
+        writer.insert_and_claim(record)
+        first = waiter.notification_fileno()
+        _terminate_backend(postgres_dsn, waiter._listener.info.backend_pid)
+        with pytest.raises(StoreError, match="notifications failed"):
+            waiter.wait_for_terminal(["a"], timeout_s=5)  # finds out that it was lost
+        assert waiter.wait_for_terminal(["a"], timeout_s=0.05) == set()  # listening again
+        running = transition(record, TaskStatus.RUNNING, 1.0)
+        writer.update(running)
+        writer.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={"ok": json.dumps(1)}))
+        assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
+        assert waiter.notification_fileno() >= 0 and first >= 0
 
 
 def test_terminal_transitions_are_announced(postgres_dsn: str, schema: str) -> None:

@@ -26,10 +26,14 @@ Same contract as :class:`~aiqsim.stores.sqlite.SqliteStore`, on a server instead
 
 Errors: connection and server failures on writes raise
 :class:`~aiqsim.stores.base.StoreWriteError` (the change is not persisted; the transaction was
-rolled back); on reads, :class:`~aiqsim.stores.base.StoreError`. A lost connection is not made
-again: every later call raises the same way until the process restarts (its supervisor restarts
-it; ``recover()`` then reconciles what it left running). Messages name the DSN without its
-password (:func:`aiqsim.core.dsn.redacted_dsn`). Durability is the server's:
+rolled back); on reads, :class:`~aiqsim.stores.base.StoreError`. A lost connection (the server
+restarted, an idle connection was cut, the network went away) is made again by the next call: a
+write whose ``BEGIN`` finds the connection lost begins again on a new one (nothing of it had
+reached the server), and so does a read; a write that loses its connection after that raises
+``StoreWriteError``, since whether its ``COMMIT`` was applied cannot be known (the store's rows
+say: ``recover()`` reconciles from them). While the server cannot be reached every call raises
+(naming the DSN), and the first call after it is back works, with no restart of the process.
+Messages name the DSN without its password (:func:`aiqsim.core.dsn.redacted_dsn`). Durability is the server's:
 with PostgreSQL's default ``synchronous_commit = on`` a committed transition survives a crash of
 the server's host.
 """
@@ -206,11 +210,10 @@ class PostgresStore:
         self.notify = notify
         self._closed = False
         self._errors = psycopg.Error
-        try:
-            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout_s)))
-        except psycopg.Error as error:
-            detail = without_secrets(str(error), self.dsn)
-            raise StoreError(f"cannot connect to PostgreSQL at {self._where()}: {detail}") from None
+        self._connect_timeout = max(1, int(connect_timeout_s))
+        self.reconnects = 0
+        """Connections made again after one was lost (see the module docs); 0 on a steady link."""
+        self._conn = self._connect()
         try:
             self._open_schema()
         except BaseException:
@@ -225,6 +228,38 @@ class PostgresStore:
     def _where(self) -> str:
         """The DSN without its password, for messages (:func:`redacted_dsn`)."""
         return redacted_dsn(self.dsn)
+
+    def _connect(self) -> Any:
+        """A new autocommit connection to the server; :class:`StoreError` naming the DSN (without
+        its password) when there is none to be had."""
+        psycopg = _psycopg()
+        try:
+            return psycopg.connect(self.dsn, autocommit=True, connect_timeout=self._connect_timeout)
+        except psycopg.Error as error:
+            detail = without_secrets(str(error), self.dsn)
+            raise StoreError(f"cannot connect to PostgreSQL at {self._where()}: {detail}") from None
+
+    def _connection(self) -> Any:
+        """The store's connection, made again first if the last one was lost; raises
+        :class:`StoreClosedError` after :meth:`close`, :class:`StoreError` while the server cannot
+        be reached."""
+        self._check_open()
+        if self._conn.broken or self._conn.closed:
+            self._replace_connection()
+        return self._conn
+
+    def _replace_connection(self) -> None:
+        """Drop the lost connection and open a new one (the next call tries again if this fails)."""
+        try:
+            self._conn.close()
+        except self._errors:  # pragma: no cover - closing a broken connection does not talk to the server
+            pass
+        self._conn = self._connect()
+        self.reconnects += 1
+
+    def _lost(self, conn: Any) -> bool:
+        """Whether ``conn`` failed because the connection itself is gone (not the statement)."""
+        return bool(conn.broken or conn.closed)
 
     # ------------------------------------------------------------------ schema
     def _open_schema(self) -> None:
@@ -324,18 +359,56 @@ class PostgresStore:
 
     @contextmanager
     def _write(self, what: str) -> Iterator[Any]:
-        """One transaction; any server or connection failure becomes a StoreWriteError (rolled back)."""
-        self._check_open()
+        """One transaction; any server or connection failure becomes a StoreWriteError (rolled back,
+        or, when the connection was lost at its ``COMMIT``, not known to be applied)."""
         try:
-            with self._conn.transaction():
-                yield self._conn
+            conn, transaction = self._begin()
+        except StoreClosedError:
+            raise
+        except (StoreError, self._errors) as error:
+            raise StoreWriteError(what, error) from error
+        try:
+            yield conn
+        except BaseException as error:
+            try:
+                transaction.__exit__(type(error), error, error.__traceback__)  # ROLLBACK
+            except self._errors:
+                pass  # the connection is gone: the server rolls the transaction back itself
+            if isinstance(error, self._errors):
+                raise StoreWriteError(what, error) from error
+            raise
+        try:
+            transaction.__exit__(None, None, None)  # COMMIT
         except self._errors as error:
             raise StoreWriteError(what, error) from error
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        self._check_open()
+    def _begin(self) -> tuple[Any, Any]:
+        """``BEGIN`` a transaction: ``(connection, its transaction)``, entered. A connection found
+        lost at ``BEGIN`` is made again and the ``BEGIN`` sent once more: nothing of the write had
+        reached the server, so beginning it again cannot apply anything twice."""
+        conn = self._connection()
+        transaction = conn.transaction()
         try:
-            return self._conn.execute(sql, params).fetchall()
+            transaction.__enter__()
+        except self._errors:
+            if not self._lost(conn):
+                raise
+            conn = self._connection()
+            transaction = conn.transaction()
+            transaction.__enter__()
+        return conn, transaction
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run a query; a connection found lost is made again and the query asked once more (a
+        read changes nothing, so asking twice is harmless)."""
+        try:
+            conn = self._connection()
+            try:
+                return conn.execute(sql, params).fetchall()
+            except self._errors:
+                if not self._lost(conn):
+                    raise
+                return self._connection().execute(sql, params).fetchall()
         except self._errors as error:
             raise StoreError(f"{self._where()}: read failed: {error}") from error
 
@@ -453,21 +526,35 @@ class PostgresStore:
         separate ``LISTEN`` connection, opened on first use; callers must still read the
         store afterwards, since a notification can arrive before they started listening.
         """
-        self._check_open()
-        psycopg = _psycopg()
         wanted = {f"{self.schema}:{task_id}" for task_id in task_ids}
+        listener = self._listening()
         try:
-            if getattr(self, "_listener", None) is None:
-                self._listener = psycopg.connect(self.dsn, autocommit=True)
-                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
             found: set[str] = set()
-            for note in self._listener.notifies(timeout=timeout_s, stop_after=None):
+            for note in listener.notifies(timeout=timeout_s, stop_after=None):
                 if note.payload in wanted:
                     found.add(note.payload.split(":", 1)[1])
                     break
             return found
-        except psycopg.Error as error:
+        except self._errors as error:
             raise StoreError(f"{self._where()}: waiting for notifications failed: {error}") from error
+
+    def _listening(self) -> Any:
+        """The ``LISTEN`` connection, opened on first use and again after it was lost (notifications
+        sent while it was gone are not delivered: callers read the store after waking anyway)."""
+        self._check_open()
+        listener = getattr(self, "_listener", None)
+        if listener is not None and (listener.broken or listener.closed):
+            listener.close()
+            listener = self._listener = None
+        if listener is None:
+            listener = self._connect()
+            try:
+                listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            except self._errors as error:
+                listener.close()
+                raise StoreError(f"{self._where()}: cannot listen for notifications: {error}") from error
+            self._listener = listener
+        return listener
 
     # ------------------------------------------------------------------ leases
     def renew_lease(self, worker: str, ttl_s: float) -> bool:
@@ -563,15 +650,7 @@ class PostgresStore:
         """The socket of this store's ``LISTEN`` connection (opened on first use), to wait on with
         :meth:`AsyncioRuntime.wait_readable <aiqsim.runtime.AsyncioRuntime.wait_readable>`: it becomes
         readable when some worker, on any host, makes a task terminal."""
-        self._check_open()
-        psycopg = _psycopg()
-        try:
-            if getattr(self, "_listener", None) is None:
-                self._listener = psycopg.connect(self.dsn, autocommit=True)
-                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            return int(self._listener.fileno())
-        except psycopg.Error as error:
-            raise StoreError(f"{self._where()}: cannot listen for notifications: {error}") from error
+        return int(self._listening().fileno())
 
     def drain_notifications(self) -> set[str]:
         """Task ids announced terminal since the last drain (without blocking); clears the socket."""
@@ -585,7 +664,7 @@ class PostgresStore:
                 for note in listener.notifies(timeout=0)
                 if note.payload.startswith(prefix)
             }
-        except _psycopg().Error as error:
+        except self._errors as error:
             raise StoreError(f"{self._where()}: reading notifications failed: {error}") from error
 
     def drop(self) -> None:
@@ -597,7 +676,7 @@ class PostgresStore:
         """Close the connections (idempotent); every write is already durable (nothing is staged)."""
         if not self._closed:
             self._closed = True
-            self._conn.close()
+            self._conn.close()  # (a lost one closes without talking to the server)
             listener = getattr(self, "_listener", None)
             if listener is not None:
                 listener.close()
