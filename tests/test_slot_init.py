@@ -313,3 +313,28 @@ def test_new_submission_sets_every_slot_the_constructor_sets() -> None:
     assert isinstance(built, Submission) and repr(built) == "<Submission t1 pending>"
     without = _new_submission("t2", "k2", live, runtime.create_future, None)
     assert without._accepted is None and without._holder is live
+
+
+def test_a_scheduler_keeps_its_attributes_in_slots_without_an_instance_dict() -> None:
+    """Scheduler and each of its parts declare ``__slots__`` (issue #19: with a ``__dict__`` of 34
+    attributes every attribute read was a dict lookup, and a method-cache miss walked the MRO): a
+    part added without ``__slots__ = ()`` would bring the ``__dict__`` back silently."""
+    import random
+
+    from aiqsim.runtime import SimPyRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.validation.mmc import ExponentialServiceProvider
+
+    runtime = SimPyRuntime()
+    scheduler = Scheduler(runtime, [ExponentialServiceProvider(runtime, 1.0, random.Random(0))])
+    assert not hasattr(scheduler, "__dict__")
+    assert [part.__name__ for part in Scheduler.__mro__ if "__slots__" not in vars(part)] == ["object"]
+    unset = [name for name in Scheduler.__slots__ if not hasattr(scheduler, name)]
+    assert unset == []  # every slot is set by __init__: no attribute read can find an empty slot
+
+    class Customised(Scheduler):  # a subclass may still add attributes of its own
+        pass
+
+    customised = Customised(runtime, [ExponentialServiceProvider(runtime, 1.0, random.Random(0))])
+    customised.note = "mine"
+    assert customised.note == "mine"

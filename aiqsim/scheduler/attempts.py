@@ -43,6 +43,8 @@ from aiqsim.stores.base import StoreWriteError
 class AttemptLoop:
     """A task's run: its attempts, their failures and retries, gates and usage, inside ``running``."""
 
+    __slots__ = ()
+
     async def _run(self, lane: Lane, live: LiveTask, reservation: Reservation | None) -> None:
         live.started = True
         runtime = self.runtime

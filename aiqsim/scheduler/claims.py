@@ -24,6 +24,8 @@ class ClaimRules:
     """Who runs a key: the claim of an idempotency key, duplicates waiting on its owner, priority
     inheritance, and the watch on an owner in another process."""
 
+    __slots__ = ()
+
     def _follow_owner(self, live: LiveTask, owner: TaskRecord) -> None:
         record = live.record
         if owner.id == record.id:

@@ -47,6 +47,8 @@ _PROBE_ID = "\x00depth-limit-probe"
 class DepthLimit:
     """Whether more requests of a priority class may be queued, or the class is full."""
 
+    __slots__ = ()
+
     def _check_depth_limit(
         self, lane: Lane, priority: Priority, cost: float, key: str, task_id: str | None = None
     ) -> None:

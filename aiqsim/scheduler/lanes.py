@@ -122,6 +122,8 @@ _QUOTA_METHODS = ("check_cost", "try_reserve", "time_until", "release", "cancel"
 class LaneDispatch:
     """Each provider lane's queues and its dispatch: which task starts next, and when the quota admits it."""
 
+    __slots__ = ()
+
     def _enqueue(self, live: LiveTask) -> None:
         record = live.record
         lane = self._lanes[record.provider]

@@ -25,6 +25,8 @@ from aiqsim.stores.base import StoreWriteError
 class Outcomes:
     """Every status change written and reported, and the one rule for a change that could not be persisted."""
 
+    __slots__ = ()
+
     def _write(self, record: TaskRecord, old: TaskRecord | None = None) -> None:
         """Persist ``record`` (raises :class:`StoreWriteError` naming the change if it fails)."""
         if self._crashed:

@@ -52,6 +52,8 @@ class RecoveryReport:
 class Recovery:
     """Reconciliation of the store after a restart (:meth:`recover`)."""
 
+    __slots__ = ()
+
     async def recover(
         self,
         *,
