@@ -4,6 +4,8 @@ the call is not retried (it may have been billed), and the lane goes on."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from aiqsim import QuotaLimits, RetryPolicy, Scheduler, TaskStatus
@@ -145,3 +147,39 @@ def test_a_provider_without_a_call_method_is_refused_when_the_scheduler_is_made(
         Scheduler(SimPyRuntime(), [provider])
     with pytest.raises(SchedulerArgumentError, match="has no call"):
         Scheduler(SimPyRuntime(), {"lane": provider})
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+def test_a_plain_generator_is_refused_after_an_awaitable_generator_was_accepted(rt_name: str) -> None:
+    """The scheduler remembers the types of awaitables it checked (issue #19: the check runs on every
+    attempt), but a generator is awaitable only when its code is a ``@types.coroutine``: having
+    awaited one must not let a plain generator through (it would fail inside the runtime instead,
+    retried as a TypeError, without naming the provider)."""
+
+    class Generators:
+        name = "llm"
+
+        def __init__(self, runtime) -> None:
+            self.runtime = runtime
+
+        @types.coroutine
+        def _marked(self, request):
+            yield from self.runtime.sleep(1.0).__await__()
+            return ProviderResponse(result=request.payload)
+
+        def call(self, request):
+            if request.payload == "marked":
+                return self._marked(request)
+            return (part for part in ("not", "awaitable"))
+
+    async def body(rt):
+        scheduler = Scheduler(rt, [Generators(rt)], retry=RetryPolicy(max_attempts=3))
+        marked = await rt.wait_for(scheduler.submit("llm", "marked").wait(), 100)
+        plain = await rt.wait_for(scheduler.submit("llm", "plain").wait(), 100)
+        await scheduler.close()
+        return marked, plain
+
+    marked, plain = run_on(rt_name, body)
+    assert (marked.status, marked.result) == (TaskStatus.SUCCEEDED, "marked")
+    assert plain.status is TaskStatus.FAILED and plain.attempts == 1
+    assert plain.error.startswith("ProviderContractError: provider 'llm': call() returned generator")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from inspect import isawaitable
-from types import CoroutineType
+from types import CoroutineType, GeneratorType
 from typing import Any
 
 from aiqsim.core.backoff import retry_delay
@@ -120,7 +120,7 @@ class AttemptLoop:
                 live.in_call = True  # the call is sent: its answer is awaited
                 try:
                     call = lane.provider.call(request)
-                    if type(call) is not CoroutineType and not isawaitable(call):
+                    if type(call) not in _AWAITABLE_TYPES and not _is_awaitable(call):
                         raise not_awaitable(lane.name, call)
                     try:
                         if policy.attempt_timeout_s is None:
@@ -489,6 +489,22 @@ def broken_contract(provider: str, answer: object) -> ProviderContractError:
         f"provider {provider!r} returned {type(answer).__name__} from call(), not a ProviderResponse "
         "(aiqsim.scheduler.provider): a bug in its adapter; the call may have been billed"
     )
+
+
+_AWAITABLE_TYPES: set[type] = {CoroutineType}
+"""Types whose every instance can be awaited, as :func:`_is_awaitable` found them: the check runs on
+every attempt, and ``inspect.isawaitable`` is five Python-level calls for any awaitable that is not
+a native coroutine (a compiled build's coroutines are not: issue #19)."""
+
+
+def _is_awaitable(answer: object) -> bool:
+    """``inspect.isawaitable(answer)``, remembering the type when that answers for every instance of
+    it (not for a generator: only one whose code is marked ``@types.coroutine`` can be awaited)."""
+    if not isawaitable(answer):
+        return False
+    if type(answer) is not GeneratorType:
+        _AWAITABLE_TYPES.add(type(answer))
+    return True
 
 
 def not_awaitable(provider: str, answer: object) -> ProviderContractError:
