@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -245,7 +246,6 @@ def test_a_write_that_loses_its_connection_mid_transaction_is_not_applied(
 
 
 def test_the_listen_connection_is_made_again_after_it_was_lost(postgres_dsn: str, schema: str) -> None:
-    from aiqsim.core.states import transition
     from aiqsim.stores.postgres import PostgresStore
 
     with (
@@ -254,20 +254,27 @@ def test_the_listen_connection_is_made_again_after_it_was_lost(postgres_dsn: str
     ):
         record = TaskRecord(id="a", key="k", kind="llm", provider="llm")
         writer.insert_and_claim(record)
-        first = waiter.notification_fileno()
-        _terminate_backend(postgres_dsn, waiter._listener.info.backend_pid)
+        waiter.notification_fileno()  # starts listening
+        lost = waiter._listener.info.backend_pid
+        _terminate_backend(postgres_dsn, lost)
         with pytest.raises(StoreError, match="notifications failed"):
             waiter.wait_for_terminal(["a"], timeout_s=5)  # finds out that it was lost
         assert waiter.wait_for_terminal(["a"], timeout_s=0.05) == set()  # listening again
-        running = transition(record, TaskStatus.RUNNING, 1.0)
-        writer.update(running)
-        writer.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={"ok": json.dumps(1)}))
+        assert waiter._listener.info.backend_pid != lost
+        _succeed(writer, record)
         assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
-        assert waiter.notification_fileno() >= 0 and first >= 0
+
+
+def _succeed(writer: Any, record: TaskRecord) -> None:
+    """Take ``record`` through running to succeeded in ``writer``'s store (the second write notifies)."""
+    from aiqsim.core.states import transition
+
+    running = transition(record, TaskStatus.RUNNING, 1.0)
+    writer.update(running)
+    writer.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={"ok": json.dumps(1)}))
 
 
 def test_terminal_transitions_are_announced(postgres_dsn: str, schema: str) -> None:
-    from aiqsim.core.states import transition
     from aiqsim.stores.postgres import PostgresStore
 
     with (
@@ -277,9 +284,7 @@ def test_terminal_transitions_are_announced(postgres_dsn: str, schema: str) -> N
         record = TaskRecord(id="a", key="k", kind="llm", provider="llm")
         writer.insert_and_claim(record)
         assert waiter.wait_for_terminal(["a"], timeout_s=0.05) == set()  # starts listening, nothing yet
-        running = transition(record, TaskStatus.RUNNING, 1.0)
-        writer.update(running)
-        writer.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={"ok": json.dumps(1)}))
+        _succeed(writer, record)
         assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
 
 
