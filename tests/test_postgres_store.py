@@ -497,3 +497,101 @@ def test_a_keeper_finishes_an_adoption_only_once_recovery_decided_every_orphan(
         second = runtime.run(keeper.adopt())
         assert [a.report.orphans_completed for a in second] == [1]
         assert "dead" not in store.leases() and store.get("o").status is TaskStatus.SUCCEEDED
+
+
+def _store_behind_a_link(postgres_dsn: str, schema: str, link: Any) -> Any:
+    """A PostgresStore that reaches the server through ``link`` (a :class:`tests.tcp_link.TcpLink`)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from aiqsim.stores.postgres import PostgresStore
+
+    parts = urlsplit(postgres_dsn)
+    user = f"{parts.username}@" if parts.username else ""
+    return PostgresStore(
+        urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{link.port}")), schema=schema, connect_timeout_s=2
+    )
+
+
+def _link_to(postgres_dsn: str) -> Any:
+    from urllib.parse import urlsplit
+
+    from tests.tcp_link import TcpLink
+
+    parts = urlsplit(postgres_dsn)
+    assert parts.hostname is not None and parts.port is not None, postgres_dsn
+    return TcpLink((parts.hostname, parts.port))
+
+
+def test_a_keeper_beats_through_a_store_outage_shorter_than_its_lease(postgres_dsn: str, schema: str) -> None:
+    """Before: the first beat that could not reach the store killed the keeper, and the scheduler
+    (whose store now makes its connection again) ran on without a lease: another worker adopted its
+    tasks once the lease ran out, and both ran them."""
+    import asyncio
+
+    from aiqsim.fleet import LeaseKeeper
+    from aiqsim.runtime import AsyncioRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.stores.postgres import PostgresStore
+    from tests.fakes import ScriptedProvider
+
+    ttl_s, every_s = 6.0, 0.5
+
+    async def body(store: Any, link: Any) -> tuple[int, bool, bool]:
+        runtime = AsyncioRuntime()
+        scheduler = Scheduler(runtime, [ScriptedProvider(runtime, "llm")], store=store, worker_id="w")
+        keeper = LeaseKeeper(scheduler, ttl_s=ttl_s, renew_every_s=every_s)
+        handle = keeper.start()
+        link.cut()
+        await asyncio.sleep(3 * every_s)  # a few beats miss ...
+        link.restore()
+        await asyncio.sleep(3 * every_s)  # ... and the next ones renew
+        alive = not handle.done()
+        missed = keeper.missed_beats
+        record = await scheduler.submit("llm", {"input": "after"}).wait()
+        await keeper.stop()
+        await scheduler.close()
+        return missed, alive, record.status is TaskStatus.SUCCEEDED
+
+    with _link_to(postgres_dsn) as link, _store_behind_a_link(postgres_dsn, schema, link) as store:
+        missed, alive, ran = asyncio.run(body(store, link))
+    assert missed >= 2 and alive and ran
+    with PostgresStore(postgres_dsn, schema=schema) as peer:
+        assert peer.adopt_expired("peer") == []  # nothing to adopt: the lease was kept (and released)
+
+
+def test_a_keeper_that_cannot_renew_in_time_stops_its_scheduler_before_the_lease_runs_out(
+    postgres_dsn: str, schema: str
+) -> None:
+    import asyncio
+
+    from aiqsim.fleet import LeaseKeeper, LeaseLostError
+    from aiqsim.runtime import AsyncioRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.scheduler.scheduler import SchedulerClosedError
+    from aiqsim.stores.postgres import PostgresStore
+    from tests.fakes import ScriptedProvider
+
+    ttl_s, every_s = 4.0, 1.0  # it stops one beat (1 s) before the lease would run out
+
+    async def body(store: Any, link: Any, peer: Any) -> tuple[float, int]:
+        runtime = AsyncioRuntime()
+        scheduler = Scheduler(runtime, [ScriptedProvider(runtime, "llm")], store=store, worker_id="w")
+        keeper = LeaseKeeper(scheduler, ttl_s=ttl_s, renew_every_s=every_s)
+        handle = keeper.start()
+        await asyncio.sleep(every_s)
+        link.cut()
+        with pytest.raises(LeaseLostError, match=r"could not be renewed .* ttl_s=4 .*could not be reached"):
+            await handle
+        left_s = peer.leases()["w"][0]  # read on the server's clock the moment the worker stopped
+        with pytest.raises(SchedulerClosedError):
+            scheduler.submit("llm", {"input": "late"})
+        return left_s, keeper.missed_beats
+
+    with (
+        _link_to(postgres_dsn) as link,
+        _store_behind_a_link(postgres_dsn, schema, link) as store,
+        PostgresStore(postgres_dsn, schema=schema) as peer,
+    ):
+        left_s, missed = asyncio.run(body(store, link, peer))
+        assert left_s > 0, "stopped after its lease had run out: another worker could have adopted it"
+        assert missed >= 1

@@ -19,6 +19,13 @@ again, by the adopter or, once the adopter holds no lease, by another worker. Ch
 well above the longest stall you expect (several renew periods); a shorter one adopts sooner
 after a real crash.
 
+A store that cannot be reached for a while (a database restart, a network cut) misses beats: the
+keeper beats again every ``renew_every_s`` (the store makes its connection again), and if the
+lease would run out before the next beat can renew it, the keeper stops the scheduler and raises
+:class:`LeaseLostError` before another worker may adopt it, as if it had been adopted. A keeper
+that stops for any other reason (a failed adoption, a bug) stops its scheduler too: a scheduler
+left running without its keeper would lose its lease and run tasks that another worker adopts.
+
 The store must support leases (:class:`aiqsim.stores.PostgresStore` does). The keeper runs on
 the scheduler's runtime (no clock of its own).
 """
@@ -29,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aiqsim.core.errors import ConfigurationError, SchedulingError
+from aiqsim.core.errors import ConfigurationError, SchedulingError, StoreError
 from aiqsim.runtime.protocol import Cancelled, TaskHandle
 
 if TYPE_CHECKING:
@@ -96,6 +103,8 @@ class LeaseKeeper:
         self.requeue_interrupted = requeue_interrupted
         self.adoptions: list[Adoption] = []
         """Every takeover this keeper made, in order."""
+        self.missed_beats = 0
+        """Beats (renewals or adoptions) that failed because the store could not be reached."""
         self._handle: TaskHandle[None] | None = None
 
     def beat(self) -> None:
@@ -133,21 +142,59 @@ class LeaseKeeper:
         """Beat every ``renew_every_s`` until cancelled (or the lease is lost), adopting beside it.
 
         The beats go on while an adoption's recovery runs (its lookups may take minutes): an
-        adopter that stopped beating meanwhile was presumed dead itself."""
+        adopter that stopped beating meanwhile was presumed dead itself. A beat or an adoption that
+        fails because the store cannot be reached is tried again at the next beat, unless the lease
+        would run out first (see the module docs); if the keeper stops for any reason but
+        :meth:`stop`, it stops the scheduler with it."""
         runtime = self.scheduler.runtime
         scale = float(getattr(runtime, "time_scale", 1.0))  # the store's clock runs in wall seconds
         adopting: TaskHandle[list[Adoption]] | None = None
+        renewed_at = runtime.now()  # start() has just taken the lease
         try:
             while True:
-                self.beat()
+                beat_at = runtime.now()
+                try:
+                    self.beat()
+                except StoreError as error:
+                    self.missed_beats += 1
+                    # the lease runs ttl_s from the last renewal's start; the next beat comes too late?
+                    if (runtime.now() - renewed_at) * scale + self.renew_every_s >= self.ttl_s:
+                        self._out_of_reach(error, (runtime.now() - renewed_at) * scale)
+                else:
+                    renewed_at = beat_at
                 if adopting is None or adopting.done():
                     if adopting is not None:
-                        adopting.result()  # an adoption that failed stops the keeper, loudly
-                    adopting = runtime.spawn(self.adopt(), name=f"adopt-{self.worker}")
+                        adopting.result()  # an adoption that failed (not for the store) stops the keeper
+                    adopting = runtime.spawn(self._adopt_between_beats(), name=f"adopt-{self.worker}")
                 await runtime.sleep(self.renew_every_s / scale)
+        except (Cancelled, LeaseLostError):
+            raise  # stop() releases the lease; a lost lease has stopped the scheduler already
+        except BaseException:
+            self.scheduler.crash()  # never a scheduler running on a lease nobody renews
+            raise
         finally:
             if adopting is not None and not adopting.done():
                 adopting.cancel()
+
+    async def _adopt_between_beats(self) -> list[Adoption]:
+        """:meth:`adopt`, with a store that cannot be reached counted as a missed beat: the next beat
+        starts the adoption again (an adoption cut short is taken up again, see :meth:`adopt`)."""
+        try:
+            return await self.adopt()
+        except StoreError:
+            self.missed_beats += 1
+            return []
+
+    def _out_of_reach(self, error: StoreError, since_s: float) -> None:
+        """The store could not be reached to renew the lease, which runs out before the next beat:
+        stop as a worker whose lease was adopted stops, before anyone may adopt it."""
+        self.scheduler.crash()
+        raise LeaseLostError(
+            f"worker {self.worker!r}: its lease could not be renewed for {since_s:.3g} s of its "
+            f"ttl_s={self.ttl_s:g} (the store could not be reached: {error}); this scheduler stopped "
+            "before the lease ran out, so that no task runs twice when another worker adopts its "
+            "tasks — restart the process once the store is back"
+        ) from error
 
     def start(self) -> TaskHandle[None]:
         """Take the lease (:meth:`acquire_lease <aiqsim.stores.PostgresStore.acquire_lease>`) and start
