@@ -595,3 +595,46 @@ def test_a_keeper_that_cannot_renew_in_time_stops_its_scheduler_before_the_lease
         left_s, missed = asyncio.run(body(store, link, peer))
         assert left_s > 0, "stopped after its lease had run out: another worker could have adopted it"
         assert missed >= 1
+
+
+def test_a_duplicate_waiting_on_another_workers_task_waits_through_a_store_outage(
+    postgres_dsn: str, schema: str
+) -> None:
+    """Before: the first read of the owner's record that could not reach the store ended the
+    watcher with the error, and the duplicate waited for ever."""
+    import asyncio
+
+    from aiqsim.core.states import transition
+    from aiqsim.runtime import AsyncioRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.stores.postgres import PostgresStore
+    from tests.fakes import ScriptedProvider
+
+    owner = TaskRecord(id="o", key="k", kind="llm", provider="llm", worker="other")
+
+    async def body(store: Any, link: Any, other: Any) -> tuple[TaskRecord, int]:
+        runtime = AsyncioRuntime()
+        provider = ScriptedProvider(runtime, "llm")
+        scheduler = Scheduler(runtime, [provider], store=store, worker_id="me", duplicate_poll_s=0.1)
+        duplicate = scheduler.submit("llm", {"input": "x"}, key="k")
+        await asyncio.sleep(0.3)  # the duplicate waits on the other worker's running task
+        link.cut()
+        await asyncio.sleep(0.5)  # its watcher cannot reach the store
+        link.restore()
+        await asyncio.sleep(0.3)
+        other.update(transition(other.get("o"), TaskStatus.SUCCEEDED, 2.0, result={"from": "other"}))
+        record = await runtime.wait_for(duplicate.wait(), 30)
+        await scheduler.close()
+        assert provider.calls == []  # never sent here
+        return record, scheduler.anomalies["store_unreachable"]
+
+    with (
+        PostgresStore(postgres_dsn, schema=schema) as other,
+        _link_to(postgres_dsn) as link,
+        _store_behind_a_link(postgres_dsn, schema, link) as store,
+    ):
+        other.insert_and_claim(owner)
+        other.update(transition(owner, TaskStatus.RUNNING, 1.0))
+        record, unreachable = asyncio.run(body(store, link, other))
+    assert (record.status, record.result, record.deduped_from) == (TaskStatus.DEDUPED, {"from": "other"}, "o")
+    assert unreachable >= 1

@@ -13,7 +13,7 @@ from aiqsim.core.task import DEDUPED, SUCCEEDED, Priority, TaskRecord, TaskStatu
 from aiqsim.scheduler.foreign_owner import FOREIGN_SAFETY_POLL_S, announces_changes, store_change
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.store_writes import persist
-from aiqsim.stores.base import StoreWriteError
+from aiqsim.stores.base import StoreClosedError, StoreCorruptError, StoreError, StoreWriteError
 
 SHARED_ENDINGS = (TaskStatus.SUCCEEDED, TaskStatus.FAILED)
 """How an owner's run may end for its waiting duplicates to share it. After any other ending
@@ -151,18 +151,29 @@ class ClaimRules:
         ``duplicate_poll_s`` (see :func:`~aiqsim.scheduler.foreign_owner.store_change`).
         """
         notified = announces_changes(self.runtime, self.store)
+        listening = False
         try:
-            if notified:
-                self.store.notification_fileno()  # listen first, then look: nothing falls in between
             while True:
-                if not notified:
+                try:
+                    if notified and not listening:
+                        self.store.notification_fileno()  # listen first, then look: nothing falls between
+                        listening = True
+                    elif not notified:
+                        await self.runtime.sleep(self.duplicate_poll_s)
+                    owner = self.store.get(owner_id)  # after LISTEN began: no announcement is missed
+                    if owner is None or owner.status.is_terminal:
+                        break
+                    if notified:
+                        safety_poll = max(FOREIGN_SAFETY_POLL_S, self.duplicate_poll_s)
+                        await store_change(self.runtime, self.store, safety_poll)
+                except (StoreClosedError, StoreCorruptError):
+                    raise  # not a passing outage: looking again cannot help
+                except StoreError:
+                    # The store cannot be reached now (a database restart, a network cut): its waiters
+                    # wait on, and the watcher looks again (listening anew) once a poll has passed.
+                    self.anomalies["store_unreachable"] += 1
+                    listening = False
                     await self.runtime.sleep(self.duplicate_poll_s)
-                owner = self.store.get(owner_id)  # after LISTEN began: no announcement is missed
-                if owner is None or owner.status.is_terminal:
-                    break
-                if notified:
-                    safety_poll = max(FOREIGN_SAFETY_POLL_S, self.duplicate_poll_s)
-                    await store_change(self.runtime, self.store, safety_poll)
         finally:
             self._watchers.pop(owner_id, None)
         self._resolve_waiters(owner_id, owner)
