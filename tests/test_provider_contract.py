@@ -183,3 +183,60 @@ def test_a_plain_generator_is_refused_after_an_awaitable_generator_was_accepted(
     assert (marked.status, marked.result) == (TaskStatus.SUCCEEDED, "marked")
     assert plain.status is TaskStatus.FAILED and plain.attempts == 1
     assert plain.error.startswith("ProviderContractError: provider 'llm': call() returned generator")
+
+
+class _Proxy:
+    """A proxy whose ``__class__`` names the wrapped object's class, as wrapt's and lazy proxies do."""
+
+    def __init__(self, wrapped: object) -> None:
+        self._wrapped = wrapped
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self._wrapped)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._wrapped, name)
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+def test_a_proxy_of_a_dict_is_refused_after_a_proxy_of_a_coroutine_was_accepted(rt_name: str) -> None:
+    """The remembered awaitable types must not answer for an object that disguises its class: the
+    second proxy is no awaitable, whatever the first one was (seen in review: it failed inside the
+    runtime with an error that did not name the provider)."""
+
+    async def body(rt):
+        async def answer():
+            await rt.sleep(1.0)
+            return ProviderResponse(result="ok")
+
+        answers = [_Proxy(answer()), _Proxy({"not": "awaitable"})]
+
+        class Proxies:
+            name = "llm"
+
+            def call(self, request):
+                return answers[request.payload]
+
+        scheduler = Scheduler(rt, [Proxies()], retry=RetryPolicy(max_attempts=1))
+        first = await rt.wait_for(scheduler.submit("llm", 0).wait(), 100)
+        second = await rt.wait_for(scheduler.submit("llm", 1).wait(), 100)
+        await scheduler.close()
+        return first, second
+
+    first, second = run_on(rt_name, body)
+    assert first.status is not TaskStatus.QUEUED  # (awaiting a proxy is the runtime's business)
+    assert second.error.startswith("ProviderContractError: provider 'llm': call() returned _Proxy")
+
+
+def test_the_remembered_awaitable_types_are_bounded() -> None:
+    """A program that makes a class per answer (``unittest.mock`` makes one per mock) must not grow
+    the set for ever, nor keep the classes alive in it."""
+    from aiqsim.scheduler import attempts
+
+    def awaitable_of_a_new_class() -> object:
+        return type("Fresh", (), {"__await__": lambda self: iter(())})()
+
+    for _ in range(3 * attempts.MAX_AWAITABLE_TYPES):
+        assert attempts._is_awaitable(awaitable_of_a_new_class())
+    assert len(attempts._AWAITABLE_TYPES) <= attempts.MAX_AWAITABLE_TYPES

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from inspect import isawaitable
-from types import CoroutineType, GeneratorType
+from types import CoroutineType
 from typing import Any
 
 from aiqsim.core.backoff import retry_delay
@@ -496,14 +496,25 @@ _AWAITABLE_TYPES: set[type] = {CoroutineType}
 every attempt, and ``inspect.isawaitable`` is five Python-level calls for any awaitable that is not
 a native coroutine (a compiled build's coroutines are not: issue #19)."""
 
+MAX_AWAITABLE_TYPES = 64
+"""Types remembered at most: a program that makes classes as it goes (``unittest.mock`` makes one per
+mock) must not grow the set, nor keep those classes alive, for ever."""
+
 
 def _is_awaitable(answer: object) -> bool:
-    """``inspect.isawaitable(answer)``, remembering the type when that answers for every instance of
-    it (not for a generator: only one whose code is marked ``@types.coroutine`` can be awaited)."""
+    """``inspect.isawaitable(answer)``, remembering the type when that answers for every instance
+    of it: a class that defines ``__await__`` itself and that the object does not disguise (a proxy's
+    ``__class__`` may name another; a generator is awaitable only when its code is marked
+    ``@types.coroutine``; a class merely registered as ``Awaitable`` cannot be awaited at all)."""
     if not isawaitable(answer):
         return False
-    if type(answer) is not GeneratorType:
-        _AWAITABLE_TYPES.add(type(answer))
+    kind = type(answer)
+    if (
+        len(_AWAITABLE_TYPES) < MAX_AWAITABLE_TYPES
+        and answer.__class__ is kind
+        and getattr(kind, "__await__", None) is not None
+    ):
+        _AWAITABLE_TYPES.add(kind)
     return True
 
 
