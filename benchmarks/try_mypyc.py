@@ -80,6 +80,12 @@ print(json.dumps({"us": cpu / customers * 1e6, "mean_wait": sum(waits) / len(wai
 """
 
 
+def _is_slots(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Assign) and any(
+        isinstance(target, ast.Name) and target.id == "__slots__" for target in node.targets
+    )
+
+
 def merge_mixins(package: Path) -> None:
     """Move every mixin's methods into ``Scheduler`` and leave ``Name = object`` behind."""
     scheduler_path = package / "scheduler" / "scheduler.py"
@@ -94,7 +100,8 @@ def merge_mixins(package: Path) -> None:
         names: list[str] = []
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == mixin:
-                body = [n for n in node.body if not isinstance(n, ast.Expr)]  # no docstring
+                # no docstring, and not the mixin's ``__slots__ = ()`` (the merged Scheduler keeps its own)
+                body = [n for n in node.body if not isinstance(n, ast.Expr) and not _is_slots(n)]
                 first = body[0]
                 start = min([first.lineno, *(d.lineno for d in getattr(first, "decorator_list", []))])
                 methods.append("\n".join(lines[start - 1 : node.end_lineno]))

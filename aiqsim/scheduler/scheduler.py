@@ -270,11 +270,12 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
     as :class:`~aiqsim.scheduler.events.UsageAnomaly` and counted in :attr:`anomalies`.
     """
 
-    # Every attribute a scheduler has, and no ``__dict__`` (its parts declare ``__slots__ = ()``): with
-    # 34 attributes an instance dict outgrows CPython's shared keys (30) and each ``self._live`` read
-    # became a full dict lookup, and a method-cache miss walked all seven classes of the MRO; the
-    # compiled build reads attributes that way on every step (issue #19: -7% instructions per
-    # M/M/c customer). A subclass gets a ``__dict__`` of its own as usual.
+    # Every attribute a scheduler has is a slot (its parts declare ``__slots__ = ()``): with 34
+    # attributes in an instance dict (past CPython's 30 shared keys) each ``self._live`` read was a
+    # full dict lookup, and a method-cache miss walked all seven classes of the MRO; the compiled
+    # build reads attributes that way on every step (issue #19: -7% instructions per M/M/c
+    # customer). ``__dict__`` and ``__weakref__`` stay for users (an attribute of their own, a
+    # patched method, a weak reference): the dict is made only when something is put in it.
     __slots__ = (  # noqa: RUF023 (grouped by what they hold, not sorted)
         # what it was given
         "runtime", "store", "retry", "dispatch", "events", "gates", "rng", "worker_id",
@@ -285,6 +286,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         "_healing", "_idle", "_jobs",
         # its lifecycle and what it counted
         "_started", "_closing", "_closed", "_crashed", "anomalies", "store_write_failures",
+        # for users, empty unless they use it
+        "__dict__", "__weakref__",
     )  # fmt: skip
 
     def __init__(
