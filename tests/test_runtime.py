@@ -704,3 +704,42 @@ def test_simpy_an_await_it_cannot_drive_raises_at_that_await_in_a_later_event() 
     seen, now = rt.run(body())
     assert "cannot await 'foreign'" in seen and now == 3
     assert rt.task_errors == []
+
+
+def test_wait_readable_watches_a_new_socket_that_took_a_closed_ones_descriptor_number() -> None:
+    """A LISTEN connection made again may get the number of the one that was closed while a wait
+    on it was registered: the loop must watch the new socket (review: it was never registered, and
+    waiters woke only at the safety poll), and a wait that timed out must leave nothing behind."""
+    import os
+    import socket
+
+    from aiqsim.runtime import AsyncioRuntime
+
+    runtime = AsyncioRuntime()
+
+    async def body() -> dict[int, object]:
+        old_reader, old_writer = socket.socketpair()
+        number = old_reader.fileno()
+        first = runtime.wait_readable(number)  # registered, then its socket goes away
+        old_reader.close()
+        old_writer.close()
+        reader, writer = socket.socketpair()
+        duplicate = reader.fileno() != number
+        if duplicate:  # the OS gave it another number: put the new socket under the old one anyway
+            os.dup2(reader.fileno(), number)
+        try:
+            second = runtime.wait_readable(number)
+            writer.send(b"x")
+            await runtime.wait_for(second, 5.0)  # before: never woken (DeadlineExceeded)
+            assert first.done()  # type: ignore[attr-defined]
+            reader.recv(1)
+            with pytest.raises(TimeoutError):
+                await runtime.wait_for(runtime.wait_readable(number), 0.05)
+            return dict(runtime._readers)
+        finally:
+            if duplicate:
+                os.close(number)
+            reader.close()
+            writer.close()
+
+    assert runtime.run(body()) == {}  # the timed-out wait took its registration with it

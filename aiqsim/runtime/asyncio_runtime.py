@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any, TypeVar
 
 from aiqsim.core.errors import ConfigurationError
@@ -90,11 +91,14 @@ class AsyncioRuntime:
         Several waiters may wait on one descriptor; all are woken together.
         """
         future: asyncio.Future[None] = self.loop.create_future()
-        waiters = self._readers.get(fileno)
-        if waiters is None:
-            waiters = self._readers[fileno] = []
-            self.loop.add_reader(fileno, self._readable, fileno)
+        waiters = self._readers.setdefault(fileno, [])
+        # Registered anew on every wait: the descriptor may have been closed since, and its number
+        # taken by a new socket (a LISTEN connection made again), which the loop's selector would
+        # otherwise never watch (seen in review: woken only by the safety poll).
+        self.loop.remove_reader(fileno)
+        self.loop.add_reader(fileno, self._readable, fileno)
         waiters.append(future)
+        future.add_done_callback(partial(self._forget_reader, fileno))
         return future
 
     def _readable(self, fileno: int) -> None:
@@ -102,6 +106,18 @@ class AsyncioRuntime:
         for future in self._readers.pop(fileno, ()):
             if not future.done():
                 future.set_result(None)
+
+    def _forget_reader(self, fileno: int, future: asyncio.Future[None]) -> None:
+        """A wait that was cancelled (a timeout) stops watching: no waiter, no registration left."""
+        if not future.cancelled():
+            return
+        waiters = self._readers.get(fileno)
+        if waiters is None or future not in waiters:
+            return
+        waiters.remove(future)
+        if not waiters:
+            del self._readers[fileno]
+            self.loop.remove_reader(fileno)
 
     def run(self, coro: Coroutine[Any, Any, T], *, until: float | None = None) -> T:
         """Run ``coro`` as the main task on a fresh event loop and return its result.
