@@ -585,6 +585,9 @@ def test_a_keeper_that_cannot_renew_in_time_stops_its_scheduler_before_the_lease
         left_s = peer.leases()["w"][0]  # read on the server's clock the moment the worker stopped
         with pytest.raises(SchedulerClosedError):
             scheduler.submit("llm", {"input": "late"})
+        link.restore()
+        await keeper.stop()  # the shutdown call: the lease of a worker that stopped as dead stays
+        assert "w" in peer.leases()  # (review: releasing it left the worker's tasks to nobody)
         return left_s, keeper.missed_beats
 
     with (
@@ -638,3 +641,49 @@ def test_a_duplicate_waiting_on_another_workers_task_waits_through_a_store_outag
         record, unreachable = asyncio.run(body(store, link, other))
     assert (record.status, record.result, record.deduped_from) == (TaskStatus.DEDUPED, {"from": "other"}, "o")
     assert unreachable >= 1
+
+
+def test_a_keeper_counts_how_long_a_failing_beat_takes_before_it_risks_another(
+    postgres_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A beat that fails slowly (a connect timeout) says the next one may take as long: with ttl 3 s
+    and beats every 0.5 s, a beat that fails after 1 s at 0.5 s leaves too little time for a next
+    beat (1 s from 2 s) to renew before 3 s, so the worker stops at 1.5 s. Review: counting only
+    when the next beat starts, it stopped at 3 s, after its lease had run out."""
+    import asyncio
+    import time
+
+    from aiqsim.fleet import LeaseKeeper, LeaseLostError
+    from aiqsim.runtime import AsyncioRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.stores.base import StoreError
+    from aiqsim.stores.postgres import PostgresStore
+    from tests.fakes import ScriptedProvider
+
+    with (
+        PostgresStore(postgres_dsn, schema=schema) as store,
+        PostgresStore(postgres_dsn, schema=schema) as peer,
+    ):
+        renew = store.renew_lease
+        beats: list[str] = []
+
+        def slow_then_failing(worker: str, ttl_s: float) -> bool:
+            beats.append(worker)
+            if len(beats) == 1:
+                return renew(worker, ttl_s)
+            time.sleep(1.0)  # a connect that times out, blocking the loop as a synchronous store call does
+            raise StoreError("cannot connect to PostgreSQL (a stand-in for a connect timeout)")
+
+        monkeypatch.setattr(store, "renew_lease", slow_then_failing)
+
+        async def body() -> float:
+            runtime = AsyncioRuntime()
+            scheduler = Scheduler(runtime, [ScriptedProvider(runtime, "llm")], store=store, worker_id="w")
+            handle = LeaseKeeper(scheduler, ttl_s=3.0, renew_every_s=0.5).start()
+            with pytest.raises(LeaseLostError, match="could not be renewed"):
+                await handle
+            return peer.leases()["w"][0]
+
+        left_s = asyncio.run(body())
+    assert len(beats) == 2  # the first renewed; the second failed slowly, and there was no third
+    assert left_s > 0.5, f"stopped with {left_s:.2f} s left on the lease"

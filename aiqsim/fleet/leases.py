@@ -105,6 +105,7 @@ class LeaseKeeper:
         """Every takeover this keeper made, in order."""
         self.missed_beats = 0
         """Beats (renewals or adoptions) that failed because the store could not be reached."""
+        self._crashed_scheduler = False
         self._handle: TaskHandle[None] | None = None
 
     def beat(self) -> None:
@@ -113,7 +114,7 @@ class LeaseKeeper:
             self._lost()
 
     def _lost(self) -> None:
-        self.scheduler.crash()
+        self._crash()
         raise LeaseLostError(
             f"worker {self.worker!r}: its lease was adopted by another worker (it was presumed dead); "
             "this scheduler stopped so that no task runs twice — restart the process (a new process "
@@ -150,6 +151,7 @@ class LeaseKeeper:
         scale = float(getattr(runtime, "time_scale", 1.0))  # the store's clock runs in wall seconds
         adopting: TaskHandle[list[Adoption]] | None = None
         renewed_at = runtime.now()  # start() has just taken the lease
+        slowest_renewal_s = 0.0
         try:
             while True:
                 beat_at = runtime.now()
@@ -157,11 +159,17 @@ class LeaseKeeper:
                     self.beat()
                 except StoreError as error:
                     self.missed_beats += 1
-                    # the lease runs ttl_s from the last renewal's start; the next beat comes too late?
-                    if (runtime.now() - renewed_at) * scale + self.renew_every_s >= self.ttl_s:
-                        self._out_of_reach(error, (runtime.now() - renewed_at) * scale)
+                    # The lease runs ttl_s from the last renewal's start. The next beat starts
+                    # renew_every_s from now and may take as long as this one did (a connect timeout)
+                    # before it renews: stop unless all of that fits before the lease runs out.
+                    now = runtime.now()
+                    since_s = (now - renewed_at) * scale
+                    beat_s = max((now - beat_at) * scale, slowest_renewal_s)
+                    if since_s + self.renew_every_s + beat_s >= self.ttl_s:
+                        self._out_of_reach(error, since_s)
                 else:
                     renewed_at = beat_at
+                    slowest_renewal_s = max(slowest_renewal_s, (runtime.now() - beat_at) * scale)
                 if adopting is None or adopting.done():
                     if adopting is not None:
                         adopting.result()  # an adoption that failed (not for the store) stops the keeper
@@ -170,7 +178,7 @@ class LeaseKeeper:
         except (Cancelled, LeaseLostError):
             raise  # stop() releases the lease; a lost lease has stopped the scheduler already
         except BaseException:
-            self.scheduler.crash()  # never a scheduler running on a lease nobody renews
+            self._crash()  # never a scheduler running on a lease nobody renews
             raise
         finally:
             if adopting is not None and not adopting.done():
@@ -185,10 +193,16 @@ class LeaseKeeper:
             self.missed_beats += 1
             return []
 
-    def _out_of_reach(self, error: StoreError, since_s: float) -> None:
-        """The store could not be reached to renew the lease, which runs out before the next beat:
-        stop as a worker whose lease was adopted stops, before anyone may adopt it."""
+    def _crash(self) -> None:
+        """Stop the scheduler as a dead worker stops; its lease is then left to run out (not released
+        by :meth:`stop`), so that another worker adopts what it left running."""
+        self._crashed_scheduler = True
         self.scheduler.crash()
+
+    def _out_of_reach(self, error: StoreError, since_s: float) -> None:
+        """The store could not be reached to renew the lease, which may run out before the next beat
+        can renew it: stop as a worker whose lease was adopted stops, before anyone may adopt it."""
+        self._crash()
         raise LeaseLostError(
             f"worker {self.worker!r}: its lease could not be renewed for {since_s:.3g} s of its "
             f"ttl_s={self.ttl_s:g} (the store could not be reached: {error}); this scheduler stopped "
@@ -207,7 +221,11 @@ class LeaseKeeper:
         return self._handle
 
     async def stop(self) -> None:
-        """Stop renewing and release the lease (a clean shutdown leaves nothing to adopt)."""
+        """Stop renewing and release the lease (a clean shutdown leaves nothing to adopt).
+
+        After the scheduler stopped as a dead worker (its lease lost or out of reach, or
+        ``scheduler.crash()``), the lease is not released but left to run out: another worker must
+        adopt what it left running (review: releasing it stranded those tasks for good)."""
         if self._handle is not None:
             self._handle.cancel()
             try:
@@ -215,4 +233,5 @@ class LeaseKeeper:
             except (Cancelled, LeaseLostError):
                 pass
             self._handle = None
-        self.store.release_lease(self.worker)
+        if not (self._crashed_scheduler or self.scheduler._crashed):
+            self.store.release_lease(self.worker)
