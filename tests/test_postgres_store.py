@@ -687,3 +687,50 @@ def test_a_keeper_counts_how_long_a_failing_beat_takes_before_it_risks_another(
         left_s = asyncio.run(body())
     assert len(beats) == 2  # the first renewed; the second failed slowly, and there was no third
     assert left_s > 0.5, f"stopped with {left_s:.2f} s left on the lease"
+
+
+def _first_stage_payload(inputs: Any, results: Any) -> dict[str, str]:
+    return {"input": f"a:{inputs['x']}"}
+
+
+def test_a_duplicate_job_waiting_on_another_workers_job_waits_through_a_store_outage(
+    postgres_dsn: str, schema: str
+) -> None:
+    """The job's counterpart of the task watcher (review: it ended at the first StoreError, and the
+    duplicate job waited for ever)."""
+    import asyncio
+
+    from aiqsim import JobSpec, JobStatus, Stage
+    from aiqsim.runtime import AsyncioRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.stores.postgres import PostgresStore
+    from tests.fakes import ScriptedProvider
+
+    spec = JobSpec("x", "1", [Stage("a", "llm", build=_first_stage_payload)])
+
+    async def body(direct: Any, behind: Any, link: Any) -> tuple[Any, Any, int, list[Any]]:
+        runtime = AsyncioRuntime()
+        one = Scheduler(runtime, [ScriptedProvider(runtime, latency_s=2.0)], store=direct, worker_id="one")
+        calls_of_two = ScriptedProvider(runtime, latency_s=0.1)
+        two = Scheduler(runtime, [calls_of_two], store=behind, worker_id="two", duplicate_poll_s=0.1)
+        owner = one.submit_job(spec, {"x": 1}, job_id="owner")
+        await asyncio.sleep(0.2)
+        duplicate = two.submit_job(spec, {"x": 1}, job_id="duplicate")
+        await asyncio.sleep(0.3)  # the duplicate waits on the other worker's job
+        link.cut()
+        await asyncio.sleep(0.5)  # its watcher cannot reach the store
+        link.restore()
+        first = await owner.wait()
+        second = await runtime.wait_for(duplicate.wait(), 30)
+        await one.close()
+        await two.close()
+        return first, second, two.anomalies["store_unreachable"], calls_of_two.calls
+
+    with (
+        PostgresStore(postgres_dsn, schema=schema) as direct,
+        _link_to(postgres_dsn) as link,
+        _store_behind_a_link(postgres_dsn, schema, link) as behind,
+    ):
+        first, second, unreachable, calls = asyncio.run(body(direct, behind, link))
+    assert (first.status, second.status) == (JobStatus.SUCCEEDED, JobStatus.DEDUPED)
+    assert unreachable >= 1 and calls == []

@@ -10,10 +10,15 @@ another process sharing the store is watched until it ends. :class:`ClaimRules` 
 from __future__ import annotations
 
 from aiqsim.core.task import DEDUPED, SUCCEEDED, Priority, TaskRecord, TaskStatus
-from aiqsim.scheduler.foreign_owner import FOREIGN_SAFETY_POLL_S, announces_changes, store_change
+from aiqsim.scheduler.foreign_owner import (
+    FOREIGN_SAFETY_POLL_S,
+    announces_changes,
+    outage_may_pass,
+    store_change,
+)
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.store_writes import persist
-from aiqsim.stores.base import StoreClosedError, StoreCorruptError, StoreError, StoreWriteError
+from aiqsim.stores.base import StoreError, StoreWriteError
 
 SHARED_ENDINGS = (TaskStatus.SUCCEEDED, TaskStatus.FAILED)
 """How an owner's run may end for its waiting duplicates to share it. After any other ending
@@ -166,12 +171,10 @@ class ClaimRules:
                     if notified:
                         safety_poll = max(FOREIGN_SAFETY_POLL_S, self.duplicate_poll_s)
                         await store_change(self.runtime, self.store, safety_poll)
-                except (StoreClosedError, StoreCorruptError):
-                    raise  # not a passing outage: looking again cannot help
-                except StoreError:
-                    # The store cannot be reached now (a database restart, a network cut): its waiters
-                    # wait on, and the watcher looks again (listening anew) once a poll has passed.
-                    self.anomalies["store_unreachable"] += 1
+                except StoreError as error:
+                    if not outage_may_pass(error):
+                        raise
+                    self.anomalies["store_unreachable"] += 1  # look again (listening anew) after a poll
                     listening = False
                     await self.runtime.sleep(self.duplicate_poll_s)
         finally:

@@ -15,11 +15,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from aiqsim.core.errors import StoreError
 from aiqsim.runtime.protocol import Runtime
+from aiqsim.stores.base import StoreClosedError, StoreCorruptError
 
 FOREIGN_SAFETY_POLL_S = 5.0
 """With announcements, how often a waiter still looks at the store: a safety net for a lost
 notification (a listener connection that dropped and reconnected), not the way it learns."""
+
+
+def outage_may_pass(error: StoreError) -> bool:
+    """Whether a watcher that could not read the owner's record should look again after a poll:
+    yes when the store could not be reached (a database restart, a network cut: the store makes its
+    connection again), no when it is closed or its record is corrupt (looking again cannot help).
+    The waiters wait on meanwhile; :attr:`Scheduler.anomalies` counts ``"store_unreachable"``."""
+    return not isinstance(error, StoreClosedError | StoreCorruptError)
 
 
 def announces_changes(runtime: Runtime, store: Any) -> bool:

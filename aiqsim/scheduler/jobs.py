@@ -85,6 +85,7 @@ from aiqsim.core.task import (
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.arguments import SchedulerArgumentTypeError, UnknownNameError
+from aiqsim.scheduler.foreign_owner import outage_may_pass
 from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
@@ -585,11 +586,18 @@ class Jobs:
                     self._follow_owner(waiter, self.store.claim_job(waiter.record))
 
     async def _watch_foreign_owner(self, owner_id: str) -> None:
-        """Poll the store for a job owned by another process until that run is terminal."""
+        """Poll the store for a job owned by another process until that run is terminal (through
+        an outage of the store: :func:`~aiqsim.scheduler.foreign_owner.outage_may_pass`)."""
         try:
             while True:
                 await self.scheduler.runtime.sleep(self.scheduler.duplicate_poll_s)
-                owner = self.store.get_job(owner_id)
+                try:
+                    owner = self.store.get_job(owner_id)
+                except StoreError as error:
+                    if not outage_may_pass(error):
+                        raise
+                    self.scheduler.anomalies["store_unreachable"] += 1
+                    continue
                 if owner is None or owner.status.is_terminal:
                     break
         finally:
