@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -120,13 +121,12 @@ def fleet_runs(
             runs["shared"] = Future()
             runs["shared"].set_exception(no_redis)
         else:
-            import redis
-
-            redis.Redis.from_url(redis_url).delete(
-                "aiqsim:quota:fleet-shared:state", "aiqsim:quota:fleet-shared:slots"
-            )
+            # An account of this fixture's own: when the module's two tests are given to different
+            # xdist workers, each runs this fixture, and two fleets on one account each got half its
+            # quota (utilisation 0.43-0.56 whenever the tests were scheduled apart).
+            account = f"fleet-shared-{uuid.uuid4().hex[:12]}"
             runs["shared"] = pool.submit(
-                _run_fleet, redis_url, "shared", "fleet-shared", tmp_path_factory.mktemp("shared") / "go"
+                _run_fleet, redis_url, "shared", account, tmp_path_factory.mktemp("shared") / "go"
             )
     return runs
 
