@@ -245,7 +245,10 @@ def test_a_write_that_loses_its_connection_mid_transaction_is_not_applied(
         assert store.get("a").status is TaskStatus.RUNNING
 
 
-def test_the_listen_connection_is_made_again_after_it_was_lost(postgres_dsn: str, schema: str) -> None:
+@pytest.fixture
+def waiter_and_writer(postgres_dsn: str, schema: str) -> Iterator[tuple[Any, Any, TaskRecord]]:
+    """Two stores on one schema, one to listen for announcements and one to write, and a task
+    ``"a"`` inserted (queued) by the writer."""
     from aiqsim.stores.postgres import PostgresStore
 
     with (
@@ -254,15 +257,7 @@ def test_the_listen_connection_is_made_again_after_it_was_lost(postgres_dsn: str
     ):
         record = TaskRecord(id="a", key="k", kind="llm", provider="llm")
         writer.insert_and_claim(record)
-        waiter.notification_fileno()  # starts listening
-        lost = waiter._listener.info.backend_pid
-        _terminate_backend(postgres_dsn, lost)
-        with pytest.raises(StoreError, match="notifications failed"):
-            waiter.wait_for_terminal(["a"], timeout_s=5)  # finds out that it was lost
-        assert waiter.wait_for_terminal(["a"], timeout_s=0.05) == set()  # listening again
-        assert waiter._listener.info.backend_pid != lost
-        _succeed(writer, record)
-        assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
+        yield waiter, writer, record
 
 
 def _succeed(writer: Any, record: TaskRecord) -> None:
@@ -274,18 +269,26 @@ def _succeed(writer: Any, record: TaskRecord) -> None:
     writer.update(transition(running, TaskStatus.SUCCEEDED, 2.0, result={"ok": json.dumps(1)}))
 
 
-def test_terminal_transitions_are_announced(postgres_dsn: str, schema: str) -> None:
-    from aiqsim.stores.postgres import PostgresStore
+def test_terminal_transitions_are_announced(waiter_and_writer: tuple[Any, Any, TaskRecord]) -> None:
+    waiter, writer, record = waiter_and_writer
+    assert waiter.wait_for_terminal(["a"], timeout_s=0.05) == set()  # starts listening, nothing yet
+    _succeed(writer, record)
+    assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
 
-    with (
-        PostgresStore(postgres_dsn, schema=schema) as waiter,
-        PostgresStore(postgres_dsn, schema=schema) as writer,
-    ):
-        record = TaskRecord(id="a", key="k", kind="llm", provider="llm")
-        writer.insert_and_claim(record)
-        assert waiter.wait_for_terminal(["a"], timeout_s=0.05) == set()  # starts listening, nothing yet
-        _succeed(writer, record)
-        assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
+
+def test_the_listen_connection_is_made_again_after_it_was_lost(
+    postgres_dsn: str, waiter_and_writer: tuple[Any, Any, TaskRecord]
+) -> None:
+    waiter, writer, record = waiter_and_writer
+    waiter.notification_fileno()  # starts listening
+    lost = waiter._listener.info.backend_pid
+    _terminate_backend(postgres_dsn, lost)
+    with pytest.raises(StoreError, match="notifications failed"):
+        waiter.wait_for_terminal(["a"], timeout_s=5)  # finds out that it was lost
+    assert waiter.wait_for_terminal(["a"], timeout_s=0.05) == set()  # listening again
+    assert waiter._listener.info.backend_pid != lost
+    _succeed(writer, record)
+    assert waiter.wait_for_terminal(["a"], timeout_s=10) == {"a"}
 
 
 @pytest.mark.parametrize("written", ["0", "\u00b2", "-1", " 3", ""])
