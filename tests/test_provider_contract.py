@@ -210,7 +210,8 @@ def test_a_proxy_of_a_dict_is_refused_after_a_proxy_of_a_coroutine_was_accepted(
             await rt.sleep(1.0)
             return ProviderResponse(result="ok")
 
-        answers = [_Proxy(answer()), _Proxy({"not": "awaitable"})]
+        wrapped = answer()
+        answers = [_Proxy(wrapped), _Proxy({"not": "awaitable"})]
 
         class Proxies:
             name = "llm"
@@ -222,6 +223,7 @@ def test_a_proxy_of_a_dict_is_refused_after_a_proxy_of_a_coroutine_was_accepted(
         first = await rt.wait_for(scheduler.submit("llm", 0).wait(), 100)
         second = await rt.wait_for(scheduler.submit("llm", 1).wait(), 100)
         await scheduler.close()
+        wrapped.close()  # a runtime that cannot await the proxy never started it: no "never awaited"
         return first, second
 
     first, second = run_on(rt_name, body)
