@@ -737,3 +737,21 @@ def test_a_duplicate_job_waiting_on_another_workers_job_waits_through_a_store_ou
         first, second, unreachable, calls = asyncio.run(body(direct, behind, link))
     assert (first.status, second.status) == (JobStatus.SUCCEEDED, JobStatus.DEDUPED)
     assert unreachable >= 1 and calls == []
+
+
+def test_every_connection_gives_up_on_a_server_that_went_silent(postgres_dsn: str, schema: str) -> None:
+    """A server whose host lost power, or a network that drops packets, sends no reset: with the
+    OS's defaults a call waits about two hours for it, holding the worker's event loop (and the
+    lease's beats) all that time (review). The store asks for keepalives and a user timeout on its
+    connections, the LISTEN one included; a DSN that sets its own keeps it."""
+    from aiqsim.stores.postgres import DEAD_SERVER_SETTINGS, PostgresStore
+
+    expected = {name: str(value) for name, value in DEAD_SERVER_SETTINGS.items()}
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        store.notification_fileno()
+        for conn in (store._conn, store._listener):
+            parameters = conn.info.get_parameters()
+            assert {name: parameters.get(name) for name in expected} == expected
+    separator = "&" if "?" in postgres_dsn else "?"
+    with PostgresStore(f"{postgres_dsn}{separator}keepalives_idle=60", schema=schema) as own:
+        assert own._conn.info.get_parameters()["keepalives_idle"] == "60"

@@ -165,6 +165,19 @@ def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
     return {name: cols for name, cols in EXPECTED_TABLES.items() if _ADDED_IN_VERSION.get(name, 1) <= version}
 
 
+DEAD_SERVER_SETTINGS = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+"""libpq settings of every connection the store opens (a DSN that sets one keeps its own): after 10 s
+of silence the OS probes the server every 5 s and gives up after 3 unanswered probes (25 s in all), and
+data the server has not acknowledged within 30 s fails the call. A slow query is not cut short: the
+server's host answers the probes while it runs. Linux's default is to start probing after 2 hours."""
+
+
 def _psycopg() -> Any:
     try:
         import psycopg
@@ -231,10 +244,17 @@ class PostgresStore:
 
     def _connect(self) -> Any:
         """A new autocommit connection to the server; :class:`StoreError` naming the DSN (without
-        its password) when there is none to be had."""
+        its password) when there is none to be had. TCP keepalives and a user timeout
+        (:data:`DEAD_SERVER_SETTINGS`, unless the DSN sets its own) make a call fail when the server
+        went silent (a host that lost power, a network cut that drops packets) instead of blocking
+        the worker for hours: a blocked call holds the event loop, and with it the lease's beats."""
         psycopg = _psycopg()
         try:
-            return psycopg.connect(self.dsn, autocommit=True, connect_timeout=self._connect_timeout)
+            given = psycopg.conninfo.conninfo_to_dict(self.dsn)
+            settings = {name: value for name, value in DEAD_SERVER_SETTINGS.items() if name not in given}
+            return psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=self._connect_timeout, **settings
+            )
         except psycopg.Error as error:
             detail = without_secrets(str(error), self.dsn)
             raise StoreError(f"cannot connect to PostgreSQL at {self._where()}: {detail}") from None
