@@ -41,9 +41,9 @@ the server's host.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from aiqsim.core.dsn import redacted_dsn, without_secrets
 from aiqsim.core.job import JobRecord, JobStatus
@@ -165,6 +165,8 @@ def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
     return {name: cols for name, cols in EXPECTED_TABLES.items() if _ADDED_IN_VERSION.get(name, 1) <= version}
 
 
+T = TypeVar("T")
+
 DEAD_SERVER_SETTINGS = {
     "keepalives": 1,
     "keepalives_idle": 10,
@@ -264,7 +266,7 @@ class PostgresStore:
         :class:`StoreClosedError` after :meth:`close`, :class:`StoreError` while the server cannot
         be reached."""
         self._check_open()
-        if self._conn.broken or self._conn.closed:
+        if self._lost(self._conn):
             self._replace_connection()
         return self._conn
 
@@ -277,9 +279,21 @@ class PostgresStore:
         self._conn = self._connect()
         self.reconnects += 1
 
-    def _lost(self, conn: Any) -> bool:
-        """Whether ``conn`` failed because the connection itself is gone (not the statement)."""
+    @staticmethod
+    def _lost(conn: Any) -> bool:
+        """Whether ``conn`` is gone (the server or the network dropped it, or it was closed)."""
         return bool(conn.broken or conn.closed)
+
+    def _on_a_live_connection(self, step: Callable[[Any], T]) -> T:
+        """``step(connection)``; if it failed because the connection was lost, once more on a new one.
+        Only for steps that change nothing on the server when they fail (a ``BEGIN``, a read)."""
+        conn = self._connection()
+        try:
+            return step(conn)
+        except self._errors:
+            if not self._lost(conn):
+                raise
+            return step(self._connection())
 
     # ------------------------------------------------------------------ schema
     def _open_schema(self) -> None:
@@ -406,29 +420,19 @@ class PostgresStore:
         """``BEGIN`` a transaction: ``(connection, its transaction)``, entered. A connection found
         lost at ``BEGIN`` is made again and the ``BEGIN`` sent once more: nothing of the write had
         reached the server, so beginning it again cannot apply anything twice."""
-        conn = self._connection()
-        transaction = conn.transaction()
-        try:
-            transaction.__enter__()
-        except self._errors:
-            if not self._lost(conn):
-                raise
-            conn = self._connection()
+
+        def begin(conn: Any) -> tuple[Any, Any]:
             transaction = conn.transaction()
             transaction.__enter__()
-        return conn, transaction
+            return conn, transaction
+
+        return self._on_a_live_connection(begin)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run a query; a connection found lost is made again and the query asked once more (a
         read changes nothing, so asking twice is harmless)."""
         try:
-            conn = self._connection()
-            try:
-                return conn.execute(sql, params).fetchall()
-            except self._errors:
-                if not self._lost(conn):
-                    raise
-                return self._connection().execute(sql, params).fetchall()
+            return self._on_a_live_connection(lambda conn: conn.execute(sql, params).fetchall())
         except self._errors as error:
             raise StoreError(f"{self._where()}: read failed: {error}") from error
 
@@ -563,7 +567,7 @@ class PostgresStore:
         sent while it was gone are not delivered: callers read the store after waking anyway)."""
         self._check_open()
         listener = getattr(self, "_listener", None)
-        if listener is not None and (listener.broken or listener.closed):
+        if listener is not None and self._lost(listener):
             listener.close()
             listener = self._listener = None
         if listener is None:
