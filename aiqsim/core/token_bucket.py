@@ -255,6 +255,9 @@ class MultiQuota:
     between the estimated and the actual token count after the call.
     """
 
+    # slots: every dispatch step reads these (see SimPyRuntime); a subclass may add its own attributes
+    __slots__ = ("__weakref__", "concurrency", "in_flight", "limits", "paused_until", "requests", "tokens")
+
     def __init__(self, limits: QuotaLimits, *, now: float = 0.0) -> None:
         self.limits = limits
         self.requests = _bucket(limits.requests_per_min, limits.request_burst, now)

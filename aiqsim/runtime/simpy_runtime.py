@@ -611,6 +611,19 @@ def _raise_undefused(event: Any) -> NoReturn:
 class SimPyRuntime:
     """Runs scheduler coroutines in virtual time on a ``simpy.Environment``."""
 
+    # slots: the scheduler reads the runtime's attributes on every step, and an attribute in a slot
+    # is read without the instance-dict lookup (an instance may still take attributes of its own)
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_deadlines",
+        "_ready",
+        "_running",
+        "current_task",
+        "env",
+        "task_errors",
+    )
+
     def __init__(self, env: simpy.Environment | None = None) -> None:
         self.env = env if env is not None else simpy.Environment()
         self.current_task: SimTask | None = None

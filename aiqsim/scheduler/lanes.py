@@ -47,7 +47,7 @@ class QuotaTicket:
     removed: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: every dispatch step reads a lane (see SimPyRuntime)
 class Lane:
     """One provider: its quota, its queues and its dispatcher."""
 

@@ -33,6 +33,19 @@ def _apply_plan(plan: PurgePlan, records: dict[str, Any], owners: dict[str, str]
 class MemoryStore:
     """Dict-backed :class:`~aiqsim.stores.base.TaskStore`."""
 
+    # slots: each transition reads them (see SimPyRuntime); an instance may still take attributes of its own
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_job_owners",
+        "_jobs",
+        "_owners",
+        "_poison",
+        "_tasks",
+        "deferred_commit",
+        "writes",
+    )
+
     def __init__(self) -> None:
         self._tasks: dict[str, TaskRecord] = {}
         self._owners: dict[str, str] = {}

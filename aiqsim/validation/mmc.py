@@ -171,6 +171,8 @@ class ExponentialServiceProvider:
     Randomness comes only from the injected ``rng``, so one seed replays one run exactly.
     """
 
+    __slots__ = ("__dict__", "__weakref__", "_rng", "_runtime", "_service_rate", "name", "service_draws")
+
     def __init__(
         self, runtime: Runtime, service_rate: float, rng: random.Random, name: str = PROVIDER_NAME
     ) -> None:
