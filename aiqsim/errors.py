@@ -37,6 +37,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── StoreOpenError (OSError)           a store that cannot be created at the path given
     │   │   └── StoreAccessError (PermissionError) files this process may not read or write
     │   └── StoreWriteError (OSError)          a change that was not persisted
+    │       └── StoreWriteOutcomeUnknownError  a COMMIT whose answer was lost and whose outcome stayed unknown
     ├── SchedulingError                    the scheduler refused work or a task gave no result
     │   ├── QueueFullError (RuntimeError)      a queue at its depth limit; nothing was enqueued
     │   ├── SchedulerClosedError (RuntimeError)
@@ -130,6 +131,7 @@ from aiqsim.stores.base import (
     StoreLockedError,
     StoreOpenError,
     StoreWriteError,
+    StoreWriteOutcomeUnknownError,
     UnstorableValueError,
 )
 from aiqsim.testing.invariants import InvariantViolation
@@ -193,6 +195,7 @@ __all__ = [
     "StoreLockedError",
     "StoreOpenError",
     "StoreWriteError",
+    "StoreWriteOutcomeUnknownError",
     "SweepError",
     "SweepTooLargeError",
     "TableFormatUnavailableError",

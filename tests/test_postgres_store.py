@@ -755,3 +755,69 @@ def test_every_connection_gives_up_on_a_server_that_went_silent(postgres_dsn: st
     separator = "&" if "?" in postgres_dsn else "?"
     with PostgresStore(f"{postgres_dsn}{separator}keepalives_idle=60", schema=schema) as own:
         assert own._conn.info.get_parameters()["keepalives_idle"] == "60"
+
+
+def _task(task_id: str) -> TaskRecord:
+    return TaskRecord(id=task_id, key=f"key-{task_id}", kind="llm", provider="llm")
+
+
+def test_a_write_whose_commit_answer_was_lost_reports_what_the_server_decided(
+    postgres_dsn: str, schema: str
+) -> None:
+    """Before: a COMMIT the server applied but whose answer the network lost raised "not
+    persisted", while the row was there; a submission then failed although its key was claimed,
+    and a retry of the key waited on a task nothing would run (review). Now the store asks the
+    server on a new connection what became of the transaction."""
+    from aiqsim.stores.postgres import PostgresStore
+
+    with _link_to(postgres_dsn) as link, _store_behind_a_link(postgres_dsn, schema, link) as store:
+        store.insert_and_claim(_task("a"))
+        link.lose_the_answer_to(b"COMMIT", delivered=True)  # applied; the client never hears so
+        assert store.insert_and_claim(_task("b")).id == "b"
+        assert link.sprung.is_set()
+        assert (store.commits_confirmed, store.reconnects) == (1, 1)
+        assert store.get("b") is not None and store.owner_of("key-b").id == "b"
+
+        # the COMMIT never arrives: the server's process for the lost connection still holds the
+        # transaction open; the store ends it (rolling it back) and reports the write not persisted
+        link.lose_the_answer_to(b"COMMIT", delivered=False)
+        with pytest.raises(StoreWriteError, match="not persisted: insert task 'c'") as caught:
+            store.insert_and_claim(_task("c"))
+        assert type(caught.value) is StoreWriteError
+        assert link.sprung.is_set() and store.commits_confirmed == 1
+        assert store.get("c") is None and store.owner_of("key-c") is None
+        store.insert_and_claim(_task("c"))  # its key is free: nothing holds a lock on it
+
+        # an update, applied and unheard
+        record = store.get("a")
+        assert record is not None
+        link.lose_the_answer_to(b"COMMIT", delivered=True)
+        store.update(_running(record))
+        assert store.get("a").status is TaskStatus.RUNNING and store.commits_confirmed == 2
+    with PostgresStore(postgres_dsn, schema=schema) as again:
+        assert sorted(r.id for r in again.list_by_status()) == ["a", "b", "c"]
+
+
+def _running(record: TaskRecord) -> TaskRecord:
+    from aiqsim.core.states import transition
+
+    return transition(record, TaskStatus.RUNNING, 1.0)
+
+
+def test_a_lost_commit_answer_with_the_server_out_of_reach_is_an_unknown_outcome(
+    postgres_dsn: str, schema: str
+) -> None:
+    """When the server cannot be asked either, the error says the write may or may not be
+    persisted (a StoreWriteError still: nothing may report it done); the rows say which."""
+    from aiqsim.stores.base import StoreWriteOutcomeUnknownError
+
+    with _link_to(postgres_dsn) as link, _store_behind_a_link(postgres_dsn, schema, link) as store:
+        store.insert_and_claim(_task("a"))
+        link.lose_the_answer_to(b"COMMIT", delivered=True, then_refuse=True)
+        with pytest.raises(
+            StoreWriteOutcomeUnknownError, match=r"outcome unknown .*insert task 'b'"
+        ) as caught:
+            store.insert_and_claim(_task("b"))
+        assert isinstance(caught.value, StoreWriteError)
+        link.restore()
+        assert store.get("b") is not None  # it had been applied

@@ -114,10 +114,24 @@ class StoreWriteError(StoreError, OSError):
     must not report it done.
     """
 
+    headline = "store write failed, not persisted"
+    """The message's first words: what a reader may conclude about the change."""
+
     def __init__(self, what: str, cause: BaseException | None = None) -> None:
         self.what = what
         detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
-        super().__init__(f"store write failed, not persisted: {what}{detail}")
+        super().__init__(f"{self.headline}: {what}{detail}")
+
+
+class StoreWriteOutcomeUnknownError(StoreWriteError):
+    """A write whose ``COMMIT`` was sent but whose answer was lost, and whose outcome the store
+    could not learn afterwards (the server stayed out of reach): it may or may not be persisted.
+
+    Handled as a :class:`StoreWriteError` (the caller must not report the change done); the
+    store's rows say what happened, and recovery reconciles from them.
+    """
+
+    headline = "store write's outcome unknown (it may or may not be persisted)"
 
 
 @runtime_checkable
