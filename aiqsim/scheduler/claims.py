@@ -16,9 +16,10 @@ from aiqsim.scheduler.foreign_owner import (
     outage_may_pass,
     store_change,
 )
+from aiqsim.scheduler.handles import outcome_known, resolve_with_error
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.store_writes import persist
-from aiqsim.stores.base import StoreError, StoreWriteError
+from aiqsim.stores.base import StoreClosedError, StoreCorruptError, StoreError, StoreWriteError
 
 SHARED_ENDINGS = (TaskStatus.SUCCEEDED, TaskStatus.FAILED)
 """How an owner's run may end for its waiting duplicates to share it. After any other ending
@@ -146,6 +147,31 @@ class ClaimRules:
         interrupted: claiming the key instead would send the call again)."""
         self._finish(waiter, DEDUPED, result=owner.result, error=owner.error, deduped_from=owner.id)
 
+    def _stop_waiting_on(self, owner_id: str, error: StoreError) -> None:
+        """The record of ``owner_id``, a run in another process, cannot be read and reading it again
+        cannot help (a corrupt record, a closed store). Rather than wait for ever, each duplicate
+        waiting on it leaves this process: its submission resolves with an error of the same kind
+        that says so, and its stored record stays ``queued`` for :meth:`recover` to decide once the
+        store can be read. :attr:`anomalies` counts ``"owner_unreadable"``."""
+        self.anomalies["owner_unreadable"] += 1
+        kind = StoreClosedError if isinstance(error, StoreClosedError) else StoreCorruptError
+        for waiter_id in self._waiters.pop(owner_id, ()):
+            waiter = self._live.get(waiter_id)
+            if waiter is None or waiter.waiting_on != owner_id:
+                continue
+            waiter.waiting_on = None
+            del self._live[waiter_id]
+            if not outcome_known(waiter):
+                resolve_with_error(
+                    waiter,
+                    kind(
+                        f"task {waiter_id!r} duplicates task {owner_id!r} of another process, whose "
+                        f"record cannot be read ({error}); its own record stays queued for recover()"
+                    ),
+                )
+        if not self._live:
+            self._idle.notify()
+
     async def _watch_foreign_owner(self, owner_id: str) -> None:
         """Wait until the run of a key owned by another process is terminal.
 
@@ -173,7 +199,8 @@ class ClaimRules:
                         await store_change(self.runtime, self.store, safety_poll)
                 except StoreError as error:
                     if not outage_may_pass(error):
-                        raise
+                        self._stop_waiting_on(owner_id, error)
+                        return
                     self.anomalies["store_unreachable"] += 1  # look again (listening anew) after a poll
                     listening = False
                     await self.runtime.sleep(self.duplicate_poll_s)

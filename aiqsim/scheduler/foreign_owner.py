@@ -28,7 +28,9 @@ def outage_may_pass(error: StoreError) -> bool:
     """Whether a watcher that could not read the owner's record should look again after a poll:
     yes when the store could not be reached (a database restart, a network cut: the store makes its
     connection again), no when it is closed or its record is corrupt (looking again cannot help).
-    The waiters wait on meanwhile; :attr:`Scheduler.anomalies` counts ``"store_unreachable"``."""
+    The waiters wait on meanwhile; :attr:`Scheduler.anomalies` counts ``"store_unreachable"``.
+    When it cannot pass, the waiters stop waiting and resolve with the error
+    (``"owner_unreadable"``): a duplicate must not wait for ever on a record nobody can read."""
     return not isinstance(error, StoreClosedError | StoreCorruptError)
 
 

@@ -89,7 +89,7 @@ from aiqsim.scheduler.foreign_owner import outage_may_pass
 from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
-from aiqsim.stores.base import LIVE_OWNER_STATUSES
+from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError
 from aiqsim.stores.job_store import JobStore
 
 if TYPE_CHECKING:
@@ -585,6 +585,18 @@ class Jobs:
                 else:  # the owner was cancelled (or purged): the first waiter takes the key over
                     self._follow_owner(waiter, self.store.claim_job(waiter.record))
 
+    def _stop_waiting_on(self, owner_id: str, error: StoreError) -> None:
+        """The record of ``owner_id``, a job of another process, cannot be read and reading it again
+        cannot help (a corrupt record, a closed store): each duplicate job waiting on it ends here
+        as a store failure does (:meth:`_abandon`), instead of waiting for ever; its stored record
+        stays as it was for ``recover()``. :attr:`Scheduler.anomalies` counts ``"owner_unreadable"``."""
+        self.scheduler.anomalies["owner_unreadable"] += 1
+        for waiter_id in self._waiters.pop(owner_id, ()):
+            waiter = self._runs.get(waiter_id)
+            if waiter is not None and waiter.waiting_on == owner_id:
+                waiter.waiting_on = None
+                self._abandon(waiter, error)
+
     async def _watch_foreign_owner(self, owner_id: str) -> None:
         """Poll the store for a job owned by another process until that run is terminal (through
         an outage of the store: :func:`~aiqsim.scheduler.foreign_owner.outage_may_pass`)."""
@@ -595,7 +607,8 @@ class Jobs:
                     owner = self.store.get_job(owner_id)
                 except StoreError as error:
                     if not outage_may_pass(error):
-                        raise
+                        self._stop_waiting_on(owner_id, error)
+                        return
                     self.scheduler.anomalies["store_unreachable"] += 1
                     continue
                 if owner is None or owner.status.is_terminal:
@@ -962,8 +975,9 @@ class Jobs:
         old = run.record
         record = old if old.status is not QUEUED else job_transition(old, RUNNING, now)
         if not record.status.is_terminal:
+            failed = "store write failed" if isinstance(error, StoreWriteError) else "store failed"
             message = (
-                f"store write failed: {describe_error(error)}; this job's later progress was not "
+                f"{failed}: {describe_error(error)}; this job's later progress was not "
                 "persisted (recover() re-drives it from the last write that succeeded)"
             )
             record = job_transition(record, FAILED, now, error=message)

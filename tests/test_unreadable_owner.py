@@ -1,0 +1,128 @@
+"""A duplicate waiting on another process's run, when that run's record cannot be read any more.
+
+Two schedulers share one SQLite file, as two processes do: a duplicate submitted to the second
+waits on the first's run by polling the owner's record. If that record turns corrupt (a hand edit,
+a bad migration) or the store is closed under the scheduler, reading it again cannot help. Before,
+the watcher died with the error and its duplicates waited for ever (a review finding of the
+fourteenth session); now each of them resolves with an error that says why, and the scheduler can
+be joined.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from aiqsim import JobSpec, JobStatus, Scheduler, SimPyRuntime, Stage
+from aiqsim.core.task import TaskStatus
+from aiqsim.stores import SqliteStore, StoreClosedError, StoreCorruptError
+from tests.fakes import ScriptedProvider
+
+POLL_S = 0.25
+
+
+def _stage_a(inputs: dict, results: dict) -> dict:
+    return {"input": f"a:{inputs['x']}"}
+
+
+def _hand_edit(path: Path, statement: str) -> None:
+    """Change the file behind the store's back, as another program would."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(statement)
+    finally:
+        conn.close()
+
+
+def test_duplicates_of_a_task_whose_record_turned_corrupt_resolve_with_the_error(tmp_path: Path) -> None:
+    runtime = SimPyRuntime()
+    path = tmp_path / "shared.db"
+    store = SqliteStore(path, validate=False)  # rows are checked as they are read
+    slow = ScriptedProvider(runtime, latency_s=10.0)
+    two_provider = ScriptedProvider(runtime, latency_s=1.0)
+
+    async def main():
+        one = Scheduler(runtime, [slow], store=store, duplicate_poll_s=POLL_S, worker_id="one")
+        two = Scheduler(runtime, [two_provider], store=store, duplicate_poll_s=POLL_S, worker_id="two")
+        owner = one.submit("llm", {"input": "a"}, task_id="owner")
+        await runtime.sleep(0.1)
+        first = two.submit("llm", {"input": "a"}, task_id="d1")  # both wait on process one's run
+        second = two.submit("llm", {"input": "a"}, task_id="d2")
+        await runtime.sleep(0.9)  # t = 1.0, between two polls (0.35, 0.6, ..., 0.85, 1.1)
+        _hand_edit(path, "UPDATE tasks SET status = 'zombie' WHERE id = 'owner'")
+        outcomes = []
+        for duplicate in (first, second):
+            with pytest.raises(StoreCorruptError) as caught:
+                await duplicate
+            outcomes.append((str(caught.value), runtime.now()))
+        await two.join()  # nothing of process two is left waiting
+        return outcomes, two, await owner.wait()
+
+    outcomes, two, owner = runtime.run(main())
+    for (message, when), task_id in zip(outcomes, ("d1", "d2"), strict=True):
+        assert f"task {task_id!r} duplicates task 'owner' of another process" in message
+        assert "invalid status 'zombie'" in message and "stays queued for recover()" in message
+        assert when == pytest.approx(1.1)  # at the first poll after the edit
+    assert two.anomalies["owner_unreadable"] == 1
+    assert not runtime.task_errors  # the watcher did not die with the error
+    assert [name for _, name, _ in two_provider.calls] == []  # nothing was sent twice
+    assert owner.status is TaskStatus.SUCCEEDED  # process one's own run is not disturbed
+    store.close()
+    with SqliteStore(path) as again:  # the duplicates' records stay queued for recover()
+        assert {r.id for r in again.list_by_status(TaskStatus.QUEUED)} == {"d1", "d2"}
+
+
+def test_a_duplicate_waiting_when_its_store_is_closed_resolves_with_the_error(tmp_path: Path) -> None:
+    runtime = SimPyRuntime()
+    store = SqliteStore(tmp_path / "shared.db")
+    slow = ScriptedProvider(runtime, latency_s=10.0)
+
+    async def main():
+        one = Scheduler(runtime, [slow], store=store, duplicate_poll_s=POLL_S, worker_id="one")
+        two = Scheduler(runtime, [ScriptedProvider(runtime)], store=store, duplicate_poll_s=POLL_S)
+        one.submit("llm", {"input": "a"}, task_id="owner")
+        await runtime.sleep(0.1)
+        duplicate = two.submit("llm", {"input": "a"}, task_id="d")
+        await runtime.sleep(0.5)
+        store.close()
+        with pytest.raises(StoreClosedError, match="task 'd' duplicates task 'owner'"):
+            await duplicate
+        await two.join()
+        return two
+
+    two = runtime.run(main(), until=5.0)  # process one's run cannot finish on a closed store
+    assert two.anomalies["owner_unreadable"] == 1
+
+
+def test_a_duplicate_job_whose_owner_record_turned_corrupt_fails_saying_why(tmp_path: Path) -> None:
+    runtime = SimPyRuntime()
+    path = tmp_path / "shared.db"
+    store = SqliteStore(path, validate=False)
+    spec = JobSpec("x", "1", [Stage("a", "llm", build=_stage_a)])
+    two_provider = ScriptedProvider(runtime, latency_s=1.0)
+
+    async def main():
+        common = {"store": store, "duplicate_poll_s": POLL_S, "rng": random.Random(3)}
+        one = Scheduler(runtime, [ScriptedProvider(runtime, latency_s=10.0)], worker_id="one", **common)
+        two = Scheduler(runtime, [two_provider], worker_id="two", **common)
+        owner = one.submit_job(spec, {"x": 1}, job_id="owner")
+        await runtime.sleep(0.1)
+        duplicate = two.submit_job(spec, {"x": 1}, job_id="duplicate")
+        await runtime.sleep(0.9)
+        _hand_edit(path, "UPDATE jobs SET status = 'zombie' WHERE id = 'owner'")
+        record = await duplicate.wait()
+        await two.join()
+        return record, two, await owner.wait()
+
+    record, two, owner = runtime.run(main())
+    assert record.status is JobStatus.FAILED
+    assert record.error is not None and record.error.startswith("store failed: StoreCorruptError")
+    assert "zombie" in record.error
+    assert record.finished_at == pytest.approx(1.1)
+    assert two.anomalies["owner_unreadable"] == 1 and not runtime.task_errors
+    assert two_provider.calls == []
+    assert owner.status is JobStatus.SUCCEEDED
+    store.close()
