@@ -232,6 +232,55 @@ def test_a_job_whose_progress_cannot_be_written_resolves_failed_and_recovers_lat
     assert len(provs["a"].calls) == 1 and len(provs["b"].calls) == 1  # stage a was reused, not re-run
 
 
+class FailingStageWrites(MemoryStore):
+    """A memory store whose disk 'fills up' when a task of provider ``a`` is written succeeded,
+    until ``broken`` is cleared."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    def update(self, task) -> None:  # type: ignore[no-untyped-def]
+        if self.broken and task.provider == "a" and task.status is TaskStatus.SUCCEEDED:
+            from aiqsim.stores import StoreWriteError
+
+            raise StoreWriteError(f"task {task.id!r} -> succeeded", OSError(28, "No space left on device"))
+        super().update(task)
+
+
+def test_a_job_whose_stage_outcome_cannot_be_written_resolves_failed_and_recovers_later() -> None:
+    """Before: the stage's task left the scheduler with its submission resolved by the
+    StoreWriteError, but the job was never told and its handle waited for ever (found while
+    reviewing the fifteenth session's change to duplicates of unreadable owners)."""
+    runtime = SimPyRuntime()
+    store = FailingStageWrites()
+    provs = {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in ("a", "b")}
+
+    async def main():
+        before = make(runtime, store, provs)
+        handle = before.submit_job(SPEC, {"x": 1}, job_id="j")
+        in_process = await runtime.wait_for(handle.wait(), 60)  # resolves: it does not hang
+        await before.join()
+        when, b_calls = runtime.now(), len(provs["b"].calls)
+        stored = store.get_job("j")
+        store.broken = False
+        before.crash()
+        after = make(runtime, store, provs)
+        await after.recover(requeue_interrupted=True)
+        return in_process, when, b_calls, stored, await after.jobs.handle("j").wait()
+
+    in_process, when, b_calls, stored, recovered = runtime.run(main())
+    assert in_process.status is JobStatus.FAILED and in_process.error.startswith(
+        "store write failed: StoreWriteError: store write failed, not persisted: task"
+    )
+    assert "No space left on device" in in_process.error and "recover() re-drives it" in in_process.error
+    assert when == pytest.approx(1.0)  # when stage a's outcome could not be written
+    assert stored.status is JobStatus.RUNNING and stored.results == {}
+    assert b_calls == 0  # stage b never started on an unrecorded result
+    assert recovered.status is JobStatus.SUCCEEDED
+    assert len(provs["a"].calls) == 2 and len(provs["b"].calls) == 1  # a's unrecorded run was sent again
+
+
 FALLBACK_SPEC = JobSpec("voice", "1", [Stage("tts", "tts", build=first, fallback="tts_backup")])
 
 

@@ -126,3 +126,41 @@ def test_a_duplicate_job_whose_owner_record_turned_corrupt_fails_saying_why(tmp_
     assert two_provider.calls == []
     assert owner.status is JobStatus.SUCCEEDED
     store.close()
+
+
+def _shared_stage(inputs: dict, results: dict) -> dict:
+    return {"input": "shared"}  # the same payload, so the same task key, for every job
+
+
+def test_a_job_whose_stage_duplicates_an_unreadable_task_of_another_process_fails_saying_why(
+    tmp_path: Path,
+) -> None:
+    """The stage's task leaves the scheduler with the error; its job must hear of it, not wait
+    for ever on a stage that will not end."""
+    runtime = SimPyRuntime()
+    path = tmp_path / "shared.db"
+    store = SqliteStore(path, validate=False)
+    spec = JobSpec("x", "1", [Stage("a", "llm", build=_shared_stage)])
+    two_provider = ScriptedProvider(runtime, latency_s=1.0)
+
+    async def main():
+        common = {"store": store, "duplicate_poll_s": POLL_S, "rng": random.Random(5)}
+        one = Scheduler(runtime, [ScriptedProvider(runtime, latency_s=10.0)], worker_id="one", **common)
+        two = Scheduler(runtime, [two_provider], worker_id="two", **common)
+        one.submit_job(spec, {"x": 1}, job_id="owner")
+        await runtime.sleep(0.1)
+        duplicate = two.submit_job(spec, {"x": 2}, job_id="other")  # another job, the same stage task
+        await runtime.sleep(0.9)
+        (owner_task,) = store.get_job("owner").stage_tasks["a"]
+        _hand_edit(path, f"UPDATE tasks SET status = 'zombie' WHERE id = '{owner_task}'")
+        record = await duplicate.wait()
+        await two.join()
+        return record, two
+
+    record, two = runtime.run(main(), until=5.0)
+    assert record.status is JobStatus.FAILED and record.error is not None
+    assert record.error.startswith("store failed: StoreCorruptError") and "zombie" in record.error
+    assert record.finished_at == pytest.approx(1.1)
+    assert two.anomalies["owner_unreadable"] == 1 and not runtime.task_errors
+    assert two_provider.calls == []
+    store.close()

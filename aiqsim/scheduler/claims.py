@@ -161,14 +161,14 @@ class ClaimRules:
                 continue
             waiter.waiting_on = None
             del self._live[waiter_id]
+            lost = kind(
+                f"task {waiter_id!r} duplicates task {owner_id!r} of another process, whose "
+                f"record cannot be read ({error}); its own record stays queued for recover()"
+            )
             if not outcome_known(waiter):
-                resolve_with_error(
-                    waiter,
-                    kind(
-                        f"task {waiter_id!r} duplicates task {owner_id!r} of another process, whose "
-                        f"record cannot be read ({error}); its own record stays queued for recover()"
-                    ),
-                )
+                resolve_with_error(waiter, lost)
+            if self._jobs is not None:
+                self._jobs.task_lost(waiter_id, lost)
         if not self._live:
             self._idle.notify()
 

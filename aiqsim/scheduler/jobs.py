@@ -839,6 +839,22 @@ class Jobs:
             with self._unpersisted(run):
                 self._phase_done(run, phase)
 
+    def task_lost(self, task_id: str, error: StoreError) -> None:
+        """Called by the scheduler when a task leaves it with no terminal record (its change could
+        not be persisted, or the run it duplicates cannot be read): the job it is a stage of ends
+        here as when its own write fails (:meth:`_abandon`) instead of waiting for ever for a
+        stage that will not end; ``recover()`` re-drives it from what the store holds."""
+        owner = self._stage_tasks.get(task_id)
+        if owner is None:
+            return
+        run = self._runs.get(owner[0])
+        if run is None or run.finished or run.stopping:
+            return
+        phase = run.phases.get(owner[1])
+        if phase is None or task_id not in phase.pending:
+            return
+        self._abandon(run, error)
+
     def _phase_done(self, run: _JobRun, phase: _StagePhase) -> None:
         """Every task of a stage (or of its fallback) ended: fall back, fail, or record the result."""
         stage = phase.stage

@@ -152,6 +152,8 @@ class Outcomes:
             if waiter is not None and waiter.waiting_on == record.id:
                 waiter.waiting_on = None
                 self._lose_duplicate(waiter, record.id)
+        if self._jobs is not None:  # a job's stage that will not end here: the job must not wait on it
+            self._jobs.task_lost(record.id, error)
         if not self._live:
             self._idle.notify()
 
