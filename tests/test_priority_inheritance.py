@@ -185,3 +185,62 @@ def test_an_owner_resumed_after_its_waiter_by_recovery_still_inherits(tmp_path: 
     assert after_crash == ["k", "b0", "b1", "b2", "b3", "b4"]  # before the background queued ahead of it
     assert owner.priority is Priority.INTERACTIVE and owner.status is TaskStatus.SUCCEEDED
     assert waiter.status is TaskStatus.DEDUPED and waiter.deduped_from == owner.id
+
+
+def _payload_p(inputs: Any, results: Any) -> dict[str, str]:
+    return {"input": "P"}
+
+
+def _payload_of_x(inputs: Any, results: Any) -> dict[str, str]:
+    return {"input": f"A:{inputs['x']}"}
+
+
+def test_an_interactive_duplicate_job_lifts_the_task_its_owners_stage_waits_on() -> None:
+    """A background job whose stage duplicates a queued background task P, then an interactive
+    duplicate of the job: P must move into the interactive queue, as for a plain interactive
+    duplicate of P. Before, only the job's own stage task was raised, and it has nothing queued
+    (it waits on P): the duplicate job finished after the whole backlog (t = 6.0, not 1.0)."""
+    from aiqsim import JobSpec, Stage
+
+    spec = JobSpec("j", "1", [Stage("a", "llm", build=_payload_p)])
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0)
+
+    async def main() -> Any:
+        scheduler = _scheduler(runtime, provider, background_limit=None)
+        for i in range(5):
+            scheduler.submit("llm", {"input": f"bg{i}"})  # a background backlog of 5 s
+        scheduler.submit("llm", {"input": "P"})  # queued last
+        scheduler.submit_job(spec, {"x": 1})  # its stage waits on P
+        duplicate = scheduler.submit_job(spec, {"x": 1}, priority=Priority.INTERACTIVE)
+        return await duplicate.wait()
+
+    record = runtime.run(main())
+    assert record.finished_at == pytest.approx(1.0)
+    assert [name for _, name, _ in provider.calls][:2] == ["P", "bg0"]
+
+
+def test_an_interactive_duplicate_job_that_would_lift_its_owner_counts_against_the_limit() -> None:
+    """As a plain duplicate that would lift its queued owner counts against the interactive limit
+    (above), so does a duplicate job whose owner job has a queued stage. Before, a duplicate job
+    was never counted, and an interactive job got past interactive_limit=0."""
+    from aiqsim import JobSpec, Stage
+
+    spec = JobSpec("j", "1", [Stage("a", "llm", build=_payload_of_x)])
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=5.0)
+
+    async def main() -> Any:
+        scheduler = _scheduler(runtime, provider, interactive_limit=0, background_limit=None)
+        scheduler.submit("llm", {"input": "busy"})  # the only slot, until t = 5
+        owner = scheduler.submit_job(spec, {"x": 1})  # its stage waits in the background queue
+        await runtime.sleep(1.0)
+        with pytest.raises(QueueFullError, match="interactive"):
+            scheduler.submit_job(spec, {"x": 1}, priority=Priority.INTERACTIVE)
+        assert scheduler.queued(Priority.BACKGROUND) == 1  # the owner's stage was not moved
+        background_duplicate = scheduler.submit_job(spec, {"x": 1})  # lifts nothing: exempt
+        return await owner.wait(), await background_duplicate.wait()
+
+    owner, duplicate = runtime.run(main())
+    assert owner.finished_at == pytest.approx(10.0)
+    assert duplicate.deduped_from == owner.id

@@ -91,8 +91,20 @@ class ClaimRules:
 
     def _would_promote(self, owner_id: str, priority: Priority) -> bool:
         """Whether a duplicate of ``priority`` would move its owner, queued here, into a higher queue."""
+        return self._promoted_owner(owner_id, priority) is not None
+
+    def _promoted_owner(self, owner_id: str, priority: Priority) -> LiveTask | None:
+        """The queued task a duplicate of ``priority`` would move into its higher class (see
+        :meth:`_inherit_priority`): its live owner, or, when that owner is itself a duplicate
+        waiting on another task, the task it waits on; ``None`` when nothing would move."""
         owner = self._live.get(owner_id)
-        return owner is not None and owner.queue_item is not None and priority < owner.record.priority
+        for _ in range(len(self._live)):  # a chain of waits, never a cycle: bounded all the same
+            if owner is None or owner.waiting_on is None or priority >= owner.record.priority:
+                break
+            owner = self._live.get(owner.waiting_on)
+        if owner is None or owner.queue_item is None or priority >= owner.record.priority:
+            return None
+        return owner
 
     def _inherit_priority(self, owner: LiveTask, priority: Priority) -> None:
         """Raise a live owner to its waiter's priority, so no waiter waits behind a lower class.
@@ -103,12 +115,21 @@ class ClaimRules:
         for a retry ticket has its ticket moved; a running owner in backoff asks for its next ticket
         in the new class; an owner whose call is in flight has nothing to move. The new priority is
         the owner's from then on (its record carries it, persisted with its next transition; after
-        a crash, :meth:`recover` re-attaches the waiter and the owner inherits again).
+        a crash, :meth:`recover` re-attaches the waiter and the owner inherits again). An owner that
+        is itself a duplicate waiting on another task (a job's stage task whose call another task
+        makes) passes the priority on to that task.
         """
         old = owner.record.priority
         if priority >= old:
             return
         owner.record = owner.record.evolve(priority=priority)
+        if (
+            owner.waiting_on is not None
+        ):  # itself a duplicate (a job's stage on a shared call): its owner moves
+            upstream = self._live.get(owner.waiting_on)
+            if upstream is not None:
+                self._inherit_priority(upstream, priority)
+            return
         lane = self._lanes[owner.record.provider]
         if owner.queue_item is not None:
             lane.queues[old].pop(owner.queue_item)

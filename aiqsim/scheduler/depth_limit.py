@@ -81,9 +81,9 @@ class DepthLimit:
     def _promoted_call(self, owner_id: str, priority: Priority) -> Call | None:
         """What a duplicate of ``priority`` queues: nothing (``None``), unless it moves its owner,
         queued here, into its own higher class; it then stands for the owner there."""
-        if not self._would_promote(owner_id, priority):
+        owner = self._promoted_owner(owner_id, priority)
+        if owner is None:
             return None
-        owner = self._live[owner_id]
         return (self._lanes[owner.record.provider], owner.record.cost_estimate, owner.queue_item)
 
     def _refusing_limit(

@@ -287,11 +287,15 @@ class Jobs:
         key = spec.key(inputs)
         existing = self.store.job_owner_of(key)
         is_duplicate = existing is not None and existing.status in LIVE_OWNER_STATUSES
-        limit = (  # the rule: depth_limit.py
-            None
-            if is_duplicate or scheduler._limits[priority] is None
-            else scheduler._refusing_job_limit(lambda: self._first_calls(spec, inputs, priority), priority)
-        )
+        if scheduler._limits[priority] is None:  # the rule: depth_limit.py
+            limit = None
+        elif is_duplicate:  # queues nothing of its own, unless it lifts its owner's queued calls
+            assert existing is not None
+            limit = scheduler._refusing_job_limit(
+                lambda: self._promoted_calls(existing.id, priority), priority
+            )
+        else:
+            limit = scheduler._refusing_job_limit(lambda: self._first_calls(spec, inputs, priority), priority)
         if limit is not None:
             from aiqsim.scheduler.scheduler import QueueFullError
 
@@ -402,6 +406,19 @@ class Jobs:
             if record.priority is priority and record.status is QUEUED and run.waiting_on is None:
                 waiting_jobs.add(record.id)
         return self.scheduler._queued[priority] - queued_stage_tasks - plain_starting + len(waiting_jobs)
+
+    def _promoted_calls(self, owner_id: str, priority: Priority) -> list[Call]:
+        """What a duplicate job of ``priority`` queues, as the depth limit asks it: nothing, unless
+        its owner job is live here in a lower class; then each of the owner's queued stage tasks
+        that it would move into its class (:meth:`_inherit_priority`) stands for itself there, as a
+        duplicate task does for its owner (``DepthLimit._promoted_call``)."""
+        owner = self._runs.get(owner_id)
+        if owner is None or owner.finished or priority >= owner.record.priority:
+            return []
+        calls = (
+            self.scheduler._promoted_call(task_id, priority) for task_id, _ in self._live_stage_tasks(owner)
+        )
+        return [call for call in calls if call is not None]
 
     def _first_calls(self, spec: JobSpec, inputs: Any, priority: Priority) -> list[Call]:
         """What a new job of ``spec`` and ``priority`` would queue at once, as the depth limit
