@@ -629,3 +629,54 @@ def test_a_manual_retry_is_refused_at_the_depth_limit_and_the_task_stays_failed(
     kept, queued, retried = runtime.run(body())
     assert kept.status is TaskStatus.FAILED and queued == 0
     assert retried.status is TaskStatus.SUCCEEDED and retried.finished_at == 35.0  # sent at 25
+
+
+def _after_an_instant_first_stage(first: Stage) -> JobSpec:
+    return JobSpec(
+        "instant",
+        "1",
+        [
+            first,
+            Stage("b", "llm", after=("a",), build=lambda inputs, results: {"input": f"b:{results['a']}"}),
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        Stage("a", "llm", fan_out=True, build=lambda inputs, results: []),  # a document with no parts
+        Stage(
+            "a", "tts", build=lambda inputs, results: {"input": "done before"}
+        ),  # its call succeeded before
+    ],
+    ids=["empty fan-out", "first call already succeeded"],
+)
+def test_a_job_whose_first_stage_ends_at_once_is_judged_by_the_stage_it_launches(first: Stage) -> None:
+    """A first stage that ends in the submit's instant launches the next one in that instant, so
+    the depth limit must judge that one's calls. Before, such a job queued nothing by the limit's
+    count and was accepted at limit 0 while its second stage waited (a review agent's reproduction
+    of a report from the thirteenth session)."""
+    runtime = SimPyRuntime()
+    llm = ScriptedProvider(runtime, name="llm", latency_s=5.0)
+    tts = ScriptedProvider(runtime, name="tts", latency_s=1.0)
+    spec = _after_an_instant_first_stage(first)
+
+    async def main() -> tuple[Any, float]:
+        scheduler = _scheduler(
+            runtime, [llm, tts], quotas={"llm": QuotaLimits(concurrency=1)}, background_limit=0
+        )
+        await scheduler.submit("tts", {"input": "done before"}, key=None)  # t = 1
+        busy = scheduler.submit("llm", {"input": "busy"})  # llm's one slot until t = 6
+        await runtime.sleep(0)
+        with pytest.raises(QueueFullError, match="background"):
+            scheduler.submit_job(spec, "x")  # stage b would wait for the slot
+        await busy
+        job = scheduler.submit_job(spec, "x")  # t = 6: the slot is free, b starts at once
+        started = runtime.now()
+        return await job.wait(), started
+
+    record, started = runtime.run(main())
+    assert started == pytest.approx(6.0)
+    assert record.status.value == "succeeded" and record.finished_at == pytest.approx(11.0)
+    assert [when for when, _, _ in llm.calls] == [1.0, 6.0]  # busy, then b: nothing else on llm

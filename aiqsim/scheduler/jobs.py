@@ -427,31 +427,49 @@ class Jobs:
         fails there without queueing it. A call that duplicates a live owner (queued, running or
         succeeded) or an earlier call of the list queues nothing of its own, as a duplicate
         ``submit`` does not, and is left out too, unless it would move its queued owner into the
-        job's higher class: it then stands for that owner there."""
+        job's higher class: it then stands for that owner there.
+
+        A stage that would end in the submit's own instant (an empty fan-out, or every call a
+        duplicate of a call that already succeeded) launches the stages after it in that instant
+        too: their calls are listed as well, built from the results those stages would have."""
         scheduler = self.scheduler
         calls: list[Call] = []
         keys: set[str] = set()
-        for stage in spec.stages:
-            if stage.after:
-                continue
-            lane = scheduler._lanes[stage.provider]
-            try:
-                for payload in self._build(stage, inputs, {}):
-                    key = stage_task_key(stage, payload)
-                    if key in keys:
-                        continue
-                    keys.add(key)
-                    owner = scheduler.store.owner_of(key)
-                    if owner is not None and owner.status in LIVE_OWNER_STATUSES:
-                        promoted = scheduler._promoted_call(owner.id, priority)
-                        if promoted is not None:
-                            calls.append(promoted)
-                        continue
-                    cost = stage.cost(payload) if callable(stage.cost) else stage.cost
-                    estimate = scheduler._cost_estimate(lane, stage.task_kind, payload, cost)
-                    calls.append((lane, estimate, None))
-            except Exception:  # reported by the launch, which runs the same code
-                continue
+        ended: dict[str, Any] = {}  # the stages that would end in this instant, with their results
+        listed: set[str] = set()
+        more = True
+        while more:  # stages in an order that respects ``after`` (the spec has no cycle)
+            more = False
+            for stage in spec.stages:
+                if stage.name in listed or any(name not in ended for name in stage.after):
+                    continue
+                listed.add(stage.name)
+                more = True
+                lane = scheduler._lanes[stage.provider]
+                try:
+                    payloads = self._build(stage, inputs, ended)
+                    results: list[Any] = []  # of the calls that already succeeded
+                    for payload in payloads:
+                        key = stage_task_key(stage, payload)
+                        owner = scheduler.store.owner_of(key)
+                        if owner is not None and owner.status is SUCCEEDED:
+                            results.append(owner.result)  # dedups at once: nothing queued, nothing to wait
+                            continue
+                        if key in keys:
+                            continue
+                        keys.add(key)
+                        if owner is not None and owner.status in LIVE_OWNER_STATUSES:
+                            promoted = scheduler._promoted_call(owner.id, priority)
+                            if promoted is not None:
+                                calls.append(promoted)
+                            continue
+                        cost = stage.cost(payload) if callable(stage.cost) else stage.cost
+                        estimate = scheduler._cost_estimate(lane, stage.task_kind, payload, cost)
+                        calls.append((lane, estimate, None))
+                    if len(results) == len(payloads):  # every call already done: the stage ends now
+                        ended[stage.name] = results if stage.fan_out else results[0]
+                except Exception:  # reported by the launch, which runs the same code
+                    continue
         return calls
 
     async def join(self) -> None:
