@@ -821,3 +821,57 @@ def test_a_lost_commit_answer_with_the_server_out_of_reach_is_an_unknown_outcome
         assert isinstance(caught.value, StoreWriteError)
         link.restore()
         assert store.get("b") is not None  # it had been applied
+
+
+def _retry_returns_within(seconds: float, retry: Any) -> Any:
+    """Run ``retry()`` in a thread: its result, or a failure if it still blocks after ``seconds``
+    (a retry blocked on a stranded transaction's row locks waits until the server ends it)."""
+    import threading
+
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("value", retry()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert "value" in outcome, f"the retry still blocks after {seconds} s"
+    return outcome["value"]
+
+
+def test_a_write_that_loses_its_connection_mid_transaction_frees_its_key_for_a_retry(
+    postgres_dsn: str, schema: str
+) -> None:
+    """Before: the server's process for the lost connection stayed idle in the transaction, holding
+    the key's row lock until the server noticed the client was gone (hours with default
+    keepalives), and a retry of the same key blocked the worker all that time (review)."""
+    with _link_to(postgres_dsn) as link, _store_behind_a_link(postgres_dsn, schema, link) as store:
+        store.insert_and_claim(_task("a"))
+        link.lose_the_answer_to(b"INSERT INTO", delivered=True)  # the insert ran; its answer is lost
+        with pytest.raises(StoreWriteError, match="not persisted: insert task 'b'"):
+            store.insert_and_claim(_task("b"))
+        # a few seconds at most: the retry takes milliseconds once the stranded process is gone;
+        # without ending it, it waits for the idle-in-transaction timeout (10 s) or for ever
+        assert _retry_returns_within(5.0, lambda: store.insert_and_claim(_task("b"))).id == "b"
+
+
+def test_every_connection_ends_a_transaction_left_idle_by_a_client_that_is_gone(
+    postgres_dsn: str, schema: str
+) -> None:
+    """While the server cannot be reached nothing can end the stranded transaction from here; the
+    server does, after the idle-in-transaction timeout every connection sets (a DSN's own wins:
+    one second here, so the test does not wait the default ten)."""
+    from aiqsim.stores.base import StoreWriteOutcomeUnknownError
+    from aiqsim.stores.postgres import STRANDED_TRANSACTION_TIMEOUT_MS, PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as plain:
+        timeout = plain._conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0]
+        assert timeout == f"{STRANDED_TRANSACTION_TIMEOUT_MS // 1000}s"
+    separator = "&" if "?" in postgres_dsn else "?"
+    own = f"{postgres_dsn}{separator}options=-c%20idle_in_transaction_session_timeout%3D1000"
+    with _link_to(own) as link, _store_behind_a_link(own, schema, link) as store:
+        assert store._conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0] == "1s"
+        store.insert_and_claim(_task("a"))
+        link.lose_the_answer_to(b"COMMIT", delivered=False, then_refuse=True)
+        with pytest.raises(StoreWriteOutcomeUnknownError):
+            store.insert_and_claim(_task("b"))
+        link.restore()
+        assert store.get("b") is None  # the COMMIT never arrived
+        assert _retry_returns_within(10.0, lambda: store.insert_and_claim(_task("b"))).id == "b"

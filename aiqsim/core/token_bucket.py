@@ -255,8 +255,17 @@ class MultiQuota:
     between the estimated and the actual token count after the call.
     """
 
-    # slots: every dispatch step reads these (see SimPyRuntime); a subclass may add its own attributes
-    __slots__ = ("__weakref__", "concurrency", "in_flight", "limits", "paused_until", "requests", "tokens")
+    # slots: every dispatch step reads these (see SimPyRuntime); an instance may take attributes too
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "concurrency",
+        "in_flight",
+        "limits",
+        "paused_until",
+        "requests",
+        "tokens",
+    )
 
     def __init__(self, limits: QuotaLimits, *, now: float = 0.0) -> None:
         self.limits = limits

@@ -35,7 +35,11 @@ up by its transaction id on a new connection (a server process still holding it 
 ``COMMIT`` never arrived, is ended first, which rolls it back): applied, the write returns as if
 nothing happened (:attr:`PostgresStore.commits_confirmed` counts these); rolled back, it raises
 ``StoreWriteError``; and if the server cannot be asked, ``StoreWriteOutcomeUnknownError`` (a
-``StoreWriteError``: the store's rows say which, and ``recover()`` reconciles from them). Learning
+``StoreWriteError``: the store's rows say which, and ``recover()`` reconciles from them). A write
+whose connection was lost mid-transaction ends the server process still holding it (its row locks
+would block a retry of the same key until the server noticed), and every connection sets
+``idle_in_transaction_session_timeout`` (:data:`STRANDED_TRANSACTION_TIMEOUT_MS`, unless the DSN's
+``options`` set it) for a transaction stranded while the server could not be reached. Learning
 the id costs no round trip of its own (``BEGIN`` asks for it), about 20 µs per write on loopback
 (time in psycopg's handling of the two results). While the server cannot be reached every call raises
 (naming the DSN), and the first call after it is back works, with no restart of the process.
@@ -49,6 +53,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiqsim.core.dsn import redacted_dsn, without_secrets
@@ -95,6 +100,21 @@ _END_IDLE_TRANSACTION = (
 """Ends the server process of a lost connection that still holds the write's transaction open."""
 _OUTCOME_POLLS = 100
 _OUTCOME_POLL_S = 0.05
+STRANDED_TRANSACTION_TIMEOUT_MS = 10_000
+"""``idle_in_transaction_session_timeout`` of every connection the store opens (unless the DSN's
+``options`` set one): a write's transaction never waits on anything between its statements, so one
+idle this long belongs to a client that is gone, and the server ends it, freeing its row locks."""
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenTransaction:
+    """A write's transaction: its connection, its id, and the server process and address serving it
+    (what looking up a lost ``COMMIT``'s outcome, or ending a stranded transaction, needs)."""
+
+    conn: Any
+    id: int
+    backend_pid: int
+    server: tuple[str, int]
 
 
 _SCHEMA_SQL = """
@@ -272,7 +292,13 @@ class PostgresStore:
         psycopg = _psycopg()
         try:
             given = psycopg.conninfo.conninfo_to_dict(self.dsn)
-            settings = {name: value for name, value in DEAD_SERVER_SETTINGS.items() if name not in given}
+            settings: dict[str, Any] = {
+                name: value for name, value in DEAD_SERVER_SETTINGS.items() if name not in given
+            }
+            options = str(given.get("options") or "")
+            if "idle_in_transaction_session_timeout" not in options:
+                timeout = f"-c idle_in_transaction_session_timeout={STRANDED_TRANSACTION_TIMEOUT_MS}"
+                settings["options"] = f"{options} {timeout}".strip()
             return psycopg.connect(
                 self.dsn, autocommit=True, connect_timeout=self._connect_timeout, **settings
             )
@@ -420,18 +446,22 @@ class PostgresStore:
         task nothing runs) and one it did not apply raises :class:`StoreWriteError`. Only when the
         server cannot be asked does :class:`StoreWriteOutcomeUnknownError` say it is unknown."""
         try:
-            conn, transaction_id, backend_pid = self._begin()
+            transaction = self._begin()
         except StoreClosedError:
             raise
         except (StoreError, self._errors) as error:
             raise StoreWriteError(what, error) from error
+        conn = transaction.conn
         try:
             yield conn
             if conn.info.transaction_status == _psycopg().pq.TransactionStatus.INERROR:
                 # a statement failed and its error was handled inside the block: COMMIT would roll back
                 raise StoreWriteError(what, StoreError("a statement of the transaction failed"))
         except BaseException as error:
-            self._roll_back(conn)
+            if self._lost(conn):
+                self._end_stranded(transaction)
+            else:
+                self._roll_back(conn)
             if isinstance(error, self._errors):
                 raise StoreWriteError(what, error) from error
             raise
@@ -441,20 +471,19 @@ class PostgresStore:
             if not self._lost(conn):  # the server refused the COMMIT and rolled the transaction back
                 raise StoreWriteError(what, error) from error
             try:
-                committed = self._commit_outcome(transaction_id, backend_pid)
+                committed = self._commit_outcome(transaction)
             except StoreError as unknown:
                 raise StoreWriteOutcomeUnknownError(what, unknown) from error
             if not committed:
                 raise StoreWriteError(what, error) from error
             self.commits_confirmed += 1
 
-    def _begin(self) -> tuple[Any, int, int]:
-        """``BEGIN`` a transaction and learn its id (one round trip): ``(connection, its id, the
-        server process serving the connection)``. A
-        connection found lost at ``BEGIN`` is made again and the ``BEGIN`` sent once more: nothing
-        of the write had reached the server, so beginning it again cannot apply anything twice."""
+    def _begin(self) -> _OpenTransaction:
+        """``BEGIN`` a transaction and learn its id (one round trip). A connection found lost at
+        ``BEGIN`` is made again and the ``BEGIN`` sent once more: nothing of the write had reached
+        the server, so beginning it again cannot apply anything twice."""
 
-        def begin(conn: Any) -> tuple[Any, int, int]:
+        def begin(conn: Any) -> _OpenTransaction:
             try:
                 cursor = conn.execute(_BEGIN, prepare=False)  # one round trip, two results
                 cursor.nextset()
@@ -463,7 +492,8 @@ class PostgresStore:
                 if not self._lost(conn):
                     self._roll_back(conn)
                 raise
-            return conn, int(row[0]), conn.info.backend_pid
+            info = conn.info
+            return _OpenTransaction(conn, int(row[0]), info.backend_pid, (info.host, info.port))
 
         return self._on_a_live_connection(begin)
 
@@ -475,27 +505,41 @@ class PostgresStore:
         except self._errors:
             pass
 
-    def _commit_outcome(self, transaction_id: int, backend_pid: int) -> bool:
+    def _commit_outcome(self, transaction: _OpenTransaction) -> bool:
         """Whether the transaction whose ``COMMIT`` answer was lost was committed, asked on a new
         connection. While it is still open (its ``COMMIT`` never reached the server, whose process
         for the lost connection waits on it), that process is ended, which rolls it back, so the
-        answer is final before it is given; StoreError when the server cannot say."""
+        answer is final before it is given; StoreError when the server cannot say (or the new
+        connection reached another server, whose transaction ids say nothing of this one)."""
         for _ in range(_OUTCOME_POLLS):
-            status = self._read("SELECT txid_status(%s)", (transaction_id,))[0][0]
+            rows = self._read("SELECT txid_status(%s)", (transaction.id,))
+            if (self._conn.info.host, self._conn.info.port) != transaction.server:
+                raise StoreError(f"{self._where()}: reconnected to another server than the write's")
+            status = rows[0][0]
             if status == "committed":
                 return True
             if status == "aborted":
                 return False
             if status is None:
-                raise StoreError(f"{self._where()}: transaction {transaction_id} is too old to look up")
+                raise StoreError(f"{self._where()}: transaction {transaction.id} is too old to look up")
             # in progress: end the lost connection's server process if it is idle inside this
             # transaction (one committing right now is left to finish), then ask again
-            self._read(_END_IDLE_TRANSACTION, (backend_pid, transaction_id))
+            self._end_stranded(transaction)
             self._read("SELECT pg_sleep(%s)", (_OUTCOME_POLL_S,))
         raise StoreError(
-            f"{self._where()}: transaction {transaction_id} still in progress after "
+            f"{self._where()}: transaction {transaction.id} still in progress after "
             f"{_OUTCOME_POLLS * _OUTCOME_POLL_S:g} s"
         )
+
+    def _end_stranded(self, transaction: _OpenTransaction) -> None:
+        """End the server process of a lost connection that still holds ``transaction`` open (as
+        it does until the server notices the client is gone): its row locks would block the next
+        write of the same key (a retry) until then. Asked on a new connection; best effort (the
+        idle-in-transaction timeout every connection sets ends it anyway)."""
+        try:
+            self._read(_END_IDLE_TRANSACTION, (transaction.backend_pid, transaction.id))
+        except StoreError:
+            pass
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run a query; a connection found lost is made again and the query asked once more (a
