@@ -186,3 +186,30 @@ def test_a_bad_format_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigurationError, match="format"):
         CallLog(tmp_path, format="json")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("format", ["csv", "parquet"])
+def test_a_streamed_log_never_overwrites_a_log_already_in_its_folder(
+    events: list, tmp_path: Path, format: str
+) -> None:
+    """Before: CallLog(folder) opened tasks.csv and calls.csv for writing, so a worker restarted with
+    the folder of its last run emptied the production log calibrate needs (review); and when the
+    second file could not be opened, the first had already been emptied."""
+    from aiqsim.scheduler.call_log import CallLog, CallLogError
+
+    if format == "parquet":
+        pytest.importorskip("pyarrow")
+    folder = tmp_path / "log"
+    with CallLog(folder, format=format) as log:  # type: ignore[arg-type]
+        log.extend(events)
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    for again in ("csv", "parquet"):
+        with pytest.raises(CallLogError, match=r"already holds a call log .*nothing in it was changed"):
+            CallLog(folder, format=again)  # type: ignore[arg-type]
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+    half = tmp_path / "half"
+    (half / "calls.csv").mkdir(parents=True)  # one of the two names taken by something else
+    with pytest.raises(CallLogError, match=r"calls\.csv"):
+        CallLog(half)
+    assert sorted(path.name for path in half.iterdir()) == ["calls.csv"]  # tasks.csv not left behind

@@ -29,6 +29,7 @@ the :mod:`csv` module, and Parquet through pyarrow, imported only when asked for
 from __future__ import annotations
 
 import csv
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -359,16 +360,44 @@ def _write_parquet(path: Path, columns: tuple[str, ...], rows: list[tuple[Any, .
     pq.write_table(_parquet_table(pa, schema, rows), path)
 
 
+def _new_log_paths(directory: Path, format: str) -> tuple[Path, Path]:
+    """``directory``'s ``tasks.<format>`` and ``calls.<format>`` for a new streamed log; the
+    folder is made if needed. A folder that already holds a call log (of either format) is refused
+    with :class:`CallLogError` and left as it was: a log is never overwritten by another."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        existing = sorted(
+            path.name
+            for path in (
+                directory / f"{name}.{kind}" for name in ("tasks", "calls") for kind in ("csv", "parquet")
+            )
+            if os.path.lexists(path)
+        )
+    except OSError as error:
+        raise CallLogError(f"cannot write the call log in {directory}: {error}") from error
+    if existing:
+        raise CallLogError(
+            f"{directory} already holds a call log ({', '.join(existing)}); nothing in it was changed: "
+            "give each log a folder of its own (or move the old one away)"
+        )
+    return directory / f"tasks.{format}", directory / f"calls.{format}"
+
+
 class _CsvStreams:
     """``tasks.csv`` and ``calls.csv`` in a folder, appended to (and flushed) at each flush."""
 
     def __init__(self, directory: Path) -> None:
+        paths = _new_log_paths(directory, "csv")
+        opened: list[Any] = []
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            tasks = open(directory / "tasks.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
-            calls = open(directory / "calls.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
+            for path in paths:  # "x": a file that appeared meanwhile is refused, never truncated
+                opened.append(open(path, "x", newline="", encoding="utf-8"))  # noqa: SIM115
         except OSError as error:
+            for file, path in zip(opened, paths, strict=False):  # only the files made here, still empty
+                file.close()
+                path.unlink(missing_ok=True)
             raise CallLogError(f"cannot write the call log in {directory}: {error}") from error
+        tasks, calls = opened
         self.files = (tasks, calls)
         self.writers = csv.writer(tasks), csv.writer(calls)
         self.writers[0].writerow(TASK_LOG_COLUMNS)
@@ -391,11 +420,10 @@ class _ParquetStreams:
     def __init__(self, directory: Path) -> None:
         self.pa, pq = _pyarrow()
         self.schemas = _parquet_schema(self.pa, TASK_LOG_COLUMNS), _parquet_schema(self.pa, CALL_LOG_COLUMNS)
+        paths = _new_log_paths(directory, "parquet")
         try:
-            directory.mkdir(parents=True, exist_ok=True)
             self.writers = tuple(
-                pq.ParquetWriter(directory / f"{name}.parquet", schema)
-                for name, schema in zip(("tasks", "calls"), self.schemas, strict=True)
+                pq.ParquetWriter(path, schema) for path, schema in zip(paths, self.schemas, strict=True)
             )
         except OSError as error:
             raise CallLogError(f"cannot write the call log in {directory}: {error}") from error
