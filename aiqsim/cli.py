@@ -674,6 +674,12 @@ def _discard_stdout(stream: Any) -> None:
         os.close(devnull)
 
 
+_BAD_PATH_ERRNOS = frozenset(
+    {errno.ENAMETOOLONG, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EROFS, errno.ELOOP}
+)
+"""OS errors that say a path given on the command line cannot be used: bad input, exit status 2."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from aiqsim.sim.scenario import ScenarioError
 
@@ -700,6 +706,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AiqsimError as error:  # e.g. StoreWriteError: a store path where no file can be made
         print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as error:  # a path the OS refuses (a name too long, a missing folder) no check named
+        print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT if error.errno in _BAD_PATH_ERRNOS else EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -541,3 +541,43 @@ def test_a_folder_where_jobs_csv_goes_is_refused_before_the_run(tmp_path: Path) 
     assert "jobs.csv: is a directory" in result.stderr
     assert "simulating" not in result.stderr and result.stdout == ""
     assert [p.name for p in out.iterdir()] == ["jobs.csv"]
+
+
+def test_paths_the_os_refuses_are_clear_errors_without_a_traceback(tmp_path: Path) -> None:
+    """Before: a file name longer than the OS allows, or a ``~user`` with no such user, in a
+    command-line path or a scenario's trace path ended the command with a raw OSError or
+    RuntimeError traceback (review)."""
+    too_long = "a" * 300
+    source = (ROOT / "scenarios" / "azure_trace_replay.toml").read_text(encoding="utf-8")
+    scenarios = []
+    for name, trace in (("long", "b" * 5000), ("tilde", "~no_such_user_zz/x.csv")):
+        edited = "\n".join(
+            f'trace = "{trace}"' if line.startswith("trace = ") else line for line in source.splitlines()
+        )
+        assert edited != source
+        scenarios.append(tmp_path / f"{name}.toml")
+        scenarios[-1].write_text(edited, encoding="utf-8")
+    cases = [
+        (
+            (
+                "sweep",
+                "scenarios/retry_storm_429.toml",
+                "--grid",
+                "retry.base_s=1",
+                "--out",
+                f"{tmp_path}/{too_long}.csv",
+            ),
+            [],
+        ),
+        (("calibrate", f"{tmp_path}/{too_long}", "--out", f"{tmp_path}/fitted.toml"), []),
+        (("validate", str(scenarios[0])), []),
+        (("validate", str(scenarios[1])), []),
+    ]
+    long_out, long_log, long_trace, tilde_trace = aiqsim_each(cases)
+    for result in (long_out, long_log, long_trace, tilde_trace):
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "File name too long" in long_out.stderr and "File name too long" in long_log.stderr
+    assert "workloads[0].trace" in long_trace.stderr and "File name too long" in long_trace.stderr
+    assert "workloads[0].trace" in tilde_trace.stderr and "home directory" in tilde_trace.stderr
+    assert sorted(tmp_path.iterdir()) == sorted(scenarios)  # nothing written

@@ -883,18 +883,27 @@ def _largest_fixed_units(cost: CostConfig) -> int | None:
 
 def _scenario_relative_file(value: str, path: str, reader: _Reader, expected: str) -> str:
     """The absolute path of the existing file ``value`` names (relative: from the scenario's folder)."""
-    candidate = Path(value).expanduser()
-    source = Path(reader.source)
-    if not candidate.is_absolute() and source.is_file():
-        candidate = source.parent / candidate
-    if not candidate.is_file():
+    try:
+        candidate = Path(value).expanduser()
+        source = Path(reader.source)
+        if not candidate.is_absolute() and source.is_file():
+            candidate = source.parent / candidate
+        found = candidate.is_file()
         why = (
-            "a directory"
+            ""
+            if found
+            else "a directory"
             if candidate.is_dir()
             else "not a regular file"
             if candidate.exists()
-            else "no such file"
+            else ""
         )
+    except (OSError, RuntimeError) as error:  # a name too long for the OS, ~user with no such user
+        raise reader.error(
+            path, f"expected {expected} (relative to the scenario file), got {describe(value)} ({error})"
+        ) from None
+    if not found:
+        why = why or "no such file"
         raise reader.error(
             path,
             f"expected {expected} (relative to the scenario file), got {describe(value)} "
