@@ -246,3 +246,50 @@ def test_a_flush_that_raises_anything_still_resolves_every_waiter() -> None:
         return scheduler.in_flight
 
     assert run_on("simpy", body) == 0
+
+
+def test_job_writes_are_flushed_and_a_job_handle_resolves_only_once_its_end_is_durable(
+    tmp_path: Path,
+) -> None:
+    """Found by a review agent's crash sweep: only task writes started a flush, so a job-only write
+    (a duplicate job's row, a job's final record) stayed staged in SQLite's open transaction: a
+    crash lost it (87 of 99 single-write crash points lost a job), the handle reported a job
+    succeeded whose record was not durable, and the open transaction held SQLite's write lock
+    against every other process. Job writes now start the flush as task writes do, and a job ends
+    once the flush that covers its terminal write is committed."""
+    from aiqsim import JobSpec, SimPyRuntime, Stage
+    from tests.fakes import ScriptedProvider
+
+    path = tmp_path / "store.sqlite3"
+    store = SqliteStore(path, group_commit=True)
+    runtime = SimPyRuntime()
+    spec = JobSpec("p", "1", [Stage("a", "llm", build=lambda inputs, results: {"input": "a"})])
+    scheduler = Scheduler(
+        runtime, [ScriptedProvider(runtime, latency_s=5.0)], store=store, rng=random.Random(0)
+    )
+
+    async def main() -> tuple[float, str]:
+        owner = scheduler.submit_job(spec, {"c": 1}, job_id="j1")
+        await runtime.sleep(1.0)
+        duplicate = scheduler.submit_job(spec, {"c": 1}, job_id="j1b")  # it writes only its job row
+        await runtime.sleep(0.5)
+        assert not store._conn.in_transaction  # flushed within the commit window
+        with SqliteStore(path) as other:  # another process sees both jobs, and may write
+            assert sorted((j.id, j.status.value) for j in other.list_jobs()) == [
+                ("j1", "running"),
+                ("j1b", "queued"),
+            ]
+        record = await owner.wait()
+        resolved_at = runtime.now()
+        await duplicate.wait()
+        await runtime.sleep(0.1)  # the duplicate's final write: its own commit window
+        return resolved_at, record.status.value
+
+    resolved_at, status = runtime.run(main())
+    assert status == "succeeded"
+    assert resolved_at > 5.0  # after the flush that covers the terminal write, not at the write
+    assert not store._conn.in_transaction
+    scheduler.crash()
+    store.close(flush=False)  # the process dies: nothing staged is kept
+    with SqliteStore(path) as again:
+        assert {j.id: j.status.value for j in again.list_jobs()} == {"j1": "succeeded", "j1b": "deduped"}

@@ -86,7 +86,7 @@ from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.arguments import SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.foreign_owner import outage_may_pass
-from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve
+from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve, resolve_with_error
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
 from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError
@@ -316,6 +316,7 @@ class Jobs:
             worker=scheduler.worker_id,
         )
         owner = self.store.insert_and_claim_job(record)
+        scheduler._staged(None)
         run = _JobRun(record=record, spec=spec)
         self._runs[record.id] = run
         self._emit(None, record)
@@ -543,6 +544,7 @@ class Jobs:
                     self._share_ending(run, ended)
                 continue
             owner = self.store.claim_job(record)
+            self.scheduler._staged(None)
             if owner.id == record.id:
                 resumed += 1
             else:
@@ -618,7 +620,9 @@ class Jobs:
                 if owner is not None and owner.status in _SHARED_JOB_ENDINGS:
                     self._share_ending(waiter, owner)
                 else:  # the owner was cancelled (or purged): the first waiter takes the key over
-                    self._follow_owner(waiter, self.store.claim_job(waiter.record))
+                    claimed = self.store.claim_job(waiter.record)
+                    self.scheduler._staged(None)
+                    self._follow_owner(waiter, claimed)
 
     def _stop_waiting_on(self, owner_id: str, error: StoreError) -> None:
         """The record of ``owner_id``, a job of another process, cannot be read and reading it again
@@ -1045,6 +1049,7 @@ class Jobs:
         if self._crashed or self.scheduler._crashed:
             raise Cancelled()
         self.store.update_job(record)
+        self.scheduler._staged(None)  # with a store that defers commits, a flush follows
         if run is not None:
             run.record = record
 
@@ -1058,13 +1063,32 @@ class Jobs:
     def _finish(self, run: _JobRun, status: JobStatus, **changes: Any) -> None:
         record = self._move(run, status, **changes)
         run.finished = True
-        del self._runs[record.id]
         for task_ids in record.stage_tasks.values():
             for task_id in task_ids:
                 self._stage_tasks.pop(task_id, None)
-        resolve(run, record)
-        if record.id in self._waiters:
-            self._resolve_waiters(record.id, record)
+        commit = self.scheduler._commit
+        if commit is None or not commit.pending:
+            self._settle(run, record, None)
+        else:  # a store that defers commits: the job ends once its terminal write is durable
+            commit.durable().add_done_callback(lambda flushed: self._settle(run, record, flushed.result()))
+
+    def _settle(self, run: _JobRun, record: JobRecord, lost: StoreWriteError | None) -> None:
+        """The terminal ``record`` is durable (``lost`` is None): the handle resolves with it and the
+        duplicates waiting on the job share it, as a task's submission resolves only after its
+        terminal write is committed. A flush that rolled it back (``lost``) resolves the handle with
+        that error instead; the stored job stays where its last durable write left it, for recover()."""
+        self._runs.pop(record.id, None)
+        if lost is None:
+            resolve(run, record)
+            if record.id in self._waiters:
+                self._resolve_waiters(record.id, record)
+        else:
+            resolve_with_error(run, lost)
+            for waiter_id in self._waiters.pop(record.id, ()):
+                waiter = self._runs.get(waiter_id)
+                if waiter is not None and waiter.waiting_on == record.id:
+                    waiter.waiting_on = None
+                    self._abandon(waiter, lost)
         if not self._runs:
             self._idle.notify()
 
