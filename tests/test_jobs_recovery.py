@@ -477,3 +477,82 @@ def test_a_crash_while_a_job_ends_never_lets_recovery_send_its_stopped_stages(
 
 def other_second_input(inputs, results):
     return {"input": f"b:{inputs['x']}"}
+
+
+class _FlakyPrimary:
+    """A provider that fails each element's first two calls with a 500 (elements 0 and 1 only)
+    and records every call it answers, as billed."""
+
+    def __init__(self, runtime, name: str, latency_s: float, billed: list) -> None:  # type: ignore[no-untyped-def]
+        self.name, self._runtime, self._latency_s, self._billed = name, runtime, latency_s, billed
+        self._calls: dict[str, int] = {}
+
+    async def call(self, request):  # type: ignore[no-untyped-def]
+        from aiqsim.core.failures import ServerError
+        from aiqsim.scheduler.provider import ProviderResponse
+
+        item = request.payload["input"]
+        self._calls[item] = self._calls.get(item, 0) + 1
+        failing = self.name == "tts" and not item.endswith(":2") and self._calls[item] <= 2
+        started = self._runtime.now()
+        await self._runtime.sleep(self._latency_s)
+        if failing:
+            raise ServerError("overloaded", status=500)
+        self._billed.append((started, self.name, item))
+        return ProviderResponse(result=item)
+
+
+def test_a_fallback_task_stored_before_a_crash_is_not_billed_when_the_stage_goes_back_to_its_primary() -> (
+    None
+):
+    """Found by a review agent's crash sweep: the crash came after the job record named both
+    fallback tasks of a fan-out stage but only one of them was stored. Recovery resumed the stored
+    fallback task, the stage was (rightly) submitted again on its primary, and the resumed fallback
+    task ran too: element 0 billed on both providers."""
+    from aiqsim.sim.crash import CrashingStore
+
+    runtime = SimPyRuntime()
+    billed: list = []
+    providers = [_FlakyPrimary(runtime, "tts", 0.5, billed), _FlakyPrimary(runtime, "tts2", 0.7, billed)]
+    spec = JobSpec(
+        "p",
+        "1",
+        [
+            Stage(
+                "fan",
+                "tts",
+                fan_out=True,
+                build=lambda inputs, results: [{"input": f"tts:{k}"} for k in range(3)],
+                fallback=Stage(
+                    "fb", "tts2", build=lambda inputs, results: [{"input": f"fb:{k}"} for k in range(3)]
+                ),
+                retry=RetryPolicy(backoff=ExponentialBackoff(base_s=0.4, cap_s=1.0), max_attempts=2),
+            )
+        ],
+    )
+    memory, counter, current = MemoryStore(), [0], {}
+
+    def new(seed: int) -> Scheduler:
+        store = CrashingStore(
+            memory, counter=counter, crash_points={13}, on_crash=lambda: current["s"].crash()
+        )
+        scheduler = Scheduler(runtime, providers, store=store, rng=random.Random(seed))
+        scheduler.jobs.register(spec)
+        current["s"] = scheduler
+        return scheduler
+
+    async def main():  # type: ignore[no-untyped-def]
+        new(0).submit_job(spec, {}, job_id="j1")
+        await runtime.sleep(2.9)  # the crash came at t = 1.4, after write 13
+        after = new(1)
+        await after.recover()
+        await after.jobs.join()
+        await after.join()
+        return memory.get_job("j1")
+
+    stored = runtime.run(main())
+    assert counter[0] > 13  # the crash point was reached
+    assert stored.status is JobStatus.SUCCEEDED
+    assert stored.results == {"fan": ["tts:0", "tts:1", "tts:2"]}
+    assert sorted(item for _, _, item in billed) == ["tts:0", "tts:1", "tts:2"]  # each element once
+    assert all(name == "tts" for _, name, _ in billed)

@@ -691,8 +691,26 @@ class Jobs:
             return
         phase = _StagePhase(stage=stage, outcomes=[None] * len(payloads))
         run.phases[stage.name] = phase
-        if not self._resume_phase(run, phase, payloads, run.record.stage_tasks.get(stage.name, ())):
+        recorded = run.record.stage_tasks.get(stage.name, ())
+        if not self._resume_phase(run, phase, payloads, recorded):
+            self._cancel_unfollowed(stage, payloads, recorded)
             self._submit_phase(run, phase, stage, list(enumerate(payloads)), fallback=False)
+
+    def _cancel_unfollowed(self, stage: Stage, payloads: list[Any], recorded: Iterable[str]) -> None:
+        """The stage is submitted again on its primary: cancel the tasks its job record names that
+        recovery resumed here and that the new submissions will not follow (a fallback task stored
+        before the crash while another of the stage's was not). Still queued (recovery resumes no
+        call), they are cancelled before any call; left alone they would run and bill the stage's
+        element on the fallback as well as on the primary (found by a review agent's crash sweep)."""
+        try:
+            keys = {stage_task_key(stage, payload) for payload in payloads}
+        except FingerprintError:
+            keys = set()
+        live = self.scheduler._live
+        for task_id in recorded:
+            task = live.get(task_id)
+            if task is not None and task.record.key not in keys:
+                self.scheduler.cancel(task_id)
 
     def _resume_phase(
         self, run: _JobRun, phase: _StagePhase, payloads: list[Any], recorded: Iterable[str]
