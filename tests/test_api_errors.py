@@ -489,3 +489,25 @@ def test_a_provider_estimate_that_raises_is_refused_naming_the_provider() -> Non
         scheduler.submit("llm", {"input": "a", "max_tokens": 10**400})
     runtime.run(scheduler.join())
     assert provider.calls == [] and store.list_by_status() == []
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "json"])
+@pytest.mark.parametrize("argument", ["key", "task_id"])
+def test_text_a_durable_store_cannot_encode_is_refused_and_nothing_is_written(
+    tmp_path: Path, kind: str, argument: str
+) -> None:
+    """Before: a lone surrogate (a str Python allows and UTF-8 does not) in a key or a task id
+    raised a raw UnicodeEncodeError from sqlite3 or from the JSON store's encoding (review)."""
+    from aiqsim.stores import UnstorableValueError
+
+    runtime = SimPyRuntime()
+    store = SqliteStore(tmp_path / "s.db") if kind == "sqlite" else JsonFileStore(tmp_path / "s.json")
+    scheduler = Scheduler(runtime, [ScriptedProvider(runtime)], store=store)
+    with pytest.raises(
+        UnstorableValueError, match=r"'\\ud800' is not valid Unicode text .*nothing was written"
+    ):
+        scheduler.submit("llm", {"input": "x"}, **{argument: "\ud800"})
+    assert store.list_by_status() == []
+    assert scheduler.submit("llm", {"input": "x"}, task_id="fine").id == "fine"  # the store goes on
+    assert [record.id for record in store.list_by_status()] == ["fine"]
+    store.close()

@@ -261,6 +261,30 @@ def test_json_journal_entry_with_invalid_record_is_corruption(journaled: Path) -
     assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "invalid status 'exploded'")
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("status", []), ("priority", {}), ("status", {"a": 1})],
+    ids=["list", "dict", "object"],
+)
+def test_json_journal_entry_with_an_unhashable_field_is_corruption(
+    journaled: Path, field: str, value: object
+) -> None:
+    """Before: a CRC-valid hand edit that put a list or an object where a status or a priority
+    goes raised a raw TypeError (unhashable type) instead of refusing the file (review)."""
+    last_seq = read_document(journaled)["last_seq"]
+    bad = {"seq": last_seq + 6, "op": "update", "task": {**task(3).to_dict(), field: value}}
+    write_journal(journaled, [*journal_lines(journaled), journal_line(bad), journal_line({**bad, "seq": 0})])
+    assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), f"invalid {field}")
+
+
+def test_json_journal_entry_with_an_unhashable_op_is_corruption(journaled: Path) -> None:
+    last_seq = read_document(journaled)["last_seq"]
+    bad = {"seq": last_seq + 6, "op": [], "task": task(3).to_dict()}
+    write_journal(journaled, [*journal_lines(journaled), journal_line(bad), journal_line({**bad, "seq": 0})])
+    with pytest.raises(StoreCorruptError):
+        JsonFileStore(journaled)
+
+
 def test_json_journal_without_snapshot_is_corruption(journaled: Path) -> None:
     journaled.unlink()
     assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "snapshot", "missing")

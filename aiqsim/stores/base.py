@@ -106,6 +106,24 @@ def store_json(value: Any, what: str) -> str:
         ) from None
 
 
+def unencodable_text(what: str, error: UnicodeEncodeError) -> UnstorableValueError:
+    """The error for text a durable store cannot encode (a lone surrogate such as ``"\\ud800"``,
+    which Python strings may hold and UTF-8 may not): nothing was written."""
+    return UnstorableValueError(
+        f"{what} cannot be stored: {error.object[error.start : error.end]!r} is not valid Unicode text "
+        "(a lone surrogate); nothing was written"
+    )
+
+
+def is_one_of(value: Any, allowed: frozenset[Any]) -> bool:
+    """``value in allowed`` for a value read from a file: one that cannot be hashed (a list, a dict
+    where a status or a number was expected) is simply not one of them."""
+    try:
+        return value in allowed
+    except TypeError:
+        return False
+
+
 class StoreWriteError(StoreError, OSError):
     """A store write failed (disk full, read-only file, I/O error): the change was NOT persisted.
 
@@ -246,10 +264,10 @@ def record_problem(data: Any) -> str | None:
     for name in _TEXT_FIELDS:
         if not isinstance(data.get(name), str) or not data[name]:
             return f"field {name!r} must be a non-empty string, got {data.get(name)!r}"
-    if data.get("status") not in _STATUS_VALUES:
+    if not is_one_of(data.get("status"), _STATUS_VALUES):
         return f"invalid status {data.get('status')!r} (expected one of {sorted(_STATUS_VALUES)})"
     priority = data.get("priority")
-    if isinstance(priority, bool) or priority not in _PRIORITY_VALUES:
+    if isinstance(priority, bool) or not is_one_of(priority, _PRIORITY_VALUES):
         return f"invalid priority {priority!r} (expected one of {sorted(_PRIORITY_VALUES)})"
     attempts = data.get("attempts")
     if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 0:

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import Priority
-from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreCorruptError
+from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreCorruptError, is_one_of
 
 
 @runtime_checkable
@@ -72,10 +72,10 @@ def job_problem(data: Any) -> str | None:
             return f"field {name!r} must be a non-empty string, got {data.get(name)!r}"
     if not isinstance(data.get("version"), str):
         return f"field 'version' must be a string, got {data.get('version')!r}"
-    if data.get("status") not in _STATUS_VALUES:
+    if not is_one_of(data.get("status"), _STATUS_VALUES):
         return f"invalid status {data.get('status')!r} (expected one of {sorted(_STATUS_VALUES)})"
     priority = data.get("priority")
-    if isinstance(priority, bool) or priority not in _PRIORITY_VALUES:
+    if isinstance(priority, bool) or not is_one_of(priority, _PRIORITY_VALUES):
         return f"invalid priority {priority!r} (expected one of {sorted(_PRIORITY_VALUES)})"
     for name in _JOB_NUMBER_FIELDS:
         if not _is_number(data.get(name)):

@@ -74,10 +74,12 @@ from aiqsim.stores.base import (
     StoreWriteError,
     check_store_location,
     claim_owner,
+    is_one_of,
     plan_in_memory_purge,
     purge_report,
     record_from_stored,
     store_json,
+    unencodable_text,
 )
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
 
@@ -98,7 +100,11 @@ _OPS = _OPS | _JOB_OPS
 
 
 def _dumps(value: Any, what: str = "the store") -> bytes:
-    return store_json(value, what).encode("utf-8")
+    text = store_json(value, what)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise unencodable_text(what, error) from None
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -446,7 +452,7 @@ class JsonFileStore:
             entry = json.loads(match.group(2))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
             return None
-        return entry if isinstance(entry, dict) and entry.get("op") in _OPS else None
+        return entry if isinstance(entry, dict) and is_one_of(entry.get("op"), _OPS) else None
 
     def _apply(self, entry: dict[str, Any], source: str) -> None:
         """Apply one journal entry to the in-memory state (replay and live writes alike)."""

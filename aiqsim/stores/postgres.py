@@ -71,6 +71,7 @@ from aiqsim.stores.base import (
     claim_owner,
     purge_report,
     record_from_stored,
+    unencodable_text,
 )
 from aiqsim.stores.columns import COLUMNS, JOB_COLUMNS
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
@@ -464,6 +465,8 @@ class PostgresStore:
                 self._roll_back(conn)
             if isinstance(error, self._errors):
                 raise StoreWriteError(what, error) from error
+            if isinstance(error, UnicodeEncodeError):
+                raise unencodable_text(what, error) from None
             raise
         try:
             conn.execute("COMMIT")

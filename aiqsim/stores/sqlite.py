@@ -98,6 +98,7 @@ from aiqsim.stores.base import (
     describe_writes,
     purge_report,
     record_from_stored,
+    unencodable_text,
 )
 from aiqsim.stores.columns import COLUMNS, JOB_COLUMNS
 from aiqsim.stores.job_store import claim_job_owner, job_from_stored
@@ -295,6 +296,15 @@ def _missing_constraint(conn: sqlite3.Connection, version: int) -> str | None:
             if (column,) not in unique:
                 return f"table {table!r}: column {column!r} is neither its primary key nor unique"
     return None
+
+
+def _fetch_one(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> Any:
+    """The first row ``sql`` finds, or None. Text that cannot be encoded (a lone surrogate, which a
+    Python string may hold and UTF-8 may not) matches no stored row: none could have been written."""
+    try:
+        return conn.execute(sql, params).fetchone()
+    except UnicodeEncodeError:
+        return None
 
 
 class SqliteStore:
@@ -676,12 +686,15 @@ class SqliteStore:
         :class:`StoreWriteError` naming every change that was not persisted.
         """
         self._check_open()
-        if self.deferred_commit:
-            with self._staged_write(what) as conn:
+        try:
+            if self.deferred_commit:
+                with self._staged_write(what) as conn:
+                    yield conn
+                return
+            with self._transaction(what) as conn:
                 yield conn
-            return
-        with self._transaction(what) as conn:
-            yield conn
+        except UnicodeEncodeError as error:  # sqlite3 encodes text as UTF-8; the write was taken back
+            raise unencodable_text(what, error) from None
 
     @contextlib.contextmanager
     def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -783,7 +796,7 @@ class SqliteStore:
 
     def _read_one(self, sql: str, params: Sequence[Any], what: str) -> TaskRecord | None:
         with self._reading(what) as conn:
-            row = conn.execute(sql, params).fetchone()
+            row = _fetch_one(conn, sql, params)
         return self._decode(row) if row is not None else None
 
     # ------------------------------------------------------------------ TaskStore
@@ -850,7 +863,7 @@ class SqliteStore:
 
     def poison_error(self, key: str) -> str | None:
         with self._reading(f"the poison record of key {key!r}") as conn:
-            row = conn.execute("SELECT error FROM poison WHERE key = ?", (key,)).fetchone()
+            row = _fetch_one(conn, "SELECT error FROM poison WHERE key = ?", (key,))
         return row[0] if row is not None else None
 
     # ------------------------------------------------------------------ JobStore
@@ -863,7 +876,7 @@ class SqliteStore:
 
     def _read_job(self, sql: str, params: Sequence[Any], what: str) -> JobRecord | None:
         with self._reading(what) as conn:
-            row = conn.execute(sql, params).fetchone()
+            row = _fetch_one(conn, sql, params)
         return self._decode_job(row) if row is not None else None
 
     def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
