@@ -620,6 +620,13 @@ CATALOGUE = [
     ),
     ("section_is_not_a_table", mutate(("retry", 3)), "retry", ["expected a table, got 3"]),
     (
+        # before: validate said ok and run failed with QuotaLimits' message, naming no file or key
+        "request_rate_below_one_per_minute_without_a_burst",
+        mutate(("quotas.llm.requests_per_min", 0.5), ("quotas.llm.request_burst", DELETE)),
+        "quotas.llm.requests_per_min",
+        ["of at least 1, got 0.5", "never grants one"],
+    ),
+    (
         "table_where_a_value_belongs",
         mutate(("dispatch.max_wait_s", {"value": 3})),
         "dispatch.max_wait_s",

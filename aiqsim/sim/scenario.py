@@ -829,6 +829,14 @@ def _quotas(
                 raise reader.error(
                     f"quotas.{name}.{burst}", f"only applies together with {rate}, which is not set"
                 )
+        if quota.request_burst is None and quota.requests_per_min is not None and quota.requests_per_min < 1:
+            # the rule QuotaLimits applies when the run starts (request_burst itself is checked >= 1)
+            raise reader.error(
+                f"quotas.{name}.requests_per_min",
+                "a request burst (request_burst, else one minute of requests_per_min) of at least 1, got "
+                f"{quota.requests_per_min:g}: every call takes one request, so a smaller bucket never "
+                "grants one (set request_burst = 1)",
+            )
         quotas[name] = quota
     return quotas
 
