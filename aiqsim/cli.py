@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -173,6 +174,14 @@ def _output_folder(out: Path | None, *, flag: str = "--out") -> Iterator[None]:
     except OSError as error:
         _remove_empty(created)
         raise UsageError(f"{flag} {out}: cannot create the directory ({error.strerror or error})") from None
+    try:  # a folder that cannot take a file (read-only file system, no permission) fails now, too
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as error:
+        _remove_empty(created)
+        raise UsageError(
+            f"{flag} {out}: cannot write in the directory ({error.strerror or error}); nothing was run"
+        ) from None
     try:
         yield
     except BaseException:

@@ -581,3 +581,32 @@ def test_paths_the_os_refuses_are_clear_errors_without_a_traceback(tmp_path: Pat
     assert "workloads[0].trace" in long_trace.stderr and "File name too long" in long_trace.stderr
     assert "workloads[0].trace" in tilde_trace.stderr and "home directory" in tilde_trace.stderr
     assert sorted(tmp_path.iterdir()) == sorted(scenarios)  # nothing written
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self").is_dir(), reason="needs Linux's /proc: a folder no file can be made in"
+)
+def test_an_out_folder_that_cannot_take_a_file_is_refused_before_any_simulation() -> None:
+    """Before: a folder that exists but cannot take a file (a read-only file system, where even
+    root's permission checks pass) was found only when the results were written, after the whole
+    run or sweep (review); the README promises the refusal before any long work starts."""
+    run, swept = aiqsim_each(
+        [
+            (("run", "scenarios/retry_storm_429.toml", "--out", "/proc"), []),
+            (
+                (
+                    "sweep",
+                    "scenarios/retry_storm_429.toml",
+                    "--grid",
+                    "retry.base_s=1,2",
+                    "--out",
+                    "/proc/x.csv",
+                ),
+                [],
+            ),
+        ]
+    )
+    for result in (run, swept):
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert "cannot write in the directory" in result.stderr and "nothing was run" in result.stderr
+        assert "simulating" not in result.stderr and "tasks_submitted" not in result.stdout
