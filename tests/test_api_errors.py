@@ -466,6 +466,7 @@ def test_queued_takes_a_priority_as_submit_does_and_cancel_refuses_what_is_no_ta
         ({"key": 123}, "key"),  # stored; a JSON file store then called its own journal corrupt
         ({"key": b"k"}, "key"),  # a bare TypeError from json.dumps in a durable store
         ({"task_id": 1.5}, "task_id"),
+        ({"provider": []}, "provider"),  # before: a raw TypeError (unhashable type: 'list')
     ],
 )
 def test_names_that_are_no_text_are_refused_by_submit(arguments: dict, named: str) -> None:
@@ -511,3 +512,30 @@ def test_text_a_durable_store_cannot_encode_is_refused_and_nothing_is_written(
     assert scheduler.submit("llm", {"input": "x"}, task_id="fine").id == "fine"  # the store goes on
     assert [record.id for record in store.list_by_status()] == ["fine"]
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "lacks"),
+    [
+        ("dispatch", "fifo", "new_queue"),  # a name where the policy object goes
+        ("store", "tasks.db", "insert_and_claim"),  # a path where the store goes
+        ("runtime", None, "now"),
+        ("gates", 5, "iterable"),
+        ("events", 5, "callable"),
+    ],
+)
+def test_scheduler_parts_that_are_not_what_they_should_be_are_refused_when_built(
+    argument: str, value: Any, lacks: str
+) -> None:
+    """Before: an AttributeError or TypeError from inside the scheduler, at construction or at the
+    first submit (the store given as a path was accepted), naming nothing the user passed (review)."""
+    runtime = SimPyRuntime()
+    options: dict[str, Any] = {argument: value}
+    if argument == "runtime":
+        options, given_runtime = {}, value
+    else:
+        given_runtime = runtime
+    with pytest.raises(SchedulerArgumentError) as caught:
+        Scheduler(given_runtime, [ScriptedProvider(runtime)], **options)
+    message = _refused(caught, TypeError, argument)
+    assert lacks in message and "no scheduler was created" in message

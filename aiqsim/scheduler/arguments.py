@@ -22,6 +22,7 @@ __all__ = [
     "SchedulerArgumentError",
     "SchedulerArgumentTypeError",
     "UnknownNameError",
+    "checked_capable",
     "checked_cost_estimate",
     "checked_positive_seconds",
     "checked_providers",
@@ -44,6 +45,19 @@ class UnknownNameError(SchedulerArgumentError, KeyError):
 
     def __str__(self) -> str:
         return Exception.__str__(self)
+
+
+def checked_capable(value: Any, name: str, methods: tuple[str, ...], expected: str, refused: str) -> Any:
+    """``value`` if it has every one of ``methods`` (callable): the duck-typed interfaces the
+    scheduler is given (a runtime, a store, a dispatch policy); else a
+    :class:`SchedulerArgumentTypeError` that names the argument and what it lacks (a string where a
+    policy object goes, ``None`` for a runtime...) instead of an ``AttributeError`` at first use."""
+    missing = [method for method in methods if not callable(getattr(value, method, None))]
+    if missing:
+        raise SchedulerArgumentTypeError(
+            f"{name}: expected {expected}, got {value!r} (it has no {', '.join(missing)}); {refused}"
+        )
+    return value
 
 
 def checked_cost_estimate(value: Any) -> float:

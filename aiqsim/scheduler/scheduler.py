@@ -49,6 +49,7 @@ from aiqsim.scheduler.arguments import (
     SchedulerArgumentError,
     SchedulerArgumentTypeError,
     UnknownNameError,
+    checked_capable,
     checked_cost_estimate,
     checked_positive_seconds,
     checked_providers,
@@ -313,6 +314,25 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         self.worker_id = checked_worker_id(worker_id, "worker_id", "no scheduler was created")
         """This process's name in the store: the ``worker`` of every record it writes."""
         check_commit_window(commit_window_s)
+        refused = "no scheduler was created"
+        checked_capable(
+            runtime,
+            "runtime",
+            ("now", "sleep", "create_future", "spawn"),
+            "a runtime (AsyncioRuntime or SimPyRuntime)",
+            refused,
+        )
+        if store is not None:
+            checked_capable(
+                store, "store", ("insert_and_claim", "update", "get", "owner_of"), "a task store", refused
+            )
+        if dispatch is not None:
+            checked_capable(
+                dispatch, "dispatch", ("new_queue",),
+                "a dispatch policy object (for a name: dispatch_policy_from_name)", refused,
+            )  # fmt: skip
+        if events is not None and not callable(events):
+            raise SchedulerArgumentTypeError(f"events: expected a callable sink, got {events!r}; {refused}")
         self.runtime = runtime
         """Where its coroutines run (:class:`~aiqsim.runtime.AsyncioRuntime` or a simulated clock)."""
         self._create_future = runtime.create_future  # bound once: each handle keeps it (one per submit)
@@ -329,7 +349,13 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         """The event sink every task transition, attempt and quota sample is sent to, if any."""
         # a sink may decline the per-grant quota samples (the call log does: it has no use for them)
         self._quota_events = events is not None and getattr(events, "wants_quota_samples", True)
-        self.gates = tuple(gates)
+        try:
+            given_gates = tuple(gates)
+        except TypeError:
+            raise SchedulerArgumentTypeError(
+                f"gates: expected an iterable of attempt gates, got {gates!r}; {refused}"
+            ) from None
+        self.gates = given_gates
         """The overload gates each attempt must pass (:mod:`aiqsim.overload`), in order."""
         self._early_gates, self._late_gates = split_gates(self.gates)
         self.poison_fallback = poison_fallback
@@ -482,8 +508,13 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         ):
             _refuse_names(kind, key, task_id)
         lane_name = provider if provider is not None else kind
-        lane = self._lanes.get(lane_name)
+        lane = self._lanes.get(lane_name) if type(lane_name) is str else None
         if lane is None:
+            if type(lane_name) is not str:
+                raise SchedulerArgumentTypeError(
+                    f"provider: expected a provider name (a string), got {provider!r}; "
+                    "nothing was queued or stored"
+                )
             named_by = "provider" if provider is not None else "kind (no provider= given)"
             raise SchedulerArgumentError(
                 f"{named_by}: no provider named {lane_name!r}; this scheduler has {sorted(self._lanes)}. "
