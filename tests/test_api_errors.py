@@ -9,6 +9,7 @@ accepted, and that nothing happened before it (no provider call, no task stored,
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from aiqsim.sim.simulate import simulate
 from aiqsim.sim.sweep import sweep
 from aiqsim.stores import JsonFileStore, MemoryStore, SqliteStore, StoreOpenError, open_store
 from tests.fakes import ScriptedProvider
+
+SCENARIO = str(Path(__file__).resolve().parent.parent / "scenarios" / "double_click_storm.toml")
 
 
 def _scheduler(**kwargs: Any) -> tuple[SimPyRuntime, ScriptedProvider, Scheduler, MemoryStore]:
@@ -539,3 +542,39 @@ def test_scheduler_parts_that_are_not_what_they_should_be_are_refused_when_built
         Scheduler(given_runtime, [ScriptedProvider(runtime)], **options)
     message = _refused(caught, TypeError, argument)
     assert lacks in message and "no scheduler was created" in message
+
+
+@pytest.mark.parametrize(
+    ("call", "fragment"),
+    [
+        (lambda: simulate(SCENARIO, overrides=5), "overrides: expected a mapping"),  # type: ignore[arg-type]
+        (lambda: sweep(SCENARIO, {}, seeds=5, progress=False), "seeds: expected an iterable"),  # type: ignore[arg-type]
+        (lambda: sweep(SCENARIO, {}, seeds=["a"], progress=False), "seeds: expected integers >= 0, got 'a'"),
+        (lambda: sweep(SCENARIO, [1], progress=False), "grid: expected a mapping"),  # type: ignore[arg-type]
+    ],
+    ids=["overrides", "seeds-int", "seeds-text", "grid-list"],
+)
+def test_simulate_and_sweep_refuse_arguments_of_the_wrong_shape(call: Any, fragment: str) -> None:
+    """Before: AttributeError, TypeError or ValueError from inside simulate/sweep (review)."""
+    with pytest.raises(ConfigurationError, match=re.escape(fragment)):
+        call()
+
+
+def test_a_scenario_record_changed_by_hand_is_checked_as_a_file_is() -> None:
+    """Before: a record from dataclasses.replace skipped the reader's checks when no overrides were
+    given: a rate of 0 ended in a ZeroDivisionError deep in the run, no providers in a KeyError."""
+    import dataclasses
+
+    from aiqsim.sim.scenario import ScenarioError, load_scenario
+
+    scenario = load_scenario(SCENARIO)
+    zero_rate = dataclasses.replace(
+        scenario, workloads=(dataclasses.replace(scenario.workloads[0], rate_per_s=0),)
+    )
+    with pytest.raises(ScenarioError, match=r"workloads\[0\]\.rate_per_s: expected a number > 0"):
+        simulate(zero_rate)
+    with pytest.raises(ScenarioError, match="providers: expected at least one"):
+        simulate(dataclasses.replace(scenario, providers=()))
+    assert (
+        simulate(scenario, seed=2).summary == simulate(SCENARIO, seed=2).summary
+    )  # a valid one runs as before

@@ -8,6 +8,7 @@ completion. Rows come back ordered by grid point, then seed.
 from __future__ import annotations
 
 import itertools
+import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence, Sized
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -197,11 +198,25 @@ def sweep(
         from aiqsim.sim.simulate import checked_scenario_path
 
         scenario = load_scenario(checked_scenario_path(scenario))
+    if grid is not None and not isinstance(grid, Mapping):
+        raise ConfigurationError(
+            "grid: expected a mapping of dotted keys to lists of values "
+            f"(e.g. {{'retry.max_attempts': [1, 3]}}), got {grid!r}"
+        )
+    if isinstance(seeds, str | bytes) or not isinstance(seeds, Iterable):
+        raise ConfigurationError(
+            f"seeds: expected an iterable of integer seeds (e.g. range(5)), got {seeds!r}"
+        )
     size = grid_size(grid) if grid else 1
     if isinstance(seeds, Sized):
         check_sweep_size(size, len(seeds))
     seeds = list(itertools.islice(seeds, MAX_SWEEP_RUNS // max(size, 1) + 1))  # never an endless list
     check_sweep_size(size, len(seeds))
+    bad = [
+        seed for seed in seeds if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0
+    ]
+    if bad:
+        raise ConfigurationError(f"seeds: expected integers >= 0, got {bad[0]!r}")
     points = grid_points(grid) if grid else [{}]
     _check_stores(scenario, points, len(seeds))
     jobs = [(index, point, int(seed)) for index, point in enumerate(points) for seed in seeds]
