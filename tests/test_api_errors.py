@@ -350,6 +350,7 @@ def test_recover_refuses_what_it_cannot_do_before_writing_anything(
         ("max_attempts", 2.5, ValueError, "a whole number >= 1"),
         ("max_attempts", math.inf, ValueError, "a whole number >= 1"),
         ("poison_after", 1.5, ValueError, "a whole number >= 1"),
+        ("honour_retry_after", "no", TypeError, "True or False"),  # was accepted: "no" is truthy
     ],
 )
 def test_a_retry_policy_that_cannot_be_used_is_refused_when_built(

@@ -92,6 +92,10 @@ class RetryPolicy:
         )
         longest = self.max_retry_after_s
         _check("max_retry_after_s", longest, "> 0 or None (None: trust any value)", lambda n: n > 0)
+        if not isinstance(self.honour_retry_after, bool):  # "no" or 0 would read as a truth value
+            raise SchedulerArgumentTypeError(
+                f"honour_retry_after must be True or False, got {self.honour_retry_after!r}; {_NOT_BUILT}"
+            )
 
     def retry_after_wait(self, retry_after_s: float | None) -> tuple[float | None, bool]:
         """How long a 429's Retry-After pauses the provider, and whether it is too long to wait out.
