@@ -579,3 +579,17 @@ def test_a_scenario_record_changed_by_hand_is_checked_as_a_file_is() -> None:
     assert (
         simulate(scenario, seed=2).summary == simulate(SCENARIO, seed=2).summary
     )  # a valid one runs as before
+
+
+@pytest.mark.parametrize("store_class", [SqliteStore, JsonFileStore])
+@pytest.mark.parametrize("path", ["", None, "tasks\x00.db"], ids=["empty", "none", "nul"])
+def test_a_store_path_that_is_no_path_is_refused_naming_the_argument(
+    store_class: type, path: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: pathlib's ValueError, a TypeError or sqlite3's 'embedded null byte' (review)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ConfigurationError, match=f"{store_class.__name__}: path: expected the path of a file"
+    ):
+        store_class(path)
+    assert list(tmp_path.iterdir()) == []  # nothing created

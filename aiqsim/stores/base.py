@@ -68,6 +68,20 @@ class DuplicateTaskIdError(ConfigurationError):
         return type(self), (self.kind, self.record_id)  # picklable across processes
 
 
+def checked_store_path(path: Any, store: str) -> Path:
+    """``path`` as a :class:`~pathlib.Path`: a non-empty ``str`` or ``os.PathLike`` with no NUL
+    character; anything else (``None``, ``""``, bytes) is a ConfigurationError naming the store's
+    argument instead of whatever pathlib or sqlite3 would raise about it."""
+    if isinstance(path, str | os.PathLike):
+        text = os.fspath(path)
+        if isinstance(text, str) and text and "\x00" not in text:
+            return Path(text)
+    raise ConfigurationError(
+        f"{store}: path: expected the path of a file (a non-empty string or os.PathLike, with no NUL "
+        f"character), got {path!r}; the store was not opened"
+    )
+
+
 def check_store_location(path: Path) -> None:
     """Raise :class:`StoreOpenError` naming ``path`` unless its folder exists; writable for a new file.
 

@@ -73,6 +73,7 @@ from aiqsim.stores.base import (
     StoreLockedError,
     StoreWriteError,
     check_store_location,
+    checked_store_path,
     claim_owner,
     is_one_of,
     plan_in_memory_purge,
@@ -151,7 +152,7 @@ class JsonFileStore:
                 "compact_min_entries: expected a whole number >= 1 (journal entries before a compaction), "
                 f"got {compact_min_entries!r}; the store was not opened"
             )
-        self.path = Path(path)
+        self.path = checked_store_path(path, "JsonFileStore")
         check_store_location(self.path)
         self.journal_path = self.path.with_name(self.path.name + ".journal")
         self.lock_path = self.path.with_name(self.path.name + ".lock")

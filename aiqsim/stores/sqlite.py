@@ -94,6 +94,7 @@ from aiqsim.stores.base import (
     StoreWriteError,
     check_purge_ttls,
     check_store_location,
+    checked_store_path,
     claim_owner,
     describe_writes,
     purge_report,
@@ -333,7 +334,7 @@ class SqliteStore:
             raise ConfigurationError(f"synchronous must be one of {SYNCHRONOUS_LEVELS}, got {synchronous!r}")
         if not busy_timeout_s >= 0:
             raise ConfigurationError(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
-        self.path = Path(path)
+        self.path = checked_store_path(path, "SqliteStore")
         self.synchronous = synchronous
         self.busy_timeout_s = busy_timeout_s
         self.deferred_commit = bool(group_commit)
