@@ -512,12 +512,11 @@ def _write_frame(frame: Any, path: Path) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from aiqsim.http.live import compare_sim_and_live
+    from aiqsim.http.live import check_live_time_scale, compare_sim_and_live
     from aiqsim.sim.scenario import load_scenario
 
     _check_seed(args.seed)
-    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
-        raise UsageError(f"--time-scale {args.time_scale}: expected a finite number > 0, e.g. 0.2")
+    check_live_time_scale(args.time_scale, "--time-scale")
     scenario = load_scenario(args.scenario, overrides=_overrides(args.overrides))
     estimate = (scenario.duration_s + 30) * args.time_scale
     print(

@@ -158,3 +158,36 @@ def test_compare_command_prints_both_summaries(scenario_path: Path) -> None:
     for row in ("call_latency_p50_s", "server_lag_p50_s", "transport_p50_s"):  # the measured noise floor
         assert any(line.startswith(row) for line in lines), row
     assert any(line.startswith(("latency agrees", "latency MISMATCH")) for line in lines)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 0.0, float("inf"), True])
+def test_a_live_time_scale_too_small_to_mean_anything_is_refused_before_any_server_starts(
+    scale: object,
+) -> None:
+    """Before: compare --time-scale 1e-300 'ran', every call timed out and 285 tasks were reported
+    lost with exit status 0 (review)."""
+    from aiqsim.core.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"time_scale .*expected a finite number >= 0\.001"):
+        run_live(
+            str(Path(__file__).resolve().parent.parent / "scenarios" / "double_click_storm.toml"),
+            time_scale=scale,
+        )  # type: ignore[arg-type]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aiqsim",
+            "compare",
+            "scenarios/double_click_storm.toml",
+            "--time-scale",
+            "1e-300",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--time-scale 1e-300: expected a finite number >= 0.001" in result.stderr

@@ -11,12 +11,14 @@ shows what the virtual clock leaves out: transport, event-loop latency, real con
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.runtime.asyncio_runtime import AsyncioRuntime
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.simulate import SimulationResult, resolve_scenario, run_scenario, simulate
@@ -35,6 +37,23 @@ def simulator_result(body: Any) -> Any:
 
 DEFAULT_TIME_SCALE = 0.05
 """Wall seconds per scenario second for live runs (a 60 s scenario takes 3 s)."""
+MIN_TIME_SCALE = 0.001
+"""The smallest live time scale: below a millisecond per scenario second, loopback HTTP itself takes
+longer than the scenario's timings (a 1e-300 scale 'ran' with every call timed out and tasks lost)."""
+
+
+def check_live_time_scale(time_scale: Any, label: str) -> None:
+    """A live run's time scale: a finite number of wall seconds per scenario second, at least
+    :data:`MIN_TIME_SCALE`; else a ConfigurationError naming ``label``."""
+    if (
+        isinstance(time_scale, bool)
+        or not isinstance(time_scale, int | float)
+        or not (MIN_TIME_SCALE <= time_scale < math.inf)
+    ):
+        raise ConfigurationError(
+            f"{label} {time_scale!r}: expected a finite number >= {MIN_TIME_SCALE:g} (wall seconds per "
+            "scenario second; below that, loopback HTTP takes longer than the scenario's timings), e.g. 0.2"
+        )
 
 
 def run_live(
@@ -57,6 +76,7 @@ def run_live(
     from aiqsim.http.httpx_provider import HttpProvider
     from aiqsim.http.server import start_local_server
 
+    check_live_time_scale(time_scale, "time_scale")
     scenario = resolve_scenario(scenario, overrides)
     seed = scenario.seed if seed is None else int(seed)
     runtime = AsyncioRuntime(time_scale=time_scale)
