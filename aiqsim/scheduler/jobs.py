@@ -880,17 +880,25 @@ class Jobs:
             if task_id not in self._stage_tasks and scheduler.store.get(task_id) is None:
                 return task_id
 
-    def task_finished(self, record: TaskRecord) -> None:
-        """Called by the scheduler each time a task ends: advance the job it is a stage of, if any."""
-        owner = self._stage_tasks.get(record.id)
+    def _waiting_stage(self, task_id: str) -> tuple[_JobRun, _StagePhase] | None:
+        """The live job and the stage phase that wait for task ``task_id``, if any does."""
+        owner = self._stage_tasks.get(task_id)
         if owner is None:
-            return
+            return None
         run = self._runs.get(owner[0])
         if run is None or run.finished or run.stopping:
-            return
+            return None
         phase = run.phases.get(owner[1])
-        if phase is None or record.id not in phase.pending:
+        if phase is None or task_id not in phase.pending:
+            return None
+        return run, phase
+
+    def task_finished(self, record: TaskRecord) -> None:
+        """Called by the scheduler each time a task ends: advance the job it is a stage of, if any."""
+        waiting = self._waiting_stage(record.id)
+        if waiting is None:
             return
+        run, phase = waiting
         phase.outcomes[phase.pending.pop(record.id)] = record
         if not phase.pending and not phase.launching:
             with self._unpersisted(run):
@@ -901,16 +909,9 @@ class Jobs:
         not be persisted, or the run it duplicates cannot be read): the job it is a stage of ends
         here as when its own write fails (:meth:`_abandon`) instead of waiting for ever for a
         stage that will not end; ``recover()`` re-drives it from what the store holds."""
-        owner = self._stage_tasks.get(task_id)
-        if owner is None:
-            return
-        run = self._runs.get(owner[0])
-        if run is None or run.finished or run.stopping:
-            return
-        phase = run.phases.get(owner[1])
-        if phase is None or task_id not in phase.pending:
-            return
-        self._abandon(run, error)
+        waiting = self._waiting_stage(task_id)
+        if waiting is not None:
+            self._abandon(waiting[0], error)
 
     def _phase_done(self, run: _JobRun, phase: _StagePhase) -> None:
         """Every task of a stage (or of its fallback) ended: fall back, fail, or record the result."""
