@@ -128,3 +128,11 @@ def test_arrival_built_positionally_equals_one_built_by_keyword() -> None:
         action="w0-a000001",
     )
     assert Arrival(1.5, "w0-000001", "llm", "background", {"a": 1}, 3.0, "w0-a000001") == by_keyword
+
+
+def test_rows_earlier_than_the_first_are_not_given_negative_offsets(tmp_path: Path) -> None:
+    """Before: offsets were taken from the file's first row, so a row 5 s before it arrived 5 s
+    before the workload's start (review); they are now taken from the earliest row."""
+    trace = _write_trace(tmp_path / "late_first.csv", [5000, 0, 1000])
+    assert [row.offset_s for row in read_trace(str(trace))] == [5.0, 0.0, 1.0]
+    assert sorted(row[0] for row in _arrivals(trace, duration_s=10.0)) == [0.0, 1.0, 5.0]

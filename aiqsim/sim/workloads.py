@@ -173,14 +173,15 @@ _new_trace_row: Callable[[float, int, int], TraceRow] = compile_builder(TraceRow
 
 @functools.lru_cache(maxsize=8)
 def read_trace(trace: str) -> tuple[TraceRow, ...]:
-    """All rows of a trace, in file order, with offsets relative to the first row (cached).
+    """All rows of a trace, in file order, with offsets relative to its earliest row (cached): the
+    first row of a trace in time order, and no row of an unsorted one gets a negative offset (an
+    arrival before the workload's start).
 
     Raises :class:`TraceError` naming the file (and line) for anything unreadable: missing
     columns, a row that does not parse, a negative token count, no rows at all, not UTF-8.
     """
-    rows: list[TraceRow] = []
-    append = rows.append
-    first_ticks: int | None = None
+    parsed: list[tuple[int, int, int]] = []
+    append = parsed.append
     try:
         with _open_trace_text(trace) as handle:
             reader = csv.reader(handle)
@@ -208,18 +209,20 @@ def read_trace(trace: str) -> tuple[TraceRow, ...]:
                         f"trace {trace!r}, line {reader.line_num}: a token count above {MAX_CALL_UNITS:.0e} "
                         "is no call"
                     )
-                if first_ticks is None:
-                    first_ticks = ticks
-                append(_new_trace_row((ticks - first_ticks) / _TICKS_PER_SECOND, context, generated))
+                append((ticks, context, generated))
     except OSError as exc:
         raise TraceError(f"cannot read trace {trace!r}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise TraceError(f"trace {trace!r} is not UTF-8 text") from None
     except csv.Error as exc:  # e.g. a field over the csv module's size limit, a NUL byte
         raise TraceError(f"trace {trace!r} is not a readable CSV file: {exc}") from None
-    if not rows:
+    if not parsed:
         raise TraceError(f"trace {trace!r} has a header but no rows")
-    return tuple(rows)
+    earliest = min(ticks for ticks, _, _ in parsed)
+    return tuple(
+        _new_trace_row((ticks - earliest) / _TICKS_PER_SECOND, context, generated)
+        for ticks, context, generated in parsed
+    )
 
 
 def draw_units(cost: CostConfig, rng: random.Random) -> int:
