@@ -277,6 +277,15 @@ def test_json_journal_entry_with_an_unhashable_field_is_corruption(
     assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), f"invalid {field}")
 
 
+def test_json_journal_entry_whose_key_is_no_unicode_text_is_corruption(journaled: Path) -> None:
+    """Before: a key spelt with a lone surrogate escape ("\\ud800x") opened, and compact() and
+    purge() then failed on a record they could not write back (review)."""
+    last_seq = read_document(journaled)["last_seq"]
+    bad = {"seq": last_seq + 6, "op": "update", "task": {**task(3).to_dict(), "key": "\ud800x"}}
+    write_journal(journaled, [*journal_lines(journaled), journal_line(bad), journal_line({**bad, "seq": 0})])
+    assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "not valid Unicode text")
+
+
 def test_json_journal_entry_with_an_unhashable_op_is_corruption(journaled: Path) -> None:
     last_seq = read_document(journaled)["last_seq"]
     bad = {"seq": last_seq + 6, "op": [], "task": task(3).to_dict()}

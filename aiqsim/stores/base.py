@@ -129,6 +129,17 @@ def unencodable_text(what: str, error: UnicodeEncodeError) -> UnstorableValueErr
     )
 
 
+def is_unicode_text(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (no lone surrogate, which a str may hold)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def is_one_of(value: Any, allowed: frozenset[Any]) -> bool:
     """``value in allowed`` for a value read from a file: one that cannot be hashed (a list, a dict
     where a status or a number was expected) is simply not one of them."""
@@ -278,6 +289,8 @@ def record_problem(data: Any) -> str | None:
     for name in _TEXT_FIELDS:
         if not isinstance(data.get(name), str) or not data[name]:
             return f"field {name!r} must be a non-empty string, got {data.get(name)!r}"
+        if not is_unicode_text(data[name]):  # a JSON escape can spell one; no write of ours can
+            return f"field {name!r} is not valid Unicode text (a lone surrogate): {data[name]!r}"
     if not is_one_of(data.get("status"), _STATUS_VALUES):
         return f"invalid status {data.get('status')!r} (expected one of {sorted(_STATUS_VALUES)})"
     priority = data.get("priority")

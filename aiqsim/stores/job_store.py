@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import Priority
-from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreCorruptError, is_one_of
+from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreCorruptError, is_one_of, is_unicode_text
 
 
 @runtime_checkable
@@ -70,6 +70,8 @@ def job_problem(data: Any) -> str | None:
     for name in _JOB_TEXT_FIELDS:
         if not isinstance(data.get(name), str) or not data[name]:
             return f"field {name!r} must be a non-empty string, got {data.get(name)!r}"
+        if not is_unicode_text(data[name]):
+            return f"field {name!r} is not valid Unicode text (a lone surrogate): {data[name]!r}"
     if not isinstance(data.get("version"), str):
         return f"field 'version' must be a string, got {data.get('version')!r}"
     if not is_one_of(data.get("status"), _STATUS_VALUES):
