@@ -142,8 +142,9 @@ def _unencodable(path: str, error: BaseException) -> FingerprintError:
     return FingerprintError(f"{path}: {error}")
 
 
-def _valid_text(text: str) -> bool:
-    """Whether ``text`` has a UTF-8 form (no lone surrogate); ASCII is answered without encoding."""
+def is_unicode_text(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (no lone surrogate, which a str may hold); ASCII is
+    answered without encoding. Also what durable stores ask of the text fields they read."""
     if text.isascii():
         return True
     try:
@@ -167,13 +168,13 @@ def _already_canonical(value: Any, depth: int = 0) -> bool:
         return False  # the slow path says why (:func:`_canonical`)
     if kind is dict:
         for key, item in value.items():
-            if type(key) is not str or not (key.isascii() or _valid_text(key)):
+            if type(key) is not str or not (key.isascii() or is_unicode_text(key)):
                 return False
             # The usual payload is a flat dict of text and integers: its values are checked here,
             # inline, rather than by one recursive call each (the same rules as below).
             item_kind = type(item)
             if item_kind is str:
-                if not (item.isascii() or _valid_text(item)):
+                if not (item.isascii() or is_unicode_text(item)):
                     return False
             elif not (
                 item_kind is int or item_kind is bool or item is None or _already_canonical(item, depth + 1)
@@ -181,7 +182,7 @@ def _already_canonical(value: Any, depth: int = 0) -> bool:
                 return False
         return True
     if kind is str:
-        return _valid_text(value)
+        return is_unicode_text(value)
     if kind is int or kind is bool or value is None:
         return True
     if kind is float:
@@ -197,7 +198,7 @@ def _member_text(value: Any, path: str) -> str:
     Valid text is quoted as the canonical encoder quotes it; a value that is already canonical is
     encoded as is; anything else is converted by :func:`_canonical` first (or refused, naming the path).
     """
-    if type(value) is str and (value.isascii() or _valid_text(value)):
+    if type(value) is str and (value.isascii() or is_unicode_text(value)):
         return _encode_text(value)
     return _ENCODE(value) if _already_canonical(value) else _ENCODE(_canonical(value, path))
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.errors import ConfigurationError, StoreError
+from aiqsim.core.fingerprint import is_unicode_text
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 
 LIVE_OWNER_STATUSES = frozenset({TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.SUCCEEDED})
@@ -127,17 +128,6 @@ def unencodable_text(what: str, error: UnicodeEncodeError) -> UnstorableValueErr
         f"{what} cannot be stored: {error.object[error.start : error.end]!r} is not valid Unicode text "
         "(a lone surrogate); nothing was written"
     )
-
-
-def is_unicode_text(text: str) -> bool:
-    """Whether ``text`` can be written as UTF-8 (no lone surrogate, which a str may hold)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def is_one_of(value: Any, allowed: frozenset[Any]) -> bool:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol, runtime_checkable
 
+from aiqsim.core.fingerprint import is_unicode_text
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import Priority
-from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreCorruptError, is_one_of, is_unicode_text
+from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreCorruptError, is_one_of
 
 
 @runtime_checkable
