@@ -206,6 +206,23 @@ def test_sqlite_refuses_a_hand_edited_job_row_without_touching_the_file(tmp_path
     assert path.read_bytes() == before
 
 
+def test_sqlite_refuses_a_job_whose_inputs_hold_no_unicode_text_without_touching_the_file(
+    tmp_path: Path,
+) -> None:
+    """Before: a lone surrogate escape in a job's inputs opened, and the job's next update failed
+    on text no store can write back (UnstorableValueError)."""
+    path = tmp_path / "s.sqlite"
+    with SqliteStore(path) as store:
+        store.insert_and_claim_job(job("j1"))
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("""UPDATE jobs SET inputs = '{"clip": "\\udc00"}' WHERE id = 'j1'""")
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreCorruptError, match=r"job 'j1': field 'inputs'\['clip'\] is not valid Unicode"):
+        SqliteStore(path)
+    assert path.read_bytes() == before
+
+
 def test_json_refuses_a_job_key_owned_by_no_such_job(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     with JsonFileStore(path) as store:

@@ -286,6 +286,28 @@ def test_json_journal_entry_whose_key_is_no_unicode_text_is_corruption(journaled
     assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "not valid Unicode text")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("payload", {"input": ["ok", {"text": "x\ud800"}]}, "'payload'['input'][1]['text']"),
+        ("payload", {"\udfffkey": 1}, "'payload' (a key)"),
+        ("result", {"output": "\udc80"}, "'result'['output']"),
+        ("error", "boom \ud800", "'error'"),
+    ],
+)
+def test_json_journal_entry_holding_no_unicode_text_anywhere_is_corruption(
+    journaled: Path, field: str, value: object, where: str
+) -> None:
+    """Before: a lone surrogate escape inside a payload, a result or an error opened, and the next
+    compaction failed with UnstorableValueError on a record it could not write back (review)."""
+    last_seq = read_document(journaled)["last_seq"]
+    bad = {"seq": last_seq + 6, "op": "update", "task": {**task(3).to_dict(), field: value}}
+    write_journal(journaled, [*journal_lines(journaled), journal_line(bad), journal_line({**bad, "seq": 0})])
+    assert_refused_untouched(
+        journaled.parent, lambda: JsonFileStore(journaled), f"field {where} is not valid Unicode text"
+    )
+
+
 def test_json_journal_entry_with_an_unhashable_op_is_corruption(journaled: Path) -> None:
     last_seq = read_document(journaled)["last_seq"]
     bad = {"seq": last_seq + 6, "op": [], "task": task(3).to_dict()}
@@ -373,6 +395,10 @@ def test_sqlite_intact_file_opens(sqlite_path: Path) -> None:
         (lambda p: hand_edit(p, "UPDATE tasks SET created_at = 'noon' WHERE id = 't5'"), "'created_at'"),
         (lambda p: hand_edit(p, "UPDATE tasks SET payload = '{not json' WHERE id = 't5'"), "is not JSON"),
         (lambda p: hand_edit(p, "UPDATE keys SET owner_id = 'ghost' WHERE key = 'k5'"), "owned by 'ghost'"),
+        (
+            lambda p: hand_edit(p, """UPDATE tasks SET payload = '{"a": ["\\ud800"]}' WHERE id = 't5'"""),
+            "field 'payload'['a'][0] is not valid Unicode text",
+        ),
         (lambda p: hand_edit(p, "DROP TABLE poison"), "table 'poison'"),
         (lambda p: hand_edit(p, "ALTER TABLE tasks ADD COLUMN extra TEXT"), "table 'tasks'"),
     ],
@@ -389,6 +415,7 @@ def test_sqlite_intact_file_opens(sqlite_path: Path) -> None:
         "text-timestamp",
         "payload-not-json",
         "dangling-owner",
+        "payload-lone-surrogate",
         "missing-table",
         "extra-column",
     ],

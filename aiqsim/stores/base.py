@@ -268,6 +268,62 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
 
+def _holds_only_unicode_text(value: Any) -> bool:
+    """Whether every str in ``value`` (JSON-decoded: dicts, lists, text, numbers), dict keys
+    included, has a UTF-8 form. Iterative: a deeply nested payload cannot exhaust the stack."""
+    pending = [value]
+    while pending:
+        value = pending.pop()
+        kind = type(value)
+        if kind is str:
+            if not (value.isascii() or is_unicode_text(value)):
+                return False
+        elif kind is dict:
+            for key, item in value.items():
+                if type(key) is str and not (key.isascii() or is_unicode_text(key)):
+                    return False
+                if type(item) is str:
+                    if not (item.isascii() or is_unicode_text(item)):
+                        return False
+                elif type(item) is dict or type(item) is list:
+                    pending.append(item)
+        elif kind is list:
+            pending.extend(value)
+    return True
+
+
+def _path_to_bad_text(value: Any, path: str) -> str:
+    """The path (``'payload'['a'][0]``) to the first text without a UTF-8 form in ``value``."""
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is str and not is_unicode_text(key):
+                return f"{path} (a key)"
+            if not _holds_only_unicode_text(item):
+                return _path_to_bad_text(item, f"{path}[{key!r}]")
+    elif type(value) is list:
+        for index, item in enumerate(value):
+            if not _holds_only_unicode_text(item):
+                return _path_to_bad_text(item, f"{path}[{index}]")
+    return path
+
+
+def unicode_text_problem(data: dict[str, Any]) -> str | None:
+    """Where a decoded record holds text with no UTF-8 form (``None`` when it holds none).
+
+    A JSON escape can spell a lone surrogate (``"\\ud800"``), which ``json.loads`` turns into a
+    str that no store can write back: a record holding one anywhere (a key, an error, a payload's
+    nested value or dict key) would open, and then fail the next compaction or update of it. No
+    write of ours can put one there (every write encodes first), so it is corruption, refused when
+    read; the message names the field and the path to the text."""
+    if _holds_only_unicode_text(data):
+        return None
+    for name, value in data.items():
+        if not _holds_only_unicode_text(value):
+            where = _path_to_bad_text(value, repr(name))
+            return f"field {where} is not valid Unicode text (a lone surrogate)"
+    return "a field name is not valid Unicode text (a lone surrogate)"
+
+
 def record_problem(data: Any) -> str | None:
     """Why ``data`` is not a valid stored task record (``None`` when it is).
 
@@ -279,8 +335,6 @@ def record_problem(data: Any) -> str | None:
     for name in _TEXT_FIELDS:
         if not isinstance(data.get(name), str) or not data[name]:
             return f"field {name!r} must be a non-empty string, got {data.get(name)!r}"
-        if not is_unicode_text(data[name]):  # a JSON escape can spell one; no write of ours can
-            return f"field {name!r} is not valid Unicode text (a lone surrogate): {data[name]!r}"
     if not is_one_of(data.get("status"), _STATUS_VALUES):
         return f"invalid status {data.get('status')!r} (expected one of {sorted(_STATUS_VALUES)})"
     priority = data.get("priority")
@@ -298,7 +352,7 @@ def record_problem(data: Any) -> str | None:
     for name in _OPTIONAL_TEXT_FIELDS:
         if data.get(name) is not None and not isinstance(data[name], str):
             return f"field {name!r} must be a string or null, got {data[name]!r}"
-    return None
+    return unicode_text_problem(data)
 
 
 def record_from_stored(data: Any, source: str) -> TaskRecord:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol, runtime_checkable
 
-from aiqsim.core.fingerprint import is_unicode_text
 from aiqsim.core.job import JobRecord, JobStatus
 from aiqsim.core.task import Priority
-from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreCorruptError, is_one_of
+from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreCorruptError, is_one_of, unicode_text_problem
 
 
 @runtime_checkable
@@ -71,8 +70,6 @@ def job_problem(data: Any) -> str | None:
     for name in _JOB_TEXT_FIELDS:
         if not isinstance(data.get(name), str) or not data[name]:
             return f"field {name!r} must be a non-empty string, got {data.get(name)!r}"
-        if not is_unicode_text(data[name]):
-            return f"field {name!r} is not valid Unicode text (a lone surrogate): {data[name]!r}"
     if not isinstance(data.get("version"), str):
         return f"field 'version' must be a string, got {data.get('version')!r}"
     if not is_one_of(data.get("status"), _STATUS_VALUES):
@@ -97,7 +94,7 @@ def job_problem(data: Any) -> str | None:
         isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in stage_tasks.values()
     ):
         return f"field 'stage_tasks' must map stage names to lists of task ids, got {stage_tasks!r}"
-    return None
+    return unicode_text_problem(data)
 
 
 def job_from_stored(data: Any, source: str) -> JobRecord:
