@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -1047,6 +1048,67 @@ def test_http_provider_lookup(scripted: ScriptedServer) -> None:
 
     assert run(both()) == (ProviderResponse("done before", 5.0), None)
     assert run(HttpProvider("llm", scripted.http.url).lookup("known key")) is None
+
+
+@pytest.mark.parametrize("key", ["café-42", "line\nbreak", " leading-space", "tab\tend\t", "sha256:abc"])
+def test_a_key_http_cannot_carry_is_sent_and_looked_up_as_its_sha256(
+    scripted: ScriptedServer, key: str
+) -> None:
+    """Before: a non-ASCII key failed its task with a raw UnicodeEncodeError, and a key with a control
+    character or a leading space was refused inside httpx and retried as 'connection failed' until
+    the attempts ran out; the server saw nothing. A key that starts with the hashed form's prefix is
+    hashed too, so no two keys share a header value."""
+    import hashlib
+
+    hashed = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    body = completion_json("c1", "m", "hi", prompt=1, output=1, created=0)
+    provider = provider_for(
+        scripted, "unsendable_key", HttpReply.json(200, body, {"idempotency-key": hashed})
+    )
+    assert run(call_once(provider, make_request("x", key=key))).result == "hi"
+    assert scripted.seen[-1].headers["idempotency-key"] == hashed
+
+    async def lookup(request: HttpRequest) -> HttpReply:
+        found = request.path.rsplit("/", 1)[-1] == hashed
+        return HttpReply.json(200, {"response": body}) if found else HttpReply.json(404, {})
+
+    scripted.cases[f"lookup/{hashed}"] = lookup
+    looker = HttpProvider("llm", scripted.http.url, lookup_path="/case/lookup/{key}")
+    assert run(looker.lookup(key)) == ProviderResponse("hi", 2.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"timeout": math.nan}, "timeout must be a finite number of seconds > 0"),
+        ({"timeout": -1.0}, "timeout must be a finite number of seconds > 0"),
+        ({"timeout": 0.0}, "timeout must be a finite number of seconds > 0"),
+        ({"timeout": math.inf}, "timeout must be a finite number of seconds > 0"),
+        ({"timeout": httpx.Timeout(5.0, read=math.nan)}, "timeout.read must be"),
+        ({"time_scale": math.inf}, "time_scale must be a finite number > 0"),
+        ({"time_scale": 1e-320}, "time_scale must be a finite number > 0"),
+        (
+            {"headers": {"Authorization": "Bearer é"}},
+            "header 'Authorization' value 'Bearer é' is not sendable",
+        ),
+        ({"headers": {"X-Note": "two\nlines"}}, "is not sendable"),
+        ({"headers": {"bad name": "x"}}, "header name 'bad name' is not an HTTP token"),
+        ({"headers": {"X-Count": 3}}, "has a int value, not text"),
+    ],
+)
+def test_settings_no_call_could_work_with_are_refused_when_the_provider_is_made(
+    options: dict[str, Any], said: str
+) -> None:
+    """Before: each was accepted, then every call failed (a raw ValueError for a NaN timeout, a
+    timeout before sending for 0 or less, a raw UnicodeEncodeError for a non-ASCII header) or, for
+    an infinite timeout, quietly had none."""
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        HttpProvider("llm", "http://127.0.0.1:1", **options)
+
+
+def test_no_timeout_and_unlimited_timeout_parts_are_still_accepted() -> None:
+    HttpProvider("llm", "http://127.0.0.1:1", timeout=None)
+    HttpProvider("llm", "http://127.0.0.1:1", timeout=httpx.Timeout(5.0, pool=None))
 
 
 def test_http_provider_requires_a_clock_with_a_quota() -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["is_real", "is_whole"]
+from aiqsim.core.errors import ConfigurationError
+
+__all__ = ["check_time_scale", "is_real", "is_whole"]
 
 
 def is_real(value: object) -> bool:
@@ -20,3 +22,13 @@ def is_real(value: object) -> bool:
 def is_whole(value: object, least: int) -> bool:
     """A finite whole number (``3`` or ``3.0``) of at least ``least``."""
     return bool(is_real(value) and math.isfinite(value) and value >= least and value == int(value))  # type: ignore[arg-type, call-overload, operator]
+
+
+def check_time_scale(time_scale: object) -> None:
+    """Refuse a runtime's ``time_scale`` (wall seconds per scheduler second) that is no finite number
+    > 0 whose inverse is finite too: infinity made every sleep ``0 * inf`` (NaN, never woken), and
+    1e-320 made the clock read infinity. Raises :class:`~aiqsim.core.errors.ConfigurationError`."""
+    if not (is_real(time_scale) and 0 < time_scale < math.inf and 1 / time_scale < math.inf):  # type: ignore[operator]
+        raise ConfigurationError(
+            f"time_scale must be a finite number > 0 (wall seconds per scheduler second), got {time_scale!r}"
+        )

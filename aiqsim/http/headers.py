@@ -19,6 +19,7 @@ Everything here is pure: no clock, no I/O. Durations are returned in the server'
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -100,6 +101,42 @@ def format_duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs}s"
     return f"{secs}s"
+
+
+_HEADER_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_TEXT = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+HASHED_KEY_PREFIX = "sha256:"
+"""How :func:`idempotency_header_value` marks a key it had to send as its SHA-256."""
+
+
+def header_problem(name: object, value: object) -> str | None:
+    """Why ``name: value`` cannot be sent as an HTTP header (``None`` when it can).
+
+    HTTP/1.1 field values are visible ASCII with inner spaces (RFC 9110 §5.5); httpx refuses
+    anything else only when the request is sent, where it looked like a failed connection."""
+    if not isinstance(name, str) or not _HEADER_TOKEN.fullmatch(name):
+        return f"header name {name!r} is not an HTTP token"
+    if not isinstance(value, str):
+        return f"header {name!r} has a {type(value).__name__} value, not text: {value!r}"
+    if value and not _HEADER_TEXT.fullmatch(value):
+        return (
+            f"header {name!r} value {value!r} is not sendable: visible ASCII with inner spaces only "
+            "(no control characters, no leading or trailing space, no non-ASCII letters)"
+        )
+    return None
+
+
+def idempotency_header_value(key: str) -> str:
+    """The ``Idempotency-Key`` header value that stands for ``key``: the key itself when HTTP can
+    carry it (fingerprints always can), else ``sha256:`` and the hex SHA-256 of its UTF-8 bytes.
+
+    A key is any text (``submit(key=...)``): ``"café-42"`` or one with a line break cannot be a
+    header value, and sending it failed every attempt. The same key always gives the same value,
+    and different keys different ones (a key that itself starts with ``sha256:`` is hashed too),
+    so the server still runs each key once; lookups use this value as well."""
+    if _HEADER_TEXT.fullmatch(key) and not key.startswith(HASHED_KEY_PREFIX):
+        return key
+    return HASHED_KEY_PREFIX + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def header_value(headers: Mapping[str, Any] | Any, name: str) -> str | None:

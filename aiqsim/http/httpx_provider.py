@@ -36,19 +36,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.failures import ProviderTimeoutError, SchemaViolationError, ServerError
+from aiqsim.core.failures import InvalidRequestError, ProviderTimeoutError, SchemaViolationError, ServerError
+from aiqsim.core.numeric import check_time_scale, is_real
 from aiqsim.core.token_bucket import MultiQuota
 from aiqsim.http.chat import chat_body, chat_content, completion_tokens, estimate_chat_tokens, total_tokens
 from aiqsim.http.headers import (
     RateLimitSnapshot,
     apply_ratelimit_snapshot,
+    header_problem,
     header_value,
+    idempotency_header_value,
     parse_ratelimit_headers,
 )
 from aiqsim.http.protocol_errors import ResponseDecodingError, ResponseMismatchError
@@ -97,6 +101,27 @@ def _check_url(httpx: Any, url: str, name: str) -> None:
         raise ConfigurationError(
             f"provider {name!r}: base_url {url!r}: port {port} is not a TCP port (1-65535)"
         )
+
+
+def _check_timeout(httpx: Any, timeout: Any) -> None:
+    """Refuse, when the provider is made, a timeout httpx would misread: NaN failed each call with
+    a raw ValueError, 0 or a negative timed every call out before it was sent, and infinity quietly
+    meant no timeout at all (``None`` says that, on purpose)."""
+    if timeout is None:
+        return
+    parts = (
+        {"connect": timeout.connect, "read": timeout.read, "write": timeout.write, "pool": timeout.pool}
+        if isinstance(timeout, httpx.Timeout)
+        else {"": timeout}
+    )
+    for part, value in parts.items():
+        if value is None and part:
+            continue  # an httpx.Timeout part left unlimited on purpose
+        if not (is_real(value) and 0 < value < math.inf):
+            where = f"timeout.{part}" if part else "timeout"
+            raise ConfigurationError(
+                f"{where} must be a finite number of seconds > 0 (or None: no limit), got {value!r}"
+            )
 
 
 class HttpProvider:
@@ -180,8 +205,12 @@ class HttpProvider:
         ):
             raise ConfigurationError(f"max_response_bytes must be an int >= 1, got {max_response_bytes!r}")
         self.max_response_bytes = max_response_bytes
-        if not time_scale > 0:
-            raise ConfigurationError(f"time_scale must be > 0, got {time_scale!r}")
+        check_time_scale(time_scale)
+        _check_timeout(self._httpx, timeout)
+        for header, text in (headers or {}).items():
+            problem = header_problem(header, text)
+            if problem is not None:
+                raise ConfigurationError(f"HttpProvider {name!r}: {problem}")
         if max_connections is not None and (isinstance(max_connections, bool) or max_connections < 1):
             raise ConfigurationError(f"max_connections must be an int >= 1, got {max_connections!r}")
         self.name = name
@@ -289,12 +318,13 @@ class HttpProvider:
 
     async def call(self, request: ProviderRequest) -> ProviderResponse:
         """One POST; the outcome as a response or an :mod:`aiqsim.core.failures` error."""
-        headers = {**self._headers, IDEMPOTENCY_HEADER: request.idempotency_key}
+        sent_key = idempotency_header_value(request.idempotency_key)
+        headers = {**self._headers, IDEMPOTENCY_HEADER: sent_key}
         if self.send_task_headers:
-            headers["x-aiqsim-task-id"] = request.task_id
+            headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
             headers["x-aiqsim-attempt"] = str(request.attempt)
         response = await self._send(
-            "POST", self.url, headers=headers, json=self.body_for(request), sent_key=request.idempotency_key
+            "POST", self.url, headers=headers, json=self.body_for(request), sent_key=sent_key
         )
         body = self._check(response)
         snapshot = parse_ratelimit_headers(response.headers)
@@ -313,7 +343,10 @@ class HttpProvider:
         """
         if self.lookup_path is None:
             return None
-        url = self.base_url + self.lookup_path.format(key=quote(idempotency_key, safe=""))
+        # the key as the calls sent it (idempotency_header_value): the server knows it by that
+        url = self.base_url + self.lookup_path.format(
+            key=quote(idempotency_header_value(idempotency_key), safe="")
+        )
         response = await self._send("GET", url, headers=dict(self._headers))
         if response.status_code == 404:
             return None
@@ -357,6 +390,10 @@ class HttpProvider:
         except httpx.DecodingError as exc:
             raise ResponseDecodingError(
                 f"{self.name}: the response body could not be decoded (content-encoding {encoding!r}): {exc}"
+            ) from exc
+        except httpx.LocalProtocolError as exc:  # refused before sending: no server saw it, no retry helps
+            raise InvalidRequestError(
+                f"{self.name}: the request could not be sent as HTTP ({exc}); nothing reached the server"
             ) from exc
         except httpx.TransportError as exc:
             detail = str(exc) or type(exc).__name__

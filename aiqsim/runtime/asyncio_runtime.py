@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any, TypeVar
 
-from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.numeric import check_time_scale
 from aiqsim.runtime.protocol import DeadlineExceeded
 
 T = TypeVar("T")
@@ -24,8 +24,7 @@ class AsyncioRuntime:
     """
 
     def __init__(self, *, time_scale: float = 1.0, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        if not time_scale > 0:
-            raise ConfigurationError(f"time_scale must be > 0, got {time_scale!r}")
+        check_time_scale(time_scale)
         self.time_scale = float(time_scale)
         self._loop = loop
         self._origin = time.monotonic()
