@@ -1111,6 +1111,41 @@ def test_no_timeout_and_unlimited_timeout_parts_are_still_accepted() -> None:
     HttpProvider("llm", "http://127.0.0.1:1", timeout=httpx.Timeout(5.0, pool=None))
 
 
+def test_the_openai_sdks_json_error_on_a_page_that_is_no_json_is_a_schema_violation(
+    scripted: ScriptedServer,
+) -> None:
+    """Before: the real openai SDK let a 200 whose body is an HTML page (a proxy's login page) escape
+    as a plain json.JSONDecodeError, which the mapper did not know: the task failed fatally on its
+    first attempt, where HttpProvider retries the same answer as a schema violation. A
+    JSONDecodeError of the caller's own parsing is still not the SDK's."""
+    import json as json_module
+
+    import openai
+
+    scripted.cases["v1/chat/completions"] = HttpReply(
+        200, b"<html>proxy login</html>", {"content-type": "application/json"}
+    )
+    client = openai.AsyncOpenAI(base_url=scripted.http.url + "/case/v1", api_key="sk-test", max_retries=0)
+
+    async def ask() -> BaseException:
+        try:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        except Exception as error:  # the SDK's own exception, as a CallableProvider sees it
+            return error
+        finally:
+            await client.close()
+        raise AssertionError("the SDK accepted an HTML page")
+
+    raised = run(ask())
+    assert isinstance(raised, json_module.JSONDecodeError)
+    mapped = map_openai_error(raised)
+    assert isinstance(mapped, SchemaViolationError) and "openai: the response body is not JSON" in str(mapped)
+    try:
+        json_module.loads("<html>")
+    except json_module.JSONDecodeError as own:
+        assert map_openai_error(own) is None
+
+
 def test_http_provider_requires_a_clock_with_a_quota() -> None:
     with pytest.raises(ValueError, match="clock"):
         HttpProvider("llm", "http://127.0.0.1:1", quota=MultiQuota(QuotaLimits()))

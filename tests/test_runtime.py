@@ -132,6 +132,35 @@ def test_cancel_before_start_never_runs_the_body(rt_name: str) -> None:
     assert run_on(rt_name, body) == []
 
 
+def test_a_timeout_inside_the_awaited_work_is_its_own_not_the_deadline_of_wait_for() -> None:
+    """Before: on asyncio, work whose own ``asyncio.timeout`` fired (an SDK's read timeout) raised
+    DeadlineExceeded, 'timed out after 60 s', although 60 s had not passed: Python 3.11 raises
+    both timeouts as TimeoutError from a cancellation. The work's own error now passes as is, and
+    the deadline of wait_for still says it was the deadline."""
+    import asyncio
+
+    from aiqsim.runtime.protocol import DeadlineExceeded
+
+    from aiqsim.runtime import AsyncioRuntime
+
+    rt = AsyncioRuntime()
+
+    async def reads_with_its_own_timeout() -> None:
+        async with asyncio.timeout(0.02):
+            await asyncio.sleep(10)
+
+    async def body() -> tuple[BaseException, BaseException]:
+        with pytest.raises(TimeoutError) as own:
+            await rt.wait_for(reads_with_its_own_timeout(), 60.0)
+        with pytest.raises(DeadlineExceeded) as deadline:
+            await rt.wait_for(asyncio.sleep(10), 0.02)
+        return own.value, deadline.value
+
+    own, deadline = asyncio.run(body())
+    assert type(own) is TimeoutError and isinstance(own.__cause__, asyncio.CancelledError)
+    assert "timed out after 0.02 s" in str(deadline)
+
+
 @both
 def test_wait_for_times_out_and_cancels_the_inner_work(rt_name: str) -> None:
     async def body(rt):

@@ -25,13 +25,16 @@ so the mapper works for those too.
 ``PermissionDeniedError``         the quota is exhausted
 ``APIResponseValidationError``,   :class:`SchemaViolationError`
 ``LengthFinishReasonError``,
-``ContentFilterFinishReasonError``
+``ContentFilterFinishReasonError``,
+``json.JSONDecodeError`` raised
+while the SDK read a body
 other ``APIStatusError``          by status code (:func:`aiqsim.http.status.error_for_status`)
 ================================  =========================================
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,6 +95,25 @@ def _error_body(exc: BaseException) -> Any:
     return body
 
 
+_SDK_RESPONSE_MODULES = frozenset({"_response", "_legacy_response", "_base_client"})
+"""Where a Stainless-generated SDK (``openai``, ``anthropic``...) reads a response body."""
+
+
+def _sdk_that_parsed(exc: BaseException) -> str | None:
+    """The SDK package (``"openai"``) whose response parsing raised ``exc``, or ``None``.
+
+    The SDK lets a body that is no JSON escape as a plain ``json.JSONDecodeError``, no SDK class;
+    its traceback passes through the SDK's response module, which a user's own parsing does not."""
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", "")).split(".")
+        if len(module) > 1 and module[1] in _SDK_RESPONSE_MODULES:
+            found = module[0]
+        tb = tb.tb_next
+    return found
+
+
 def map_openai_error(
     exc: BaseException,
     *,
@@ -105,6 +127,10 @@ def map_openai_error(
     measures HTTP-date Retry-After values.
     """
     names = _class_names(exc)
+    if isinstance(exc, json.JSONDecodeError):
+        sdk = _sdk_that_parsed(exc)
+        if sdk is not None:  # a 200 whose body is no JSON (a proxy's login page): as HttpProvider says
+            return SchemaViolationError(f"{sdk}: the response body is not JSON ({exc})")
     if _SDK_BASES.isdisjoint(names):
         return None
     source = type(exc).__module__.split(".")[0] or "sdk"

@@ -14,6 +14,25 @@ from aiqsim.runtime.protocol import DeadlineExceeded
 T = TypeVar("T")
 
 
+class _OwnTimeout(Exception):
+    """A TimeoutError the awaited work raised itself, carried past ``asyncio.wait_for``.
+
+    Python 3.11 raises wait_for's own timeout as ``TimeoutError`` from a ``CancelledError``, and so
+    does an ``asyncio.timeout()`` inside the work (an SDK's read timeout): the two looked alike, and
+    a provider's own 50 ms timeout was reported as the scheduler's 60 s attempt timeout."""
+
+    def __init__(self, error: TimeoutError) -> None:
+        super().__init__()
+        self.error = error
+
+
+async def _marking_own_timeouts(awaitable: Awaitable[T]) -> T:
+    try:
+        return await awaitable
+    except TimeoutError as error:
+        raise _OwnTimeout(error) from None
+
+
 class AsyncioRuntime:
     """Runs the scheduler on the running asyncio loop.
 
@@ -59,10 +78,13 @@ class AsyncioRuntime:
         task = asyncio.current_task()
         requested = task.cancelling() if task is not None else 0
         try:
-            return await asyncio.wait_for(awaitable, max(0.0, timeout) * self.time_scale)
+            return await asyncio.wait_for(
+                _marking_own_timeouts(awaitable), max(0.0, timeout) * self.time_scale
+            )
+        except _OwnTimeout as own:  # the awaited work's own TimeoutError, not this deadline's
+            error = own.error
+            raise error from error.__cause__
         except TimeoutError as error:
-            if error.args or not isinstance(error.__cause__, asyncio.CancelledError):
-                raise  # the awaited work's own TimeoutError, not this deadline's
             # say which deadline, as SimPyRuntime does ("timed out after 60 s (virtual)")
             raise DeadlineExceeded(f"timed out after {timeout:g} s") from error.__cause__
         finally:
