@@ -108,6 +108,10 @@ def run_live(
                 for provider in providers:
                     provider.attach_to(scheduler)
 
+        async def close_clients() -> None:
+            for provider in providers:  # before the run's event loop ends: their sockets live on it
+                await provider.aclose()
+
         return run_scenario(
             scenario,
             seed,
@@ -116,6 +120,7 @@ def run_live(
             providers=providers,
             executions=executions,
             on_new_scheduler=attach,
+            on_finish=close_clients,
         )
 
 

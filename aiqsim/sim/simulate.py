@@ -13,7 +13,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -410,7 +410,7 @@ def run_scenario(
     **backend: Any,
 ) -> SimulationResult:
     """Run the harness for ``scenario`` at ``seed``; ``backend`` (runtime, providers, executions,
-    on_new_scheduler, store_factory) replaces the simulated defaults, e.g. for a live run over HTTP
+    on_new_scheduler, on_finish, store_factory) replaces the simulated defaults, e.g. for a live run over HTTP
     or a store the scenario format does not describe (a PostgreSQL schema: ``store_factory`` opens
     it again at every restart, as a restarted process would). ``records``, ``key_window_s`` and
     ``progress``: see :func:`simulate`."""
@@ -525,6 +525,7 @@ class _Run:
         providers: Sequence[Any] | None = None,
         executions: Callable[[], list[Any]] | None = None,
         on_new_scheduler: Callable[[Scheduler], None] | None = None,
+        on_finish: Callable[[], Awaitable[None]] | None = None,
         store_factory: Callable[[], TaskStore] | None = None,
         streaming: StreamingRun | None = None,
         progress: Callable[[float, float], None] | None = None,
@@ -539,6 +540,9 @@ class _Run:
         self.directory = directory
         self.runtime = runtime if runtime is not None else SimPyRuntime()
         self.on_new_scheduler = on_new_scheduler
+        self.on_finish = on_finish
+        """Awaited last, on the run's own runtime, however the run ended (a live run closes its HTTP
+        clients there: their connections belong to the run's event loop, which ends with it)."""
         self.store_factory = store_factory
         self.durable = scenario.store.kind != "memory" or store_factory is not None
         """Whether the store lives outside the process (closed at a crash, reopened at a restart)."""
@@ -859,6 +863,8 @@ class _Run:
         finally:
             for helper in helpers:  # a crash timer that never started is closed, not left unawaited
                 helper.cancel()
+            if self.on_finish is not None:
+                await self.on_finish()
 
     async def _purge_finished(self) -> None:
         """Streaming mode: apply the store retention rule (:mod:`aiqsim.stores.retention`) with the
