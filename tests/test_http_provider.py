@@ -264,6 +264,52 @@ def test_parse_ratelimit_headers_tolerates_missing_and_garbage() -> None:
     assert partial.remaining_tokens == 12 and partial.remaining_requests is None
 
 
+DATE = "Wed, 01 Jan 2099 00:00:00 GMT"
+DATE_EPOCH = 4070908800.0
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ([("retry-after", "7"), ("retry-after", "7")], 7.0),
+        ([("retry-after", "7"), ("retry-after", "30")], 30.0),  # they disagree: the longest wait
+        ([("retry-after-ms", "7000"), ("retry-after-ms", "7000")], 7.0),
+        ([("retry-after", DATE), ("retry-after", DATE)], 60.0),
+        ([("retry-after", "7"), ("retry-after", DATE)], 60.0),
+        ([("retry-after", "soon"), ("retry-after", "7")], 7.0),
+    ],
+)
+@pytest.mark.parametrize("joined", [False, True], ids=["field-lines", "joined"])
+def test_a_retry_after_sent_twice_is_read_value_by_value(
+    lines: list[tuple[str, str]], expected: float, joined: bool
+) -> None:
+    """Before: a Retry-After that an origin and a proxy both set arrived as "7, 7" (httpx joins
+    them) and was read as no Retry-After at all: the client retried on its own backoff, too early."""
+    headers: Any = httpx.Headers(lines)
+    if joined:  # a plain mapping that joined the lines itself, as httpx's .get() does
+        headers = {lines[0][0]: ", ".join(value for _, value in lines)}
+    assert retry_after_from_headers(headers, DATE_EPOCH - 60) == pytest.approx(expected)
+
+
+def test_rate_limit_headers_sent_twice_are_read_cautiously() -> None:
+    """Before: "0, 0" for remaining requests read as unknown, so a 429 whose quota was spent did
+    not say so. Sent twice, the smallest limit and remaining win, and the longest reset."""
+    headers = httpx.Headers(
+        [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-limit-tokens", "1000"),
+            ("x-ratelimit-limit-tokens", "800"),
+            ("x-ratelimit-reset-tokens", "1s"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        ]
+    )
+    snapshot = parse_ratelimit_headers(headers)
+    assert snapshot.remaining_requests == 0 and snapshot.limit_tokens == 800
+    assert snapshot.reset_tokens_s == 360.0
+    assert parse_ratelimit_headers({"x-ratelimit-remaining-requests": "0, 4"}).remaining_requests == 0
+
+
 def test_snapshot_lowers_bucket_levels_but_never_raises_them() -> None:
     quota = MultiQuota(QuotaLimits(requests_per_min=600, tokens_per_min=100_000), now=0.0)
     assert apply_ratelimit_snapshot(

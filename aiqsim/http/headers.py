@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
@@ -160,6 +160,60 @@ def header_value(headers: Mapping[str, Any] | Any, name: str) -> str | None:
     return None
 
 
+_DAY_NAME = re.compile(r"(mon|tue|wed|thu|fri|sat|sun)[a-z]*", re.IGNORECASE)
+
+
+def _list_items(line: str) -> list[str]:
+    """The items of a comma-joined header line; a day name (``Wed,`` of an HTTP date, which holds
+    a comma itself) stays with what follows it."""
+    items: list[str] = []
+    for piece in line.split(","):
+        if items and _DAY_NAME.fullmatch(items[-1].strip()):
+            items[-1] = f"{items[-1]},{piece}"
+        else:
+            items.append(piece)
+    return items
+
+
+def _field_lines(headers: Mapping[str, Any] | Any, name: str) -> list[str]:
+    """Each value of header ``name``, one per field line where the mapping keeps them apart
+    (``httpx.Headers.get_list``, a multidict's ``getall``), else the one value it gives."""
+    for method in ("get_list", "getall"):
+        getter = getattr(headers, method, None)
+        if getter is not None:
+            try:
+                lines = getter(name)
+            except (KeyError, TypeError):
+                continue
+            return [str(line) for line in lines]
+    value = header_value(headers, name)
+    return [] if value is None else [value]
+
+
+def _each_value(
+    headers: Mapping[str, Any] | Any, name: str, parse: Callable[[str], float | None]
+) -> list[float]:
+    """Every value of a header that arrived more than once (an origin's and a proxy's), parsed.
+
+    A mapping that joins duplicates gives ``"7, 7"``, which no single-value grammar reads: a line
+    that does not parse whole is read as a comma-separated list (dates split after ``GMT``, since
+    a date holds a comma itself). Values that do not parse are left out."""
+    parsed = []
+    for line in _field_lines(headers, name):
+        value = parse(line)
+        if value is not None:
+            parsed.append(value)
+            continue
+        parts = _list_items(line)
+        if len(parts) > 1:
+            parsed.extend(v for v in map(parse, parts) if v is not None)
+    return parsed
+
+
+def _cautious(values: list[float], pick: Callable[[list[float]], float]) -> float | None:
+    return pick(values) if values else None
+
+
 def _number(text: str | None) -> float | None:
     if text is None:
         return None
@@ -171,14 +225,24 @@ def _number(text: str | None) -> float | None:
 
 
 def parse_ratelimit_headers(headers: Mapping[str, Any] | Any) -> RateLimitSnapshot:
-    """Read OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers."""
+    """Read OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers.
+
+    A header that arrived more than once (an origin's and a proxy's) is read value by value, and
+    the cautious one wins: the smallest limit and remaining, the longest reset."""
+
+    def number(name: str) -> float | None:
+        return _cautious(_each_value(headers, name, _number), min)
+
+    def duration(name: str) -> float | None:
+        return _cautious(_each_value(headers, name, parse_duration), max)
+
     return RateLimitSnapshot(
-        limit_requests=_number(header_value(headers, "x-ratelimit-limit-requests")),
-        remaining_requests=_number(header_value(headers, "x-ratelimit-remaining-requests")),
-        reset_requests_s=parse_duration(header_value(headers, "x-ratelimit-reset-requests")),
-        limit_tokens=_number(header_value(headers, "x-ratelimit-limit-tokens")),
-        remaining_tokens=_number(header_value(headers, "x-ratelimit-remaining-tokens")),
-        reset_tokens_s=parse_duration(header_value(headers, "x-ratelimit-reset-tokens")),
+        limit_requests=number("x-ratelimit-limit-requests"),
+        remaining_requests=number("x-ratelimit-remaining-requests"),
+        reset_requests_s=duration("x-ratelimit-reset-requests"),
+        limit_tokens=number("x-ratelimit-limit-tokens"),
+        remaining_tokens=number("x-ratelimit-remaining-tokens"),
+        reset_tokens_s=duration("x-ratelimit-reset-tokens"),
     )
 
 
@@ -269,9 +333,11 @@ def retry_after_from_headers(headers: Mapping[str, Any] | Any, now_epoch_s: floa
     ``Retry-After`` may be delta-seconds or an HTTP date, measured against ``now_epoch_s``
     (Unix seconds, passed in to keep this pure). Both headers are read with delta-seconds' grammar
     and its 2**31 s ceiling (:mod:`aiqsim.core.retry_after`); an unparseable ``retry-after-ms``
-    falls back to ``Retry-After``.
+    falls back to ``Retry-After``. A header that arrived more than once (an origin's and a
+    proxy's; httpx joins them as ``"7, 7"``, which was read as no Retry-After at all) is read
+    value by value, and the longest wait wins.
     """
-    waited = parse_retry_after_ms(header_value(headers, "retry-after-ms"))
+    waited = _cautious(_each_value(headers, "retry-after-ms", parse_retry_after_ms), max)
     if waited is not None:
         return waited
-    return parse_retry_after(header_value(headers, "retry-after"), now_epoch_s)
+    return _cautious(_each_value(headers, "retry-after", lambda v: parse_retry_after(v, now_epoch_s)), max)
