@@ -651,3 +651,55 @@ def test_requests_this_server_cannot_answer_as_the_api_would_are_a_logged_400(ex
     assert answer.status_code == 400 and said in answer.json()["error"]["message"]
     assert nested.status_code == 400  # was a 500 'handler failed: RecursionError'
     assert ledger.total_cost == 0
+
+
+@pytest.mark.parametrize("reports_quota", [True, False])
+@pytest.mark.parametrize(
+    "window", [{"server_requests_per_min": 2}, {"server_requests_per_min": 100, "rate_limit_prob": 1.0}]
+)
+def test_a_429_says_over_http_what_it_says_in_the_simulation_about_the_quota(
+    reports_quota: bool, window: dict[str, Any]
+) -> None:
+    """Before: with ``reports_quota = false`` the simulated 429s said nothing about the quota
+    (quota_spent None) while the same provider served over HTTP sent x-ratelimit-remaining-*
+    anyway, and its 'server quota exceeded' body read as a spent quota: the adaptive rate-limit
+    scope paused the lane live and not in the simulation, so compare set different schedulers side
+    by side. Both now say the same thing: nothing, or what the quota windows hold."""
+    from aiqsim.runtime import SimPyRuntime
+    from aiqsim.scheduler.provider import new_request
+
+    config = ProviderConfig(name="llm", latency_base_s=0.01, reports_quota=reports_quota, **window)
+
+    def request(n: int) -> ProviderRequest:
+        return new_request(
+            f"t{n}", f"k{n}", "llm", {"input": f"q{n}", "prompt_units": 10, "output_units": 5}, 1.0, 1, 0
+        )
+
+    runtime = SimPyRuntime()
+    simulated = SimulatedProvider(runtime, config, random.Random(0))
+
+    async def simulate_three() -> list[bool | None]:
+        said = []
+        for n in range(3):
+            try:
+                await simulated.call(request(n))
+            except RateLimitError as error:
+                said.append(error.quota_spent)
+        return said
+
+    async def serve_three(url: str) -> list[bool | None]:
+        said = []
+        async with HttpProvider("llm", url) as provider:
+            for n in range(3):
+                try:
+                    await provider.call(request(n))
+                except RateLimitError as error:
+                    said.append(error.quota_spent)
+        return said
+
+    in_simulation = runtime.run(simulate_three())
+    with start_local_server(config) as server:
+        over_http = asyncio.run(serve_three(server.url))
+    assert in_simulation and over_http == in_simulation
+    if not reports_quota:
+        assert set(over_http) == {None}

@@ -139,9 +139,8 @@ def test_a_timeout_inside_the_awaited_work_is_its_own_not_the_deadline_of_wait_f
     the deadline of wait_for still says it was the deadline."""
     import asyncio
 
-    from aiqsim.runtime.protocol import DeadlineExceeded
-
     from aiqsim.runtime import AsyncioRuntime
+    from aiqsim.runtime.protocol import DeadlineExceeded
 
     rt = AsyncioRuntime()
 

@@ -393,6 +393,10 @@ class LocalProviderServer:
         return body
 
     def _ratelimit_headers(self) -> dict[str, str]:
+        """``x-ratelimit-*`` as OpenAI sends them; none from a server that does not report its quota
+        (``reports_quota = false``), as its simulated twin's 429s say nothing about it either."""
+        if not self.provider.config.reports_quota:
+            return {}
         now = self.runtime.now()
         headers: dict[str, str] = {}
         usage_by_window = self.provider.window_usage(now)

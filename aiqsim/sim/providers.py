@@ -658,11 +658,13 @@ class SimulatedProvider:
                     f"request of {units} units exceeds {self.name!r}'s limit of "
                     f"{config.server_units_per_min:g} units per minute"
                 )
-            raise RateLimitError(
-                "server quota exceeded",
-                retry_after_s=_retry_after_header(wait),
-                quota_spent=True if config.reports_quota else None,
-            )
+            if config.reports_quota:
+                raise RateLimitError(
+                    "server quota exceeded", retry_after_s=_retry_after_header(wait), quota_spent=True
+                )
+            # a server that does not say its quota is spent, in headers or in words (over HTTP
+            # the message is the 429's body, which "quota exceeded" would say it in)
+            raise RateLimitError("rate limited", retry_after_s=_retry_after_header(wait))
         if draws.rate_limit < config.rate_limit_prob:
             self._record(request, start, start, "rate_limited", units)
             raise RateLimitError(
