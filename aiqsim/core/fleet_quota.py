@@ -136,6 +136,11 @@ class WorkerCappedQuota:
         return getattr(self.inner, "tokens", None)
 
     @property
+    def token_capacity(self) -> float | None:
+        """The inner quota's declared token capacity, when it keeps its bucket elsewhere (a Redis one)."""
+        return getattr(self.inner, "token_capacity", None)
+
+    @property
     def limits(self) -> Any:
         """The inner quota's limits."""
         return getattr(self.inner, "limits", None)

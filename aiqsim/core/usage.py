@@ -24,7 +24,7 @@ from typing import Any
 
 from aiqsim.core.slot_init import compile_builder, fast_frozen_init
 
-__all__ = ["UsageVerdict", "sane_usage"]
+__all__ = ["UsageVerdict", "sane_usage", "usage_bound"]
 
 
 @fast_frozen_init  # built per call: see aiqsim.core.slot_init
@@ -64,3 +64,18 @@ def sane_usage(reported: Any, estimate: float, capacity: float | None) -> UsageV
         if value > bound:
             return _new_verdict(bound, f"usage {value:g} is above the bound {bound:g}: charged the bound")
     return _new_verdict(value)
+
+
+def usage_bound(quota: Any) -> float | None:
+    """The token capacity :func:`sane_usage` bounds a report charged to ``quota`` by.
+
+    A local quota's own token bucket's capacity; else the ``token_capacity`` a quota whose bucket
+    lives elsewhere declares (:class:`aiqsim.fleet.RedisQuota`: the shared bucket's, which one
+    worker's 1e15 would otherwise freeze for the whole fleet); else ``None`` (tokens unlimited).
+    One rule for every quota, in simulation as in production.
+    """
+    bucket = getattr(quota, "tokens", None)
+    if bucket is not None:
+        return float(bucket.capacity)
+    capacity = getattr(quota, "token_capacity", None)
+    return float(capacity) if capacity is not None else None

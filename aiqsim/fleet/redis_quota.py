@@ -31,7 +31,9 @@ minute of the scheduler's clock, bursts defaulting to a minute's worth); ``time_
 seconds per scheduler second, as :class:`~aiqsim.runtime.AsyncioRuntime`'s) converts them to
 Redis's wall clock, and waits back. Every worker must use the same limits and name.
 Server header corrections (``x-ratelimit-*``) do not apply to a shared quota (``requests`` and
-``tokens`` are ``None`` here): they would let one worker's view overwrite the fleet's.
+``tokens`` are ``None`` here): they would let one worker's view overwrite the fleet's. A reported
+usage is still clamped to the shared bucket's capacity (:attr:`token_capacity`), as a local
+lane's is, so one absurd report cannot freeze every worker.
 
 Each call is one round trip to Redis (about 0.1-0.3 ms on loopback or a LAN), made
 synchronously from the scheduler's loop; keep Redis close to the workers.
@@ -246,6 +248,14 @@ class RedisQuota:
     def check_cost(self, tokens: float) -> None:
         """Raise :class:`QuotaConfigError` now if ``tokens`` could never be reserved."""
         self._shape.check_cost(tokens)
+
+    @property
+    def token_capacity(self) -> float | None:
+        """The shared token bucket's capacity (``None``: tokens unlimited): the bound the scheduler
+        clamps a reported usage to before :meth:`reconcile` (:func:`aiqsim.core.usage.usage_bound`),
+        as it does with a local bucket's."""
+        tokens = self._shape.tokens
+        return tokens.capacity if tokens is not None else None
 
     @property
     def concurrency(self) -> int | None:

@@ -28,7 +28,7 @@ from aiqsim.core.failures import (
 )
 from aiqsim.core.task import CANCELLED, FAILED, RUNNING, SUCCEEDED
 from aiqsim.core.token_bucket import Reservation
-from aiqsim.core.usage import sane_usage
+from aiqsim.core.usage import sane_usage, usage_bound
 from aiqsim.runtime.protocol import Cancelled, DeadlineExceeded
 from aiqsim.scheduler.events import LanePaused, UsageAnomaly, new_attempt_record
 from aiqsim.scheduler.lanes import Lane
@@ -310,8 +310,7 @@ class AttemptLoop:
         """The usage to reconcile for a successful call; a hostile or buggy report is clamped and
         recorded (rule: :func:`aiqsim.core.usage.sane_usage`), never allowed to fail the call."""
         record = live.record
-        tokens = lane.quota.tokens
-        verdict = sane_usage(reported, record.cost_estimate, tokens.capacity if tokens is not None else None)
+        verdict = sane_usage(reported, record.cost_estimate, usage_bound(lane.quota))
         if verdict.anomaly is not None:
             self.anomalies["usage"] += 1
             if self.events is not None:
