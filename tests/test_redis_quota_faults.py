@@ -74,3 +74,52 @@ def test_an_absurd_usage_is_clamped_to_the_shared_capacity(
     assert charged == [60_000.0]
     level = shared.levels(0.0)[1]
     assert -1.0 <= level <= 1_000.0  # 60 000 - 100 reserved - 59 900 charged, plus refill meanwhile
+
+
+# ------------------------------------------------------------------ a settle Redis did not answer
+
+
+class Failing:
+    """Stands for a registered script while Redis is unreachable: raises what redis-py raises."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls = 0
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        self.calls += 1
+        raise self.error
+
+
+def refused() -> Exception:
+    import redis
+
+    return redis.exceptions.ConnectionError("Connection refused")
+
+
+def test_a_charge_redis_did_not_take_is_sent_with_the_next_call(redis_url: str, account: str) -> None:
+    """A reconcile's charge lost to a Redis error was dropped: after an estimate of 500 and a use of
+    9 000, the shared level read 9 500 and 18 500 of 10 000 tokens were granted in a minute."""
+    q = quota(redis_url, account, QuotaLimits(tokens_per_min=6, token_burst=10_000))  # refill negligible
+    reservation = q.try_reserve(500.0, 0.0)
+    assert reservation is not None
+    settle, q._settle = q._settle, Failing(refused())
+    assert q.reconcile(reservation, 9_000.0, 1.0) == 8_500.0
+    q.release(reservation, 1.0)
+    q._settle = settle
+    assert q.levels(1.0)[1] == pytest.approx(1_000.0, abs=1.0)  # sent before the levels were read
+    assert q.levels(1.0)[2] == 0  # and the slot freed
+    assert q.unavailable == 2
+    assert q.unsettled == (0.0, 0.0, 0)
+
+
+def test_what_is_kept_is_bounded_by_one_capacity(redis_url: str, account: str) -> None:
+    q = quota(redis_url, account, QuotaLimits(tokens_per_min=6, token_burst=1_000))
+    reservations = [q.try_reserve(100.0, 0.0) for _ in range(5)]
+    q._settle = Failing(refused())
+    for reservation in reservations:
+        assert reservation is not None
+        q.reconcile(reservation, 1_000.0, 1.0)
+    assert q.unsettled == (0.0, -1_000.0, 0)  # 5 x 900 owed, kept as one bucket's worth
+    assert q.try_reserve(0.0, 1.0) is None  # Redis is not asked again while what is owed cannot be sent
+    assert q._settle.calls == 6

@@ -25,6 +25,12 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
   the account's limits divided by the number of workers) each worker instead runs on that local
   share until Redis answers again; reservations made locally are settled locally. Both are
   counted in :attr:`unavailable`.
+- **Nothing owed is dropped.** A settle (a reconcile's charge or refund, a release, a cancel)
+  that Redis did not answer is kept in this worker (:attr:`unsettled`) and sent with the next
+  settle, or before the next reservation, once Redis answers: the fleet is charged for tokens
+  it used during a blip. Kept amounts are bounded: the owed requests and tokens to one bucket
+  capacity each (a worker's debt never freezes the fleet for more than one burst's refill), the
+  slots to free to :data:`MAX_UNSETTLED_SLOTS` (the oldest beyond lapse after ``slot_ttl_s``).
 
 The limits are the same :class:`~aiqsim.core.token_bucket.QuotaLimits` as a local quota (per
 minute of the scheduler's clock, bursts defaulting to a minute's worth); ``time_scale`` (wall
@@ -53,6 +59,9 @@ from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, 
 
 DEFAULT_SLOT_TTL_S = 300.0
 DEFAULT_RETRY_S = 0.05
+MAX_UNSETTLED_SLOTS = 1024
+"""How many slot members whose release failed a quota keeps to free later; beyond that the
+oldest are forgotten (they lapse on their own after ``slot_ttl_s``)."""
 
 # KEYS[1] = state hash, KEYS[2] = slot sorted set.
 # State: rl/ru (request level, updated), tl/tu (token level, updated), pause (server instant).
@@ -97,14 +106,14 @@ return {1, '0'}
 """
 )
 
-# ARGV: member, refund_requests, refund_tokens (>= 0: refund; < 0: charge), rcap, rrate, tcap, trate
+# ARGV: refund_requests, refund_tokens (>= 0: refund; < 0: charge), rcap, rrate, tcap, trate,
+# then the members of the slots to free (none, one, or those of earlier settles that failed)
 _SETTLE = (
     _PRELUDE
     + """
-local member = ARGV[1]
-local dr, dt = tonumber(ARGV[2]), tonumber(ARGV[3])
-local rcap, rrate, tcap, trate = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-if member ~= '' then redis.call('ZREM', KEYS[2], member) end
+local dr, dt = tonumber(ARGV[1]), tonumber(ARGV[2])
+local rcap, rrate, tcap, trate = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+for i = 7, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 if rcap > 0 and dr ~= 0 then store('r', math.min(rcap, level('r', rcap, rrate) + dr)) end
 if tcap > 0 and dt ~= 0 then store('t', math.min(tcap, level('t', tcap, trate) + dt)) end
 return 1
@@ -232,6 +241,15 @@ class RedisQuota:
         forked with the same objects made slots of the same names, which Redis counted once."""
         self._last_now = 0.0
         self._local_slots = 0
+        self._owed_requests = 0.0
+        self._owed_tokens = 0.0
+        self._unsettled_members: list[str] = []
+
+    @property
+    def unsettled(self) -> tuple[float, float, int]:
+        """What failed settles left to send: (requests, tokens, slots to free); refunds are
+        positive, charges negative. Sent with the next settle, or before the next reservation."""
+        return self._owed_requests, self._owed_tokens, len(self._unsettled_members)
 
     # ------------------------------------------------------------------ shape of the limits
     def _bucket_args(self) -> tuple[float, float, float, float]:
@@ -277,6 +295,8 @@ class RedisQuota:
         """One request, ``tokens`` tokens and one fleet-wide slot, or nothing (``None``)."""
         self._last_now = now
         self._shape.check_cost(tokens)
+        if not self._settle_backlog():  # Redis still does not answer: no second wait for it
+            return self._reserve_locally(tokens, now)
         self._sequence += 1
         member = f"{self.worker}:{os.getpid()}:{self._instance}:{self._sequence}"
         try:
@@ -326,14 +346,37 @@ class RedisQuota:
         self.cancel(reservation, now)
         return True
 
-    def _settle_call(self, reservation: Reservation, refund_requests: float, refund_tokens: float) -> None:
-        assert isinstance(reservation, SharedReservation)
+    def _settle_call(self, member: str, refund_requests: float, refund_tokens: float) -> bool:
+        """Free ``member``'s slot (``""``: none) and refund (or, negative, charge) the buckets, with
+        whatever earlier settles left unsent; on a Redis error keep it all for the next one.
+        Returns whether Redis took it."""
+        members = [*self._unsettled_members, member] if member else self._unsettled_members
+        requests = self._owed_requests + refund_requests
+        tokens = self._owed_tokens + refund_tokens
+        rcap, rrate, tcap, trate = self._bucket_args()
         try:
-            self._call(
-                self._settle, [reservation.member, refund_requests, refund_tokens, *self._bucket_args()]
-            )
+            self._call(self._settle, [requests, tokens, rcap, rrate, tcap, trate, *members])
         except self._redis.RedisError:
-            self._down()  # the slot lapses on its own after slot_ttl_s; the bucket was already charged
+            self._down()
+            self._keep_unsettled(members, requests, tokens, rcap, tcap)
+            return False
+        self._keep_unsettled([], 0.0, 0.0, rcap, tcap)
+        return True
+
+    def _keep_unsettled(
+        self, members: list[str], requests: float, tokens: float, rcap: float, tcap: float
+    ) -> None:
+        """Remember what a settle could not send, bounded (see the module docs): owed amounts to one
+        bucket capacity each, slots to the newest :data:`MAX_UNSETTLED_SLOTS`."""
+        self._owed_requests = _bounded(requests, rcap)
+        self._owed_tokens = _bounded(tokens, tcap)
+        self._unsettled_members = members[-MAX_UNSETTLED_SLOTS:]
+
+    def _settle_backlog(self) -> bool:
+        """Send what earlier settles left (nothing to send: True at once); whether Redis took it."""
+        if not (self._unsettled_members or self._owed_requests or self._owed_tokens):
+            return True
+        return self._settle_call("", 0.0, 0.0)
 
     def release(self, reservation: Reservation, now: float) -> None:
         """Free the reservation's slot (the buckets keep what was spent)."""
@@ -343,7 +386,8 @@ class RedisQuota:
             self.fallback.release(reservation, now)
             return
         self._local_slots = max(0, self._local_slots - reservation.slots)
-        self._settle_call(reservation, 0.0, 0.0)
+        assert isinstance(reservation, SharedReservation)
+        self._settle_call(reservation.member, 0.0, 0.0)
 
     def cancel(self, reservation: Reservation, now: float) -> None:
         """Undo an unused reservation: slot freed, request and tokens refunded."""
@@ -353,12 +397,14 @@ class RedisQuota:
             self.fallback.cancel(reservation, now)
             return
         self._local_slots = max(0, self._local_slots - reservation.slots)
-        self._settle_call(reservation, reservation.requests, reservation.tokens)
+        assert isinstance(reservation, SharedReservation)
+        self._settle_call(reservation.member, reservation.requests, reservation.tokens)
 
     def reconcile(self, reservation: Reservation, actual_tokens: float, now: float) -> float:
         """Charge (or refund) actual - estimate on the shared token bucket; returns the difference.
 
-        The slot is kept: :meth:`release` frees it.
+        The slot is kept: :meth:`release` frees it. When Redis does not answer, the difference is
+        kept here and sent with the next settle (see :attr:`unsettled`).
         """
         self._last_now = now
         if not (actual_tokens >= 0 and math.isfinite(actual_tokens)):
@@ -370,8 +416,7 @@ class RedisQuota:
             assert self.fallback is not None
             return self.fallback.reconcile(reservation, actual_tokens, now)
         if self._shape.tokens is not None and difference != 0:
-            keep = SharedReservation(reservation.requests, reservation.tokens, reservation.slots, member="")
-            self._settle_call(keep, 0.0, -difference)
+            self._settle_call("", 0.0, -difference)  # the slot is kept; a failed charge is kept too
         return difference
 
     def pause_until(self, until: float) -> None:
@@ -394,6 +439,8 @@ class RedisQuota:
 
     def levels(self, now: float) -> tuple[float, float, int]:
         """(request tokens, token tokens, fleet-wide slots in use); ``nan`` for unlimited or unreachable."""
+        if not self._settle_backlog():
+            return math.nan, math.nan, self._local_slots
         try:
             requests, tokens, slots = self._call(self._levels, list(self._bucket_args()))
         except self._redis.RedisError:
@@ -416,6 +463,11 @@ class RedisQuota:
                 f"RedisQuota {self.name!r}: cannot reset the shared state at {where} "
                 f"({type(error).__name__}: {error}); nothing was reset"
             ) from None
+
+
+def _bounded(amount: float, capacity: float) -> float:
+    """``amount`` kept within one bucket ``capacity`` either way (0 when the bucket is unlimited)."""
+    return max(-capacity, min(capacity, amount)) if capacity > 0 else 0.0
 
 
 __all__ = ["QuotaConfigError", "RedisQuota", "SharedReservation"]
