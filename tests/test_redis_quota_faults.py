@@ -123,3 +123,34 @@ def test_what_is_kept_is_bounded_by_one_capacity(redis_url: str, account: str) -
     assert q.unsettled == (0.0, -1_000.0, 0)  # 5 x 900 owed, kept as one bucket's worth
     assert q.try_reserve(0.0, 1.0) is None  # Redis is not asked again while what is owed cannot be sent
     assert q._settle.calls == 6
+
+
+class AnswerLost:
+    """A reservation script that runs in Redis, but whose answer never comes back (a timeout)."""
+
+    def __init__(self, script: object) -> None:
+        self.script = script
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        import redis
+
+        self.script(*args, **kwargs)  # type: ignore[operator]
+        raise redis.exceptions.TimeoutError("Timeout reading from socket")
+
+
+def test_a_slot_whose_reservation_answer_was_lost_is_freed_when_redis_answers(
+    redis_url: str, account: str
+) -> None:
+    """A timeout during a reservation left its slot held by nobody for slot_ttl_s (300 s): under
+    concurrency 1 the whole fleet was blocked. The lost member is now freed on the next call."""
+    limits = QuotaLimits(concurrency=1)
+    stalled, other = (
+        quota(redis_url, account, limits, worker="a"),
+        quota(redis_url, account, limits, worker="b"),
+    )
+    reserve, stalled._reserve = stalled._reserve, AnswerLost(stalled._reserve)
+    assert stalled.try_reserve(0.0, 0.0) is None  # fails closed: it does not know it has the slot
+    stalled._reserve = reserve
+    assert other.levels(0.0)[2] == 1  # the phantom slot
+    assert stalled.levels(0.0)[2] == 0  # Redis answers again: freed
+    assert other.try_reserve(0.0, 0.0) is not None

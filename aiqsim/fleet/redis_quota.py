@@ -28,7 +28,10 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
 - **Nothing owed is dropped.** A settle (a reconcile's charge or refund, a release, a cancel)
   that Redis did not answer is kept in this worker (:attr:`unsettled`) and sent with the next
   settle, or before the next reservation, once Redis answers: the fleet is charged for tokens
-  it used during a blip. Kept amounts are bounded: the owed requests and tokens to one bucket
+  it used during a blip. A reservation whose answer was lost (a timeout: the script may have
+  run) has its slot freed the same way, instead of held by nobody for ``slot_ttl_s``. One race
+  remains: a stalled Redis that runs the lost reservation only *after* that release keeps its
+  slot until ``slot_ttl_s``. Kept amounts are bounded: the owed requests and tokens to one bucket
   capacity each (a worker's debt never freezes the fleet for more than one burst's refill), the
   slots to free to :data:`MAX_UNSETTLED_SLOTS` (the oldest beyond lapse after ``slot_ttl_s``).
 
@@ -307,6 +310,7 @@ class RedisQuota:
             )  # fmt: skip
         except self._redis.RedisError:
             self._down()
+            self._answer_lost(member)
             return self._reserve_locally(tokens, now)
         if int(granted) != 1:
             full = detail in (b"slot", "slot")  # every shared slot is taken: poll (see poll_full_pool)
@@ -320,6 +324,14 @@ class RedisQuota:
             slots=1,
             member=member,
         )
+
+    def _answer_lost(self, member: str) -> None:
+        """A reservation whose answer was lost (a timeout) may have taken ``member``'s slot in Redis
+        all the same, held by nobody until ``slot_ttl_s``: with ``concurrency=1`` the whole fleet
+        would wait that long. Its member is freed with the next settle that Redis answers (a no-op
+        if the script never ran). Its request and tokens are not refunded: whether they were taken
+        is unknown, and over-refunding would let the fleet overrun the account."""
+        self._unsettled_members = [*self._unsettled_members, member][-MAX_UNSETTLED_SLOTS:]
 
     def _reserve_locally(self, tokens: float, now: float) -> Reservation | None:
         if self.fallback is None:
