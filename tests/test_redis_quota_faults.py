@@ -6,14 +6,20 @@ that raises the error redis-py would raise (a stall, a refused connection) for c
 
 from __future__ import annotations
 
+import asyncio
+import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from aiqsim import Scheduler, TaskStatus
+from aiqsim import RetryPolicy, Scheduler, TaskStatus
+from aiqsim.core.backoff import ExponentialBackoff
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.fleet_quota import WorkerCappedQuota
 from aiqsim.core.token_bucket import QuotaLimits
+from aiqsim.errors import ServerError
+from aiqsim.runtime import AsyncioRuntime
 from aiqsim.scheduler.events import UsageAnomaly
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from tests.runtimes import RUNTIMES, run_on
@@ -154,3 +160,80 @@ def test_a_slot_whose_reservation_answer_was_lost_is_freed_when_redis_answers(
     assert other.levels(0.0)[2] == 1  # the phantom slot
     assert stalled.levels(0.0)[2] == 0  # Redis answers again: freed
     assert other.try_reserve(0.0, 0.0) is not None
+
+
+# ------------------------------------------------------------------ settings that cannot work
+
+
+@pytest.mark.parametrize("timeout", [0, -1, math.nan, math.inf, "1"])
+def test_a_socket_timeout_no_call_could_work_with_is_refused(redis_url: str, timeout: object) -> None:
+    """0 stalled the lane for ever (every call timed out at once); -1 and nan made redis-py raise a
+    bare ValueError from the dispatcher, to the loop's exception handler."""
+    from aiqsim.fleet import RedisQuota
+
+    with pytest.raises(ConfigurationError, match="socket_timeout_s must be a positive finite number"):
+        RedisQuota(redis_url, "acct", QuotaLimits(concurrency=1), socket_timeout_s=timeout)  # type: ignore[arg-type]
+
+
+class Flaky:
+    """Fails its first call with a retryable server error, then answers."""
+
+    name = "llm"
+
+    def __init__(self, before_retry: Callable[[], object]) -> None:
+        self.before_retry = before_retry
+        self.calls = 0
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse:
+        self.calls += 1
+        if self.calls == 1:
+            self.before_retry()
+            raise ServerError("503")
+        return ProviderResponse(result="ok")
+
+
+def test_a_database_redis_refuses_fails_the_task_saying_so(redis_url: str, account: str) -> None:
+    """With a database index Redis does not have, the quota failed closed for ever: the task stayed
+    queued, `unavailable` counting up. The task now fails with the error Redis answered."""
+    q = quota(redis_url.rsplit("/", 1)[0] + "/99", account, QuotaLimits(concurrency=2))
+
+    async def body() -> object:
+        scheduler = Scheduler(AsyncioRuntime(), [Reporting(None)], quotas={"llm": q})
+        async with scheduler:
+            return await asyncio.wait_for(scheduler.submit("llm", {"i": 1}).wait(), 10)
+
+    record = asyncio.run(body())
+    assert record.status == TaskStatus.FAILED
+    assert "QuotaConfigError" in record.error and "DB index is out of range" in record.error
+
+
+def test_a_retry_whose_reservation_redis_refuses_fails_the_task(redis_url: str, account: str) -> None:
+    """A retry waits for quota on a ticket: Redis refusing it (here the state key holds a string,
+    WRONGTYPE) fails the task with that error instead of tripping an assertion in the dispatcher."""
+    import redis
+
+    q = quota(redis_url, account, QuotaLimits(requests_per_min=6000))
+    client = redis.Redis.from_url(redis_url)
+    provider = Flaky(lambda: client.set(f"aiqsim:quota:{account}:state", "not a hash"))
+    retry = RetryPolicy(max_attempts=3, backoff=ExponentialBackoff(base_s=0.01, cap_s=0.01))
+
+    async def body() -> object:
+        scheduler = Scheduler(AsyncioRuntime(), [provider], quotas={"llm": q}, retry=retry)
+        async with scheduler:
+            return await asyncio.wait_for(scheduler.submit("llm", {"i": 1}).wait(), 10)
+
+    record = asyncio.run(body())
+    assert record.status == TaskStatus.FAILED
+    assert "WRONGTYPE" in record.error and provider.calls == 1
+
+
+def test_an_unreachable_server_is_still_not_a_configuration_error() -> None:
+    import redis
+
+    from aiqsim.fleet.redis_quota import _misconfiguration
+
+    busy = redis.exceptions.ResponseError("BUSY Redis is busy running a script")
+    for error in (refused(), redis.exceptions.TimeoutError("t"), redis.exceptions.ReadOnlyError("r"), busy):
+        assert not _misconfiguration(redis.exceptions, error)
+    for error in (redis.exceptions.NoPermissionError("NOPERM"), redis.exceptions.AuthenticationError("a")):
+        assert _misconfiguration(redis.exceptions, error)

@@ -24,7 +24,10 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
   account's limit because its coordinator is down. With ``fallback=QuotaLimits(...)`` (e.g.
   the account's limits divided by the number of workers) each worker instead runs on that local
   share until Redis answers again; reservations made locally are settled locally. Both are
-  counted in :attr:`unavailable`.
+  counted in :attr:`unavailable`. An answer that means the settings can never work (a database
+  index out of range, a wrong password, a missing ACL permission, a key of the wrong type) is
+  not unavailability: the reservation raises :class:`QuotaConfigError` saying what Redis
+  answered, and the scheduler fails the task with it.
 - **Nothing owed is dropped.** A settle (a reconcile's charge or refund, a release, a cancel)
   that Redis did not answer is kept in this worker (:attr:`unsettled`) and sent with the next
   settle, or before the next reservation, once Redis answers: the fleet is charged for tokens
@@ -175,6 +178,8 @@ class RedisQuota:
         slot_ttl_s: how long a concurrency slot is held without release before it lapses.
         fallback: limits of a local share used while Redis is unreachable; ``None`` fails closed.
         retry_s: how soon to try Redis again after it failed (fail-closed mode).
+        socket_timeout_s: how long one Redis call may take (connect, or wait for the answer),
+            wall seconds; a positive finite number.
         client: an existing ``redis.Redis`` to use instead of connecting to ``url``.
     """
 
@@ -204,6 +209,16 @@ class RedisQuota:
             raise ConfigurationError(f"slot_ttl_s must be a positive number of seconds, got {slot_ttl_s!r}")
         if not (isinstance(retry_s, int | float) and retry_s > 0 and math.isfinite(retry_s)):
             raise ConfigurationError(f"retry_s must be a positive number of seconds, got {retry_s!r}")
+        if not (
+            isinstance(socket_timeout_s, int | float)
+            and socket_timeout_s > 0
+            and math.isfinite(socket_timeout_s)
+        ):
+            # 0 made every call time out at once (the lane stalled, failing closed for ever); -1 or nan
+            # made redis-py raise a bare ValueError out of the dispatcher
+            raise ConfigurationError(
+                f"socket_timeout_s must be a positive finite number of seconds, got {socket_timeout_s!r}"
+            )
         if not (isinstance(time_scale, int | float) and time_scale > 0 and math.isfinite(time_scale)):
             raise ConfigurationError(f"time_scale must be a positive number, got {time_scale!r}")
         self.time_scale = float(time_scale)
@@ -247,6 +262,7 @@ class RedisQuota:
         self._owed_requests = 0.0
         self._owed_tokens = 0.0
         self._unsettled_members: list[str] = []
+        self._last_error: Exception | None = None
 
     @property
     def unsettled(self) -> tuple[float, float, int]:
@@ -299,6 +315,7 @@ class RedisQuota:
         self._last_now = now
         self._shape.check_cost(tokens)
         if not self._settle_backlog():  # Redis still does not answer: no second wait for it
+            self._refuse_if_misconfigured(self._last_error)
             return self._reserve_locally(tokens, now)
         self._sequence += 1
         member = f"{self.worker}:{os.getpid()}:{self._instance}:{self._sequence}"
@@ -308,8 +325,9 @@ class RedisQuota:
                 [tokens, *self._bucket_args()[:2], *self._bucket_args()[2:], self.limits.concurrency or 0,
                  member, self.slot_ttl_s * self.time_scale, 1e-9],
             )  # fmt: skip
-        except self._redis.RedisError:
+        except self._redis.RedisError as error:
             self._down()
+            self._refuse_if_misconfigured(error)
             self._answer_lost(member)
             return self._reserve_locally(tokens, now)
         if int(granted) != 1:
@@ -324,6 +342,23 @@ class RedisQuota:
             slots=1,
             member=member,
         )
+
+    def _refuse_if_misconfigured(self, error: Exception | None) -> None:
+        """Raise :class:`QuotaConfigError` saying what Redis answered when ``error`` means no call
+        can ever succeed with these settings (a database index out of range, a wrong password, an
+        ACL without the permission, a key of the wrong type): failing closed would stall the lane
+        for ever with nothing but :attr:`unavailable` counting. Raised from :meth:`try_reserve`, so
+        the scheduler fails the task it was reserving for with this error. An unreachable or
+        busy server (timeouts, refused connections, LOADING, BUSY, READONLY during a failover, OOM)
+        is not a configuration error: the quota fails closed (or falls back) and tries again."""
+        if error is None or not _misconfiguration(self._redis.exceptions, error):
+            return
+        where = redacted_dsn(self.url) if isinstance(self.url, str) else "the given client"
+        raise QuotaConfigError(
+            f"RedisQuota {self.name!r}: Redis at {where} refused the call "
+            f"({type(error).__name__}: {error}); check the URL's database, the credentials and the "
+            f"ACL, and that nothing else writes aiqsim:quota:{self.name}:*"
+        ) from None
 
     def _answer_lost(self, member: str) -> None:
         """A reservation whose answer was lost (a timeout) may have taken ``member``'s slot in Redis
@@ -368,8 +403,9 @@ class RedisQuota:
         rcap, rrate, tcap, trate = self._bucket_args()
         try:
             self._call(self._settle, [requests, tokens, rcap, rrate, tcap, trate, *members])
-        except self._redis.RedisError:
+        except self._redis.RedisError as error:
             self._down()
+            self._last_error = error
             self._keep_unsettled(members, requests, tokens, rcap, tcap)
             return False
         self._keep_unsettled([], 0.0, 0.0, rcap, tcap)
@@ -475,6 +511,31 @@ class RedisQuota:
                 f"RedisQuota {self.name!r}: cannot reset the shared state at {where} "
                 f"({type(error).__name__}: {error}); nothing was reset"
             ) from None
+
+
+_TRANSIENT_REPLIES = (
+    "BUSY",
+    "LOADING",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "MISCONF",
+    "NOREPLICAS",
+)
+"""Error replies of a server that is busy, starting or failing over: it may answer later."""
+
+
+def _misconfiguration(exceptions: Any, error: Exception) -> bool:
+    """Whether a redis-py ``error`` means these settings can never work (see
+    :meth:`RedisQuota._refuse_if_misconfigured`), rather than that Redis is unavailable now."""
+    if isinstance(error, exceptions.AuthenticationError):
+        return True
+    if not isinstance(error, exceptions.ResponseError):
+        return False  # timeouts, refused or dropped connections
+    if isinstance(error, exceptions.ReadOnlyError | exceptions.OutOfMemoryError):
+        return False
+    return not str(error).lstrip().startswith(_TRANSIENT_REPLIES)
 
 
 def _bounded(amount: float, capacity: float) -> float:

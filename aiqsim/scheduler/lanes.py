@@ -200,7 +200,10 @@ class LaneDispatch:
             try:
                 reservation = quota.try_reserve(candidate.cost, now)
             except QuotaConfigError as error:  # e.g. recovered from a process with a larger burst
-                assert isinstance(candidate, QueueItem)  # a ticket's cost was granted once already
+                if isinstance(candidate, QuotaTicket):  # a retry: its attempt loop fails the task
+                    lane.retries[priority].popleft()  # (e.g. a shared quota's Redis refused the call)
+                    candidate.future.set_exception(error)
+                    continue
                 lane.queues[priority].pop(candidate)
                 self._queued[priority] -= 1
                 live = self._live[candidate.task_id]
