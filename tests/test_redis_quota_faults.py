@@ -237,3 +237,26 @@ def test_an_unreachable_server_is_still_not_a_configuration_error() -> None:
         assert not _misconfiguration(redis.exceptions, error)
     for error in (redis.exceptions.NoPermissionError("NOPERM"), redis.exceptions.AuthenticationError("a")):
         assert _misconfiguration(redis.exceptions, error)
+
+
+# ------------------------------------------------------------------ slots that lapse mid-call
+
+
+@pytest.mark.parametrize("timeout", [10.0, 1.0, None])
+@pytest.mark.parametrize("capped", [False, True])
+def test_an_attempt_that_may_outlive_its_slot_is_refused(
+    redis_url: str, timeout: float | None, capped: bool
+) -> None:
+    """slot_ttl_s=1 with attempt_timeout_s=10 was accepted: 3 s calls ran 3 at once under
+    concurrency 1, each slot lapsing mid-call. Refused now, for the scheduler's policy and a task's."""
+    from aiqsim.fleet import RedisQuota
+
+    shared = RedisQuota(redis_url, "lapse", QuotaLimits(concurrency=1), slot_ttl_s=1.0)
+    lane_quota = WorkerCappedQuota(shared, 2) if capped else shared
+    with pytest.raises(ConfigurationError, match=r"slot_ttl_s=1 s.*no scheduler was created"):
+        Scheduler(AsyncioRuntime(), [Reporting(None)], quotas={"llm": lane_quota},
+                  retry=RetryPolicy(attempt_timeout_s=timeout))  # fmt: skip
+    scheduler = Scheduler(AsyncioRuntime(), [Reporting(None)], quotas={"llm": lane_quota},
+                          retry=RetryPolicy(attempt_timeout_s=0.5))  # fmt: skip
+    with pytest.raises(ConfigurationError, match=r"slot_ttl_s=1 s.*nothing was queued"):
+        scheduler.submit("llm", {"i": 1}, retry=RetryPolicy(attempt_timeout_s=timeout))

@@ -136,6 +136,12 @@ class WorkerCappedQuota:
         return getattr(self.inner, "tokens", None)
 
     @property
+    def slot_ttl_s(self) -> float | None:
+        """The inner quota's slot lease, when its slots are leases (a Redis one; see
+        :func:`aiqsim.scheduler.lanes.check_slot_lease`)."""
+        return getattr(self.inner, "slot_ttl_s", None)
+
+    @property
     def token_capacity(self) -> float | None:
         """The inner quota's declared token capacity, when it keeps its bucket elsewhere (a Redis one)."""
         return getattr(self.inner, "token_capacity", None)

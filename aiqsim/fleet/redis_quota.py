@@ -15,7 +15,10 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
   stored in Redis as a server-clock instant.
 - **Slots are leases.** A concurrency slot is a member of a sorted set scored by its expiry
   (``slot_ttl_s`` after the reservation), so the slots of a worker killed mid-call come back on
-  their own instead of leaking for ever. ``slot_ttl_s`` must exceed the attempt timeout.
+  their own instead of leaking for ever. ``slot_ttl_s`` must exceed the attempt timeout: a
+  :class:`~aiqsim.scheduler.Scheduler` refuses a retry policy whose ``attempt_timeout_s`` is
+  ``None`` or not below it (for the scheduler's policy when it is made, a task's own at
+  ``submit``), rather than renew slots in flight.
 - **Redis must keep its state across a restart** (``appendonly yes``): a restart that loses it
   forgets the slots in use, so the fleet may run up to twice its concurrency until those calls
   end, and the buckets start full. Nothing here can tell a lost state from a new account.

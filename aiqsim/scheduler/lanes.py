@@ -26,6 +26,7 @@ from aiqsim.core.failures import describe_error
 from aiqsim.core.task import BACKGROUND, INTERACTIVE, Priority, TaskStatus
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 from aiqsim.runtime.protocol import Cancelled, Future
+from aiqsim.scheduler.arguments import SchedulerArgumentError
 from aiqsim.scheduler.dispatch import QueueItem, TaskQueue, new_queue_item
 from aiqsim.scheduler.events import QuotaSample, new_quota_sample
 from aiqsim.scheduler.lane_pump import LanePump
@@ -114,6 +115,31 @@ def lane_quota(given: QuotaLimits | Any, now: float) -> Any:
             f"{type(given).__name__} lacks {', '.join(missing)}"
         )
     return given
+
+
+def check_slot_lease(lane_name: str, quota: Any, policy: Any, consequence: str) -> None:
+    """Refuse a retry ``policy`` whose attempts may outlive the concurrency slots of ``quota``.
+
+    A shared quota's slot is a lease (``slot_ttl_s``, e.g. :class:`aiqsim.fleet.RedisQuota`'s) so
+    a dead worker's slots come back; a call still out when its lease lapses no longer counts, and
+    the fleet runs more calls at once than the account allows (slot_ttl_s=1 with 3 s calls: 3 in
+    flight under concurrency 1). Refused, rather than renewing slots in flight: the attempt
+    timeout already bounds every call, so one comparison made up front keeps the bound without a
+    renewal loop per call. ``attempt_timeout_s=None`` (no bound) is refused for the same reason.
+    Both are scheduler seconds (RedisQuota converts its ttl with ``time_scale``).
+    """
+    ttl = getattr(quota, "slot_ttl_s", None)
+    if ttl is None:
+        return
+    timeout = policy.attempt_timeout_s
+    if timeout is None or timeout >= ttl:
+        bound = "no attempt timeout" if timeout is None else f"attempt_timeout_s={timeout:g}"
+        raise SchedulerArgumentError(
+            f"provider {lane_name!r}: its quota's concurrency slots lapse after slot_ttl_s={ttl:g} s, but "
+            f"the retry policy has {bound}: a call still out when its slot lapses no longer counts, and "
+            f"the fleet would run more calls than its concurrency. Give RetryPolicy(attempt_timeout_s=...) "
+            f"below slot_ttl_s, or a longer slot_ttl_s; {consequence}"
+        )
 
 
 _QUOTA_METHODS = ("check_cost", "try_reserve", "time_until", "release", "cancel", "reconcile", "pause_until")

@@ -64,7 +64,7 @@ from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy
 from aiqsim.scheduler.events import EventSink, QueueRejected
 from aiqsim.scheduler.handles import OutcomeHandle, await_own
 from aiqsim.scheduler.lane_pump import LanePump
-from aiqsim.scheduler.lanes import Lane, LaneDispatch, lane_quota, share_quota_objects
+from aiqsim.scheduler.lanes import Lane, LaneDispatch, check_slot_lease, lane_quota, share_quota_objects
 from aiqsim.scheduler.live import LiveTask, UnpersistedChange, new_live_task
 from aiqsim.scheduler.outcomes import Outcomes
 from aiqsim.scheduler.provider import Provider
@@ -394,6 +394,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             )
             for name, provider in providers.items()
         }
+        for lane in self._lanes.values():
+            check_slot_lease(lane.name, lane.quota, self.retry, "no scheduler was created")
         # providers on one quota object: one dispatch (and one trial of the depth limit) for them all
         self._lane_heads = share_quota_objects(self._lanes.values())
         for head in self._lane_heads:
@@ -523,6 +525,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         if type(priority) is not Priority:
             priority = Priority(priority)
         cost_estimate = self._cost_estimate(lane, kind, payload, cost_estimate)
+        if retry is not None:
+            check_slot_lease(lane.name, lane.quota, retry, "nothing was queued or stored")
         if key is None:
             key = fingerprint(kind, payload, params=params, version=version)
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
