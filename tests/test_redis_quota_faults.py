@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -113,8 +114,8 @@ def test_a_charge_redis_did_not_take_is_sent_with_the_next_call(redis_url: str, 
     assert q.reconcile(reservation, 9_000.0, 1.0) == 8_500.0
     q.release(reservation, 1.0)
     q._settle = settle
-    assert q.levels(1.0)[1] == pytest.approx(1_000.0, abs=1.0)  # sent before the levels were read
-    assert q.levels(1.0)[2] == 0  # and the slot freed
+    assert q.levels(2.0)[1] == pytest.approx(1_000.0, abs=1.0)  # sent before the levels were read
+    assert q.levels(2.0)[2] == 0  # and the slot freed
     assert q.unavailable == 2
     assert q.unsettled == (0.0, 0.0, 0)
 
@@ -123,11 +124,11 @@ def test_what_is_kept_is_bounded_by_one_capacity(redis_url: str, account: str) -
     q = quota(redis_url, account, QuotaLimits(tokens_per_min=6, token_burst=1_000))
     reservations = [q.try_reserve(100.0, 0.0) for _ in range(5)]
     q._settle = Failing(refused())
-    for reservation in reservations:
+    for second, reservation in enumerate(reservations, start=1):
         assert reservation is not None
-        q.reconcile(reservation, 1_000.0, 1.0)
+        q.reconcile(reservation, 1_000.0, float(second))  # each past retry_s after the last failure
     assert q.unsettled == (0.0, -1_000.0, 0)  # 5 x 900 owed, kept as one bucket's worth
-    assert q.try_reserve(0.0, 1.0) is None  # Redis is not asked again while what is owed cannot be sent
+    assert q.try_reserve(0.0, 10.0) is None  # Redis is not asked again while what is owed cannot be sent
     assert q._settle.calls == 6
 
 
@@ -158,7 +159,7 @@ def test_a_slot_whose_reservation_answer_was_lost_is_freed_when_redis_answers(
     assert stalled.try_reserve(0.0, 0.0) is None  # fails closed: it does not know it has the slot
     stalled._reserve = reserve
     assert other.levels(0.0)[2] == 1  # the phantom slot
-    assert stalled.levels(0.0)[2] == 0  # Redis answers again: freed
+    assert stalled.levels(1.0)[2] == 0  # Redis answers again (past retry_s): freed
     assert other.try_reserve(0.0, 0.0) is not None
 
 
@@ -260,3 +261,41 @@ def test_an_attempt_that_may_outlive_its_slot_is_refused(
                           retry=RetryPolicy(attempt_timeout_s=0.5))  # fmt: skip
     with pytest.raises(ConfigurationError, match=r"slot_ttl_s=1 s.*nothing was queued"):
         scheduler.submit("llm", {"i": 1}, retry=RetryPolicy(attempt_timeout_s=timeout))
+
+
+# ------------------------------------------------------------------ a stalled Redis
+
+
+class Stalled:
+    """A script whose call takes ``socket_timeout_s`` and then times out (Redis stopped)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.calls = 0
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        import redis
+
+        self.calls += 1
+        time.sleep(self.seconds)
+        raise redis.exceptions.TimeoutError("Timeout reading from socket")
+
+
+def test_a_stalled_redis_costs_one_timeout_per_retry_window_not_one_per_task(
+    redis_url: str, account: str
+) -> None:
+    """Every try_reserve asked the stalled Redis and waited socket_timeout_s, synchronously: 8 queued
+    tasks blocked the loop 8 x the timeout (r4: one 8 s stall; r5: a lease lapsed, keys billed twice).
+    After a failure Redis is not asked for retry_s: the queued tasks go to the fallback at once."""
+    q = quota(
+        redis_url, account, QuotaLimits(concurrency=50), fallback=QuotaLimits(concurrency=10), retry_s=5.0
+    )
+    q._reserve = q._settle = stall = Stalled(0.2)
+    granted = [q.try_reserve(0.0, 0.0) for _ in range(8)]  # one dispatch run: one reading of the clock
+    assert all(r is not None and r.local for r in granted)
+    assert stall.calls == 1 and q.unavailable == 8
+    for reservation in granted:
+        q.release(reservation, 1.0)  # local reservations are settled locally
+    assert q.try_reserve(0.0, 4.9) is not None and stall.calls == 1  # still inside retry_s
+    q.try_reserve(0.0, 5.0)
+    assert stall.calls == 2  # asked again once retry_s has passed

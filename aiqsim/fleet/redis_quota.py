@@ -51,7 +51,11 @@ usage is still clamped to the shared bucket's capacity (:attr:`token_capacity`),
 lane's is, so one absurd report cannot freeze every worker.
 
 Each call is one round trip to Redis (about 0.1-0.3 ms on loopback or a LAN), made
-synchronously from the scheduler's loop; keep Redis close to the workers.
+synchronously from the scheduler's loop; keep Redis close to the workers. A call that fails
+(up to ``socket_timeout_s`` when Redis stalls) is followed by ``retry_s`` of the scheduler's
+clock in which Redis is not asked at all (doubled after each failure in a row, up to
+:data:`MAX_REST_S`), so a stall blocks the loop once per window rather than once per queued
+task; keep ``socket_timeout_s`` well below a lease's ttl (:mod:`aiqsim.fleet.leases`).
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, 
 
 DEFAULT_SLOT_TTL_S = 300.0
 DEFAULT_RETRY_S = 0.05
+MAX_REST_S = 2.0
+"""The longest a quota leaves Redis alone after failures in a row (``retry_s`` if longer)."""
 MAX_UNSETTLED_SLOTS = 1024
 """How many slot members whose release failed a quota keeps to free later; beyond that the
 oldest are forgotten (they lapse on their own after ``slot_ttl_s``)."""
@@ -180,7 +186,10 @@ class RedisQuota:
         worker: this worker's name, used in slot members (for inspection); any string.
         slot_ttl_s: how long a concurrency slot is held without release before it lapses.
         fallback: limits of a local share used while Redis is unreachable; ``None`` fails closed.
-        retry_s: how soon to try Redis again after it failed (fail-closed mode).
+        retry_s: how soon to try Redis again after it failed (doubled after each failure in a row,
+            up to :data:`MAX_REST_S`): until then no call is sent to it (each goes to the fallback
+            share, or fails closed), so a stalled Redis blocks the loop for ``socket_timeout_s``
+            once per such window, not once per call.
         socket_timeout_s: how long one Redis call may take (connect, or wait for the answer),
             wall seconds; a positive finite number.
         client: an existing ``redis.Redis`` to use instead of connecting to ``url``.
@@ -235,7 +244,8 @@ class RedisQuota:
         self.retry_s = float(retry_s)
         self.fallback = MultiQuota(fallback) if fallback is not None else None
         self.unavailable = 0
-        """Calls that found Redis unreachable (each fell back or failed closed)."""
+        """Calls that found Redis unreachable, or were not sent in the ``retry_s`` after a failure
+        (each fell back or failed closed)."""
         self._redis = _redis_module()
         self.url = url
         if client is None:
@@ -266,6 +276,9 @@ class RedisQuota:
         self._owed_tokens = 0.0
         self._unsettled_members: list[str] = []
         self._last_error: Exception | None = None
+        self._retry_at = -math.inf
+        self._failures = 0
+        """Redis is not asked before this instant of the scheduler's clock (``retry_s`` after a failure)."""
 
     @property
     def unsettled(self) -> tuple[float, float, int]:
@@ -308,15 +321,37 @@ class RedisQuota:
 
     # ------------------------------------------------------------------ the quota interface
     def _call(self, script: Any, args: list[Any]) -> Any:
-        return script(keys=list(self._keys), args=args)
+        answer = script(keys=list(self._keys), args=args)
+        self._failures = 0
+        return answer
 
     def _down(self) -> None:
+        """A Redis call failed: counted, and Redis is not asked again for ``retry_s``, doubled after
+        each failure in a row up to :data:`MAX_REST_S` (see :meth:`_resting`). Doubled because the
+        clock reading the window starts from was taken before the call, which may have taken
+        ``socket_timeout_s`` (longer than ``retry_s``) to fail."""
         self.unavailable += 1
+        self._failures += 1
+        rest = min(self.retry_s * 2.0 ** min(self._failures - 1, 60), max(self.retry_s, MAX_REST_S))
+        self._retry_at = self._last_now + rest
+
+    def _resting(self) -> bool:
+        """Whether Redis failed less than ``retry_s`` ago (on the scheduler's clock): the call is
+        not sent, and counts in :attr:`unavailable` as one that failed. Each call is synchronous, so
+        while Redis stalls every one of them blocked the loop for ``socket_timeout_s``: 8 queued
+        tasks, an 8 s stall, long enough for a lease to lapse. Now a stall costs one timeout per
+        ``retry_s``, not one per queued task."""
+        if self._last_now < self._retry_at:
+            self.unavailable += 1
+            return True
+        return False
 
     def try_reserve(self, tokens: float, now: float) -> Reservation | None:
         """One request, ``tokens`` tokens and one fleet-wide slot, or nothing (``None``)."""
         self._last_now = now
         self._shape.check_cost(tokens)
+        if self._resting():
+            return self._reserve_locally(tokens, now)
         if not self._settle_backlog():  # Redis still does not answer: no second wait for it
             self._refuse_if_misconfigured(self._last_error)
             return self._reserve_locally(tokens, now)
@@ -404,6 +439,9 @@ class RedisQuota:
         requests = self._owed_requests + refund_requests
         tokens = self._owed_tokens + refund_tokens
         rcap, rrate, tcap, trate = self._bucket_args()
+        if self._resting():
+            self._keep_unsettled(members, requests, tokens, rcap, tcap)
+            return False
         try:
             self._call(self._settle, [requests, tokens, rcap, rrate, tcap, trate, *members])
         except self._redis.RedisError as error:
@@ -477,7 +515,8 @@ class RedisQuota:
         if seconds <= 0:
             return
         try:
-            self._call(self._pause, [seconds * self.time_scale])
+            if not self._resting():
+                self._call(self._pause, [seconds * self.time_scale])
         except self._redis.RedisError:
             self._down()
         if self.fallback is not None:
@@ -490,7 +529,8 @@ class RedisQuota:
 
     def levels(self, now: float) -> tuple[float, float, int]:
         """(request tokens, token tokens, fleet-wide slots in use); ``nan`` for unlimited or unreachable."""
-        if not self._settle_backlog():
+        self._last_now = now
+        if self._resting() or not self._settle_backlog():
             return math.nan, math.nan, self._local_slots
         try:
             requests, tokens, slots = self._call(self._levels, list(self._bucket_args()))
