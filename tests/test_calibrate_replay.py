@@ -18,7 +18,7 @@ import pytest
 
 from aiqsim.cli import main
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.lab.calibrate import calibrate
+from aiqsim.lab.calibrate import CalibrationError, calibrate
 from aiqsim.sim import simulate
 from aiqsim.sim.scenario import ScenarioError, load_scenario
 from aiqsim.sim.workloads import generate_arrivals
@@ -137,6 +137,67 @@ def test_a_broken_arrivals_file_is_named_by_validate(
     csv_path.unlink()
     with pytest.raises(ScenarioError, match="no such file"):
         load_scenario(tmp_path / "mine.toml")
+
+
+def _edited_log(log: Path, folder: Path, edit) -> Path:
+    """A copy of the call log at ``log`` in ``folder`` whose tasks table ``edit`` changed."""
+    shutil.copytree(log, folder)
+    tasks = edit(pd.read_csv(folder / "tasks.csv"))
+    tasks.to_csv(folder / "tasks.csv", index=False)
+    return folder
+
+
+def _with_uncalled_provider(tasks: pd.DataFrame) -> pd.DataFrame:
+    """Three tasks of a provider "img" that never reached a call (cancelled before dispatch)."""
+    extra = tasks.head(3).copy()
+    extra["task_id"], extra["key"] = ["x1", "x2", "x3"], ["k1", "k2", "k3"]
+    extra["provider"], extra["status"], extra["attempts"] = "img", "cancelled", 0
+    extra[["started_at", "finished_at", "latency_s"]] = np.nan
+    return pd.concat([tasks, extra], ignore_index=True)
+
+
+def _with_huge_task(tasks: pd.DataFrame) -> pd.DataFrame:
+    """One task whose cost estimate (1e13 units) no replayed arrival may carry (at most 1e12)."""
+    tasks.loc[len(tasks) // 2, "cost_estimate"] = 1e13
+    return tasks
+
+
+def test_a_failed_replay_calibration_writes_nothing(
+    logged: tuple[Path, pd.DataFrame], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the arrivals CSVs were rewritten before the calibrated scenario was checked, so a failed run
+    # replaced the previous run's arrivals under its unchanged scenario; now every check comes first
+    log, _ = logged
+    out = tmp_path / "out" / "mine.toml"
+    out.parent.mkdir()
+    assert main(["calibrate", str(log), "--out", str(out), "--arrivals", "replay"]) == 0
+    before = {path.name: path.read_bytes() for path in out.parent.iterdir()}
+    assert len(before) == 3  # the scenario and one arrivals CSV per priority
+    capsys.readouterr()
+
+    uncalled = _edited_log(log, tmp_path / "uncalled", _with_uncalled_provider)
+    assert main(["calibrate", str(uncalled), "--out", str(out), "--arrivals", "replay"]) == 2
+    error = capsys.readouterr().err  # was a KeyError: 'img'
+    assert f"{uncalled}: provider 'img' has 3 task(s)" in error and "nothing was written" in error
+    assert {path.name: path.read_bytes() for path in out.parent.iterdir()} == before
+
+    huge = _edited_log(log, tmp_path / "huge", _with_huge_task)
+    assert main(["calibrate", str(huge), "--out", str(out), "--arrivals", "replay"]) == 2
+    error = capsys.readouterr().err  # names the file it would have written, not a staging copy
+    assert "cost_estimate" in error and "nothing was written" in error
+    assert str(out.parent.resolve() / "mine.arrivals.llm.") in error and "aiqsim-calibrate-" not in error
+    assert {path.name: path.read_bytes() for path in out.parent.iterdir()} == before
+
+
+def test_a_provider_with_tasks_but_no_calls_is_named_in_fitted_mode_too(
+    logged: tuple[Path, pd.DataFrame], tmp_path: Path
+) -> None:
+    log, _ = logged
+    uncalled = _edited_log(log, tmp_path / "uncalled", _with_uncalled_provider)
+    with pytest.raises(
+        CalibrationError, match=r"uncalled: provider 'img' has 3 task\(s\) in tasks but no call"
+    ):
+        calibrate([log, uncalled])  # was "workloads[0].provider: expected the name of a declared provider"
 
 
 @pytest.mark.notebook

@@ -60,6 +60,7 @@ from aiqsim.sim.providers import WINDOW_S
 
 if TYPE_CHECKING:
     from aiqsim.sim.config import Scenario
+    from aiqsim.sim.replay_arrivals import ReplayRow
 
 __all__ = [
     "Calibration",
@@ -538,7 +539,7 @@ def calibrate(
     it cannot be stretched with ``duration_s``.
     """
     from aiqsim.sim.config import CostConfig, ProviderConfig, WorkloadConfig
-    from aiqsim.sim.scenario import ScenarioError, parse_scenario, scenario_to_dict
+    from aiqsim.sim.scenario import scenario_to_dict
     from aiqsim.sim.simulate import resolve_scenario
 
     locations = [logs] if isinstance(logs, str | Path) else list(logs)
@@ -556,6 +557,7 @@ def calibrate(
     tasks, calls = _concat_logs(locations)
     if calls.empty:
         raise CalibrationError(f"{', '.join(map(str, locations))}: the log holds no provider calls")
+    _check_every_provider_called(tasks, calls, locations)
     flags: list[str] = []
     fits = {
         name_: _fit_provider(name_, group, flags) for name_, group in calls.groupby("provider", sort=True)
@@ -645,27 +647,22 @@ def calibrate(
     )
     document["providers"] = [_provider_dict(p) for p in providers]
     document["workloads"] = [_workload_dict(w) for w in workload_configs]
+    replays: dict[Path, list[ReplayRow]] = {}
     if arrivals == "replay":
         assert replay_dir is not None
         kinds = {p.name: p.kind for p in providers}
+        for w in workloads:
+            path = (Path(replay_dir) / _replay_file_name(w, replay_stem, taken=replays)).resolve()
+            replays[path] = _replay_rows(w, tasks, origin, kinds[w.provider])
         document["workloads"] = [
-            _replay_workload(w, tasks, origin, kinds[w.provider], Path(replay_dir), replay_stem)
-            for w in workloads
+            {"type": "replay", "provider": w.provider, "priority": w.priority, "arrivals": str(path)}
+            for w, path in zip(workloads, replays, strict=True)
         ]
     document.pop("crashes", None)
     quotas = document.get("quotas", {})
     document["quotas"] = {k: v for k, v in quotas.items() if k in fits}
-    try:
-        scenario = parse_scenario(document, source=name)
-    except ScenarioError as error:
-        fitted_from = _fitted_from(error.key_path)
-        if fitted_from is None:
-            raise  # a value of the settings scenario's, not of the log's
-        raise CalibrationError(
-            f"{', '.join(map(str, locations))}: the calibrated scenario's {error.key_path}, fitted from "
-            f"{fitted_from}, is unusable ({error.message}); check those columns of the log (nothing "
-            "was written)"
-        ) from None
+    scenario = _checked_scenario(document, name, locations, replays)
+    scenario = _write_replays(scenario, replays)  # only now, every check passed: nothing is half-written
     inputs = {
         "logs": [str(Path(location).resolve()) for location in locations],
         "name": name,
@@ -690,6 +687,7 @@ _FITTED_FROM: tuple[tuple[str, str], ...] = (
     ("start_s", "the tasks' submitted_at"),
     ("end_s", "the tasks' submitted_at"),
     ("duration_s", "the tasks' submitted_at"),
+    ("arrivals", "the tasks' submitted_at, cost_estimate and key"),
 )
 """What the calibrated scenario's fitted fields are computed from, by a part of their key path."""
 
@@ -706,11 +704,42 @@ def _fitted_from(key_path: str) -> str | None:
     return None
 
 
-def _replay_workload(
-    w: WorkloadFit, tasks: pd.DataFrame, origin: float, kind: Any, folder: Path, stem: str
-) -> dict[str, Any]:
-    """Write the log's arrivals of ``w``'s (provider, priority) as a replay CSV; its workload table."""
-    from aiqsim.sim.replay_arrivals import ReplayArrivalsError, ReplayRow, write_replay_arrivals
+def _check_every_provider_called(
+    tasks: pd.DataFrame, calls: pd.DataFrame, locations: Sequence[str | Path]
+) -> None:
+    """Refuse a provider with tasks but no calls, naming the log(s) its tasks are in and the provider.
+
+    Nothing about such a provider can be fitted (latency, limits and errors come from its calls), so
+    its tasks would become a workload of a provider the scenario does not declare.
+    """
+    called = set(calls["provider"])
+    for provider, group in tasks.groupby("provider", sort=True):
+        if provider in called:
+            continue
+        indices = sorted({int(str(task_id).split(":", 1)[0]) for task_id in group["task_id"]})
+        logs = ", ".join(str(locations[index]) for index in indices)
+        raise CalibrationError(
+            f"{logs}: provider {str(provider)!r} has {len(group)} task(s) in tasks but no call in calls, "
+            "so nothing about it can be fitted (were its tasks cancelled or refused before any call?); "
+            "calibrate from a log with its calls, or drop its tasks (nothing was written)"
+        )
+
+
+def _replay_file_name(w: WorkloadFit, stem: str, *, taken: Iterable[Path] = ()) -> str:
+    """The file name of ``w``'s replay arrivals CSV: ``{stem}.{provider}.{priority}.csv``, made safe
+    (and numbered when another workload's name, in ``taken``, is made the same)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{stem}.{w.provider}.{w.priority}")
+    names = {path.name for path in taken}
+    name, number = f"{safe}.csv", 1
+    while name in names:
+        number += 1
+        name = f"{safe}.{number}.csv"
+    return name
+
+
+def _replay_rows(w: WorkloadFit, tasks: pd.DataFrame, origin: float, kind: Any) -> list[ReplayRow]:
+    """The log's arrivals of ``w``'s (provider, priority) as replay rows, offsets from ``origin``."""
+    from aiqsim.sim.replay_arrivals import ReplayRow
     from aiqsim.sim.workloads import split_units
 
     mine = tasks[(tasks["provider"] == w.provider) & (tasks["priority"] == w.priority)]
@@ -727,12 +756,85 @@ def _replay_workload(
         prompt, output = split_units(units, kind, w.output_fraction)
         label = labels.setdefault(key, len(labels))
         rows.append(ReplayRow(float(submitted - origin), prompt, output, f"input-{label}"))
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{stem}.{w.provider}.{w.priority}") + ".csv"
+    return rows
+
+
+def _checked_scenario(
+    document: dict[str, Any],
+    name: str,
+    locations: Sequence[str | Path],
+    replays: Mapping[Path, list[ReplayRow]],
+) -> Scenario:
+    """``document`` parsed, with every check the scenario loader makes, before anything is written.
+
+    The loader reads a replay workload's arrivals file in full, so the rows of ``replays`` are
+    checked from copies in a temporary folder: a calibration that fails leaves the files of an
+    earlier one (same ``--out``) as they were. The scenario returned names those copies, which are
+    gone; :func:`_write_replays` names the real files.
+    """
+    import tempfile
+
+    if not replays:
+        return _parsed(document, name, locations, {})
+    with tempfile.TemporaryDirectory(prefix="aiqsim-calibrate-") as folder:
+        staged = {path: Path(folder) / path.name for path in replays}
+        for path, rows in replays.items():
+            _write_arrivals(staged[path], rows)
+        copy = dict(document)
+        copy["workloads"] = [
+            dict(w, arrivals=str(staged[Path(w["arrivals"])])) for w in document["workloads"]
+        ]
+        real_names = {str(copy_path): str(path) for path, copy_path in staged.items()}
+        return _parsed(copy, name, locations, real_names)
+
+
+def _parsed(
+    document: dict[str, Any], name: str, locations: Sequence[str | Path], real_names: Mapping[str, str]
+) -> Scenario:
+    """``document`` as a scenario; a value fitted from the log that it refuses is a CalibrationError
+    naming the log's columns (``real_names``: staged arrivals paths -> the paths they stand for)."""
+    from aiqsim.sim.scenario import ScenarioError, parse_scenario
+
     try:
-        path = write_replay_arrivals(folder / safe, rows)
+        return parse_scenario(document, source=name)
+    except ScenarioError as error:
+        fitted_from = _fitted_from(error.key_path)
+        if fitted_from is None:
+            raise  # a value of the settings scenario's, not of the log's
+        message = error.message
+        for staged, real in real_names.items():
+            message = message.replace(staged, real)
+        raise CalibrationError(
+            f"{', '.join(map(str, locations))}: the calibrated scenario's {error.key_path}, fitted from "
+            f"{fitted_from}, is unusable ({message}); check those columns of the log (nothing "
+            "was written)"
+        ) from None
+
+
+def _write_replays(scenario: Scenario, replays: Mapping[Path, list[ReplayRow]]) -> Scenario:
+    """Write each replay arrivals file (atomically: temp file + rename) and point ``scenario``'s
+    replay workloads at them, in the order of ``replays`` (the workloads' order)."""
+    from dataclasses import replace
+
+    if not replays:
+        return scenario
+    for path, rows in replays.items():
+        _write_arrivals(path, rows)
+    paths = iter(replays)
+    workloads = tuple(
+        replace(w, arrivals=str(next(paths))) if w.type == "replay" else w for w in scenario.workloads
+    )
+    return replace(scenario, workloads=workloads)
+
+
+def _write_arrivals(path: Path, rows: list[ReplayRow]) -> None:
+    """:func:`~aiqsim.sim.replay_arrivals.write_replay_arrivals`, its error a CalibrationError."""
+    from aiqsim.sim.replay_arrivals import ReplayArrivalsError, write_replay_arrivals
+
+    try:
+        write_replay_arrivals(path, rows)
     except ReplayArrivalsError as error:
         raise CalibrationError(str(error)) from error
-    return {"type": "replay", "provider": w.provider, "priority": w.priority, "arrivals": str(path.resolve())}
 
 
 def _provider_dict(p: Any) -> dict[str, Any]:
