@@ -5,6 +5,7 @@ scenario reproduces the original's latency percentiles and 429 count within 10% 
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -246,3 +247,34 @@ def test_a_fitted_value_no_scenario_can_hold_names_the_log_columns_it_came_from(
     assert message.startswith(f"{tmp_path / 'log'}: the calibrated scenario's workloads[0].cost.mean")
     assert "fitted from the tasks' cost_estimate" in message
     assert "expected a number in (0, 1e+12], got 5" in message
+
+
+def test_logs_laid_end_to_end_keep_their_arrival_rate_whatever_their_last_task_took(
+    truth: Path, tmp_path: Path
+) -> None:
+    """The next log was shifted past the previous one's latest *finish*: one task finishing 600 s
+    after its submit put 600 arrival-free seconds between two 120 s logs and halved the fitted rate.
+    Now the next log's first submission comes one mean inter-arrival gap after the previous one's
+    last: the rate depends on the submissions only."""
+    import pandas as pd
+
+    simulate(truth, seed=4, overrides={"scenario.duration_s": 120}).call_log.write(tmp_path / "log")
+    shutil.copytree(tmp_path / "log", tmp_path / "slow")
+    tasks = pd.read_csv(tmp_path / "slow" / "tasks.csv")
+    calls = pd.read_csv(tmp_path / "slow" / "calls.csv")
+    last = tasks["submitted_at"].idxmax()
+    tasks.loc[last, "finished_at"] = tasks.loc[last, "submitted_at"] + 600
+    mine = calls["task_id"] == tasks.loc[last, "task_id"]
+    calls.loc[mine, "end"] = calls.loc[mine, "start"] + 600
+    tasks.to_csv(tmp_path / "slow" / "tasks.csv", index=False)
+    calls.to_csv(tmp_path / "slow" / "calls.csv", index=False)
+
+    one = calibrate(tmp_path / "log").workloads[0].rates_per_s[0]
+    plain = calibrate([tmp_path / "log", tmp_path / "log"])
+    slow = calibrate([tmp_path / "slow", tmp_path / "slow"])
+    assert slow.workloads[0].rates_per_s == plain.workloads[0].rates_per_s  # was about half of it
+    assert slow.workloads[0].rates_per_s[0] == pytest.approx(one, rel=0.01)
+    submits = slow.tasks.groupby(slow.tasks["task_id"].str.split(":").str[0])["submitted_at"]
+    first_log_ends, second_log_starts = submits.max()["0"], submits.min()["1"]
+    gaps = np.diff(np.sort(tasks["submitted_at"].to_numpy(float)))
+    assert second_log_starts - first_log_ends == pytest.approx(gaps.mean())  # no coinciding arrivals

@@ -175,15 +175,21 @@ def _check_cells(frame: pd.DataFrame, where: str, numbers: Sequence[str], requir
 
 
 def _concat_logs(locations: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Several logs as one, each shifted to start where the previous one ended (keys stay apart)."""
+    """Several logs as one, laid end to end by their submissions (keys stay apart).
+
+    Each log is shifted so that its first submission comes one mean inter-arrival gap (of the
+    previous log) after the previous log's last submission: the arrivals run on at the rate they
+    had, whatever happened after them. Shifting past the previous log's last *finish* instead left
+    an arrival-free gap as long as its slowest task's tail (one task finishing 600 s late halved the
+    fitted rate of a 300 s log laid twice). The previous log's calls still running then overlap the
+    next log's first ones, as they would have in production had the traffic gone on.
+    """
     tasks_all, calls_all = [], []
     offset = 0.0
     for index, location in enumerate(locations):
         tasks, calls = read_call_log(location)
-        t0 = float(np.nanmin(np.concatenate([tasks["submitted_at"].to_numpy(float), [np.inf]])))
-        if not math.isfinite(t0):
-            t0 = 0.0
-        shift = offset - t0
+        submits = tasks["submitted_at"].to_numpy(float)
+        shift = offset - float(submits.min())
         for frame, cols in (
             (tasks, ("submitted_at", "started_at", "finished_at")),
             (calls, ("start", "end")),
@@ -192,11 +198,17 @@ def _concat_logs(locations: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.Data
                 frame[col] = frame[col].astype(float) + shift
             frame["key"] = f"{index}:" + frame["key"].astype(str)
             frame["task_id"] = f"{index}:" + frame["task_id"].astype(str)
-        ends = np.concatenate([tasks["finished_at"].dropna().to_numpy(float), calls["end"].to_numpy(float)])
-        offset = float(ends.max()) if len(ends) else offset
+        offset = float(submits.max()) + shift + _mean_gap(submits)
         tasks_all.append(tasks)
         calls_all.append(calls)
     return pd.concat(tasks_all, ignore_index=True), pd.concat(calls_all, ignore_index=True)
+
+
+def _mean_gap(submits: np.ndarray) -> float:
+    """The mean time between consecutive ``submits`` (the span over the gaps); 1 s when there is no
+    gap to measure (one submission, or all at one time), so the next log's first one never coincides."""
+    span = float(submits.max() - submits.min())
+    return span / (len(submits) - 1) if len(submits) > 1 and span > 0 else 1.0
 
 
 # ---------------------------------------------------------------------- fits
@@ -530,8 +542,9 @@ def calibrate(
     providers' prices and idempotency behaviour, which no log shows; ``arrival_bins`` is how many
     equal intervals the arrival rate is piecewise constant over; ``price_per_1k_units`` overrides
     the price (else the settings' provider's, else the default). ``duration_s`` is how long the
-    scenario's arrivals last (default: the log's span; several logs are laid end to end, so their
-    span is the sum): the fitted rates are kept and their shape is stretched to it.
+    scenario's arrivals last (default: the log's span; several logs are laid end to end, each one
+    mean inter-arrival gap after the previous one's last submission, so their span is the sum):
+    the fitted rates are kept and their shape is stretched to it.
 
     ``arrivals="replay"`` makes each (provider, priority) a ``replay`` workload of the log's own
     submit times; their CSVs are written to ``replay_dir`` (required then; the scenario file should
