@@ -102,6 +102,30 @@ def test_same_seed_same_trials_and_resumable(storm: Path, tmp_path: Path) -> Non
     assert resumed.trials.iloc[:3].equals(part.trials.iloc[:3])
 
 
+def test_a_resumed_study_is_the_scenarios_contents_not_its_name(storm: Path, tmp_path: Path) -> None:
+    """The stored study was found by the scenario's name: trials of an edited file with the same name
+    (or another file so named) mixed in, and the best reported no longer held. Now an edited scenario
+    starts a study of its own, and the same contents at another path resume theirs."""
+    args = dict(objective="cost_total", seeds=1, seed=4, progress=False)
+    params, db = ["retry.base_s=0.1:2"], tmp_path / "tune.db"
+    first = tune(storm, params, trials=2, storage=db, **args)
+    edited = tmp_path / "edited.toml"  # still named "retry_storm_429"; calls cost 100 times more
+    text = storm.read_text().replace(
+        "honours_idempotency = true", "honours_idempotency = true\nprice_per_1k_units = 0.2"
+    )
+    edited.write_text(text)
+    second = tune(edited, params, trials=3, storage=db, **args)
+    assert len(second.trials) == 3  # all run on the edited scenario: none of the first study's
+    assert second.trials["cost_total"].min() > 50 * first.trials["cost_total"].max()
+    assert second.best_values["cost_total"] > 50 * first.best_values["cost_total"]
+    moved = tmp_path / "moved" / "other.toml"
+    moved.parent.mkdir()
+    moved.write_text(text.replace('name = "retry_storm_429"', 'name = "renamed"'))
+    third = tune(moved, params, trials=4, storage=db, **args)
+    assert len(third.trials) == 4  # the edited scenario's three trials, one more
+    assert third.trials.iloc[:3].equals(second.trials.iloc[:3])
+
+
 def test_random_search_baseline_matches_its_definition() -> None:
     """The exact baseline against a brute-force count: every sequence of 2 draws over 4 points."""
     values, feasible = [3.0, 1.0, 2.0, 9.0], [True, True, True, False]

@@ -17,7 +17,8 @@ arrivals and the same per-request fates, so the difference is the settings', not
 - a trial that repeats a point already simulated in the same call reuses its results (same seeds,
   same results) instead of simulating again; it still counts as a trial;
 - resumable: with ``storage`` (an SQLite file), a tuning run that stops keeps its finished trials
-  and the next call with the same arguments continues to ``trials`` in all;
+  and the next call with the same arguments and the same scenario content continues to ``trials``
+  in all; an edited scenario starts a new study (its old trials' results no longer hold);
 - runs in this process (``engine="serial"``), in local worker processes (``"local"``: one trial's
   seeds in parallel) or on Dask (``"dask"``).
 
@@ -50,6 +51,7 @@ __all__ = [
     "TuneResult",
     "parse_constraint",
     "parse_param",
+    "scenario_digest",
     "tune",
 ]
 
@@ -398,6 +400,41 @@ class _Runner:
             self.cluster.close()
 
 
+def scenario_digest(scenario: Scenario) -> str:
+    """A digest (hex SHA-256) of what in ``scenario`` shapes a run's results: a resumed tuning study
+    is identified by it, so trials of an edited scenario never mix with the current one's.
+
+    The canonical form (:func:`~aiqsim.sim.scenario.scenario_to_dict`, keys sorted) without the name
+    and description, which change no result; a trace or replay arrivals file is stood for by a
+    digest of its contents, not its path (an edited file is another scenario, a moved folder is not).
+    """
+    from aiqsim.sim.scenario import scenario_to_dict
+
+    document = scenario_to_dict(scenario)
+    document["scenario"] = {k: v for k, v in document["scenario"].items() if k not in ("name", "description")}
+    for workload in document["workloads"]:
+        for key in ("trace", "arrivals"):
+            if isinstance(workload.get(key), str):
+                workload[key] = _file_digest(workload[key])
+    canonical = json.dumps(document, sort_keys=True, default=repr)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _file_digest(name: str) -> str:
+    """``sha256:<hex>`` of the file at ``name``; ``name`` itself when it is none (a built-in trace)."""
+    path = Path(name)
+    if not path.is_file():
+        return name
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return name  # read when the scenario was loaded; a run will say why it cannot be now
+    return f"sha256:{digest.hexdigest()}"
+
+
 def tune(
     scenario: Scenario | str | Path,
     params: Sequence[ParamSpec | str],
@@ -422,7 +459,10 @@ def tune(
     or several (NSGA-II, Pareto front), each minimised unless ``directions`` says ``maximize``;
     ``constraints`` are :class:`Constraint` or ``"success_latency_p99_s<=30"``; ``sampler`` overrides the
     choice (``"random"`` is the baseline search). ``storage`` is an SQLite file that makes the run
-    resumable. ``startup_trials``: TPE's random start-up trials (default: Optuna's, 10).
+    resumable: a call continues the stored study of the same scenario *content* (see
+    :func:`scenario_digest`) and the same search arguments; an edited scenario (or another one with
+    the same name) starts a study of its own in the same file, since the stored trials' results
+    would not hold for it. ``startup_trials``: TPE's random start-up trials (default: Optuna's, 10).
     Bad input raises :class:`ConfigurationError` before any simulation.
     """
     from aiqsim.sim.metrics import SUMMARY_KEYS
@@ -491,8 +531,8 @@ def tune(
     else:
         chosen = optuna.samplers.RandomSampler(seed=seed)
     identity = json.dumps(
-        [scenario.name, [s.describe() for s in specs], objectives, dirs, [str(c) for c in limits], seeds,
-         seed, sampler_name, *([] if startup_trials is None else [startup_trials])],
+        [scenario_digest(scenario), [s.describe() for s in specs], objectives, dirs, [str(c) for c in limits],
+         seeds, seed, sampler_name, *([] if startup_trials is None else [startup_trials])],
         sort_keys=True,
     )  # fmt: skip
     study_name = "aiqsim-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
