@@ -18,6 +18,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -448,6 +449,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from aiqsim.sim.scenario import load_scenario
     from aiqsim.sim.sweep import (
         SweepError,
+        SweepInterrupted,
         check_dask_address,
         check_sweep_size,
         grid_points,
@@ -486,15 +488,33 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         except SweepError as error:
             if error.results.empty:  # no run worked: nothing to keep (an empty file said nothing)
                 raise UsageError(f"{error}\nno run worked; nothing was written") from None
-            partial = args.out.with_name(args.out.stem + ".partial" + args.out.suffix)
+            partial = _partial_path(args.out)
             _write_frame(error.results, partial)
             message = f"{error}\nthe {len(error.results)} run(s) that worked are in {partial}"
             raise UsageError(message) from None
+        except SweepInterrupted as interrupt:  # main() says it in one line and exits 130
+            raise KeyboardInterrupt(_keep_interrupted(interrupt, args.out)) from None
         except OSError as error:  # e.g. a Dask scheduler address nobody answers at
             raise UsageError(f"the {args.engine} engine failed: {error}") from None
         _write_frame(frame, args.out)
     print(f"wrote {len(frame)} rows ({len(frame.columns)} columns) to {args.out}")
     return 0
+
+
+def _partial_path(out: Path) -> Path:
+    """Where a sweep that did not finish keeps the rows of the runs that worked: ``OUT.partial.csv``."""
+    return out.with_name(out.stem + ".partial" + out.suffix)
+
+
+def _keep_interrupted(interrupt: Any, out: Path) -> str:
+    """Write the rows of a :class:`~aiqsim.sim.sweep.SweepInterrupted` sweep's finished runs to the
+    partial file (none: nothing is written); what happened, in one line."""
+    done = f"{interrupt.finished} of {interrupt.total} run(s) finished"
+    if interrupt.results.empty:
+        return f"{done}; none worked, nothing was written"
+    partial = _partial_path(out)
+    _write_frame(interrupt.results, partial)
+    return f"{done}; the {len(interrupt.results)} that worked are in {partial}"
 
 
 def _write_frame(frame: Any, path: Path) -> None:
@@ -717,8 +737,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # a path the OS refuses (a name too long, a missing folder) no check named
         print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT if error.errno in _BAD_PATH_ERRNOS else EXIT_FAILED
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: no traceback; a command may say what it kept
+        # a simulation stopped half-way leaves coroutines it never started: not the user's concern
+        warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
+        print(f"interrupted: {interrupt}" if str(interrupt) else "interrupted", file=sys.stderr)
         return 130
     finally:
         sys.stdout = stdout

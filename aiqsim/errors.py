@@ -63,9 +63,11 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │       └── ResponseMismatchError          an answer that echoes another request's key
     └── SweepError (RuntimeError)          sweep runs that failed, with the rows that worked
 
-One deliberate exception stands outside the tree: ``aiqsim.sim.crash.SimulatedCrash`` is a
+Two deliberate exceptions stand outside the tree: ``aiqsim.sim.crash.SimulatedCrash`` is a
 ``BaseException`` so that no ``except Exception`` in scheduler code can mistake a simulated
-process death for a failure and carry on. ``tests/test_errors.py`` walks every module and
+process death for a failure and carry on; ``aiqsim.sim.sweep.SweepInterrupted`` is the
+``KeyboardInterrupt`` of a sweep stopped by Ctrl-C (it carries the finished runs' rows), so that
+code which stops on Ctrl-C still stops. ``tests/test_errors.py`` walks every module and
 checks each public exception class descends from :class:`AiqsimError`.
 """
 

@@ -14,8 +14,9 @@ import aiqsim.errors
 from aiqsim.core.errors import AiqsimError, ConfigurationError, SchedulingError, StoreError
 from aiqsim.core.failures import ProviderError
 
-OUTSIDE_THE_TREE = {"aiqsim.sim.crash.SimulatedCrash"}
-"""Deliberately a BaseException (see aiqsim.errors): a simulated death must not be caught as a failure."""
+OUTSIDE_THE_TREE = {"aiqsim.sim.crash.SimulatedCrash", "aiqsim.sim.sweep.SweepInterrupted"}
+"""Deliberately BaseExceptions (see aiqsim.errors): a simulated death must not be caught as a failure,
+and a sweep's Ctrl-C is a KeyboardInterrupt."""
 
 FAMILIES = (ConfigurationError, StoreError, SchedulingError, ProviderError)
 

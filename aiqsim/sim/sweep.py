@@ -89,6 +89,24 @@ class SweepError(AiqsimError, RuntimeError):
         self.results = results
 
 
+Outcomes = dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]]
+"""(grid point index, seed) -> (row, None) for a run that worked, (None, error) for one that failed."""
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped a sweep: ``results`` holds the rows of the runs that finished and
+    worked before it, ``finished`` how many runs had finished (failed ones too), ``total`` how many
+    were asked for. A ``KeyboardInterrupt``, outside the :class:`AiqsimError` tree (see
+    :mod:`aiqsim.errors`), so code that stops on Ctrl-C still stops and no ``except Exception``
+    carries on past it; ``aiqsim sweep`` writes ``results`` to ``OUT.partial.csv``."""
+
+    def __init__(self, results: pd.DataFrame, finished: int, total: int) -> None:
+        super().__init__(f"interrupted after {finished} of {total} sweep run(s)")
+        self.results = results
+        self.finished = finished
+        self.total = total
+
+
 def grid_size(grid: Mapping[str, Sequence[Any]]) -> int:
     """How many points the grid has (the product of its value counts), without building them."""
     size = 1
@@ -188,7 +206,8 @@ def sweep(
     ``{"retry.base_s": [0.1, 0.5, 2.0], "dispatch.policy": ["fifo", "sjf"]}``.
     ``engine="local"`` uses ``workers`` processes (all cores by default), ``"serial"`` runs in
     this process, ``"dask"`` submits to the ``dask.distributed`` scheduler at ``address`` (or a
-    new LocalCluster). Raises :class:`SweepError` listing the failed (point, seed) pairs.
+    new LocalCluster). Raises :class:`SweepError` listing the failed (point, seed) pairs, and
+    :class:`SweepInterrupted` (a ``KeyboardInterrupt``) with the finished rows on Ctrl-C.
     """
     from aiqsim.sim.scenario import load_scenario
 
@@ -223,44 +242,95 @@ def sweep(
     if not jobs:
         raise ConfigurationError("nothing to run: no seeds given")
     bar = RunProgress(len(jobs), label=f"sweep {scenario.name}", enabled=progress)
-    outcomes: dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]] = {}
-    if engine == "serial":
-        for index, point, seed in jobs:
-            outcomes[(index, seed)] = _safe_run(scenario, point, seed)
-            bar.advance(failed=outcomes[(index, seed)][1] is not None)
-    elif engine == "local":
-        count = workers or os.cpu_count() or 1
-        with ProcessPoolExecutor(max_workers=min(count, len(jobs))) as pool:
-            futures = {
-                pool.submit(_safe_run, scenario, point, seed): (index, seed) for index, point, seed in jobs
-            }
-            for future in as_completed(futures):
-                outcomes[futures[future]] = future.result()
-                bar.advance(failed=outcomes[futures[future]][1] is not None)
-    else:
-        outcomes = _run_on_dask(scenario, jobs, address=address, workers=workers, bar=bar)
-    bar.close()
-    rows, failures = [], []
-    for index, point, seed in jobs:
-        row, error = outcomes[(index, seed)]
-        if error is not None:
-            failures.append(RunFailure(point=point, seed=seed, error=error))
+    outcomes: Outcomes = {}
+    try:
+        if engine == "serial":
+            for index, point, seed in jobs:
+                outcomes[(index, seed)] = _safe_run(scenario, point, seed)
+                bar.advance(failed=outcomes[(index, seed)][1] is not None)
+        elif engine == "local":
+            _run_locally(scenario, jobs, outcomes, workers=workers, bar=bar)
         else:
-            rows.append(row)
-    frame = pd.DataFrame(rows)
+            _run_on_dask(scenario, jobs, outcomes, address=address, workers=workers, bar=bar)
+    except KeyboardInterrupt:  # keep what finished: hours of runs are not thrown away by one Ctrl-C
+        bar.close()
+        raise SweepInterrupted(_rows(jobs, outcomes)[0], len(outcomes), len(jobs)) from None
+    bar.close()
+    frame, failures = _rows(jobs, outcomes)
     if failures:
         raise SweepError(failures, frame)
     return frame
 
 
+def _rows(
+    jobs: list[tuple[int, dict[str, Any], int]], outcomes: Outcomes
+) -> tuple[pd.DataFrame, list[RunFailure]]:
+    """The rows of the runs in ``outcomes`` that worked, in ``jobs`` order, and the failures; a run
+    not (yet) in ``outcomes`` is in neither."""
+    rows, failures = [], []
+    for index, point, seed in jobs:
+        if (index, seed) not in outcomes:
+            continue
+        row, error = outcomes[(index, seed)]
+        if error is not None:
+            failures.append(RunFailure(point=point, seed=seed, error=error))
+        else:
+            rows.append(row)
+    return pd.DataFrame(rows), failures
+
+
+def _run_locally(
+    scenario: Scenario,
+    jobs: list[tuple[int, dict[str, Any], int]],
+    outcomes: Outcomes,
+    *,
+    workers: int | None,
+    bar: RunProgress,
+) -> None:
+    """Run ``jobs`` in worker processes, filling ``outcomes`` as each finishes.
+
+    The workers ignore SIGINT: a Ctrl-C at a terminal (sent to the whole process group) reaches
+    this process only, which then cancels the queued runs and stops the workers at once (leaving
+    the pool to finish them would run the whole rest of the sweep before the interrupt was seen).
+    """
+    count = workers or os.cpu_count() or 1
+    with ProcessPoolExecutor(max_workers=min(count, len(jobs)), initializer=_ignore_interrupts) as pool:
+        futures = {
+            pool.submit(_safe_run, scenario, point, seed): (index, seed) for index, point, seed in jobs
+        }
+        try:
+            for future in as_completed(futures):
+                outcomes[futures[future]] = future.result()
+                bar.advance(failed=outcomes[futures[future]][1] is not None)
+        except KeyboardInterrupt:
+            _stop_pool(pool)
+            raise
+
+
+def _ignore_interrupts() -> None:
+    """A sweep worker's initializer: leave SIGINT to the parent process (see :func:`_run_locally`)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel ``pool``'s queued runs and end the runs in progress (their rows would be lost anyway)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    processes = getattr(pool, "_processes", None) or {}  # no public way to stop them before Python 3.14
+    for process in list(processes.values()):
+        process.terminate()
+
+
 def _run_on_dask(
     scenario: Scenario,
     jobs: list[tuple[int, dict[str, Any], int]],
+    outcomes: Outcomes,
     *,
     address: str | None,
     workers: int | None,
     bar: RunProgress,
-) -> dict[tuple[int, int], tuple[dict[str, Any] | None, str | None]]:
+) -> None:
     try:
         from dask.distributed import Client, LocalCluster
         from dask.distributed import as_completed as dask_completed
@@ -283,11 +353,9 @@ def _run_on_dask(
             client.submit(_safe_run, scattered, point, seed, pure=False): (index, seed)
             for index, point, seed in jobs
         }
-        outcomes = {}
         for future in dask_completed(futures):
             outcomes[futures[future]] = future.result()
             bar.advance(failed=outcomes[futures[future]][1] is not None)
-        return outcomes
     finally:
         client.close()
         if cluster is not None:

@@ -1,0 +1,129 @@
+"""Ctrl-C during a sweep keeps the finished runs: ``sweep()`` raises SweepInterrupted (a
+KeyboardInterrupt) with their rows, and ``aiqsim sweep`` writes them to ``OUT.partial.csv``, says so
+in one line and exits 130, without a traceback. Every finished run used to be thrown away (and with
+the local engine the pool first ran the rest of the sweep, then lost it all)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from aiqsim.sim.sweep import SweepInterrupted, sweep
+
+sweep_module = importlib.import_module("aiqsim.sim.sweep")  # aiqsim.sim.sweep is also the function
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = """
+[scenario]
+name = "steady"
+duration_s = 1500
+drain_s = 60
+
+[[providers]]
+name = "llm"
+latency_base_s = 0.4
+latency_per_unit_s = 0.003
+server_requests_per_min = 120
+rate_limit_prob = 0.05
+
+[quotas.llm]
+concurrency = 8
+
+[[workloads]]
+type = "poisson"
+provider = "llm"
+rate_per_s = 1.0
+"""
+"""About 0.15 s a run on a quiet machine: 200 runs take far longer than the test waits for one."""
+
+FINISHED = re.compile(r"\b([1-9]\d*)/200\b")
+"""The progress bar's count once at least one run has finished."""
+
+
+def test_an_interrupted_sweep_raises_with_the_rows_of_the_finished_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    real = sweep_module._safe_run
+    calls = []
+
+    def interrupted_on_the_third(*args: object) -> object:
+        calls.append(args)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(sweep_module, "_safe_run", interrupted_on_the_third)
+    (tmp_path / "steady.toml").write_text(SCENARIO.replace("1500", "30"))
+    with pytest.raises(SweepInterrupted) as caught:
+        sweep(
+            tmp_path / "steady.toml",
+            {"retry.base_s": [0.1, 0.2]},
+            seeds=range(3),
+            engine="serial",
+            progress=False,
+        )
+    assert isinstance(caught.value, KeyboardInterrupt)
+    assert (caught.value.finished, caught.value.total) == (2, 6)
+    assert list(caught.value.results["seed"]) == [0, 1]
+
+
+def _read_into(stream: object, chunks: list[str]) -> None:
+    for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):  # type: ignore[attr-defined]
+        chunks.append(chunk.decode("utf-8", "replace"))
+
+
+@pytest.mark.parametrize("engine", ["serial", "local"])
+def test_ctrl_c_during_aiqsim_sweep_keeps_the_finished_runs(tmp_path: Path, engine: str) -> None:
+    scenario, out = tmp_path / "steady.toml", tmp_path / "out" / "sweep.csv"
+    scenario.write_text(SCENARIO)
+    values = ",".join(str(round(0.05 * i, 2)) for i in range(1, 21))
+    workers = ["--workers", "2"] if engine == "local" else []
+    command = [sys.executable, "-m", "aiqsim", "sweep", str(scenario), "--grid", f"retry.base_s={values}",
+               "--seeds", "10", "--engine", engine, *workers, "--out", str(out)]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background shell ignores it
+    )
+    chunks: list[str] = []
+    reader = threading.Thread(target=_read_into, args=(process.stderr, chunks), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300  # a loaded machine: the first run may take a while
+        while not FINISHED.search("".join(chunks)):
+            assert process.poll() is None, "".join(chunks)
+            assert time.monotonic() < deadline, f"no run finished in 300 s: {''.join(chunks)!r}"
+            time.sleep(0.05)
+        seen = max(int(n) for n in FINISHED.findall("".join(chunks)))
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    reader.join(timeout=10)
+    err = "".join(chunks)
+    assert "Traceback" not in err and "never awaited" not in err, err
+    last = err.replace("\r", "\n").strip().splitlines()[-1]
+    match = re.fullmatch(
+        r"interrupted: (\d+) of 200 run\(s\) finished; the (\d+) that worked are in (.+)", last
+    )
+    assert match, last
+    finished, kept, partial = int(match[1]), int(match[2]), Path(match[3])
+    assert seen <= finished < 200 and kept == finished
+    assert partial == out.with_name("sweep.partial.csv")
+    assert len(pd.read_csv(partial)) == kept
+    assert not out.exists()  # the sweep did not finish: only the partial file
