@@ -161,6 +161,34 @@ def test_a_timeout_inside_the_awaited_work_is_its_own_not_the_deadline_of_wait_f
 
 
 @both
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_the_timeout_wins_over_what_the_cancelled_work_ends_with(rt_name: str, ending: str) -> None:
+    """Before: on asyncio, work that caught the deadline's cancellation and returned what it had
+    made the attempt succeed with it ('partial'), and a cleanup error on the way out was reported
+    instead of the timeout; SimPyRuntime reported the timeout in both cases (review)."""
+
+    async def body(rt):
+        async def swallowing() -> str:
+            try:
+                await rt.sleep(100)
+            except Cancelled:
+                if ending == "returns":
+                    return "partial"
+                raise RuntimeError("stream closed while reading") from None
+            return "full"
+
+        try:
+            outcome = await rt.wait_for(swallowing(), 3)
+        except TimeoutError as error:
+            return "timed out", type(error.__cause__).__name__
+        return "returned", outcome
+
+    said, detail = run_on(rt_name, body)
+    assert said == "timed out"
+    assert detail == ("NoneType" if ending == "returns" else "RuntimeError")
+
+
+@both
 def test_wait_for_times_out_and_cancels_the_inner_work(rt_name: str) -> None:
     async def body(rt):
         seen = []

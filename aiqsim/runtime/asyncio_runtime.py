@@ -26,11 +26,36 @@ class _OwnTimeout(Exception):
         self.error = error
 
 
+class _EndedWhenCancelled(Exception):
+    """The deadline cancelled the awaited work, and the work ended with an outcome of its own
+    instead (it returned what it had, or its cleanup raised): ``asyncio.wait_for`` passes that
+    outcome on, where SimPyRuntime says the timeout wins, as it should (the answer is late)."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        super().__init__()
+        self.error = error
+
+
+def _cancel_requested() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def _marking_own_timeouts(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` inside wait_for's task, marking the two outcomes wait_for cannot tell."""
     try:
-        return await awaitable
-    except TimeoutError as error:
-        raise _OwnTimeout(error) from None
+        result = await awaitable
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        if _cancel_requested():
+            raise _EndedWhenCancelled(error) from None
+        if isinstance(error, TimeoutError):
+            raise _OwnTimeout(error) from None
+        raise
+    if _cancel_requested():
+        raise _EndedWhenCancelled(None)
+    return result
 
 
 class AsyncioRuntime:
@@ -84,6 +109,9 @@ class AsyncioRuntime:
         except _OwnTimeout as own:  # the awaited work's own TimeoutError, not this deadline's
             error = own.error
             raise error from error.__cause__
+        except _EndedWhenCancelled as ended:  # the timeout wins over what the cancelled work did
+            cause = ended.error
+            raise DeadlineExceeded(f"timed out after {timeout:g} s") from cause
         except TimeoutError as error:
             # say which deadline, as SimPyRuntime does ("timed out after 60 s (virtual)")
             raise DeadlineExceeded(f"timed out after {timeout:g} s") from error.__cause__
