@@ -1037,3 +1037,53 @@ def test_a_lane_paused_while_a_task_waits_at_a_gate_holds_that_task_too() -> Non
     runtime.run(body())
     late = [(at, payload) for at, payload in provider.sent if payload in ("a", "b")]
     assert late and all(at >= 32.0 for at, _ in late), provider.sent
+
+
+@pytest.mark.parametrize("broken_event", ["UsageAnomaly", "LanePaused"])
+def test_a_sink_that_breaks_after_a_probes_answer_does_not_hold_the_breaker_half_open(
+    broken_event: str,
+) -> None:
+    """Before: when the event sink raised between a half-open breaker's probe answer and the gates
+    being told (on the probe's UsageAnomaly, or a 429's LanePaused), the gates never heard of the
+    attempt: the breaker waited on its probe for ever and refused every later attempt (review).
+    The gates are now told the sent attempt was abandoned."""
+    from aiqsim.core.failures import RateLimitError, ServerError
+    from aiqsim.scheduler.provider import ProviderResponse
+
+    runtime = SimPyRuntime()
+
+    class Provider:
+        name = "llm"
+
+        async def call(self, request: Any) -> ProviderResponse:
+            await runtime.sleep(1)
+            text = request.payload["input"]
+            if text.startswith("bad"):
+                raise ServerError("boom")
+            if text == "probe" and broken_event == "LanePaused":
+                raise RateLimitError("slow down", retry_after_s=1.0, quota_spent=True)
+            return ProviderResponse(result=text, usage=-5 if text == "probe" else None)
+
+    def sink(event: Any) -> None:
+        if type(event).__name__ == broken_event:
+            raise RuntimeError("metrics backend down")
+
+    breaker = CircuitBreaker(failure_threshold=2, window_s=60, cooldown_s=10)
+    scheduler = Scheduler(
+        runtime, [Provider()], gates=[breaker], events=sink, retry=RetryPolicy(max_attempts=1)
+    )
+
+    async def main() -> list[str]:
+        for n in range(2):
+            await scheduler.submit("llm", {"input": f"bad{n}"}).wait()
+        assert breaker.state("llm", runtime.now()) == "open"
+        await runtime.sleep(15)
+        probe = await scheduler.submit("llm", {"input": "probe"}).wait()
+        assert probe.status is TaskStatus.FAILED and "metrics backend down" in (probe.error or "")
+        later = []
+        for moment in (40.0, 100.0):
+            await runtime.sleep(moment - runtime.now())
+            later.append((await scheduler.submit("llm", {"input": f"later{moment}"}).wait()).status.value)
+        return later
+
+    assert runtime.run(main()) == ["succeeded", "succeeded"]

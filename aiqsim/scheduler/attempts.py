@@ -18,6 +18,7 @@ from aiqsim.core.failures import (
     POISON,
     RETRYABLE,
     AttemptRejectedError,
+    FailureClass,
     PoisonInputError,
     ProviderCancelledError,
     ProviderContractError,
@@ -66,6 +67,7 @@ class AttemptLoop:
         previous_delay: float | None = None
         cause: BaseException | None = None
         admitted = False  # a retry the gates admitted before its backoff, not yet sent
+        gates_owed = False  # an attempt was sent and the gates have not yet been told how it ended
         try:
             poison = self.store.poison_error(record.key)
             if poison is not None:
@@ -118,6 +120,7 @@ class AttemptLoop:
                 )  # fmt: skip
                 start = runtime.now()
                 live.in_call = True  # the call is sent: its answer is awaited
+                gates_owed = True
                 try:
                     call = lane.provider.call(request)
                     if type(call) not in _AWAITABLE_TYPES and not _is_awaitable(call):
@@ -146,8 +149,9 @@ class AttemptLoop:
                     pause, too_long = policy.retry_after_wait(retry_after)
                     if pause is not None and isinstance(error, RateLimitError):
                         self._pause_for_rate_limit(lane, error, record.id, now, pause, policy)
-                    for gate in self.gates:
-                        tell_gate(gate, lane.name, is_retry, failure, error, now, task_id=record.id)
+                    gates_owed = False
+                    if self.gates:
+                        self._tell_gates(lane.name, is_retry, failure, error, now, record.id)
                     if too_long:
                         self._emit_attempt(
                             live, attempts, start, now, error, "retry_after_too_long", retry_after, None
@@ -205,8 +209,9 @@ class AttemptLoop:
                 lane.quota.release(reservation, now)
                 reservation = None
                 self._quota_returned(lane)
-                for gate in self.gates:
-                    tell_gate(gate, lane.name, is_retry, None, None, now, task_id=record.id)
+                gates_owed = False
+                if self.gates:
+                    self._tell_gates(lane.name, is_retry, None, None, now, record.id)
                 if self.events is not None:  # checked here too: no call at all without a sink
                     self._emit_attempt(
                         live, attempts, start, now, None, "done", None, None, usage, response=response
@@ -237,6 +242,10 @@ class AttemptLoop:
             # task stays ``running`` in the store, for recover() to reconcile, as after a crash.
             if isinstance(error, GeneratorExit):
                 raise  # the coroutine is being closed: no bookkeeping is possible
+            if gates_owed:  # e.g. a sink broke between the answer and the gates: a breaker's
+                # probe would otherwise hold it half-open for ever
+                for gate in reversed(self.gates):
+                    abandon_at_gate(gate, lane.name, tries > 1, True, runtime.now(), task_id=record.id)
             if admitted:
                 self._abandon_early(lane.name, record.id)
             if reservation is not None:
@@ -429,6 +438,27 @@ class AttemptLoop:
             return None
         now = self.runtime.now()
         return ask_gates(gates, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
+
+    def _tell_gates(
+        self,
+        provider: str,
+        is_retry: bool,
+        failure: FailureClass | None,
+        error: BaseException | None,
+        now: float,
+        task_id: str,
+    ) -> None:
+        """Tell every gate how a sent attempt ended. A gate that raises does not keep the others
+        from hearing it (a breaker not told would wait on its probe for ever); the first error is
+        raised once all were told."""
+        broken: Exception | None = None
+        for gate in self.gates:
+            try:
+                tell_gate(gate, provider, is_retry, failure, error, now, task_id=task_id)
+            except Exception as gate_error:
+                broken = broken or gate_error
+        if broken is not None:
+            raise broken
 
     def _abandon_early(self, provider: str, task_id: str) -> None:
         """Tell the gates that charged a retry before its backoff that it will not be sent."""
