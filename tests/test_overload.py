@@ -9,6 +9,7 @@ of steady load.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -1087,3 +1088,22 @@ def test_a_sink_that_breaks_after_a_probes_answer_does_not_hold_the_breaker_half
         return later
 
     assert runtime.run(main()) == ["succeeded", "succeeded"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ({"bucket_s": math.inf}, "bucket_s must be a finite number"),
+        ({"bucket_s": math.nan}, "bucket_s must be a finite number"),
+        ({"scale_constant": math.inf}, "scale_constant must be a finite number"),
+        ({"min_rate": math.inf}, "min_rate must be a finite number"),
+        ({"min_rate": "1"}, "min_rate must be a finite number"),
+    ],
+)
+def test_an_adaptive_rate_limiter_refuses_infinite_settings_when_made(
+    setting: dict[str, Any], said: str
+) -> None:
+    """Before: AdaptiveRateLimiter(bucket_s=inf) was accepted, then every task failed with a raw
+    ZeroDivisionError at its first response (1/inf buckets); inf passed each ``> 0`` check (review)."""
+    with pytest.raises(ConfigurationError, match=said):
+        AdaptiveRateLimiter(**setting)
