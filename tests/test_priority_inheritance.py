@@ -93,6 +93,32 @@ def test_a_retrying_owner_inherits_for_its_next_attempt(duplicate_at: float, whe
     assert duplicate.finished_at == pytest.approx(3.0)  # 5.0 without inheritance
 
 
+def test_a_lifted_owners_retry_tells_the_provider_its_new_priority() -> None:
+    """Before: the retry of a background owner lifted by an interactive duplicate took its ticket in
+    the interactive line, but its ProviderRequest still said BACKGROUND (the attempt loop built every
+    request from the record it held at the first try; review)."""
+    runtime = SimPyRuntime()
+    seen: list[tuple[int, Priority]] = []
+
+    class Recording(ScriptedProvider):
+        async def call(self, request: Any) -> Any:
+            seen.append((request.attempt, request.priority))
+            return await super().call(request)
+
+    provider = Recording(runtime, latency_s=1.0, script={"a": ["500", "ok"]})
+
+    async def main() -> None:
+        scheduler = _scheduler(runtime, provider)
+        owner = scheduler.submit("llm", {"input": "a"}, priority=Priority.BACKGROUND)
+        await runtime.sleep(1.2)  # the owner is in its backoff
+        duplicate = scheduler.submit("llm", {"input": "a"}, priority=Priority.INTERACTIVE)
+        await owner.wait()
+        await duplicate.wait()
+
+    runtime.run(main())
+    assert seen == [(1, Priority.BACKGROUND), (2, Priority.INTERACTIVE)]
+
+
 def test_a_running_owner_has_nothing_to_move_and_its_duplicate_is_exempt_from_the_limit() -> None:
     runtime = SimPyRuntime()
     provider = ScriptedProvider(runtime, latency_s=1.0)

@@ -113,10 +113,11 @@ class AttemptLoop:
                         self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
                         return
                 # positional, in ProviderRequest's field order (task_id, idempotency_key, kind, payload,
-                # cost_estimate, attempt, priority; tests/test_slot_init.py): keyword calls are slower
+                # cost_estimate, attempt, priority; tests/test_slot_init.py): keyword calls are slower.
+                # The priority is the live record's: a duplicate may have lifted it since the first try.
                 request = new_request(
                     record.id, record.key, record.kind, record.payload, record.cost_estimate, attempts,
-                    record.priority,
+                    live.record.priority,
                 )  # fmt: skip
                 start = runtime.now()
                 live.in_call = True  # the call is sent: its answer is awaited
