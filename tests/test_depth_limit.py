@@ -680,3 +680,44 @@ def test_a_job_whose_first_stage_ends_at_once_is_judged_by_the_stage_it_launches
     assert started == pytest.approx(6.0)
     assert record.status.value == "succeeded" and record.finished_at == pytest.approx(11.0)
     assert [when for when, _, _ in llm.calls] == [1.0, 6.0]  # busy, then b: nothing else on llm
+
+
+@pytest.mark.parametrize("limit", [0, 5])
+def test_first_attempts_a_wait_mode_gate_holds_back_count_against_the_limit(limit: int) -> None:
+    """Before: while a wait-mode circuit breaker was open, every submission was dispatched at once,
+    found the gate shut, gave its quota back and slept outside the queues: the depth limit never
+    saw them (interactive_limit=5 accepted 200 in 20 s, none refused; review). A first attempt a
+    gate holds back waits, so it counts; and a request its gate would hold does not 'start now'."""
+    from aiqsim import RetryPolicy
+    from aiqsim.overload import CircuitBreaker
+
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0, script={"bad0": ["500"], "bad1": ["500"]})
+    breaker = CircuitBreaker(failure_threshold=2, window_s=60, cooldown_s=60, mode="wait")
+    scheduler = Scheduler(
+        runtime,
+        [provider],
+        quotas={"llm": QuotaLimits(concurrency=2)},
+        gates=[breaker],
+        retry=RetryPolicy(max_attempts=1),
+        interactive_limit=limit,
+    )
+
+    async def main() -> tuple[int, int, list[str]]:
+        for n in range(2):
+            await scheduler.submit("llm", {"input": f"bad{n}"}).wait()
+        assert breaker.state("llm", runtime.now()) == "open"
+        accepted, refused, handles = 0, 0, []
+        for n in range(50):
+            await runtime.sleep(0.1)
+            try:
+                handles.append(scheduler.submit("llm", {"input": f"x{n}"}, priority=Priority.INTERACTIVE))
+                accepted += 1
+            except QueueFullError:
+                refused += 1
+        finished = [(await handle.wait()).status.value for handle in handles]
+        return accepted, refused, finished
+
+    accepted, refused, finished = runtime.run(main())
+    assert (accepted, refused) == (limit, 50 - limit)
+    assert finished == ["succeeded"] * limit  # the held ones still run once the breaker lets them

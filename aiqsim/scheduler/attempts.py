@@ -407,7 +407,15 @@ class AttemptLoop:
                         lane.quota.cancel(reservation, runtime.now())
                         reservation = None
                         self._quota_returned(lane)
-                    await runtime.sleep(wait)
+                    if is_retry:
+                        await runtime.sleep(wait)
+                    else:  # a first attempt held back waits as a queued task does: the depth limit counts it
+                        held = live.record.priority
+                        self._gate_held[held] += 1
+                        try:
+                            await runtime.sleep(wait)
+                        finally:
+                            self._gate_held[held] -= 1
                 elif reservation is None:
                     reservation = await self._await_ticket(lane, live)  # then ask the gates again
                 else:

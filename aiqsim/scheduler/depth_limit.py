@@ -131,35 +131,52 @@ class DepthLimit:
                 replaced.add(id(replacing))
         if not probes:
             return True  # nothing would be queued (a job whose first calls are all duplicates)
+        probe_lanes = {id(probe): lane.name for lane, probe in probes}
         try:
             starting: set[str] = set()
             with_probes = list(dict.fromkeys(lane.head for lane, _ in probes))
             probes_started = 0
             for head in with_probes:
-                probes_started += self._trial_dispatch(head, now, priority, starting, replaced)
+                probes_started += self._trial_dispatch(head, now, priority, starting, replaced, probe_lanes)
             if probes_started == len(probes):
                 return True
             for head in self._lane_heads:  # what leaves the other lanes' queues in this instant
                 if head not in with_probes and len(head.queues[priority]):
-                    self._trial_dispatch(head, now, priority, starting, replaced)
+                    self._trial_dispatch(head, now, priority, starting, replaced, probe_lanes)
             return self._depth(priority, starting) < limit
         finally:
             for lane, probe in probes:
                 lane.queues[priority].pop(probe)
 
     def _trial_dispatch(
-        self, lane: Lane, now: float, priority: Priority, starting: set[str], replaced: set[int]
+        self,
+        lane: Lane,
+        now: float,
+        priority: Priority,
+        starting: set[str],
+        replaced: set[int],
+        probe_lanes: dict[int, str],
     ) -> int:
         """Take ``lane``'s candidates in dispatch order against a trial of its quota, up to the
         first it would not grant. Adds the queued tasks of ``priority`` that would start (or leave
         the queue, failed for a cost the quota can never grant) to ``starting``; returns how many
-        probes would start. ``replaced`` holds the ids of the queue items that probes stand for."""
+        probes would start. ``replaced`` holds the ids of the queue items that probes stand for,
+        ``probe_lanes`` the provider of each probe (by id). A queued task whose provider's gates
+        hold first attempts back does not start: it would take its quota only to give it back and
+        wait (:meth:`~aiqsim.scheduler.attempts.AttemptLoop._wait_for_gates`)."""
         trial = QuotaTrial(lane.quota)
         probes_started = 0
+        held: dict[str, bool] = {}
         try:
             for candidate, klass in self._start_order(lane, now):
                 if id(candidate) in replaced:
                     continue  # it is a probe now, in its new class
+                if self.gates and isinstance(candidate, QueueItem):
+                    provider = probe_lanes.get(id(candidate)) or self._live[candidate.task_id].record.provider
+                    if provider not in held:
+                        held[provider] = self._gate_wait(provider, False) > 0
+                    if held[provider]:
+                        continue  # a gate holds it back: it waits, and keeps no quota
                 try:
                     granted = trial.try_reserve(candidate.cost, now) is not None
                 except QuotaConfigError:

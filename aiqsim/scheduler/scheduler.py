@@ -284,7 +284,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         "_early_gates", "_late_gates", "_create_future", "_commit",
         # its lanes and tasks
         "_lanes", "_lane_heads", "_live", "_queued", "_seq", "_waiters", "_watchers", "_unpersisted",
-        "_healing", "_idle", "_jobs",
+        "_healing", "_idle", "_jobs", "_gate_held",
         # its lifecycle and what it counted
         "_started", "_closing", "_closed", "_crashed", "anomalies", "store_write_failures",
         # for users, empty unless they use it
@@ -369,6 +369,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             Priority.BACKGROUND: checked_queue_limit(background_limit, "background_limit"),
         }
         self._queued = dict.fromkeys(Priority, 0)
+        self._gate_held = dict.fromkeys(Priority, 0)
+        """First attempts a gate holds back (a wait-mode breaker, an adaptive rate): they wait, as
+        queued tasks do, so the depth limit counts them (:meth:`_depth`)."""
         if not isinstance(providers, Mapping):
             providers = {p.name: p for p in providers}
         if quotas is not None and not isinstance(quotas, Mapping):
@@ -613,8 +616,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         """Queued requests of ``priority`` as its depth limit counts them (a job counts once),
         leaving out the queued tasks in ``starting`` (they start in this instant)."""
         if self._jobs is None:
-            return self._queued[priority] - len(starting)
-        return self._jobs.depth(priority, starting)
+            return self._queued[priority] + self._gate_held[priority] - len(starting)
+        return self._jobs.depth(priority, starting) + self._gate_held[priority]
 
     def _cost_estimate(self, lane: Lane, kind: str, payload: Any, given: float | None) -> float:
         """The quota cost a call is submitted with: ``given``, else the provider's estimate, else 0.
