@@ -207,6 +207,27 @@ def test_without_headers_the_limit_is_estimated_from_where_429s_start(tmp_path: 
     assert fit.random_429s <= 0.05 * fit.limit_429s  # the storm's 429s are the limit's, not random
 
 
+def test_without_headers_random_429s_fit_no_limit_below_what_was_admitted(
+    truth: Path, tmp_path: Path
+) -> None:
+    """Before: a log whose 429s were all random (10%; the server's 180/min never reached) fitted a
+    server limit of 90/min from the 429s at the busiest times, although 96 attempts had been
+    admitted in one minute (review). 429s that are no more frequent when the minute is busiest
+    fit no limit; they are random, at their own rate."""
+    import pandas as pd
+
+    simulate(truth, seed=3, overrides={"workloads[0].rate_per_s": 1.0}).call_log.write(tmp_path / "log")
+    calls = pd.read_csv(tmp_path / "log" / "calls.csv")
+    for column in CALL_LOG_COLUMNS[-6:]:  # as a provider without rate-limit headers would leave them
+        calls[column] = None
+    calls.to_csv(tmp_path / "log" / "calls.csv", index=False)
+    fitted = calibrate(tmp_path / "log")
+    fit = fitted.providers["llm"]
+    assert fit.server_requests_per_min is None and fit.limits_from == "none" and fit.limit_429s == 0
+    assert _within_sampling(fit.rate_limit_prob, 0.1, fit.attempts)
+    assert any("no server limit fitted" in flag for flag in fitted.flags)
+
+
 def test_call_log_where_it_cannot_be_written_is_a_call_log_error(tmp_path: Path) -> None:
     from aiqsim.scheduler.call_log import CallLog, CallLogError
 
