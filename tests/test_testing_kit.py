@@ -156,21 +156,27 @@ def test_option_parsing_and_messages() -> None:
     assert parse_crash_points("all") is None
     assert parse_crash_points("sample:7") == 7
     assert parse_replay("3:17") == CrashCase(3, 17)
+    assert parse_replay("3:b17") == CrashCase(3, 17, before=True)
     assert parse_replay(None) is None
     for bad, parse in (("0", parse_seeds), ("x", parse_seeds), ("sample:0", parse_crash_points)):
         with pytest.raises(KitOptionError, match="expects"):
             parse(bad)
-    with pytest.raises(KitOptionError, match="SEED:POINT"):
-        parse_replay("3-17")
+    for bad_replay in ("3-17", "3:b0", "3:b", "3:x17"):
+        with pytest.raises(KitOptionError, match="SEED:POINT"):
+            parse_replay(bad_replay)
     assert CrashCase(3, 17).replay_option == "--aiqsim-replay 3:17"
+    assert CrashCase(3, 17, before=True).replay_option == "--aiqsim-replay 3:b17"
+    assert str(CrashCase(3, 17, before=True)) == "seed 3, crash before store write #17"
 
 
 def test_crash_point_samples_are_seeded_and_within_range() -> None:
-    assert select_crash_points(5, 0, None) == [1, 2, 3, 4, 5]
-    assert select_crash_points(5, 0, 9) == [1, 2, 3, 4, 5]
+    every = [case.point for case in select_crash_points(3, 0, None)]
+    assert every == ["b1", "1", "b2", "2", "b3", "3"]  # before and after each write, in time order
+    assert [case.point for case in select_crash_points(3, 0, 9)] == every
     first = select_crash_points(100, 3, 10)
     assert first == select_crash_points(100, 3, 10)
-    assert len(first) == 10 and all(1 <= k <= 100 for k in first) and first == sorted(first)
+    order = [(case.crash_point, not case.before) for case in first]
+    assert len(first) == 10 and all(1 <= k <= 100 for k, _ in order) and order == sorted(order)
     assert first != select_crash_points(100, 4, 10)
 
 
@@ -209,7 +215,9 @@ def test_driver_with_lookup_loses_nothing_and_bills_each_key_once() -> None:
         keep_outcomes=True,
     )
     assert report.cases == sum(len(p) for p in report.crash_points.values()) + 2
-    assert all(report.crash_points[s] == tuple(range(1, report.writes_per_seed[s] + 1)) for s in (0, 1))
+    for seed in (0, 1):
+        writes = range(1, report.writes_per_seed[seed] + 1)
+        assert report.crash_points[seed] == tuple(p for k in writes for p in (f"b{k}", f"{k}"))
     assert report.duplicate_executions == 0
     completed = sum(r.orphans_completed for o in report.outcomes for r in o.recoveries)
     assert completed > 0  # some crashes did land mid-call, and lookup finished those calls
@@ -224,7 +232,7 @@ def test_driver_catches_blind_resends_and_replays_the_exact_case() -> None:
     message = str(caught.value)
     assert re.search(r"key '[0-9a-f]+' was executed 2 times", message), message
     case = caught.value.case  # type: ignore[attr-defined]
-    assert f"pytest 'tests/x.py::t' --aiqsim-replay {case.seed}:{case.crash_point}" in message
+    assert f"pytest 'tests/x.py::t' --aiqsim-replay {case.seed}:{case.point}" in message
     first_line = message.splitlines()[1]
 
     replayed = CrashDriver(CrashOptions(replay=case), label="tests/x.py::t")
@@ -289,6 +297,68 @@ def test_driver_detects_a_scenario_that_is_not_deterministic() -> None:
 
     with pytest.raises(InvariantViolation, match="not deterministic"):
         CrashDriver(CrashOptions(seeds=(0,))).run(drifting, providers=llm())
+
+
+def charge_card(world):  # type: ignore[no-untyped-def]
+    """A user's provider that charges a card without an idempotency key and has no lookup."""
+    from aiqsim.http import CallableProvider
+
+    async def charge(request):  # type: ignore[no-untyped-def]
+        await world.runtime.sleep(0.4)  # the call
+        world.effects.record(f"order-{request.payload['id']}", what="charge card")
+        await world.runtime.sleep(0.1)
+        return {"charged": request.payload["id"]}
+
+    return [CallableProvider("charge", charge)]
+
+
+async def one_order(life: Life) -> None:
+    life.submit("charge", {"id": 1}, task_id="order-1")
+    await life.join()
+
+
+def test_driver_crashes_before_a_write_after_the_side_effect_since_the_last_one() -> None:
+    """One task makes three writes (submitted, running, succeeded); the charge happens between the
+    last two. A crash right *after* each write never lands between charge and result; the crash
+    right *before* write 3 does, and the re-sent orphan charges the card twice."""
+    driver = CrashDriver(CrashOptions(seeds=(0,)), label="t.py::t")
+    recover = {"requeue_interrupted": True}
+    with pytest.raises(InvariantViolation) as caught:
+        driver.run(one_order, providers=charge_card, recover_options=recover)
+    message = str(caught.value)
+    assert "failed at seed 0, crash before store write #3" in message, message
+    assert "key 'order-1' was executed 2 times (charge card at t=0.4s in life 0; charge card" in message
+    assert "pytest 't.py::t' --aiqsim-replay 0:b3" in message
+    assert caught.value.case == CrashCase(0, 3, before=True)  # type: ignore[attr-defined]
+
+    replayed = CrashDriver(CrashOptions(replay=CrashCase(0, 3, before=True)))
+    with pytest.raises(InvariantViolation, match="crash before store write #3"):
+        replayed.run(one_order, providers=charge_card, recover_options=recover)
+    after = CrashDriver(CrashOptions(replay=CrashCase(0, 3))).run(
+        one_order, providers=charge_card, recover_options=recover, keep_outcomes=True
+    )
+    assert after.outcomes[0].executions_per_key() == {"order-1": 1}  # after write 3: charged once
+    report = CrashDriver(CrashOptions(seeds=(0,), sample=3)).run(
+        one_order, providers=charge_card, recover_options={"use_lookup": False}
+    )
+    assert report.cases == 4 and set(report.crash_points[0]) < {"b1", "1", "b2", "2", "b3", "3"}
+
+
+def test_a_crash_before_a_write_leaves_the_store_as_the_write_before_left_it() -> None:
+    from aiqsim.sim.crash import CrashingStore, SimulatedCrash
+    from aiqsim.stores.memory import MemoryStore
+
+    crashes: list[str] = []
+    store = CrashingStore(
+        MemoryStore(), counter=[0], crash_points=set(), crash_before={2}, on_crash=lambda: crashes.append("x")
+    )
+    store.insert_and_claim(record("t1", TaskStatus.QUEUED))
+    with pytest.raises(SimulatedCrash, match="crash before store write #2"):
+        store.insert_and_claim(record("t2", TaskStatus.QUEUED))
+    assert crashes == ["x"] and store.dead
+    assert [t.id for t in store.list_by_status()] == ["t1"]  # write 2 never landed
+    with pytest.raises(SimulatedCrash, match="dead"):
+        store.update(record("t1", TaskStatus.QUEUED))
 
 
 def test_driver_reports_a_stranded_task() -> None:
@@ -576,7 +646,7 @@ def test_the_example_catches_the_users_non_idempotent_charge() -> None:
     assert shown.returncode == 1, shown.stdout + shown.stderr
     caught = re.search(r"key 'ticket-\d+' was executed 2 times", shown.stdout)
     assert caught, shown.stdout
-    replay = re.search(r"--aiqsim-replay (\d+:\d+)", shown.stdout)
+    replay = re.search(r"--aiqsim-replay (\d+:b?\d+)", shown.stdout)
     assert replay, shown.stdout
     print(f"\n[example] caught: {caught.group(0)}; replay {replay.group(1)}")
 

@@ -1,4 +1,5 @@
-"""Crash injection: a store wrapper that kills the simulated process right after its k-th write."""
+"""Crash injection: a store wrapper that kills the simulated process right after its k-th write
+(or, for the testing kit, right before it)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ class SimulatedCrash(BaseException):
 
 
 class CrashingStore:
-    """Passes every call to ``inner`` and counts writes; after write number ``crash_after``
-    (counted on a shared ``counter``) calls ``on_crash`` and raises :class:`SimulatedCrash`.
+    """Passes every call to ``inner`` and counts writes; after a write whose number (counted on a
+    shared ``counter``) is in ``crash_points``, calls ``on_crash`` and raises :class:`SimulatedCrash`.
+
+    A write whose number is in ``crash_before`` is not made: the process dies just before it,
+    after everything it did since the previous write (a provider call, the user's side effect),
+    which a crash right after the previous write never lets happen. The simulator's crash
+    scenarios use after-crashes only; the testing kit enumerates both.
 
     Once dead, every further write raises :class:`SimulatedCrash` too: a dead process writes
     nothing. Reads keep working so post-mortem code can look around.
@@ -29,12 +35,24 @@ class CrashingStore:
         counter: list[int],
         crash_points: set[int],
         on_crash: Callable[[], None],
+        crash_before: set[int] | None = None,
     ) -> None:
         self.inner = inner
         self._counter = counter
         self._crash_points = crash_points
+        self._crash_before = crash_before if crash_before is not None else set()
         self._on_crash = on_crash
         self.dead = False
+
+    def _before_write(self) -> None:
+        """Raise if the process is dead, or dies now: before a write numbered in ``crash_before``."""
+        self._check_alive()
+        upcoming = self._counter[0] + 1
+        if upcoming in self._crash_before:
+            self._crash_before.discard(upcoming)
+            self.dead = True
+            self._on_crash()
+            raise SimulatedCrash(f"crash before store write #{upcoming}")
 
     def _wrote(self) -> None:
         self._counter[0] += 1
@@ -49,24 +67,24 @@ class CrashingStore:
             raise SimulatedCrash("the process is dead")
 
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
-        self._check_alive()
+        self._before_write()
         owner = self.inner.insert_and_claim(task)
         self._wrote()
         return owner
 
     def claim(self, task: TaskRecord) -> TaskRecord:
-        self._check_alive()
+        self._before_write()
         owner = self.inner.claim(task)
         self._wrote()
         return owner
 
     def update(self, task: TaskRecord) -> None:
-        self._check_alive()
+        self._before_write()
         self.inner.update(task)
         self._wrote()
 
     def record_poison(self, key: str, error: str, now: float) -> None:
-        self._check_alive()
+        self._before_write()
         self.inner.record_poison(key, error, now)
         self._wrote()
 
@@ -101,19 +119,19 @@ class CrashingStore:
 
     # jobs: writes count (and may crash) like task writes
     def insert_and_claim_job(self, job: JobRecord) -> JobRecord:
-        self._check_alive()
+        self._before_write()
         owner = self.inner.insert_and_claim_job(job)  # type: ignore[attr-defined]
         self._wrote()
         return owner
 
     def claim_job(self, job: JobRecord) -> JobRecord:
-        self._check_alive()
+        self._before_write()
         owner = self.inner.claim_job(job)  # type: ignore[attr-defined]
         self._wrote()
         return owner
 
     def update_job(self, job: JobRecord) -> None:
-        self._check_alive()
+        self._before_write()
         self.inner.update_job(job)  # type: ignore[attr-defined]
         self._wrote()
 

@@ -1,9 +1,10 @@
 """aiqsim.testing: crash-recovery regression tests for your own code (and a pytest plugin).
 
 Test *your* provider adapters, ``lookup`` functions, job definitions and store settings the way
-aiqsim tests its own recovery: crash the process after every store write, for several seeds,
-restart it with ``recover()``, and check that nothing was lost, nothing succeeded without a result
-and no key was executed (billed) twice.
+aiqsim tests its own recovery: crash the process right before and right after every store write
+(``--aiqsim-replay SEED:bK`` and ``SEED:K``), for several seeds, restart it with ``recover()``,
+and check that nothing was lost, nothing succeeded without a result and no key was executed
+(billed) twice.
 
 - :class:`CrashDriver` runs your async scenario once per crash point and seed on a virtual clock
   (:mod:`aiqsim.testing.crash_driver`); a failure names the key, the seed and the crash point, and

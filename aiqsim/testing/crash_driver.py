@@ -12,13 +12,16 @@ once per crash point ``k`` (every one, or a seeded sample) and seed: the real
 :class:`~aiqsim.scheduler.Scheduler` runs on a :class:`~aiqsim.runtime.SimPyRuntime` (virtual
 clock, so each case takes milliseconds) against the user's providers, with the store wrapped in
 :class:`~aiqsim.sim.crash.CrashingStore` -- the one crash injector the simulation lab uses too.
-Right after write ``k`` the process dies (every coroutine of the scheduler and of the scenario
-stops; a durable store is closed), and after ``restart_after_s`` a new life starts: a new
+Each write ``k`` gives two crash points: right after it (``k``), and right before it (``bk``:
+everything since write ``k-1`` happened -- the provider charged, the user's code did its side
+effect -- but write ``k`` never lands). There the process dies (every coroutine of the scheduler
+and of the scenario stops; a durable store is closed), and after ``restart_after_s`` a new life starts: a new
 scheduler on the same store calls ``recover()`` and then the scenario again, as a restarted
 worker would run its ``main``. When the scenario's last life has finished, the invariants of
 :mod:`aiqsim.testing.invariants` are checked. A broken one raises
 :class:`~aiqsim.testing.invariants.InvariantViolation` naming the key, the seed and the crash
-point, and the option that re-runs exactly that case (``--aiqsim-replay SEED:POINT``).
+point, and the option that re-runs exactly that case (``--aiqsim-replay SEED:POINT``, POINT
+``k`` or ``bk``).
 
 The providers are built once per case and live through the crash: they are the servers, which
 do not die with the client. What they *did* (the ground truth for "executed at most once") comes
@@ -226,7 +229,8 @@ class CrashReport:
     seeds: tuple[int, ...]
     writes_per_seed: dict[int, int]
     cases: int
-    crash_points: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    crash_points: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """Seed -> the crash points run, as ``--aiqsim-replay`` spells them (``b1``, ``1``, ``b2``, ...)."""
     duplicate_executions: int = 0
     """Executions beyond a key's first, over every case (unchecked keys included)."""
     outcomes: tuple[CrashOutcome, ...] = ()
@@ -331,13 +335,13 @@ class CrashDriver:
                 (replay.seed,),
                 {replay.seed: outcome.writes},
                 1,
-                {replay.seed: (replay.crash_point,)},
+                {replay.seed: (replay.point,)},
                 _duplicates(outcome),
                 (outcome,) if keep_outcomes else (),
             )
         failures: list[tuple[CrashCase, InvariantViolation]] = []
         writes: dict[int, int] = {}
-        points: dict[int, tuple[int, ...]] = {}
+        points: dict[int, tuple[str, ...]] = {}
         kept: list[CrashOutcome] = []
         cases = duplicates = 0
         for seed in self.options.seeds:
@@ -345,8 +349,8 @@ class CrashDriver:
             baseline = self._case(plan, baseline_case)
             writes[seed] = baseline.writes
             chosen = select_crash_points(baseline.writes, seed, self.options.sample)
-            points[seed] = tuple(chosen)
-            for case in (baseline_case, *(CrashCase(seed, k) for k in chosen)):
+            points[seed] = tuple(case.point for case in chosen)
+            for case in (baseline_case, *chosen):
                 outcome = baseline if case.crash_point == 0 else self._case(plan, case)
                 cases += 1
                 duplicates += _duplicates(outcome)
@@ -417,8 +421,8 @@ class CrashDriver:
         for case, outcome in results:
             if case.crash_point and not outcome.crashed:
                 raise ConfigurationError(
-                    f"--aiqsim-replay {case.seed}:{case.crash_point}: the run of seed {case.seed} makes only "
-                    f"{outcome.writes} store writes, so it never reaches crash point {case.crash_point}"
+                    f"--aiqsim-replay {case.seed}:{case.point}: the run of seed {case.seed} makes only "
+                    f"{outcome.writes} store writes, so it never reaches crash point {case.point}"
                 )
             try:
                 self._check(outcome)
@@ -442,8 +446,8 @@ class CrashDriver:
             f"  {self._replay_hint(case)}",
         ]
         if len(failures) > 1:
-            others = ", ".join(f"{c.seed}:{c.crash_point}" for c, _ in failures[1:])
-            lines.append(f"  also failing (SEED:POINT): {others}")
+            others = ", ".join(f"{c.seed}:{c.point}" for c, _ in failures[1:])
+            lines.append(f"  also failing (SEED:POINT; bK: before write K): {others}")
         if total is not None:
             lines.append(f"  ({len(failures)} failing of {total} cases run)")
         violation = InvariantViolation(first.rule, "\n".join(lines), first.offenders)
@@ -478,7 +482,7 @@ def _nondeterministic(case: CrashCase, baseline: int, writes: int) -> InvariantV
     return InvariantViolation(
         "deterministic",
         f"the crash-free run of seed {case.seed} made {baseline} store writes, but this run stopped after "
-        f"{writes} without reaching write #{case.crash_point}: the scenario is not deterministic (a global "
+        f"{writes} without reaching crash point {case.point}: the scenario is not deterministic (a global "
         "random, a wall clock, iteration over a set?) so its crash cases cannot be enumerated or replayed",
     )
 
@@ -494,9 +498,10 @@ class _Case:
         self.world = CrashWorld(case, self.runtime)
         self.providers = list(plan.providers(self.world))
         base = driver.store if driver.store is not None else StoreFactory("memory", Path("."))
-        self.factory = base.fresh(f"s{case.seed}_k{case.crash_point}")
+        self.factory = base.fresh(f"s{case.seed}_k{case.point}")
         self.counter = [0]
-        self.crash_points = {case.crash_point} if case.crash_point else set()
+        self.crash_points = {case.crash_point} if case.crash_point and not case.before else set()
+        self.crash_before = {case.crash_point} if case.before else set()
         self.submitted: list[str] = []
         self.submitted_jobs: list[str] = []
         self.rebuilt: list[StageEvent] = []
@@ -531,7 +536,11 @@ class _Case:
         self.raw = self.factory.open()
         self.raw_open = True
         store = CrashingStore(
-            self.raw, counter=self.counter, crash_points=self.crash_points, on_crash=self._on_crash
+            self.raw,
+            counter=self.counter,
+            crash_points=self.crash_points,
+            crash_before=self.crash_before,
+            on_crash=self._on_crash,
         )
         options = {k: v for k, v in self.plan.scheduler_options.items() if k != "events"}
         scheduler = Scheduler(

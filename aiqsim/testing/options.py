@@ -3,8 +3,17 @@
 The pytest options ``--aiqsim-seeds N``, ``--aiqsim-crash-points all|sample:K`` and
 ``--aiqsim-replay SEED:POINT`` (and their ini twins) are parsed here into a
 :class:`CrashOptions`, so that the same values can be given without pytest too.
-Crash point ``K`` means "the simulated process dies right after its K-th store write";
-point 0 is the run without a crash.
+
+A crash test has two crash points per store write ``K``:
+
+- ``K``: the simulated process dies right *after* its K-th write (the write is in the store,
+  nothing after it happened);
+- ``bK``: it dies right *before* its K-th write: everything since write K-1 happened (a provider
+  call that charged the customer, a side effect the user's code did between the task's
+  ``running`` and ``succeeded`` writes) but write K never lands. A crash after write K-1 cannot
+  show this: it stops the process before that work is done.
+
+Point ``0`` is the run without a crash. Cases run in the order the points occur: b1, 1, b2, 2, ...
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from dataclasses import dataclass
 from aiqsim.core.errors import ConfigurationError
 
 __all__ = [
+    "BEFORE_PREFIX",
     "DEFAULT_SEEDS",
     "CrashCase",
     "CrashOptions",
@@ -28,6 +38,9 @@ __all__ = [
 DEFAULT_SEEDS = 3
 """Seeds a crash test runs by default (``--aiqsim-seeds``)."""
 
+BEFORE_PREFIX = "b"
+"""Marks a crash point *before* a store write in ``SEED:POINT`` (``0:b10``; ``0:10`` is after it)."""
+
 
 class KitOptionError(ConfigurationError):
     """An ``--aiqsim-*`` option (or its ini value) that cannot be used; says what was expected."""
@@ -35,20 +48,33 @@ class KitOptionError(ConfigurationError):
 
 @dataclass(frozen=True, slots=True)
 class CrashCase:
-    """One run of a crash test: the ``seed`` and the store write after which the process dies
-    (``crash_point``; 0 for the run without a crash)."""
+    """One run of a crash test: the ``seed`` and the store write at which the process dies
+    (``crash_point``; 0 for the run without a crash): right after it, or right before it when
+    ``before`` (the write never lands)."""
 
     seed: int
     crash_point: int
+    before: bool = False
+
+    @property
+    def point(self) -> str:
+        """The crash point as ``--aiqsim-replay`` spells it: ``K`` (after write K) or ``bK`` (before)."""
+        return f"{BEFORE_PREFIX if self.before else ''}{self.crash_point}"
 
     @property
     def replay_option(self) -> str:
         """The command-line option that re-runs exactly this case."""
-        return f"--aiqsim-replay {self.seed}:{self.crash_point}"
+        return f"--aiqsim-replay {self.seed}:{self.point}"
+
+    @property
+    def where(self) -> str:
+        """The crash point in words: ``no crash``, ``crash before/after store write #K``."""
+        if self.crash_point == 0:
+            return "no crash"
+        return f"crash {'before' if self.before else 'after'} store write #{self.crash_point}"
 
     def __str__(self) -> str:
-        where = "no crash" if self.crash_point == 0 else f"crash after store write #{self.crash_point}"
-        return f"seed {self.seed}, {where}"
+        return f"seed {self.seed}, {self.where}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,24 +116,30 @@ def parse_crash_points(text: str) -> int | None:
 
 
 def parse_replay(text: str | None) -> CrashCase | None:
-    """``--aiqsim-replay SEED:POINT`` (both whole numbers >= 0), or None when not given."""
+    """``--aiqsim-replay SEED:POINT``, or None when not given. SEED is a whole number >= 0; POINT is
+    ``K`` (crash after store write K; 0: no crash) or ``bK`` (crash before write K, K >= 1)."""
     if text is None or str(text).strip() == "":
         return None
     seed, sep, point = str(text).strip().partition(":")
-    if not sep or not seed.isdigit() or not point.isdigit():
+    before = point.startswith(BEFORE_PREFIX)
+    write = point[len(BEFORE_PREFIX) :] if before else point
+    if not sep or not seed.isdigit() or not write.isdigit() or (before and int(write) < 1):
         raise KitOptionError(
-            f"--aiqsim-replay expects SEED:POINT (whole numbers, as a failure prints them), got {text!r}"
+            "--aiqsim-replay expects SEED:POINT as a failure prints it (POINT: K, crash after store "
+            f"write K, or bK, crash before it), got {text!r}"
         )
-    return CrashCase(int(seed), int(point))
+    return CrashCase(int(seed), int(write), before)
 
 
-def select_crash_points(total_writes: int, seed: int, sample: int | None) -> list[int]:
-    """The crash points to run for a seed whose crash-free run makes ``total_writes`` writes.
+def select_crash_points(total_writes: int, seed: int, sample: int | None) -> list[CrashCase]:
+    """The crash cases to run for a seed whose crash-free run makes ``total_writes`` writes.
 
-    Every point 1..total without ``sample``; otherwise ``sample`` of them drawn from a stream seeded
-    by ``seed`` alone, so the same options always pick the same points.
+    Every point without ``sample``: before and after each write 1..total, in the order they occur
+    (b1, 1, b2, 2, ...); otherwise ``sample`` of them drawn from a stream seeded by ``seed`` alone,
+    so the same options always pick the same points.
     """
-    points = list(range(1, total_writes + 1))
+    points = [CrashCase(seed, k, before) for k in range(1, total_writes + 1) for before in (True, False)]
     if sample is None or sample >= len(points):
         return points
-    return sorted(random.Random(f"aiqsim-crash-points:{seed}").sample(points, sample))
+    chosen = random.Random(f"aiqsim-crash-points:{seed}").sample(range(len(points)), sample)
+    return [points[i] for i in sorted(chosen)]

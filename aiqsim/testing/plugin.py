@@ -63,13 +63,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--aiqsim-crash-points",
         default=None,
         metavar="all|sample:K",
-        help="crash after every store write, or after K seeded ones per seed (ini aiqsim_crash_points)",
+        help="crash before and after every store write, or at K seeded ones of those points per seed "
+        "(ini aiqsim_crash_points)",
     )
     group.addoption(
         "--aiqsim-replay",
         default=None,
         metavar="SEED:POINT",
-        help="re-run only this case of every crash test, as a failure prints it",
+        help="re-run only this case of every crash test, as a failure prints it "
+        "(POINT: K, after store write K; bK, before it)",
     )
     parser.addini("aiqsim_seeds", "seeds per crash test (--aiqsim-seeds)", default=str(DEFAULT_SEEDS))
     parser.addini("aiqsim_crash_points", "all | sample:K (--aiqsim-crash-points)", default="all")
@@ -104,7 +106,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     from aiqsim.testing.stores import store_kinds
 
     depth = "all crash points" if options.sample is None else f"{options.sample} crash points per seed"
-    replay = f", replaying {options.replay.seed}:{options.replay.crash_point}" if options.replay else ""
+    replay = f", replaying {options.replay.seed}:{options.replay.point}" if options.replay else ""
     kinds = "/".join(store_kinds(postgres_dsn(config)))
     return f"aiqsim: {len(options.seeds)} seeds, {depth}{replay}; stores {kinds}"
 
