@@ -31,6 +31,7 @@ from aiqsim.testing import (
     InvariantViolation,
     KitOptionError,
     Life,
+    ScenarioFailedError,
     StoreFactory,
     check_all_terminal,
     check_at_most_once,
@@ -359,6 +360,41 @@ def test_a_crash_before_a_write_leaves_the_store_as_the_write_before_left_it() -
     assert [t.id for t in store.list_by_status()] == ["t1"]  # write 2 never landed
     with pytest.raises(SimulatedCrash, match="dead"):
         store.update(record("t1", TaskStatus.QUEUED))
+
+
+def test_a_scenario_that_raises_is_reported_with_its_error_and_the_case() -> None:
+    """The user's own error ends the case at once and is raised, chained, with the seed, the crash
+    point, the life and the replay option (it used to end as "SimulationDeadlock: main task still
+    waiting", the user's error nowhere)."""
+
+    async def raises_at_once(life: Life) -> None:
+        raise ValueError("boom in my worker")
+
+    with pytest.raises(ScenarioFailedError) as caught:
+        CrashDriver(CrashOptions(seeds=(0,)), label="t.py::t").run(raises_at_once, providers=llm())
+    message = str(caught.value)
+    assert message.startswith("aiqsim crash test failed at seed 0, no crash [store: memory]"), message
+    assert "ValueError: boom in my worker" in message and "--aiqsim-replay 0:0" in message
+    assert isinstance(caught.value.__cause__, ValueError)
+
+    async def breaks_on_restart(life: Life) -> None:
+        life.submit("llm", {"input": "x", "prompt_units": 1, "output_units": 1}, task_id="t0")
+        if life.restarted:
+            raise RuntimeError(f"restart code is broken: {life.recovery}")
+        await life.join()
+
+    with pytest.raises(ScenarioFailedError, match="in process life 1") as restarted:
+        CrashDriver(CrashOptions(seeds=(0,))).run(breaks_on_restart, providers=llm())
+    assert "crash before store write #1" in str(restarted.value)  # the first crash case
+    assert "--aiqsim-replay 0:b1" in str(restarted.value)
+    assert isinstance(restarted.value.__cause__, RuntimeError)
+
+    async def bad_payload(life: Life) -> None:  # a simulated provider refuses it at submit
+        life.submit("llm", {"id": 1}, task_id="t0")
+        await life.join()
+
+    with pytest.raises(ScenarioFailedError, match="InvalidRequestError: payload lacks input"):
+        CrashDriver(CrashOptions(seeds=(0,))).run(bad_payload, providers=llm())
 
 
 def test_driver_reports_a_stranded_task() -> None:

@@ -37,6 +37,7 @@ _WHERE = {
     "Effect": "aiqsim.testing.crash_driver",
     "EffectLog": "aiqsim.testing.crash_driver",
     "Life": "aiqsim.testing.crash_driver",
+    "ScenarioFailedError": "aiqsim.testing.crash_driver",
     "InvariantViolation": "aiqsim.testing.invariants",
     "check_all_terminal": "aiqsim.testing.invariants",
     "check_at_most_once": "aiqsim.testing.invariants",

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.errors import AiqsimError, ConfigurationError
 from aiqsim.core.failures import describe_error
 from aiqsim.core.job import JobRecord
 from aiqsim.core.task import TaskRecord, TaskStatus
@@ -59,13 +59,28 @@ from aiqsim.testing.stores import StoreFactory
 if TYPE_CHECKING:
     from aiqsim.scheduler.jobs import JobHandle, JobSpec
 
-__all__ = ["CrashDriver", "CrashOutcome", "CrashReport", "CrashWorld", "Effect", "EffectLog", "Life"]
+__all__ = [
+    "CrashDriver",
+    "CrashOutcome",
+    "CrashReport",
+    "CrashWorld",
+    "Effect",
+    "EffectLog",
+    "Life",
+    "ScenarioFailedError",
+]
 
 Scenario = Callable[["Life"], Awaitable[None]]
 """The user's code for one process life."""
 
 ProvidersFactory = Callable[["CrashWorld"], Iterable[Provider]]
 """Builds the providers (the servers) of one case; called once per case, they survive its crash."""
+
+
+class ScenarioFailedError(AiqsimError, RuntimeError):
+    """The user's scenario (or ``recover()`` in a restarted life) raised: the case could not run to
+    its end. The message names the seed, the crash point, the life and the replay option; the
+    user's own exception is chained (``__cause__``), with its traceback."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,13 +388,27 @@ class CrashDriver:
 
     # ------------------------------------------------------------------ one case
     def _case(self, plan: _Plan, case: CrashCase) -> CrashOutcome:
+        __tracebackhide__ = True
+        runner = _Case(self, plan, case)
         try:
-            return _Case(self, plan, case).execute()
+            outcome = runner.execute()
         except (InvariantViolation, ConfigurationError):
             raise
         except Exception as error:
             error.add_note(f"aiqsim crash test: raised in {case}; {self._replay_hint(case)}")
             raise
+        if runner.error is not None:
+            raise self._scenario_failed(case, runner.error, runner.error_life) from runner.error
+        return outcome
+
+    def _scenario_failed(self, case: CrashCase, error: Exception, life: int) -> ScenarioFailedError:
+        """The error for a scenario that raised ``error`` in process life ``life`` of ``case``."""
+        store = self.store.kind if self.store is not None else "memory"
+        where = "after the restart, in recover() or the scenario" if life else "before any crash"
+        return ScenarioFailedError(
+            f"aiqsim crash test failed at {case} [store: {store}]: the scenario raised in process life "
+            f"{life} ({where})\n  {describe_error(error)}\n  {self._replay_hint(case)}"
+        )
 
     def _check(self, outcome: CrashOutcome) -> None:
         invariants.check_all_terminal(outcome.tasks, outcome.jobs)
@@ -512,6 +541,9 @@ class _Case:
         self.raw_open = False
         self.scheduler: Scheduler | None = None
         self.ended: Any = None
+        self.error: Exception | None = None
+        """What the scenario (or recover()) raised, which ended the case."""
+        self.error_life = 0
         user_events = plan.scheduler_options.get("events")
         self.user_events: Callable[[Any], None] | None = user_events
 
@@ -569,6 +601,10 @@ class _Case:
                 self.ended.set_result("done")
         except SimulatedCrash:
             pass  # the process died inside this life's own call; _on_crash has said so
+        except Exception as error:  # the user's code raised: the case ends, the driver reports it
+            self.error, self.error_life = error, life.number
+            if not self.ended.done():
+                self.ended.set_result("raised")
 
     async def _main(self) -> None:
         runtime = self.runtime
@@ -580,6 +616,9 @@ class _Case:
             life = Life(self.world, number, scheduler, store, bool(self.plan.jobs))
             task = runtime.spawn(self._life(life), name=f"life-{number}")
             how = await self.ended
+            if how == "raised":
+                scheduler.crash()  # stop this life's coroutines; the driver raises the error
+                return
             if how == "done" and not self.crashed:
                 await scheduler.close(cancel_pending=False)
                 return
