@@ -13,6 +13,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from aiqsim.testing import (
     Life,
     ScenarioFailedError,
     StoreFactory,
+    WorkerFailedError,
     check_all_terminal,
     check_at_most_once,
     check_finished_work_not_rerun,
@@ -572,6 +574,49 @@ SLEEPER = (
     "time.sleep(60 if first else 0)\n"
     "print('done')\n"
 )
+
+
+TICKER = """
+import os, sys, time
+log, ticks = sys.argv[1], int(sys.argv[2])
+first = not os.path.exists(log)
+print("ready", flush=True)
+with open(log, "a") as out:
+    for _ in range(ticks if first else 0):
+        out.write(f"{os.getpid()}\\n")
+        out.flush()
+        time.sleep(0.02)
+"""
+
+
+def ticks_by_pid(log: Path) -> Counter[str]:
+    return Counter(log.read_text().split())
+
+
+def test_a_kill_reaches_a_worker_started_through_a_wrapper(tmp_path: Path) -> None:
+    """``sh -c "python worker.py"``: the kill hits the whole process group, not only the shell, so
+    the worker does not live on as an orphan (it used to write all its ticks after its "kill")."""
+    (tmp_path / "ticker.py").write_text(TICKER, encoding="utf-8")
+    log = tmp_path / "ticks.log"
+    command = ["sh", "-c", f"'{sys.executable}' ticker.py '{log}' 100; echo wrapper-done"]
+    report = kill_and_restart(command, kills=1, seed=0, kill_window_s=0.1, cwd=tmp_path, timeout_s=30)
+    assert [run.killed for run in report.runs] == [True, False]
+    first = ticks_by_pid(log)
+    assert len(first) == 1 and sum(first.values()) < 50  # killed within 0.1 s of 100 ticks of 0.02 s
+    assert report.final.lines == ["ready", "wrapper-done"]
+    time.sleep(0.3)
+    assert ticks_by_pid(log) == first  # nothing of the first run is still writing
+
+
+def test_a_worker_that_outlives_the_timeout_is_killed_and_reported(tmp_path: Path) -> None:
+    (tmp_path / "ticker.py").write_text(TICKER, encoding="utf-8")
+    log = tmp_path / "ticks.log"
+    command = ["sh", "-c", f"'{sys.executable}' ticker.py '{log}' 1000"]
+    with pytest.raises(WorkerFailedError, match=r"run 0 .* still running .* after timeout_s=0.5s"):
+        kill_and_restart(command, kills=0, seed=0, cwd=tmp_path, timeout_s=0.5)
+    stopped = ticks_by_pid(log)
+    time.sleep(0.3)
+    assert ticks_by_pid(log) == stopped and sum(stopped.values()) < 100  # the worker died too
 
 
 def test_the_sigkill_fixture_kills_at_a_seeded_moment_and_restarts(aiqsim_sigkill, tmp_path: Path) -> None:

@@ -10,7 +10,11 @@ with the functions of :mod:`aiqsim.testing.invariants`.
 
 The kill moments come from ``random.Random(seed)``: the same seed gives the same schedule of
 delays (where in the work they land still depends on the machine's speed, as with any real kill).
-POSIX only (``SIGKILL``).
+
+Each run starts in a session (and process group) of its own, and a kill -- or a timeout -- sends
+``SIGKILL`` to that whole group: a worker started through a wrapper (``bash -c "python
+worker.py"``, a launcher script) dies with the wrapper instead of being orphaned and working on.
+POSIX only (``SIGKILL``, ``killpg``).
 """
 
 from __future__ import annotations
@@ -100,6 +104,34 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the run's whole process group (the worker and whatever it started), then reap it.
+
+    Sent before the group leader is reaped, so its pid (the group id) cannot have been reused."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the whole group is gone already
+    proc.wait()
+
+
+def _finish(
+    proc: subprocess.Popen[bytes], number: int, argv: Sequence[str], timeout_s: float
+) -> tuple[bytes, bytes]:
+    """The run's stdout and stderr once it has ended; a run still going after ``timeout_s`` is
+    killed (its group) and reported as :class:`WorkerFailedError`."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise WorkerFailedError(
+            f"run {number} of {list(argv[:3])}...: still running (or its output still open) after "
+            f"timeout_s={timeout_s:g}s; its process group was killed. stdout:\n"
+            f"{_tail(out.decode(errors='replace'), 5)}\nstderr:\n{_tail(err.decode(errors='replace'))}"
+        ) from None
+
+
 def kill_and_restart(
     command: Command,
     *,
@@ -122,7 +154,8 @@ def kill_and_restart(
     ``ready_line``: the line the worker prints when it is up (the kill window starts then; ``None``
     starts it at once). ``after_kill(run)`` is called after each kill, with the process gone: the
     place to check that the store still loads. A run that was not killed must exit 0, else
-    :class:`WorkerFailedError`; so must a loop that needs more than ``max_runs`` starts.
+    :class:`WorkerFailedError`; so must a loop that needs more than ``max_runs`` starts, and a run
+    still going (or whose output is still open) ``timeout_s`` after its ready line or its kill.
     """
     if kills < 0 or max_runs < kills + 1:
         raise ConfigurationError(f"need 0 <= kills < max_runs, got kills={kills}, max_runs={max_runs}")
@@ -136,7 +169,13 @@ def kill_and_restart(
         wanted = sum(run.killed for run in runs) < kills
         delay = rng.uniform(0.0, kill_window_s) if wanted else None
         proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=environment, bufsize=0
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=environment,
+            bufsize=0,
+            start_new_session=True,  # its own process group: a kill reaches what it started too
         )
         killed = False
         first = b""
@@ -144,8 +183,8 @@ def kill_and_restart(
             if ready_line is not None:
                 first = _readline(proc, timeout_s)
                 if first.decode(errors="replace").strip() != ready_line:
-                    proc.kill()
-                    _, err = proc.communicate(timeout=timeout_s)
+                    _kill_group(proc)
+                    _, err = proc.communicate()
                     raise WorkerFailedError(
                         f"run {number} of {argv[:3]}...: expected the ready line {ready_line!r} first, got "
                         f"{first.decode(errors='replace')!r}; stderr:\n{_tail(err.decode(errors='replace'))}"
@@ -154,13 +193,12 @@ def kill_and_restart(
                 try:
                     proc.wait(timeout=delay)
                 except subprocess.TimeoutExpired:
-                    proc.send_signal(signal.SIGKILL)
+                    _kill_group(proc)
                     killed = True
-            out, err = proc.communicate(timeout=timeout_s)
+            out, err = _finish(proc, number, argv, timeout_s)
         finally:
             if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+                _kill_group(proc)
         run = WorkerRun(
             number=number,
             pid=proc.pid,
