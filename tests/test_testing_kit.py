@@ -708,6 +708,20 @@ def test_a_fresh_project_gets_the_fixtures_without_a_conftest(tmp_path: Path) ->
     assert "--aiqsim-crash-points expects 'all' or 'sample:K'" in bad.stderr
 
 
+def test_the_plugin_can_also_be_named_explicitly(tmp_path: Path) -> None:
+    """``pytest_plugins = ["aiqsim.testing.plugin"]`` or ``-p aiqsim.testing.plugin`` next to the entry
+    point used to stop pytest: "Plugin already registered under a different name"."""
+    (tmp_path / "test_fresh.py").write_text(FRESH_TEST, encoding="utf-8")
+    flag = pytest_in(tmp_path, "-q", "-k", "crash", "-p", "aiqsim.testing.plugin")
+    assert flag.returncode == 0, flag.stdout + flag.stderr
+    assert "1 passed" in flag.stdout
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["aiqsim.testing.plugin"]\n', encoding="utf-8")
+    for extra in ((), ("-p", "aiqsim.testing.plugin"), ("-p", "no:aiqsim")):
+        done = pytest_in(tmp_path, "-q", "-k", "crash", *extra)
+        assert done.returncode == 0, (extra, done.stdout + done.stderr)
+        assert "1 passed" in done.stdout
+
+
 def test_the_plugin_imports_nothing_heavy() -> None:
     code = (
         "import sys, aiqsim.testing.plugin; "

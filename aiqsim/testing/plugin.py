@@ -3,6 +3,9 @@
 Registered through the ``pytest11`` entry point (``aiqsim = "aiqsim.testing.plugin"``), so pytest
 loads it in every run once aiqsim is installed; no conftest needed. It stays light at import
 time (no pandas, matplotlib or SimPy): everything heavier is imported by the fixture that needs it.
+Naming it explicitly as well (``pytest_plugins = ["aiqsim.testing.plugin"]`` in a conftest,
+``-p aiqsim.testing.plugin``) is harmless: the first registration, under either name, blocks the
+other (see :func:`pytest_plugin_registered`). ``-p no:aiqsim`` turns the entry point off.
 
 Fixtures:
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -49,6 +53,25 @@ if TYPE_CHECKING:
     from aiqsim.testing.stores import StoreFactory
 
 POSTGRES_ENV = "AIQSIM_TEST_POSTGRES_DSN"
+
+PLUGIN_NAMES = ("aiqsim", __name__)
+"""The names this module is registered under: the ``pytest11`` entry point's, and its module path
+(what ``pytest_plugins = [...]`` and ``-p`` register it as)."""
+
+
+def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager) -> None:
+    """Once this module is registered under one of :data:`PLUGIN_NAMES`, block the other one.
+
+    pytest loads the entry point as ``aiqsim`` and an explicit ``pytest_plugins`` / ``-p`` as the
+    module path; registering the same module under a second name fails ("Plugin already
+    registered under a different name"). A blocked name is skipped, so the second load is a no-op.
+    """
+    if plugin is not sys.modules[__name__]:
+        return
+    registered = manager.get_name(plugin)
+    for name in PLUGIN_NAMES:
+        if name != registered and manager.get_plugin(name) is None and not manager.is_blocked(name):
+            manager.set_blocked(name)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
