@@ -161,10 +161,12 @@ def test_option_parsing_and_messages() -> None:
     assert parse_replay("3:17") == CrashCase(3, 17)
     assert parse_replay("3:b17") == CrashCase(3, 17, before=True)
     assert parse_replay(None) is None
-    for bad, parse in (("0", parse_seeds), ("x", parse_seeds), ("sample:0", parse_crash_points)):
+    bad_values = [("0", parse_seeds), ("x", parse_seeds), ("sample:0", parse_crash_points)]
+    bad_values += [("sample:²", parse_crash_points), ("sample:٣", parse_crash_points), ("²", parse_seeds)]
+    for bad, parse in bad_values:
         with pytest.raises(KitOptionError, match="expects"):
             parse(bad)
-    for bad_replay in ("3-17", "3:b0", "3:b", "3:x17"):
+    for bad_replay in ("3-17", "3:b0", "3:b", "3:x17", "²:1", "1:²", "1:b²", "١:1"):
         with pytest.raises(KitOptionError, match="SEED:POINT"):
             parse_replay(bad_replay)
     assert CrashCase(3, 17).replay_option == "--aiqsim-replay 3:17"
@@ -706,6 +708,8 @@ def test_a_fresh_project_gets_the_fixtures_without_a_conftest(tmp_path: Path) ->
     bad = pytest_in(tmp_path, "--aiqsim-crash-points", "some")
     assert bad.returncode == 4  # pytest's usage error
     assert "--aiqsim-crash-points expects 'all' or 'sample:K'" in bad.stderr
+    unicode = pytest_in(tmp_path, "--aiqsim-replay", "²:1")  # was an INTERNALERROR (int() refused "²")
+    assert unicode.returncode == 4 and "--aiqsim-replay expects SEED:POINT" in unicode.stderr
 
 
 def test_the_plugin_can_also_be_named_explicitly(tmp_path: Path) -> None:

@@ -93,6 +93,12 @@ class CrashOptions:
             raise KitOptionError(f"sample must be >= 1 crash point, got {self.sample}")
 
 
+def _is_number(text: str) -> bool:
+    """Whether ``text`` is a whole number in ASCII digits (``str.isdigit`` also accepts "²" and
+    other Unicode digits that ``int()`` rejects)."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_seeds(text: str | int) -> tuple[int, ...]:
     """``--aiqsim-seeds N``: seeds 0 .. N-1 (N >= 1)."""
     try:
@@ -110,7 +116,7 @@ def parse_crash_points(text: str) -> int | None:
     if value == "all":
         return None
     prefix, _, count = value.partition(":")
-    if prefix == "sample" and count.isdigit() and int(count) >= 1:
+    if prefix == "sample" and _is_number(count) and int(count) >= 1:
         return int(count)
     raise KitOptionError(f"--aiqsim-crash-points expects 'all' or 'sample:K' with K >= 1, got {text!r}")
 
@@ -123,7 +129,7 @@ def parse_replay(text: str | None) -> CrashCase | None:
     seed, sep, point = str(text).strip().partition(":")
     before = point.startswith(BEFORE_PREFIX)
     write = point[len(BEFORE_PREFIX) :] if before else point
-    if not sep or not seed.isdigit() or not write.isdigit() or (before and int(write) < 1):
+    if not sep or not _is_number(seed) or not _is_number(write) or (before and int(write) < 1):
         raise KitOptionError(
             "--aiqsim-replay expects SEED:POINT as a failure prints it (POINT: K, crash after store "
             f"write K, or bK, crash before it), got {text!r}"
