@@ -4,7 +4,7 @@ The pipeline summarises support tickets with a model and charges the customer on
 summary. Its provider is a :class:`~aiqsim.http.CallableProvider` around the user's own async
 function, with a ``lookup`` that answers from the user's result cache so ``recover()`` can finish
 a call the dead process had made. The ``aiqsim_crash`` fixture runs the pipeline once per crash
-point (right before, and right after, each store write) and seed, kills the process there,
+point (right before and after each store write, right after each charge) and seed, kills it there,
 restarts it with ``recover()`` and checks that no ticket was lost and no charge happened twice.
 
 ``charge_once`` passes the task's idempotency key to the billing service, which ignores a key it

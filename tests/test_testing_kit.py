@@ -166,7 +166,9 @@ def test_option_parsing_and_messages() -> None:
     for bad, parse in bad_values:
         with pytest.raises(KitOptionError, match="expects"):
             parse(bad)
-    for bad_replay in ("3-17", "3:b0", "3:b", "3:x17", "²:1", "1:²", "1:b²", "١:1"):
+    assert parse_replay("3:e2") == CrashCase(3, 2, effect=True)
+    assert str(CrashCase(3, 2, effect=True)) == "seed 3, crash right after side effect #2"
+    for bad_replay in ("3-17", "3:b0", "3:e0", "3:b", "3:x17", "²:1", "1:²", "1:b²", "١:1"):
         with pytest.raises(KitOptionError, match="SEED:POINT"):
             parse_replay(bad_replay)
     assert CrashCase(3, 17).replay_option == "--aiqsim-replay 3:17"
@@ -331,14 +333,14 @@ def test_driver_crashes_before_a_write_after_the_side_effect_since_the_last_one(
     with pytest.raises(InvariantViolation) as caught:
         driver.run(one_order, providers=charge_card, recover_options=recover)
     message = str(caught.value)
-    assert "failed at seed 0, crash before store write #3" in message, message
     assert "key 'order-1' was executed 2 times (charge card at t=0.4s in life 0; charge card" in message
-    assert "pytest 't.py::t' --aiqsim-replay 0:b3" in message
-    assert caught.value.case == CrashCase(0, 3, before=True)  # type: ignore[attr-defined]
+    assert "pytest 't.py::t' --aiqsim-replay 0:e1" in message  # right after the charge, first
+    assert "also failing (SEED:POINT; bK: before write K, eN: after side effect N): 0:b3\n" in message
 
-    replayed = CrashDriver(CrashOptions(replay=CrashCase(0, 3, before=True)))
-    with pytest.raises(InvariantViolation, match="crash before store write #3"):
+    replayed = CrashDriver(CrashOptions(replay=CrashCase(0, 3, before=True)), label="t.py::t")
+    with pytest.raises(InvariantViolation, match="crash before store write #3") as again:
         replayed.run(one_order, providers=charge_card, recover_options=recover)
+    assert "pytest 't.py::t' --aiqsim-replay 0:b3" in str(again.value)
     after = CrashDriver(CrashOptions(replay=CrashCase(0, 3))).run(
         one_order, providers=charge_card, recover_options=recover, keep_outcomes=True
     )
@@ -346,7 +348,49 @@ def test_driver_crashes_before_a_write_after_the_side_effect_since_the_last_one(
     report = CrashDriver(CrashOptions(seeds=(0,), sample=3)).run(
         one_order, providers=charge_card, recover_options={"use_lookup": False}
     )
-    assert report.cases == 4 and set(report.crash_points[0]) < {"b1", "1", "b2", "2", "b3", "3"}
+    assert report.cases == 4 and set(report.crash_points[0]) < {"b1", "1", "b2", "2", "e1", "b3", "3"}
+
+
+def charge_then_cache(world):  # type: ignore[no-untyped-def]
+    """A provider whose charge (no idempotency key) and result cache for ``lookup`` sit in one call:
+    no store write can fall between them, so only a crash right after the charge shows the bug."""
+    from aiqsim.http import CallableProvider
+
+    results: dict[str, Any] = {}
+
+    async def charge(request):  # type: ignore[no-untyped-def]
+        await world.runtime.sleep(0.4)
+        world.effects.record(f"order-{request.payload['id']}", what="charge card")
+        await world.runtime.sleep(0.1)
+        results[request.idempotency_key] = {"charged": request.payload["id"]}
+        return results[request.idempotency_key]
+
+    async def lookup(key: str) -> Any:
+        return results.get(key)
+
+    return [CallableProvider("charge", charge, lookup=lookup)]
+
+
+def test_driver_crashes_right_after_each_recorded_side_effect() -> None:
+    recover = {"requeue_interrupted": True}
+    with pytest.raises(InvariantViolation) as caught:
+        CrashDriver(CrashOptions(seeds=(0,))).run(
+            one_order, providers=charge_then_cache, recover_options=recover
+        )
+    message = str(caught.value)
+    assert "failed at seed 0, crash right after side effect #1" in message, message
+    assert "key 'order-1' was executed 2 times" in message and "--aiqsim-replay 0:e1" in message
+
+    report = CrashDriver(CrashOptions(replay=parse_replay("0:3"))).run(  # after write 3: cached, once
+        one_order, providers=charge_then_cache, recover_options=recover, keep_outcomes=True
+    )
+    assert report.outcomes[0].effects_after == (2,)  # the charge came after write 2 (running)
+    every = select_crash_points(3, 0, None, effects_after=(2,))
+    assert [case.point for case in every] == ["b1", "1", "b2", "2", "e1", "b3", "3"]
+    with pytest.raises(
+        ValueError, match="3 store writes and 1 side effects, so it never reaches crash point e2"
+    ):
+        CrashDriver(CrashOptions(replay=parse_replay("0:e2"))).run(one_order, providers=charge_then_cache)
 
 
 def test_a_crash_before_a_write_leaves_the_store_as_the_write_before_left_it() -> None:
@@ -745,7 +789,7 @@ def test_the_example_catches_the_users_non_idempotent_charge() -> None:
     assert shown.returncode == 1, shown.stdout + shown.stderr
     caught = re.search(r"key 'ticket-\d+' was executed 2 times", shown.stdout)
     assert caught, shown.stdout
-    replay = re.search(r"--aiqsim-replay (\d+:b?\d+)", shown.stdout)
+    replay = re.search(r"--aiqsim-replay (\d+:[be]?\d+)", shown.stdout)
     assert replay, shown.stdout
     print(f"\n[example] caught: {caught.group(0)}; replay {replay.group(1)}")
 

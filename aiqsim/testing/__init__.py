@@ -2,9 +2,9 @@
 
 Test *your* provider adapters, ``lookup`` functions, job definitions and store settings the way
 aiqsim tests its own recovery: crash the process right before and right after every store write
-(``--aiqsim-replay SEED:bK`` and ``SEED:K``), for several seeds, restart it with ``recover()``,
-and check that nothing was lost, nothing succeeded without a result and no key was executed
-(billed) twice.
+and right after every side effect your code records (``--aiqsim-replay SEED:bK``, ``SEED:K``,
+``SEED:eN``), for several seeds, restart it with ``recover()``, and check that nothing was lost,
+nothing succeeded without a result and no key was executed (billed) twice.
 
 - :class:`CrashDriver` runs your async scenario once per crash point and seed on a virtual clock
   (:mod:`aiqsim.testing.crash_driver`); a failure names the key, the seed and the crash point, and

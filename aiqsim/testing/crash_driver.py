@@ -14,14 +14,16 @@ clock, so each case takes milliseconds) against the user's providers, with the s
 :class:`~aiqsim.sim.crash.CrashingStore` -- the one crash injector the simulation lab uses too.
 Each write ``k`` gives two crash points: right after it (``k``), and right before it (``bk``:
 everything since write ``k-1`` happened -- the provider charged, the user's code did its side
-effect -- but write ``k`` never lands). There the process dies (every coroutine of the scheduler
-and of the scenario stops; a durable store is closed), and after ``restart_after_s`` a new life starts: a new
+effect -- but write ``k`` never lands); and each side effect ``n`` the user's code records gives
+one more (``en``: right after it, before its next statement). There the process dies (every
+coroutine of the scheduler and of the scenario stops; a durable store is closed), and after
+``restart_after_s`` a new life starts: a new
 scheduler on the same store calls ``recover()`` and then the scenario again, as a restarted
 worker would run its ``main``. When the scenario's last life has finished, the invariants of
 :mod:`aiqsim.testing.invariants` are checked. A broken one raises
 :class:`~aiqsim.testing.invariants.InvariantViolation` naming the key, the seed and the crash
 point, and the option that re-runs exactly that case (``--aiqsim-replay SEED:POINT``, POINT
-``k`` or ``bk``).
+``k``, ``bk`` or ``en``).
 
 The providers are built once per case and live through the crash: they are the servers, which
 do not die with the client. What they *did* (the ground truth for "executed at most once") comes
@@ -105,8 +107,11 @@ class EffectLog:
         self.entries: list[Effect] = []
 
     def record(self, key: str, what: str = "call") -> None:
-        """Note that the effect for ``key`` happened now."""
+        """Note that the effect for ``key`` happened now. In the crash case of this effect the
+        process dies right here (:class:`~aiqsim.sim.crash.SimulatedCrash` is raised)."""
         self.entries.append(Effect(str(key), self._world.runtime.now(), self._world.life, what))
+        if self._world.on_effect is not None:
+            self._world.on_effect(len(self.entries))
 
     def count(self, key: str) -> int:
         """How many times the effect for ``key`` happened."""
@@ -130,6 +135,8 @@ class CrashWorld:
         self.provider_ledger = ProviderLedger()
         """Shared by every provider made with :meth:`simulated_provider`."""
         self.simulated: list[SimulatedProvider] = []
+        self.on_effect: Callable[[int], None] | None = None
+        """Called by :meth:`EffectLog.record` with the effect's number (the driver's crash hook)."""
 
     def rng(self, name: str) -> random.Random:
         """A random stream for ``name`` derived from the case's seed (the same in every life)."""
@@ -228,6 +235,8 @@ class CrashOutcome:
     """Key -> what its executions were and in which process lives (for messages)."""
     rebuilt: tuple[StageEvent, ...] = ()
     """Stages whose ``build`` gave other payloads after the restart than before it."""
+    effects_after: tuple[int, ...] = ()
+    """How many store writes had been made when each recorded side effect happened."""
 
     def executions_per_key(self, *, checked_only: bool = True) -> dict[str, int]:
         """Executions per key (only the keys held to "at most once" by default)."""
@@ -245,7 +254,7 @@ class CrashReport:
     writes_per_seed: dict[int, int]
     cases: int
     crash_points: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    """Seed -> the crash points run, as ``--aiqsim-replay`` spells them (``b1``, ``1``, ``b2``, ...)."""
+    """Seed -> the crash points run, as ``--aiqsim-replay`` spells them (``b1``, ``1``, ``e1``, ...)."""
     duplicate_executions: int = 0
     """Executions beyond a key's first, over every case (unchecked keys included)."""
     outcomes: tuple[CrashOutcome, ...] = ()
@@ -363,7 +372,7 @@ class CrashDriver:
             baseline_case = CrashCase(seed, 0)
             baseline = self._case(plan, baseline_case)
             writes[seed] = baseline.writes
-            chosen = select_crash_points(baseline.writes, seed, self.options.sample)
+            chosen = select_crash_points(baseline.writes, seed, self.options.sample, baseline.effects_after)
             points[seed] = tuple(case.point for case in chosen)
             for case in (baseline_case, *chosen):
                 outcome = baseline if case.crash_point == 0 else self._case(plan, case)
@@ -451,7 +460,8 @@ class CrashDriver:
             if case.crash_point and not outcome.crashed:
                 raise ConfigurationError(
                     f"--aiqsim-replay {case.seed}:{case.point}: the run of seed {case.seed} makes only "
-                    f"{outcome.writes} store writes, so it never reaches crash point {case.point}"
+                    f"{outcome.writes} store writes and {len(outcome.effects_after)} side effects, so it "
+                    f"never reaches crash point {case.point}"
                 )
             try:
                 self._check(outcome)
@@ -476,7 +486,9 @@ class CrashDriver:
         ]
         if len(failures) > 1:
             others = ", ".join(f"{c.seed}:{c.point}" for c, _ in failures[1:])
-            lines.append(f"  also failing (SEED:POINT; bK: before write K): {others}")
+            lines.append(
+                f"  also failing (SEED:POINT; bK: before write K, eN: after side effect N): {others}"
+            )
         if total is not None:
             lines.append(f"  ({len(failures)} failing of {total} cases run)")
         violation = InvariantViolation(first.rule, "\n".join(lines), first.offenders)
@@ -529,8 +541,13 @@ class _Case:
         base = driver.store if driver.store is not None else StoreFactory("memory", Path("."))
         self.factory = base.fresh(f"s{case.seed}_k{case.point}")
         self.counter = [0]
-        self.crash_points = {case.crash_point} if case.crash_point and not case.before else set()
+        at_write = case.crash_point and not (case.before or case.effect)
+        self.crash_points = {case.crash_point} if at_write else set()
         self.crash_before = {case.crash_point} if case.before else set()
+        self.crash_effect = case.crash_point if case.effect else 0
+        self.effects_after: list[int] = []
+        self.world.on_effect = self._effect_recorded
+        self.store: CrashingStore | None = None
         self.submitted: list[str] = []
         self.submitted_jobs: list[str] = []
         self.rebuilt: list[StageEvent] = []
@@ -556,6 +573,16 @@ class _Case:
             self.rebuilt.append(event)
         if self.user_events is not None:
             self.user_events(event)
+
+    def _effect_recorded(self, number: int) -> None:
+        """Note after how many writes side effect ``number`` came; die right here if it is this
+        case's crash point (the store is dead from now on, as after a crash at a write)."""
+        self.effects_after.append(self.counter[0])
+        if number != self.crash_effect or self.store is None or self.store.dead:
+            return
+        self.store.dead = True
+        self._on_crash()
+        raise SimulatedCrash(f"crash right after side effect #{number}")
 
     def _on_crash(self) -> None:
         self.crashed = True
@@ -588,6 +615,7 @@ class _Case:
 
             Jobs(scheduler, specs=self.plan.jobs)
         self.scheduler = scheduler
+        self.store = store
         return scheduler, store
 
     async def _life(self, life: Life) -> None:
@@ -723,4 +751,5 @@ class _Case:
             task_errors=errors,
             snapshot=self.snapshot,
             rebuilt=tuple(self.rebuilt),
+            effects_after=tuple(self.effects_after),
         )

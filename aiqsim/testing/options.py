@@ -13,12 +13,20 @@ A crash test has two crash points per store write ``K``:
   ``running`` and ``succeeded`` writes) but write K never lands. A crash after write K-1 cannot
   show this: it stops the process before that work is done.
 
-Point ``0`` is the run without a crash. Cases run in the order the points occur: b1, 1, b2, 2, ...
+and one per side effect the user's code records (``world.effects.record``):
+
+- ``eN``: it dies right *after* its N-th recorded side effect, before its next statement -- the
+  moment between "the customer was charged" and "the result was kept" that no store write may
+  fall in (one call at a time, the charge and the caching in one provider call).
+
+Point ``0`` is the run without a crash. Cases run in the order the points occur (e.g. b1, 1, b2,
+2, e1, b3, 3).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiqsim.core.errors import ConfigurationError
@@ -26,6 +34,7 @@ from aiqsim.core.errors import ConfigurationError
 __all__ = [
     "BEFORE_PREFIX",
     "DEFAULT_SEEDS",
+    "EFFECT_PREFIX",
     "CrashCase",
     "CrashOptions",
     "KitOptionError",
@@ -41,6 +50,9 @@ DEFAULT_SEEDS = 3
 BEFORE_PREFIX = "b"
 """Marks a crash point *before* a store write in ``SEED:POINT`` (``0:b10``; ``0:10`` is after it)."""
 
+EFFECT_PREFIX = "e"
+"""Marks a crash point right after a recorded side effect in ``SEED:POINT`` (``0:e2``)."""
+
 
 class KitOptionError(ConfigurationError):
     """An ``--aiqsim-*`` option (or its ini value) that cannot be used; says what was expected."""
@@ -50,16 +62,20 @@ class KitOptionError(ConfigurationError):
 class CrashCase:
     """One run of a crash test: the ``seed`` and the store write at which the process dies
     (``crash_point``; 0 for the run without a crash): right after it, or right before it when
-    ``before`` (the write never lands)."""
+    ``before`` (the write never lands); with ``effect``, ``crash_point`` counts the recorded side
+    effects instead, and the process dies right after that one."""
 
     seed: int
     crash_point: int
     before: bool = False
+    effect: bool = False
 
     @property
     def point(self) -> str:
-        """The crash point as ``--aiqsim-replay`` spells it: ``K`` (after write K) or ``bK`` (before)."""
-        return f"{BEFORE_PREFIX if self.before else ''}{self.crash_point}"
+        """The crash point as ``--aiqsim-replay`` spells it: ``K`` (after write K), ``bK`` (before
+        write K) or ``eN`` (after side effect N)."""
+        prefix = EFFECT_PREFIX if self.effect else BEFORE_PREFIX if self.before else ""
+        return f"{prefix}{self.crash_point}"
 
     @property
     def replay_option(self) -> str:
@@ -71,6 +87,8 @@ class CrashCase:
         """The crash point in words: ``no crash``, ``crash before/after store write #K``."""
         if self.crash_point == 0:
             return "no crash"
+        if self.effect:
+            return f"crash right after side effect #{self.crash_point}"
         return f"crash {'before' if self.before else 'after'} store write #{self.crash_point}"
 
     def __str__(self) -> str:
@@ -123,28 +141,39 @@ def parse_crash_points(text: str) -> int | None:
 
 def parse_replay(text: str | None) -> CrashCase | None:
     """``--aiqsim-replay SEED:POINT``, or None when not given. SEED is a whole number >= 0; POINT is
-    ``K`` (crash after store write K; 0: no crash) or ``bK`` (crash before write K, K >= 1)."""
+    ``K`` (crash after store write K; 0: no crash), ``bK`` (crash before write K, K >= 1) or ``eN``
+    (crash right after side effect N, N >= 1)."""
     if text is None or str(text).strip() == "":
         return None
     seed, sep, point = str(text).strip().partition(":")
-    before = point.startswith(BEFORE_PREFIX)
-    write = point[len(BEFORE_PREFIX) :] if before else point
-    if not sep or not _is_number(seed) or not _is_number(write) or (before and int(write) < 1):
+    prefix = point[:1] if point[:1] in (BEFORE_PREFIX, EFFECT_PREFIX) else ""
+    number = point[len(prefix) :]
+    if not sep or not _is_number(seed) or not _is_number(number) or (prefix and int(number) < 1):
         raise KitOptionError(
             "--aiqsim-replay expects SEED:POINT as a failure prints it (POINT: K, crash after store "
-            f"write K, or bK, crash before it), got {text!r}"
+            f"write K; bK, crash before it; eN, crash right after side effect N), got {text!r}"
         )
-    return CrashCase(int(seed), int(write), before)
+    return CrashCase(int(seed), int(number), prefix == BEFORE_PREFIX, prefix == EFFECT_PREFIX)
 
 
-def select_crash_points(total_writes: int, seed: int, sample: int | None) -> list[CrashCase]:
-    """The crash cases to run for a seed whose crash-free run makes ``total_writes`` writes.
+def select_crash_points(
+    total_writes: int, seed: int, sample: int | None, effects_after: Sequence[int] = ()
+) -> list[CrashCase]:
+    """The crash cases to run for a seed whose crash-free run makes ``total_writes`` writes and
+    whose side effect ``n`` (1-based) came after ``effects_after[n-1]`` writes.
 
-    Every point without ``sample``: before and after each write 1..total, in the order they occur
-    (b1, 1, b2, 2, ...); otherwise ``sample`` of them drawn from a stream seeded by ``seed`` alone,
-    so the same options always pick the same points.
+    Every point without ``sample``: before and after each write 1..total and right after each
+    side effect, in the order they occur (an effect after write K comes before ``b(K+1)``);
+    otherwise ``sample`` of them drawn from a stream seeded by ``seed`` alone, so the same options
+    always pick the same points.
     """
-    points = [CrashCase(seed, k, before) for k in range(1, total_writes + 1) for before in (True, False)]
+    effects: dict[int, list[int]] = {}
+    for number, writes in enumerate(effects_after, start=1):
+        effects.setdefault(writes, []).append(number)
+    points = [CrashCase(seed, n, effect=True) for n in effects.get(0, [])]
+    for k in range(1, total_writes + 1):
+        points += [CrashCase(seed, k, before=True), CrashCase(seed, k)]
+        points += [CrashCase(seed, n, effect=True) for n in effects.get(k, [])]
     if sample is None or sample >= len(points):
         return points
     chosen = random.Random(f"aiqsim-crash-points:{seed}").sample(range(len(points)), sample)
