@@ -73,6 +73,19 @@ def redis_url():  # type: ignore[no-untyped-def]
     yield from _server("Redis", "AIQSIM_TEST_REDIS_URL", redis_server)
 
 
+@pytest.fixture
+def account(redis_url: str):  # type: ignore[no-untyped-def]
+    """A RedisQuota account name of this test's own on the Redis server, deleted afterwards, so
+    tests sharing one server (and xdist workers) never see each other's budget."""
+    import random
+
+    import redis
+
+    name = f"acct-{random.Random().getrandbits(40):010x}"
+    yield name
+    redis.Redis.from_url(redis_url).delete(f"aiqsim:quota:{name}:state", f"aiqsim:quota:{name}:slots")
+
+
 # ------------------------------------------------------------------ CI: a skip is a failure
 def running_in_ci() -> bool:
     """True when the ``CI`` environment variable says so (``.ci/run`` sets ``CI=true``)."""

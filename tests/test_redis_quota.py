@@ -9,30 +9,13 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import random
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
-
-
-@pytest.fixture
-def account(redis_url: str) -> Iterator[str]:
-    name = f"acct-{random.Random().getrandbits(40):010x}"
-    yield name
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    client.delete(f"aiqsim:quota:{name}:state", f"aiqsim:quota:{name}:slots")
-
-
-def quota(redis_url: str, account: str, limits: QuotaLimits, **options: object):  # type: ignore[no-untyped-def]
-    from aiqsim.fleet import RedisQuota
-
-    return RedisQuota(redis_url, account, limits, **options)  # type: ignore[arg-type]
+from tests.redis_accounts import quota
 
 
 def test_two_workers_draw_from_one_request_bucket(redis_url: str, account: str) -> None:

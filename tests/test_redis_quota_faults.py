@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -23,24 +22,8 @@ from aiqsim.errors import ServerError
 from aiqsim.runtime import AsyncioRuntime
 from aiqsim.scheduler.events import UsageAnomaly
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from tests.redis_accounts import quota
 from tests.runtimes import RUNTIMES, run_on
-
-
-@pytest.fixture
-def account(redis_url: str) -> Iterator[str]:
-    name = f"acct-{random.Random().getrandbits(40):010x}"
-    yield name
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    client.delete(f"aiqsim:quota:{name}:state", f"aiqsim:quota:{name}:slots")
-
-
-def quota(redis_url: str, account: str, limits: QuotaLimits, **options: object):  # type: ignore[no-untyped-def]
-    from aiqsim.fleet import RedisQuota
-
-    return RedisQuota(redis_url, account, limits, **options)  # type: ignore[arg-type]
-
 
 # ------------------------------------------------------------------ an absurd usage report
 
