@@ -721,3 +721,103 @@ def test_first_attempts_a_wait_mode_gate_holds_back_count_against_the_limit(limi
     accepted, refused, finished = runtime.run(main())
     assert (accepted, refused) == (limit, 50 - limit)
     assert finished == ["succeeded"] * limit  # the held ones still run once the breaker lets them
+
+
+def _open_wait_breaker(runtime: Any, scheduler: Scheduler, provider: str = "llm") -> Any:
+    """Fail two calls of ``provider`` so that the scheduler's wait-mode breaker opens."""
+
+    async def fail_twice() -> None:
+        for n in range(2):
+            await scheduler.submit("llm", {"input": f"bad{n}"}, provider=provider, cost_estimate=1).wait()
+
+    return fail_twice()
+
+
+def test_a_gated_request_that_would_not_get_its_quota_still_holds_a_shared_lane() -> None:
+    """Before (the first version of the gate rule, review): the trial dispatch skipped a queued
+    request held by its provider's gate even when the shared quota could not grant it, and so
+    accepted a cheap request of the other provider at the limit, which then waited 20 s (the real
+    dispatch never skips the policy's choice). A gated request is skipped only once granted."""
+    from aiqsim import RetryPolicy
+    from aiqsim.core.token_bucket import MultiQuota
+    from aiqsim.overload import CircuitBreaker
+
+    runtime = SimPyRuntime()
+    a = ScriptedProvider(runtime, name="a", latency_s=1.0, script={"bad0": ["500"], "bad1": ["500"]})
+    b = ScriptedProvider(runtime, name="b", latency_s=5.0)
+    shared = MultiQuota(QuotaLimits(tokens_per_min=60, token_burst=30))
+    breaker = CircuitBreaker(failure_threshold=2, window_s=600, cooldown_s=600, mode="wait")
+    scheduler = Scheduler(
+        runtime,
+        [a, b],
+        quotas={"a": shared, "b": shared},
+        gates=[breaker],
+        retry=RetryPolicy(max_attempts=1),
+        background_limit=1,
+    )
+
+    async def main() -> str:
+        await _open_wait_breaker(runtime, scheduler, "a")
+        scheduler.submit(
+            "llm", {"input": "hog"}, provider="b", cost_estimate=25, priority=Priority.INTERACTIVE
+        )
+        await runtime.sleep(0.1)
+        scheduler.submit("llm", {"input": "big"}, provider="a", cost_estimate=25)  # waits for tokens
+        await runtime.sleep(0.1)
+        try:
+            scheduler.submit("llm", {"input": "small"}, provider="b", cost_estimate=1)
+        except QueueFullError as refused:
+            return str(refused)
+        return "accepted"
+
+    assert "1 already queued (limit 1)" in runtime.run(main(), until=700)
+
+
+def test_a_jobs_calls_held_by_a_gate_count_once_and_a_lifted_one_in_its_new_class() -> None:
+    """Before (the first version of the gate rule, review): the 5 calls of a fanned-out job held by
+    an open breaker counted 5 against the limit (queued, the same job counted once), and a
+    held task lifted to interactive by a duplicate still counted as background."""
+    from aiqsim import RetryPolicy
+    from aiqsim.overload import CircuitBreaker
+
+    spec = JobSpec(
+        "fan",
+        "1",
+        [
+            Stage(
+                "each",
+                "llm",
+                fan_out=True,
+                build=lambda inputs, _: [{"input": f"{inputs}-{n}"} for n in range(5)],
+            )
+        ],
+    )
+    runtime = SimPyRuntime()
+    provider = ScriptedProvider(runtime, latency_s=1.0, script={"bad0": ["500"], "bad1": ["500"]})
+    breaker = CircuitBreaker(failure_threshold=2, window_s=60, cooldown_s=60, mode="wait")
+    scheduler = Scheduler(
+        runtime,
+        [provider],
+        quotas={"llm": QuotaLimits(concurrency=5)},
+        gates=[breaker],
+        retry=RetryPolicy(max_attempts=1),
+        background_limit=3,
+        interactive_limit=2,
+    )
+
+    async def main() -> list[int]:
+        await _open_wait_breaker(runtime, scheduler)
+        scheduler.submit_job(spec, "A")
+        await runtime.sleep(0.01)
+        depths = [scheduler._depth(Priority.BACKGROUND)]
+        scheduler.submit_job(spec, "B")  # accepted: A counts once
+        owner = scheduler.submit("llm", {"input": "x"})
+        await runtime.sleep(0.01)
+        depths.append(scheduler._depth(Priority.BACKGROUND))
+        scheduler.submit("llm", {"input": "x"}, priority=Priority.INTERACTIVE)  # lifts the held owner
+        await runtime.sleep(0.01)
+        assert scheduler._live[owner.id].record.priority is Priority.INTERACTIVE
+        depths += [scheduler._depth(Priority.BACKGROUND), scheduler._depth(Priority.INTERACTIVE)]
+        return depths
+
+    assert runtime.run(main(), until=5) == [1, 3, 2, 1]

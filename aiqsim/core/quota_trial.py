@@ -39,6 +39,13 @@ class QuotaTrial:
             self._granted.append(reservation)
         return reservation
 
+    def give_back(self, reservation: Reservation, now: float) -> None:
+        """Return one reservation of this trial at once: what a task that starts and hands its quota
+        straight back would leave (a gate holding its first attempt back)."""
+        self._target.cancel(reservation, now)
+        if self._real is not None:
+            self._granted.remove(reservation)
+
     def discard(self, now: float) -> None:
         """Give back what a quota without a private copy granted (nothing to do for a copy)."""
         granted, self._granted = self._granted, []

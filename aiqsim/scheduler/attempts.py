@@ -410,12 +410,12 @@ class AttemptLoop:
                     if is_retry:
                         await runtime.sleep(wait)
                     else:  # a first attempt held back waits as a queued task does: the depth limit counts it
-                        held = live.record.priority
-                        self._gate_held[held] += 1
+                        task_id = live.record.id
+                        self._gate_held.add(task_id)
                         try:
                             await runtime.sleep(wait)
                         finally:
-                            self._gate_held[held] -= 1
+                            self._gate_held.discard(task_id)
                 elif reservation is None:
                     reservation = await self._await_ticket(lane, live)  # then ask the gates again
                 else:

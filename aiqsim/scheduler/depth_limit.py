@@ -171,18 +171,21 @@ class DepthLimit:
             for candidate, klass in self._start_order(lane, now):
                 if id(candidate) in replaced:
                     continue  # it is a probe now, in its new class
-                if self.gates and isinstance(candidate, QueueItem):
-                    provider = probe_lanes.get(id(candidate)) or self._live[candidate.task_id].record.provider
-                    if provider not in held:
-                        held[provider] = self._gate_wait(provider, False) > 0
-                    if held[provider]:
-                        continue  # a gate holds it back: it waits, and keeps no quota
+                reservation = None
                 try:
-                    granted = trial.try_reserve(candidate.cost, now) is not None
+                    reservation = trial.try_reserve(candidate.cost, now)
+                    granted = reservation is not None
                 except QuotaConfigError:
                     granted = isinstance(candidate, QueueItem)  # dispatch fails it: it does not wait
                 if not granted:
-                    break
+                    break  # the policy's choice waits for quota, and so does the lane
+                if reservation is not None and self.gates and isinstance(candidate, QueueItem):
+                    provider = probe_lanes.get(id(candidate)) or self._live[candidate.task_id].record.provider
+                    if provider not in held:
+                        held[provider] = self._gate_wait(provider, False) > 0
+                    if held[provider]:  # it starts, gives its quota back at once and waits in the gate
+                        trial.give_back(reservation, now)
+                        continue
                 if isinstance(candidate, QueueItem) and klass is priority:
                     if candidate.task_id == _PROBE_ID:
                         probes_started += 1

@@ -393,6 +393,7 @@ class Jobs:
         plus each unfinished job that is queued or has a stage task waiting in a queue, once.
         The queued tasks in ``starting`` (they start in this instant) are left out."""
         live = self.scheduler._live
+        held = self.scheduler._held_by_gates(priority)  # first attempts a gate holds back: they wait
         queued_stage_tasks = 0
         waiting_jobs: set[str] = set()
         for task_id, (job_id, _) in self._stage_tasks.items():
@@ -401,12 +402,25 @@ class Jobs:
                 queued_stage_tasks += 1
                 if task_id not in starting:
                     waiting_jobs.add(job_id)
+        plain_held = 0
+        for task_id in held:
+            stage = self._stage_tasks.get(task_id)
+            if stage is None:
+                plain_held += 1
+            else:
+                waiting_jobs.add(stage[0])
         plain_starting = sum(1 for task_id in starting if task_id not in self._stage_tasks)
         for run in self._runs.values():  # a duplicate waiting for its owner holds no place, as for tasks
             record = run.record
             if record.priority is priority and record.status is QUEUED and run.waiting_on is None:
                 waiting_jobs.add(record.id)
-        return self.scheduler._queued[priority] - queued_stage_tasks - plain_starting + len(waiting_jobs)
+        return (
+            self.scheduler._queued[priority]
+            - queued_stage_tasks
+            - plain_starting
+            + len(waiting_jobs)
+            + plain_held
+        )
 
     def _promoted_calls(self, owner_id: str, priority: Priority) -> list[Call]:
         """What a duplicate job of ``priority`` queues, as the depth limit asks it: nothing, unless

@@ -369,9 +369,10 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             Priority.BACKGROUND: checked_queue_limit(background_limit, "background_limit"),
         }
         self._queued = dict.fromkeys(Priority, 0)
-        self._gate_held = dict.fromkeys(Priority, 0)
-        """First attempts a gate holds back (a wait-mode breaker, an adaptive rate): they wait, as
-        queued tasks do, so the depth limit counts them (:meth:`_depth`)."""
+        self._gate_held: set[str] = set()
+        """The tasks whose first attempt a gate holds back (a wait-mode breaker, an adaptive rate):
+        they wait, as queued tasks do, so the depth limit counts them (:meth:`_depth`), in the class
+        their record has now (a duplicate may lift it while it waits)."""
         if not isinstance(providers, Mapping):
             providers = {p.name: p for p in providers}
         if quotas is not None and not isinstance(quotas, Mapping):
@@ -616,8 +617,15 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         """Queued requests of ``priority`` as its depth limit counts them (a job counts once),
         leaving out the queued tasks in ``starting`` (they start in this instant)."""
         if self._jobs is None:
-            return self._queued[priority] + self._gate_held[priority] - len(starting)
-        return self._jobs.depth(priority, starting) + self._gate_held[priority]
+            return self._queued[priority] + len(self._held_by_gates(priority)) - len(starting)
+        return self._jobs.depth(priority, starting)
+
+    def _held_by_gates(self, priority: Priority) -> list[str]:
+        """The tasks of ``priority`` whose first attempt a gate holds back (:attr:`_gate_held`)."""
+        if not self._gate_held:
+            return []
+        live = self._live
+        return [task_id for task_id in self._gate_held if live[task_id].record.priority is priority]
 
     def _cost_estimate(self, lane: Lane, kind: str, payload: Any, given: float | None) -> float:
         """The quota cost a call is submitted with: ``given``, else the provider's estimate, else 0.
@@ -649,7 +657,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
 
     def _queue_full(self, lane: Lane, priority: Priority, limit: int) -> QueueFullError:
         """The refusal of one more ``priority`` task, reported as an event first."""
-        queued = self._queued[priority]
+        queued = self._depth(priority)  # what waits, as the limit counts it
         name = priority.name.lower()
         if self.events is not None:
             in_lane = len(lane.queues[priority])
