@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import simpy
@@ -186,6 +187,76 @@ def test_the_timeout_wins_over_what_the_cancelled_work_ends_with(rt_name: str, e
     said, detail = run_on(rt_name, body)
     assert said == "timed out"
     assert detail == ("NoneType" if ending == "returns" else "RuntimeError")
+
+
+@pytest.mark.parametrize("timeout", [0.0, -1.0])
+def test_a_deadline_already_passed_still_cancels_the_work_on_asyncio(timeout: float) -> None:
+    """Before (7e75624, review): with a timeout <= 0, wait_for cancelled the marking wrapper before
+    it ran, so the awaited work was never awaited (a RuntimeWarning, an error in this suite) and a
+    wait_readable future never cancelled kept its descriptor registered with the loop."""
+    import asyncio
+    import socket
+
+    from aiqsim.runtime import AsyncioRuntime
+
+    rt = AsyncioRuntime()
+
+    async def work() -> str:
+        await asyncio.sleep(10)
+        return "late"
+
+    async def body() -> tuple[int, dict[int, Any]]:
+        timeouts = 0
+        for awaitable in (work(), rt.wait_readable(reader.fileno())):
+            try:
+                await rt.wait_for(awaitable, timeout)
+            except TimeoutError:
+                timeouts += 1
+        return timeouts, dict(rt._readers)
+
+    reader, writer = socket.socketpair()
+    try:
+        assert asyncio.run(body()) == (2, {})
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_cancelling_work_that_ends_on_its_own_when_cancelled_logs_nothing() -> None:
+    """Before (470e6a1, review): a task cancelled from outside while its provider call returned
+    what it had on the way out left asyncio logging 'Task exception was never retrieved' for the
+    runtime's internal marker, on every such cancel."""
+    import asyncio
+
+    from aiqsim.runtime import AsyncioRuntime
+
+    rt = AsyncioRuntime()
+    logged: list[dict[str, Any]] = []
+
+    async def returns_partial() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "partial"
+        return "full"
+
+    async def body() -> bool:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: logged.append(context))
+        attempt = asyncio.ensure_future(rt.wait_for(returns_partial(), 60.0))
+        await asyncio.sleep(0.01)
+        attempt.cancel()
+        try:
+            await attempt
+        except asyncio.CancelledError:
+            pass
+        import gc
+
+        gc.collect()
+        await asyncio.sleep(0)
+        return attempt.cancelled()
+
+    assert asyncio.run(body()) is True
+    assert logged == []
 
 
 @both

@@ -26,13 +26,15 @@ class _OwnTimeout(Exception):
         self.error = error
 
 
-class _EndedWhenCancelled(Exception):
-    """The deadline cancelled the awaited work, and the work ended with an outcome of its own
-    instead (it returned what it had, or its cleanup raised): ``asyncio.wait_for`` passes that
-    outcome on, where SimPyRuntime says the timeout wins, as it should (the answer is late)."""
+class _EndedWhenCancelled:
+    """What the awaited work ended with after it was asked to cancel (it returned what it had, or
+    its cleanup raised): ``asyncio.wait_for`` would pass that outcome on, where SimPyRuntime says
+    the timeout wins, as it should (the answer is late). A result, not an exception: when the
+    cancel came from outside, wait_for drops it unread, and an exception nobody read is logged."""
+
+    __slots__ = ("error",)
 
     def __init__(self, error: BaseException | None) -> None:
-        super().__init__()
         self.error = error
 
 
@@ -41,7 +43,7 @@ def _cancel_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-async def _marking_own_timeouts(awaitable: Awaitable[T]) -> T:
+async def _marking_own_timeouts(awaitable: Awaitable[T]) -> T | _EndedWhenCancelled:
     """Await ``awaitable`` inside wait_for's task, marking the two outcomes wait_for cannot tell."""
     try:
         result = await awaitable
@@ -49,12 +51,12 @@ async def _marking_own_timeouts(awaitable: Awaitable[T]) -> T:
         raise
     except Exception as error:
         if _cancel_requested():
-            raise _EndedWhenCancelled(error) from None
+            return _EndedWhenCancelled(error)
         if isinstance(error, TimeoutError):
             raise _OwnTimeout(error) from None
         raise
     if _cancel_requested():
-        raise _EndedWhenCancelled(None)
+        return _EndedWhenCancelled(None)
     return result
 
 
@@ -102,16 +104,14 @@ class AsyncioRuntime:
             return await awaitable
         task = asyncio.current_task()
         requested = task.cancelling() if task is not None else 0
+        delay = max(0.0, timeout) * self.time_scale
         try:
-            return await asyncio.wait_for(
-                _marking_own_timeouts(awaitable), max(0.0, timeout) * self.time_scale
-            )
+            if delay <= 0:  # wait_for cancels the work before it runs: nothing of its own to tell
+                return await asyncio.wait_for(awaitable, 0)
+            outcome = await asyncio.wait_for(_marking_own_timeouts(awaitable), delay)
         except _OwnTimeout as own:  # the awaited work's own TimeoutError, not this deadline's
             error = own.error
             raise error from error.__cause__
-        except _EndedWhenCancelled as ended:  # the timeout wins over what the cancelled work did
-            cause = ended.error
-            raise DeadlineExceeded(f"timed out after {timeout:g} s") from cause
         except TimeoutError as error:
             # say which deadline, as SimPyRuntime does ("timed out after 60 s (virtual)")
             raise DeadlineExceeded(f"timed out after {timeout:g} s") from error.__cause__
@@ -121,6 +121,9 @@ class AsyncioRuntime:
             # Deliver it, as SimPyRuntime and Python >= 3.12 do.
             if task is not None and task.cancelling() > requested:
                 raise asyncio.CancelledError()
+        if type(outcome) is _EndedWhenCancelled:  # the timeout wins over what the cancelled work did
+            raise DeadlineExceeded(f"timed out after {timeout:g} s") from outcome.error
+        return outcome
 
     def call_soon(self, callback: Callable[[], None], *, name: str | None = None) -> None:
         """``loop.call_soon``: an exception ``callback`` raises goes to the loop's exception handler."""
