@@ -163,13 +163,18 @@ def header_value(headers: Mapping[str, Any] | Any, name: str) -> str | None:
 _DAY_NAME = re.compile(r"(mon|tue|wed|thu|fri|sat|sun)[a-z]*", re.IGNORECASE)
 
 
+_JOINED = re.compile(r",[ \t]+")
+"""Where lines a client joined meet: a comma and a space (httpx, urllib3 and aiohttp join with
+``", "``); a comma alone is part of a value (``"1,000"``)."""
+
+
 def _list_items(line: str) -> list[str]:
-    """The items of a comma-joined header line; a day name (``Wed,`` of an HTTP date, which holds
-    a comma itself) stays with what follows it."""
+    """The items of a header line that a client joined from several; a day name (``Wed,`` of an HTTP
+    date, which holds a comma itself) stays with what follows it."""
     items: list[str] = []
-    for piece in line.split(","):
+    for piece in _JOINED.split(line):
         if items and _DAY_NAME.fullmatch(items[-1].strip()):
-            items[-1] = f"{items[-1]},{piece}"
+            items[-1] = f"{items[-1]}, {piece}"
         else:
             items.append(piece)
     return items
@@ -197,16 +202,17 @@ def _each_value(
 
     A mapping that joins duplicates gives ``"7, 7"``, which no single-value grammar reads: a line
     that does not parse whole is read as a comma-separated list (dates split after ``GMT``, since
-    a date holds a comma itself). Values that do not parse are left out."""
+    a date holds a comma itself), and only if every item parses (``"1,000"`` is no list).
+    Values that do not parse are left out."""
     parsed = []
     for line in _field_lines(headers, name):
         value = parse(line)
         if value is not None:
             parsed.append(value)
             continue
-        parts = _list_items(line)
-        if len(parts) > 1:
-            parsed.extend(v for v in map(parse, parts) if v is not None)
+        parts = [parse(part) for part in _list_items(line)]
+        if len(parts) > 1 and None not in parts:  # "1,000" is no list of two values
+            parsed.extend(parts)  # type: ignore[arg-type]
     return parsed
 
 

@@ -103,6 +103,44 @@ def _check_url(httpx: Any, url: str, name: str) -> None:
         )
 
 
+def _checked_headers(name: str, headers: Any) -> dict[str, str]:
+    """``headers`` as text, each one sendable, in the forms httpx takes (a mapping or pairs, text
+    or ASCII bytes); a ConfigurationError naming the header otherwise, when the provider is made,
+    not at every call (a non-ASCII value failed each call with a raw UnicodeEncodeError)."""
+    if not headers:
+        return {}
+    multi_items = getattr(headers, "multi_items", None)
+    if callable(multi_items):  # httpx.Headers: every line, duplicates included
+        pairs = list(multi_items())
+    elif isinstance(headers, Mapping):
+        pairs = list(headers.items())
+    else:
+        try:
+            pairs = [(header, value) for header, value in headers]
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"HttpProvider {name!r}: headers must be a mapping or (name, value) pairs, got {headers!r}"
+            ) from None
+    checked = {}
+    for header, value in pairs:
+        header, value = _as_text(header), _as_text(value)
+        problem = header_problem(header, value)
+        if problem is not None:
+            raise ConfigurationError(f"HttpProvider {name!r}: {problem}")
+        checked[header] = value
+    return checked
+
+
+def _as_text(given: Any) -> Any:
+    """ASCII bytes as text (httpx sends bytes as they are); anything else as given, for the check."""
+    if isinstance(given, bytes):
+        try:
+            return given.decode("ascii")
+        except UnicodeDecodeError:
+            return given.decode("latin-1")  # refused by the check, shown as it would be sent
+    return given
+
+
 def _check_timeout(httpx: Any, timeout: Any) -> None:
     """Refuse, when the provider is made, a timeout httpx would misread: NaN failed each call with
     a raw ValueError, 0 or a negative timed every call out before it was sent, and infinity quietly
@@ -207,10 +245,7 @@ class HttpProvider:
         self.max_response_bytes = max_response_bytes
         check_time_scale(time_scale)
         _check_timeout(self._httpx, timeout)
-        for header, text in (headers or {}).items():
-            problem = header_problem(header, text)
-            if problem is not None:
-                raise ConfigurationError(f"HttpProvider {name!r}: {problem}")
+        headers = _checked_headers(name, headers)
         if max_connections is not None and (isinstance(max_connections, bool) or max_connections < 1):
             raise ConfigurationError(f"max_connections must be an int >= 1, got {max_connections!r}")
         self.name = name
@@ -222,7 +257,7 @@ class HttpProvider:
         self.send_task_headers = send_task_headers
         self._client = client
         self._owned: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
-        self._headers = dict(headers or {})
+        self._headers = headers
         self._timeout = timeout
         self._model = model
         self._build_body = build_body
