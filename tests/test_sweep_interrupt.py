@@ -127,3 +127,30 @@ def test_ctrl_c_during_aiqsim_sweep_keeps_the_finished_runs(tmp_path: Path, engi
     assert partial == out.with_name("sweep.partial.csv")
     assert len(pd.read_csv(partial)) == kept
     assert not out.exists()  # the sweep did not finish: only the partial file
+
+
+def _sleep_a_minute(_: int) -> None:
+    time.sleep(60)
+
+
+def test_stopping_the_local_pool_terminates_the_runs_in_progress() -> None:
+    """Before (review): the worker processes were read after ``shutdown(wait=False)``, which forgets
+    them, so none was terminated and Ctrl-C waited for every run in progress to end."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from aiqsim.sim.sweep import _stop_pool
+
+    pool = ProcessPoolExecutor(max_workers=2)
+    futures = [pool.submit(_sleep_a_minute, n) for n in range(4)]
+    workers = []
+    deadline = time.monotonic() + 60
+    while len(workers) < 2:  # both workers started (a loaded machine may take a while)
+        workers = list((pool._processes or {}).values())  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the pool's workers did not start"
+        time.sleep(0.05)
+    time.sleep(0.5)  # each is in a run now
+    _stop_pool(pool)
+    for process in workers:
+        process.join(timeout=20)
+    assert [process.is_alive() for process in workers] == [False, False]
+    assert all(future.cancelled() or future.done() for future in futures[2:])
