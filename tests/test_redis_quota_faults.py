@@ -146,6 +146,76 @@ def test_a_slot_whose_reservation_answer_was_lost_is_freed_when_redis_answers(
     assert other.try_reserve(0.0, 0.0) is not None
 
 
+class Faults:
+    """Stands for the settle script through a plan of faults, one per call, then answers: "ran"
+    runs the script and loses its answer (a timeout after Redis applied it), "lost" times out
+    before Redis ran it."""
+
+    def __init__(self, script: object, plan: list[str]) -> None:
+        self.script = script
+        self.plan = list(plan)
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        import redis
+
+        fault = self.plan.pop(0) if self.plan else None
+        if fault == "lost":
+            raise redis.exceptions.TimeoutError("Timeout reading from socket")
+        answer = self.script(*args, **kwargs)  # type: ignore[operator]
+        if fault == "ran":
+            raise redis.exceptions.TimeoutError("Timeout reading from socket")
+        return answer
+
+
+@pytest.mark.parametrize("plan", [["ran"], ["lost"], ["lost", "ran"], ["ran", "ran"], ["lost", "lost"]])
+@pytest.mark.parametrize("settle", ["reconcile", "cancel"])
+def test_a_settle_whose_answer_was_lost_is_applied_once(
+    redis_url: str, account: str, settle: str, plan: list[str]
+) -> None:
+    """A settle lost to a timeout was kept and sent again with the next call, but Redis may already
+    have run it: a reconcile of estimate 500 / actual 9 000 charged 8 500 twice (level -7 500, not
+    1 000), a cancel refunded 5 000 twice (level 10 000 with a reservation of 5 000 still spent).
+    Each settle is now applied once, whether its first send (or its resend) ran or never did."""
+    q = quota(redis_url, account, QuotaLimits(tokens_per_min=6, token_burst=10_000))  # refill negligible
+    settle_script = q._settle
+    if settle == "reconcile":
+        held = reservation = q.try_reserve(500.0, 0.0)
+        assert reservation is not None
+        q._settle = Faults(settle_script, plan)
+        q.reconcile(reservation, 9_000.0, 1.0)
+        expected = 1_000.0
+    else:
+        reservation, held = q.try_reserve(5_000.0, 0.0), q.try_reserve(5_000.0, 0.0)
+        assert reservation is not None and held is not None
+        q._settle = Faults(settle_script, plan)
+        q.cancel(reservation, 1.0)
+        expected = 5_000.0
+    assert q.unsettled != (0.0, 0.0, 0)  # kept: Redis's answer never came
+    for second in range(2, 2 + len(plan)):  # each resend past the retry window after the last failure
+        q.levels(float(second))
+    q.release(held, 10.0)
+    assert q.unsettled == (0.0, 0.0, 0)
+    assert q.levels(11.0)[1] == pytest.approx(expected, abs=2.0)
+    assert q.levels(11.0)[2] == 0  # the slots freed too
+
+
+def test_a_settle_in_doubt_past_the_resend_horizon_frees_its_slot_and_applies_nothing(
+    redis_url: str, account: str
+) -> None:
+    """A settle kept longer than SETTLE_RESEND_S (Redis server clock) may have outlived the marker
+    that tells whether it ran: it is not applied (never twice), but its slot is still freed."""
+    q = quota(redis_url, account, QuotaLimits(tokens_per_min=6, token_burst=10_000, concurrency=2))
+    reservation = q.try_reserve(500.0, 0.0)
+    assert reservation is not None
+    q._server_now = 1.0  # the last answer Redis gave was in 1970
+    settle_script, q._settle = q._settle, Faults(q._settle, ["lost"])
+    q.cancel(reservation, 1.0)
+    q._settle = settle_script
+    assert q.unsettled == (0.0, 500.0, 1)
+    assert q.levels(2.0)[1:] == (pytest.approx(9_500.0, abs=2.0), 0)
+    assert q.unsettled == (0.0, 0.0, 0)
+
+
 # ------------------------------------------------------------------ settings that cannot work
 
 

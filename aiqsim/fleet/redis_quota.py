@@ -40,6 +40,17 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
   slot until ``slot_ttl_s``. Kept amounts are bounded: the owed requests and tokens to one bucket
   capacity each (a worker's debt never freezes the fleet for more than one burst's refill), the
   slots to free to :data:`MAX_UNSETTLED_SLOTS` (the oldest beyond lapse after ``slot_ttl_s``).
+- **A settle is applied at most once.** A settle whose answer was lost (a timeout) may have run in
+  Redis all the same: sent again blindly, a reconcile's charge was taken twice (estimate 500,
+  actual 9 000: level -7 399 instead of 1 101, the fleet waiting ~51 s for nothing) and a cancel's
+  refund given twice (the fleet could exceed the account's limit). So each settle carries a
+  sequence number of this worker's, and the script applies it only if it is above the last one it
+  applied for this worker (``aiqsim:quota:<name>:settled:<worker instance>``, one small key per
+  worker, expiring ``2 x`` :data:`SETTLE_RESEND_S` after its last settle): a settle in doubt is
+  resent as it was (same number), alone, before anything newer, so a resend of one Redis already
+  ran does nothing. A settle still in doubt after :data:`SETTLE_RESEND_S` of the Redis server's
+  clock may have outlived its marker: it then frees its slots but charges or refunds nothing
+  (what it owed is that old, long refilled: dropped rather than risk applying it twice).
 
 The limits are the same :class:`~aiqsim.core.token_bucket.QuotaLimits` as a local quota (per
 minute of the scheduler's clock, bursts defaulting to a minute's worth); ``time_scale`` (wall
@@ -77,6 +88,12 @@ MAX_REST_S = 2.0
 MAX_UNSETTLED_SLOTS = 1024
 """How many slot members whose release failed a quota keeps to free later; beyond that the
 oldest are forgotten (they lapse on their own after ``slot_ttl_s``)."""
+SETTLE_RESEND_S = 86_400.0
+"""How long (wall seconds, on the Redis server's clock) a settle whose answer was lost can still be
+told apart from one Redis never ran, and so be resent safely: Redis keeps a worker's settle marker
+twice as long after the worker's last applied settle. A settle in doubt for longer (a worker cut
+off from Redis for a day) frees its slots but charges or refunds nothing, so it is never applied
+twice; a day-old charge or refund no longer matters to per-minute buckets."""
 
 # KEYS[1] = state hash, KEYS[2] = slot sorted set.
 # State: rl/ru (request level, updated), tl/tu (token level, updated), pause (server instant).
@@ -96,7 +113,8 @@ local function store(prefix, l)
 end
 """
 
-# ARGV: cost, rcap, rrate, tcap, trate, concurrency, member, slot_ttl, slack
+# ARGV: cost, rcap, rrate, tcap, trate, concurrency, member, slot_ttl, slack.
+# Answers {granted, detail, server time}.
 _RESERVE = (
     _PRELUDE
     + """
@@ -104,34 +122,43 @@ local cost, rcap, rrate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]
 local tcap, trate, conc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local member, ttl, slack = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
 local pause = tonumber(redis.call('HGET', KEYS[1], 'pause') or '0')
-if pause > now then return {0, tostring(pause - now)} end
+if pause > now then return {0, tostring(pause - now), tostring(now)} end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if conc > 0 and redis.call('ZCARD', KEYS[2]) >= conc then return {0, 'slot'} end
+if conc > 0 and redis.call('ZCARD', KEYS[2]) >= conc then return {0, 'slot', tostring(now)} end
 local wait = 0
 local rl = level('r', rcap, rrate)
 local tl = level('t', tcap, trate)
 if rcap > 0 and rl + slack * rcap < 1 then wait = math.max(wait, (1 - rl) / rrate) end
 if tcap > 0 and tl + slack * tcap < cost then wait = math.max(wait, (cost - tl) / trate) end
-if wait > 0 then return {0, tostring(wait)} end
+if wait > 0 then return {0, tostring(wait), tostring(now)} end
 if rcap > 0 then store('r', math.max(0, rl - 1)) end
 if tcap > 0 then store('t', math.max(0, tl - cost)) end
 redis.call('ZADD', KEYS[2], now + ttl, member)
 redis.call('PEXPIRE', KEYS[2], math.floor((ttl + 60) * 1000))
-return {1, '0'}
+return {1, '0', tostring(now)}
 """
 )
 
+# KEYS[3] = the worker's settle marker (the sequence number of its last applied settle).
 # ARGV: refund_requests, refund_tokens (>= 0: refund; < 0: charge), rcap, rrate, tcap, trate,
-# then the members of the slots to free (none, one, or those of earlier settles that failed)
+# sequence number, resend horizon (SETTLE_RESEND_S), server time last seen before a resend ('' on a
+# first send), then the members of the slots to free (none, one, or those of earlier settles).
+# Answers {1 applied or 0 already applied (or too old to tell), server time}. Freeing a slot is
+# idempotent, so it is done either way; the amounts only on the settle's first application.
 _SETTLE = (
     _PRELUDE
     + """
 local dr, dt = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rcap, rrate, tcap, trate = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-for i = 7, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
+local seq, horizon, since = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+for i = 10, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
+local done = tonumber(redis.call('GET', KEYS[3]) or '')
+if done ~= nil and seq <= done then return {0, tostring(now)} end
+if done == nil and since ~= nil and now - since > horizon then return {0, tostring(now)} end
+redis.call('SET', KEYS[3], tostring(seq), 'PX', math.floor(2 * horizon * 1000))
 if rcap > 0 and dr ~= 0 then store('r', math.min(rcap, level('r', rcap, rrate) + dr)) end
 if tcap > 0 and dt ~= 0 then store('t', math.min(tcap, level('t', tcap, trate) + dt)) end
-return 1
+return {1, tostring(now)}
 """
 )
 
@@ -166,6 +193,21 @@ class SharedReservation(Reservation):
 
     member: str = ""
     local: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Settle:
+    """A settle sent to Redis whose answer was lost: resent exactly as it was (same ``marker`` key
+    and ``sequence``), so Redis applies it at most once. ``since`` is the Redis server time the
+    quota last saw before sending it (``None``: none yet): the settle cannot have run before then,
+    so its marker lives at least until ``since + 2 x SETTLE_RESEND_S``."""
+
+    marker: str
+    sequence: int
+    requests: float
+    tokens: float
+    members: tuple[str, ...]
+    since: float | None
 
 
 def _redis_module() -> Any:
@@ -275,6 +317,10 @@ class RedisQuota:
         self._owed_requests = 0.0
         self._owed_tokens = 0.0
         self._unsettled_members: list[str] = []
+        self._in_doubt: _Settle | None = None
+        """The settle whose answer was lost (it may have run): resent alone, before anything newer."""
+        self._server_now: float | None = None
+        """The Redis server time in the last answer (see :class:`_Settle`)."""
         self._last_error: Exception | None = None
         self._retry_at = -math.inf
         self._failures = 0
@@ -283,8 +329,17 @@ class RedisQuota:
     @property
     def unsettled(self) -> tuple[float, float, int]:
         """What failed settles left to send: (requests, tokens, slots to free); refunds are
-        positive, charges negative. Sent with the next settle, or before the next reservation."""
-        return self._owed_requests, self._owed_tokens, len(self._unsettled_members)
+        positive, charges negative. Sent with the next settle, or before the next reservation.
+        Includes a settle whose answer was lost (it may already have been applied, then its resend
+        does nothing)."""
+        doubt = self._in_doubt
+        if doubt is None:
+            return self._owed_requests, self._owed_tokens, len(self._unsettled_members)
+        return (
+            doubt.requests + self._owed_requests,
+            doubt.tokens + self._owed_tokens,
+            len(doubt.members) + len(self._unsettled_members),
+        )
 
     # ------------------------------------------------------------------ shape of the limits
     def _bucket_args(self) -> tuple[float, float, float, float]:
@@ -320,8 +375,8 @@ class RedisQuota:
         return self._local_slots
 
     # ------------------------------------------------------------------ the quota interface
-    def _call(self, script: Any, args: list[Any]) -> Any:
-        answer = script(keys=list(self._keys), args=args)
+    def _call(self, script: Any, args: list[Any], *keys: str) -> Any:
+        answer = script(keys=[*self._keys, *keys], args=args)
         self._failures = 0
         return answer
 
@@ -358,7 +413,7 @@ class RedisQuota:
         self._sequence += 1
         member = f"{self.worker}:{os.getpid()}:{self._instance}:{self._sequence}"
         try:
-            granted, detail = self._call(
+            granted, detail, server_now = self._call(
                 self._reserve,
                 [tokens, *self._bucket_args()[:2], *self._bucket_args()[2:], self.limits.concurrency or 0,
                  member, self.slot_ttl_s * self.time_scale, 1e-9],
@@ -368,6 +423,7 @@ class RedisQuota:
             self._refuse_if_misconfigured(error)
             self._answer_lost(member)
             return self._reserve_locally(tokens, now)
+        self._server_now = float(server_now)
         if int(granted) != 1:
             full = detail in (b"slot", "slot")  # every shared slot is taken: poll (see poll_full_pool)
             wall = poll_full_pool(math.inf if full else float(detail), DEFAULT_SLOT_POLL_S)
@@ -404,7 +460,9 @@ class RedisQuota:
         would wait that long. Its member is freed with the next settle that Redis answers (a no-op
         if the script never ran). Its request and tokens are not refunded: whether they were taken
         is unknown, and over-refunding would let the fleet overrun the account."""
-        self._unsettled_members = [*self._unsettled_members, member][-MAX_UNSETTLED_SLOTS:]
+        rcap, _, tcap, _ = self._bucket_args()
+        members = [*self._unsettled_members, member]
+        self._keep_unsettled(members, self._owed_requests, self._owed_tokens, rcap, tcap)
 
     def _reserve_locally(self, tokens: float, now: float) -> Reservation | None:
         if self.fallback is None:
@@ -434,36 +492,78 @@ class RedisQuota:
     def _settle_call(self, member: str, refund_requests: float, refund_tokens: float) -> bool:
         """Free ``member``'s slot (``""``: none) and refund (or, negative, charge) the buckets, with
         whatever earlier settles left unsent; on a Redis error keep it all for the next one.
-        Returns whether Redis took it."""
+        Returns whether Redis took it (and any settle in doubt before it).
+
+        A settle whose answer was lost is kept as it was sent (:attr:`_in_doubt`) and resent alone,
+        first: Redis may have run it, and its sequence number makes the resend a no-op then. What
+        is settled meanwhile waits, merged, for it to be answered, so at most one settle is ever in
+        doubt and Redis sees this worker's sequence numbers in increasing order."""
+        rcap, _, tcap, _ = self._bucket_args()
         members = [*self._unsettled_members, member] if member else self._unsettled_members
-        requests = self._owed_requests + refund_requests
-        tokens = self._owed_tokens + refund_tokens
-        rcap, rrate, tcap, trate = self._bucket_args()
+        self._keep_unsettled(
+            members, self._owed_requests + refund_requests, self._owed_tokens + refund_tokens, rcap, tcap
+        )
         if self._resting():
-            self._keep_unsettled(members, requests, tokens, rcap, tcap)
             return False
+        if self._in_doubt is not None:
+            if not self._send_settle(self._in_doubt, resend=True):
+                return False
+            self._in_doubt = None
+        if not (self._unsettled_members or self._owed_requests or self._owed_tokens):
+            return True
+        self._sequence += 1
+        batch = _Settle(
+            marker=f"aiqsim:quota:{self.name}:settled:{self._instance}:{os.getpid()}",
+            sequence=self._sequence,
+            requests=self._owed_requests,
+            tokens=self._owed_tokens,
+            members=tuple(self._unsettled_members),
+            since=self._server_now,
+        )
+        self._owed_requests = self._owed_tokens = 0.0
+        self._unsettled_members = []
+        if self._send_settle(batch, resend=False):
+            return True
+        self._in_doubt = batch
+        return False
+
+    def _send_settle(self, batch: _Settle, *, resend: bool) -> bool:
+        """One settle script call for ``batch``; whether Redis answered (applied now or before)."""
+        # A first send passes no `since`: it cannot have run before. A resend that finds no marker
+        # SETTLE_RESEND_S after `since` (unknown: 0) applies nothing, as the marker may have expired.
+        since = "" if not resend else repr(batch.since) if batch.since is not None else "0"
         try:
-            self._call(self._settle, [requests, tokens, rcap, rrate, tcap, trate, *members])
+            _, server_now = self._call(
+                self._settle,
+                [batch.requests, batch.tokens, *self._bucket_args(), batch.sequence, SETTLE_RESEND_S,
+                 since, *batch.members],
+                batch.marker,
+            )  # fmt: skip
         except self._redis.RedisError as error:
             self._down()
             self._last_error = error
-            self._keep_unsettled(members, requests, tokens, rcap, tcap)
             return False
-        self._keep_unsettled([], 0.0, 0.0, rcap, tcap)
+        self._server_now = float(server_now)
         return True
 
     def _keep_unsettled(
         self, members: list[str], requests: float, tokens: float, rcap: float, tcap: float
     ) -> None:
         """Remember what a settle could not send, bounded (see the module docs): owed amounts to one
-        bucket capacity each, slots to the newest :data:`MAX_UNSETTLED_SLOTS`."""
-        self._owed_requests = _bounded(requests, rcap)
-        self._owed_tokens = _bounded(tokens, tcap)
-        self._unsettled_members = members[-MAX_UNSETTLED_SLOTS:]
+        bucket capacity each, slots to the newest :data:`MAX_UNSETTLED_SLOTS` — counting the
+        settle in doubt, if any, with what is kept."""
+        doubt = self._in_doubt
+        doubt_requests, doubt_tokens = (doubt.requests, doubt.tokens) if doubt is not None else (0.0, 0.0)
+        self._owed_requests = _bounded(doubt_requests + requests, rcap) - doubt_requests
+        self._owed_tokens = _bounded(doubt_tokens + tokens, tcap) - doubt_tokens
+        room = MAX_UNSETTLED_SLOTS - (len(doubt.members) if doubt is not None else 0)
+        self._unsettled_members = members[-room:] if room > 0 else []
 
     def _settle_backlog(self) -> bool:
         """Send what earlier settles left (nothing to send: True at once); whether Redis took it."""
-        if not (self._unsettled_members or self._owed_requests or self._owed_tokens):
+        if not (
+            self._in_doubt is not None or self._unsettled_members or self._owed_requests or self._owed_tokens
+        ):
             return True
         return self._settle_call("", 0.0, 0.0)
 
