@@ -352,3 +352,27 @@ def test_a_stalled_redis_costs_one_timeout_per_retry_window_not_one_per_task(
     assert q.try_reserve(0.0, 4.9) is not None and stall.calls == 1  # still inside retry_s
     q.try_reserve(0.0, 5.0)
     assert stall.calls == 2  # asked again once retry_s has passed
+
+
+def test_a_clock_that_went_back_does_not_extend_the_retry_window(redis_url: str, account: str) -> None:
+    """The window after a failure was measured on whatever clock the quota last saw: a failure at
+    now=3600 under one runtime left a new Scheduler on a fresh AsyncioRuntime (its clock starting at
+    0) failing closed for about an hour with Redis healthy (r2: task still queued after 3 s, 61
+    calls unavailable). A reading before the failure's now ends the window."""
+    q = quota(redis_url, account, QuotaLimits(concurrency=2))
+    reserve, q._reserve = q._reserve, Failing(refused())
+    assert q.try_reserve(1.0, 3_600.0) is None  # a blip, under a runtime an hour old
+    q._reserve = reserve
+    assert q.try_reserve(1.0, 3_600.01) is None  # the window is still kept on that clock
+    assert q.unavailable == 2
+
+    async def body() -> object:
+        scheduler = Scheduler(AsyncioRuntime(), [Reporting(None)], quotas={"llm": q})
+        async with scheduler:
+            return await asyncio.wait_for(scheduler.submit("llm", {"i": 1}, cost_estimate=1).wait(), 10)
+
+    started = time.monotonic()
+    record = asyncio.run(body())
+    assert record.status == TaskStatus.SUCCEEDED
+    assert time.monotonic() - started < 5.0
+    assert q.unavailable == 2

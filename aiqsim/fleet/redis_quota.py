@@ -66,7 +66,9 @@ synchronously from the scheduler's loop; keep Redis close to the workers. A call
 (up to ``socket_timeout_s`` when Redis stalls) is followed by ``retry_s`` of the scheduler's
 clock in which Redis is not asked at all (doubled after each failure in a row, up to
 :data:`MAX_REST_S`), so a stall blocks the loop once per window rather than once per queued
-task; keep ``socket_timeout_s`` well below a lease's ttl (:mod:`aiqsim.fleet.leases`).
+task; keep ``socket_timeout_s`` well below a lease's ttl (:mod:`aiqsim.fleet.leases`). A clock
+reading before the failure's (the quota reused by a new scheduler on a fresh runtime) ends the
+window at once, so it never lasts longer than that ``retry_s`` on any clock.
 """
 
 from __future__ import annotations
@@ -323,8 +325,10 @@ class RedisQuota:
         """The Redis server time in the last answer (see :class:`_Settle`)."""
         self._last_error: Exception | None = None
         self._retry_at = -math.inf
-        self._failures = 0
         """Redis is not asked before this instant of the scheduler's clock (``retry_s`` after a failure)."""
+        self._failed_at = -math.inf
+        """The instant of the scheduler's clock the window after the last failure started from."""
+        self._failures = 0
 
     @property
     def unsettled(self) -> tuple[float, float, int]:
@@ -388,6 +392,7 @@ class RedisQuota:
         self.unavailable += 1
         self._failures += 1
         rest = min(self.retry_s * 2.0 ** min(self._failures - 1, 60), max(self.retry_s, MAX_REST_S))
+        self._failed_at = self._last_now
         self._retry_at = self._last_now + rest
 
     def _resting(self) -> bool:
@@ -395,7 +400,15 @@ class RedisQuota:
         not sent, and counts in :attr:`unavailable` as one that failed. Each call is synchronous, so
         while Redis stalls every one of them blocked the loop for ``socket_timeout_s``: 8 queued
         tasks, an 8 s stall, long enough for a lease to lapse. Now a stall costs one timeout per
-        ``retry_s``, not one per queued task."""
+        ``retry_s``, not one per queued task.
+
+        A clock reading before the failure's means the clock went back (a new runtime: a new
+        Scheduler on a fresh AsyncioRuntime starts at 0): the window is over. Measured on that clock
+        it never was (a failure at now=3600 left a new scheduler's task queued for about an hour,
+        with Redis healthy), and the quota cannot measure it any other way: the fleet package reads
+        no clock of its own (tests/test_architecture.py)."""
+        if self._last_now < self._failed_at:
+            self._failed_at = self._retry_at = -math.inf
         if self._last_now < self._retry_at:
             self.unavailable += 1
             return True
