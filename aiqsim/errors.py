@@ -49,6 +49,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── LeaseLostError                 this worker was presumed dead; it stopped (fencing)
     │   ├── InvariantViolation (AssertionError)   a crash test found a broken recovery guarantee
     │   ├── WorkerFailedError (RuntimeError)      a SIGKILL test's worker failed on its own
+    │   ├── ScenarioFailedError (RuntimeError)    a crash test's scenario (or its recovery) raised
     │   ├── DeadlineExceeded (TimeoutError)   Runtime.wait_for's own deadline passed
     │   └── InvalidStateError, SimulationDeadlock, RuntimeAlreadyRunningError (RuntimeError)   SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
@@ -136,6 +137,7 @@ from aiqsim.stores.base import (
     StoreWriteOutcomeUnknownError,
     UnstorableValueError,
 )
+from aiqsim.testing.crash_driver import ScenarioFailedError
 from aiqsim.testing.invariants import InvariantViolation
 from aiqsim.testing.options import KitOptionError
 from aiqsim.testing.sigkill import WorkerFailedError
@@ -181,6 +183,7 @@ __all__ = [
     "ResponseMismatchError",
     "RuntimeAlreadyRunningError",
     "ScenarioError",
+    "ScenarioFailedError",
     "SchedulerArgumentError",
     "SchedulerArgumentTypeError",
     "SchedulerClosedError",

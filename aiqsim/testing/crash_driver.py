@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiqsim.core.errors import AiqsimError, ConfigurationError
+from aiqsim.core.errors import ConfigurationError, SchedulingError
 from aiqsim.core.failures import describe_error
 from aiqsim.core.job import JobRecord
 from aiqsim.core.task import TaskRecord, TaskStatus
@@ -79,7 +79,7 @@ ProvidersFactory = Callable[["CrashWorld"], Iterable[Provider]]
 """Builds the providers (the servers) of one case; called once per case, they survive its crash."""
 
 
-class ScenarioFailedError(AiqsimError, RuntimeError):
+class ScenarioFailedError(SchedulingError, RuntimeError):
     """The user's scenario (or ``recover()`` in a restarted life) raised: the case could not run to
     its end. The message names the seed, the crash point, the life and the replay option; the
     user's own exception is chained (``__cause__``), with its traceback."""
