@@ -202,17 +202,47 @@ def test_a_settle_whose_answer_was_lost_is_applied_once(
 def test_a_settle_in_doubt_past_the_resend_horizon_frees_its_slot_and_applies_nothing(
     redis_url: str, account: str
 ) -> None:
-    """A settle kept longer than SETTLE_RESEND_S (Redis server clock) may have outlived the marker
-    that tells whether it ran: it is not applied (never twice), but its slot is still freed."""
+    """A worker that no call reached Redis from for longer than 2 x SETTLE_RESEND_S (Redis server
+    clock) finds its marker gone: a settle in doubt may have run and outlived the marker that tells
+    whether it did, so it is not applied (never twice), but its slot is still freed."""
     q = quota(redis_url, account, QuotaLimits(tokens_per_min=6, token_burst=10_000, concurrency=2))
     reservation = q.try_reserve(500.0, 0.0)
     assert reservation is not None
-    q._server_now = 1.0  # the last answer Redis gave was in 1970
+    import redis
+
+    q._server_now = 1.0  # the last answer Redis gave was in 1970 ...
+    redis.Redis.from_url(redis_url).delete(q._marker())  # ... and the marker expired since
     settle_script, q._settle = q._settle, Faults(q._settle, ["lost"])
     q.cancel(reservation, 1.0)
     q._settle = settle_script
     assert q.unsettled == (0.0, 500.0, 1)
     assert q.levels(2.0)[1:] == (pytest.approx(9_500.0, abs=2.0), 0)
+    assert q.unsettled == (0.0, 0.0, 0)
+
+
+@pytest.mark.parametrize("settle", ["reconcile", "cancel"])
+def test_a_settle_lost_after_a_call_of_more_than_a_day_is_still_applied(
+    redis_url: str, account: str, settle: str
+) -> None:
+    """The "too old to resend" check counted from the last Redis answer the worker saw, not from
+    when the settle went into doubt: after a call of 25 h (slot_ttl_s over a day), a reconcile
+    whose first send was lost charged nothing (level 9 500 instead of 1 000: 8 500 tokens the
+    fleet never paid for). Every call now keeps the worker's marker alive for 2 x SETTLE_RESEND_S,
+    the reservation included, so only a worker silent that long finds it gone."""
+    q = quota(redis_url, account, QuotaLimits(tokens_per_min=6, token_burst=10_000), slot_ttl_s=200_000)
+    reservation = q.try_reserve(500.0, 0.0)
+    assert reservation is not None and q._server_now is not None
+    q._server_now -= 90_000  # stands for a call of 25 h: no answer from Redis since the reservation
+    settle_script, q._settle = q._settle, Faults(q._settle, ["lost"])  # the first send never ran
+    if settle == "reconcile":
+        q.reconcile(reservation, 9_000.0, 1.0)
+        expected, slots = 1_000.0, 1
+    else:
+        q.cancel(reservation, 1.0)
+        expected, slots = 10_000.0, 0
+    q._settle = settle_script
+    assert q.unsettled != (0.0, 0.0, 0)
+    assert q.levels(2.0)[1:] == (pytest.approx(expected, abs=2.0), slots)
     assert q.unsettled == (0.0, 0.0, 0)
 
 

@@ -45,12 +45,15 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
   actual 9 000: level -7 399 instead of 1 101, the fleet waiting ~51 s for nothing) and a cancel's
   refund given twice (the fleet could exceed the account's limit). So each settle carries a
   sequence number of this worker's, and the script applies it only if it is above the last one it
-  applied for this worker (``aiqsim:quota:<name>:settled:<worker instance>``, one small key per
-  worker, expiring ``2 x`` :data:`SETTLE_RESEND_S` after its last settle): a settle in doubt is
-  resent as it was (same number), alone, before anything newer, so a resend of one Redis already
-  ran does nothing. A settle still in doubt after :data:`SETTLE_RESEND_S` of the Redis server's
-  clock may have outlived its marker: it then frees its slots but charges or refunds nothing
-  (what it owed is that old, long refilled: dropped rather than risk applying it twice).
+  applied for this worker (``aiqsim:quota:<name>:settled:<worker instance>:<pid>``, one small key
+  per worker, created by its first reservation and kept ``2 x`` :data:`SETTLE_RESEND_S` after each
+  of its calls that reaches Redis): a settle in doubt is resent as it was (same number), alone,
+  before anything newer, so a resend of one Redis already ran does nothing. A missing marker thus
+  means no call of this worker reached Redis for that long: a settle in doubt that finds none, more
+  than :data:`SETTLE_RESEND_S` of the Redis server's clock after the last answer the worker saw,
+  frees its slots but charges or refunds nothing (it may have run and outlived its marker; what it
+  owed is that old, long refilled: dropped rather than risk applying it twice). A long call alone
+  (a ``slot_ttl_s`` over a day) drops nothing: its reservation kept the marker.
 
 The limits are the same :class:`~aiqsim.core.token_bucket.QuotaLimits` as a local quota (per
 minute of the scheduler's clock, bursts defaulting to a minute's worth); ``time_scale`` (wall
@@ -93,11 +96,15 @@ oldest are forgotten (they lapse on their own after ``slot_ttl_s``)."""
 SETTLE_RESEND_S = 86_400.0
 """How long (wall seconds, on the Redis server's clock) a settle whose answer was lost can still be
 told apart from one Redis never ran, and so be resent safely: Redis keeps a worker's settle marker
-twice as long after the worker's last applied settle. A settle in doubt for longer (a worker cut
-off from Redis for a day) frees its slots but charges or refunds nothing, so it is never applied
-twice; a day-old charge or refund no longer matters to per-minute buckets."""
+twice as long after the worker's last call (a reservation, a settle, a pause, a read of the levels).
+A settle in doubt that finds no marker longer than this after the last answer the worker saw (a
+worker cut off from Redis for days) frees its slots but charges or refunds nothing, so it is never
+applied twice; a day-old charge or refund no longer matters to per-minute buckets."""
 
-# KEYS[1] = state hash, KEYS[2] = slot sorted set.
+# KEYS[1] = state hash, KEYS[2] = slot sorted set, KEYS[3] = the worker's settle marker (the
+# sequence number of its last applied settle). Every script keeps the marker for 2 x SETTLE_RESEND_S
+# after the worker's last call (`touch`; the reservation creates it at 0), so a missing marker means
+# no call of this worker ran for that long: a settle that ran and then lost its marker is that old.
 # State: rl/ru (request level, updated), tl/tu (token level, updated), pause (server instant).
 _PRELUDE = """
 local t = redis.call('TIME')
@@ -113,16 +120,23 @@ end
 local function store(prefix, l)
     redis.call('HSET', KEYS[1], prefix .. 'l', tostring(l), prefix .. 'u', tostring(now))
 end
+local function touch(horizon, create)
+    local ttl = math.floor(2 * tonumber(horizon) * 1000)
+    if create then redis.call('SET', KEYS[3], '0', 'NX', 'PX', ttl) end
+    redis.call('PEXPIRE', KEYS[3], ttl)
+end
 """
 
-# ARGV: cost, rcap, rrate, tcap, trate, concurrency, member, slot_ttl, slack.
-# Answers {granted, detail, server time}.
+# ARGV: cost, rcap, rrate, tcap, trate, concurrency, member, slot_ttl, slack, resend horizon.
+# Answers {granted, detail, server time}. Run only with no settle in doubt (it is resent first), so
+# creating a missing marker at 0 never makes a settle that ran long ago look new.
 _RESERVE = (
     _PRELUDE
     + """
 local cost, rcap, rrate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tcap, trate, conc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local member, ttl, slack = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+touch(ARGV[10], true)
 local pause = tonumber(redis.call('HGET', KEYS[1], 'pause') or '0')
 if pause > now then return {0, tostring(pause - now), tostring(now)} end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -141,11 +155,13 @@ return {1, '0', tostring(now)}
 """
 )
 
-# KEYS[3] = the worker's settle marker (the sequence number of its last applied settle).
 # ARGV: refund_requests, refund_tokens (>= 0: refund; < 0: charge), rcap, rrate, tcap, trate,
 # sequence number, resend horizon (SETTLE_RESEND_S), server time last seen before a resend ('' on a
 # first send), then the members of the slots to free (none, one, or those of earlier settles).
-# Answers {1 applied or 0 already applied (or too old to tell), server time}. Freeing a slot is
+# The call answered at that server time touched the marker, so a resend that finds none more than
+# the horizon after it is of a worker that no call reached Redis from for that long: the settle may
+# have run and its marker expired. Answers {1 applied or 0 already applied (or too old to tell),
+# server time}. Freeing a slot is
 # idempotent, so it is done either way; the amounts only on the settle's first application.
 _SETTLE = (
     _PRELUDE
@@ -155,7 +171,7 @@ local rcap, rrate, tcap, trate = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(
 local seq, horizon, since = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 for i = 10, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 local done = tonumber(redis.call('GET', KEYS[3]) or '')
-if done ~= nil and seq <= done then return {0, tostring(now)} end
+if done ~= nil and seq <= done then touch(horizon, false) return {0, tostring(now)} end
 if done == nil and since ~= nil and now - since > horizon then return {0, tostring(now)} end
 redis.call('SET', KEYS[3], tostring(seq), 'PX', math.floor(2 * horizon * 1000))
 if rcap > 0 and dr ~= 0 then store('r', math.min(rcap, level('r', rcap, rrate) + dr)) end
@@ -164,10 +180,11 @@ return {1, tostring(now)}
 """
 )
 
-# ARGV: seconds to pause from now (the later of this and any existing pause wins)
+# ARGV: seconds to pause from now (the later of this and any existing pause wins), resend horizon
 _PAUSE = (
     _PRELUDE
     + """
+touch(ARGV[2], false)
 local resume = now + tonumber(ARGV[1])
 local pause = tonumber(redis.call('HGET', KEYS[1], 'pause') or '0')
 if resume > pause then redis.call('HSET', KEYS[1], 'pause', tostring(resume)) end
@@ -175,10 +192,11 @@ return tostring(resume - now)
 """
 )
 
-# ARGV: rcap, rrate, tcap, trate
+# ARGV: rcap, rrate, tcap, trate, resend horizon
 _LEVELS = (
     _PRELUDE
     + """
+touch(ARGV[5], false)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local rcap, rrate, tcap, trate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 return {tostring(level('r', rcap, rrate)), tostring(level('t', tcap, trate)), redis.call('ZCARD', KEYS[2])}
@@ -200,9 +218,11 @@ class SharedReservation(Reservation):
 @dataclass(frozen=True, slots=True)
 class _Settle:
     """A settle sent to Redis whose answer was lost: resent exactly as it was (same ``marker`` key
-    and ``sequence``), so Redis applies it at most once. ``since`` is the Redis server time the
-    quota last saw before sending it (``None``: none yet): the settle cannot have run before then,
-    so its marker lives at least until ``since + 2 x SETTLE_RESEND_S``."""
+    and ``sequence``), so Redis applies it at most once. ``since`` is the Redis server time in the
+    last answer the quota saw before sending it (``None``: none yet). That call kept this worker's
+    marker alive until at least ``since + 2 x SETTLE_RESEND_S``, and the settle cannot have run
+    before it, so a marker missing within that time means the settle never ran — however long ago
+    ``since`` was when the settle was sent (a call of a day)."""
 
     marker: str
     sequence: int
@@ -379,6 +399,11 @@ class RedisQuota:
         return self._local_slots
 
     # ------------------------------------------------------------------ the quota interface
+    def _marker(self) -> str:
+        """This worker's settle marker key in Redis (see the module docs): one per quota instance
+        and process."""
+        return f"aiqsim:quota:{self.name}:settled:{self._instance}:{os.getpid()}"
+
     def _call(self, script: Any, args: list[Any], *keys: str) -> Any:
         answer = script(keys=[*self._keys, *keys], args=args)
         self._failures = 0
@@ -429,7 +454,8 @@ class RedisQuota:
             granted, detail, server_now = self._call(
                 self._reserve,
                 [tokens, *self._bucket_args()[:2], *self._bucket_args()[2:], self.limits.concurrency or 0,
-                 member, self.slot_ttl_s * self.time_scale, 1e-9],
+                 member, self.slot_ttl_s * self.time_scale, 1e-9, SETTLE_RESEND_S],
+                self._marker(),
             )  # fmt: skip
         except self._redis.RedisError as error:
             self._down()
@@ -526,7 +552,7 @@ class RedisQuota:
             return True
         self._sequence += 1
         batch = _Settle(
-            marker=f"aiqsim:quota:{self.name}:settled:{self._instance}:{os.getpid()}",
+            marker=self._marker(),
             sequence=self._sequence,
             requests=self._owed_requests,
             tokens=self._owed_tokens,
@@ -629,7 +655,7 @@ class RedisQuota:
             return
         try:
             if not self._resting():
-                self._call(self._pause, [seconds * self.time_scale])
+                self._call(self._pause, [seconds * self.time_scale, SETTLE_RESEND_S], self._marker())
         except self._redis.RedisError:
             self._down()
         if self.fallback is not None:
@@ -646,7 +672,9 @@ class RedisQuota:
         if self._resting() or not self._settle_backlog():
             return math.nan, math.nan, self._local_slots
         try:
-            requests, tokens, slots = self._call(self._levels, list(self._bucket_args()))
+            requests, tokens, slots = self._call(
+                self._levels, [*self._bucket_args(), SETTLE_RESEND_S], self._marker()
+            )
         except self._redis.RedisError:
             self._down()
             return math.nan, math.nan, self._local_slots
