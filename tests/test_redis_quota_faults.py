@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Callable
 
@@ -406,3 +407,40 @@ def test_a_clock_that_went_back_does_not_extend_the_retry_window(redis_url: str,
     assert record.status == TaskStatus.SUCCEEDED
     assert time.monotonic() - started < 5.0
     assert q.unavailable == 2
+
+
+# ------------------------------------------------------------------ a worker forked from another
+
+
+def _in_a_fork(body: Callable[[], object]) -> int:
+    """Run ``body`` in a child process forked from this one (a real ``os.fork``); its exit status
+    (0: ``body`` returned; the child never returns into pytest)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        status = 1
+        try:
+            body()
+            status = 0
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_forked_child_does_not_send_the_settles_its_parent_still_owes(redis_url: str, account: str) -> None:
+    """A child forked while its parent had a settle in doubt and another waiting sent both under its
+    own pid's marker, and the parent sent them again under its own: each charge of 1 000 applied
+    twice (level 6 000 instead of 7 000). The parent settles what it owes; the child starts with
+    nothing owed."""
+    q = quota(redis_url, account, QuotaLimits(tokens_per_min=6, token_burst=10_000))  # refill negligible
+    first, second = q.try_reserve(500.0, 0.0), q.try_reserve(500.0, 0.0)
+    assert first is not None and second is not None
+    settle_script, q._settle = q._settle, Faults(q._settle, ["lost"])
+    q.reconcile(first, 1_500.0, 1.0)  # charge 1 000: its answer lost, in doubt
+    q.reconcile(second, 1_500.0, 1.01)  # charge 1 000 within the retry window: kept, waits
+    q._settle = settle_script
+    assert q.unsettled == (0.0, -2_000.0, 0)
+
+    assert _in_a_fork(lambda: q.levels(10.0)) == 0  # the child's first call to Redis
+    assert q.levels(10.0)[1:] == (pytest.approx(7_000.0, abs=2.0), 2)
+    assert q.unsettled == (0.0, 0.0, 0)

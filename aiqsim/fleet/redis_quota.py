@@ -54,6 +54,11 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
   frees its slots but charges or refunds nothing (it may have run and outlived its marker; what it
   owed is that old, long refilled: dropped rather than risk applying it twice). A long call alone
   (a ``slot_ttl_s`` over a day) drops nothing: its reservation kept the marker.
+- **A forked process settles only its own.** A child forked from a process with quotas (a
+  pre-forking server, ``multiprocessing``'s fork context) starts with nothing to settle: the
+  settles its parent still owes (kept, merged or in doubt) and the slots it keeps to free stay
+  the parent's, which sends them (``os.register_at_fork``); a child that sent them too applied
+  each twice.
 
 The limits are the same :class:`~aiqsim.core.token_bucket.QuotaLimits` as a local quota (per
 minute of the scheduler's clock, bursts defaulting to a minute's worth); ``time_scale`` (wall
@@ -78,6 +83,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,6 +238,23 @@ class _Settle:
     since: float | None
 
 
+_LIVE: weakref.WeakSet[RedisQuota] = weakref.WeakSet()
+"""Every live :class:`RedisQuota` of this process, for :func:`_after_fork_in_child` (weakly: the
+hook keeps no quota alive)."""
+
+
+def _after_fork_in_child() -> None:
+    """Registered once with :func:`os.register_at_fork`: a child forked from a process with quotas
+    (a worker pool's preloaded objects, ``multiprocessing``'s fork context) leaves what they owe to
+    the parent (:meth:`RedisQuota._after_fork_in_child`)."""
+    for quota in list(_LIVE):
+        quota._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _redis_module() -> Any:
     try:
         import redis
@@ -349,6 +372,18 @@ class RedisQuota:
         self._failed_at = -math.inf
         """The instant of the scheduler's clock the window after the last failure started from."""
         self._failures = 0
+        _LIVE.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """Called in a child process just after ``os.fork()`` (see :func:`_after_fork_in_child`):
+        forget what the parent still owns. The settles it owes (merged, or in doubt) and the slots
+        it keeps to free are the parent's: the parent sends them, and a child that sent them too
+        applied each twice (under its own pid's marker, which says nothing of the parent's). So are
+        the slots held by its calls in flight."""
+        self._in_doubt = None
+        self._owed_requests = self._owed_tokens = 0.0
+        self._unsettled_members = []
+        self._local_slots = 0
 
     @property
     def unsettled(self) -> tuple[float, float, int]:
