@@ -444,3 +444,33 @@ def test_a_forked_child_does_not_send_the_settles_its_parent_still_owes(redis_ur
     assert _in_a_fork(lambda: q.levels(10.0)) == 0  # the child's first call to Redis
     assert q.levels(10.0)[1:] == (pytest.approx(7_000.0, abs=2.0), 2)
     assert q.unsettled == (0.0, 0.0, 0)
+
+
+def test_a_child_given_a_dead_siblings_pid_still_applies_its_settles(redis_url: str, account: str) -> None:
+    """Children forked from one quota shared its instance id and started at the same sequence
+    number: a child the kernel gave a dead sibling's pid (within the marker's two days) found the
+    sibling's marker, holding a number above its own, and every settle of its was skipped (level
+    7 800 instead of 5 800: a charge of 2 000 never paid). Each child now gets an instance id and
+    a sequence of its own."""
+    q = quota(redis_url, account, QuotaLimits(tokens_per_min=6, token_burst=10_000))  # made before the forks
+    q.levels(0.0)
+    read, write = os.pipe()
+
+    def worker(pid: int | None = None) -> None:
+        if pid is not None:
+            os.getpid = lambda: pid  # stands for the kernel reusing the dead sibling's pid
+        reservation = q.try_reserve(100.0, 0.0)
+        assert reservation is not None
+        q.reconcile(reservation, 2_100.0, 1.0)  # charge 2 000
+        q.release(reservation, 1.0)
+        assert q.unsettled == (0.0, 0.0, 0)
+        os.write(write, str(os.getpid()).encode())
+
+    assert _in_a_fork(worker) == 0
+    sibling = int(os.read(read, 64))
+    assert q.levels(5.0)[1] == pytest.approx(7_900.0, abs=2.0)
+    assert _in_a_fork(lambda: worker(sibling)) == 0
+    assert int(os.read(read, 64)) == sibling
+    os.close(read)
+    os.close(write)
+    assert q.levels(6.0)[1:] == (pytest.approx(5_800.0, abs=2.0), 0)

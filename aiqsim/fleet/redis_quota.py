@@ -58,7 +58,9 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
   pre-forking server, ``multiprocessing``'s fork context) starts with nothing to settle: the
   settles its parent still owes (kept, merged or in doubt) and the slots it keeps to free stay
   the parent's, which sends them (``os.register_at_fork``); a child that sent them too applied
-  each twice.
+  each twice. The child gets an instance id and a sequence of its own, hence its own marker: children
+  of one parent shared them, and a child given a dead sibling's pid found the sibling's marker
+  above its numbers and had every settle skipped.
 
 The limits are the same :class:`~aiqsim.core.token_bucket.QuotaLimits` as a local quota (per
 minute of the scheduler's clock, bursts defaulting to a minute's worth); ``time_scale`` (wall
@@ -376,10 +378,17 @@ class RedisQuota:
 
     def _after_fork_in_child(self) -> None:
         """Called in a child process just after ``os.fork()`` (see :func:`_after_fork_in_child`):
-        forget what the parent still owns. The settles it owes (merged, or in doubt) and the slots
-        it keeps to free are the parent's: the parent sends them, and a child that sent them too
-        applied each twice (under its own pid's marker, which says nothing of the parent's). So are
-        the slots held by its calls in flight."""
+        become a worker of its own and forget what the parent still owns.
+
+        A new instance id and a fresh sequence: children of one parent shared its id and started
+        at the same number, so a child the kernel gave a dead sibling's pid (within the marker's
+        two days) found the sibling's marker above its own numbers and all its settles were
+        skipped. The settles the parent owes (merged, or in doubt) and the slots it keeps to free
+        are the parent's: the parent sends them, and a child that sent them too applied each twice
+        (under its own marker, which says nothing of the parent's). So are the slots held by its
+        calls in flight."""
+        self._instance = os.urandom(6).hex()
+        self._sequence = 0
         self._in_doubt = None
         self._owed_requests = self._owed_tokens = 0.0
         self._unsettled_members = []
