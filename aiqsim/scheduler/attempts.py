@@ -320,7 +320,8 @@ class AttemptLoop:
         """The usage to reconcile for a successful call; a hostile or buggy report is clamped and
         recorded (rule: :func:`aiqsim.core.usage.sane_usage`), never allowed to fail the call."""
         record = live.record
-        verdict = sane_usage(reported, record.cost_estimate, usage_bound(lane.quota))
+        bound = None if reported is None else usage_bound(lane.quota)  # nothing to bound without a report
+        verdict = sane_usage(reported, record.cost_estimate, bound)
         if verdict.anomaly is not None:
             self.anomalies["usage"] += 1
             if self.events is not None:
