@@ -682,26 +682,33 @@ def test_a_job_whose_first_stage_ends_at_once_is_judged_by_the_stage_it_launches
     assert [when for when, _, _ in llm.calls] == [1.0, 6.0]  # busy, then b: nothing else on llm
 
 
+def _behind_a_wait_mode_breaker(runtime: Any, concurrency: int, **limits: Any) -> tuple[Scheduler, Any]:
+    """A scheduler of one provider, ``llm``, behind a wait-mode circuit breaker that two failed calls
+    (inputs ``bad0`` and ``bad1``) open for 60 s; and that breaker."""
+    from aiqsim import RetryPolicy
+    from aiqsim.overload import CircuitBreaker
+
+    provider = ScriptedProvider(runtime, latency_s=1.0, script={"bad0": ["500"], "bad1": ["500"]})
+    breaker = CircuitBreaker(failure_threshold=2, window_s=60, cooldown_s=60, mode="wait")
+    scheduler = Scheduler(
+        runtime,
+        [provider],
+        quotas={"llm": QuotaLimits(concurrency=concurrency)},
+        gates=[breaker],
+        retry=RetryPolicy(max_attempts=1),
+        **limits,
+    )
+    return scheduler, breaker
+
+
 @pytest.mark.parametrize("limit", [0, 5])
 def test_first_attempts_a_wait_mode_gate_holds_back_count_against_the_limit(limit: int) -> None:
     """Before: while a wait-mode circuit breaker was open, every submission was dispatched at once,
     found the gate shut, gave its quota back and slept outside the queues: the depth limit never
     saw them (interactive_limit=5 accepted 200 in 20 s, none refused; review). A first attempt a
     gate holds back waits, so it counts; and a request its gate would hold does not 'start now'."""
-    from aiqsim import RetryPolicy
-    from aiqsim.overload import CircuitBreaker
-
     runtime = SimPyRuntime()
-    provider = ScriptedProvider(runtime, latency_s=1.0, script={"bad0": ["500"], "bad1": ["500"]})
-    breaker = CircuitBreaker(failure_threshold=2, window_s=60, cooldown_s=60, mode="wait")
-    scheduler = Scheduler(
-        runtime,
-        [provider],
-        quotas={"llm": QuotaLimits(concurrency=2)},
-        gates=[breaker],
-        retry=RetryPolicy(max_attempts=1),
-        interactive_limit=limit,
-    )
+    scheduler, breaker = _behind_a_wait_mode_breaker(runtime, 2, interactive_limit=limit)
 
     async def main() -> tuple[int, int, list[str]]:
         for n in range(2):
@@ -777,9 +784,6 @@ def test_a_jobs_calls_held_by_a_gate_count_once_and_a_lifted_one_in_its_new_clas
     """Before (the first version of the gate rule, review): the 5 calls of a fanned-out job held by
     an open breaker counted 5 against the limit (queued, the same job counted once), and a
     held task lifted to interactive by a duplicate still counted as background."""
-    from aiqsim import RetryPolicy
-    from aiqsim.overload import CircuitBreaker
-
     spec = JobSpec(
         "fan",
         "1",
@@ -793,17 +797,7 @@ def test_a_jobs_calls_held_by_a_gate_count_once_and_a_lifted_one_in_its_new_clas
         ],
     )
     runtime = SimPyRuntime()
-    provider = ScriptedProvider(runtime, latency_s=1.0, script={"bad0": ["500"], "bad1": ["500"]})
-    breaker = CircuitBreaker(failure_threshold=2, window_s=60, cooldown_s=60, mode="wait")
-    scheduler = Scheduler(
-        runtime,
-        [provider],
-        quotas={"llm": QuotaLimits(concurrency=5)},
-        gates=[breaker],
-        retry=RetryPolicy(max_attempts=1),
-        background_limit=3,
-        interactive_limit=2,
-    )
+    scheduler, _ = _behind_a_wait_mode_breaker(runtime, 5, background_limit=3, interactive_limit=2)
 
     async def main() -> list[int]:
         await _open_wait_breaker(runtime, scheduler)
