@@ -11,7 +11,7 @@ import numbers
 
 from aiqsim.core.errors import ConfigurationError
 
-__all__ = ["check_time_scale", "is_real", "is_whole"]
+__all__ = ["check_time_scale", "is_positive_finite", "is_real", "is_whole"]
 
 
 def is_real(value: object) -> bool:
@@ -24,11 +24,17 @@ def is_whole(value: object, least: int) -> bool:
     return bool(is_real(value) and math.isfinite(value) and value >= least and value == int(value))  # type: ignore[arg-type, call-overload, operator]
 
 
+def is_positive_finite(value: object) -> bool:
+    """A real number > 0 and < infinity (a duration, a rate, a scale): infinity passes a plain
+    ``> 0`` and then divides by zero or never wakes, NaN fails every comparison silently."""
+    return is_real(value) and 0 < value < math.inf  # type: ignore[operator]
+
+
 def check_time_scale(time_scale: object) -> None:
     """Refuse a runtime's ``time_scale`` (wall seconds per scheduler second) that is no finite number
     > 0 whose inverse is finite too: infinity made every sleep ``0 * inf`` (NaN, never woken), and
     1e-320 made the clock read infinity. Raises :class:`~aiqsim.core.errors.ConfigurationError`."""
-    if not (is_real(time_scale) and 0 < time_scale < math.inf and 1 / time_scale < math.inf):  # type: ignore[operator]
+    if not (is_positive_finite(time_scale) and 1 / time_scale < math.inf):  # type: ignore[operator]
         raise ConfigurationError(
             f"time_scale must be a finite number > 0 (wall seconds per scheduler second), got {time_scale!r}"
         )

@@ -92,6 +92,7 @@ from typing import Any
 from aiqsim.core.dsn import redacted_dsn
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.fleet_quota import DEFAULT_SLOT_POLL_S, poll_full_pool
+from aiqsim.core.numeric import check_time_scale, is_positive_finite
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 
 DEFAULT_SLOT_TTL_S = 300.0
@@ -306,22 +307,17 @@ class RedisQuota:
             raise ConfigurationError(f"RedisQuota needs a non-empty account name, got {name!r}")
         if not isinstance(limits, QuotaLimits):
             raise ConfigurationError(f"limits must be a QuotaLimits, got {type(limits).__name__}")
-        if not (isinstance(slot_ttl_s, int | float) and slot_ttl_s > 0 and math.isfinite(slot_ttl_s)):
+        if not is_positive_finite(slot_ttl_s):
             raise ConfigurationError(f"slot_ttl_s must be a positive number of seconds, got {slot_ttl_s!r}")
-        if not (isinstance(retry_s, int | float) and retry_s > 0 and math.isfinite(retry_s)):
+        if not is_positive_finite(retry_s):
             raise ConfigurationError(f"retry_s must be a positive number of seconds, got {retry_s!r}")
-        if not (
-            isinstance(socket_timeout_s, int | float)
-            and socket_timeout_s > 0
-            and math.isfinite(socket_timeout_s)
-        ):
+        if not is_positive_finite(socket_timeout_s):
             # 0 made every call time out at once (the lane stalled, failing closed for ever); -1 or nan
             # made redis-py raise a bare ValueError out of the dispatcher
             raise ConfigurationError(
                 f"socket_timeout_s must be a positive finite number of seconds, got {socket_timeout_s!r}"
             )
-        if not (isinstance(time_scale, int | float) and time_scale > 0 and math.isfinite(time_scale)):
-            raise ConfigurationError(f"time_scale must be a positive number, got {time_scale!r}")
+        check_time_scale(time_scale)  # as the runtime's (1e-320 passed a plain finite > 0 check)
         self.time_scale = float(time_scale)
         # A local MultiQuota validates the limits exactly as a local lane would, and does the
         # pure arithmetic the shared one mirrors (capacities, rates, cost checks).

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -44,7 +43,7 @@ from urllib.parse import quote
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import InvalidRequestError, ProviderTimeoutError, SchemaViolationError, ServerError
-from aiqsim.core.numeric import check_time_scale, is_real
+from aiqsim.core.numeric import check_time_scale, is_positive_finite
 from aiqsim.core.token_bucket import MultiQuota
 from aiqsim.http.chat import chat_body, chat_content, completion_tokens, estimate_chat_tokens, total_tokens
 from aiqsim.http.headers import (
@@ -155,7 +154,7 @@ def _check_timeout(httpx: Any, timeout: Any) -> None:
     for part, value in parts.items():
         if value is None and part:
             continue  # an httpx.Timeout part left unlimited on purpose
-        if not (is_real(value) and 0 < value < math.inf):
+        if not is_positive_finite(value):
             where = f"timeout.{part}" if part else "timeout"
             raise ConfigurationError(
                 f"{where} must be a finite number of seconds > 0 (or None: no limit), got {value!r}"

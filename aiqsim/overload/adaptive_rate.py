@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import FailureClass
-from aiqsim.core.numeric import is_real
+from aiqsim.core.numeric import is_positive_finite
 from aiqsim.core.token_bucket import refill_wait
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_rate_limited
@@ -61,11 +61,6 @@ INITIAL_SEND_RATE = 1.0
 
 _TOKEN_EPSILON = 1e-9
 """A level this close to a whole token counts as one (float error after an exact wait)."""
-
-
-def _finite_positive(value: object) -> bool:
-    """A finite real number > 0 (infinity passed a plain ``> 0`` and then divided by zero)."""
-    return is_real(value) and 0 < value < math.inf  # type: ignore[operator]
 
 
 def cubic_zero_point(
@@ -106,7 +101,7 @@ class CubicRateCurve:
     ) -> None:
         if not 0 < beta < 1:
             raise ConfigurationError(f"beta must be in (0, 1), got {beta!r}")
-        if not _finite_positive(scale_constant):
+        if not is_positive_finite(scale_constant):
             raise ConfigurationError(f"scale_constant must be a finite number > 0, got {scale_constant!r}")
         self.beta = beta
         self.scale_constant = scale_constant
@@ -146,7 +141,7 @@ class SendRateMeter:
     ) -> None:
         if not 0 < smoothing <= 1:
             raise ConfigurationError(f"smoothing must be in (0, 1], got {smoothing!r}")
-        if not _finite_positive(bucket_s):  # inf made every record() divide by zero
+        if not is_positive_finite(bucket_s):  # inf made every record() divide by zero
             raise ConfigurationError(f"bucket_s must be a finite number of seconds > 0, got {bucket_s!r}")
         self.smoothing = smoothing
         self._bucket_scale = 1 / bucket_s
@@ -176,7 +171,7 @@ class SendTokenBucket:
     __slots__ = ("_level", "_updated", "fill_rate", "max_capacity", "min_rate", "requested_rate")
 
     def __init__(self, max_rate: float, now: float, *, min_rate: float = MIN_SEND_RATE) -> None:
-        if not _finite_positive(min_rate):
+        if not is_positive_finite(min_rate):
             raise ConfigurationError(f"min_rate must be a finite number > 0, got {min_rate!r}")
         self.min_rate = min_rate
         self._level = 0.0
@@ -241,7 +236,7 @@ class AdaptiveSendRate:
         smoothing: float = RATE_SMOOTHING,
         bucket_s: float = RATE_BUCKET_S,
     ) -> None:
-        if not 0 < max_rate_adjust_scale < math.inf:
+        if not is_positive_finite(max_rate_adjust_scale):
             raise ConfigurationError(
                 f"max_rate_adjust_scale must be a finite number > 0, got {max_rate_adjust_scale!r}"
             )

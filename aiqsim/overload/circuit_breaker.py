@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import FailureClass
-from aiqsim.core.numeric import is_real, is_whole
+from aiqsim.core.numeric import is_positive_finite, is_whole
 from aiqsim.overload.gate import OverloadGate
 from aiqsim.overload.signals import ErrorPredicate, is_server_failure, is_server_failure_or_rate_limited
 from aiqsim.overload.window import TimeWindow
@@ -119,7 +119,7 @@ class CircuitBreaker(OverloadGate):
             ("cooldown_s", cooldown_s),
             ("half_open_poll_s", half_open_poll_s),
         ):
-            if not is_real(value) or not 0 < value < math.inf:
+            if not is_positive_finite(value):
                 raise ConfigurationError(f"{name} must be a positive finite number of seconds, got {value!r}")
         if mode not in ("fail_fast", "wait"):
             raise ConfigurationError(f"mode must be 'fail_fast' or 'wait', got {mode!r}")

@@ -18,7 +18,6 @@ from aiqsim.core.failures import (
     POISON,
     RETRYABLE,
     AttemptRejectedError,
-    FailureClass,
     PoisonInputError,
     ProviderCancelledError,
     ProviderContractError,
@@ -36,7 +35,7 @@ from aiqsim.scheduler.lanes import Lane
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.provider import ProviderResponse, new_request
 from aiqsim.scheduler.rate_limit_scope import RateLimitScope, pauses_lane
-from aiqsim.scheduler.retry import RetryPolicy, abandon_at_gate, ask_gates, gate_wait_s, tell_gate
+from aiqsim.scheduler.retry import RetryPolicy, abandon_at_gate, ask_gates, gate_wait_s, tell_gates
 from aiqsim.scheduler.store_writes import persist
 from aiqsim.stores.base import StoreWriteError
 
@@ -152,7 +151,7 @@ class AttemptLoop:
                         self._pause_for_rate_limit(lane, error, record.id, now, pause, policy)
                     gates_owed = False
                     if self.gates:
-                        self._tell_gates(lane.name, is_retry, failure, error, now, record.id)
+                        tell_gates(self.gates, lane.name, is_retry, failure, error, now, task_id=record.id)
                     if too_long:
                         self._emit_attempt(
                             live, attempts, start, now, error, "retry_after_too_long", retry_after, None
@@ -212,7 +211,7 @@ class AttemptLoop:
                 self._quota_returned(lane)
                 gates_owed = False
                 if self.gates:
-                    self._tell_gates(lane.name, is_retry, None, None, now, record.id)
+                    tell_gates(self.gates, lane.name, is_retry, None, None, now, task_id=record.id)
                 if self.events is not None:  # checked here too: no call at all without a sink
                     self._emit_attempt(
                         live, attempts, start, now, None, "done", None, None, usage, response=response
@@ -448,27 +447,6 @@ class AttemptLoop:
             return None
         now = self.runtime.now()
         return ask_gates(gates, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
-
-    def _tell_gates(
-        self,
-        provider: str,
-        is_retry: bool,
-        failure: FailureClass | None,
-        error: BaseException | None,
-        now: float,
-        task_id: str,
-    ) -> None:
-        """Tell every gate how a sent attempt ended. A gate that raises does not keep the others
-        from hearing it (a breaker not told would wait on its probe for ever); the first error is
-        raised once all were told."""
-        broken: Exception | None = None
-        for gate in self.gates:
-            try:
-                tell_gate(gate, provider, is_retry, failure, error, now, task_id=task_id)
-            except Exception as gate_error:
-                broken = broken or gate_error
-        if broken is not None:
-            raise broken
 
     def _abandon_early(self, provider: str, task_id: str) -> None:
         """Tell the gates that charged a retry before its backoff that it will not be sent."""

@@ -181,6 +181,20 @@ def tell_gate(
         gate.after_attempt(provider, is_retry, failure, error, now)
 
 
+def tell_gates(gates: Any, *outcome: Any, task_id: str | None = None) -> None:
+    """:func:`tell_gate` for each of ``gates`` (``outcome``: its provider, is_retry, failure, error,
+    now). A gate that raises does not keep the others from hearing the outcome (a breaker not told
+    would wait on its probe for ever); the first error is raised once all were told."""
+    broken: Exception | None = None
+    for gate in gates:
+        try:
+            tell_gate(gate, *outcome, task_id=task_id)
+        except Exception as error:
+            broken = broken or error
+    if broken is not None:
+        raise broken
+
+
 def abandon_at_gate(
     gate: Any, provider: str, is_retry: bool, sent: bool, now: float, *, task_id: str | None = None
 ) -> None:
