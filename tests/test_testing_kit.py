@@ -45,8 +45,9 @@ from aiqsim.testing import (
     kill_and_restart,
     provider_config,
     select_crash_points,
+    select_second_crashes,
 )
-from aiqsim.testing.options import parse_crash_points, parse_replay, parse_seeds
+from aiqsim.testing.options import parse_crash_points, parse_replay, parse_second_crashes, parse_seeds
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "test_my_pipeline.py"
@@ -391,6 +392,108 @@ def test_driver_crashes_right_after_each_recorded_side_effect() -> None:
         ValueError, match="3 store writes and 1 side effects, so it never reaches crash point e2"
     ):
         CrashDriver(CrashOptions(replay=parse_replay("0:e2"))).run(one_order, providers=charge_then_cache)
+
+
+def test_second_crash_options_parse_print_and_select() -> None:
+    assert parse_replay("3:b4+2") == CrashCase(3, 4, before=True, then=2)
+    assert parse_replay("3:e1+b1") == CrashCase(3, 1, effect=True, then=1, then_before=True)
+    assert CrashCase(3, 4, then=2, then_before=True).replay_option == "--aiqsim-replay 3:4+b2"
+    assert str(CrashCase(3, 4, before=True, then=2)) == (
+        "seed 3, crash before store write #4, then after write #2 of the restarted life"
+    )
+    for bad in ("3:4+", "3:4+0", "3:0+1", "3:4+x", "3:4+b", "3:4+2+1", "3:4+²"):
+        with pytest.raises(KitOptionError, match="SEED:POINT"):
+            parse_replay(bad)
+    assert parse_second_crashes("all") == "all" and parse_second_crashes(" 2 ") == 2
+    assert parse_second_crashes("0") == 0
+    for bad in ("-1", "x", "²", "1.5"):
+        with pytest.raises(KitOptionError, match="second-crashes"):
+            parse_second_crashes(bad)
+    for bad_count in (-1, True, 1.5, "some"):
+        with pytest.raises(KitOptionError, match="second_crashes"):
+            CrashOptions(second_crashes=bad_count)  # type: ignore[arg-type]
+    first = CrashCase(0, 5, before=True)
+    every = [case.point for case in select_second_crashes(first, 3, "all")]
+    assert every == ["b5+b1", "b5+1", "b5+b2", "b5+2", "b5+b3", "b5+3"]
+    sample = select_second_crashes(first, 50, 4)
+    assert sample == select_second_crashes(first, 50, 4) and len(sample) == 4
+    assert [(c.then, not c.then_before) for c in sample] == sorted(
+        (c.then, not c.then_before) for c in sample
+    )
+    assert sample != select_second_crashes(CrashCase(0, 5), 50, 4)  # seeded by the first case too
+    assert select_second_crashes(first, 0, "all") == []
+
+
+def consume_once_lookup(world):  # type: ignore[no-untyped-def]
+    """A provider whose ``lookup`` hands a result over once and forgets it (a result queue). The
+    result is cached before the (unkeyed) charge, in one step: any one crash is recovered without a
+    second charge. Two are not: the first recovery's lookup takes the answer, the process dies again
+    before it is recorded, the second recovery finds nothing and re-sends: a second charge."""
+    from aiqsim.http import CallableProvider
+
+    results: dict[str, Any] = {}
+
+    async def charge(request):  # type: ignore[no-untyped-def]
+        await world.runtime.sleep(0.4)
+        results[request.idempotency_key] = {"charged": request.payload["id"]}
+        world.effects.record(f"order-{request.payload['id']}", what="charge card")
+        return results[request.idempotency_key]
+
+    async def lookup(key: str) -> Any:
+        return results.pop(key, None)
+
+    return [CallableProvider("charge", charge, lookup=lookup)]
+
+
+def test_a_second_crash_while_recovering_finds_a_lookup_that_forgets_its_answer() -> None:
+    recover = {"requeue_interrupted": True}
+    once = CrashDriver(CrashOptions(seeds=(0, 1))).run(
+        one_order, providers=consume_once_lookup, recover_options=recover, keep_outcomes=True
+    )
+    assert all(len(o.snapshots) <= 1 for o in once.outcomes)  # off by default: every case crashes once
+    completed = sum(r.orphans_completed for o in once.outcomes for r in o.recoveries)
+    assert completed > 0  # single crashes mid-call were completed from the lookup, charged once
+
+    twice = CrashDriver(CrashOptions(seeds=(0,), second_crashes="all"), label="t.py::t")
+    with pytest.raises(InvariantViolation) as caught:
+        twice.run(one_order, providers=consume_once_lookup, recover_options=recover)
+    message = str(caught.value)
+    assert "key 'order-1' was executed 2 times" in message, message
+    case = caught.value.case  # type: ignore[attr-defined]
+    assert case.then >= 1 and f"--aiqsim-replay 0:{case.point}" in message
+    assert "of the restarted life" in message
+    replayed = CrashDriver(CrashOptions(replay=case))
+    with pytest.raises(InvariantViolation, match="executed 2 times"):
+        replayed.run(one_order, providers=consume_once_lookup, recover_options=recover)
+
+
+def test_second_crashes_during_recovery_keep_every_invariant_with_lookup() -> None:
+    """Every first crash point of the eight-document run, each followed by a few seeded second
+    crashes in the restarted life (during ``recover()`` and after it): nothing lost or billed twice."""
+    driver = CrashDriver(CrashOptions(seeds=(0,), second_crashes=3))
+    report = driver.run(
+        documents,
+        providers=llm(server_error_prob=0.2),
+        recover_options={"requeue_interrupted": True},
+        keep_outcomes=True,
+    )
+    doubles = [o for o in report.outcomes if o.case.then]
+    singles = [o for o in report.outcomes if o.case.crash_point and not o.case.then]
+    assert len(doubles) >= 2 * len(singles)  # up to three second crashes per first crash point
+    assert all(len(o.snapshots) == 2 and len(o.writes_at_crashes) == 2 for o in doubles)
+    assert report.cases == 1 + len(singles) + len(doubles)
+    assert len(report.crash_points[0]) == len(singles) + len(doubles)
+    # some second crashes hit recover() itself: that life never returned a recovery report
+    during_recovery = [o for o in doubles if len(o.recoveries) == 1]
+    assert during_recovery, "no second crash landed inside recover()"
+    assert report.duplicate_executions == 0
+    assert all(o.snapshots[0].restart_at < o.snapshots[1].restart_at for o in doubles)
+
+
+def test_a_replayed_second_crash_beyond_the_restarted_life_says_so() -> None:
+    driver = CrashDriver(CrashOptions(replay=parse_replay("0:2+500")))
+    with pytest.raises(ValueError, match="never reaches its second crash"):
+        driver.run(one_order, providers=charge_then_cache, recover_options={"requeue_interrupted": True})
 
 
 def test_a_crash_before_a_write_leaves_the_store_as_the_write_before_left_it() -> None:

@@ -50,6 +50,7 @@ _WHERE = {
     "CrashOptions": "aiqsim.testing.options",
     "KitOptionError": "aiqsim.testing.options",
     "select_crash_points": "aiqsim.testing.options",
+    "select_second_crashes": "aiqsim.testing.options",
     "provider_config": "aiqsim.testing.providers",
     "simulated_provider": "aiqsim.testing.providers",
     "KillReport": "aiqsim.testing.sigkill",

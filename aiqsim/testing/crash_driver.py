@@ -19,11 +19,13 @@ one more (``en``: right after it, before its next statement). There the process 
 coroutine of the scheduler and of the scenario stops; a durable store is closed), and after
 ``restart_after_s`` a new life starts: a new
 scheduler on the same store calls ``recover()`` and then the scenario again, as a restarted
-worker would run its ``main``. When the scenario's last life has finished, the invariants of
+worker would run its ``main``. With ``CrashOptions(second_crashes=...)`` that life dies too, at a
+store write of its own (``k+m`` / ``k+bm``: inside ``recover()`` or after it), and a third life
+recovers from both. When the scenario's last life has finished, the invariants of
 :mod:`aiqsim.testing.invariants` are checked. A broken one raises
 :class:`~aiqsim.testing.invariants.InvariantViolation` naming the key, the seed and the crash
 point, and the option that re-runs exactly that case (``--aiqsim-replay SEED:POINT``, POINT
-``k``, ``bk`` or ``en``).
+``k``, ``bk`` or ``en``, then ``+m`` or ``+bm`` for a second crash).
 
 The providers are built once per case and live through the crash: they are the servers, which
 do not die with the client. What they *did* (the ground truth for "executed at most once") comes
@@ -55,7 +57,7 @@ from aiqsim.sim.providers import ProviderLedger, SimulatedProvider
 from aiqsim.stores.base import TaskStore
 from aiqsim.testing import invariants
 from aiqsim.testing.invariants import InvariantViolation
-from aiqsim.testing.options import CrashCase, CrashOptions, select_crash_points
+from aiqsim.testing.options import CrashCase, CrashOptions, select_crash_points, select_second_crashes
 from aiqsim.testing.stores import StoreFactory
 
 if TYPE_CHECKING:
@@ -231,12 +233,22 @@ class CrashOutcome:
     recoveries: tuple[RecoveryReport, ...]
     task_errors: tuple[str, ...]
     snapshot: _CrashSnapshot | None = None
+    """The store as the first crash left it (``snapshots`` has one per crash)."""
     details: dict[str, str] = field(default_factory=dict)
     """Key -> what its executions were and in which process lives (for messages)."""
     rebuilt: tuple[StageEvent, ...] = ()
     """Stages whose ``build`` gave other payloads after the restart than before it."""
     effects_after: tuple[int, ...] = ()
     """How many store writes had been made when each recorded side effect happened."""
+    snapshots: tuple[_CrashSnapshot, ...] = ()
+    """The store as each crash left it, in order (two for a case with a second crash)."""
+    writes_at_crashes: tuple[int, ...] = ()
+    """How many store writes had been made at each crash."""
+
+    @property
+    def restart_writes(self) -> int:
+        """Store writes the life after the first crash made (it and any later life), 0 without a crash."""
+        return self.writes - self.writes_at_crashes[0] if self.writes_at_crashes else 0
 
     def executions_per_key(self, *, checked_only: bool = True) -> dict[str, int]:
         """Executions per key (only the keys held to "at most once" by default)."""
@@ -373,22 +385,33 @@ class CrashDriver:
             baseline = self._case(plan, baseline_case)
             writes[seed] = baseline.writes
             chosen = select_crash_points(baseline.writes, seed, self.options.sample, baseline.effects_after)
-            points[seed] = tuple(case.point for case in chosen)
-            for case in (baseline_case, *chosen):
+            pending = [baseline_case, *chosen]
+            taken: list[str] = []
+            while pending:
+                case = pending.pop(0)
                 outcome = baseline if case.crash_point == 0 else self._case(plan, case)
+                if case.crash_point:
+                    taken.append(case.point)
                 cases += 1
                 duplicates += _duplicates(outcome)
                 if keep_outcomes:
                     kept.append(outcome)
-                if case.crash_point and not outcome.crashed:
+                if case.crash_point and len(outcome.snapshots) < (2 if case.then else 1):
                     failures.append((case, _nondeterministic(case, baseline.writes, outcome.writes)))
                 else:
                     try:
                         self._check(outcome)
                     except InvariantViolation as violation:
                         failures.append((case, violation))
+                    if case.crash_point and not case.then and self.options.second_crashes:
+                        # this case's restarted life, crashed in its turn: right after this case
+                        second = select_second_crashes(
+                            case, outcome.restart_writes, self.options.second_crashes
+                        )
+                        pending[:0] = second
                 if len(failures) >= self.max_failures:
                     break
+            points[seed] = tuple(taken)
             if len(failures) >= self.max_failures:
                 break
         if failures:
@@ -435,8 +458,7 @@ class CrashDriver:
             if fan_out
             else None,
         )
-        snapshot = outcome.snapshot
-        if snapshot is not None:
+        for snapshot in outcome.snapshots:
             after = [key for key, at in outcome.all_executions if at >= snapshot.restart_at]
             invariants.check_finished_work_not_rerun(snapshot.finished, after)
             invariants.check_jobs_not_rebilled(snapshot.jobs, snapshot.tasks, after)
@@ -462,6 +484,12 @@ class CrashDriver:
                     f"--aiqsim-replay {case.seed}:{case.point}: the run of seed {case.seed} makes only "
                     f"{outcome.writes} store writes and {len(outcome.effects_after)} side effects, so it "
                     f"never reaches crash point {case.point}"
+                )
+            if case.then and len(outcome.snapshots) < 2:
+                raise ConfigurationError(
+                    f"--aiqsim-replay {case.seed}:{case.point}: after its first crash the restarted life "
+                    f"makes only {outcome.restart_writes} store writes, so it never reaches its second "
+                    f"crash (write #{case.then} of that life)"
                 )
             try:
                 self._check(outcome)
@@ -553,7 +581,8 @@ class _Case:
         self.rebuilt: list[StageEvent] = []
         self.recoveries: list[RecoveryReport] = []
         self.crashed = False
-        self.snapshot: _CrashSnapshot | None = None
+        self.snapshots: list[_CrashSnapshot] = []
+        self.writes_at_crashes: list[int] = []
         self.raw: TaskStore | None = None
         self.raw_open = False
         self.scheduler: Scheduler | None = None
@@ -586,6 +615,7 @@ class _Case:
 
     def _on_crash(self) -> None:
         self.crashed = True
+        self.writes_at_crashes.append(self.counter[0])
         assert self.scheduler is not None
         self.scheduler.crash()
         if not self.ended.done():
@@ -658,6 +688,9 @@ class _Case:
             await runtime.sleep(self.driver.restart_after_s)
             self.crashed = False
             number += 1
+            if number == 1 and self.case.then:  # the restarted life dies too: at its then-th write
+                target = self.counter[0] + self.case.then
+                (self.crash_before if self.case.then_before else self.crash_points).add(target)
 
     def _take_snapshot(self, now: float) -> None:
         raw = self.raw
@@ -665,15 +698,16 @@ class _Case:
         tasks = tuple(raw.list_by_status())
         jobs = _jobs_of(raw)
         finished = {t.key: t.id for t in tasks if t.status is TaskStatus.SUCCEEDED}
-        self.snapshot = _CrashSnapshot(now + self.driver.restart_after_s, finished, tasks, jobs)
+        self.snapshots.append(_CrashSnapshot(now + self.driver.restart_after_s, finished, tasks, jobs))
 
     def _rule(self, provider: str) -> str:
         """How the ``ok`` calls of simulated provider ``provider`` are held to "at most once".
 
         ``"all"``: every execution (the provider honours keys: a repeat is answered from its
         record, never executed again). ``"across_crash"``: recovery looks the orphans up, so no key
-        may be executed both before the crash and after the restart; a retry within one life after
-        a lost response may still execute a key twice, as with any provider that ignores keys.
+        may be executed in two process lives (before a crash and after the restart that followed
+        it); a retry within one life after a lost response may still execute a key twice, as with
+        any provider that ignores keys.
         ``"none"``: without lookup an orphan is failed (and a later submission of its key pays
         again, as documented) or re-sent blindly: duplicates are only counted.
         """
@@ -687,19 +721,20 @@ class _Case:
 
     def _checked_calls(self, calls: Sequence[tuple[str, str, float]]) -> list[tuple[str, float]]:
         """The ``(key, start)`` of the simulated calls held to "at most once" (see :meth:`_rule`);
-        for ``across_crash``, one call before the crash and one after it, per key that has both."""
+        for ``across_crash``, the first call of each process life, per key called in two or more."""
         checked: list[tuple[str, float]] = []
-        restart_at = self.snapshot.restart_at if self.snapshot is not None else None
-        spans: dict[str, dict[bool, float]] = {}
+        restarts = [snapshot.restart_at for snapshot in self.snapshots]
+        lives: dict[str, dict[int, float]] = {}
         for provider, key, at in calls:
             rule = self._rule(provider)
             if rule == "all":
                 checked.append((key, at))
-            elif rule == "across_crash" and restart_at is not None:
-                spans.setdefault(key, {}).setdefault(at >= restart_at, at)
-        for key, sides in spans.items():
-            if len(sides) == 2:
-                checked += [(key, sides[False]), (key, sides[True])]
+            elif rule == "across_crash" and restarts:
+                life = sum(1 for restart_at in restarts if at >= restart_at)
+                lives.setdefault(key, {}).setdefault(life, at)
+        for key, first_calls in lives.items():
+            if len(first_calls) > 1:
+                checked += [(key, at) for at in first_calls.values()]
         return checked
 
     def execute(self) -> CrashOutcome:
@@ -739,7 +774,7 @@ class _Case:
         return CrashOutcome(
             details={key: "; ".join(texts) for key, texts in details.items()},
             case=self.case,
-            crashed=self.snapshot is not None,
+            crashed=bool(self.snapshots),
             writes=self.counter[0],
             tasks=tasks,
             jobs=jobs,
@@ -749,7 +784,9 @@ class _Case:
             all_executions=tuple(effects + [(key, at) for _, key, at in calls]),
             recoveries=tuple(self.recoveries),
             task_errors=errors,
-            snapshot=self.snapshot,
+            snapshot=self.snapshots[0] if self.snapshots else None,
+            snapshots=tuple(self.snapshots),
+            writes_at_crashes=tuple(self.writes_at_crashes),
             rebuilt=tuple(self.rebuilt),
             effects_after=tuple(self.effects_after),
         )

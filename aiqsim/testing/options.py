@@ -21,13 +21,20 @@ and one per side effect the user's code records (``world.effects.record``):
 
 Point ``0`` is the run without a crash. Cases run in the order the points occur (e.g. b1, 1, b2,
 2, e1, b3, 3).
+
+A process can also die again while it recovers (``--aiqsim-second-crashes N|all``): after a first
+crash at ``POINT``, ``POINT+M`` dies again right after the M-th store write of the restarted life,
+``POINT+bM`` right before it (the writes ``recover()`` makes to reconcile the orphans come first,
+then the scenario's own); the third life then recovers from both. Off by default: each first crash
+point gets ``N`` (seeded) or all of the restarted life's points, which multiplies the cases.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from aiqsim.core.errors import ConfigurationError
 
@@ -40,8 +47,10 @@ __all__ = [
     "KitOptionError",
     "parse_crash_points",
     "parse_replay",
+    "parse_second_crashes",
     "parse_seeds",
     "select_crash_points",
+    "select_second_crashes",
 ]
 
 DEFAULT_SEEDS = 3
@@ -53,6 +62,12 @@ BEFORE_PREFIX = "b"
 EFFECT_PREFIX = "e"
 """Marks a crash point right after a recorded side effect in ``SEED:POINT`` (``0:e2``)."""
 
+SECOND_SEPARATOR = "+"
+"""Joins a second crash (in the restarted life) to the first in ``SEED:POINT`` (``0:b4+2``)."""
+
+ALL = "all"
+"""``CrashOptions(second_crashes=ALL)``: every crash point of the restarted life."""
+
 
 class KitOptionError(ConfigurationError):
     """An ``--aiqsim-*`` option (or its ini value) that cannot be used; says what was expected."""
@@ -63,19 +78,26 @@ class CrashCase:
     """One run of a crash test: the ``seed`` and the store write at which the process dies
     (``crash_point``; 0 for the run without a crash): right after it, or right before it when
     ``before`` (the write never lands); with ``effect``, ``crash_point`` counts the recorded side
-    effects instead, and the process dies right after that one."""
+    effects instead, and the process dies right after that one. ``then`` (>= 1) makes the restarted
+    process die again, right after its ``then``-th store write (right before it when
+    ``then_before``): a crash during recovery; 0, the default, lets it live."""
 
     seed: int
     crash_point: int
     before: bool = False
     effect: bool = False
+    then: int = 0
+    then_before: bool = False
 
     @property
     def point(self) -> str:
         """The crash point as ``--aiqsim-replay`` spells it: ``K`` (after write K), ``bK`` (before
-        write K) or ``eN`` (after side effect N)."""
+        write K) or ``eN`` (after side effect N), then ``+M`` / ``+bM`` for a second crash."""
         prefix = EFFECT_PREFIX if self.effect else BEFORE_PREFIX if self.before else ""
-        return f"{prefix}{self.crash_point}"
+        if not self.then:
+            return f"{prefix}{self.crash_point}"
+        second = f"{BEFORE_PREFIX if self.then_before else ''}{self.then}"
+        return f"{prefix}{self.crash_point}{SECOND_SEPARATOR}{second}"
 
     @property
     def replay_option(self) -> str:
@@ -88,8 +110,13 @@ class CrashCase:
         if self.crash_point == 0:
             return "no crash"
         if self.effect:
-            return f"crash right after side effect #{self.crash_point}"
-        return f"crash {'before' if self.before else 'after'} store write #{self.crash_point}"
+            first = f"crash right after side effect #{self.crash_point}"
+        else:
+            first = f"crash {'before' if self.before else 'after'} store write #{self.crash_point}"
+        if not self.then:
+            return first
+        second = "before" if self.then_before else "after"
+        return f"{first}, then {second} write #{self.then} of the restarted life"
 
     def __str__(self) -> str:
         return f"seed {self.seed}, {self.where}"
@@ -98,17 +125,22 @@ class CrashCase:
 @dataclass(frozen=True, slots=True)
 class CrashOptions:
     """Which cases a crash test runs: ``seeds``; every crash point (``sample is None``) or ``sample``
-    of them per seed; or only ``replay``."""
+    of them per seed; or only ``replay``. ``second_crashes``: after each first crash, also that
+    many (seeded) crash points of the restarted life, or ``"all"`` of them; 0 (the default): none."""
 
     seeds: tuple[int, ...] = tuple(range(DEFAULT_SEEDS))
     sample: int | None = None
     replay: CrashCase | None = None
+    second_crashes: int | Literal["all"] = 0
 
     def __post_init__(self) -> None:
         if not self.seeds:
             raise KitOptionError("a crash test needs at least one seed")
         if self.sample is not None and self.sample < 1:
             raise KitOptionError(f"sample must be >= 1 crash point, got {self.sample}")
+        second = self.second_crashes
+        if second != ALL and (type(second) is not int or second < 0):
+            raise KitOptionError(f"second_crashes must be a whole number >= 0 or 'all', got {second!r}")
 
 
 def _is_number(text: str) -> bool:
@@ -139,21 +171,50 @@ def parse_crash_points(text: str) -> int | None:
     raise KitOptionError(f"--aiqsim-crash-points expects 'all' or 'sample:K' with K >= 1, got {text!r}")
 
 
+def parse_second_crashes(text: str | int) -> int | Literal["all"]:
+    """``--aiqsim-second-crashes``: ``all`` or a whole number N >= 0 of second crash points per
+    first crash (0: none)."""
+    value = str(text).strip().lower()
+    if value == ALL:
+        return ALL
+    if _is_number(value):
+        return int(value)
+    raise KitOptionError(f"--aiqsim-second-crashes expects 'all' or a whole number >= 0, got {text!r}")
+
+
 def parse_replay(text: str | None) -> CrashCase | None:
     """``--aiqsim-replay SEED:POINT``, or None when not given. SEED is a whole number >= 0; POINT is
     ``K`` (crash after store write K; 0: no crash), ``bK`` (crash before write K, K >= 1) or ``eN``
-    (crash right after side effect N, N >= 1)."""
+    (crash right after side effect N, N >= 1), optionally followed by ``+M`` or ``+bM`` (M >= 1): a
+    second crash after (before) the restarted life's M-th store write."""
     if text is None or str(text).strip() == "":
         return None
     seed, sep, point = str(text).strip().partition(":")
-    prefix = point[:1] if point[:1] in (BEFORE_PREFIX, EFFECT_PREFIX) else ""
-    number = point[len(prefix) :]
-    if not sep or not _is_number(seed) or not _is_number(number) or (prefix and int(number) < 1):
+    first, plus, second = point.partition(SECOND_SEPARATOR)
+    prefix = first[:1] if first[:1] in (BEFORE_PREFIX, EFFECT_PREFIX) else ""
+    number = first[len(prefix) :]
+    then_before = second[:1] == BEFORE_PREFIX
+    then = second[1:] if then_before else second
+    if (
+        not sep
+        or not _is_number(seed)
+        or not _is_number(number)
+        or (prefix and int(number) < 1)
+        or (plus and (not _is_number(then) or int(then) < 1 or int(number) < 1))
+    ):
         raise KitOptionError(
             "--aiqsim-replay expects SEED:POINT as a failure prints it (POINT: K, crash after store "
-            f"write K; bK, crash before it; eN, crash right after side effect N), got {text!r}"
+            "write K; bK, crash before it; eN, crash right after side effect N; then +M or +bM for a "
+            f"second crash after or before the restarted life's write M), got {text!r}"
         )
-    return CrashCase(int(seed), int(number), prefix == BEFORE_PREFIX, prefix == EFFECT_PREFIX)
+    return CrashCase(
+        int(seed),
+        int(number),
+        prefix == BEFORE_PREFIX,
+        prefix == EFFECT_PREFIX,
+        int(then) if plus else 0,
+        then_before,
+    )
 
 
 def select_crash_points(
@@ -177,4 +238,23 @@ def select_crash_points(
     if sample is None or sample >= len(points):
         return points
     chosen = random.Random(f"aiqsim-crash-points:{seed}").sample(range(len(points)), sample)
+    return [points[i] for i in sorted(chosen)]
+
+
+def select_second_crashes(
+    first: CrashCase, restart_writes: int, count: int | Literal["all"]
+) -> list[CrashCase]:
+    """The second-crash cases of ``first``, whose restarted life made ``restart_writes`` store
+    writes when it lived: before and after each of them (``+b1``, ``+1``, ...), in order; ``count``
+    of them drawn from a stream seeded by the first case alone, or ``"all"``."""
+    points = [
+        replace(first, then=m, then_before=before)
+        for m in range(1, restart_writes + 1)
+        for before in (True, False)
+    ]
+    if count == ALL or count >= len(points):
+        return points
+    chosen = random.Random(f"aiqsim-second-crashes:{first.seed}:{first.point}").sample(
+        range(len(points)), count
+    )
     return [points[i] for i in sorted(chosen)]

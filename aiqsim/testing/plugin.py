@@ -42,6 +42,7 @@ from aiqsim.testing.options import (
     KitOptionError,
     parse_crash_points,
     parse_replay,
+    parse_second_crashes,
     parse_seeds,
 )
 
@@ -94,10 +95,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="SEED:POINT",
         help="re-run only this case of every crash test, as a failure prints it "
-        "(POINT: K, after store write K; bK, before it)",
+        "(POINT: K, after store write K; bK, before it; eN, after side effect N; +M / +bM, a second "
+        "crash after / before the restarted life's write M)",
+    )
+    group.addoption(
+        "--aiqsim-second-crashes",
+        default=None,
+        metavar="N|all",
+        help="after each first crash, crash the restarted process again (while it recovers) at N seeded "
+        "points of its life, or at all of them (default 0: none; ini aiqsim_second_crashes)",
     )
     parser.addini("aiqsim_seeds", "seeds per crash test (--aiqsim-seeds)", default=str(DEFAULT_SEEDS))
     parser.addini("aiqsim_crash_points", "all | sample:K (--aiqsim-crash-points)", default="all")
+    parser.addini("aiqsim_second_crashes", "N | all (--aiqsim-second-crashes)", default="0")
     parser.addini("aiqsim_postgres_dsn", f"PostgreSQL DSN for the store fixture (or env {POSTGRES_ENV})")
 
 
@@ -105,10 +115,12 @@ def crash_options(config: pytest.Config) -> CrashOptions:
     """The :class:`CrashOptions` of this pytest run (command line over ini over defaults)."""
     seeds = config.getoption("aiqsim_seeds") or config.getini("aiqsim_seeds")
     points = config.getoption("aiqsim_crash_points") or config.getini("aiqsim_crash_points")
+    second = config.getoption("aiqsim_second_crashes") or config.getini("aiqsim_second_crashes")
     return CrashOptions(
         seeds=parse_seeds(seeds),
         sample=parse_crash_points(points),
         replay=parse_replay(config.getoption("aiqsim_replay")),
+        second_crashes=parse_second_crashes(second),
     )
 
 
@@ -129,6 +141,8 @@ def pytest_report_header(config: pytest.Config) -> str:
     from aiqsim.testing.stores import store_kinds
 
     depth = "all crash points" if options.sample is None else f"{options.sample} crash points per seed"
+    if options.second_crashes:
+        depth += f", {options.second_crashes} second crash points per first crash"
     replay = f", replaying {options.replay.seed}:{options.replay.point}" if options.replay else ""
     kinds = "/".join(store_kinds(postgres_dsn(config)))
     return f"aiqsim: {len(options.seeds)} seeds, {depth}{replay}; stores {kinds}"
