@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aiqsim.cli import main
 from aiqsim.lab.calibrate import (
     CalibrationError,
     calibrate,
@@ -40,6 +41,7 @@ from aiqsim.lab.calibrate import (
     kaplan_meier,
     latency_sample,
 )
+from aiqsim.lab.calibration_report import _provider_rows
 from aiqsim.sim import simulate
 
 SCENARIO = """
@@ -331,3 +333,25 @@ def test_kaplan_meier_spreads_a_censored_value_over_the_values_above_it() -> Non
     assert after == pytest.approx([0.25, 0.625, 1.0])
     _, _, after = kaplan_meier(np.array([1.0, 3.0, 4.0]), np.array([2.0]), np.array([0.5]))
     assert after == pytest.approx([1 / 3.5, 1 - (2.5 / 3.5) * 0.5, 1.0])
+
+
+# ---------------------------------------------------------------------- what the user reads
+def test_the_report_and_the_cli_say_the_fit_includes_the_cut_off_attempts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, log = _logged(tmp_path, seed=16, timeout_prob=0.05, duration_s=300.0)
+    calibration = calibrate(log)
+    fit = calibration.providers["llm"]
+    rows = dict(_provider_rows(calibration, "llm"))
+    assert (
+        f"fitted on {fit.latency.n} completed calls and {fit.latency.cut_off} attempts cut off"
+        in rows["latency"]
+    )
+    assert "as censored" in rows["latency"]
+    assert rows["lost responses (timeouts)"].startswith(
+        f"{fit.timeout_prob:.4g}: of the {fit.latency.cut_off}"
+    )
+    assert main(["calibrate", str(log), "--out", str(tmp_path / "fitted.toml")]) == 0
+    printed = capsys.readouterr().out
+    assert f"({fit.latency.n} completed + {fit.latency.cut_off} cut off, censored)" in printed
+    assert f"lost {fit.timeout_prob:.3g}" in printed

@@ -3,7 +3,8 @@
 One self-contained HTML file (charts embedded as PNG), or a Jupyter notebook when the report's
 name ends in ``.ipynb``: per provider, the latency scatter with the
 fitted line, a QQ plot of the log residuals against a normal (the lognormal noise assumption),
-residuals against the regressor, and a table of the fitted rates with the counts behind them; per
+residuals against the regressor (attempts the client cut off drawn at the time it waited, as the
+censored observations they are in the fit), and a table of the fitted rates with the counts behind them; per
 workload, arrivals per interval against the fitted piecewise rate, and a QQ plot of inter-arrival
 gaps against the exponential (the Poisson assumption).
 
@@ -24,7 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from aiqsim.lab.calibrate import Calibration, CalibrationError
+from aiqsim.lab.calibrate import (
+    Calibration,
+    CalibrationError,
+    CensoredLatencyFit,
+    fit_censored_latency,
+    kaplan_meier,
+    latency_sample,
+)
 
 __all__ = [
     "calibration_report_html",
@@ -52,34 +60,60 @@ def _quantiles(n: int) -> np.ndarray:
     return (np.arange(1, n + 1) - 0.5) / n
 
 
+def _latency_fit(calibration: Calibration, name: str) -> CensoredLatencyFit:
+    """Provider ``name``'s latency fit in full: the calibration's own, or refitted from its calls (a
+    :class:`Calibration` made without them)."""
+    fitted = calibration.latency_fits.get(name)
+    if fitted is not None:
+        return fitted
+    calls = calibration.calls
+    sample = latency_sample(
+        calls[(calls["provider"] == name) & (calls["outcome_class"] != "rejected_locally")]
+    )
+    return fit_censored_latency(sample.x, sample.latency_s, sample.cut_x, sample.waited_s)
+
+
 def provider_figure(calibration: Calibration, name: str) -> Any:
-    """Provider ``name``'s latency fit: scatter with the fitted mean, QQ of log residuals, residuals."""
+    """Provider ``name``'s latency fit: scatter with the fitted mean, QQ of log residuals, residuals.
+
+    Attempts the client cut off are drawn at the time it waited (triangles: their latency was at
+    least that, unless the response was lost), and the QQ plot places the completed calls' residuals
+    by their Kaplan-Meier distribution with those attempts censored (each counted by its chance of
+    having been slow rather than lost): the completed calls alone are the fast part of the sample,
+    not a sample of the model.
+    """
     import matplotlib.pyplot as plt
 
     fit = calibration.providers[name]
-    calls = calibration.calls
-    ok = calls[(calls["provider"] == name) & (calls["outcome_class"] == "ok")]
-    x = ok[fit.latency.regressor].fillna(ok["cost_estimate"]).to_numpy(float)
-    y = ok["latency_s"].to_numpy(float)
-    mean = fit.latency.base_s + fit.latency.per_unit_s * x
-    residuals = np.log(y / np.maximum(mean, 1e-12))
+    detail = _latency_fit(calibration, name)
+    x, y = detail.x, detail.latency_s
+    residuals = np.log(y / detail.mean_s(x))
+    bounds = np.log(detail.waited_s / detail.mean_s(detail.cut_x))
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    axes[0].scatter(x, y, s=4, alpha=0.4)
-    grid = np.linspace(0, x.max() if len(x) else 1, 50)
+    axes[0].scatter(x, y, s=4, alpha=0.4, label="completed")
+    if detail.cut_off:
+        axes[0].scatter(detail.cut_x, detail.waited_s, s=10, marker="^", color="C1", alpha=0.5,
+                        label="cut off: slower than this, or lost")  # fmt: skip
+    top = max(x.max(initial=0), detail.cut_x.max(initial=0)) or 1
+    grid = np.linspace(0, top, 50)
     axes[0].plot(grid, fit.latency.base_s + fit.latency.per_unit_s * grid, color="C3", label="fitted mean")
     axes[0].set(xlabel=fit.latency.regressor, ylabel="latency (s)", title=f"{name}: latency")
     axes[0].legend()
-    sample = np.sort(residuals)
+    sample, before, after = kaplan_meier(residuals, bounds, detail.slow_weights)
+    positions = np.clip((before + after) / 2, 1e-12, 1 - 1e-12)  # (i - 0.5) / n when nothing is censored
     theory = np.array([NormalDist(-fit.latency.sigma**2 / 2, fit.latency.sigma or 1e-9).inv_cdf(q) for q in
-                       _quantiles(len(sample))])  # fmt: skip
+                       positions])  # fmt: skip
     axes[1].scatter(theory, sample, s=4)
     lims = [
         min(theory.min(initial=0), sample.min(initial=0)),
         max(theory.max(initial=0), sample.max(initial=0)),
     ]
     axes[1].plot(lims, lims, color="C3")
-    axes[1].set(xlabel="lognormal model quantile", ylabel="log residual", title="QQ: log residuals")
+    title = "QQ: log residuals" + (" (cut-offs censored)" if detail.cut_off else "")
+    axes[1].set(xlabel="lognormal model quantile", ylabel="log residual", title=title)
     axes[2].scatter(x, residuals, s=4, alpha=0.4)
+    if detail.cut_off:
+        axes[2].scatter(detail.cut_x, bounds, s=10, marker="^", color="C1", alpha=0.5)
     axes[2].axhline(-(fit.latency.sigma**2) / 2, color="C3")
     axes[2].set(xlabel=fit.latency.regressor, ylabel="log residual", title="residuals")
     return figure
@@ -92,7 +126,9 @@ def _provider_rows(calibration: Calibration, name: str) -> list[tuple[str, str]]
         (
             "latency",
             f"({lat.base_s:.4g} s + {lat.per_unit_s:.4g} s x {lat.regressor}) x lognormal(sigma "
-            f"{lat.sigma:.3g}); {lat.n} calls; KS {lat.ks_distance:.3f}",
+            f"{lat.sigma:.3g}); fitted on {lat.n} completed calls and {lat.cut_off} attempts cut off by "
+            "the client, as censored (latency at least the time waited); KS "
+            f"{lat.ks_distance:.3f}",
         ),
         (
             "server limits",
@@ -105,7 +141,11 @@ def _provider_rows(calibration: Calibration, name: str) -> list[tuple[str, str]]
             f"{fit.rate_limit_prob:.4g}, Retry-After {fit.rate_limit_retry_after_s}",
         ),
         ("5xx", f"{fit.server_error_prob:.4g}"),
-        ("lost responses (timeouts)", f"{fit.timeout_prob:.4g}"),
+        (
+            "lost responses (timeouts)",
+            f"{fit.timeout_prob:.4g}: of the {lat.cut_off} cut-off attempts, {lat.slow_cut_offs:.1f} "
+            f"were slow (the fitted latency's tail), {lat.cut_off - lat.slow_cut_offs:.1f} lost",
+        ),
         ("quota exhausted / invalid", f"{fit.quota_exhausted_prob:.4g} / {fit.invalid_request_prob:.4g}"),
         ("attempts by class", ", ".join(f"{k}: {v}" for k, v in sorted(fit.counts.items()))),
     ]

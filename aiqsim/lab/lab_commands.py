@@ -103,7 +103,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         lat = fit.latency
         print(
             f"  {name}: latency ({lat.base_s:.4g} + {lat.per_unit_s:.4g} x {lat.regressor}) s, sigma "
-            f"{lat.sigma:.3g}; limit {fit.server_requests_per_min} req/min ({fit.limits_from}); 429 "
+            f"{lat.sigma:.3g} ({lat.n} completed + {lat.cut_off} cut off, censored); "
+            f"limit {fit.server_requests_per_min} req/min ({fit.limits_from}); 429 "
             f"{fit.rate_limit_prob:.3g}, 5xx {fit.server_error_prob:.3g}, lost {fit.timeout_prob:.3g}"
         )
     for flag in result.flags:
