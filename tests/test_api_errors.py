@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from aiqsim.core.errors import AiqsimError, ConfigurationError, StoreError
+from aiqsim.core.numeric import LARGEST_WHOLE
 from aiqsim.core.task import Priority
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
@@ -24,7 +25,8 @@ from aiqsim.scheduler.dispatch import AgingShortestJobFirstPolicy, dispatch_poli
 from aiqsim.scheduler.job_spec import JobSpec, Stage
 from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.scheduler.scheduler import Scheduler
-from aiqsim.sim.simulate import simulate
+from aiqsim.sim.scenario import ScenarioError, load_scenario
+from aiqsim.sim.simulate import retry_policy, simulate
 from aiqsim.sim.sweep import sweep
 from aiqsim.stores import JsonFileStore, MemoryStore, SqliteStore, StoreOpenError, open_store
 from tests.fakes import ScriptedProvider
@@ -351,6 +353,11 @@ def test_recover_refuses_what_it_cannot_do_before_writing_anything(
         ("max_attempts", math.inf, ValueError, "a whole number >= 1"),
         ("poison_after", 1.5, ValueError, "a whole number >= 1"),
         ("honour_retry_after", "no", TypeError, "True or False"),  # was accepted: "no" is truthy
+        # whole floats only because a float that large has no fraction left: were accepted
+        ("max_attempts", 1e308, ValueError, "a whole number >= 1 and <= 2**63"),
+        ("max_attempts", 2.0**64, ValueError, "<= 2**63"),
+        ("max_attempts", 2**63 + 1, ValueError, "<= 2**63"),  # past what a scenario file accepts
+        ("poison_after", 1e308, ValueError, "<= 2**63"),
     ],
 )
 def test_a_retry_policy_that_cannot_be_used_is_refused_when_built(
@@ -363,6 +370,31 @@ def test_a_retry_policy_that_cannot_be_used_is_refused_when_built(
     assert accepted in message and repr(value) in message and "no RetryPolicy was built" in message
     runtime.run(scheduler.join())
     assert provider.calls == [] and store.list_by_status() == []
+
+
+def test_a_retry_policy_keeps_a_whole_count_as_the_int_it_stands_for() -> None:
+    policy = RetryPolicy(max_attempts=3.0, poison_after=2.0)
+    assert policy == RetryPolicy(max_attempts=3, poison_after=2)
+    assert type(policy.max_attempts) is int and type(policy.poison_after) is int
+    assert type(RetryPolicy(max_attempts=LARGEST_WHOLE).max_attempts) is int
+
+
+@pytest.mark.parametrize("value", ["1e308", "3.0", str(LARGEST_WHOLE + 1)])
+def test_a_max_attempts_a_scenario_file_refuses_names_the_file_and_key(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "attempts.toml"
+    path.write_text(Path(SCENARIO).read_text().replace("max_attempts = 4", f"max_attempts = {value}"))
+    assert f"max_attempts = {value}" in path.read_text()
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    message = str(caught.value)
+    assert "attempts.toml" in message and "retry.max_attempts" in message and "an integer >= 1" in message
+
+
+def test_every_max_attempts_a_scenario_file_accepts_builds_a_retry_policy(tmp_path: Path) -> None:
+    """The file and the policy share one bound: a count the file accepts never fails later, in the run."""
+    path = tmp_path / "attempts.toml"
+    path.write_text(Path(SCENARIO).read_text().replace("max_attempts = 4", f"max_attempts = {LARGEST_WHOLE}"))
+    assert retry_policy(load_scenario(path)).max_attempts == LARGEST_WHOLE
 
 
 @pytest.mark.parametrize("retry", [5, "full_jitter", {"max_attempts": 3}])

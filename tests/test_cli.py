@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -123,6 +124,26 @@ def test_bad_input_gives_a_clear_message_and_no_traceback(tmp_path: Path) -> Non
         for fragment in fragments:
             assert fragment in result.stderr, (args, fragment, result.stderr)
     assert "fast" in bad.read_text()  # bad input is never rewritten
+
+
+def test_a_max_attempts_no_retry_policy_takes_is_refused_by_name_without_a_traceback(tmp_path: Path) -> None:
+    """``1e308`` is whole (a float that large has no fraction) but no attempt count: the file and
+    ``--set`` are refused as the policy refuses it, naming the file and the key."""
+    huge = tmp_path / "huge.toml"
+    text = (ROOT / "scenarios" / "retry_storm_429.toml").read_text(encoding="utf-8")
+    huge.write_text(re.sub(r"(?m)^max_attempts = \d+$", "max_attempts = 1e308", text), encoding="utf-8")
+    assert "max_attempts = 1e308" in huge.read_text(encoding="utf-8")
+    cases = [
+        (("validate", str(huge)), ["huge.toml", "retry.max_attempts", "an integer >= 1", "1e+308"]),
+        (("run", "scenarios/retry_storm_429.toml", "--set", "retry.max_attempts=1e308"),
+         ["retry.max_attempts", "an integer >= 1"]),
+        (("run", "scenarios/retry_storm_429.toml", "--set", f"retry.max_attempts={2**63 + 1}"),
+         ["retry.max_attempts", "an integer >= 1"]),
+    ]  # fmt: skip
+    for (args, fragments), result in zip(cases, aiqsim_each(cases), strict=True):
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr)
+        for fragment in fragments:
+            assert fragment in result.stderr, (args, fragment, result.stderr)
 
 
 def test_sweep_writes_one_row_per_point_and_seed(tmp_path: Path) -> None:

@@ -11,7 +11,12 @@ import numbers
 
 from aiqsim.core.errors import ConfigurationError
 
-__all__ = ["check_time_scale", "is_positive_finite", "is_real", "is_whole"]
+__all__ = ["LARGEST_WHOLE", "check_time_scale", "is_positive_finite", "is_real", "is_whole"]
+
+LARGEST_WHOLE = 2**63
+"""The largest whole number a setting takes: what a scenario file accepts for any integer, and what
+a :class:`~aiqsim.scheduler.retry.RetryPolicy` accepts for its counts. A float of any size past 2**53
+is "whole" (``1e308 == int(1e308)``), so a whole-number check alone lets such a value through."""
 
 
 def is_real(value: object) -> bool:
@@ -19,9 +24,11 @@ def is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def is_whole(value: object, least: int) -> bool:
-    """A finite whole number (``3`` or ``3.0``) of at least ``least``."""
-    return bool(is_real(value) and math.isfinite(value) and value >= least and value == int(value))  # type: ignore[arg-type, call-overload, operator]
+def is_whole(value: object, least: int, most: int | None = None) -> bool:
+    """A finite whole number (``3`` or ``3.0``) of at least ``least`` and, given ``most``, at most it."""
+    if not (is_real(value) and math.isfinite(value) and value >= least and value == int(value)):  # type: ignore[arg-type, call-overload, operator]
+        return False
+    return most is None or value <= most  # type: ignore[operator]
 
 
 def is_positive_finite(value: object) -> bool:

@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 from aiqsim.core.backoff import BackoffStrategy, FullJitter
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import POISON_AFTER_ATTEMPTS, FailureClass
-from aiqsim.core.numeric import is_real, is_whole
+from aiqsim.core.numeric import LARGEST_WHOLE, is_real, is_whole
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError
 from aiqsim.scheduler.rate_limit_scope import (
     DEFAULT_RATE_LIMIT_SCOPE,
@@ -28,7 +28,12 @@ _NOT_BUILT = "no RetryPolicy was built"
 
 
 def _whole_at_least_one(value: float) -> bool:
-    return is_whole(value, 1)
+    """A count from 1 to :data:`~aiqsim.core.numeric.LARGEST_WHOLE`, the bound a scenario file sets
+    on every integer: ``1e308`` is a whole float, but no attempt count, and was accepted."""
+    return is_whole(value, 1, LARGEST_WHOLE)
+
+
+_COUNT = "a whole number >= 1 and <= 2**63"
 
 
 def _check(name: str, value: Any, accepted: str, ok: Callable[[float], bool]) -> None:
@@ -82,14 +87,17 @@ class RetryPolicy:
                 f"backoff must be a backoff strategy (FullJitter(), ExponentialBackoff()..., or "
                 f"backoff_from_name('full_jitter')), got {self.backoff!r}; {_NOT_BUILT}"
             )
-        _check("max_attempts", self.max_attempts, "a whole number >= 1 (1: no retries)", _whole_at_least_one)
+        _check("max_attempts", self.max_attempts, f"{_COUNT} (1: no retries)", _whole_at_least_one)
         _check("attempt_timeout_s", self.attempt_timeout_s, "> 0 or None (None: no limit)", lambda n: n > 0)
         _check(
             "poison_after",
             self.poison_after,
-            "a whole number >= 1 (attempts before a key is poison)",
+            f"{_COUNT} (attempts before a key is poison)",
             _whole_at_least_one,
         )
+        # a whole float (3.0) or a numpy integer is kept as the int it stands for
+        object.__setattr__(self, "max_attempts", int(self.max_attempts))
+        object.__setattr__(self, "poison_after", int(self.poison_after))
         longest = self.max_retry_after_s
         _check("max_retry_after_s", longest, "> 0 or None (None: trust any value)", lambda n: n > 0)
         if not isinstance(self.honour_retry_after, bool):  # "no" or 0 would read as a truth value

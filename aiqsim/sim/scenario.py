@@ -57,6 +57,7 @@ from typing import Any
 
 from aiqsim.core.backoff import BACKOFF_STRATEGIES
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.numeric import LARGEST_WHOLE
 from aiqsim.scheduler.dispatch import DISPATCH_POLICIES
 from aiqsim.sim.config import (
     LATENCY_DISTRIBUTIONS,
@@ -199,7 +200,7 @@ class _Number:
     def __call__(self, value: Any) -> float:
         if not _is_number(value):
             raise _Invalid
-        if isinstance(value, numbers.Integral) and abs(int(value)) > 2**63:
+        if isinstance(value, numbers.Integral) and abs(int(value)) > LARGEST_WHOLE:
             raise _Invalid
         value = float(value)
         if not math.isfinite(value):
@@ -230,7 +231,7 @@ class _Integer:
         value = int(value)
         if self.low is not None and value < self.low:
             raise _Invalid
-        if abs(value) > 2**63:
+        if abs(value) > LARGEST_WHOLE:  # RetryPolicy's counts take the same bound
             raise _Invalid
         return value
 

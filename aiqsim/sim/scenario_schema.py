@@ -23,6 +23,7 @@ import json
 import math
 from typing import Any
 
+from aiqsim.core.numeric import LARGEST_WHOLE
 from aiqsim.sim.scenario import (
     _FILE,
     _NAME,
@@ -122,7 +123,11 @@ def _check(spec: Any) -> dict[str, Any]:
             node["maximum"] = spec.high
         return node
     if isinstance(spec, _Integer):
-        return {"type": "integer", "minimum": -(2**63) if spec.low is None else spec.low, "maximum": 2**63}
+        return {
+            "type": "integer",
+            "minimum": -LARGEST_WHOLE if spec.low is None else spec.low,
+            "maximum": LARGEST_WHOLE,
+        }
     if isinstance(spec, _Boolean):
         return {"type": "boolean"}
     if isinstance(spec, _Choice):
