@@ -73,6 +73,18 @@ def redis_url():  # type: ignore[no-untyped-def]
     yield from _server("Redis", "AIQSIM_TEST_REDIS_URL", redis_server)
 
 
+@pytest.fixture(scope="session")
+def redis_cluster_url():  # type: ignore[no-untyped-def]
+    """A URL of a real Redis Cluster node owning every slot (``AIQSIM_TEST_REDIS_CLUSTER_URL``, or a
+    throwaway one-node cluster: ``redis-server --cluster-enabled yes``)."""
+    import functools
+
+    from tests.servers import redis_server
+
+    start = functools.partial(redis_server, cluster=True)
+    yield from _server("Redis Cluster", "AIQSIM_TEST_REDIS_CLUSTER_URL", start)
+
+
 @pytest.fixture
 def account(redis_url: str):  # type: ignore[no-untyped-def]
     """A RedisQuota account name of this test's own on the Redis server, deleted afterwards, so
@@ -83,7 +95,10 @@ def account(redis_url: str):  # type: ignore[no-untyped-def]
 
     name = f"acct-{random.Random().getrandbits(40):010x}"
     yield name
-    redis.Redis.from_url(redis_url).delete(f"aiqsim:quota:{name}:state", f"aiqsim:quota:{name}:slots")
+    from aiqsim.fleet.redis_quota import quota_key_prefix
+
+    prefix = quota_key_prefix(name)
+    redis.Redis.from_url(redis_url).delete(f"{prefix}:state", f"{prefix}:slots")
 
 
 # ------------------------------------------------------------------ CI: a skip is a failure

@@ -123,21 +123,28 @@ def postgres_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """Yield the URL of a fresh Redis server on a free loopback port (no persistence)."""
+def redis_server(*, cluster: bool = False) -> Iterator[str]:
+    """Yield the URL of a fresh Redis server on a free loopback port (no persistence).
+
+    ``cluster=True``: a Redis Cluster of that one node, owning all 16384 hash slots (answered
+    ``cluster_state:ok``), which refuses a command whose keys lie in different slots (``CROSSSLOT``)
+    as a cluster of many nodes does, and answers ``CLUSTER KEYSLOT``."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise ServerUnavailable("redis-server is not installed (Debian: apt-get install redis-server)")
     root = Path(tempfile.mkdtemp(prefix="aiqsim-redis-"))
-    port = free_port()
+    port = _cluster_port() if cluster else free_port()
+    options = ["--cluster-enabled", "yes", "--cluster-config-file", str(root / "nodes.conf")]
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(root), "--protected-mode", "yes"],
+         "--dir", str(root), "--protected-mode", "yes", *(options if cluster else [])],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         _wait_for_port(port, 30, process)
+        if cluster:
+            _own_every_slot(port)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.terminate()
@@ -147,3 +154,32 @@ def redis_server() -> Iterator[str]:
             process.kill()
             process.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (the port + 10000, which a cluster node also listens on)
+    exists and is free too: a free port above 55535 made the node exit at start."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with contextlib.suppress(OSError), socket.socket() as sock:
+            sock.bind(("127.0.0.1", port + 10000))
+            return port
+    raise ServerUnavailable("no free port with a free cluster bus port (+10000) in 100 tries")
+
+
+def _own_every_slot(port: int, timeout_s: float = 30.0) -> None:
+    """Give the one node of a fresh cluster every hash slot and wait until it says the cluster is ok."""
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        deadline = time.monotonic() + timeout_s
+        while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):  # raw: no parser
+            if time.monotonic() > deadline:
+                raise ServerUnavailable(f"the one-node cluster on port {port} was not ok in {timeout_s:g} s")
+            time.sleep(0.05)
+    finally:
+        client.close()

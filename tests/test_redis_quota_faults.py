@@ -297,9 +297,11 @@ def test_a_retry_whose_reservation_redis_refuses_fails_the_task(redis_url: str, 
     WRONGTYPE) fails the task with that error instead of tripping an assertion in the dispatcher."""
     import redis
 
+    from aiqsim.fleet.redis_quota import quota_key_prefix
+
     q = quota(redis_url, account, QuotaLimits(requests_per_min=6000))
     client = redis.Redis.from_url(redis_url)
-    provider = Flaky(lambda: client.set(f"aiqsim:quota:{account}:state", "not a hash"))
+    provider = Flaky(lambda: client.set(f"{quota_key_prefix(account)}:state", "not a hash"))
     retry = RetryPolicy(max_attempts=3, backoff=ExponentialBackoff(base_s=0.01, cap_s=0.01))
 
     async def body() -> object:

@@ -45,7 +45,7 @@ RedisQuota(...)})`` makes every worker on every host draw from one account-wide 
   actual 9 000: level -7 399 instead of 1 101, the fleet waiting ~51 s for nothing) and a cancel's
   refund given twice (the fleet could exceed the account's limit). So each settle carries a
   sequence number of this worker's, and the script applies it only if it is above the last one it
-  applied for this worker (``aiqsim:quota:<name>:settled:<worker instance>:<pid>``, one small key
+  applied for this worker (``{aiqsim:quota:<name>}:settled:<worker instance>:<pid>``, one small key
   per worker, created by its first reservation and kept ``2 x`` :data:`SETTLE_RESEND_S` after each
   of its calls that reaches Redis): a settle in doubt is resent as it was (same number), alone,
   before anything newer, so a resend of one Redis already ran does nothing. A missing marker thus
@@ -79,6 +79,30 @@ clock in which Redis is not asked at all (doubled after each failure in a row, u
 task; keep ``socket_timeout_s`` well below a lease's ttl (:mod:`aiqsim.fleet.leases`). A clock
 reading before the failure's (the quota reused by a new scheduler on a fresh runtime) ends the
 window at once, so it never lasts longer than that ``retry_s`` on any clock.
+
+**Keys, and Redis Cluster.** An account ``<name>`` keeps ``{aiqsim:quota:<name>}:state`` (a hash:
+the bucket levels and the pause), ``{aiqsim:quota:<name>}:slots`` (a sorted set: the concurrency
+slots) and one ``{aiqsim:quota:<name>}:settled:<instance>:<pid>`` per worker (see above). Every
+script names several of them, and a Redis Cluster runs a script only when all its keys are in one
+hash slot: the braces make ``aiqsim:quota:<name>`` the *hash tag* that alone picks the slot
+(:func:`quota_key_prefix`), so all the keys of an account live on one node and a cluster runs the
+scripts instead of refusing them with ``CROSSSLOT``. The tag is never empty and is the same for
+every key of one account whatever its name holds (a name with a ``}`` cuts the tag short, for all
+its keys alike). On a cluster of several nodes pass ``client=redis.cluster.RedisCluster(...)``,
+which sends each script to the node owning its slot; a plain ``redis.Redis`` (the ``url``) works
+only when the node it reaches owns that slot (a one-node cluster, a cluster proxy): another node
+answers ``MOVED``, which the reservation raises as :class:`QuotaConfigError`. One quota's calls
+all go to that one node: a cluster spreads accounts over nodes, not one account's load.
+
+**Upgrading from a version before the hash tag.** The keys used to be ``aiqsim:quota:<name>:state``,
+``...:slots`` and ``...:settled:...``, without braces. Those are different keys: **a worker of the
+old version and one of this version on the same account do not share the quota** (each side has
+its own buckets, pause and slots, so together they may use up to twice the account's limits).
+Stop every worker of the old version before starting one of this version, or upgrade them all at
+once. Nothing carries over: the new keys start as a new account's (buckets full, no pause, no
+slots). The old state hash never expires (delete ``aiqsim:quota:<name>:state`` by hand once no old
+worker runs); the old slots and settle markers lapse on their own (``slot_ttl_s`` + 60 s after the
+last reservation, two days).
 """
 
 from __future__ import annotations
@@ -258,6 +282,17 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def quota_key_prefix(name: str) -> str:
+    """The part every Redis key of account ``name`` starts with: ``{aiqsim:quota:<name>}``.
+
+    In braces, it is the keys' Redis Cluster hash tag, so all the keys of one account (state, slots,
+    the workers' settle markers) hash to one slot and each Lua script, which names several, runs on a
+    cluster (see the module docs). The tag holds the ``aiqsim:quota:`` prefix as well as the name, so
+    it is never empty: a name starting with ``}`` would otherwise leave ``{}``, which Redis ignores,
+    and hash each key whole, into different slots."""
+    return f"{{aiqsim:quota:{name}}}"
+
+
 def _redis_module() -> Any:
     try:
         import redis
@@ -282,7 +317,9 @@ class RedisQuota:
             once per such window, not once per call.
         socket_timeout_s: how long one Redis call may take (connect, or wait for the answer),
             wall seconds; a positive finite number.
-        client: an existing ``redis.Redis`` to use instead of connecting to ``url``.
+        client: an existing ``redis.Redis`` to use instead of connecting to ``url``, or a
+            ``redis.cluster.RedisCluster`` for a Redis Cluster of several nodes (see the module
+            docs: every key of the account is in one hash slot).
     """
 
     requests = None
@@ -346,7 +383,8 @@ class RedisQuota:
                     "redis://host:port/db, rediss://... or unix://..."
                 ) from None
         self._client = client
-        self._keys = (f"aiqsim:quota:{name}:state", f"aiqsim:quota:{name}:slots")
+        prefix = quota_key_prefix(name)  # one hash tag: one Redis Cluster slot for every key
+        self._keys = (f"{prefix}:state", f"{prefix}:slots")
         self._reserve = client.register_script(_RESERVE)
         self._settle = client.register_script(_SETTLE)
         self._pause = client.register_script(_PAUSE)
@@ -442,7 +480,7 @@ class RedisQuota:
     def _marker(self) -> str:
         """This worker's settle marker key in Redis (see the module docs): one per quota instance
         and process."""
-        return f"aiqsim:quota:{self.name}:settled:{self._instance}:{os.getpid()}"
+        return f"{quota_key_prefix(self.name)}:settled:{self._instance}:{os.getpid()}"
 
     def _call(self, script: Any, args: list[Any], *keys: str) -> Any:
         answer = script(keys=[*self._keys, *keys], args=args)
@@ -530,7 +568,7 @@ class RedisQuota:
         raise QuotaConfigError(
             f"RedisQuota {self.name!r}: Redis at {where} refused the call "
             f"({type(error).__name__}: {error}); check the URL's database, the credentials and the "
-            f"ACL, and that nothing else writes aiqsim:quota:{self.name}:*"
+            f"ACL, and that nothing else writes {quota_key_prefix(self.name)}:*"
         ) from None
 
     def _answer_lost(self, member: str) -> None:
