@@ -129,3 +129,48 @@ def test_every_script_runs_on_a_cluster(redis_cluster_url: str, through: str) ->
         a.reset()
     assert b.try_reserve(1.0, 0.5) is not None  # reset: no pause, buckets full
     a.reset()
+
+
+@pytest.mark.parametrize("fallback", [None, QuotaLimits(concurrency=1)])
+def test_an_unreachable_cluster_fails_closed_through_the_cluster_client(fallback: QuotaLimits | None) -> None:
+    """redis-py's cluster client raises ``RedisClusterUnreachableError`` (no ``RedisError``) when no
+    node answers: it escaped the quota into the lane. It is unavailability, as a plain client's
+    refused connection is: nothing granted (or the fallback share), the slot's release kept."""
+    from redis.cluster import RedisCluster
+
+    from aiqsim.fleet import RedisQuota
+    from tests.servers import ServerUnavailable, in_ci, redis_server
+
+    limits = QuotaLimits(requests_per_min=600, concurrency=2)
+    try:
+        with redis_server(cluster=True) as url:
+            client = RedisCluster.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            quota = RedisQuota(None, "acct", limits, client=client, fallback=fallback)
+            held = quota.try_reserve(0.0, 0.0)
+            assert held is not None and not held.local
+    except ServerUnavailable as error:  # pragma: no cover - only without redis-server
+        if in_ci():
+            pytest.fail(f"CI=true and no Redis Cluster server: {error}")
+        pytest.skip(f"no Redis Cluster server here: {error}")
+    # the server is stopped: the cluster client cannot reach any node
+    granted = quota.try_reserve(0.0, 10.0)
+    if fallback is None:
+        assert granted is None and quota.time_until(0.0, 10.0) > 0
+    else:
+        assert granted is not None and granted.local
+    assert quota.unavailable >= 1
+    quota.release(held, 20.0)  # kept to send when the cluster answers again, with the slot of the
+    assert quota.unsettled == (0.0, 0.0, 2)  # failed reservation (it may have run: its answer was lost)
+
+
+def test_which_cluster_client_errors_mean_the_settings_never_work() -> None:
+    import redis
+
+    from aiqsim.fleet.redis_quota import _misconfiguration
+
+    exceptions = redis.exceptions
+    unreachable = exceptions.RedisClusterUnreachableError("Redis Cluster cannot be connected")
+    assert not _misconfiguration(exceptions, unreachable)
+    assert not _misconfiguration(exceptions, exceptions.SlotNotCoveredError("slot 12739 is not covered"))
+    cross = exceptions.RedisClusterException("EVALSHA - all keys must map to the same key slot")
+    assert _misconfiguration(exceptions, cross)

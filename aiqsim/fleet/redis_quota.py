@@ -92,7 +92,10 @@ its keys alike). On a cluster of several nodes pass ``client=redis.cluster.Redis
 which sends each script to the node owning its slot; a plain ``redis.Redis`` (the ``url``) works
 only when the node it reaches owns that slot (a one-node cluster, a cluster proxy): another node
 answers ``MOVED``, which the reservation raises as :class:`QuotaConfigError`. One quota's calls
-all go to that one node: a cluster spreads accounts over nodes, not one account's load.
+all go to that one node: a cluster spreads accounts over nodes, not one account's load. The cluster
+client raises its own errors outside ``RedisError`` (``RedisClusterUnreachableError`` when no node
+answers): those of a cluster that may answer later count as unavailability (fail closed, or the
+fallback share), the others as a misconfiguration, as a plain client's errors do.
 
 **Upgrading from a version before the hash tag.** The keys used to be ``aiqsim:quota:<name>:state``,
 ``...:slots`` and ``...:settled:...``, without braces. Those are different keys: **a worker of the
@@ -369,6 +372,13 @@ class RedisQuota:
         """Calls that found Redis unreachable, or were not sent in the ``retry_s`` after a failure
         (each fell back or failed closed)."""
         self._redis = _redis_module()
+        self._failed: tuple[type[Exception], ...] = (
+            self._redis.RedisError,
+            self._redis.exceptions.RedisClusterException,
+        )
+        """What a failed call raises: redis-py's cluster client raises its own family, outside
+        ``RedisError``, for a cluster it cannot reach; caught as a ``RedisError`` is, the quota fails
+        closed (or falls back) as it does with a plain client, instead of raising into the lane."""
         self.url = url
         if client is None:
             if not isinstance(url, str) or not url:
@@ -535,7 +545,7 @@ class RedisQuota:
                  member, self.slot_ttl_s * self.time_scale, 1e-9, SETTLE_RESEND_S],
                 self._marker(),
             )  # fmt: skip
-        except self._redis.RedisError as error:
+        except self._failed as error:
             self._down()
             self._refuse_if_misconfigured(error)
             self._answer_lost(member)
@@ -656,7 +666,7 @@ class RedisQuota:
                  since, *batch.members],
                 batch.marker,
             )  # fmt: skip
-        except self._redis.RedisError as error:
+        except self._failed as error:
             self._down()
             self._last_error = error
             return False
@@ -734,7 +744,7 @@ class RedisQuota:
         try:
             if not self._resting():
                 self._call(self._pause, [seconds * self.time_scale, SETTLE_RESEND_S], self._marker())
-        except self._redis.RedisError:
+        except self._failed:
             self._down()
         if self.fallback is not None:
             self.fallback.pause_until(until)
@@ -753,7 +763,7 @@ class RedisQuota:
             requests, tokens, slots = self._call(
                 self._levels, [*self._bucket_args(), SETTLE_RESEND_S], self._marker()
             )
-        except self._redis.RedisError:
+        except self._failed:
             self._down()
             return math.nan, math.nan, self._local_slots
         req = float(requests) if self._shape.requests is not None else math.nan
@@ -767,7 +777,7 @@ class RedisQuota:
         be reached (nothing was reset)."""
         try:
             self._client.delete(*self._keys)
-        except self._redis.RedisError as error:
+        except self._failed as error:
             where = redacted_dsn(self.url) if isinstance(self.url, str) else "the given client"
             raise ConfigurationError(
                 f"RedisQuota {self.name!r}: cannot reset the shared state at {where} "
@@ -787,12 +797,20 @@ _TRANSIENT_REPLIES = (
 )
 """Error replies of a server that is busy, starting or failing over: it may answer later."""
 
+_TRANSIENT_CLUSTER_ERRORS = ("RedisClusterUnreachableError", "SlotNotCoveredError")
+"""redis-py cluster client errors (not server replies) of a cluster that may answer later."""
+
 
 def _misconfiguration(exceptions: Any, error: Exception) -> bool:
     """Whether a redis-py ``error`` means these settings can never work (see
     :meth:`RedisQuota._refuse_if_misconfigured`), rather than that Redis is unavailable now."""
     if isinstance(error, exceptions.AuthenticationError):
         return True
+    if isinstance(error, exceptions.RedisClusterException):  # redis-py's cluster client, not a reply
+        # a cluster it cannot reach, or a slot no node serves (mid-failover), may answer later; the
+        # rest (keys of one call in different slots) is how the client is used and never works
+        later = tuple(getattr(exceptions, name, ()) for name in _TRANSIENT_CLUSTER_ERRORS)
+        return not isinstance(error, later)
     if not isinstance(error, exceptions.ResponseError):
         return False  # timeouts, refused or dropped connections
     if isinstance(error, exceptions.ReadOnlyError | exceptions.OutOfMemoryError):
