@@ -82,12 +82,20 @@ def _read_into(stream: object, chunks: list[str]) -> None:
         chunks.append(chunk.decode("utf-8", "replace"))
 
 
-@pytest.mark.parametrize("engine", ["serial", "local"])
-def test_ctrl_c_during_aiqsim_sweep_keeps_the_finished_runs(tmp_path: Path, engine: str) -> None:
+@pytest.mark.parametrize(
+    ("engine", "to_group"),
+    [("serial", False), ("local", False), ("local", True), ("dask", False), ("dask", True)],
+)
+def test_ctrl_c_during_aiqsim_sweep_keeps_the_finished_runs(
+    tmp_path: Path, engine: str, to_group: bool
+) -> None:
+    """``to_group``: SIGINT to the whole process group, as a Ctrl-C at a terminal sends it, which
+    reaches the worker processes too. Dask's workers (a real LocalCluster) each printed a
+    KeyboardInterrupt traceback then, and a warning per run cut short in either case."""
     scenario, out = tmp_path / "steady.toml", tmp_path / "out" / "sweep.csv"
     scenario.write_text(SCENARIO)
     values = ",".join(str(round(0.05 * i, 2)) for i in range(1, 21))
-    workers = ["--workers", "2"] if engine == "local" else []
+    workers = ["--workers", "2"] if engine in ("local", "dask") else []
     command = [sys.executable, "-m", "aiqsim", "sweep", str(scenario), "--grid", f"retry.base_s={values}",
                "--seeds", "10", "--engine", engine, *workers, "--out", str(out)]  # fmt: skip
     process = subprocess.Popen(
@@ -97,6 +105,7 @@ def test_ctrl_c_during_aiqsim_sweep_keeps_the_finished_runs(tmp_path: Path, engi
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background shell ignores it
+        process_group=0,  # a group of its own (the sweep and its workers), as a terminal's job is
     )
     chunks: list[str] = []
     reader = threading.Thread(target=_read_into, args=(process.stderr, chunks), daemon=True)
@@ -108,7 +117,10 @@ def test_ctrl_c_during_aiqsim_sweep_keeps_the_finished_runs(tmp_path: Path, engi
             assert time.monotonic() < deadline, f"no run finished in 300 s: {''.join(chunks)!r}"
             time.sleep(0.05)
         seen = max(int(n) for n in FINISHED.findall("".join(chunks)))
-        process.send_signal(signal.SIGINT)
+        if to_group:
+            os.killpg(process.pid, signal.SIGINT)
+        else:
+            process.send_signal(signal.SIGINT)
         assert process.wait(timeout=120) == 130
     finally:
         if process.poll() is None:
@@ -117,6 +129,7 @@ def test_ctrl_c_during_aiqsim_sweep_keeps_the_finished_runs(tmp_path: Path, engi
     reader.join(timeout=10)
     err = "".join(chunks)
     assert "Traceback" not in err and "never awaited" not in err, err
+    assert "CancelledError" not in err, err  # Dask: "Async instruction for <Task ...> ended with ..."
     last = err.replace("\r", "\n").strip().splitlines()[-1]
     match = re.fullmatch(
         r"interrupted: (\d+) of 200 run\(s\) finished; the (\d+) that worked are in (.+)", last
@@ -154,3 +167,26 @@ def test_stopping_the_local_pool_terminates_the_runs_in_progress() -> None:
         process.join(timeout=20)
     assert [process.is_alive() for process in workers] == [False, False]
     assert all(future.cancelled() or future.done() for future in futures[2:])
+
+
+def test_the_workers_of_a_dask_sweep_or_tuning_cluster_ignore_sigint(tmp_path: Path) -> None:
+    """Both LocalClusters (``sweep`` and ``tune`` with ``engine="dask"`` and no address) are started
+    by :func:`~aiqsim.sim.dask_cluster.local_dask_cluster`: SIGINT is ignored in their workers (it
+    was asyncio's handler, which raised KeyboardInterrupt there) and left as it was in this process."""
+    pytest.importorskip("distributed")
+    from aiqsim.lab.tune import _Runner
+    from aiqsim.sim.scenario import load_scenario
+
+    (tmp_path / "steady.toml").write_text(SCENARIO)
+    before = signal.getsignal(signal.SIGINT)
+    runner = _Runner(load_scenario(tmp_path / "steady.toml"), "dask", 1, None)
+    try:
+        assert signal.getsignal(signal.SIGINT) is before
+        answers = runner.client.run(_sigint_is_ignored)
+        assert list(answers.values()) == [True]
+    finally:
+        runner.close()
+
+
+def _sigint_is_ignored() -> bool:
+    return signal.getsignal(signal.SIGINT) == signal.SIG_IGN

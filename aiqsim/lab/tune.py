@@ -364,15 +364,15 @@ class _Runner:
             self.pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1)
         elif engine == "dask":
             try:
-                from dask.distributed import Client, LocalCluster
+                from dask.distributed import Client
+
+                from aiqsim.sim.dask_cluster import local_dask_cluster
             except ImportError as error:
                 raise ConfigurationError(
                     "engine='dask' needs dask[distributed]: pip install 'aiqsim[dask]'"
                 ) from error
             if address is None:
-                self.cluster = LocalCluster(
-                    n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, dashboard_address=None
-                )
+                self.cluster = local_dask_cluster(workers)  # its workers leave Ctrl-C to this process
                 self.client = Client(self.cluster)
             else:
                 from aiqsim.sim.sweep import DASK_CONNECT_TIMEOUT_S

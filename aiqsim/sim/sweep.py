@@ -337,18 +337,15 @@ def _run_on_dask(
     bar: RunProgress,
 ) -> None:
     try:
-        from dask.distributed import Client, LocalCluster
+        from dask.distributed import Client
         from dask.distributed import as_completed as dask_completed
+
+        from aiqsim.sim.dask_cluster import local_dask_cluster
     except ImportError as error:  # pragma: no cover - depends on the install
         raise RuntimeError("engine='dask' needs dask[distributed]: pip install 'aiqsim[dask]'") from error
     cluster = None
     if address is None:
-        cluster = LocalCluster(
-            n_workers=workers or os.cpu_count() or 1,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-        )
+        cluster = local_dask_cluster(workers)
         client = Client(cluster)
     else:
         client = Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
