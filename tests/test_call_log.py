@@ -21,6 +21,7 @@ from aiqsim.scheduler.call_log import CALL_LOG_COLUMNS, TASK_LOG_COLUMNS, CallLo
 from aiqsim.scheduler.events import (
     AttemptRecord,
     LanePaused,
+    OwnerUnreadable,
     QueueRejected,
     QuotaSample,
     StoreWriteFailed,
@@ -45,6 +46,7 @@ FIELDS = {
     UsageAnomaly: ("time", "task_id", "key", "provider", "attempt", "reported", "charged", "reason"),
     LanePaused: ("time", "provider", "until", "task_id", "reason"),
     QueueRejected: ("time", "provider", "priority", "queued", "limit", "queued_in_lane"),
+    OwnerUnreadable: ("time", "kind", "waiter_id", "key", "owner_id", "error"),
 }  # fmt: skip
 """The public field names, in order, as they were when the records were frozen dataclasses."""
 

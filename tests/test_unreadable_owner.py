@@ -5,7 +5,8 @@ waits on the first's run by polling the owner's record. If that record turns cor
 a bad migration) or the store is closed under the scheduler, reading it again cannot help. Before,
 the watcher died with the error and its duplicates waited for ever (a review finding of the
 fourteenth session); now each of them resolves with an error that says why, and the scheduler can
-be joined.
+be joined. Each also sends an :class:`~aiqsim.scheduler.events.OwnerUnreadable` event to the
+scheduler's event sink first (before, a user watching events saw nothing of it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from aiqsim import JobSpec, JobStatus, Scheduler, SimPyRuntime, Stage
 from aiqsim.core.task import TaskStatus
+from aiqsim.scheduler import JobTransition, OwnerUnreadable
 from aiqsim.stores import SqliteStore, StoreClosedError, StoreCorruptError
 from tests.fakes import ScriptedProvider
 
@@ -26,6 +28,10 @@ POLL_S = 0.25
 
 def _stage_a(inputs: dict, results: dict) -> dict:
     return {"input": f"a:{inputs['x']}"}
+
+
+def _unreadable(events: list) -> list[OwnerUnreadable]:
+    return [event for event in events if isinstance(event, OwnerUnreadable)]
 
 
 def _hand_edit(path: Path, statement: str) -> None:
@@ -44,9 +50,13 @@ def test_duplicates_of_a_task_whose_record_turned_corrupt_resolve_with_the_error
     slow = ScriptedProvider(runtime, latency_s=10.0)
     two_provider = ScriptedProvider(runtime, latency_s=1.0)
 
+    seen: list = []
+
     async def main():
         one = Scheduler(runtime, [slow], store=store, duplicate_poll_s=POLL_S, worker_id="one")
-        two = Scheduler(runtime, [two_provider], store=store, duplicate_poll_s=POLL_S, worker_id="two")
+        two = Scheduler(
+            runtime, [two_provider], store=store, duplicate_poll_s=POLL_S, worker_id="two", events=seen.append
+        )
         owner = one.submit("llm", {"input": "a"}, task_id="owner")
         await runtime.sleep(0.1)
         first = two.submit("llm", {"input": "a"}, task_id="d1")  # both wait on process one's run
@@ -67,6 +77,14 @@ def test_duplicates_of_a_task_whose_record_turned_corrupt_resolve_with_the_error
         assert "invalid status 'zombie'" in message and "stays queued for recover()" in message
         assert when == pytest.approx(1.1)  # at the first poll after the edit
     assert two.anomalies["owner_unreadable"] == 1
+    told = _unreadable(seen)  # one event per duplicate, for a user watching the events
+    assert [(e.time, e.kind, e.waiter_id, e.owner_id) for e in told] == [
+        (pytest.approx(1.1), "task", "d1", "owner"),
+        (pytest.approx(1.1), "task", "d2", "owner"),
+    ]
+    key = store.get("d1").key
+    assert all(e.key == key and e.error.startswith("StoreCorruptError: ") for e in told)
+    assert all("invalid status 'zombie'" in e.error for e in told)
     assert not runtime.task_errors  # the watcher did not die with the error
     assert [name for _, name, _ in two_provider.calls] == []  # nothing was sent twice
     assert owner.status is TaskStatus.SUCCEEDED  # process one's own run is not disturbed
@@ -79,10 +97,13 @@ def test_a_duplicate_waiting_when_its_store_is_closed_resolves_with_the_error(tm
     runtime = SimPyRuntime()
     store = SqliteStore(tmp_path / "shared.db")
     slow = ScriptedProvider(runtime, latency_s=10.0)
+    seen: list = []
 
     async def main():
         one = Scheduler(runtime, [slow], store=store, duplicate_poll_s=POLL_S, worker_id="one")
-        two = Scheduler(runtime, [ScriptedProvider(runtime)], store=store, duplicate_poll_s=POLL_S)
+        two = Scheduler(
+            runtime, [ScriptedProvider(runtime)], store=store, duplicate_poll_s=POLL_S, events=seen.append
+        )
         one.submit("llm", {"input": "a"}, task_id="owner")
         await runtime.sleep(0.1)
         duplicate = two.submit("llm", {"input": "a"}, task_id="d")
@@ -95,6 +116,9 @@ def test_a_duplicate_waiting_when_its_store_is_closed_resolves_with_the_error(tm
 
     two = runtime.run(main(), until=5.0)  # process one's run cannot finish on a closed store
     assert two.anomalies["owner_unreadable"] == 1
+    (told,) = _unreadable(seen)
+    assert (told.kind, told.waiter_id, told.owner_id) == ("task", "d", "owner")
+    assert told.error.startswith("StoreClosedError: ")
 
 
 def test_a_duplicate_job_whose_owner_record_turned_corrupt_fails_saying_why(tmp_path: Path) -> None:
@@ -103,11 +127,12 @@ def test_a_duplicate_job_whose_owner_record_turned_corrupt_fails_saying_why(tmp_
     store = SqliteStore(path, validate=False)
     spec = JobSpec("x", "1", [Stage("a", "llm", build=_stage_a)])
     two_provider = ScriptedProvider(runtime, latency_s=1.0)
+    seen: list = []
 
     async def main():
         common = {"store": store, "duplicate_poll_s": POLL_S, "rng": random.Random(3)}
         one = Scheduler(runtime, [ScriptedProvider(runtime, latency_s=10.0)], worker_id="one", **common)
-        two = Scheduler(runtime, [two_provider], worker_id="two", **common)
+        two = Scheduler(runtime, [two_provider], worker_id="two", events=seen.append, **common)
         owner = one.submit_job(spec, {"x": 1}, job_id="owner")
         await runtime.sleep(0.1)
         duplicate = two.submit_job(spec, {"x": 1}, job_id="duplicate")
@@ -123,6 +148,18 @@ def test_a_duplicate_job_whose_owner_record_turned_corrupt_fails_saying_why(tmp_
     assert "zombie" in record.error
     assert record.finished_at == pytest.approx(1.1)
     assert two.anomalies["owner_unreadable"] == 1 and not runtime.task_errors
+    (told,) = _unreadable(seen)
+    assert (told.time, told.kind, told.waiter_id, told.key, told.owner_id) == (
+        pytest.approx(1.1),
+        "job",
+        "duplicate",
+        record.key,
+        "owner",
+    )
+    assert told.error.startswith("StoreCorruptError: ") and "zombie" in told.error
+    failed = [e for e in seen if isinstance(e, JobTransition) and e.new == "failed"]
+    assert [e.job_id for e in failed] == ["duplicate"]
+    assert seen.index(told) < seen.index(failed[0])  # why, before the failure it explains
     assert two_provider.calls == []
     assert owner.status is JobStatus.SUCCEEDED
     store.close()
@@ -142,11 +179,12 @@ def test_a_job_whose_stage_duplicates_an_unreadable_task_of_another_process_fail
     store = SqliteStore(path, validate=False)
     spec = JobSpec("x", "1", [Stage("a", "llm", build=_shared_stage)])
     two_provider = ScriptedProvider(runtime, latency_s=1.0)
+    seen: list = []
 
     async def main():
         common = {"store": store, "duplicate_poll_s": POLL_S, "rng": random.Random(5)}
         one = Scheduler(runtime, [ScriptedProvider(runtime, latency_s=10.0)], worker_id="one", **common)
-        two = Scheduler(runtime, [two_provider], worker_id="two", **common)
+        two = Scheduler(runtime, [two_provider], worker_id="two", events=seen.append, **common)
         one.submit_job(spec, {"x": 1}, job_id="owner")
         await runtime.sleep(0.1)
         duplicate = two.submit_job(spec, {"x": 2}, job_id="other")  # another job, the same stage task
@@ -155,12 +193,15 @@ def test_a_job_whose_stage_duplicates_an_unreadable_task_of_another_process_fail
         _hand_edit(path, f"UPDATE tasks SET status = 'zombie' WHERE id = '{owner_task}'")
         record = await duplicate.wait()
         await two.join()
-        return record, two
+        return record, two, owner_task
 
-    record, two = runtime.run(main(), until=5.0)
+    record, two, owner_task = runtime.run(main(), until=5.0)
     assert record.status is JobStatus.FAILED and record.error is not None
     assert record.error.startswith("store failed: StoreCorruptError") and "zombie" in record.error
     assert record.finished_at == pytest.approx(1.1)
     assert two.anomalies["owner_unreadable"] == 1 and not runtime.task_errors
+    (told,) = _unreadable(seen)  # the stage's task stopped waiting: a task's event
+    (stage_task,) = store.get_job("other").stage_tasks["a"]
+    assert (told.kind, told.waiter_id, told.owner_id) == ("task", stage_task, owner_task)
     assert two_provider.calls == []
     store.close()

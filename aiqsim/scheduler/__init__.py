@@ -11,6 +11,7 @@ from aiqsim.scheduler.dispatch import (
 from aiqsim.scheduler.events import (
     AttemptRecord,
     LanePaused,
+    OwnerUnreadable,
     QueueRejected,
     QuotaSample,
     SchedulerEvent,
@@ -47,6 +48,7 @@ __all__ = [
     "FifoPolicy",
     "LanePaused",
     "LookupRetry",
+    "OwnerUnreadable",
     "Provider",
     "ProviderRequest",
     "ProviderResponse",

@@ -14,6 +14,7 @@ from aiqsim.scheduler.foreign_owner import (
     FOREIGN_SAFETY_POLL_S,
     announces_changes,
     outage_may_pass,
+    stop_waiting_on_unreadable,
     store_change,
 )
 from aiqsim.scheduler.handles import outcome_known, resolve_with_error
@@ -171,16 +172,20 @@ class ClaimRules:
     def _stop_waiting_on(self, owner_id: str, error: StoreError) -> None:
         """The record of ``owner_id``, a run in another process, cannot be read and reading it again
         cannot help (a corrupt record, a closed store). Rather than wait for ever, each duplicate
-        waiting on it leaves this process: its submission resolves with an error of the same kind
-        that says so, and its stored record stays ``queued`` for :meth:`recover` to decide once the
-        store can be read. :attr:`anomalies` counts ``"owner_unreadable"``."""
+        waiting on it leaves this process: an :class:`~aiqsim.scheduler.events.OwnerUnreadable`
+        event says so (:func:`~aiqsim.scheduler.foreign_owner.stop_waiting_on_unreadable`), its
+        submission resolves with an error of the same kind, and its stored record stays ``queued``
+        for :meth:`recover` to decide once the store can be read. :attr:`anomalies` counts
+        ``"owner_unreadable"``."""
         self.anomalies["owner_unreadable"] += 1
         kind = StoreClosedError if isinstance(error, StoreClosedError) else StoreCorruptError
-        for waiter_id in self._waiters.pop(owner_id, ()):
-            waiter = self._live.get(waiter_id)
-            if waiter is None or waiter.waiting_on != owner_id:
+        stopped = stop_waiting_on_unreadable(
+            owner_id, error, self._waiters, self._live, kind="task", now=self.runtime.now(), emit=self.events
+        )
+        for waiter in stopped:
+            waiter_id = waiter.record.id
+            if self._live.get(waiter_id) is not waiter:  # ended meanwhile (an earlier one's job failing)
                 continue
-            waiter.waiting_on = None
             del self._live[waiter_id]
             lost = kind(
                 f"task {waiter_id!r} duplicates task {owner_id!r} of another process, whose "

@@ -146,6 +146,28 @@ class QueueRejected(NamedTuple):
     queued_in_lane: int
 
 
+class OwnerUnreadable(NamedTuple):
+    """A duplicate stopped waiting on the owner of its key: a run of another process sharing the
+    store, whose record cannot be read and reading it again cannot help (a corrupt record, a closed
+    store; an unreachable store is waited out instead). One event per duplicate, sent before it ends.
+
+    ``kind`` is ``"task"`` or ``"job"``: ``waiter_id`` is the duplicate task's or job's id, ``key``
+    its idempotency key, ``owner_id`` the run it waited on, ``error`` what the store said. A task's
+    submission then resolves with :class:`~aiqsim.stores.base.StoreCorruptError` (or
+    :class:`~aiqsim.stores.base.StoreClosedError`) and its record stays ``queued``; a job ends
+    ``failed`` (``"store failed: ..."``); either is left to :meth:`~aiqsim.scheduler.Scheduler.recover`
+    once the store can be read. :attr:`Scheduler.anomalies` counts ``"owner_unreadable"`` once per
+    owner.
+    """
+
+    time: float
+    kind: str
+    waiter_id: str
+    key: str
+    owner_id: str
+    error: str
+
+
 def _same_record(self: tuple[Any, ...], other: object) -> bool:
     """Records are equal when they are of the same type and hold the same values."""
     return type(self) is type(other) and tuple.__eq__(self, other)  # type: ignore[arg-type]
@@ -163,6 +185,7 @@ _RECORDS = (
     UsageAnomaly,
     LanePaused,
     QueueRejected,
+    OwnerUnreadable,
 )
 for _record in _RECORDS:
     # tuple equality would make ``LanePaused(...) == (...)`` true; the hash stays the tuple's,
@@ -179,5 +202,6 @@ SchedulerEvent = (
     | UsageAnomaly
     | LanePaused
     | QueueRejected
+    | OwnerUnreadable
 )
 EventSink = Callable[[SchedulerEvent], None]

@@ -13,10 +13,13 @@ nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol, TypeVar
 
 from aiqsim.core.errors import StoreError
+from aiqsim.core.failures import describe_error
 from aiqsim.runtime.protocol import Runtime
+from aiqsim.scheduler.events import OwnerUnreadable
 from aiqsim.stores.base import StoreClosedError, StoreCorruptError
 
 FOREIGN_SAFETY_POLL_S = 5.0
@@ -32,6 +35,48 @@ def outage_may_pass(error: StoreError) -> bool:
     When it cannot pass, the waiters stop waiting and resolve with the error
     (``"owner_unreadable"``): a duplicate must not wait for ever on a record nobody can read."""
     return not isinstance(error, StoreClosedError | StoreCorruptError)
+
+
+class _Duplicate(Protocol):
+    """What :func:`stop_waiting_on_unreadable` needs of a duplicate (a live task, a job's run)."""
+
+    waiting_on: str | None
+
+    @property
+    def record(self) -> Any: ...
+
+
+D = TypeVar("D", bound=_Duplicate)
+
+
+def stop_waiting_on_unreadable(
+    owner_id: str,
+    error: StoreError,
+    waiters: dict[str, list[str]],
+    duplicates: Mapping[str, D],
+    *,
+    kind: Literal["task", "job"],
+    now: float,
+    emit: Callable[[OwnerUnreadable], None] | None,
+) -> list[D]:
+    """The duplicates that stop waiting on ``owner_id``, whose record cannot be read and reading it
+    again cannot help (:func:`outage_may_pass` said no): the rule tasks and jobs share.
+
+    Takes the waiters of ``owner_id`` out of ``waiters``; each still in ``duplicates`` and still
+    waiting on it stops waiting (``waiting_on`` cleared) and is told to the event sink ``emit`` as an
+    :class:`~aiqsim.scheduler.events.OwnerUnreadable` of ``kind`` (before any of them ends: a sink
+    sees why first). The caller ends the duplicates returned, each kind its own way, and counts the
+    anomaly."""
+    stopped = []
+    for waiter_id in waiters.pop(owner_id, ()):
+        waiter = duplicates.get(waiter_id)
+        if waiter is None or waiter.waiting_on != owner_id:
+            continue
+        waiter.waiting_on = None
+        stopped.append(waiter)
+        if emit is not None:
+            emit(OwnerUnreadable(now, kind, waiter_id, waiter.record.key, owner_id, describe_error(error)))
+    return stopped
 
 
 def announces_changes(runtime: Runtime, store: Any) -> bool:

@@ -85,7 +85,7 @@ from aiqsim.core.task import (
 from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.runtime.sync import Signal
 from aiqsim.scheduler.arguments import SchedulerArgumentTypeError, UnknownNameError
-from aiqsim.scheduler.foreign_owner import outage_may_pass
+from aiqsim.scheduler.foreign_owner import outage_may_pass, stop_waiting_on_unreadable
 from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve, resolve_with_error
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
@@ -640,15 +640,20 @@ class Jobs:
 
     def _stop_waiting_on(self, owner_id: str, error: StoreError) -> None:
         """The record of ``owner_id``, a job of another process, cannot be read and reading it again
-        cannot help (a corrupt record, a closed store): each duplicate job waiting on it ends here
-        as a store failure does (:meth:`_abandon`), instead of waiting for ever; its stored record
-        stays as it was for ``recover()``. :attr:`Scheduler.anomalies` counts ``"owner_unreadable"``."""
+        cannot help (a corrupt record, a closed store): each duplicate job waiting on it is told to
+        the event sink (:class:`~aiqsim.scheduler.events.OwnerUnreadable`, by the rule duplicate
+        tasks follow too: :func:`~aiqsim.scheduler.foreign_owner.stop_waiting_on_unreadable`), then
+        ends here as a store failure does (:meth:`_abandon`), instead of waiting for ever; its stored
+        record stays as it was for ``recover()``. :attr:`Scheduler.anomalies` counts
+        ``"owner_unreadable"``."""
         self.scheduler.anomalies["owner_unreadable"] += 1
-        for waiter_id in self._waiters.pop(owner_id, ()):
-            waiter = self._runs.get(waiter_id)
-            if waiter is not None and waiter.waiting_on == owner_id:
-                waiter.waiting_on = None
-                self._abandon(waiter, error)
+        events = self.scheduler.events
+        emit = None if events is None else lambda event: self._send(events, event)
+        now = self.scheduler.runtime.now()
+        for waiter in stop_waiting_on_unreadable(
+            owner_id, error, self._waiters, self._runs, kind="job", now=now, emit=emit
+        ):
+            self._abandon(waiter, error)
 
     async def _watch_foreign_owner(self, owner_id: str) -> None:
         """Poll the store for a job owned by another process until that run is terminal (through
