@@ -13,9 +13,15 @@ is never earlier than the exact one (so it always moves the clock).
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
+from math import (  # names, not math.x: a compiled build looks a module attribute up each time
+    inf,
+    isfinite,
+    isnan,
+    nan,
+    nextafter,
+)
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.numeric import is_real
@@ -48,11 +54,11 @@ def refill_wait(deficit: float, rate: float, now: float) -> float:
     if deficit <= 0:
         return 0.0
     if rate <= 0:
-        return math.inf
+        return inf
     wait = deficit / rate
     instant = now + wait
     if instant - now < wait:  # the clock sum rounded down: take the next representable instant
-        instant = math.nextafter(instant, math.inf)
+        instant = nextafter(instant, inf)
     return instant - now
 
 
@@ -63,7 +69,7 @@ def wait_until(target: float, now: float) -> float:
         return 0.0
     # target - now only rounds when target > 2 * now, where one ulp of wait moves the sum.
     while now + wait < target:
-        wait = math.nextafter(wait, math.inf)
+        wait = nextafter(wait, inf)
     return wait
 
 
@@ -73,7 +79,7 @@ def seconds_until(level: float, cost: float, rate: float) -> float:
     if deficit <= 0:
         return 0.0
     if rate <= 0:
-        return math.inf
+        return inf
     return deficit / rate
 
 
@@ -88,9 +94,9 @@ class TokenBucket:
     __slots__ = ("_level", "_slack", "_updated", "capacity", "rate")
 
     def __init__(self, capacity: float, rate: float, *, now: float = 0.0, level: float | None = None) -> None:
-        if not is_real(capacity) or not 0 < capacity < math.inf:
+        if not is_real(capacity) or not 0 < capacity < inf:
             raise QuotaConfigError(f"bucket capacity must be a positive finite number, got {capacity!r}")
-        if not is_real(rate) or not 0 <= rate < math.inf:
+        if not is_real(rate) or not 0 <= rate < inf:
             raise QuotaConfigError(f"bucket refill rate must be >= 0 and finite, got {rate!r}")
         self.capacity = float(capacity)
         self.rate = float(rate)
@@ -106,7 +112,7 @@ class TokenBucket:
         return twin
 
     def _check_cost(self, cost: float) -> None:
-        if cost < 0 or math.isnan(cost):
+        if cost < 0 or isnan(cost):
             raise QuotaConfigError(f"cost must be >= 0, got {cost!r}")
         if cost > self.capacity:
             raise QuotaConfigError(
@@ -176,7 +182,7 @@ class TokenBucket:
 
     def set_level(self, level: float, now: float) -> None:
         """Overwrite the level (the server's view wins), clamped to capacity."""
-        if not math.isfinite(level):
+        if not isfinite(level):
             raise ConfigurationError(f"a bucket level must be a finite number, got {level!r}")
         self._refill(now)
         self._level = min(float(level), self.capacity)
@@ -184,7 +190,7 @@ class TokenBucket:
 
 def _check_amount(what: str, amount: float) -> None:
     # NaN would poison the level for ever (every comparison with it is False); inf likewise.
-    if not (amount >= 0 and math.isfinite(amount)):
+    if not (amount >= 0 and isfinite(amount)):
         raise ConfigurationError(f"{what} amount must be a finite number >= 0, got {amount!r}")
 
 
@@ -221,7 +227,7 @@ class QuotaLimits:
             value = getattr(self, name)
             if value is None:
                 continue
-            if not is_real(value) or not (math.isfinite(value) and value > 0):
+            if not is_real(value) or not (isfinite(value) and value > 0):
                 raise QuotaConfigError(
                     f"QuotaLimits({name}=...): expected a finite number > 0 or None, got {value!r}"
                 )
@@ -275,7 +281,7 @@ class MultiQuota:
             raise QuotaConfigError(f"concurrency must be >= 1, got {limits.concurrency}")
         self.concurrency = limits.concurrency
         self.in_flight = 0
-        self.paused_until = -math.inf
+        self.paused_until = -inf
 
     @property
     def token_capacity(self) -> float | None:
@@ -294,11 +300,15 @@ class MultiQuota:
         """Whether every dimension could grant one request of ``tokens`` at ``now``."""
         if now < self.paused_until:
             return False
-        if self.concurrency is not None and self.in_flight >= self.concurrency:
+        # each attribute read once (a compiled build reads an attribute generically each time)
+        concurrency = self.concurrency
+        if concurrency is not None and self.in_flight >= concurrency:
             return False
-        if self.requests is not None and not self.requests.can_acquire(1.0, now):
+        requests = self.requests
+        if requests is not None and not requests.can_acquire(1.0, now):
             return False
-        return self.tokens is None or self.tokens.can_acquire(tokens, now)
+        bucket = self.tokens
+        return bucket is None or bucket.can_acquire(tokens, now)
 
     def try_reserve(self, tokens: float, now: float) -> Reservation | None:
         """Take one request, ``tokens`` tokens and one slot, or nothing; None when not possible now."""
@@ -306,14 +316,16 @@ class MultiQuota:
             return None
         # can_reserve has just refilled both buckets to ``now`` and found room: take it without
         # asking again (try_acquire would check the cost and refill a second time, to no effect)
-        if self.requests is not None:
-            self.requests._take(1.0)
+        requests = self.requests
+        if requests is not None:
+            requests._take(1.0)
         self.in_flight += 1
-        if self.tokens is None:  # nothing in the grant varies: one shared value (records are values)
-            return _TOKENLESS[self.requests is not None]
-        self.tokens._take(tokens)
+        bucket = self.tokens
+        if bucket is None:  # nothing in the grant varies: one shared value (records are values)
+            return _TOKENLESS[requests is not None]
+        bucket._take(tokens)
         # positional (requests, tokens, slots): one per granted attempt with a token bucket
-        return _new_reservation(1.0 if self.requests is not None else 0.0, tokens, 1)
+        return _new_reservation(1.0 if requests is not None else 0.0, tokens, 1)
 
     def trial(self) -> MultiQuota:
         """A private copy to try reservations on: what it grants answers "would this start now?"
@@ -332,7 +344,7 @@ class MultiQuota:
         A full concurrency pool only frees on a release, which the caller must wait for.
         """
         if self.concurrency is not None and self.in_flight >= self.concurrency:
-            return math.inf
+            return inf
         wait = wait_until(self.paused_until, now)
         if self.requests is not None:
             wait = max(wait, self.requests.time_until(1.0, now))
@@ -342,10 +354,12 @@ class MultiQuota:
 
     def release(self, reservation: Reservation, now: float) -> None:
         """Free the concurrency slot of a finished attempt (buckets keep what was spent)."""
-        if reservation.slots:
-            if reservation.slots > self.in_flight:
+        slots = reservation.slots
+        if slots:
+            in_flight = self.in_flight
+            if slots > in_flight:
                 raise RuntimeError("MultiQuota released more slots than it reserved")
-            self.in_flight -= reservation.slots
+            self.in_flight = in_flight - slots
 
     def cancel(self, reservation: Reservation, now: float) -> None:
         """Undo a reservation that was never used: slot freed, request and tokens refunded."""
@@ -372,8 +386,8 @@ class MultiQuota:
 
     def levels(self, now: float) -> tuple[float, float, int]:
         """(request tokens, token tokens, in-flight) for observability; ``nan`` for unlimited buckets."""
-        req = self.requests.level(now) if self.requests is not None else math.nan
-        tok = self.tokens.level(now) if self.tokens is not None else math.nan
+        req = self.requests.level(now) if self.requests is not None else nan
+        tok = self.tokens.level(now) if self.tokens is not None else nan
         return req, tok, self.in_flight
 
 

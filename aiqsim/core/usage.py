@@ -18,8 +18,8 @@ The rule (pure, no I/O; the scheduler records the anomaly it reports):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from math import inf, isfinite  # names, not math.x: a compiled build looks a module attribute up each time
 from typing import Any
 
 from aiqsim.core.slot_init import compile_builder, fast_frozen_init
@@ -54,8 +54,8 @@ def sane_usage(reported: Any, estimate: float, capacity: float | None) -> UsageV
     try:
         value = float(reported)
     except OverflowError:  # an int beyond any float
-        value = math.inf if reported > 0 else -math.inf
-    if not math.isfinite(value):
+        value = inf if reported > 0 else -inf
+    if not isfinite(value):
         return _new_verdict(estimate, f"usage {value!r} is not finite: charged the estimate")
     if value < 0:
         return _new_verdict(estimate, f"usage {value:g} is negative: charged the estimate")

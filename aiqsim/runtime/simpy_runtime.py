@@ -19,10 +19,10 @@ spawning a child task per provider call; ``wait_for(x, None)`` is ``x`` itself; 
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from heapq import heappop, heappush
+from math import inf, nextafter  # names, not math.x: a compiled build looks a module attribute up each time
 from types import CoroutineType
 from typing import Any, NoReturn, TypeVar
 
@@ -38,6 +38,9 @@ _Environment = simpy.Environment
 """Events on a plain environment are pushed on its heap here, as ``Environment.schedule`` does
 (same key: time, priority, then the environment's event counter, so the same order), without
 that method's call on every wake-up; a subclass of it keeps its own ``schedule``."""
+
+_Event = simpy.Event
+"""Read at every coroutine step: a module constant, not ``simpy.Event`` (an attribute lookup each time)."""
 
 
 class InvalidStateError(SchedulingError, RuntimeError):
@@ -302,7 +305,7 @@ class SimTask:
             return
         finally:
             rt.current_task = outer
-        if not isinstance(yielded, simpy.Event):
+        if not isinstance(yielded, _Event):
             # awaited something of another event loop (asyncio.sleep, an asyncio future): the error
             # is thrown in at that await in a later event, as asyncio throws "Task got bad yield",
             # so the code that awaited it fails like any call (a provider's attempt fails and frees
@@ -311,8 +314,9 @@ class SimTask:
             self._resume_later(False, error)
             return
         self._waiting = yielded
-        if yielded.callbacks is not None:
-            yielded.callbacks.append(self._resume)
+        callbacks = yielded.callbacks
+        if callbacks is not None:
+            callbacks.append(self._resume)
         else:  # already processed: resume in a fresh event at the current time
             self._resume_later(yielded._ok, yielded._value)
 
@@ -542,10 +546,10 @@ class _DeadlineWheel:
         self._env = env
         self._heap: list[tuple[float, int, _Deadline]] = []
         self._tail: deque[tuple[float, int, _Deadline]] = deque()
-        self._tail_when = -math.inf
+        self._tail_when = -inf
         self._seq = 0
         self._timer: _Sleep | None = None
-        self._timer_at = math.inf
+        self._timer_at = inf
 
     def add(self, when: float, deadline: _Deadline) -> None:
         self._seq += 1
@@ -576,7 +580,7 @@ class _DeadlineWheel:
         now = self._env._now
         wait = when - now
         while wait > 0 and now + wait < when:  # make sure the timer fires at or after ``when``
-            wait = math.nextafter(wait, math.inf)
+            wait = nextafter(wait, inf)
         timer = _new_sleep(self._env, wait if wait > 0 else 0)
         timer.callbacks.append(self._fire)
         self._timer, self._timer_at = timer, when
@@ -584,7 +588,7 @@ class _DeadlineWheel:
     def _fire(self, event: Any) -> None:
         if event is not self._timer:
             return  # superseded by an earlier deadline's timer
-        self._timer, self._timer_at = None, math.inf
+        self._timer, self._timer_at = None, inf
         now = self._env._now
         first = self._first()
         while first is not None and (first[0] <= now or not first[2].armed):
@@ -802,7 +806,7 @@ class SimPyRuntime:
         main = self.spawn(coro, name="main")
         env = self.env
         done = main._done_future()
-        horizon = math.inf if until is None else until
+        horizon = inf if until is None else until
         if type(env).step is simpy.Environment.step:
             self._run_until(env, main, done, horizon)
             return main.result()
@@ -813,7 +817,7 @@ class SimPyRuntime:
             if queue[0][0] > horizon:
                 env._now = max(env._now, horizon)
                 main.cancel()
-                horizon = math.inf
+                horizon = inf
                 continue
             env.step()
         return main.result()
@@ -849,7 +853,7 @@ class SimPyRuntime:
                         heappush(queue, (at, priority, eid, event))
                         env._now = max(env._now, horizon)
                         main.cancel()
-                        horizon = math.inf
+                        horizon = inf
                         continue
                     env._now = at
                 callbacks, event.callbacks = event.callbacks, None

@@ -11,9 +11,9 @@ Pure functions: no clock, no I/O.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Iterable, Mapping
+from math import inf, isfinite  # names, not math.x: a compiled build looks a module attribute up each time
 from typing import Any
 
 from aiqsim.core.errors import ConfigurationError
@@ -63,7 +63,7 @@ def checked_capable(value: Any, name: str, methods: tuple[str, ...], expected: s
 def checked_cost_estimate(value: Any) -> float:
     """``cost_estimate`` as a float: a finite real number >= 0 (tokens, characters...)."""
     kind = type(value)
-    if (kind is float or kind is int) and 0 <= value < math.inf:  # the usual case, without the ABC check
+    if (kind is float or kind is int) and 0 <= value < inf:  # the usual case, without the ABC check
         try:  # not contextlib.suppress: this runs once per submission, and a try costs nothing
             return float(value)
         except OverflowError:  # an int beyond any float (10**400): refused below
@@ -75,8 +75,8 @@ def checked_cost_estimate(value: Any) -> float:
     try:
         number = float(value)
     except OverflowError:
-        number = math.inf
-    if not (math.isfinite(number) and number >= 0):
+        number = inf
+    if not (isfinite(number) and number >= 0):
         raise SchedulerArgumentError(
             f"cost_estimate: expected a finite number >= 0 (the call's expected token count), got {value!r}"
         )

@@ -61,6 +61,7 @@ class AttemptLoop:
         if self._commit is not None and not await self._running_durable(lane, live, reservation):
             return
         record = live.record
+        key = record.key
         attempts = record.attempts
         tries = 0
         previous_delay: float | None = None
@@ -68,7 +69,7 @@ class AttemptLoop:
         admitted = False  # a retry the gates admitted before its backoff, not yet sent
         gates_owed = False  # an attempt was sent and the gates have not yet been told how it ended
         try:
-            poison = self.store.poison_error(record.key)
+            poison = self.store.poison_error(key)
             if poison is not None:
                 assert reservation is not None
                 lane.quota.cancel(reservation, runtime.now())
@@ -115,7 +116,7 @@ class AttemptLoop:
                 # cost_estimate, attempt, priority; tests/test_slot_init.py): keyword calls are slower.
                 # The priority is the live record's: a duplicate may have lifted it since the first try.
                 request = new_request(
-                    record.id, record.key, record.kind, record.payload, record.cost_estimate, attempts,
+                    record.id, key, record.kind, record.payload, record.cost_estimate, attempts,
                     live.record.priority,
                 )  # fmt: skip
                 start = runtime.now()
@@ -205,8 +206,9 @@ class AttemptLoop:
                 live.in_call = False
                 now = runtime.now()
                 usage = self._charged_usage(lane, live, attempts, response.usage, now)
-                lane.quota.reconcile(reservation, usage, now)
-                lane.quota.release(reservation, now)
+                quota = lane.quota
+                quota.reconcile(reservation, usage, now)
+                quota.release(reservation, now)
                 reservation = None
                 self._quota_returned(lane)
                 gates_owed = False

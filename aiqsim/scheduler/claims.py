@@ -35,9 +35,10 @@ class ClaimRules:
 
     def _follow_owner(self, live: LiveTask, owner: TaskRecord) -> None:
         record = live.record
-        if owner.id == record.id:
+        task_id = record.id
+        if owner.id == task_id:
             self._enqueue(live)
-            waiting = self._waiters.get(record.id)
+            waiting = self._waiters.get(task_id)
             if waiting:  # waiters attached before this owner was live here (recovery order)
                 priorities = [self._live[w].record.priority for w in waiting if w in self._live]
                 if priorities:

@@ -7,12 +7,16 @@ the choice, which is what makes FIFO block behind a large task and SJF not).
 
 from __future__ import annotations
 
-import heapq
-import math
 import numbers
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from heapq import (  # names, not heapq.x: a compiled build looks a module attribute up each time
+    heapify,
+    heappop,
+    heappush,
+)
+from math import inf  # names, not math.x: a compiled build looks a module attribute up each time
 from typing import Protocol
 
 from aiqsim.core.slot_init import compile_builder
@@ -90,9 +94,9 @@ class _LazyQueue:
     def pop(self, item: QueueItem) -> None:
         if not item.removed:
             item.removed = True
-            self._size -= 1
-            self._removals += 1
-            if self._removals > self._size + _COMPACT_SLACK:
+            size = self._size = self._size - 1
+            removals = self._removals = self._removals + 1
+            if removals > size + _COMPACT_SLACK:
                 self._removals = 0
                 self._compact()
 
@@ -128,7 +132,7 @@ class _FifoQueue(_LazyQueue):
         self._items = deque(item for item in self._items if not item.removed)
 
     def next_change(self, now: float) -> float:
-        return math.inf
+        return inf
 
 
 class _CostHeapQueue(_LazyQueue):
@@ -143,14 +147,14 @@ class _CostHeapQueue(_LazyQueue):
         self._max_wait = max_wait_s
 
     def push(self, item: QueueItem) -> None:
-        heapq.heappush(self._heap, (item.cost, item.seq, item))
+        heappush(self._heap, (item.cost, item.seq, item))
         if self._max_wait is not None:
             self._arrivals.append(item)
         self._size += 1
 
     def _compact(self) -> None:
         heap = [entry for entry in self._heap if not entry[2].removed]
-        heapq.heapify(heap)
+        heapify(heap)
         self._heap = heap
         self._arrivals = deque(item for item in self._arrivals if not item.removed)
 
@@ -164,7 +168,7 @@ class _CostHeapQueue(_LazyQueue):
                 return oldest
         heap = self._heap
         while heap and heap[0][2].removed:
-            heapq.heappop(heap)
+            heappop(heap)
         return heap[0][2] if heap else None
 
     def ordered(self, now: float) -> Iterator[QueueItem]:
@@ -183,23 +187,23 @@ class _CostHeapQueue(_LazyQueue):
         heap = self._heap
         frontier = [(heap[0][0], heap[0][1], 0)] if heap else []
         while frontier:
-            _, _, index = heapq.heappop(frontier)
+            _, _, index = heappop(frontier)
             item = heap[index][2]
             if not item.removed and item.seq not in taken:
                 yield item
             for child in (2 * index + 1, 2 * index + 2):
                 if child < len(heap):
                     cost, seq, _ = heap[child]
-                    heapq.heappush(frontier, (cost, seq, child))
+                    heappush(frontier, (cost, seq, child))
 
     def next_change(self, now: float) -> float:
         if self._max_wait is None:
-            return math.inf
+            return inf
         oldest = self._oldest()
         if oldest is None:
-            return math.inf
+            return inf
         due = oldest.enqueued_at + self._max_wait
-        return due if due > now else math.inf
+        return due if due > now else inf
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,8 @@ running one scheduled callback does (``benchmarks/bench_mmc_peers.py``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from math import isinf  # names, not math.x: a compiled build looks a module attribute up each time
 
 from aiqsim.runtime.protocol import Runtime, ScheduledCall
 
@@ -76,7 +76,7 @@ class LanePump:
         finally:
             self._running = False
         if wait is not None and not self._stopped:
-            if not wait >= 0 or math.isinf(wait):
+            if not wait >= 0 or isinf(wait):
                 raise ValueError(f"{self._name}: the dispatch asked to wait {wait!r} s")
             self._timer = self._runtime.call_later(wait, self._expire, name=self._name)
 

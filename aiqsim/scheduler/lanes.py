@@ -16,10 +16,10 @@ provider it is for (each lane waiting only for its own wake-ups waited for ever)
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from math import isinf  # names, not math.x: a compiled build looks a module attribute up each time
 from typing import Any
 
 from aiqsim.core.failures import describe_error
@@ -152,12 +152,13 @@ class LaneDispatch:
 
     def _enqueue(self, live: LiveTask) -> None:
         record = live.record
+        priority = record.priority
         lane = self._lanes[record.provider]
-        self._seq += 1
-        item = new_queue_item(record.id, record.cost_estimate, self.runtime.now(), self._seq)
+        seq = self._seq = self._seq + 1
+        item = new_queue_item(record.id, record.cost_estimate, self.runtime.now(), seq)
         live.queue_item = item
-        lane.queues[record.priority].push(item)
-        self._queued[record.priority] += 1
+        lane.queues[priority].push(item)
+        self._queued[priority] += 1
         if not lane.head.slot_blocked:  # new work cannot help a dispatcher that waits for a free slot
             lane.pump.wake()
 
@@ -245,7 +246,7 @@ class LaneDispatch:
                 wait = quota.time_until(candidate.cost, now)
                 if isinstance(candidate, QueueItem):
                     wait = min(wait, lane.queues[priority].next_change(now) - now)
-                if math.isinf(wait):
+                if isinf(wait):
                     lane.slot_blocked = True
                     return None
                 return max(wait, 0.0)
@@ -259,10 +260,11 @@ class LaneDispatch:
             else:
                 lane.queues[priority].pop(candidate)
                 self._queued[priority] -= 1
-                live = self._live[candidate.task_id]
+                task_id = candidate.task_id
+                live = self._live[task_id]
                 live.queue_item = None
                 run = self._run(own, live, reservation)
-                live.runner = runtime.spawn(run, name=f"task-{candidate.task_id}")
+                live.runner = runtime.spawn(run, name=f"task-{task_id}")
             if sample is not None:
                 assert self.events is not None
                 self.events(sample)

@@ -32,8 +32,9 @@ class Outcomes:
         if self._crashed:
             raise Cancelled()
         persist_change(old, record, self.store.update)
-        if self._commit is not None:  # _staged, inlined: this runs on every transition
-            self._commit.staged(record.id)
+        commit = self._commit
+        if commit is not None:  # _staged, inlined: this runs on every transition
+            commit.staged(record.id)
 
     def _staged(self, task_id: str | None) -> None:
         """Tell the group commit (if the store defers commits) that a write of ``task_id`` is staged."""
@@ -90,13 +91,15 @@ class Outcomes:
 
     def _settle(self, live: LiveTask, record: TaskRecord) -> None:
         """The terminal record is durable: resolve the submission and its duplicates' waits."""
-        del self._live[record.id]
+        task_id, every_live = record.id, self._live
+        del every_live[task_id]
         resolve(live, record)
-        if record.id in self._waiters:
-            self._resolve_waiters(record.id, record)
-        if self._jobs is not None:  # a job's next stage is queued in this same instant
-            self._jobs.task_finished(record)
-        if not self._live:
+        if task_id in self._waiters:
+            self._resolve_waiters(task_id, record)
+        jobs = self._jobs
+        if jobs is not None:  # a job's next stage is queued in this same instant
+            jobs.task_finished(record)
+        if not every_live:
             self._idle.notify()
 
     def _lose(

@@ -25,8 +25,12 @@ keeps one :class:`RateLimitHistory` per lane and asks :func:`pauses_lane` on eac
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
+from math import (  # names, not math.x: a compiled build looks a module attribute up each time
+    exp,
+    inf,
+    isfinite,
+)
 
 from aiqsim.core.errors import ConfigurationError
 
@@ -100,14 +104,14 @@ class RateLimitHistory:
 
     attempts: float = 0.0
     rate_limited: float = 0.0
-    updated_at: float = -math.inf
-    last_rate_limit_at: float = -math.inf
+    updated_at: float = -inf
+    last_rate_limit_at: float = -inf
     recent_tasks: list[str] = field(default_factory=list)
 
     def _decay(self, now: float, rule: AdaptiveScopeRule) -> None:
         elapsed = now - self.updated_at
         if elapsed > 0:
-            factor = math.exp(-elapsed / rule.window_s) if math.isfinite(elapsed) else 0.0
+            factor = exp(-elapsed / rule.window_s) if isfinite(elapsed) else 0.0
             self.attempts *= factor
             self.rate_limited *= factor
             self.updated_at = now

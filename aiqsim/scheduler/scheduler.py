@@ -570,7 +570,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         # cancel_requested, waiting_on, finishing, lost, retry; tests/test_slot_init.py). No future:
         # one is made only if a handle waits before the outcome is known (aiqsim.scheduler.handles)
         live = new_live_task(record, None, None, None, False, False, None, False, None, retry)
-        self._live[record.id] = live
+        task_id = record.id
+        self._live[task_id] = live
         try:
             if self.events is not None:
                 self._emit_transition(None, record)
@@ -578,7 +579,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             if not self._started:
                 self._ensure_started()
             self._follow_owner(live, owner)
-        return _new_submission(record.id, key, live, self._create_future, accepted)
+        return _new_submission(task_id, key, live, self._create_future, accepted)
 
     async def submit_durable(self, kind: str, payload: Any, **options: Any) -> Submission:
         """:meth:`submit`, then wait until the submission's record is durable (:meth:`Submission.accepted`).

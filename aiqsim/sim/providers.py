@@ -53,7 +53,6 @@ fates of that key's later requests.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 import statistics
 import struct
@@ -61,6 +60,15 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from math import (  # names, not math.x: a compiled build looks a module attribute up each time
+    ceil,
+    exp,
+    floor,
+    fsum,
+    inf,
+    isinf,
+    log1p,
+)
 from statistics import NormalDist
 from typing import Any, Literal, NamedTuple, get_args
 
@@ -146,12 +154,12 @@ def lognormal_noise(sigma: float, uniform: float) -> float:
         return 1.0
     p = min(max(uniform, _UNIT_OPEN), 1.0 - _UNIT_OPEN)
     z = _STANDARD_NORMAL.inv_cdf(p) if _NORMAL_QUANTILE is None else _NORMAL_QUANTILE(p, 0.0, 1.0)
-    return math.exp(sigma * z - 0.5 * sigma * sigma)
+    return exp(sigma * z - 0.5 * sigma * sigma)
 
 
 def exponential_noise(uniform: float) -> float:
     """An exponential factor with mean 1 from one uniform draw in [0, 1) (inverse CDF: ``-ln(1 - u)``)."""
-    return -math.log1p(-uniform)
+    return -log1p(-uniform)
 
 
 _copy_response = compile_copier(ProviderResponse)
@@ -276,7 +284,7 @@ class ProviderLedger:
     @property
     def cost_total(self) -> float:
         """Everything billed, in currency units."""
-        return math.fsum(execution.cost for execution in self.executions)
+        return fsum(execution.cost for execution in self.executions)
 
     def _duplicates(self) -> Iterator[Execution]:
         for billed in self.executions_by_key(billed_only=True).values():
@@ -290,7 +298,7 @@ class ProviderLedger:
     @property
     def cost_duplicated(self) -> float:
         """What the duplicate billed executions cost."""
-        return math.fsum(execution.cost for execution in self._duplicates())
+        return fsum(execution.cost for execution in self._duplicates())
 
 
 @fast_frozen_init  # built per call: see aiqsim.core.slot_init
@@ -452,7 +460,7 @@ class _SlidingWindow:
     def wait_for_room(self, amount: float, now: float) -> float:
         """Seconds until ``amount`` more fits (0.0 if it fits now); ``inf`` if it never can."""
         if amount > self.limit:
-            return math.inf
+            return inf
         self._expire(now)
         if self._total + amount <= self.limit:
             return 0.0
@@ -476,7 +484,7 @@ class _SlidingWindow:
 
 def _retry_after_header(wait_s: float) -> float:
     """A wait as a provider's Retry-After header states it: whole seconds, rounded up, at least 1."""
-    return float(max(1, math.ceil(wait_s - WINDOW_TOLERANCE_S)))
+    return float(max(1, ceil(wait_s - WINDOW_TOLERANCE_S)))
 
 
 def _check_probability(name: str, value: float) -> None:
@@ -620,11 +628,11 @@ class SimulatedProvider:
         if requests is not None:
             used, reset_requests = requests.usage(now)
             limit_requests = requests.limit
-            remaining_requests = float(math.floor(max(0.0, limit_requests - used)))
+            remaining_requests = float(floor(max(0.0, limit_requests - used)))
         if units is not None:
             used, reset_tokens = units.usage(now)
             limit_tokens = units.limit
-            remaining_tokens = float(math.floor(max(0.0, limit_tokens - used)))
+            remaining_tokens = float(floor(max(0.0, limit_tokens - used)))
         # Positional, in field order: tests/test_sim_providers_fast_paths.py compares it with the
         # snapshot built by keyword from window_usage, so a field reorder fails there.
         return _new_snapshot(
@@ -653,7 +661,7 @@ class SimulatedProvider:
         wait = self._quota_wait(units, start)
         if wait is not None:
             self._record(request, start, start, "rate_limited", units)
-            if math.isinf(wait):
+            if isinf(wait):
                 raise InvalidRequestError(
                     f"request of {units} units exceeds {self.name!r}'s limit of "
                     f"{config.server_units_per_min:g} units per minute"

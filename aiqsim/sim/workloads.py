@@ -15,12 +15,12 @@ import bisect
 import csv
 import functools
 import itertools
-import math
 import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from math import floor, log, sqrt  # names, not math.x: a compiled build looks a module attribute up each time
 from pathlib import Path
 
 from aiqsim.core.errors import ConfigurationError
@@ -231,7 +231,7 @@ def draw_units(cost: CostConfig, rng: random.Random) -> int:
         value = cost.mean
     elif cost.dist == "lognormal":
         # mean of a lognormal is exp(mu + sigma^2 / 2): choose mu so the mean is cost.mean
-        value = rng.lognormvariate(math.log(cost.mean) - cost.sigma**2 / 2.0, cost.sigma)
+        value = rng.lognormvariate(log(cost.mean) - cost.sigma**2 / 2.0, cost.sigma)
     elif cost.dist == "uniform":
         value = rng.uniform(cost.low, cost.high)
     else:
@@ -272,7 +272,7 @@ def arrival_overflow(workload: WorkloadConfig, duration_s: float) -> str | None:
         return None
     end = duration_s if workload.end_s is None else min(workload.end_s, duration_s)
     mean = workload.rate_per_s * max(0.0, end - workload.start_s)
-    tail = mean + ARRIVAL_BOUND_SIGMAS * math.sqrt(mean)
+    tail = mean + ARRIVAL_BOUND_SIGMAS * sqrt(mean)
     if clicks == 1:
         if tail <= limit:
             return None
@@ -339,7 +339,7 @@ def _action_times(workload: WorkloadConfig, horizon: float, rng: random.Random) 
 
 def _exact_share(fraction: float, total: int) -> int:
     """``fraction`` of ``total`` rounded half up (so 0.5 of 3 is 2, not banker's 2-or-1)."""
-    return min(total, math.floor(fraction * total + 0.5))
+    return min(total, floor(fraction * total + 0.5))
 
 
 def _generated_actions(

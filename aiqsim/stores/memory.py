@@ -57,13 +57,15 @@ class MemoryStore:
         """Every write is applied when its method returns; :meth:`flush` has nothing to do."""
 
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
-        if task.id in self._tasks:
-            raise DuplicateTaskIdError("task", task.id)
-        owner_id = self._owners.get(task.key)
-        owner = claim_owner(self._tasks.get(owner_id) if owner_id is not None else None, task)
-        self._tasks[task.id] = task
+        # each attribute read once: a write per submission (a compiled build reads attributes generically)
+        task_id, key, tasks, owners = task.id, task.key, self._tasks, self._owners
+        if task_id in tasks:
+            raise DuplicateTaskIdError("task", task_id)
+        owner_id = owners.get(key)
+        owner = claim_owner(tasks.get(owner_id) if owner_id is not None else None, task)
+        tasks[task_id] = task
         if owner is task:
-            self._owners[task.key] = task.id
+            owners[key] = task_id
         self.writes += 1
         return owner
 
@@ -80,9 +82,10 @@ class MemoryStore:
         return owner
 
     def update(self, task: TaskRecord) -> None:
-        if task.id not in self._tasks:
-            raise KeyError(f"unknown task id {task.id!r}")
-        self._tasks[task.id] = task
+        task_id, tasks = task.id, self._tasks
+        if task_id not in tasks:
+            raise KeyError(f"unknown task id {task_id!r}")
+        tasks[task_id] = task
         self.writes += 1
 
     def get(self, task_id: str) -> TaskRecord | None:
