@@ -128,6 +128,21 @@ class _JobView:
         )
 
 
+def _stored_job_transition(record: JobRecord, old: str | None, new: str, time: float) -> JobTransition:
+    """The transition event of a job change found in the store (:meth:`StreamingJobs.reconcile`)."""
+    return JobTransition(
+        time,
+        record.id,
+        record.key,
+        record.name,
+        int(record.priority),
+        old,
+        new,
+        record.failed_stage,
+        record.error,
+    )
+
+
 class _SettledIndex(_Index):
     """The live index; a task whose job settled answers with the phases fixed then."""
 
@@ -209,6 +224,30 @@ class StreamingJobs:
             return
         self._tick(event.time)
 
+    def reconcile(self, store: Any) -> None:
+        """After a simulated crash, take in the job writes whose events the dead process never
+        emitted (:meth:`~aiqsim.sim.streaming_run.StreamingRun.reconcile`), as the full-record rows
+        read the job records: a job stored without its creation event (its arrival is still pending
+        here; one without a record was never stored and is dropped), a job stored in a state its
+        events never announced, stage tasks stored without their stage event."""
+        for job_id in list(self._arrivals):
+            record = store.get_job(job_id)
+            if record is None:
+                del self._arrivals[job_id]
+            else:
+                self._job(_stored_job_transition(record, None, "queued", record.created_at))
+        for job in list(self._jobs.values()):
+            record = store.get_job(job.id)
+            if record is None:  # purged by retention: it settled long ago
+                continue
+            for stage, task_ids in record.stage_tasks.items():
+                if job.stage_tasks.get(stage) != task_ids:
+                    job.stage_tasks[stage] = list(task_ids)
+                    for task_id in task_ids:
+                        self._task_job[task_id] = job.id
+            if record.status.value != job.status:
+                self._job(_stored_job_transition(record, job.status, record.status.value, record.updated_at))
+
     def _job(self, e: JobTransition) -> None:
         job = self._jobs.get(e.job_id)
         if job is None:
@@ -248,20 +287,45 @@ class StreamingJobs:
             if lane is None:
                 lane = self._lanes[provider] = LaneGrants()
             lane.add(e.time, task_id)
-        job_id = self._task_job.get(task_id)
-        if job_id is None:
-            return
-        task = self._tasks.get(task_id)
+        task = self._task_view(e)
         if task is None:
-            task = self._tasks[task_id] = _TaskView(task_id, job_id, e.key, provider, e.time)
-            self._live_keys[e.key] = self._live_keys.get(e.key, 0) + 1
+            return
         if e.old == "queued" and new == "running" and task_id not in self._granted:
             self._granted[task_id] = e.time
             self._unsettled_grants.setdefault(provider, {})[task_id] = e.time
+        self._set_status(task, e)
+
+    def stored(self, e: TaskTransition) -> None:
+        """A stage task's state found in the store after a simulated crash, whose event the dead
+        process never emitted (:meth:`~aiqsim.sim.streaming_run.StreamingRun.reconcile`). The
+        full-record rows read a task's status and end from its record but its grants and attempts
+        from the events, so only the status is taken: no grant, no running attempt."""
+        running = self._running.get(e.provider)
+        if running is not None and e.new != "running":
+            running.pop(e.task_id, None)
+        task = self._task_view(e)
+        if task is not None:
+            self._set_status(task, e)
+        self._tick(e.time)
+
+    def _task_view(self, e: TaskTransition) -> _TaskView | None:
+        """The view of stage task ``e.task_id`` (made at its first event), None outside jobs."""
+        job_id = self._task_job.get(e.task_id)
+        if job_id is None:
+            return None
+        task = self._tasks.get(e.task_id)
+        if task is None:
+            task = self._tasks[e.task_id] = _TaskView(e.task_id, job_id, e.key, e.provider, e.time)
+            self._live_keys[e.key] = self._live_keys.get(e.key, 0) + 1
+        return task
+
+    def _set_status(self, task: _TaskView, e: TaskTransition) -> None:
+        """Take ``e``'s status (and end, and owner of its key) into ``task``'s view."""
+        new = e.new
         task.status = _STATUS[new]
         task.finished_at = e.time if new in _TERMINAL else None
         if new == "succeeded":
-            self._owner[e.key] = task_id
+            self._owner[e.key] = task.id
             self._keys.touch(e.key, e.time)
         elif new == "deduped":
             task.deduped_from = self._owner.get(e.key)

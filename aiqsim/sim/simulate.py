@@ -723,6 +723,8 @@ class _Run:
         self.incarnation += 1
         self.raw_store = self._open_store()
         self.torn_writes_recovered += int(getattr(self.raw_store, "torn_tail_recovered", False))
+        if self.streaming is not None:  # the dead process's last write emitted no event
+            self.streaming.reconcile(self.raw_store)
         self.scheduler = self._new_scheduler()
         self.schedulers[0] = self.scheduler  # crashes are refused in a fleet: the one worker restarted
         self.down = False
@@ -936,6 +938,8 @@ class _Run:
         if self.down and self.durable:
             self.raw_store = self._open_store()  # the run ended while the process was down
         if self.streaming is not None:
+            if self.down:  # what the dead process stored counts, as in the full-record summary
+                self.streaming.reconcile(self.raw_store)
             return self._streamed_result(sim_time)
         records = self.raw_store.list_by_status()
         job_records = self.raw_store.list_jobs() if self.job_specs else []  # type: ignore[attr-defined]

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.task import QUEUED, RUNNING
 from aiqsim.scheduler.events import AttemptRecord, QuotaSample, TaskTransition
 from aiqsim.sim.metrics import recovery_figures
 from aiqsim.sim.recent_keys import RecentKeys
@@ -230,6 +231,21 @@ class _KeyState:
         self.executions = 0
 
 
+def _stored_transition(record: Any, old: str | None, new: str, time: float) -> TaskTransition:
+    """The transition event of a change found in the store (see :meth:`StreamingSummary.corrections`)."""
+    return TaskTransition(
+        time,
+        record.id,
+        record.key,
+        record.provider,
+        int(record.priority),
+        old,
+        new,
+        record.attempts,
+        record.cost_estimate,
+    )
+
+
 class StreamingSummary:
     """The :data:`aiqsim.sim.metrics.SUMMARY_KEYS` summary, computed as the run goes.
 
@@ -399,6 +415,38 @@ class StreamingSummary:
             if state is not None and state.executions > self.max_executions_per_key:
                 self.max_executions_per_key = state.executions
         self._orphan_executions.expired(now)
+
+    def corrections(self, store: Any) -> list[TaskTransition]:
+        """After a simulated crash, the transitions that bring this view back to ``store``'s records.
+
+        A crash right after a store write kills the process before it emits that write's event: a
+        submission is stored without its creation event (its arrival is still pending here), or a
+        task is stored in a state its events never announced (stored succeeded, still running
+        here). The full-record summary reads the store, so these writes count there; the stream
+        learns them here, from the records, before recovery's own transitions (which start from
+        the stored state). A pending arrival without a record was never stored: it is dropped.
+        Reads the queued and running records (a job's stage task stored without its event has no
+        arrival here) and one record per pending arrival and per task held, once per restart.
+        """
+        found: list[TaskTransition] = []
+        unannounced = {record.id: record for record in store.list_by_status(QUEUED, RUNNING)}
+        for task_id in list(self._arrivals):
+            record = store.get(task_id)
+            if record is None:
+                del self._arrivals[task_id]
+            else:
+                unannounced[task_id] = record
+        for task_id, record in unannounced.items():
+            if task_id in self._tasks:
+                continue
+            found.append(_stored_transition(record, None, "queued", record.created_at))
+            if record.status.value != "queued":
+                found.append(_stored_transition(record, "queued", record.status.value, record.updated_at))
+        for task_id, task in self._tasks.items():
+            record = store.get(task_id)  # None: purged by retention (a finished task) -- nothing to fix
+            if record is not None and record.status.value != task.status:
+                found.append(_stored_transition(record, task.status, record.status.value, record.updated_at))
+        return found
 
     # ------------------------------------------------------------------ output
     @property

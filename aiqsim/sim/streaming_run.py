@@ -87,6 +87,20 @@ class StreamingRun:
         if self.jobs is not None:
             self.jobs.execution(execution)
 
+    def reconcile(self, store: Any) -> None:
+        """After a simulated crash, with the store the restarted process opens (before recovery):
+        take in the writes whose events the crash swallowed
+        (:meth:`~aiqsim.sim.streaming.StreamingSummary.corrections`): the task keys as transitions,
+        the job keys as stored states only (:meth:`~aiqsim.sim.job_stream.StreamingJobs.stored`),
+        as the full-record mode reads them from the records and not from the events; the jobs
+        first (:meth:`~aiqsim.sim.job_stream.StreamingJobs.reconcile`), which may name stage tasks."""
+        if self.jobs is not None:
+            self.jobs.reconcile(store)
+        for event in self.summary.corrections(store):
+            self.summary.event(event)
+            if self.jobs is not None:
+                self.jobs.stored(event)
+
     def arrival(self, task_id: str, time: float) -> None:
         """A user submitted task ``task_id`` at ``time``."""
         self.summary.arrival(task_id, time)
