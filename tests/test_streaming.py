@@ -245,6 +245,17 @@ def test_histogram_orders_negative_zero_and_positive_values() -> None:
     assert histogram.percentiles([0, 50, 100]) == pytest.approx([-2.0, 0.0, 2.0], rel=1e-3)
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_histogram_refuses_a_value_that_is_not_a_finite_number(value: float) -> None:
+    # a NaN was counted as a zero (the median of 1, NaN, 3 came out ~1 where numpy says NaN) and
+    # an infinity raised OverflowError from math.ceil; neither is a latency
+    histogram = RelativeErrorHistogram()
+    histogram.add(1.0)
+    with pytest.raises(ConfigurationError, match="finite"):
+        histogram.add(value)
+    assert histogram.count == 1 and histogram.percentile(50) == pytest.approx(1.0, rel=2e-3)
+
+
 def test_recent_keys_forget_keys_silent_for_the_window() -> None:
     keys: RecentKeys[str] = RecentKeys(10.0)
     keys.touch("a", 0.0)

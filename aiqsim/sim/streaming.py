@@ -157,13 +157,23 @@ class RelativeErrorHistogram:
         return math.ceil(math.log(magnitude) / self._log_gamma)
 
     def add(self, value: float, weight: int = 1) -> None:
-        """Count ``value`` (``weight`` times; a negative weight removes values added before)."""
+        """Count ``value`` (``weight`` times; a negative weight removes values added before).
+
+        A value that is not a finite number is refused (ConfigurationError): NaN compares false
+        with everything and was counted as a zero (a NaN latency then pulled the percentiles down,
+        where ``numpy.percentile`` answers NaN), and infinity has no bucket (an OverflowError)."""
         if value > 0:
+            if value == math.inf:
+                raise ConfigurationError(f"a histogram counts finite numbers, got {value!r}")
             self._buckets[self._index(value)] += weight
         elif value < 0:
+            if value == -math.inf:
+                raise ConfigurationError(f"a histogram counts finite numbers, got {value!r}")
             self._negative[self._index(-value)] += weight
-        else:
+        elif value == 0:
             self._zeros += weight
+        else:
+            raise ConfigurationError(f"a histogram counts finite numbers, got {value!r}")
         self.count += weight
 
     def remove(self, value: float) -> None:
