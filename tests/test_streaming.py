@@ -177,6 +177,34 @@ def test_a_crash_right_after_a_store_write_streams_the_same_summary(store: str) 
         assert_same_summary(full.summary, streamed.summary)
 
 
+def test_a_key_window_shorter_than_a_retry_gap_keeps_the_running_task_key() -> None:
+    # a lost response keeps the client waiting for its 10 s attempt timeout: with a 5 s window the
+    # provider forgot the key of the task still running, so its retry drew the first attempt's
+    # outcome again (lost again: 40 tasks failed, 0 in full mode) and was billed again (120
+    # duplicate bills, 0 in full mode). A key in use by a live task is activity, as in the store.
+    scenario = parse_scenario(
+        {
+            "scenario": {"name": "lost", "duration_s": 60, "drain_s": 600},
+            "providers": [
+                {
+                    "name": "llm",
+                    "latency_base_s": 0.5,
+                    "latency_per_unit_s": 0.0,
+                    "timeout_prob": 0.3,
+                    "honours_idempotency": True,
+                }
+            ],
+            "retry": {"attempt_timeout_s": 10, "max_attempts": 4, "base_s": 0.5, "cap_s": 2},
+            "workloads": [{"type": "poisson", "provider": "llm", "rate_per_s": 2}],
+        },
+        source="lost",
+    )
+    full = simulate(scenario, seed=0)
+    streamed = simulate(scenario, seed=0, records="summary", key_window_s=5.0)
+    assert full.summary["timeouts"] > 20 and full.summary["tasks_failed"] == 0
+    assert_same_summary(full.summary, streamed.summary)
+
+
 def test_lazy_arrivals_are_the_generated_arrivals_in_the_same_order() -> None:
     day = scenario_to_dict(load_scenario(SCENARIOS / "long" / "day_at_100_per_s.toml"))
     day["scenario"]["duration_s"] = 3 * 3600

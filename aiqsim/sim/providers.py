@@ -209,6 +209,7 @@ class ProviderLedger:
         keep_executions: bool = True,
         on_record: Callable[[Execution], None] | None = None,
         forget_keys_after_s: float | None = None,
+        key_in_use: Callable[[str, float], bool] | None = None,
     ) -> None:
         self.executions: list[Execution] = []
         """Every call, in the order the server finished with it (empty with ``keep_executions=False``)."""
@@ -221,6 +222,9 @@ class ProviderLedger:
         )
         """With ``forget_keys_after_s``: the provider's idempotency memory, like a real API's key
         retention -- a key's first result is forgotten once the key has been silent that long."""
+        self._key_in_use = key_in_use
+        """``key_in_use(key, at)``: whether live tasks, which may call ``key`` again, have held it
+        since ``at`` or earlier (see :meth:`forget_silent_keys`)."""
 
     def __len__(self) -> int:
         return len(self.executions)
@@ -243,10 +247,20 @@ class ProviderLedger:
             self._on_record(execution)
 
     def forget_silent_keys(self, now: float) -> None:
-        """With ``forget_keys_after_s``: drop the results of keys silent that long before ``now``."""
-        if self._recent is not None:
-            for gone in self._recent.expired(now):
-                self._successes.pop(gone, None)
+        """With ``forget_keys_after_s``: drop the results of keys silent that long before ``now``.
+
+        A key live tasks have held since before it would have expired (``key_in_use``) is kept, as
+        the store keeps a live owner's key: a client waiting out a lost response's attempt timeout
+        is not silent, and its retry must find the result (a window shorter than that gap had it
+        billed again). A key taken up again only later is forgotten all the same."""
+        recent = self._recent
+        if recent is not None:
+            in_use = self._key_in_use
+            for gone, last in recent.expired_since(now):
+                if in_use is not None and in_use(gone[1], last + recent.window_s):
+                    recent.touch(gone, now)
+                else:
+                    self._successes.pop(gone, None)
 
     def first_success(self, provider: str, key: str) -> tuple[Execution, Any] | None:
         """The first completed (``ok``) execution of ``key`` at ``provider`` and its result."""
@@ -546,6 +560,7 @@ class SimulatedProvider:
         ledger: ProviderLedger | None = None,
         *,
         forget_keys_after_s: float | None = None,
+        key_in_use: Callable[[str, float], bool] | None = None,
     ) -> None:
         _validate(config)
         self.runtime = runtime
@@ -559,7 +574,10 @@ class SimulatedProvider:
             None if forget_keys_after_s is None else RecentKeys(forget_keys_after_s)
         )
         """With ``forget_keys_after_s``: keys silent that long leave ``_arrivals`` (bounded memory in
-        streaming runs; a key seen again later draws as a new one)."""
+        streaming runs; a key seen again later draws as a new one), but for the keys a live task
+        still holds (``key_in_use``): a retry of such a task draws as its next request, not as its
+        first again (a window shorter than a lost response's attempt timeout had every retry lost)."""
+        self._key_in_use = key_in_use
         self.ledger = ledger if ledger is not None else ProviderLedger()
         self.name = config.name
         rpm, upm = config.server_requests_per_min, config.server_units_per_min
@@ -579,8 +597,12 @@ class SimulatedProvider:
         if recent is not None:
             now = self.runtime.now()
             recent.touch(key, now)
-            for gone in recent.expired(now):
-                del self._arrivals[gone]
+            in_use = self._key_in_use
+            for gone, last in recent.expired_since(now):
+                if in_use is not None and in_use(gone, last + recent.window_s):
+                    recent.touch(gone, now)
+                else:
+                    del self._arrivals[gone]
             self.ledger.forget_silent_keys(now)  # before this call may replay a forgotten key
         return _Draws.from_keyed_hash(self._draw_hash, key, arrival)
 

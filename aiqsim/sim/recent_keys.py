@@ -33,15 +33,19 @@ class RecentKeys(Generic[K]):
 
     def expired(self, now: float) -> list[K]:
         """Forget and return every key whose last activity is older than ``now - window_s``."""
+        return [key for key, _ in self.expired_since(now)]
+
+    def expired_since(self, now: float) -> list[tuple[K, float]]:
+        """:meth:`expired`, each key with the time of its last activity."""
         cutoff = now - self.window_s
         queue, last = self._queue, self._last
-        gone: list[K] = []
+        gone: list[tuple[K, float]] = []
         while queue and queue[0][0] < cutoff:
             _, key = queue.popleft()
             seen = last[key]
             if seen < cutoff:
                 del last[key]
-                gone.append(key)
+                gone.append((key, seen))
             else:
                 queue.append((seen, key))
         return gone

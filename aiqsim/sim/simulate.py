@@ -548,11 +548,15 @@ class _Run:
         """Whether the store lives outside the process (closed at a crash, reopened at a restart)."""
         if providers is None:
             forget = streaming.window_s if streaming is not None else None
+            in_use = streaming.summary.key_in_use if streaming is not None else None
             ledger = (
                 ProviderLedger()
                 if streaming is None
                 else ProviderLedger(
-                    keep_executions=False, on_record=streaming.execution, forget_keys_after_s=forget
+                    keep_executions=False,
+                    on_record=streaming.execution,
+                    forget_keys_after_s=forget,
+                    key_in_use=in_use,
                 )
             )
             self.providers = [
@@ -562,6 +566,7 @@ class _Run:
                     random.Random(f"{seed}:provider:{p.name}"),
                     ledger,
                     forget_keys_after_s=forget,
+                    key_in_use=in_use,
                 )
                 for p in scenario.providers
             ]

@@ -300,6 +300,8 @@ class StreamingSummary:
         self._keys: dict[str, _KeyState] = {}
         self._key_activity: RecentKeys[str] = RecentKeys(self.window_s)
         self._live_keys: Counter[str] = Counter()
+        self._live_since: dict[str, float] = {}
+        """Key -> since when some queued or running task has held it without a break."""
         self._orphan_executions: RecentKeys[str] = RecentKeys(self.window_s)
         """Task ids that executed with no known task state (evicted, or not seen as a transition)."""
 
@@ -331,7 +333,7 @@ class StreamingSummary:
         if old is None:
             arrived = self._arrivals.pop(e.task_id, now)
             self._tasks[e.task_id] = _TaskState(arrived, e.key, e.provider, e.priority, new)
-            self._live_keys[e.key] += 1
+            self._hold(e.key, now)
             first = self.first_created.get(e.provider)
             if first is None or now < first:
                 self.first_created[e.provider] = now
@@ -344,7 +346,7 @@ class StreamingSummary:
         if old in _TERMINAL and task.finished is not None:  # e.g. failed -> queued: take it back
             self._count_latency(task, task.finished, -1)
             task.finished = None
-            self._live_keys[task.key] += 1
+            self._hold(task.key, now)
         task.status = new
         if new in _TERMINAL:
             task.finished = now
@@ -352,8 +354,15 @@ class StreamingSummary:
             self._live_keys[task.key] -= 1
             if not self._live_keys[task.key]:
                 del self._live_keys[task.key]
+                del self._live_since[task.key]
             self._finished.touch(e.task_id, now)
         self._expire(now)
+
+    def _hold(self, key: str, now: float) -> None:
+        """One more queued or running task holds ``key``."""
+        if not self._live_keys[key]:
+            self._live_since[key] = now
+        self._live_keys[key] += 1
 
     def _count_latency(self, task: _TaskState, finished: float, weight: int) -> None:
         elapsed = finished - task.arrived
@@ -457,6 +466,14 @@ class StreamingSummary:
             if record is not None and record.status.value != task.status:
                 found.append(_stored_transition(record, task.status, record.status.value, record.updated_at))
         return found
+
+    def key_in_use(self, key: str, at: float) -> bool:
+        """Whether queued or running tasks have held idempotency key ``key`` without a break since
+        ``at`` or earlier (they may call again). The providers of a streaming run keep a key silent
+        for the window when so at the moment it would have expired (``at``), as the store keeps a
+        live owner's key; a key taken up again only after that moment is forgotten all the same."""
+        since = self._live_since.get(key)
+        return since is not None and since <= at
 
     # ------------------------------------------------------------------ output
     @property
