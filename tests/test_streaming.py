@@ -177,6 +177,33 @@ def test_a_crash_right_after_a_store_write_streams_the_same_summary(store: str) 
         assert_same_summary(full.summary, streamed.summary)
 
 
+def test_a_crash_that_loses_group_committed_submissions_streams_the_same_summary() -> None:
+    # with group commit, the submissions staged when the process died were never stored, but their
+    # creation events had been emitted: the stream counted 60 tasks (30 of them lost) where the
+    # store, and so the full-record summary, has 30
+    scenario = parse_scenario(
+        {
+            "scenario": {"name": "group_commit_crash", "duration_s": 30, "drain_s": 0},
+            "providers": [
+                {"name": "llm", "latency_base_s": 0.1, "latency_sigma": 1.5, "server_error_prob": 0.2}
+            ],
+            "quotas": {"llm": {"concurrency": 64}},
+            "retry": {"max_attempts": 1},
+            "workloads": [
+                {"type": "burst", "provider": "llm", "count": 30, "start_s": 17.7},
+                {"type": "burst", "provider": "llm", "count": 30, "start_s": 14.2, "priority": "interactive"},
+            ],
+            "store": {"kind": "sqlite", "group_commit": True},
+            "crashes": [{"at_s": 3.8, "restart_after_s": 5}, {"after_writes": 50, "restart_after_s": 2}],
+        },
+        source="group_commit_crash",
+    )
+    full = simulate(scenario, seed=354)
+    streamed = simulate(scenario, seed=354, records="summary")
+    assert full.summary["crashes"] == 2 and full.summary["tasks_submitted"] == 30
+    assert_same_summary(full.summary, streamed.summary)
+
+
 def test_a_key_window_shorter_than_a_retry_gap_keeps_the_running_task_key() -> None:
     # a lost response keeps the client waiting for its 10 s attempt timeout: with a 5 s window the
     # provider forgot the key of the task still running, so its retry drew the first attempt's

@@ -229,7 +229,8 @@ class StreamingJobs:
         emitted (:meth:`~aiqsim.sim.streaming_run.StreamingRun.reconcile`), as the full-record rows
         read the job records: a job stored without its creation event (its arrival is still pending
         here; one without a record was never stored and is dropped), a job stored in a state its
-        events never announced, stage tasks stored without their stage event."""
+        events never announced, stage tasks stored without their stage event, and a live job whose
+        insert was staged for a group commit the crash lost (dropped: the store never had it)."""
         for job_id in list(self._arrivals):
             record = store.get_job(job_id)
             if record is None:
@@ -238,8 +239,11 @@ class StreamingJobs:
                 self._job(_stored_job_transition(record, None, "queued", record.created_at))
         for job in list(self._jobs.values()):
             record = store.get_job(job.id)
-            if record is None:  # purged by retention: it settled long ago
-                continue
+            if record is None:
+                if job.status not in _TERMINAL:  # staged for a group commit the crash lost: never stored
+                    del self._jobs[job.id]
+                    self._arrived.pop(job.id, None)
+                continue  # a terminal one was purged by retention: it settled long ago
             for stage, task_ids in record.stage_tasks.items():
                 if job.stage_tasks.get(stage) != task_ids:
                     job.stage_tasks[stage] = list(task_ids)

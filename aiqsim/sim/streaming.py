@@ -218,10 +218,13 @@ class RelativeErrorHistogram:
 class _TaskState:
     """What the summary needs of one task while it is alive (and for a window after it finished)."""
 
-    __slots__ = ("arrived", "executed", "finished", "key", "priority", "provider", "status")
+    __slots__ = ("arrived", "created", "executed", "finished", "key", "priority", "provider", "status")
 
-    def __init__(self, arrived: float, key: str, provider: str, priority: int, status: str) -> None:
+    def __init__(
+        self, arrived: float, key: str, provider: str, priority: int, status: str, created: float
+    ) -> None:
         self.arrived = arrived
+        self.created = created
         self.key = key
         self.provider = provider
         self.priority = priority
@@ -332,7 +335,7 @@ class StreamingSummary:
         statuses[new] += 1
         if old is None:
             arrived = self._arrivals.pop(e.task_id, now)
-            self._tasks[e.task_id] = _TaskState(arrived, e.key, e.provider, e.priority, new)
+            self._tasks[e.task_id] = _TaskState(arrived, e.key, e.provider, e.priority, new, now)
             self._hold(e.key, now)
             first = self.first_created.get(e.provider)
             if first is None or now < first:
@@ -474,6 +477,30 @@ class StreamingSummary:
         live owner's key; a key taken up again only after that moment is forgotten all the same."""
         since = self._live_since.get(key)
         return since is not None and since <= at
+
+    def drop_unstored(self, store: Any) -> None:
+        """After a simulated crash, forget the queued and running tasks ``store`` has no record of.
+
+        With group commit, the writes staged when the process died are never stored, while their
+        events were emitted when staged: a submission counted here that the full-record summary,
+        which reads the store, never sees. (A finished task without a record was purged by the
+        retention rule: it stays counted.) A provider whose first task was one of them starts at
+        its earliest stored task (all later than the lost one: it was staged just before the crash)."""
+        for task_id, task in list(self._tasks.items()):
+            if task.status in _TERMINAL or store.get(task_id) is not None:
+                continue
+            del self._tasks[task_id]
+            if self.first_created.get(task.provider) == task.created:
+                stored = [r.created_at for r in store.list_by_status() if r.provider == task.provider]
+                if stored:
+                    self.first_created[task.provider] = min(stored)
+                else:
+                    del self.first_created[task.provider]
+            self.statuses[task.status] -= 1
+            self._live_keys[task.key] -= 1
+            if not self._live_keys[task.key]:
+                del self._live_keys[task.key]
+                del self._live_since[task.key]
 
     # ------------------------------------------------------------------ output
     @property

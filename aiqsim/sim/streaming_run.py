@@ -96,6 +96,7 @@ class StreamingRun:
         first (:meth:`~aiqsim.sim.job_stream.StreamingJobs.reconcile`), which may name stage tasks."""
         if self.jobs is not None:
             self.jobs.reconcile(store)
+        self.summary.drop_unstored(store)
         for event in self.summary.corrections(store):
             self.summary.event(event)
             if self.jobs is not None:
