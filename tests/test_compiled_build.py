@@ -19,6 +19,7 @@ import fcntl
 import importlib.machinery
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from aiqsim.compiled import (
     build_status,
     check_compiled_sources,
     clean_compiled,
+    module_digest,
     source_digest,
 )
 from aiqsim.errors import AiqsimError, StaleCompiledModulesError
@@ -108,6 +110,23 @@ def test_compiled_modules_without_a_manifest_or_missing_from_it_are_stale(tmp_pa
         json.dumps({COMPILED_MODULES[0]: _digests(package)[COMPILED_MODULES[0]]})
     )
     assert build_status(package).stale == (COMPILED_MODULES[1],)
+
+
+def test_an_edited_pxd_makes_its_compiled_module_stale(tmp_path: Path) -> None:
+    """A ``.pxd`` (the compiled build's C layout of some classes) is part of what a build was made from."""
+    package = _fake_package(tmp_path, compiled=COMPILED_MODULES, manifest=None)
+    laid_out = COMPILED_MODULES[3]
+    layout = (package / Path(*laid_out.split(".")[1:])).with_suffix(".pxd")
+    layout.write_text("cdef class A:\n    cdef public object x\n")
+    assert module_digest(package, laid_out) != _digests(package)[laid_out]  # the .py's alone
+    (package / MANIFEST_NAME).write_text(
+        json.dumps({name: module_digest(package, name) for name in COMPILED_MODULES})
+    )
+    assert build_status(package).stale == ()
+    layout.write_text("cdef class A:\n    cdef public object x, y\n")
+    assert build_status(package).stale == (laid_out,)
+    layout.unlink()  # a layout removed since the build: stale too
+    assert build_status(package).stale == (laid_out,)
 
 
 def test_clean_removes_the_compiled_files_and_keeps_every_source(tmp_path: Path) -> None:
@@ -217,6 +236,24 @@ def test_every_listed_module_is_compiled_in_the_build(compiled_tree: Path) -> No
     files = json.loads(done.stdout)
     for name, path in files.items():
         assert path.endswith(SUFFIX) and path.startswith(str(compiled_tree)), (name, path)
+    # the classes a .pxd lays out are extension types in the build (their attributes C fields), and
+    # plain classes in this checkout: a .pxd the build ignored would lose that without a word
+    laid_out = sorted(
+        (str(path.relative_to(REPO).with_suffix("")).replace(os.sep, "."), match[1])
+        for path in (REPO / "aiqsim").rglob("*.pxd")
+        for match in re.finditer(r"^cdef class (\w+)", path.read_text(), re.MULTILINE)
+    )
+    assert len(laid_out) >= 6, laid_out
+    probe = (
+        "import importlib, json, sys\n"
+        f"names = {laid_out!r}\n"
+        "heap = [getattr(importlib.import_module(m), c).__flags__ & (1 << 9) for m, c in names]\n"
+        "print(json.dumps([bool(flag) for flag in heap]))"
+    )
+    heap_types = {tree: _python(tree, probe) for tree in (None, compiled_tree)}
+    assert all(done.returncode == 0 for done in heap_types.values()), heap_types
+    assert json.loads(heap_types[None].stdout) == [True] * len(laid_out)  # plain classes when pure
+    assert json.loads(heap_types[compiled_tree].stdout) == [False] * len(laid_out)
     version = _python(compiled_tree, "from aiqsim.cli import main; main(['--version'])")
     assert f"compiled: {len(COMPILED_MODULES)} of {len(COMPILED_MODULES)} modules" in version.stdout
 
