@@ -405,7 +405,7 @@ def fit_censored_latency(
     cx = np.asarray([] if cut_x is None else cut_x, dtype=float)
     cw = np.asarray([] if waited is None else waited, dtype=float)
     if cx.shape != cw.shape:
-        raise ValueError(f"cut_x and waited differ in shape: {cx.shape} and {cw.shape}")
+        raise ConfigurationError(f"cut_x and waited differ in shape: {cx.shape} and {cw.shape}")
     if len(y) < 3:
         waits = cw[np.isfinite(cw)]  # a cut-off's regressor may be unknown: no completed call to take it from
         if len(waits) and len(y) == 0:
