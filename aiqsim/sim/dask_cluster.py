@@ -24,7 +24,13 @@ from typing import Any
 
 from distributed import LocalCluster, WorkerPlugin
 
-__all__ = ["CloseQuietly", "local_dask_cluster", "sigint_ignored_by_new_processes"]
+__all__ = [
+    "CloseQuietly",
+    "local_dask_cluster",
+    "not_a_heartbeat_cut_by_closing",
+    "not_a_run_cut_short",
+    "sigint_ignored_by_new_processes",
+]
 
 
 def local_dask_cluster(workers: int | None) -> LocalCluster:
@@ -71,11 +77,26 @@ def not_a_run_cut_short(record: logging.LogRecord) -> bool:
     return not record.getMessage().endswith("ended with CancelledError")
 
 
+def not_a_heartbeat_cut_by_closing(record: logging.LogRecord) -> bool:
+    """A logging filter: False for the error a Dask worker logs, with a traceback, when its heartbeat
+    to the scheduler is cut short by its own connection pool closing (``Failed to communicate with
+    scheduler during heartbeat``, raised as ``CommClosedError: ConnectionPool closing``): the worker
+    is shutting down with the cluster. Seen under load, when a heartbeat's connect was still waiting
+    at the Ctrl-C. A heartbeat that fails for any other reason (a scheduler that stopped answering)
+    is still logged."""
+    if not record.getMessage().startswith("Failed to communicate with scheduler during heartbeat"):
+        return True
+    error = record.exc_info[1] if record.exc_info else None
+    return not (type(error).__name__ == "CommClosedError" and "closing" in str(error))
+
+
 class CloseQuietly(WorkerPlugin):
     """A worker plugin that filters :func:`not_a_run_cut_short` out of the worker's state machine
-    log (set up in each worker process as it starts)."""
+    log and :func:`not_a_heartbeat_cut_by_closing` out of the worker's own (set up in each worker
+    process as it starts)."""
 
     name = "aiqsim-close-quietly"
 
     def setup(self, worker: Any) -> None:
         logging.getLogger("distributed.worker.state_machine").addFilter(not_a_run_cut_short)
+        logging.getLogger("distributed.worker").addFilter(not_a_heartbeat_cut_by_closing)
