@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -288,8 +288,22 @@ def _weighted_line(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> tuple[f
     ``weights``, a negative slope or base clipped to 0 and the other coefficient refitted."""
     design = np.column_stack([np.ones_like(x), x]) * np.sqrt(weights)[:, None]
     (base, slope), *_ = np.linalg.lstsq(design, y * np.sqrt(weights), rcond=None)
+    return _clipped_line(base, slope, x, y, weights, lambda: float(np.average(y, weights=weights)))
+
+
+def _clipped_line(
+    base: float,
+    slope: float,
+    x: np.ndarray,
+    y: np.ndarray,
+    weights: np.ndarray,
+    weighted_mean: Callable[[], float],
+) -> tuple[float, float]:
+    """The one rule for a fitted line the simulated provider cannot take: a negative slope becomes
+    the flat line at the weighted mean (``weighted_mean()``), then a negative intercept 0 with the
+    slope refitted through the origin."""
     if slope < 0:
-        base, slope = float(np.average(y, weights=weights)), 0.0
+        base, slope = weighted_mean(), 0.0
     if base < 0:
         base = 0.0
         slope = float(np.sum(weights * x * y) / max(np.sum(weights * x * x), 1e-300))
@@ -533,13 +547,7 @@ def _weighted_line_2x2(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> tup
         base, slope = _weighted_line(x, y, weights)
         return float(base), float(slope)
     slope = float(np.sum(weights * centred * y)) / spread
-    base = y_mean - slope * x_mean
-    if slope < 0:
-        base, slope = y_mean, 0.0
-    if base < 0:
-        base = 0.0
-        slope = float(np.sum(weights * x * y) / max(np.sum(weights * x * x), 1e-300))
-    return base, slope
+    return _clipped_line(y_mean - slope * x_mean, slope, x, y, weights, lambda: y_mean)
 
 
 class LatencySample(NamedTuple):
