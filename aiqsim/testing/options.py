@@ -235,9 +235,15 @@ def select_crash_points(
     for k in range(1, total_writes + 1):
         points += [CrashCase(seed, k, before=True), CrashCase(seed, k)]
         points += [CrashCase(seed, n, effect=True) for n in effects.get(k, [])]
-    if sample is None or sample >= len(points):
+    return _seeded_sample(points, sample, f"aiqsim-crash-points:{seed}")
+
+
+def _seeded_sample(points: list[CrashCase], count: int | None, stream: str) -> list[CrashCase]:
+    """``count`` of ``points`` (all of them for ``None`` or a count that covers them), in their
+    order, drawn from a random stream seeded by ``stream`` alone: the same options pick the same points."""
+    if count is None or count >= len(points):
         return points
-    chosen = random.Random(f"aiqsim-crash-points:{seed}").sample(range(len(points)), sample)
+    chosen = random.Random(stream).sample(range(len(points)), count)
     return [points[i] for i in sorted(chosen)]
 
 
@@ -252,9 +258,5 @@ def select_second_crashes(
         for m in range(1, restart_writes + 1)
         for before in (True, False)
     ]
-    if count == ALL or count >= len(points):
-        return points
-    chosen = random.Random(f"aiqsim-second-crashes:{first.seed}:{first.point}").sample(
-        range(len(points)), count
-    )
-    return [points[i] for i in sorted(chosen)]
+    stream = f"aiqsim-second-crashes:{first.seed}:{first.point}"
+    return _seeded_sample(points, None if count == ALL else count, stream)
