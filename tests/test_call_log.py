@@ -24,6 +24,7 @@ from aiqsim.scheduler.events import (
     OwnerUnreadable,
     QueueRejected,
     QuotaSample,
+    QuotaUnavailable,
     StoreWriteFailed,
     TaskTransition,
     UsageAnomaly,
@@ -36,7 +37,7 @@ FIELDS = {
     ),
     AttemptRecord: (
         "task_id", "key", "provider", "attempt", "start", "end", "outcome", "decision", "cost_estimate",
-        "usage", "retry_after_s", "delay_s", "output_units", "ratelimit",
+        "usage", "retry_after_s", "delay_s", "output_units", "ratelimit", "first_token_s",
     ),
     QuotaSample: (
         "time", "provider", "requests_level", "tokens_level", "in_flight", "queued_interactive",
@@ -47,6 +48,7 @@ FIELDS = {
     LanePaused: ("time", "provider", "until", "task_id", "reason"),
     QueueRejected: ("time", "provider", "priority", "queued", "limit", "queued_in_lane"),
     OwnerUnreadable: ("time", "kind", "waiter_id", "key", "owner_id", "error"),
+    QuotaUnavailable: ("time", "provider", "error"),
 }  # fmt: skip
 """The public field names, in order, as they were when the records were frozen dataclasses."""
 

@@ -489,6 +489,7 @@ class AttemptLoop:
                     delay,
                     getattr(response, "output_units", None),
                     getattr(seen, "ratelimit", None),
+                    getattr(response, "first_token_s", None),
                 )
             )
 

@@ -194,7 +194,7 @@ class CallLog:
             elif kind is AttemptRecord:
                 (
                     task_id, key, provider, attempt, start, end, outcome, decision, cost_estimate,
-                    usage, retry_after_s, delay_s, output_units, snapshot,
+                    usage, retry_after_s, delay_s, output_units, snapshot, _first_token_s,
                 ) = event  # fmt: skip
                 task = open_rows.get(task_id)
                 if snapshot is None:

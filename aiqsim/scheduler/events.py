@@ -61,6 +61,8 @@ class AttemptRecord(NamedTuple):
     """What the provider said it generated (completion tokens), when it said so."""
     ratelimit: RateLimitSnapshot | None = None
     """The provider's ``x-ratelimit-*`` view on this answer (success or error), when it sent one."""
+    first_token_s: float | None = None
+    """For a streamed answer, seconds from the attempt's start to its first content chunk (TTFT)."""
 
 
 class QuotaSample(NamedTuple):
@@ -168,6 +170,18 @@ class OwnerUnreadable(NamedTuple):
     error: str
 
 
+class QuotaUnavailable(NamedTuple):
+    """A quota shared through an outside service (a fleet's Redis account) could not be reached:
+    no attempt of ``provider`` is granted until it answers again. ``error`` is what the client said.
+    Sent once when an outage begins, not once per attempt that waits it out; the next
+    :class:`QuotaSample` of the provider says the quota answers again.
+    """
+
+    time: float
+    provider: str
+    error: str
+
+
 def _same_record(self: tuple[Any, ...], other: object) -> bool:
     """Records are equal when they are of the same type and hold the same values."""
     return type(self) is type(other) and tuple.__eq__(self, other)  # type: ignore[arg-type]
@@ -186,6 +200,7 @@ _RECORDS = (
     LanePaused,
     QueueRejected,
     OwnerUnreadable,
+    QuotaUnavailable,
 )
 for _record in _RECORDS:
     # tuple equality would make ``LanePaused(...) == (...)`` true; the hash stays the tuple's,
@@ -203,5 +218,6 @@ SchedulerEvent = (
     | LanePaused
     | QueueRejected
     | OwnerUnreadable
+    | QuotaUnavailable
 )
 EventSink = Callable[[SchedulerEvent], None]

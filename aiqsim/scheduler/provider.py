@@ -35,12 +35,15 @@ class ProviderResponse:
     """A successful call. ``usage`` is the actual cost in the quota's unit (tokens, characters);
     ``None`` means the estimate was right. ``output_units`` is the part of it the provider generated
     (completion tokens), when it says so, and ``ratelimit`` what it said about its own limits on this
-    answer: both only observed (the call log records them for calibration), never acted on here."""
+    answer: both only observed (the call log records them for calibration), never acted on here.
+    ``first_token_s`` is, for a streamed answer, the seconds from the start of the attempt to its
+    first content chunk (time to first token); ``None`` for an answer that was not streamed."""
 
     result: Any
     usage: float | None = None
     output_units: float | None = None
     ratelimit: RateLimitSnapshot | None = None
+    first_token_s: float | None = None
 
 
 new_request: Callable[..., ProviderRequest] = compile_builder(ProviderRequest)
