@@ -36,6 +36,7 @@ from aiqsim.core.failures import (
     RateLimitError,
     SchemaViolationError,
     ServerError,
+    StreamCutError,
     TaskInterruptedError,
     classify_failure,
 )
@@ -128,6 +129,7 @@ __all__ = [
     "SqliteStore",
     "StoreCorruptError",
     "StoreError",
+    "StreamCutError",
     "Submission",
     "TaskCancelledError",
     "TaskFailedError",

@@ -53,7 +53,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── DeadlineExceeded (TimeoutError)   Runtime.wait_for's own deadline passed
     │   └── InvalidStateError, SimulationDeadlock, RuntimeAlreadyRunningError (RuntimeError)   SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
-    │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError)
+    │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError), StreamCutError (a timeout)
     │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
     │   ├── TaskInterruptedError, AttemptRejectedError
     │   ├── ProviderContractError          an adapter's call() returned no ProviderResponse (fatal)
@@ -93,6 +93,7 @@ from aiqsim.core.failures import (
     RateLimitError,
     SchemaViolationError,
     ServerError,
+    StreamCutError,
     TaskInterruptedError,
 )
 from aiqsim.core.fingerprint import FingerprintError
@@ -201,6 +202,7 @@ __all__ = [
     "StoreOpenError",
     "StoreWriteError",
     "StoreWriteOutcomeUnknownError",
+    "StreamCutError",
     "SweepError",
     "SweepTooLargeError",
     "TableFormatUnavailableError",

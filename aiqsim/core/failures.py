@@ -48,6 +48,18 @@ class ProviderTimeoutError(ProviderError, TimeoutError):
     """No response in time. The server may still have done (and billed) the work."""
 
 
+class StreamCutError(ProviderTimeoutError):
+    """A streamed answer stopped after its first chunk arrived (the connection dropped, the server
+    closed it, or a deadline cut it): the server has started, and billed, the work. Retryable like
+    any timeout, but a retry is a second bill unless the provider honours idempotency keys or can be
+    asked (``lookup``) for the answer it kept. ``received_units`` is what had arrived (tokens), if
+    known."""
+
+    def __init__(self, message: str = "stream cut", *, received_units: float | None = None) -> None:
+        super().__init__(message)
+        self.received_units = received_units
+
+
 class ServerError(ProviderError):
     """HTTP 5xx or a broken connection: the provider failed on its side."""
 

@@ -20,7 +20,14 @@ from aiqsim.scheduler.events import (
     TaskTransition,
     UsageAnomaly,
 )
-from aiqsim.scheduler.provider import Provider, ProviderRequest, ProviderResponse, SupportsLookup
+from aiqsim.scheduler.provider import (
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    StreamChunk,
+    SupportsLookup,
+    SupportsStreaming,
+)
 from aiqsim.scheduler.rate_limit_scope import DEFAULT_RATE_LIMIT_SCOPE, AdaptiveScopeRule, RateLimitScope
 from aiqsim.scheduler.recovery_lookup import LookupRetry
 from aiqsim.scheduler.retry import AttemptGate, RetryPolicy
@@ -65,8 +72,10 @@ __all__ = [
     "SchedulerEvent",
     "ShortestJobFirstPolicy",
     "StoreWriteFailed",
+    "StreamChunk",
     "Submission",
     "SupportsLookup",
+    "SupportsStreaming",
     "TaskCancelledError",
     "TaskFailedError",
     "TaskTransition",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -61,6 +61,29 @@ class Provider(Protocol):
     name: str
 
     async def call(self, request: ProviderRequest) -> ProviderResponse: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One piece of a streamed answer, as it arrives: ``data`` is the piece (a text delta, or the
+    provider's decoded event), ``units`` the tokens it carries when the provider says so."""
+
+    data: Any
+    units: float | None = None
+
+
+@runtime_checkable
+class SupportsStreaming(Protocol):
+    """A provider that can answer as a stream (server-sent events, a simulated token stream).
+
+    ``stream(request)`` yields :class:`StreamChunk` items as they arrive and then, as its last
+    item, the :class:`ProviderResponse` (usage, ``output_units``, ``first_token_s``). A failure
+    before the first chunk is raised as for :meth:`Provider.call` (nothing was billed for a refusal);
+    a failure after it is raised as :class:`~aiqsim.core.failures.StreamCutError` (the server began,
+    and billed, the work).
+    """
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamChunk | ProviderResponse]: ...
 
 
 @runtime_checkable
