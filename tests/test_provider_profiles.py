@@ -13,12 +13,15 @@ import asyncio
 import json
 import math
 import pathlib
+import random
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiqsim import AsyncioRuntime, ConstantBackoff, QuotaLimits, RetryPolicy, Scheduler, TaskStatus
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import (
     FailureClass,
@@ -30,7 +33,18 @@ from aiqsim.core.failures import (
 )
 from aiqsim.core.rfc3339 import rfc3339_epoch, seconds_until
 from aiqsim.core.task import Priority
-from aiqsim.http import PROFILES, HttpProvider, error_for_status, get_profile, profile_snapshot
+from aiqsim.core.token_bucket import MultiQuota
+from aiqsim.http import (
+    PROFILES,
+    HttpProvider,
+    anthropic_error_mapper,
+    error_for_status,
+    get_profile,
+    map_anthropic_error,
+    map_openai_error,
+    openai_error_mapper,
+    profile_snapshot,
+)
 from aiqsim.http.error_bodies import protobuf_duration_s
 from aiqsim.http.loopback import HttpReply, HttpRequest, LoopbackHttpServer
 from aiqsim.http.vendor_headers import detect_dialect
@@ -307,3 +321,179 @@ def test_malformed_headers_never_raise_and_the_error_is_still_classified(
         assert isinstance(error, ProviderError)
     wait = getattr(error, "retry_after_s", None)
     assert wait is None or 0 <= wait <= 2147483648.0
+
+
+# ---------------------------------------------------------------------------- wiring: quota, scheduler, SDK
+def _vector(vendor: str, name: str) -> dict[str, Any]:
+    return next(v for v in VECTORS if v["vendor"] == vendor and v["name"] == name)
+
+
+def _reply(vector: dict[str, Any], **header_changes: str) -> HttpReply:
+    body = b"{}" if vector["body"] is None else vector["body"].encode("utf-8")
+    return HttpReply(
+        vector["status"], body, {"content-type": "application/json", **vector["headers"], **header_changes}
+    )
+
+
+class Script:
+    """A loopback server answering its queue of replies in order (the last one forever)."""
+
+    def __init__(self, *replies: HttpReply) -> None:
+        self.replies = list(replies)
+        self.seen: list[float] = []
+        self.http = LoopbackHttpServer(self.handle, name="script")
+
+    async def handle(self, request: HttpRequest) -> HttpReply:
+        self.seen.append(request.received_at)
+        return self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+
+
+OK_BODY = json.dumps({"choices": [{"message": {"content": "done"}}], "usage": {"total_tokens": 3}}).encode()
+
+
+def _run_one_task(script: Script, *, profile: str = "auto", max_attempts: int = 5) -> Any:
+    runtime = AsyncioRuntime()
+
+    async def main() -> Any:
+        provider = HttpProvider("llm", script.http.url, profile=profile)
+        retry = RetryPolicy(backoff=ConstantBackoff(0.01), max_attempts=max_attempts)
+        scheduler = Scheduler(runtime, [provider], retry=retry, rng=random.Random(3))
+        record = await scheduler.submit("llm", "q", cost_estimate=1).wait()
+        await scheduler.close()
+        await provider.aclose()
+        return record
+
+    with script.http:
+        return runtime.run(main())
+
+
+def test_an_anthropic_spend_cap_is_not_retried() -> None:
+    """https://platform.claude.com/docs/en/api/rate-limits: a 429 whose error.details.error_code is
+    enforced_spend_limit_reached lifts at the start of next month; it was retried as a rate limit."""
+    script = Script(_reply(_vector("anthropic", "429-enforced-spend-limit")), HttpReply(200, OK_BODY))
+    record = _run_one_task(script, profile="anthropic")
+    assert record.status is TaskStatus.FAILED and record.attempts == 1
+    assert "QuotaExhaustedError" in (record.error or "")
+    assert len(script.seen) == 1
+
+
+def test_a_gemini_per_minute_429_waits_its_retry_delay_and_is_retried() -> None:
+    """https://ai.google.dev/gemini-api/docs/rate-limits: the wait is stated only in the body's
+    RetryInfo (here shortened from the documented 19s to 0.3s to keep the test short); it was read
+    as exhausted credit and failed the task."""
+    vector = _vector("gemini", "429-per-minute-retry-delay")
+    body = json.loads(vector["body"])
+    body["error"]["details"][2]["retryDelay"] = "0.3s"
+    limited = HttpReply(429, json.dumps(body).encode(), {"content-type": "application/json"})
+    script = Script(limited, HttpReply(200, OK_BODY, {"content-type": "application/json"}))
+    record = _run_one_task(script, profile="gemini")
+    assert record.status is TaskStatus.SUCCEEDED and record.attempts == 2
+    assert script.seen[1] - script.seen[0] >= 0.3  # a lower bound only: the wait is never shorter
+
+
+def test_anthropic_headers_teach_the_bound_quota_the_servers_view() -> None:
+    """https://platform.claude.com/docs/en/api/rate-limits: the anthropic-ratelimit-* headers lower
+    the local buckets as x-ratelimit-* do; a 429 saying the requests are spent pushes the requests
+    bucket into debt until the RFC 3339 reset."""
+    ok = _vector("anthropic", "headers-table")
+    spent = _vector("anthropic", "429-rate-limit-requests-spent")
+    now = rfc3339_epoch(ok["now"])
+    assert now is not None
+    script = Script(_reply(ok), _reply(spent))
+    quota = MultiQuota(QuotaLimits(requests_per_min=600, tokens_per_min=600_000), now=0.0)
+
+    async def calls() -> Any:
+        provider = HttpProvider(
+            "llm",
+            script.http.url,
+            profile="auto",
+            quota=quota,
+            clock=lambda: 0.0,
+            wall_clock=lambda: now,
+            parse_result=lambda body: body,
+        )
+        try:
+            await provider.call(_request())
+            levels = quota.levels(0.0)[:2]
+            try:
+                await provider.call(_request())
+            except RateLimitError as error:
+                return levels, error, quota.levels(0.0)[:2]
+        finally:
+            await provider.aclose()
+        raise AssertionError("the second call should have been refused")
+
+    with script.http:
+        first, error, second = asyncio.run(calls())
+    assert first == (49.0, 39000.0)
+    assert error.quota_spent is True and error.retry_after_s == 30.0
+    # 0 of 50 left, all back in 30 s: one request is back after 30 / 50 = 0.6 s, so the bucket
+    # refilling 10 per second is set to 1 - 10 * 0.6 = -5
+    assert second[0] == pytest.approx(-5.0)
+
+
+class AnthropicError(Exception):
+    pass
+
+
+class APIStatusError(AnthropicError):
+    def __init__(self, message: str, *, response: Any, body: object | None) -> None:
+        super().__init__(message)
+        self.response = response
+        self.status_code = response.status_code
+        self.body = body
+
+
+class _SDKRateLimit(APIStatusError):
+    pass
+
+
+_SDKRateLimit.__name__ = _SDKRateLimit.__qualname__ = "RateLimitError"
+
+
+class OverloadedError(APIStatusError):
+    pass
+
+
+class BadRequestError(APIStatusError):
+    pass
+
+
+def _sdk_error(cls: type[APIStatusError], vector: dict[str, Any]) -> APIStatusError:
+    request = httpx.Request("POST", "https://api.anthropic.com/v1/messages")
+    response = httpx.Response(
+        vector["status"], headers=vector["headers"], content=vector["body"].encode(), request=request
+    )
+    return cls(f"Error code: {vector['status']}", response=response, body=json.loads(vector["body"]))
+
+
+@pytest.mark.parametrize(
+    ("cls", "name", "expected"),
+    [
+        (_SDKRateLimit, "429-enforced-spend-limit", QuotaExhaustedError),
+        (_SDKRateLimit, "429-rate-limit-requests-spent", RateLimitError),
+        (OverloadedError, "529-overloaded", ServerError),
+        (BadRequestError, "400-own-spend-limit", QuotaExhaustedError),
+    ],
+)
+def test_the_anthropic_sdk_mapper_reads_the_same_profile(cls: type, name: str, expected: type) -> None:
+    """https://platform.claude.com/docs/en/api/errors: the anthropic SDK's exceptions (recognised by
+    class name, the SDK is not installed) carry the same answers; they are read with the profile."""
+    vector = _vector("anthropic", name)
+    now = _now(vector)
+    mapped = map_anthropic_error(_sdk_error(cls, vector), wall_clock=lambda: now)
+    assert type(mapped) is expected
+    assert type(anthropic_error_mapper(wall_clock=lambda: now)(_sdk_error(cls, vector))) is expected
+    if isinstance(mapped, ServerError):
+        assert mapped.status == 529 and mapped.retry_after_s == 5.0
+    if isinstance(mapped, RateLimitError):
+        assert mapped.quota_spent is True and mapped.retry_after_s == 30.0
+
+
+def test_the_openai_mapper_takes_a_profile_and_refuses_unknown_names() -> None:
+    vector = _vector("deepseek", "402-insufficient-balance")
+    exc = _sdk_error(APIStatusError, vector)
+    assert isinstance(map_openai_error(exc, profile="deepseek"), QuotaExhaustedError)
+    assert not isinstance(map_openai_error(exc, profile="openai"), QuotaExhaustedError)
+    with pytest.raises(ConfigurationError, match="unknown provider profile"):
+        openai_error_mapper(profile="nope")
