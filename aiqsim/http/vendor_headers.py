@@ -12,7 +12,10 @@
 
 Every value is read with its grammar; one that does not parse (a bad timestamp, ``NaN``, a
 negative or absurd number) is left out, never raised: the answer is classified as if the header
-were absent.
+were absent. A dimension whose *limit* is negative says "not limited here", not "spent": Azure
+OpenAI's Responses API sends ``x-ratelimit-limit-tokens: -1``, ``x-ratelimit-remaining-tokens: -1``,
+and reading that ``-1`` as "nothing left" emptied the token bucket on every answer and marked
+every 429 as a spent quota. Such a dimension is dropped from the snapshot.
 """
 
 from __future__ import annotations
@@ -95,6 +98,26 @@ def parse_anthropic_headers(headers: Mapping[str, Any] | Any, now_epoch_s: float
 EMPTY = RateLimitSnapshot()
 
 
+def without_unlimited(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
+    """``snapshot`` with each dimension whose limit is negative (a "no limit" sentinel) dropped."""
+    requests = (snapshot.limit_requests, snapshot.remaining_requests, snapshot.reset_requests_s)
+    tokens = (snapshot.limit_tokens, snapshot.remaining_tokens, snapshot.reset_tokens_s)
+    if not any(limit is not None and limit < 0 for limit in (requests[0], tokens[0])):
+        return snapshot
+    if requests[0] is not None and requests[0] < 0:
+        requests = (None, None, None)
+    if tokens[0] is not None and tokens[0] < 0:
+        tokens = (None, None, None)
+    return RateLimitSnapshot(
+        limit_requests=requests[0],
+        remaining_requests=requests[1],
+        reset_requests_s=requests[2],
+        limit_tokens=tokens[0],
+        remaining_tokens=tokens[1],
+        reset_tokens_s=tokens[2],
+    )
+
+
 def profile_snapshot(
     headers: Mapping[str, Any] | Any, now_epoch_s: float, profile: ProviderProfile = AUTO
 ) -> RateLimitSnapshot:
@@ -104,7 +127,7 @@ def profile_snapshot(
     if dialect == "auto":
         dialect = detect_dialect(headers)
     if dialect == "openai":
-        return parse_ratelimit_headers(headers)
+        return without_unlimited(parse_ratelimit_headers(headers))
     if dialect == "anthropic":
-        return parse_anthropic_headers(headers, now_epoch_s)
+        return without_unlimited(parse_anthropic_headers(headers, now_epoch_s))
     return EMPTY
