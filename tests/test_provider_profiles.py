@@ -524,3 +524,43 @@ def test_azures_minus_one_sentinel_leaves_the_bucket_full_and_a_429_not_spent() 
     assert quota.levels(0.0)[:2] == full
     limited = error_for_status(429, headers=sentinel["headers"], body=None, profile=PROFILES["azure"])
     assert isinstance(limited, RateLimitError) and limited.quota_spent is None
+
+
+def test_garbage_rate_limit_headers_never_stall_the_lane() -> None:
+    """A 429 whose anthropic-ratelimit-* headers are garbage (NaN limit, a reset in the year 9999, a
+    negative limit, a reset that is no date, a Retry-After that is no number) still ends the attempt
+    as a RateLimitError and the task is retried and succeeds: the year-9999 reset holds the lane no
+    longer than the retry policy's max_retry_after_s (0.5 s here), as a Retry-After would."""
+    garbage = {
+        "anthropic-ratelimit-requests-limit": "NaN",
+        "anthropic-ratelimit-requests-remaining": "0",
+        "anthropic-ratelimit-requests-reset": "9999-12-31T23:59:59Z",
+        "anthropic-ratelimit-tokens-limit": "-5",
+        "anthropic-ratelimit-tokens-remaining": "-7",
+        "anthropic-ratelimit-tokens-reset": "not a date",
+        "retry-after": "soon",
+    }
+    limited = _reply(_vector("anthropic", "429-rate-limit-requests-spent"), **garbage)
+    script = Script(limited, HttpReply(200, OK_BODY, {"content-type": "application/json"}))
+    runtime = AsyncioRuntime()
+
+    async def main() -> Any:
+        provider = HttpProvider("llm", script.http.url, profile="anthropic")
+        retry = RetryPolicy(backoff=ConstantBackoff(0.01), max_attempts=3, max_retry_after_s=0.5)
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"llm": QuotaLimits(requests_per_min=600)},
+            retry=retry,
+            rng=random.Random(4),
+        )
+        provider.attach_to(scheduler)
+        try:  # a stalled lane fails here instead of hanging the suite
+            return await asyncio.wait_for(scheduler.submit("llm", "q", cost_estimate=1).wait(), 60)
+        finally:
+            await scheduler.close()
+            await provider.aclose()
+
+    with script.http:
+        record = runtime.run(main())
+    assert record.status is TaskStatus.SUCCEEDED and record.attempts == 2
