@@ -22,6 +22,11 @@ field                     meaning
                           one a ``RateLimitError`` waiting the body's ``retryDelay``
 ``errors_in_200``         an ``error`` object in a 200 body is a failure, classified by its code
                           (OpenRouter reports upstream failures so)
+``error_type_header``     the header naming the error's type (AWS: ``x-amzn-ErrorType:
+                          ThrottlingException:http://...``)
+``rate_limited_types``    error types (lower-case) that are a ``RateLimitError`` whatever the
+                          status: Bedrock's ``ServiceQuotaExceededException`` is a 400 that says
+                          "You can resubmit your request later"
 ========================  ====================================================================
 
 A spent *daily* Gemini quota (a ``QuotaFailure`` violation naming a per-day metric) is a
@@ -94,6 +99,8 @@ class ProviderProfile:
     overload_statuses: frozenset[int] = frozenset()
     google_quota: bool = False
     errors_in_200: bool = False
+    error_type_header: str | None = None
+    rate_limited_types: frozenset[str] = frozenset()
     sources: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -158,11 +165,19 @@ VERTEX = ProviderProfile(
     ),
     **_GOOGLE,  # type: ignore[arg-type]
 )
+BEDROCK_RATE_LIMITED_TYPES = frozenset(
+    {"throttlingexception", "servicequotaexceededexception", "modelnotreadyexception"}
+)
 BEDROCK = ProviderProfile(
     "bedrock",
     "AWS Bedrock",
     ratelimit_dialect="none",
-    sources=("https://docs.aws.amazon.com/bedrock/latest/userguide/troubleshooting-api-error-codes.html",),
+    error_type_header="x-amzn-errortype",
+    rate_limited_types=BEDROCK_RATE_LIMITED_TYPES,
+    sources=(
+        "https://docs.aws.amazon.com/bedrock/latest/userguide/troubleshooting-api-error-codes.html",
+        "https://docs.aws.amazon.com/botocore/latest/reference/services/bedrock-runtime/client/exceptions/ServiceQuotaExceededException.html",
+    ),
 )
 MISTRAL = ProviderProfile(
     "mistral",
@@ -205,6 +220,8 @@ AUTO = ProviderProfile(
     overload_statuses=frozenset().union(*(p.overload_statuses for p in _VENDORS)),
     google_quota=True,
     errors_in_200=True,
+    error_type_header="x-amzn-errortype",
+    rate_limited_types=BEDROCK_RATE_LIMITED_TYPES,
     sources=tuple(source for p in _VENDORS for source in p.sources),
 )
 """Every vendor's rules at once; the default of :class:`~aiqsim.http.HttpProvider`."""

@@ -163,6 +163,15 @@ def rate_limit_quota_spent(
     return None
 
 
+def _error_type(headers: Mapping[str, Any] | Any, profile: ProviderProfile) -> str | None:
+    """The error type a profile's error-type header names (``ThrottlingException:http://...`` ->
+    ``"throttlingexception"``), or ``None``."""
+    if profile.error_type_header is None:
+        return None
+    value = header_value(headers, profile.error_type_header)
+    return None if value is None else value.split(":", 1)[0].strip().lower()
+
+
 _OPENAI_DIALECT = ProviderProfile("x-ratelimit", "x-ratelimit-* headers", ratelimit_dialect="openai")
 
 
@@ -229,7 +238,7 @@ def error_for_status(
         if wall is None and profile.body_retry_delay:
             wall = google_retry_delay_s(body)
         retry_after_s = None if wall is None else wall / time_scale
-    if status == 429:
+    if status == 429 or _error_type(headers, profile) in profile.rate_limited_types:
         snapshot = profile_snapshot(headers, now_epoch_s, profile)
         return RateLimitError(
             message,
