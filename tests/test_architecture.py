@@ -123,3 +123,24 @@ def test_the_call_log_writer_stays_light() -> None:
     }
     assert not {"pandas", "numpy"} & anywhere
     assert "pyarrow" not in top_level
+
+
+PURE_HTTP_MODULES = ("profiles.py", "vendor_headers.py", "error_bodies.py", "status.py", "headers.py")
+"""The provider profiles and the classifier that reads them: pure functions of (status, headers,
+body, now), so the same rules serve HttpProvider, the SDK mappers and any other transport."""
+
+
+@pytest.mark.parametrize("module", PURE_HTTP_MODULES)
+def test_the_provider_profile_classifier_is_pure(module: str) -> None:
+    tree = ast.parse((PACKAGE / "http" / module).read_text(encoding="utf-8"))
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert not imported & {"httpx", "asyncio", "time", "datetime", "socket", "simpy", "numpy", "pandas"}

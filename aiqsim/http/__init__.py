@@ -4,7 +4,8 @@
   optional error mapper (:func:`map_openai_error` for the ``openai`` SDK).
 - :class:`HttpProvider`: OpenAI-style JSON over ``httpx`` (optional dependency, extra
   ``http``; imported only when an HttpProvider is created), with Idempotency-Key,
-  Retry-After and ``x-ratelimit-*`` header corrections (downwards only) of the client-side quota;
+  Retry-After and rate-limit header corrections (downwards only) of the client-side quota, read
+  per vendor by a :class:`ProviderProfile` (:mod:`aiqsim.http.profiles`);
   :class:`ResponseDecodingError` / :class:`ResponseMismatchError` for answers it cannot use.
 - :func:`start_local_server`: an OpenAI-like server on 127.0.0.1 driven by a
   :class:`~aiqsim.sim.config.ProviderConfig`, for tests, demos and sim-vs-real checks
@@ -25,9 +26,16 @@ from aiqsim.http.headers import (
 )
 from aiqsim.http.httpx_provider import HttpProvider
 from aiqsim.http.loopback import ServerStartError
-from aiqsim.http.openai_errors import map_openai_error, openai_error_mapper
+from aiqsim.http.openai_errors import (
+    anthropic_error_mapper,
+    map_anthropic_error,
+    map_openai_error,
+    openai_error_mapper,
+)
+from aiqsim.http.profiles import PROFILES, ProviderProfile, get_profile
 from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
 from aiqsim.http.status import HttpStatusError, error_for_status, is_quota_exhausted
+from aiqsim.http.vendor_headers import profile_snapshot
 
 if TYPE_CHECKING:
     from aiqsim.http.server import Ledger, LocalProviderServer, iter_retry_violations, start_local_server
@@ -45,6 +53,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "PROFILES",
     "CallableProvider",
     "ErrorMapper",
     "HttpExchangeError",
@@ -52,20 +61,25 @@ __all__ = [
     "HttpStatusError",
     "Ledger",
     "LocalProviderServer",
+    "ProviderProfile",
     "RateLimitSnapshot",
     "ResponseDecodingError",
     "ResponseMismatchError",
     "ServerStartError",
+    "anthropic_error_mapper",
     "apply_ratelimit_snapshot",
     "corrected_level",
     "error_for_status",
     "format_duration",
+    "get_profile",
     "is_quota_exhausted",
     "iter_retry_violations",
+    "map_anthropic_error",
     "map_openai_error",
     "openai_error_mapper",
     "parse_duration",
     "parse_ratelimit_headers",
+    "profile_snapshot",
     "retry_after_from_headers",
     "start_local_server",
 ]

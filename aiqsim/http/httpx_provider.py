@@ -52,10 +52,11 @@ from aiqsim.http.headers import (
     header_problem,
     header_value,
     idempotency_header_value,
-    parse_ratelimit_headers,
 )
+from aiqsim.http.profiles import ProviderProfile, get_profile
 from aiqsim.http.protocol_errors import ResponseDecodingError, ResponseMismatchError
 from aiqsim.http.status import error_for_status
+from aiqsim.http.vendor_headers import profile_snapshot
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.scheduler.retry import DEFAULT_MAX_RETRY_AFTER_S
 
@@ -176,10 +177,14 @@ class HttpProvider:
       with ``status=0``, retryable; see the module docstring).
     - A 2xx whose body is not JSON or not the expected shape → ``SchemaViolationError``.
     - ``usage.total_tokens`` becomes ``ProviderResponse.usage``.
-    - ``x-ratelimit-remaining-{requests,tokens}`` (and their resets) *lower* the bound quota's
-      bucket levels when the server has less room than the client thinks, on every response
-      including 429s; they never raise them above what the client's own limits allow
+    - ``x-ratelimit-remaining-{requests,tokens}`` (and their resets), or Anthropic's
+      ``anthropic-ratelimit-*`` (RFC 3339 resets), *lower* the bound quota's bucket levels when
+      the server has less room than the client thinks, on every response including 429s; they
+      never raise them above what the client's own limits allow
       (:func:`aiqsim.http.headers.corrected_level`).
+    - ``profile`` says how the vendor speaks (:mod:`aiqsim.http.profiles`): its rate-limit header
+      dialect, where it states a wait, which answers are spent credit or a spend cap (fatal
+      ``QuotaExhaustedError``) and which are retryable overload (Anthropic 529, Groq 498).
 
     Parameters:
         name: the provider (scheduler lane) name.
@@ -209,7 +214,13 @@ class HttpProvider:
             (used by crash recovery); without it :meth:`lookup` returns ``None``.
         send_task_headers: also send ``x-aiqsim-task-id`` and ``x-aiqsim-attempt`` (the local
             server records them on its executions; off by default for third-party APIs).
-        wall_clock: Unix time source for HTTP-date Retry-After values.
+        wall_clock: Unix time source for HTTP-date Retry-After values and RFC 3339 resets.
+        profile: the vendor's :class:`~aiqsim.http.profiles.ProviderProfile` or its name
+            (``"openai"``, ``"azure"``, ``"anthropic"``, ``"gemini"``, ``"vertex"``, ``"bedrock"``,
+            ``"mistral"``, ``"groq"``, ``"deepseek"``, ``"openrouter"``). Default ``"auto"``: every
+            vendor's error rules at once, and the rate-limit header dialect each response's header
+            names show (``anthropic-ratelimit-*`` -> Anthropic's, ``x-ratelimit-*`` -> OpenAI's).
+            An unknown name is a ConfigurationError listing the valid ones.
     """
 
     def __init__(
@@ -233,7 +244,9 @@ class HttpProvider:
         wall_clock: Callable[[], float] = time.time,
         max_connections: int | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        profile: str | ProviderProfile = "auto",
     ) -> None:
+        self.profile = get_profile(profile)
         self._httpx = require_httpx()
         if (
             isinstance(max_response_bytes, bool)
@@ -361,7 +374,7 @@ class HttpProvider:
             "POST", self.url, headers=headers, json=self.body_for(request), sent_key=sent_key
         )
         body = self._check(response)
-        snapshot = parse_ratelimit_headers(response.headers)
+        snapshot = self._snapshot(response.headers)
         return ProviderResponse(
             result=self._result(body),
             usage=total_tokens(body),
@@ -472,9 +485,10 @@ class HttpProvider:
             time_scale=self.time_scale,
             source=self.name,
             request=_described_request(response),
+            profile=self.profile,
         )
         if error is not None:
-            snapshot = parse_ratelimit_headers(response.headers)
+            snapshot = self._snapshot(response.headers)
             error.ratelimit = None if snapshot.is_empty else snapshot  # for the call log
             raise error
         if not decoded:
@@ -491,8 +505,12 @@ class HttpProvider:
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise SchemaViolationError(f"{self.name}: unexpected response shape ({exc!r})") from exc
 
+    def _snapshot(self, headers: httpx.Headers) -> RateLimitSnapshot:
+        """The response's rate-limit headers in this provider's dialect (resets in wall seconds)."""
+        return profile_snapshot(headers, self._wall_clock(), self.profile)
+
     def _observe(self, headers: httpx.Headers) -> None:
-        snapshot = parse_ratelimit_headers(headers)
+        snapshot = self._snapshot(headers)
         if snapshot.is_empty:
             return
         self.last_ratelimit = snapshot

@@ -21,6 +21,8 @@ so the mapper works for those too.
 ``UnprocessableEntityError``,
 ``NotFoundError``
 ``ConflictError`` (409)           :class:`ServerError` (retryable, as the SDK itself retries it)
+``OverloadedError`` (529),        :class:`ServerError` with Retry-After (``anthropic``)
+``ServiceUnavailableError`` (503)
 ``AuthenticationError``,          :class:`HttpStatusError` (fatal), unless the body says
 ``PermissionDeniedError``         the quota is exhausted
 ``APIResponseValidationError``,   :class:`SchemaViolationError`
@@ -30,6 +32,13 @@ so the mapper works for those too.
 while the SDK read a body
 other ``APIStatusError``          by status code (:func:`aiqsim.http.status.error_for_status`)
 ================================  =========================================
+
+The status, headers and body go through the same pure classifier as
+:class:`~aiqsim.http.HttpProvider`'s, with a :mod:`provider profile <aiqsim.http.profiles>`:
+:func:`map_anthropic_error` reads them as Anthropic's (its spend cap ``enforced_spend_limit_reached``
+is fatal, its ``anthropic-ratelimit-*`` headers say whether a 429 spent the quota);
+:func:`map_openai_error` takes ``profile=`` (default ``"auto"``: every vendor's rules), for the
+OpenAI-compatible endpoints of Groq, DeepSeek, OpenRouter, Mistral... reached with the ``openai`` SDK.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from aiqsim.core.failures import (
     SchemaViolationError,
     ServerError,
 )
+from aiqsim.http.profiles import ProviderProfile, get_profile
 from aiqsim.http.status import error_for_status
 
 _STATUS_OF_CLASS = {
@@ -56,6 +66,8 @@ _STATUS_OF_CLASS = {
     "UnprocessableEntityError": 422,
     "RateLimitError": 429,
     "InternalServerError": 500,
+    "ServiceUnavailableError": 503,
+    "OverloadedError": 529,
 }
 _SDK_BASES = frozenset({"OpenAIError", "AnthropicError", "APIError"})
 """Base classes of the SDK exception hierarchies; an exception with none of them is not ours."""
@@ -119,13 +131,16 @@ def map_openai_error(
     *,
     time_scale: float = 1.0,
     wall_clock: Callable[[], float] = time.time,
+    profile: str | ProviderProfile = "auto",
 ) -> ProviderError | None:
     """The aiqsim failure for an ``openai`` SDK exception, or ``None`` if ``exc`` is not one.
 
     ``time_scale`` converts the server's Retry-After (wall seconds) into scheduler
     seconds, as for :class:`~aiqsim.http.httpx_provider.HttpProvider`; ``wall_clock``
-    measures HTTP-date Retry-After values.
+    measures HTTP-date Retry-After values and RFC 3339 resets; ``profile`` names the vendor
+    (:mod:`aiqsim.http.profiles`; an unknown name is a ConfigurationError).
     """
+    chosen = get_profile(profile)
     names = _class_names(exc)
     if isinstance(exc, json.JSONDecodeError):
         sdk = _sdk_that_parsed(exc)
@@ -155,15 +170,39 @@ def map_openai_error(
         now_epoch_s=wall_clock(),
         time_scale=time_scale,
         source=source,
+        profile=chosen,
     )
 
 
 def openai_error_mapper(
-    *, time_scale: float = 1.0, wall_clock: Callable[[], float] = time.time
+    *,
+    time_scale: float = 1.0,
+    wall_clock: Callable[[], float] = time.time,
+    profile: str | ProviderProfile = "auto",
 ) -> Callable[[Exception], ProviderError | None]:
-    """:func:`map_openai_error` with a fixed ``time_scale``, for ``CallableProvider(error_mapper=...)``."""
+    """:func:`map_openai_error` with a fixed ``time_scale`` and ``profile``, for
+    ``CallableProvider(error_mapper=...)``. The profile name is checked here, once."""
+    chosen = get_profile(profile)
 
     def mapper(exc: Exception) -> ProviderError | None:
-        return map_openai_error(exc, time_scale=time_scale, wall_clock=wall_clock)
+        return map_openai_error(exc, time_scale=time_scale, wall_clock=wall_clock, profile=chosen)
 
     return mapper
+
+
+def map_anthropic_error(
+    exc: BaseException,
+    *,
+    time_scale: float = 1.0,
+    wall_clock: Callable[[], float] = time.time,
+) -> ProviderError | None:
+    """The aiqsim failure for an ``anthropic`` SDK exception (recognised by class name, the SDK is
+    never imported), read with the Anthropic profile; ``None`` if ``exc`` is not one."""
+    return map_openai_error(exc, time_scale=time_scale, wall_clock=wall_clock, profile="anthropic")
+
+
+def anthropic_error_mapper(
+    *, time_scale: float = 1.0, wall_clock: Callable[[], float] = time.time
+) -> Callable[[Exception], ProviderError | None]:
+    """:func:`map_anthropic_error` with a fixed ``time_scale``, for ``CallableProvider(error_mapper=...)``."""
+    return openai_error_mapper(time_scale=time_scale, wall_clock=wall_clock, profile="anthropic")
