@@ -42,6 +42,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── QueueFullError (RuntimeError)      a queue at its depth limit; nothing was enqueued
     │   ├── SchedulerClosedError (RuntimeError)
     │   ├── TaskFailedError, TaskCancelledError   raised by ``await submission``
+    │   ├── StreamInterruptedError, StreamAlreadyReadError   submission.stream(): a cut; a 2nd reader
     │   ├── IllegalTransitionError         a status change the transition table forbids
     │   ├── IllegalJobTransitionError      the same, for a job
     │   ├── OutcomeAlreadySetError (RuntimeError)  a task's or job's outcome resolved twice (a bug)
@@ -54,6 +55,8 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   └── InvalidStateError, SimulationDeadlock, RuntimeAlreadyRunningError (RuntimeError)   SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError), StreamCutError (a timeout)
+    │   ├── FirstTokenTimeoutError (a timeout)   no first chunk within first_token_timeout_s
+    │   ├── BilledStreamCutError           a cut stream (billed) the scheduler would not re-send (fatal)
     │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
     │   ├── TaskInterruptedError, AttemptRejectedError
     │   ├── ProviderContractError          an adapter's call() returned no ProviderResponse (fatal)
@@ -83,6 +86,8 @@ from aiqsim.core.errors import (
 )
 from aiqsim.core.failures import (
     AttemptRejectedError,
+    BilledStreamCutError,
+    FirstTokenTimeoutError,
     InvalidRequestError,
     PoisonInputError,
     ProviderCancelledError,
@@ -122,6 +127,7 @@ from aiqsim.scheduler.scheduler import (
     TaskCancelledError,
     TaskFailedError,
 )
+from aiqsim.scheduler.streams import StreamAlreadyReadError, StreamInterruptedError
 from aiqsim.sim.replay_arrivals import ReplayArrivalsError
 from aiqsim.sim.scenario import ScenarioError
 from aiqsim.sim.streaming import RecordsNotKeptError
@@ -146,6 +152,7 @@ from aiqsim.testing.sigkill import WorkerFailedError
 __all__ = [
     "AiqsimError",
     "AttemptRejectedError",
+    "BilledStreamCutError",
     "CalibrationError",
     "CallLogError",
     "CallableProviderArgumentError",
@@ -153,6 +160,7 @@ __all__ = [
     "DeadlineExceeded",
     "DuplicateTaskIdError",
     "FingerprintError",
+    "FirstTokenTimeoutError",
     "HttpExchangeError",
     "HttpStatusError",
     "IllegalJobTransitionError",
@@ -202,7 +210,9 @@ __all__ = [
     "StoreOpenError",
     "StoreWriteError",
     "StoreWriteOutcomeUnknownError",
+    "StreamAlreadyReadError",
     "StreamCutError",
+    "StreamInterruptedError",
     "SweepError",
     "SweepTooLargeError",
     "TableFormatUnavailableError",

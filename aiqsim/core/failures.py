@@ -60,6 +60,18 @@ class StreamCutError(ProviderTimeoutError):
         self.received_units = received_units
 
 
+class FirstTokenTimeoutError(ProviderTimeoutError):
+    """A streamed answer sent no first chunk within the retry policy's ``first_token_timeout_s``:
+    the attempt was abandoned before anything reached the consumer. Retryable like any timeout (the
+    server may have begun, and may bill, the work)."""
+
+
+class BilledStreamCutError(ProviderError):
+    """A streamed answer was cut after its first chunk (billed), and the scheduler would not send it
+    again: the provider neither honours idempotency keys nor could say (``lookup``) what it kept, so a
+    retry would be a second bill. Fatal: the task fails with this error, naming what was received."""
+
+
 class ServerError(ProviderError):
     """HTTP 5xx or a broken connection: the provider failed on its side."""
 
