@@ -395,6 +395,10 @@ class LoopbackHttpServer:
         finally:
             if not whole:
                 writer.transport.abort()
+            closer = getattr(reply.parts, "aclose", None)
+            if closer is not None:  # a body left early (a cut, the client gone) is closed now
+                with contextlib.suppress(Exception):
+                    await closer()
             if reply.on_end is not None:
                 reply.on_end(whole)
 
