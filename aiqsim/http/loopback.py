@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.failures import ProviderError
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -85,7 +86,7 @@ class DropConnection:
     hold_s: float | None = 0.0
 
 
-class CutStream(Exception):
+class CutStream(ProviderError):
     """Raised by a :class:`StreamReply`'s ``parts`` to cut the stream: the connection is closed
     without the chunked body's last chunk, as a dropped connection looks to the client."""
 
