@@ -156,7 +156,7 @@ class AttemptLoop:
                     if type(response) is not ProviderResponse and not isinstance(response, ProviderResponse):
                         raise broken_contract(lane.name, response)
                 except Exception as raised:
-                    error: BaseException = raised
+                    error = raised  # (not annotated: the compiled build would type it)
                     recovered: ProviderResponse | None = None
                     if isinstance(error, StreamCutError):  # billed: looked up, re-sent only when safe
                         recovered, error = await self._settle_cut(lane, live, error, policy)
