@@ -329,3 +329,23 @@ def test_the_call_log_records_time_to_first_token_and_token_rate() -> None:
         assert CALL_LOG_COLUMNS[-6:][0] == "limit_requests"
 
     run_on("simpy", body)
+
+
+def test_a_call_log_written_before_the_stream_columns_still_reads(tmp_path: Any) -> None:
+    import csv
+
+    from aiqsim.lab.calibrate import read_call_log
+
+    async def body(runtime: Any) -> None:
+        log = CallLog()
+        async with _scheduler(runtime, ChunkProvider(runtime), log) as scheduler:
+            await scheduler.submit("chat", {"q": 14}, provider="p", stream=True)
+        log.write(tmp_path)
+
+    run_on("simpy", body)
+    calls = tmp_path / "calls.csv"
+    rows = list(csv.reader(calls.read_text().splitlines()))
+    dropped = [i for i, name in enumerate(rows[0]) if name in ("first_token_s", "tokens_per_s")]
+    calls.write_text("\n".join(",".join(c for i, c in enumerate(r) if i not in dropped) for r in rows) + "\n")
+    _, frame = read_call_log(tmp_path)
+    assert frame["first_token_s"].isna().all() and len(frame) == 1
