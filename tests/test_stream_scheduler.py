@@ -17,7 +17,7 @@ from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgument
 from aiqsim.scheduler.call_log import CALL_LOG_COLUMNS, CallLog
 from aiqsim.scheduler.events import AttemptRecord
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, StreamChunk
-from aiqsim.scheduler.scheduler import TaskFailedError
+from aiqsim.scheduler.scheduler import TaskCancelledError, TaskFailedError
 from aiqsim.scheduler.streams import StreamAlreadyReadError, StreamInterruptedError
 from tests.runtimes import RUNTIMES, run_on
 
@@ -349,3 +349,30 @@ def test_a_call_log_written_before_the_stream_columns_still_reads(tmp_path: Any)
     calls.write_text("\n".join(",".join(c for i, c in enumerate(r) if i not in dropped) for r in rows) + "\n")
     _, frame = read_call_log(tmp_path)
     assert frame["first_token_s"].isna().all() and len(frame) == 1
+
+
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
+def test_cancelling_a_task_mid_stream_ends_its_reader_and_closes_the_stream(runtime_name: str) -> None:
+    async def body(runtime: Any) -> None:
+        provider = ChunkProvider(runtime, gap=100.0)
+        closed: list[bool] = []
+        stream = provider.stream
+
+        async def watched(request: ProviderRequest) -> Any:
+            try:
+                async for item in stream(request):
+                    yield item
+            finally:
+                closed.append(True)
+
+        provider.stream = watched  # type: ignore[method-assign]
+        async with _scheduler(runtime, provider) as scheduler:
+            submission = scheduler.submit("chat", {"q": 15}, provider="p", stream=True)
+            seen = []
+            with pytest.raises(TaskCancelledError):
+                async for chunk in submission.stream():
+                    seen.append(chunk.data)
+                    scheduler.cancel(submission.id)
+        assert seen == ["t0 "] and closed == [True]
+
+    run_on(runtime_name, body)
