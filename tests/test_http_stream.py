@@ -119,7 +119,9 @@ class Scripts:
             return StreamReply(200, _slowly(_events(OPENAI_STREAM)[:3], cut=True), SSE)
         if script == "stall":  # keep-alive comments, never another event
             return StreamReply(200, _stall(_events(OPENAI_STREAM)[:2]), SSE)
-        if script == "stall-first":
+        if script == "stall-first":  # keep-alive comments, never an event
+            return StreamReply(200, _stall([]), SSE)
+        if script == "stall-after-role":  # the role chunk (no text), then nothing but keep-alives
             return StreamReply(200, _stall(_events(OPENAI_STREAM)[:1]), SSE)
         if script == "endless":  # events for ever
             return StreamReply(200, _endless(), SSE)
@@ -301,11 +303,15 @@ def test_limits_before_the_first_chunk_are_timeouts_not_cuts(server: Any) -> Non
     http, _ = server
 
     async def body() -> None:
-        # the documented first chunk carries no text (role only), then nothing but keep-alives
-        async with _provider(http, "stall-first", stream_limits=StreamLimits(idle_timeout_s=0.3)) as provider:
+        limits = StreamLimits(idle_timeout_s=0.3)
+        async with _provider(http, "stall-first", stream_limits=limits) as provider:
             with pytest.raises(ProviderTimeoutError, match=r"idle_timeout_s=0\.3") as raised:
                 await _collect(provider)
             assert not isinstance(raised.value, StreamCutError)
+        # the documented first chunk names the role (no text): the answer has begun, and is billed
+        async with _provider(http, "stall-after-role", stream_limits=limits) as provider:
+            with pytest.raises(StreamCutError, match=r"after 0 chunk\(s\): .*idle_timeout_s=0\.3"):
+                await _collect(provider)
 
     asyncio.run(body())
 

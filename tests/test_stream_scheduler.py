@@ -376,3 +376,26 @@ def test_cancelling_a_task_mid_stream_ends_its_reader_and_closes_the_stream(runt
         assert seen == ["t0 "] and closed == [True]
 
     run_on(runtime_name, body)
+
+
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
+def test_a_cut_before_any_chunk_is_billed_and_a_resend_still_streams_to_the_reader(runtime_name: str) -> None:
+    async def body(runtime: Any) -> None:
+        events: list[Any] = []
+        provider = ChunkProvider(runtime, cut_after=0, honours=True)  # begun (billed), nothing sent
+        async with _scheduler(runtime, provider, events.append) as scheduler:
+            submission = scheduler.submit("chat", {"q": 16}, provider="p", stream=True)
+            seen = await _read(runtime, submission)
+        assert [data for _, data in seen] == ["t0 ", "t1 ", "t2 ", "t3 "]
+        attempts = [e for e in events if type(e) is AttemptRecord]
+        assert [(a.outcome, a.decision) for a in attempts] == [("StreamCutError", "retry"), ("ok", "done")]
+        assert provider.streams == 2
+
+        refused = ChunkProvider(runtime, cut_after=0)  # no lookup, keys not honoured: not re-sent
+        async with _scheduler(runtime, refused) as scheduler:
+            submission = scheduler.submit("chat", {"q": 17}, provider="p", stream=True)
+            with pytest.raises(TaskFailedError, match="billed and cut"):
+                await _read(runtime, submission)
+        assert refused.streams == 1
+
+    run_on(runtime_name, body)
