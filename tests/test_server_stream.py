@@ -187,3 +187,17 @@ def test_the_first_token_reveals_text_however_short_the_answer() -> None:
     assert revealed("echo: q", 0, 400) == 0
     assert revealed("echo: q", 400, 400) == len("echo: q")
     assert revealed("echo: q", 200, 400) == 4 and revealed("abcd", 2, 4) == 2
+
+
+def test_a_lost_streamed_response_drops_the_connection_billed() -> None:
+    config = ProviderConfig(name="llm", timeout_prob=1.0, **STREAMING)
+    with start_local_server(config, lost_mode="close") as server:
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.post(
+                server.url + "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "stream": True},
+                timeout=10,
+            )
+        ledger = server.ledger()
+    assert [entry.response_lost for entry in ledger.requests] == [True]
+    assert len(ledger.bills) == 1  # done and billed; the client heard nothing
