@@ -42,6 +42,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── QueueFullError (RuntimeError)      a queue at its depth limit; nothing was enqueued
     │   ├── SchedulerClosedError (RuntimeError)
     │   ├── TaskFailedError, TaskCancelledError   raised by ``await submission``
+    │   ├── StreamInterruptedError, StreamAlreadyReadError   submission.stream(): a cut; a 2nd reader
     │   ├── IllegalTransitionError         a status change the transition table forbids
     │   ├── IllegalJobTransitionError      the same, for a job
     │   ├── OutcomeAlreadySetError (RuntimeError)  a task's or job's outcome resolved twice (a bug)
@@ -54,11 +55,15 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   └── InvalidStateError, SimulationDeadlock, RuntimeAlreadyRunningError (RuntimeError)   SimPy runtime
     ├── ProviderError                      a provider call failed (classified by classify_failure)
     │   ├── RateLimitError, ServerError, ProviderTimeoutError (TimeoutError), StreamCutError (a timeout)
+    │   ├── FirstTokenTimeoutError (a timeout)   no first chunk within first_token_timeout_s
+    │   ├── BilledStreamCutError           a cut stream (billed) the scheduler would not re-send (fatal)
     │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
     │   ├── TaskInterruptedError, AttemptRejectedError
     │   ├── ProviderContractError          an adapter's call() returned no ProviderResponse (fatal)
     │   ├── ProviderCancelledError         an adapter's call() raised a cancellation nobody asked for (fatal)
     │   ├── HttpStatusError                an HTTP status with no better class
+    │   ├── MalformedStreamEventError, StreamTooLargeError (SchemaViolationError)   a broken SSE stream
+    │   ├── CutStream                      raised by a loopback server's stream body: cut it mid-body
     │   └── HttpExchangeError (a ServerError)   the HTTP exchange itself broke: retryable
     │       ├── ResponseDecodingError          a body that cannot be decoded (broken gzip)
     │       └── ResponseMismatchError          an answer that echoes another request's key
@@ -83,6 +88,8 @@ from aiqsim.core.errors import (
 )
 from aiqsim.core.failures import (
     AttemptRejectedError,
+    BilledStreamCutError,
+    FirstTokenTimeoutError,
     InvalidRequestError,
     PoisonInputError,
     ProviderCancelledError,
@@ -104,9 +111,11 @@ from aiqsim.core.task import PriorityError
 from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.fleet.leases import LeaseLostError
 from aiqsim.http.adapter import CallableProviderArgumentError
-from aiqsim.http.loopback import ServerStartError
+from aiqsim.http.loopback import CutStream, ServerStartError
 from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
+from aiqsim.http.sse_stream import StreamTooLargeError
 from aiqsim.http.status import HttpStatusError
+from aiqsim.http.stream_events import MalformedStreamEventError
 from aiqsim.lab.decisions import NoSettingMeetsError
 from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
@@ -122,6 +131,7 @@ from aiqsim.scheduler.scheduler import (
     TaskCancelledError,
     TaskFailedError,
 )
+from aiqsim.scheduler.streams import StreamAlreadyReadError, StreamInterruptedError
 from aiqsim.sim.replay_arrivals import ReplayArrivalsError
 from aiqsim.sim.scenario import ScenarioError
 from aiqsim.sim.streaming import RecordsNotKeptError
@@ -146,13 +156,16 @@ from aiqsim.testing.sigkill import WorkerFailedError
 __all__ = [
     "AiqsimError",
     "AttemptRejectedError",
+    "BilledStreamCutError",
     "CalibrationError",
     "CallLogError",
     "CallableProviderArgumentError",
     "ConfigurationError",
+    "CutStream",
     "DeadlineExceeded",
     "DuplicateTaskIdError",
     "FingerprintError",
+    "FirstTokenTimeoutError",
     "HttpExchangeError",
     "HttpStatusError",
     "IllegalJobTransitionError",
@@ -165,6 +178,7 @@ __all__ = [
     "JobSpecError",
     "KitOptionError",
     "LeaseLostError",
+    "MalformedStreamEventError",
     "NoSettingMeetsError",
     "OutcomeAlreadySetError",
     "OutputPathError",
@@ -202,7 +216,10 @@ __all__ = [
     "StoreOpenError",
     "StoreWriteError",
     "StoreWriteOutcomeUnknownError",
+    "StreamAlreadyReadError",
     "StreamCutError",
+    "StreamInterruptedError",
+    "StreamTooLargeError",
     "SweepError",
     "SweepTooLargeError",
     "TableFormatUnavailableError",

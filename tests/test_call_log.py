@@ -38,6 +38,7 @@ FIELDS = {
     AttemptRecord: (
         "task_id", "key", "provider", "attempt", "start", "end", "outcome", "decision", "cost_estimate",
         "usage", "retry_after_s", "delay_s", "output_units", "ratelimit", "first_token_s",
+        "tokens_per_s",
     ),
     QuotaSample: (
         "time", "provider", "requests_level", "tokens_level", "in_flight", "queued_interactive",

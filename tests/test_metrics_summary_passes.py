@@ -7,11 +7,14 @@ figures are not zero, so a slip in the shared pass shows.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from aiqsim.core.task import TaskStatus
 from aiqsim.scheduler.events import AttemptRecord
 from aiqsim.sim import simulate
 
@@ -48,3 +51,28 @@ def test_the_scenarios_exercise_the_figures() -> None:
     for key in ("retries", "rate_limited", "timeouts", "billed_calls"):
         assert any(summary[key] > 0 for summary in summaries), key
     assert any(summary["max_executions_per_key"] > 1 for summary in summaries)
+
+
+def test_time_to_first_token_is_arrival_to_the_first_token_of_the_answer_kept() -> None:
+    result = simulate(SCENARIOS / "streaming_ttft.toml", seed=1)
+    ok = {e.task_id: e for e in result.events if isinstance(e, AttemptRecord) and e.outcome == "ok"}
+    arrivals = result.arrival_times
+    ttfts = [
+        ok[r.id].start + ok[r.id].first_token_s - arrivals[r.id]
+        for r in result.records
+        if r.status is TaskStatus.SUCCEEDED
+    ]
+    assert len(ttfts) == result.summary["tasks_succeeded"] > 100
+    assert result.summary["ttft_p50_s"] == np.percentile(ttfts, 50)
+    assert result.summary["ttft_p99_s"] == np.percentile(ttfts, 99)
+    retried = [r.id for r in result.records if r.status is TaskStatus.SUCCEEDED and r.attempts > 1]
+    assert retried, "cut streams make some tasks wait through a second attempt"
+    # a retried task's first token counts from arrival, not from its last attempt's start
+    assert all(
+        ok[task].start + ok[task].first_token_s - arrivals[task] > ok[task].first_token_s for task in retried
+    )
+
+
+def test_without_the_stream_model_the_time_to_first_token_is_nan() -> None:
+    summary = simulate(SCENARIOS / "timeout_duplicate_billing.toml", seed=1).summary
+    assert math.isnan(summary["ttft_p50_s"]) and math.isnan(summary["ttft_p99_s"])

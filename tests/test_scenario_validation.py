@@ -126,7 +126,16 @@ def full_mapping() -> dict[str, Any]:
                 "price_per_1k_units": 0.002,
                 "outages": [{"start_s": 10.0, "end_s": 20.0, "mode": "slow", "slow_factor": 5.0}],
             },
-            {"name": "tts", "kind": "tts", "timeout_prob": 0.05},
+            {
+                "name": "tts",
+                "kind": "tts",
+                "timeout_prob": 0.05,
+                "ttft_s": 0.2,
+                "ttft_per_prompt_unit_s": 0.001,
+                "ttft_sigma": 0.3,
+                "tokens_per_s": 50.0,
+                "stream_cut_prob": 0.01,
+            },
         ],
         "quotas": {
             "llm": {
@@ -633,6 +642,42 @@ CATALOGUE = [
         ["got a table"],
     ),
     ("array_where_a_value_belongs", mutate(("scenario.seed", [1, 2])), "scenario.seed", ["got an array"]),
+    (
+        "stream_model_without_its_rate",
+        mutate(("providers[1].tokens_per_s", DELETE)),
+        "providers[1].tokens_per_s",
+        ["expected a number > 0 (output units per second) with ttft_s set", "got none"],
+    ),
+    (
+        "stream_model_without_its_first_token_time",
+        mutate(("providers[1].ttft_s", "none")),
+        "providers[1].ttft_s",
+        ["expected a number >= 0 with tokens_per_s set"],
+    ),
+    (
+        "stream_key_without_the_stream_model",
+        mutate(("providers[0].stream_cut_prob", 0.1)),
+        "providers[0].stream_cut_prob",
+        ["expected 0 (unset) without the stream model", "got 0.1"],
+    ),
+    (
+        "per_unit_latency_with_the_stream_model",
+        mutate(("providers[1].latency_per_unit_s", 0.02)),
+        "providers[1].latency_per_unit_s",
+        ["expected unset with the stream model", "got 0.02"],
+    ),
+    (
+        "token_rate_zero",
+        mutate(("providers[1].tokens_per_s", 0)),
+        "providers[1].tokens_per_s",
+        ['expected a number > 0 or "none", got 0'],
+    ),
+    (
+        "first_token_spread_too_wide",
+        mutate(("providers[1].ttft_sigma", 25.0)),
+        "providers[1].ttft_sigma",
+        ["expected a number in [0, 20], got 25.0"],
+    ),
     (
         "none_where_a_value_is_required",
         mutate(("retry.max_attempts", "none")),

@@ -126,6 +126,9 @@ BAD: dict[str, dict[str, Any]] = {
     "stage after not an array": variant("jobs.0.stages.1.after", "script", JOB_BASE),
     "from_stage size without stage": variant("jobs.0.stages.1.size", {"dist": "from_stage"}, JOB_BASE),
     "fanout mean below 1": variant("jobs.0.stages.1.fanout", {"mean": 0.5}, JOB_BASE),
+    "token rate 0": variant("providers.0.tokens_per_s", 0),
+    "ttft_sigma above 20": variant("providers.0.ttft_sigma", 25.0),
+    "stream cut probability above 1": variant("providers.0.stream_cut_prob", 1.5),
 }
 
 # Files only the loader refuses (RULES_NOT_IN_SCHEMA): the schema lets them through.
@@ -143,6 +146,8 @@ LOADER_ONLY: dict[str, dict[str, Any]] = {
     "nan for a number": variant("retry.base_s", math.nan),
     "workload naming an unknown job": variant("workloads.0.job", "nope", JOB_BASE),
     "stage after a later stage": variant("jobs.0.stages.0.after", ["speech"], JOB_BASE),
+    "ttft_s without tokens_per_s": variant("providers.0.ttft_s", 0.5),
+    "stream cuts without the stream model": variant("providers.0.stream_cut_prob", 0.1),
 }
 
 

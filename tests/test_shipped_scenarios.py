@@ -135,3 +135,12 @@ def test_ai_edit_pipeline_finds_the_tts_quota_as_the_bottleneck_and_quota_there_
             overrides={"jobs.ai_edit.stages.tts.fallback": "tts_backup"},
         ).summary
         assert fallback["jobs_failed"] < base["jobs_failed"]
+
+
+def test_streaming_ttft_states_first_token_times_and_bills_cut_streams_again() -> None:
+    s = run("streaming_ttft").summary
+    uncut = run("streaming_ttft", **{"providers.llm.stream_cut_prob": 0.0}).summary
+    assert 0 < s["ttft_p50_s"] < s["ttft_p99_s"] < s["success_latency_p99_s"]
+    assert s["duplicate_billed_calls"] > 0 and s["cost_duplicated"] > 0  # cut streams, retried, billed again
+    assert uncut["duplicate_billed_calls"] == 0 and uncut["retries"] == 0
+    assert s["tasks_succeeded"] == s["tasks_submitted"] == uncut["tasks_succeeded"]

@@ -27,7 +27,7 @@ from aiqsim.sim.streaming import (
 from aiqsim.sim.workloads import generate_arrivals
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
-PERCENTILE_KEYS = {key for key in SUMMARY_KEYS if "latency" in key or "failure_time" in key}
+PERCENTILE_KEYS = {key for key in SUMMARY_KEYS if "latency" in key or "failure_time" in key or "ttft" in key}
 
 
 def assert_same_summary(full: dict[str, float], streamed: dict[str, float]) -> None:
@@ -53,6 +53,7 @@ def assert_same_summary(full: dict[str, float], streamed: dict[str, float]) -> N
         ("timeout_duplicate_billing", 0, 30.0),
         ("crash_recovery", 4, 30.0),
         ("sjf_vs_fifo", 5, 3600.0),
+        ("streaming_ttft", 2, 30.0),
     ],
 )
 def test_streaming_summary_and_timeline_match_full_mode(name: str, seed: int, window_s: float) -> None:

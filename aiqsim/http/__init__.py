@@ -7,6 +7,8 @@
   Retry-After and rate-limit header corrections (downwards only) of the client-side quota, read
   per vendor by a :class:`ProviderProfile` (:mod:`aiqsim.http.profiles`);
   :class:`ResponseDecodingError` / :class:`ResponseMismatchError` for answers it cannot use.
+  ``HttpProvider.stream()`` reads server-sent events (OpenAI chunks, Anthropic events) within
+  :class:`StreamLimits` (:mod:`aiqsim.http.sse`, :mod:`aiqsim.http.sse_stream`).
 - :func:`start_local_server`: an OpenAI-like server on 127.0.0.1 driven by a
   :class:`~aiqsim.sim.config.ProviderConfig`, for tests, demos and sim-vs-real checks
   (imported on first use: it runs the simulation lab's provider model).
@@ -34,6 +36,7 @@ from aiqsim.http.openai_errors import (
 )
 from aiqsim.http.profiles import PROFILES, ProviderProfile, get_profile
 from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
+from aiqsim.http.sse_stream import StreamLimits
 from aiqsim.http.status import HttpStatusError, error_for_status, is_quota_exhausted
 from aiqsim.http.vendor_headers import profile_snapshot
 
@@ -66,6 +69,7 @@ __all__ = [
     "ResponseDecodingError",
     "ResponseMismatchError",
     "ServerStartError",
+    "StreamLimits",
     "anthropic_error_mapper",
     "apply_ratelimit_snapshot",
     "corrected_level",

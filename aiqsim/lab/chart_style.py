@@ -62,6 +62,8 @@ AXIS_LABELS: dict[str, str] = {
     "success_latency_p99_s": "p99 latency of succeeded tasks (s)",
     "failure_time_p50_s": "p50 time to failure of failed tasks (s)",
     "failure_time_p99_s": "p99 time to failure of failed tasks (s)",
+    "ttft_p50_s": "p50 time to first token of succeeded tasks (s)",
+    "ttft_p99_s": "p99 time to first token of succeeded tasks (s)",
     "interactive_success_latency_p99_s": "interactive p99 latency of succeeded tasks (s)",
     "background_success_latency_p99_s": "background p99 latency of succeeded tasks (s)",
     "goodput_per_s": "goodput (successes/s)",

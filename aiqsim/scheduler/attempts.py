@@ -9,6 +9,7 @@ A success's usage is checked and reconciled with the quota. :class:`AttemptLoop`
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from inspect import isawaitable
 from types import CoroutineType
 from typing import Any
@@ -18,10 +19,13 @@ from aiqsim.core.failures import (
     POISON,
     RETRYABLE,
     AttemptRejectedError,
+    BilledStreamCutError,
+    FirstTokenTimeoutError,
     PoisonInputError,
     ProviderCancelledError,
     ProviderContractError,
     RateLimitError,
+    StreamCutError,
     classify_failure,
     describe_error,
     retry_after_of,
@@ -33,10 +37,11 @@ from aiqsim.runtime.protocol import Cancelled, DeadlineExceeded
 from aiqsim.scheduler.events import LanePaused, UsageAnomaly, new_attempt_record
 from aiqsim.scheduler.lanes import Lane
 from aiqsim.scheduler.live import LiveTask
-from aiqsim.scheduler.provider import ProviderResponse, new_request
+from aiqsim.scheduler.provider import ProviderResponse, StreamChunk, honours_idempotency_keys, new_request
 from aiqsim.scheduler.rate_limit_scope import RateLimitScope, pauses_lane
 from aiqsim.scheduler.retry import RetryPolicy, abandon_at_gate, ask_gates, gate_wait_s, tell_gates
 from aiqsim.scheduler.store_writes import persist
+from aiqsim.scheduler.streams import StreamChannel
 from aiqsim.stores.base import StoreWriteError
 
 
@@ -120,17 +125,28 @@ class AttemptLoop:
                     live.record.priority,
                 )  # fmt: skip
                 start = runtime.now()
+                cut: BaseException | None = None
                 live.in_call = True  # the call is sent: its answer is awaited
                 gates_owed = True
                 try:
-                    call = lane.provider.call(request)
-                    if type(call) not in _AWAITABLE_TYPES and not _is_awaitable(call):
-                        raise not_awaitable(lane.name, call)
+                    channel = live.stream
+                    if (
+                        channel is not None
+                        and channel.open
+                        and callable(getattr(lane.provider, "stream", None))
+                    ):
+                        call = self._stream_attempt(lane, live, request, policy, start, channel)
+                        timeout = None  # the stream's deadlines are its own (first token, whole attempt)
+                    else:
+                        call = lane.provider.call(request)
+                        if type(call) not in _AWAITABLE_TYPES and not _is_awaitable(call):
+                            raise not_awaitable(lane.name, call)
+                        timeout = policy.attempt_timeout_s
                     try:
-                        if policy.attempt_timeout_s is None:
+                        if timeout is None:
                             response = await call
                         else:
-                            response = await runtime.wait_for(call, policy.attempt_timeout_s)
+                            response = await runtime.wait_for(call, timeout)
                     except Cancelled as cancelled:
                         if runtime.cancelling() or self._crashed:
                             raise  # this task's own cancellation
@@ -139,70 +155,85 @@ class AttemptLoop:
                         raise attempt_timed_out(lane.name, policy.attempt_timeout_s, late) from late
                     if type(response) is not ProviderResponse and not isinstance(response, ProviderResponse):
                         raise broken_contract(lane.name, response)
-                except Exception as error:
-                    live.in_call = False
-                    now = runtime.now()
-                    lane.quota.release(reservation, now)
-                    reservation = None
-                    self._quota_returned(lane)
-                    failure = classify_failure(error, tries, poison_after=policy.poison_after)
-                    retry_after = retry_after_of(error)
-                    pause, too_long = policy.retry_after_wait(retry_after)
-                    if pause is not None and isinstance(error, RateLimitError):
-                        self._pause_for_rate_limit(lane, error, record.id, now, pause, policy)
-                    gates_owed = False
-                    if self.gates:
-                        tell_gates(self.gates, lane.name, is_retry, failure, error, now, task_id=record.id)
-                    if too_long:
-                        self._emit_attempt(
-                            live, attempts, start, now, error, "retry_after_too_long", retry_after, None
-                        )
-                        message = (
-                            f"{describe_error(error)} (Retry-After {retry_after:g} s is longer than "
-                            f"max_retry_after_s={policy.max_retry_after_s:g})"
-                        )
-                        self._finish(live, FAILED, attempts=attempts, error=message)
-                        return
-                    if failure is RETRYABLE and tries < policy.max_attempts:
-                        delay = retry_delay(
-                            policy.backoff,
-                            tries - 1,
-                            self.rng,
-                            previous=previous_delay,
-                            retry_after_s=retry_after if policy.honour_retry_after else None,
-                        )
-                        if self._early_gates:
-                            # A retry quota is asked when the retry is decided, before the backoff:
-                            # refused (AWS: no retry quota), the task fails now, with no delay. The
-                            # other gates are asked just before the retry is sent (see split_gates).
-                            refusal = self._gate_refusal(lane.name, True, record.id, error, self._early_gates)
-                            if refusal is not None:
-                                self._emit_attempt(
-                                    live, attempts, start, now, error, "retry", retry_after, None
+                except Exception as raised:
+                    error = raised  # (not annotated: the compiled build would type it)
+                    recovered: ProviderResponse | None = None
+                    if isinstance(error, StreamCutError):  # billed: looked up, re-sent only when safe
+                        recovered, error = await self._settle_cut(lane, live, error, policy)
+                    if recovered is None:
+                        live.in_call = False
+                        now = runtime.now()
+                        lane.quota.release(reservation, now)
+                        reservation = None
+                        self._quota_returned(lane)
+                        failure = classify_failure(error, tries, poison_after=policy.poison_after)
+                        retry_after = retry_after_of(error)
+                        pause, too_long = policy.retry_after_wait(retry_after)
+                        if pause is not None and isinstance(error, RateLimitError):
+                            self._pause_for_rate_limit(lane, error, record.id, now, pause, policy)
+                        gates_owed = False
+                        if self.gates:
+                            tell_gates(
+                                self.gates, lane.name, is_retry, failure, error, now, task_id=record.id
+                            )
+                        if too_long:
+                            self._emit_attempt(
+                                live, attempts, start, now, error, "retry_after_too_long", retry_after, None
+                            )
+                            message = (
+                                f"{describe_error(error)} (Retry-After {retry_after:g} s is longer than "
+                                f"max_retry_after_s={policy.max_retry_after_s:g})"
+                            )
+                            self._finish(live, FAILED, attempts=attempts, error=message)
+                            return
+                        if failure is RETRYABLE and tries < policy.max_attempts:
+                            delay = retry_delay(
+                                policy.backoff,
+                                tries - 1,
+                                self.rng,
+                                previous=previous_delay,
+                                retry_after_s=retry_after if policy.honour_retry_after else None,
+                            )
+                            if self._early_gates:
+                                # A retry quota is asked when the retry is decided, before the backoff:
+                                # refused (AWS: no retry quota), the task fails now, with no delay. The
+                                # other gates are asked just before the retry is sent (see split_gates).
+                                refusal = self._gate_refusal(
+                                    lane.name, True, record.id, error, self._early_gates
                                 )
-                                rejected = AttemptRejectedError(refusal)
-                                attempts += 1
-                                self._emit_attempt(live, attempts, now, now, rejected, "rejected", None, None)
-                                self._finish(live, FAILED, attempts=attempts, error=describe_error(rejected))
-                                return
-                            admitted = True
-                        self._emit_attempt(live, attempts, start, now, error, "retry", retry_after, delay)
-                        previous_delay = delay
-                        cause = error
-                        if getattr(lane.quota, "paused_until", -math.inf) < now + delay:
-                            await runtime.sleep(delay)
-                        # else the lane stays paused at least until this retry is due: it waits for
-                        # the lane in the retry line (granted no earlier than the pause's end), so
-                        # that it goes before queued work when the lane reopens on either runtime
-                        # (sleeping instead, on asyncio it raced the lane's own wake-up at that instant)
-                        continue
-                    decision = "exhausted" if failure is RETRYABLE else failure.value
-                    self._emit_attempt(live, attempts, start, now, error, decision, retry_after, None)
-                    if failure is POISON:
-                        await self._fail_poison(live, attempts, error)
+                                if refusal is not None:
+                                    self._emit_attempt(
+                                        live, attempts, start, now, error, "retry", retry_after, None
+                                    )
+                                    rejected = AttemptRejectedError(refusal)
+                                    attempts += 1
+                                    self._emit_attempt(
+                                        live, attempts, now, now, rejected, "rejected", None, None
+                                    )
+                                    self._finish(
+                                        live, FAILED, attempts=attempts, error=describe_error(rejected)
+                                    )
+                                    return
+                                admitted = True
+                            self._emit_attempt(live, attempts, start, now, error, "retry", retry_after, delay)
+                            previous_delay = delay
+                            cause = error
+                            if getattr(lane.quota, "paused_until", -math.inf) < now + delay:
+                                await runtime.sleep(delay)
+                            # else the lane stays paused at least until this retry is due: it waits for
+                            # the lane in the retry line (granted no earlier than the pause's end), so
+                            # that it goes before queued work when the lane reopens on either runtime
+                            # (sleeping instead, on asyncio it raced the lane's own wake-up at that instant)
+                            continue
+                        decision = "exhausted" if failure is RETRYABLE else failure.value
+                        self._emit_attempt(live, attempts, start, now, error, decision, retry_after, None)
+                        if failure is POISON:
+                            await self._fail_poison(live, attempts, error)
+                            return
+                        self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
                         return
-                    self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
-                    return
+                    response = recovered  # the cut answer, as the provider kept it
+                    cut = error
                 live.in_call = False
                 now = runtime.now()
                 usage = self._charged_usage(lane, live, attempts, response.usage, now)
@@ -216,8 +247,9 @@ class AttemptLoop:
                     tell_gates(self.gates, lane.name, is_retry, None, None, now, task_id=record.id)
                 if self.events is not None:  # checked here too: no call at all without a sink
                     self._emit_attempt(
-                        live, attempts, start, now, None, "done", None, None, usage, response=response
-                    )
+                        live, attempts, start, now, cut, "done" if cut is None else "lookup", None, None,
+                        usage, response=response,
+                    )  # fmt: skip
                 lane.rate_limits.record_success(now, policy.adaptive_rule)
                 self._finish(live, SUCCEEDED, attempts=attempts, result=response.result)
                 return
@@ -265,6 +297,153 @@ class AttemptLoop:
             # The last failure's traceback holds this frame, which would hold the failure: a cycle
             # only the collector frees, once per retried task (issue #19: GC time).
             cause = None
+
+    async def _stream_attempt(
+        self,
+        lane: Lane,
+        live: LiveTask,
+        request: Any,
+        policy: RetryPolicy,
+        start: float,
+        channel: StreamChannel,
+    ) -> ProviderResponse:
+        """One attempt through ``lane.provider.stream(request)``, its chunks pushed into ``channel``.
+
+        Before the first chunk it is an attempt like any other: a failure is raised as the provider
+        raised it, and ``first_token_timeout_s`` (or ``attempt_timeout_s``, whichever ends first)
+        abandons it. After it, the server has billed the work: any failure, and the whole-attempt
+        deadline, end it as :class:`~aiqsim.core.failures.StreamCutError`. Returns the stream's
+        closing :class:`ProviderResponse` with ``first_token_s`` measured here (scheduler seconds
+        from ``start``)."""
+        runtime = self.runtime
+        name = lane.name
+        items = lane.provider.stream(request)  # type: ignore[attr-defined]
+        if not callable(getattr(items, "__anext__", None)):
+            raise ProviderContractError(
+                f"provider {name!r}: stream() returned {type(items).__name__}, not an async iterator "
+                "of StreamChunk items ending with a ProviderResponse (SupportsStreaming)"
+            )
+        total = policy.attempt_timeout_s
+        first_limit = policy.first_token_timeout_s
+        if first_limit is None or (total is not None and total < first_limit):
+            first_limit = total
+        try:
+            try:
+                first = await (
+                    _next_item(items)
+                    if first_limit is None
+                    else runtime.wait_for(_next_item(items), first_limit)
+                )
+            except DeadlineExceeded as late:
+                if first_limit == policy.first_token_timeout_s:
+                    raise FirstTokenTimeoutError(
+                        f"provider {name!r}: no first chunk within first_token_timeout_s={first_limit:g}; "
+                        "the attempt was abandoned before anything reached the caller (the provider may "
+                        "bill it)"
+                    ) from late
+                raise attempt_timed_out(name, total, late) from late
+            if first is _END:
+                raise ProviderContractError(
+                    f"provider {name!r}: stream() ended without its ProviderResponse (the last item "
+                    "must be one)"
+                )
+            if isinstance(first, ProviderResponse):  # an answer with no chunk at all
+                return first
+            if not isinstance(first, StreamChunk):
+                raise stream_contract(name, first)
+            first_at = runtime.now()
+            first_token_s = first_at - start
+            channel.push(first)
+            try:
+                if total is None:
+                    response = await self._drain(name, items, channel)
+                else:
+                    remaining = max(0.0, start + total - first_at)
+                    response = await runtime.wait_for(self._drain(name, items, channel), remaining)
+            except Cancelled:
+                raise
+            except StreamCutError as cut:
+                cut.first_token_s = first_token_s  # type: ignore[attr-defined]
+                raise
+            except DeadlineExceeded as late:
+                cut = StreamCutError(
+                    f"provider {name!r}: attempt_timeout_s={total:g} passed after {channel.delivered} "
+                    "chunk(s) of the stream; the stream was cut (the server billed it)"
+                )
+                cut.first_token_s = first_token_s  # type: ignore[attr-defined]
+                raise cut from late
+            except Exception as broke:  # a provider that raised something else after its first chunk
+                cut = StreamCutError(
+                    f"provider {name!r}: the stream broke after {channel.delivered} chunk(s): "
+                    f"{describe_error(broke)} (the server billed it)"
+                )
+                cut.first_token_s = first_token_s  # type: ignore[attr-defined]
+                raise cut from broke
+            channel.complete()
+            return replace(response, first_token_s=first_token_s)
+        finally:
+            closer = getattr(items, "aclose", None)
+            if closer is not None:
+                try:
+                    await closer()
+                except Exception:  # the attempt's own outcome stands
+                    pass
+
+    async def _drain(self, name: str, items: Any, channel: StreamChannel) -> ProviderResponse:
+        """Push the stream's remaining chunks into ``channel``; return its closing response."""
+        while True:
+            item = await _next_item(items)
+            if isinstance(item, StreamChunk):
+                channel.push(item)
+            elif isinstance(item, ProviderResponse):
+                return item
+            elif item is _END:
+                raise StreamCutError(f"provider {name!r}: the stream ended without its ProviderResponse")
+            else:
+                raise stream_contract(name, item)
+
+    async def _settle_cut(
+        self, lane: Lane, live: LiveTask, cut: StreamCutError, policy: RetryPolicy
+    ) -> tuple[ProviderResponse | None, BaseException]:
+        """What becomes of a task whose streamed answer was cut once begun (billed): after its first
+        chunk, or before it when the provider says the answer had begun (a StreamCutError).
+
+        ``(response, cut)`` when the provider's ``lookup`` has the answer it kept (the task succeeds
+        with it, billed once); ``(None, cut)`` when the provider honours idempotency keys (a re-send
+        is not billed again: the cut is retried like a timeout); else ``(None, BilledStreamCutError)``
+        (fatal: the answer was billed and cut, and is not sent again)."""
+        channel = live.stream
+        if channel is not None and channel.started:  # (else a re-send may still stream to the reader)
+            channel.interrupt(cut)
+        provider = lane.provider
+        name = lane.name
+        lookup = getattr(provider, "lookup", None)
+        looked = f"provider {name!r} offers no lookup"
+        if callable(lookup):
+            try:
+                pending = lookup(live.record.key)
+                timeout = policy.attempt_timeout_s
+                found = await (pending if timeout is None else self.runtime.wait_for(pending, timeout))
+            except Cancelled:
+                raise
+            except Exception as error:
+                looked = f"its lookup failed ({describe_error(error)})"
+            else:
+                if isinstance(found, ProviderResponse):
+                    first_token_s = getattr(cut, "first_token_s", None)
+                    return replace(found, first_token_s=first_token_s), cut
+                looked = "its lookup found no stored answer"
+        if honours_idempotency_keys(provider):
+            return None, cut
+        received = "" if cut.received_units is None else f", {cut.received_units:g} units received"
+        billed = BilledStreamCutError(
+            f"provider {name!r}: the streamed answer was billed and cut after it began "
+            f"({cut}{received}); "
+            f"{looked} and the provider does not honour idempotency keys, so it was not sent again "
+            "(a second bill); retry the task by hand (retry_failed) if a second bill is acceptable"
+        )
+        billed.first_token_s = getattr(cut, "first_token_s", None)  # type: ignore[attr-defined]
+        return None, billed
 
     def _mark_running(self, lane: Lane, live: LiveTask, reservation: Reservation | None) -> bool:
         """Write ``queued -> running``; no call is sent before it is durable (with a group commit,
@@ -489,9 +668,41 @@ class AttemptLoop:
                     delay,
                     getattr(response, "output_units", None),
                     getattr(seen, "ratelimit", None),
-                    getattr(response, "first_token_s", None),
+                    getattr(seen, "first_token_s", None),
+                    None if response is None else tokens_per_s(response, end - start),
                 )
             )
+
+
+def tokens_per_s(response: ProviderResponse, duration: float) -> float | None:
+    """A streamed answer's generation rate: its ``output_units`` over the time from its first token to
+    the attempt's end; ``None`` when it was not streamed, said no output units, or took no time."""
+    first = response.first_token_s
+    units = response.output_units
+    if first is None or units is None:
+        return None
+    generating = duration - first
+    return units / generating if generating > 0 else None
+
+
+_END = object()
+"""What :func:`_next_item` returns for an exhausted stream."""
+
+
+async def _next_item(items: Any) -> Any:
+    """The stream's next item, or :data:`_END`: a coroutine, which both runtimes' ``wait_for`` take."""
+    try:
+        return await items.__anext__()
+    except StopAsyncIteration:
+        return _END
+
+
+def stream_contract(provider: str, item: object) -> ProviderContractError:
+    """The error for a stream that yielded ``item``, neither a StreamChunk nor a ProviderResponse."""
+    return ProviderContractError(
+        f"provider {provider!r}: stream() yielded {type(item).__name__}; expected StreamChunk items and, "
+        "last, a ProviderResponse (aiqsim.scheduler.provider.SupportsStreaming)"
+    )
 
 
 def unasked_cancellation(provider: str) -> ProviderCancelledError:

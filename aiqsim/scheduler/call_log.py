@@ -62,17 +62,21 @@ TASK_LOG_COLUMNS: tuple[str, ...] = (
 CALL_LOG_COLUMNS: tuple[str, ...] = (
     "task_id", "key", "provider", "priority", "attempt", "start", "end", "latency_s",
     "outcome", "outcome_class", "decision", "cost_estimate", "usage", "output_units",
-    "retry_after_s", "delay_s",
+    "retry_after_s", "delay_s", "first_token_s", "tokens_per_s",
     "limit_requests", "remaining_requests", "reset_requests_s",
     "limit_tokens", "remaining_tokens", "reset_tokens_s",
 )  # fmt: skip
-"""One row per attempt, as the client saw it (``outcome`` is the error type name or ``ok``)."""
+"""One row per attempt, as the client saw it (``outcome`` is the error type name or ``ok``).
+``first_token_s`` (time to first token) and ``tokens_per_s`` are set for streamed attempts only."""
 
 OUTCOME_CLASSES: dict[str, str] = {
     "ok": "ok",
     "RateLimitError": "rate_limited",
     "ServerError": "server_error",
     "ProviderTimeoutError": "timeout",
+    "FirstTokenTimeoutError": "timeout",
+    "StreamCutError": "stream_cut",
+    "BilledStreamCutError": "stream_cut",
     "TimeoutError": "timeout",
     "QuotaExhaustedError": "quota_exhausted",
     "InvalidRequestError": "invalid_request",
@@ -194,7 +198,7 @@ class CallLog:
             elif kind is AttemptRecord:
                 (
                     task_id, key, provider, attempt, start, end, outcome, decision, cost_estimate,
-                    usage, retry_after_s, delay_s, output_units, snapshot, _first_token_s,
+                    usage, retry_after_s, delay_s, output_units, snapshot, first_token_s, rate,
                 ) = event  # fmt: skip
                 task = open_rows.get(task_id)
                 if snapshot is None:
@@ -213,7 +217,7 @@ class CallLog:
                         task_id, key, provider, task[3] if task is not None else None, attempt,
                         start, end, end - start, outcome, OUTCOME_CLASSES.get(outcome, "other"),
                         decision, cost_estimate, usage, output_units, retry_after_s, delay_s,
-                        *limits,
+                        first_token_s, rate, *limits,
                     )
                 )  # fmt: skip
         pending.clear()

@@ -63,6 +63,8 @@ class AttemptRecord(NamedTuple):
     """The provider's ``x-ratelimit-*`` view on this answer (success or error), when it sent one."""
     first_token_s: float | None = None
     """For a streamed answer, seconds from the attempt's start to its first content chunk (TTFT)."""
+    tokens_per_s: float | None = None
+    """For a streamed answer, its output units per second from the first chunk to the attempt's end."""
 
 
 class QuotaSample(NamedTuple):

@@ -10,6 +10,7 @@ from aiqsim.core.task import TaskRecord
 from aiqsim.runtime.protocol import Future, TaskHandle
 from aiqsim.scheduler.dispatch import QueueItem
 from aiqsim.scheduler.retry import RetryPolicy
+from aiqsim.scheduler.streams import StreamChannel
 from aiqsim.stores.base import StoreWriteError
 
 
@@ -41,6 +42,9 @@ class LiveTask:
     last_attempt: bool = False
     """No attempt may start after the one at the provider (its job failed): a retry ends the task
     ``cancelled`` instead of being sent."""
+    stream: StreamChannel | None = None
+    """Set for a task submitted with ``stream=True``: where its attempt hands chunks to the caller
+    (:mod:`aiqsim.scheduler.streams`)."""
 
 
 new_live_task: Callable[..., LiveTask] = compile_builder(LiveTask)

@@ -95,3 +95,15 @@ class SupportsLookup(Protocol):
     """
 
     async def lookup(self, idempotency_key: str) -> ProviderResponse | None: ...
+
+
+def honours_idempotency_keys(provider: object) -> bool:
+    """Whether ``provider`` says a re-sent request with the same idempotency key is not billed again:
+    its ``honours_idempotency_keys`` attribute (``True``/``False``), else its simulated config's
+    ``honours_idempotency``; ``False`` when it says nothing (re-sending could be a second bill).
+    The scheduler asks it before re-sending a streamed answer cut after its first chunk."""
+    said = getattr(provider, "honours_idempotency_keys", None)
+    if isinstance(said, bool):
+        return said
+    config = getattr(provider, "config", None)
+    return getattr(config, "honours_idempotency", False) is True

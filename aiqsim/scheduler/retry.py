@@ -65,6 +65,14 @@ class RetryPolicy:
     provider), ``"task"`` (only the task that saw it) or ``"adaptive"`` (the default: the lane when
     the 429 says the quota is spent, per ``adaptive_rule``, else the task); see
     :mod:`aiqsim.scheduler.rate_limit_scope`. The task that saw the 429 always waits it out.
+
+    ``first_token_timeout_s`` bounds, for a streamed task (``submit(..., stream=True)``), the wait
+    for the answer's first chunk; ``attempt_timeout_s`` still bounds the whole attempt. A first-token
+    deadline that passes abandons the attempt before anything reached the consumer
+    (:class:`~aiqsim.core.failures.FirstTokenTimeoutError`, retried like a timeout); the whole-attempt
+    deadline passing after the first chunk cuts the stream (:class:`~aiqsim.core.failures.StreamCutError`,
+    billed). ``None`` (the default): only ``attempt_timeout_s`` applies. Ignored for calls that do not
+    stream.
     """
 
     backoff: BackoffStrategy = field(default_factory=lambda: FullJitter(base_s=0.5, cap_s=60.0))
@@ -75,6 +83,7 @@ class RetryPolicy:
     max_retry_after_s: float | None = DEFAULT_MAX_RETRY_AFTER_S
     rate_limit_scope: RateLimitScope = DEFAULT_RATE_LIMIT_SCOPE
     adaptive_rule: AdaptiveScopeRule = field(default_factory=AdaptiveScopeRule)
+    first_token_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rate_limit_scope", rate_limit_scope(self.rate_limit_scope))
@@ -89,6 +98,12 @@ class RetryPolicy:
             )
         _check("max_attempts", self.max_attempts, f"{_COUNT} (1: no retries)", _whole_at_least_one)
         _check("attempt_timeout_s", self.attempt_timeout_s, "> 0 or None (None: no limit)", lambda n: n > 0)
+        _check(
+            "first_token_timeout_s",
+            self.first_token_timeout_s,
+            "a finite number > 0 or None (None: only attempt_timeout_s applies)",
+            lambda n: 0 < n < math.inf,
+        )
         _check(
             "poison_after",
             self.poison_after,

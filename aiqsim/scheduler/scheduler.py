@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -67,11 +67,12 @@ from aiqsim.scheduler.lane_pump import LanePump
 from aiqsim.scheduler.lanes import Lane, LaneDispatch, check_slot_lease, lane_quota, share_quota_objects
 from aiqsim.scheduler.live import LiveTask, UnpersistedChange, new_live_task
 from aiqsim.scheduler.outcomes import Outcomes
-from aiqsim.scheduler.provider import Provider
+from aiqsim.scheduler.provider import Provider, StreamChunk
 from aiqsim.scheduler.recovery import Recovery
 from aiqsim.scheduler.recovery import RecoveryReport as RecoveryReport  # re-exported: its old home
 from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, check_retry_policy, split_gates
 from aiqsim.scheduler.store_writes import persist_change
+from aiqsim.scheduler.streams import StreamChannel, stream_chunks
 from aiqsim.stores.base import StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
@@ -162,6 +163,21 @@ class Submission(OutcomeHandle[TaskRecord]):
         if record.status is TaskStatus.FAILED or record.error is not None:
             raise TaskFailedError(record)
         return record.result
+
+    def stream(self) -> AsyncIterator[StreamChunk]:
+        """The task's answer as it arrives: ``async for chunk in submission.stream():``.
+
+        For a task submitted with ``stream=True`` to a provider that streams, each
+        :class:`~aiqsim.scheduler.provider.StreamChunk` is yielded as it arrives (attempts that
+        failed before their first chunk are retried unseen); otherwise the whole result is yielded
+        as one chunk once the task succeeded. A failure raises what :meth:`result` raises; a stream
+        cut after its first chunk raises :class:`~aiqsim.scheduler.streams.StreamInterruptedError`
+        (then ``await`` the submission: the scheduler may still recover the answer). Rules:
+        :mod:`aiqsim.scheduler.streams`.
+        """
+        holder = self._holder
+        channel = holder.stream if isinstance(holder, LiveTask) else None
+        return stream_chunks(self.id, holder, channel, self._new_future, self.result)
 
 
 class _IssuedSubmission(Submission):
@@ -488,6 +504,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         task_id: str | None = None,
         job_stage: bool = False,
         retry: RetryPolicy | None = None,
+        stream: bool = False,
     ) -> Submission:
         """Queue one call and return its :class:`Submission` handle.
 
@@ -501,12 +518,19 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         ``job_stage`` is set by :mod:`aiqsim.scheduler.jobs` for a job's stage tasks: the depth
         limit counts their job once, not each of them. ``retry`` replaces the scheduler's retry
         policy for this task in this process (not persisted: a task resumed by :meth:`recover`
-        runs under the scheduler's policy).
+        runs under the scheduler's policy). ``stream=True`` runs its attempts through the provider's
+        ``stream()`` when it has one, and the caller reads the chunks as they arrive with
+        ``async for chunk in submission.stream()`` (:mod:`aiqsim.scheduler.streams`; quota,
+        retries before the first chunk and idempotency are the scheduler's as for any task).
         """
         if self._closed or (self._closing and not job_stage):
             raise SchedulerClosedError("scheduler is closed" if self._closed else "scheduler is closing")
         if retry is not None:
             check_retry_policy(retry, "retry", "nothing was queued or stored")
+        if stream is not False and stream is not True:
+            raise SchedulerArgumentTypeError(
+                f"stream: expected True or False, got {stream!r}; nothing was queued or stored"
+            )
         if (
             type(kind) is not str
             or (key is not None and type(key) is not str)
@@ -570,6 +594,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         # cancel_requested, waiting_on, finishing, lost, retry; tests/test_slot_init.py). No future:
         # one is made only if a handle waits before the outcome is known (aiqsim.scheduler.handles)
         live = new_live_task(record, None, None, None, False, False, None, False, None, retry)
+        if stream:
+            live.stream = StreamChannel(self._create_future)
         task_id = record.id
         self._live[task_id] = live
         try:

@@ -54,6 +54,14 @@ class ProviderConfig:
     as queueing theory's M/M/c assumes).
     The server enforces ``server_requests_per_min`` / ``server_units_per_min`` over sliding
     60 s windows and answers 429 with a Retry-After when a client exceeds them.
+
+    The stream model (``ttft_s`` and ``tokens_per_s`` set) replaces the latency formula for calls that
+    generate: the first token comes after ``(ttft_s + ttft_per_prompt_unit_s * prompt_units)`` times a
+    mean-1 lognormal factor of sigma ``ttft_sigma``, the rest after ``output_units / tokens_per_s``
+    more, times the latency noise above (``latency_dist``, ``latency_sigma``); ``latency_per_unit_s``
+    is then unused and ``latency_base_s`` only times answers that generate nothing (an outage's 503,
+    an idempotent replay). With ``stream_cut_prob`` a stream stops at a uniformly drawn point of its
+    generation, billed for the prompt and the output generated so far.
     """
 
     name: str
@@ -75,6 +83,22 @@ class ProviderConfig:
     supports_lookup: bool = True
     price_per_1k_units: float = 0.002
     outages: tuple[OutageConfig, ...] = ()
+    ttft_s: float | None = None
+    """The stream model (with ``tokens_per_s``; both or neither): base time to first token (s)."""
+    ttft_per_prompt_unit_s: float = 0.0
+    """Time to first token added per prompt unit (prefill), seconds."""
+    ttft_sigma: float = 0.0
+    """Log-space sigma of the mean-1 lognormal factor on the time to first token (0: deterministic)."""
+    tokens_per_s: float | None = None
+    """Generation rate of the stream model: output units per second after the first token."""
+    stream_cut_prob: float = 0.0
+    """Probability that an answer's stream is cut during its generation (billed for what was
+    generated; the client gets :class:`~aiqsim.core.failures.StreamCutError`). Stream model only."""
+
+    @property
+    def streams(self) -> bool:
+        """Whether the provider has the stream model (``ttft_s`` and ``tokens_per_s`` set)."""
+        return self.tokens_per_s is not None
 
 
 @dataclass(frozen=True, slots=True)

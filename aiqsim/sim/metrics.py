@@ -58,6 +58,13 @@ SUMMARY_KEYS: dict[str, str] = {
     "failure_time_p50_s": "median arrival-to-failure time of tasks that ended failed (s): how long a user "
     "waited to learn the task would not succeed; NaN when none failed",
     "failure_time_p99_s": "99th percentile arrival-to-failure time of tasks that ended failed (s)",
+    "ttft_p50_s": "median time to first token of tasks that ended succeeded: from arrival to the first "
+    "token of the answer the task ended with (the start of its succeeding attempt, minus arrival, plus "
+    "that answer's first_token_s), so queueing and earlier attempts (a cut stream, a first-token "
+    "deadline that fired) count as the user waited through them; tasks whose answer stated no time to "
+    "first token (a provider without the stream model, a result from crash recovery) and deduped tasks "
+    "are left out; NaN when none is left (no provider streams)",
+    "ttft_p99_s": "99th percentile time to first token of tasks that ended succeeded (s), as ttft_p50_s",
     "interactive_success_latency_p99_s": "99th percentile arrival-to-result time of interactive tasks "
     "that succeeded (s)",
     "background_success_latency_p99_s": "99th percentile arrival-to-result time of background tasks "
@@ -118,6 +125,8 @@ def summarize(
         BACKGROUND: [],
     }
     failure_times: list[float] = []
+    first_tokens = first_token_times(events)
+    ttfts: list[float] = []
     for r in records:
         if r.finished_at is None:
             continue
@@ -125,6 +134,9 @@ def summarize(
         if r.status in SUCCESS_STATUSES:
             latencies[None].append(elapsed)
             latencies[r.priority].append(elapsed)
+            first_token = first_tokens.get(r.id) if r.status is SUCCEEDED else None
+            if first_token is not None:
+                ttfts.append(first_token - (arrivals.get(r.id, r.created_at) if arrivals else r.created_at))
         elif r.status is FAILED:
             failure_times.append(elapsed)
     # One pass over the executions and one over the events (each of the figures below once had its own;
@@ -185,6 +197,8 @@ def summarize(
         "success_latency_p99_s": _percentile(latencies[None], 99),
         "failure_time_p50_s": _percentile(failure_times, 50),
         "failure_time_p99_s": _percentile(failure_times, 99),
+        "ttft_p50_s": _percentile(ttfts, 50),
+        "ttft_p99_s": _percentile(ttfts, 99),
         "interactive_success_latency_p99_s": _percentile(latencies[INTERACTIVE], 99),
         "background_success_latency_p99_s": _percentile(latencies[BACKGROUND], 99),
         "quota_utilization": quota_utilization(scenario, executions, records),
@@ -193,6 +207,19 @@ def summarize(
         **recovery_figures(recoveries),
         "max_executions_per_key": max(per_key.values(), default=0),
     }
+
+
+def first_token_times(events: Iterable[Any]) -> dict[str, float]:
+    """Task id -> when the first token of its last successful attempt came (attempt start +
+    ``first_token_s``), for the attempts that stated one."""
+    found: dict[str, float] = {}
+    for e in events:
+        if isinstance(e, AttemptRecord) and e.outcome == "ok":
+            if e.first_token_s is None:
+                found.pop(e.task_id, None)
+            else:
+                found[e.task_id] = e.start + e.first_token_s
+    return found
 
 
 def quota_utilization(scenario: Scenario, executions: Sequence[Any], records: Sequence[TaskRecord]) -> float:

@@ -29,6 +29,18 @@ One call goes through these steps, in this order:
    mean-1 lognormal noise, then the call is billed. With ``timeout_prob`` the response
    is lost *after* billing: the client hears nothing and its attempt timeout fires.
 
+**Streams** (``ttft_s`` and ``tokens_per_s`` set, see :class:`~aiqsim.sim.config.ProviderConfig`):
+the latency of an execution is its time to first token plus its generation time, and every answer
+says its time to first token (``ProviderResponse.first_token_s``), to :meth:`SimulatedProvider.call`
+as to :meth:`SimulatedProvider.stream`, which yields the answer's chunks at the times the tokens are
+generated (the first token alone, then up to :data:`STREAM_CHUNK_UNITS` per chunk). A random 500
+comes before the first token (not billed). With ``stream_cut_prob`` the stream stops at a uniform
+point of its generation: the server bills the prompt and the tokens generated so far, keeps no
+result (a retry runs, and bills, again even where keys are honoured), and the client gets
+:class:`~aiqsim.core.failures.StreamCutError`. A stream's draws (first-token noise, cut, cut point)
+come from a second keyed hash of the same request identity, so a provider without the stream model
+draws exactly as before.
+
 The work of a call runs as a server-side task of its own: a client that gives up
 (attempt timeout, cancellation, a crash of the whole scheduler) does not stop the server
 from finishing, billing and remembering the result, exactly as a real API behaves. That
@@ -57,7 +69,7 @@ import random
 import statistics
 import struct
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from math import (  # names, not math.x: a compiled build looks a module attribute up each time
@@ -81,11 +93,12 @@ from aiqsim.core.failures import (
     RateLimitError,
     SchemaViolationError,
     ServerError,
+    StreamCutError,
 )
 from aiqsim.core.ratelimit import RateLimitSnapshot
 from aiqsim.core.slot_init import compile_builder, compile_copier, fast_frozen_init
 from aiqsim.runtime.protocol import Future, Runtime
-from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, new_response
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, StreamChunk, new_response
 from aiqsim.sim.config import LATENCY_DISTRIBUTIONS, OutageConfig, ProviderConfig
 from aiqsim.sim.recent_keys import RecentKeys
 
@@ -94,6 +107,7 @@ __all__ = [
     "LOST_RESPONSE_HANG_S",
     "OUTCOMES",
     "SERVER_ERROR_LATENCY_FRACTION",
+    "STREAM_CHUNK_UNITS",
     "WINDOW_S",
     "Execution",
     "Outcome",
@@ -112,6 +126,7 @@ Outcome = Literal[
     "invalid_request",
     "outage",
     "replay",
+    "stream_cut",
 ]
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 """Every value :attr:`Execution.outcome` can take."""
@@ -133,6 +148,17 @@ LOST_RESPONSE_HANG_S = 86_400.0
 DRAWS_PER_CALL = 6
 """Uniform draws every call takes (from its keyed hash): rate limit, quota exhausted, invalid
 request, server error, lost response, latency noise."""
+
+STREAM_DRAWS_PER_CALL = 3
+"""Uniform draws every call of a provider with the stream model takes from its second keyed hash:
+first-token noise, stream cut, cut point."""
+
+STREAM_CHUNK_UNITS = 16
+"""Most output units one simulated stream chunk carries (the first chunk carries the first token
+alone, at the time to first token): a chunk per token would cost an event per token."""
+
+_STREAM_PERSON = b"aiqsim-stream"
+"""BLAKE2b personalisation of the stream draws' hash (same secret, independent draws)."""
 
 _STANDARD_NORMAL = NormalDist()
 _UNIT_OPEN = 1e-12
@@ -424,6 +450,7 @@ def _keyed_hash(secret: bytes) -> Any:
 
 
 _UNPACK_DRAWS = struct.Struct(f"<{DRAWS_PER_CALL}Q").unpack
+_UNPACK_STREAM_DRAWS = struct.Struct(f"<{STREAM_DRAWS_PER_CALL}Q").unpack
 _new_tuple = tuple.__new__
 _TWO_TO_MINUS_53 = 2.0**-53
 """53 random bits times this is a uniform float in [0, 1), as ``random.random`` makes them."""
@@ -434,6 +461,57 @@ class _LostResponse:
 
 
 _LOST = _LostResponse()
+
+
+class _StreamDraws(NamedTuple):
+    """The stream model's uniform draws of one call (see :data:`STREAM_DRAWS_PER_CALL`)."""
+
+    ttft_noise: float
+    cut: float
+    cut_point: float
+
+
+class _StreamPlan(NamedTuple):
+    """When an execution's tokens come, as the stream model drew it (times from the call's start)."""
+
+    ttft_s: float
+    generation_s: float
+    output_units: int
+    cut_fraction: float | None
+    """Where in the generation the stream is cut (in (0, 1]); ``None``: it is not."""
+
+    @property
+    def total_s(self) -> float:
+        """When the server is done: the complete answer, or the cut."""
+        if self.cut_fraction is None:
+            return self.ttft_s + self.generation_s
+        return self.ttft_s + self.cut_fraction * self.generation_s
+
+    def generated_units(self) -> int:
+        """Output units generated by :attr:`total_s` (all of them unless cut; at least the first)."""
+        out = self.output_units
+        if self.cut_fraction is None:
+            return out
+        return min(out, floor(self.cut_fraction * out) + 1)
+
+    def chunks(self) -> list[tuple[float, int]]:
+        """``(offset_s, units)`` of every chunk the client receives, in order: the first token at
+        :attr:`ttft_s`, then up to :data:`STREAM_CHUNK_UNITS` units a chunk, each when its last token
+        is generated (token ``j`` of ``n`` at ``ttft_s + generation_s * (j - 1) / n``); a chunk not
+        complete at the cut is not received."""
+        out, ttft, generation = self.output_units, self.ttft_s, self.generation_s
+        if out == 0:
+            return [(ttft, 0)]
+        last = self.generated_units()
+        chunks = [(ttft, 1)]
+        token = 1
+        while token < last:
+            upto = min(token + STREAM_CHUNK_UNITS, last)
+            if upto - token < STREAM_CHUNK_UNITS and upto < out and self.cut_fraction is not None:
+                break  # the chunk in progress at the cut never arrives
+            chunks.append((ttft + generation * (upto - 1) / out, upto - token))
+            token = upto
+        return chunks
 
 
 def _hand_over(work: Callable[[], Any], answer: Future[Any], done: Callable[[], None] | None = None) -> None:
@@ -513,8 +591,10 @@ def _validate(config: ProviderConfig) -> None:
         "timeout_prob",
         "quota_exhausted_prob",
         "invalid_request_prob",
+        "stream_cut_prob",
     ):
         _check_probability(f"provider {config.name!r}: {name}", getattr(config, name))
+    _validate_stream_model(config)
     if config.latency_dist not in LATENCY_DISTRIBUTIONS:
         raise ConfigurationError(
             f"provider {config.name!r}: latency_dist must be one of {list(LATENCY_DISTRIBUTIONS)}, "
@@ -543,6 +623,38 @@ def _validate(config: ProviderConfig) -> None:
             raise ConfigurationError(f"provider {config.name!r}: outage slow_factor must be > 0: {outage}")
 
 
+def _validate_stream_model(config: ProviderConfig) -> None:
+    """The stream model's keys: ``ttft_s`` and ``tokens_per_s`` both or neither, the others only with them."""
+    if (config.ttft_s is None) != (config.tokens_per_s is None):
+        given, missing = (
+            ("ttft_s", "tokens_per_s") if config.ttft_s is not None else ("tokens_per_s", "ttft_s")
+        )
+        raise ConfigurationError(
+            f"provider {config.name!r}: {given} needs {missing} (the stream model takes both: the time to "
+            "first token and the generation rate)"
+        )
+    if config.tokens_per_s is None:
+        for name in ("ttft_per_prompt_unit_s", "ttft_sigma", "stream_cut_prob"):
+            if getattr(config, name) != 0:
+                raise ConfigurationError(
+                    f"provider {config.name!r}: {name} is part of the stream model, which needs ttft_s and "
+                    f"tokens_per_s; got {name}={getattr(config, name)!r} without them"
+                )
+        return
+    for name in ("ttft_s", "ttft_per_prompt_unit_s", "ttft_sigma"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < inf:
+            raise ConfigurationError(
+                f"provider {config.name!r}: {name} must be a finite number >= 0, got {value!r}"
+            )
+    rate = config.tokens_per_s
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < inf:
+        raise ConfigurationError(
+            f"provider {config.name!r}: tokens_per_s must be a finite number > 0 (output units per second), "
+            f"got {rate!r}"
+        )
+
+
 class SimulatedProvider:
     """A simulated AI API server that the real scheduler calls (see the module docstring).
 
@@ -568,6 +680,12 @@ class SimulatedProvider:
         self.rng = rng
         self._draw_secret = rng.getrandbits(256).to_bytes(32, "little")
         self._draw_hash = _keyed_hash(self._draw_secret)
+        self._stream_hash = hashlib.blake2b(
+            key=self._draw_secret, digest_size=8 * STREAM_DRAWS_PER_CALL, person=_STREAM_PERSON
+        )
+        self._planned: _StreamPlan | None = None
+        """The stream timeline :meth:`_accept` drew for the execution it just started (read at once by
+        :meth:`stream`; ``None`` for an answer that is not an execution)."""
         self._arrivals: dict[str, int] = {}
         """Idempotency key -> requests with it so far: with the key, what a request's draws depend on."""
         self._recent_keys: RecentKeys[str] | None = (
@@ -637,6 +755,54 @@ class SimulatedProvider:
         if snapshot is None:
             return value  # type: ignore[no-any-return]
         return _copy_response(value, {"ratelimit": snapshot})
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamChunk | ProviderResponse]:
+        """Serve one attempt as a stream (the scheduler's ``SupportsStreaming``): the answer's chunks as
+        the stream model generates them, then, last, its :class:`ProviderResponse` (``first_token_s``
+        set). A failure before the first chunk is raised as :meth:`call` raises it (nothing is billed
+        for a refusal); a cut after it is a :class:`~aiqsim.core.failures.StreamCutError` (billed).
+
+        An answer that is not an execution (an idempotent replay) comes as one chunk holding it all,
+        as does any answer of a provider without the stream model. Closing the iterator early does not
+        stop the server, which finishes, records and bills the work at its time, as :meth:`call`'s does.
+        """
+        runtime = self.runtime
+        self._planned = None
+        start = runtime.now()
+        try:
+            answer = self._accept(request)
+        except ProviderError as error:
+            if not isinstance(error, ProviderTimeoutError):
+                error.ratelimit = self.ratelimit_snapshot(runtime.now())
+            raise
+        plan, self._planned = self._planned, None
+        streamed = False
+        if plan is not None:
+            for index, (offset, units) in enumerate(plan.chunks()):
+                wait = start + offset - runtime.now()
+                if wait > 0:
+                    await runtime.sleep(wait)
+                streamed = True
+                yield StreamChunk(data={"provider": self.name, "chunk": index}, units=float(units))
+        try:
+            value = await answer
+            if value is _LOST:
+                await runtime.sleep(LOST_RESPONSE_HANG_S)
+                raise ProviderTimeoutError(f"no response from {self.name!r}: the connection dropped")
+        except ProviderError as error:
+            if not isinstance(error, ProviderTimeoutError):
+                error.ratelimit = self.ratelimit_snapshot(runtime.now())
+            raise
+        now = runtime.now()
+        if not streamed:
+            yield StreamChunk(data=value.result, units=value.output_units)
+        changes: dict[str, Any] = {}
+        if value.first_token_s is None:  # no stream model: the whole answer was its first chunk
+            changes["first_token_s"] = now - start
+        snapshot = self.ratelimit_snapshot(now)
+        if snapshot is not None:
+            changes["ratelimit"] = snapshot
+        yield _copy_response(value, changes) if changes else value
 
     def ratelimit_snapshot(self, now: float) -> RateLimitSnapshot | None:
         """The server windows at ``now`` as a provider's ``x-ratelimit-*`` headers state them
@@ -711,9 +877,15 @@ class SimulatedProvider:
             self._record(request, start, start, "invalid_request", units)
             raise InvalidRequestError("invalid request")
 
-        latency = self._latency(job, draws.noise) * slow
-        if draws.server_error < config.server_error_prob:
+        if config.tokens_per_s is None:
+            plan = None
+            latency = self._latency(job, draws.noise) * slow
             until_failure = latency * SERVER_ERROR_LATENCY_FRACTION
+        else:
+            plan = self._stream_plan(request, job, draws.noise, slow)
+            latency = plan.ttft_s + plan.generation_s
+            until_failure = plan.ttft_s * SERVER_ERROR_LATENCY_FRACTION  # before the first token
+        if draws.server_error < config.server_error_prob:
             return self._fail_after(request, job, start, until_failure, "server_error")
         if job.poison:
             return self._poisoned(request, job, start, latency)
@@ -724,11 +896,44 @@ class SimulatedProvider:
             if key in self._in_flight:
                 return self._join(request, job, start)
         lost = draws.response_lost < config.timeout_prob
+        if plan is not None and not lost:  # a lost response streams nothing (its client hears nothing)
+            if plan.cut_fraction is not None:
+                return self._cut(request, job, start, plan)
+            self._planned = plan
         # Registered before the server task starts, so a repeat arriving at the same instant sees it.
         owns_in_flight = key not in self._in_flight
         if owns_in_flight:
             self._in_flight[key] = []
-        return self._execute(request, job, start, latency, lost, owns_in_flight)
+        return self._execute(
+            request, job, start, latency, lost, owns_in_flight, None if plan is None else plan.ttft_s
+        )
+
+    def _stream_plan(
+        self, request: ProviderRequest, job: SimJob, noise_draw: float, slow: float
+    ) -> _StreamPlan:
+        """The stream model's timeline of this call (its draws come from the stream hash)."""
+        config = self.config
+        key = request.idempotency_key
+        hasher = self._stream_hash.copy()
+        arrival = self._arrivals[key] - 1  # the arrival _draws just counted
+        hasher.update(f"{arrival}\0{key}".encode("utf-8", "surrogatepass"))
+        w0, w1, w2 = _UNPACK_STREAM_DRAWS(hasher.digest())
+        draws = _StreamDraws(
+            (w0 >> 11) * _TWO_TO_MINUS_53, (w1 >> 11) * _TWO_TO_MINUS_53, (w2 >> 11) * _TWO_TO_MINUS_53
+        )
+        assert config.ttft_s is not None and config.tokens_per_s is not None  # _validate: both or neither
+        ttft = (config.ttft_s + config.ttft_per_prompt_unit_s * job.prompt_units) * lognormal_noise(
+            config.ttft_sigma, draws.ttft_noise
+        )
+        if config.latency_dist == "exponential":
+            noise = exponential_noise(noise_draw)
+        else:
+            noise = lognormal_noise(config.latency_sigma, noise_draw)
+        generation = job.output_units / config.tokens_per_s * noise
+        cut = None
+        if job.output_units > 0 and draws.cut < config.stream_cut_prob:
+            cut = 1.0 - draws.cut_point  # in (0, 1]: the cut comes after the first token
+        return _StreamPlan(ttft * slow, generation * slow, job.output_units, cut)
 
     def window_usage(self, now: float) -> dict[str, tuple[float, float, float]]:
         """``{"requests"|"units": (limit, used, seconds until empty)}`` for the configured server windows
@@ -831,7 +1036,15 @@ class SimulatedProvider:
         found = self.ledger.first_success(self.name, request.idempotency_key)
         assert found is not None, "a replay follows a completed execution of the same key"
         execution, result = found
-        self._record(request, start, self.runtime.now(), "replay", job.units)
+        now = self.runtime.now()
+        self._record(request, start, now, "replay", job.units)
+        if self.config.tokens_per_s is not None:  # the stored answer comes whole: its first token with it
+            return new_response(
+                result=result,
+                usage=float(execution.units),
+                output_units=float(job.output_units),
+                first_token_s=now - start,
+            )
         return new_response(result=result, usage=float(execution.units), output_units=float(job.output_units))
 
     def _execute(
@@ -842,9 +1055,11 @@ class SimulatedProvider:
         latency: float,
         lost: bool,
         owns_in_flight: bool,
+        first_token_s: float | None = None,
     ) -> Future[Any]:
         """Do the work and bill it. The first execution of a key running at a time
-        (``owns_in_flight``) wakes, when done, the repeats and lookups that waited for it."""
+        (``owns_in_flight``) wakes, when done, the repeats and lookups that waited for it.
+        ``first_token_s``: the stream model's time to first token, which the answer states."""
 
         def execute() -> ProviderResponse | _LostResponse:
             waiters = self._in_flight.pop(request.idempotency_key, []) if owns_in_flight else []
@@ -858,9 +1073,36 @@ class SimulatedProvider:
                     waiter.set_result(None)
             if lost:
                 return _LOST
+            if first_token_s is not None:
+                return new_response(
+                    result=result,
+                    usage=float(job.units),
+                    output_units=float(job.output_units),
+                    first_token_s=first_token_s,
+                )
             return new_response(result=result, usage=float(job.units), output_units=float(job.output_units))
 
         return self._serve(latency, execute)
+
+    def _cut(self, request: ProviderRequest, job: SimJob, start: float, plan: _StreamPlan) -> Future[Any]:
+        """A stream the connection drops during its generation: billed for the prompt and the tokens
+        generated by then, no result kept (a repeat of the key runs again), and the client, which
+        has had the chunks before the cut, gets a :class:`StreamCutError`."""
+        self._planned = plan
+        generated = plan.generated_units()
+        cut_at = plan.total_s
+
+        def cut() -> ProviderResponse:
+            units = job.prompt_units + generated
+            self._record(
+                request, start, self.runtime.now(), "stream_cut", units, billed=True, service_s=cut_at
+            )
+            raise StreamCutError(
+                f"{self.name!r} cut the stream after {generated} of {job.output_units} output units",
+                received_units=float(sum(units for _, units in plan.chunks())),
+            )
+
+        return self._serve(cut_at, cut)
 
     def _in_flight_done(self, key: str) -> Future[Any]:
         """A future resolved when the execution of ``key`` now running ends."""

@@ -338,6 +338,8 @@ the float range overflowed the lognormal draw at run time."""
 _SIZE_SIGMA = _Number(0.0, 20.0)
 """A lognormal size's sigma: e^20 (~5e8) between typical and large calls is already no workload;
 sigma 1.4e154 overflowed sigma^2 at run time after validate said ok."""
+_SPREAD_SIGMA = _Number(0.0, 20.0)
+"""A time's lognormal sigma (``ttft_sigma``): bounded as a size's, for the same overflow."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,6 +417,11 @@ _PROVIDER = _Table(
         "supports_lookup": _Boolean(),
         "price_per_1k_units": _Number(0.0, MAX_PRICE_PER_1K_UNITS),
         "outages": _Array(_OUTAGE, "[[providers.outages]]"),
+        "ttft_s": _Optional(_NON_NEGATIVE),
+        "ttft_per_prompt_unit_s": _NON_NEGATIVE,
+        "ttft_sigma": _SPREAD_SIGMA,
+        "tokens_per_s": _Optional(_POSITIVE),
+        "stream_cut_prob": _PROBABILITY,
     },
     required=frozenset({"name"}),
     what="provider",
@@ -806,12 +813,48 @@ def _providers(raw: tuple[dict[str, Any], ...], reader: _Reader) -> tuple[Provid
                 f'expected 0 (unset) with latency_dist = "exponential", whose spread is fixed, got '
                 f"{describe(values['latency_sigma'])}",
             )
+        _check_stream_model(values, path, reader)
         outages = tuple(
             _outage(outage, f"{path}.outages[{j}]", reader)
             for j, outage in enumerate(values.get("outages", ()))
         )
         providers.append(ProviderConfig(**{**values, "outages": outages}))
     return tuple(providers)
+
+
+_STREAM_ONLY_KEYS = ("ttft_per_prompt_unit_s", "ttft_sigma", "stream_cut_prob")
+_UNUSED_PER_UNIT = ProviderConfig.__dataclass_fields__["latency_per_unit_s"].default
+"""``latency_per_unit_s`` as left unset: the stream model does not use it."""
+
+
+def _check_stream_model(values: dict[str, Any], path: str, reader: _Reader) -> None:
+    """A provider's stream model keys: ``ttft_s`` and ``tokens_per_s`` both or neither; the other stream
+    keys only with them; ``latency_per_unit_s`` not with them (the token rate times generation)."""
+    ttft, rate = values.get("ttft_s"), values.get("tokens_per_s")
+    if (ttft is None) != (rate is None):
+        missing, given = ("tokens_per_s", "ttft_s") if rate is None else ("ttft_s", "tokens_per_s")
+        expected = "a number > 0 (output units per second)" if missing == "tokens_per_s" else "a number >= 0"
+        raise reader.error(
+            f"{path}.{missing}",
+            f"expected {expected} with {given} set (the stream model takes both: the time to first token "
+            "and the generation rate), got none",
+        )
+    if rate is None:
+        for key in _STREAM_ONLY_KEYS:
+            if values.get(key, 0.0) != 0:
+                raise reader.error(
+                    f"{path}.{key}",
+                    f"expected 0 (unset) without the stream model (ttft_s and tokens_per_s), got "
+                    f"{describe(values[key])}",
+                )
+    elif (
+        values.get("latency_per_unit_s", _UNUSED_PER_UNIT) != _UNUSED_PER_UNIT
+    ):  # a record's round trip has it
+        raise reader.error(
+            f"{path}.latency_per_unit_s",
+            "expected unset with the stream model (tokens_per_s times the generation: output_units / "
+            f"tokens_per_s; latency_per_unit_s is not used), got {describe(values['latency_per_unit_s'])}",
+        )
 
 
 def _quotas(

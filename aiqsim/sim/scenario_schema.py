@@ -54,6 +54,8 @@ RULES_NOT_IN_SCHEMA: tuple[str, ...] = (
     "[quotas.NAME], workloads' provider, stages' provider and fallback name a declared provider; "
     "a workload's job names a [[jobs]] template; a stage's after names earlier stages",
     "a workload names exactly one of provider or job; a job workload has no cost or distinct_inputs",
+    "a provider's ttft_s and tokens_per_s are set together (the stream model); ttft_per_prompt_unit_s, "
+    "ttft_sigma and stream_cut_prob need them; latency_per_unit_s stays unset with them",
     "end_s > start_s (outages, workloads); high >= low (cost, size, fanout); retry.cap_s >= retry.base_s",
     "a workload's start_s < scenario.duration_s; a crash's at_s <= duration_s + drain_s",
     "a crash sets exactly one of at_s or after_writes; torn_write needs the json store",

@@ -218,7 +218,17 @@ class RelativeErrorHistogram:
 class _TaskState:
     """What the summary needs of one task while it is alive (and for a window after it finished)."""
 
-    __slots__ = ("arrived", "created", "executed", "finished", "key", "priority", "provider", "status")
+    __slots__ = (
+        "arrived",
+        "created",
+        "executed",
+        "finished",
+        "first_token",
+        "key",
+        "priority",
+        "provider",
+        "status",
+    )
 
     def __init__(
         self, arrived: float, key: str, provider: str, priority: int, status: str, created: float
@@ -231,6 +241,8 @@ class _TaskState:
         self.status = status
         self.finished: float | None = None
         self.executed = False
+        self.first_token: float | None = None
+        """When the first token of its last successful attempt came (``ttft_*``), if it said."""
 
 
 class _KeyState:
@@ -283,6 +295,7 @@ class StreamingSummary:
         self.interactive_latency = RelativeErrorHistogram(relative_error)
         self.background_latency = RelativeErrorHistogram(relative_error)
         self.failure_time = RelativeErrorHistogram(relative_error)
+        self.ttft = RelativeErrorHistogram(relative_error)
         self.attempts = 0
         self.tasks_attempted = 0
         self.rate_limited = 0
@@ -328,6 +341,11 @@ class StreamingSummary:
                 self.timeouts += 1
             if event.decision == "rejected":
                 self.rejected_locally += 1
+            if event.outcome == "ok":
+                task = self._tasks.get(event.task_id)
+                if task is not None:
+                    first = event.first_token_s
+                    task.first_token = None if first is None else event.start + first
 
     def _transition(self, e: Any) -> None:
         new, old, now = e.new, e.old, e.time
@@ -373,6 +391,8 @@ class StreamingSummary:
             self.success_latency.add(elapsed, weight)
             side = self.interactive_latency if task.priority == _INTERACTIVE else self.background_latency
             side.add(elapsed, weight)
+            if task.status == "succeeded" and task.first_token is not None:
+                self.ttft.add(task.first_token - task.arrived, weight)
         elif task.status == "failed":
             self.failure_time.add(elapsed, weight)
 
@@ -540,6 +560,7 @@ class StreamingSummary:
         done = s["succeeded"] + s["deduped"]
         p50, p95, p99 = self.success_latency.percentiles([50, 95, 99])
         f50, f99 = self.failure_time.percentiles([50, 99])
+        t50, t99 = self.ttft.percentiles([50, 99])
         return {
             "tasks_submitted": sum(s.values()),
             "tasks_rejected": self.rejected_count,
@@ -563,6 +584,8 @@ class StreamingSummary:
             "success_latency_p99_s": p99,
             "failure_time_p50_s": f50,
             "failure_time_p99_s": f99,
+            "ttft_p50_s": t50,
+            "ttft_p99_s": t99,
             "interactive_success_latency_p99_s": self.interactive_latency.percentile(99),
             "background_success_latency_p99_s": self.background_latency.percentile(99),
             "quota_utilization": self.quota_utilization(),
