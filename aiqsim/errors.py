@@ -62,6 +62,8 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── ProviderContractError          an adapter's call() returned no ProviderResponse (fatal)
     │   ├── ProviderCancelledError         an adapter's call() raised a cancellation nobody asked for (fatal)
     │   ├── HttpStatusError                an HTTP status with no better class
+    │   ├── MalformedStreamEventError, StreamTooLargeError (SchemaViolationError)   a broken SSE stream
+    │   ├── CutStream                      raised by a loopback server's stream body: cut it mid-body
     │   └── HttpExchangeError (a ServerError)   the HTTP exchange itself broke: retryable
     │       ├── ResponseDecodingError          a body that cannot be decoded (broken gzip)
     │       └── ResponseMismatchError          an answer that echoes another request's key
@@ -109,9 +111,11 @@ from aiqsim.core.task import PriorityError
 from aiqsim.core.token_bucket import QuotaConfigError
 from aiqsim.fleet.leases import LeaseLostError
 from aiqsim.http.adapter import CallableProviderArgumentError
-from aiqsim.http.loopback import ServerStartError
+from aiqsim.http.loopback import CutStream, ServerStartError
 from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
+from aiqsim.http.sse_stream import StreamTooLargeError
 from aiqsim.http.status import HttpStatusError
+from aiqsim.http.stream_events import MalformedStreamEventError
 from aiqsim.lab.decisions import NoSettingMeetsError
 from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
@@ -157,6 +161,7 @@ __all__ = [
     "CallLogError",
     "CallableProviderArgumentError",
     "ConfigurationError",
+    "CutStream",
     "DeadlineExceeded",
     "DuplicateTaskIdError",
     "FingerprintError",
@@ -173,6 +178,7 @@ __all__ = [
     "JobSpecError",
     "KitOptionError",
     "LeaseLostError",
+    "MalformedStreamEventError",
     "NoSettingMeetsError",
     "OutcomeAlreadySetError",
     "OutputPathError",
@@ -213,6 +219,7 @@ __all__ = [
     "StreamAlreadyReadError",
     "StreamCutError",
     "StreamInterruptedError",
+    "StreamTooLargeError",
     "SweepError",
     "SweepTooLargeError",
     "TableFormatUnavailableError",

@@ -633,13 +633,14 @@ def test_an_explicit_pool_size_wins_over_the_lane_concurrency() -> None:
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        ({"stream": True}, "stream=true is not supported"),  # the SDK saw an empty stream, billed
+        ({"stream": "yes"}, "stream must be true or false"),  # not what the API allows
+        ({"stream_options": {"include_usage": True}}, "stream_options is only allowed when stream is true"),
         ({"n": 5}, "n=5: this server returns one choice"),  # answered with one choice
         ({"max_tokens": -5}, "max_tokens must be a whole number from 1"),  # billed as 16 tokens
         ({"max_tokens": 10**400}, "max_tokens must be a whole number from 1"),  # a 500, retried, unlogged
         ({"max_tokens": 10**12}, "max_tokens must be a whole number from 1"),  # held the connection
     ],
-    ids=["stream", "n", "negative", "huge", "absurd"],
+    ids=["stream", "stream_options", "n", "negative", "huge", "absurd"],
 )
 def test_requests_this_server_cannot_answer_as_the_api_would_are_a_logged_400(extra: dict, said: str) -> None:
     config = ProviderConfig(name="llm", latency_base_s=0.0, latency_per_unit_s=0.0)

@@ -70,6 +70,13 @@ latency_base_s = 0.02
 latency_per_unit_s = 0.0
 timeout_prob = 1.0
 
+[[providers]]
+name = "streaming"
+ttft_s = 0.04
+tokens_per_s = 500
+latency_base_s = 0.0
+stream_cut_prob = 0.0
+
 [[workloads]]
 type = "poisson"
 provider = "llm"
@@ -146,15 +153,34 @@ def test_a_chat_completion_succeeds_with_the_openai_sdk(llm: ServedProvider) -> 
     assert ledger["requests"][-1]["status"] == 200 and ledger["in_flight"] == 0
 
 
+def test_the_openai_sdk_streams_from_aiqsim_serve(scenario_file: Path) -> None:
+    for served in _serve(scenario_file, "streaming"):
+        stream = sdk(served).chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "stream me"}],
+            max_tokens=30,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert "".join(texts) == "echo: stream me" and len(texts) > 1
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 30
+        assert [model.id for model in sdk(served).models.list().data] == ["aiqsim-local"]
+        ledger = served.ledger()
+        assert len(ledger["bills"]) == 1 and ledger["in_flight"] == 0
+
+
 def test_a_429_is_the_sdks_rate_limit_error_with_its_retry_after(limited: ServedProvider) -> None:
     client = sdk(limited)
     for n in range(2):  # the quota: 2 requests per window
         chat(client, f"fits in the window {n}")
     error = sdk_error(lambda: chat(client, "one too many"))
     assert isinstance(error, openai.RateLimitError)
-    retry_after = float(error.response.headers["retry-after"])
+    retry_after = int(error.response.headers["retry-after-ms"]) / 1000  # the exact wait (wall s)
     assert 0 < retry_after <= 60 * TIME_SCALE  # wall seconds, at most the scaled 60 s window
-    assert int(error.response.headers["retry-after-ms"]) == round(retry_after * 1000)
+    # Retry-After itself is RFC 9110 delay-seconds: the whole number of seconds, rounded up
+    assert error.response.headers["retry-after"] == str(math.ceil(retry_after))
     ledger = limited.ledger()
     assert ledger["requests"][-1]["status"] == 429
     assert ledger["requests"][-1]["retry_after_wall"] == pytest.approx(retry_after)
@@ -233,7 +259,7 @@ def test_the_mapper_on_the_sdks_client_errors(llm: ServedProvider) -> None:
     bad_body = sdk_error(lambda: client.chat.completions.create(model="m", messages=not_a_list))
     assert isinstance(bad_body, openai.BadRequestError)
     assert isinstance(map_openai_error(bad_body), InvalidRequestError)
-    no_route = sdk_error(lambda: client.models.list())
+    no_route = sdk_error(lambda: client.embeddings.create(model="m", input="no such route here"))
     assert isinstance(no_route, openai.NotFoundError)
     assert isinstance(map_openai_error(no_route), InvalidRequestError)
 
@@ -305,7 +331,7 @@ def test_a_signal_stops_it_cleanly_with_a_summary(scenario_file: Path, signum: s
             ["--provider", "nope"],
             "--provider 'nope': the scenario has no such provider (it has: llm, limited",
         ),
-        ([], "the scenario has 5 providers"),
+        ([], "the scenario has 6 providers"),
         (["--provider", "llm", "--time-scale", "0"], "--time-scale 0.0: expected a finite number > 0"),
         (["--provider", "llm", "--time-scale", "-1"], "--time-scale -1.0: expected a finite number > 0"),
         (["--provider", "llm", "--time-scale", "inf"], "--time-scale inf: expected a finite number > 0"),

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -55,8 +55,11 @@ from aiqsim.http.headers import (
     parse_ratelimit_headers,
 )
 from aiqsim.http.protocol_errors import ResponseDecodingError, ResponseMismatchError
+from aiqsim.http.sse_stream import StreamLimits, stream_answer
 from aiqsim.http.status import error_for_status
-from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.http.stream_events import StreamDecoder, StreamFormat, check_stream_format
+from aiqsim.http.stream_wire import body_bytes, is_event_stream, stream_body, transport_failure
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, StreamChunk
 from aiqsim.scheduler.retry import DEFAULT_MAX_RETRY_AFTER_S
 
 if TYPE_CHECKING:
@@ -210,6 +213,13 @@ class HttpProvider:
         send_task_headers: also send ``x-aiqsim-task-id`` and ``x-aiqsim-attempt`` (the local
             server records them on its executions; off by default for third-party APIs).
         wall_clock: Unix time source for HTTP-date Retry-After values.
+        stream_format: how :meth:`stream` reads the events: ``"openai"`` (chat.completion.chunk,
+            ``[DONE]``), ``"anthropic"`` (``message_start`` ... ``message_stop``) or ``"auto"`` (the
+            default: told by the first event); :mod:`aiqsim.http.stream_events`.
+        stream_limits: idle and total timeouts and the byte limit of a streamed answer
+            (:class:`~aiqsim.http.sse_stream.StreamLimits`; defaults: 60 s idle, 600 s, 64 MiB).
+        honours_idempotency_keys: the server bills a re-sent ``Idempotency-Key`` once (off by default:
+            a stream cut after its first chunk is then looked up or failed, never re-sent).
     """
 
     def __init__(
@@ -233,8 +243,25 @@ class HttpProvider:
         wall_clock: Callable[[], float] = time.time,
         max_connections: int | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        stream_format: StreamFormat = "auto",
+        stream_limits: StreamLimits | None = None,
+        honours_idempotency_keys: bool = False,
     ) -> None:
         self._httpx = require_httpx()
+        self.stream_format: StreamFormat = check_stream_format(stream_format, f"HttpProvider {name!r}")
+        if stream_limits is not None and not isinstance(stream_limits, StreamLimits):
+            raise ConfigurationError(
+                f"HttpProvider {name!r}: stream_limits must be a StreamLimits, got {stream_limits!r}"
+            )
+        self.stream_limits = stream_limits if stream_limits is not None else StreamLimits()
+        if not isinstance(honours_idempotency_keys, bool):
+            raise ConfigurationError(
+                f"HttpProvider {name!r}: honours_idempotency_keys must be True or False, "
+                f"got {honours_idempotency_keys!r}"
+            )
+        self.honours_idempotency_keys = honours_idempotency_keys
+        """Whether the server bills a re-sent ``Idempotency-Key`` once (the scheduler then re-sends
+        a stream cut after its first chunk; otherwise it looks it up or fails the task)."""
         if (
             isinstance(max_response_bytes, bool)
             or not isinstance(max_response_bytes, int)
@@ -368,6 +395,68 @@ class HttpProvider:
             output_units=completion_tokens(body),
             ratelimit=None if snapshot.is_empty else snapshot,
         )
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamChunk | ProviderResponse]:
+        """One POST with ``"stream": true``, its server-sent events yielded as chunks as they arrive,
+        then the response (:class:`~aiqsim.scheduler.provider.SupportsStreaming`; the reading rules
+        and limits: :mod:`aiqsim.http.sse_stream`). An OpenAI-style body also asks for the usage
+        (``stream_options.include_usage``) unless it says otherwise or the format is Anthropic's. A
+        failure status is raised before any chunk, as :meth:`call` raises it; a server that answers
+        with a whole JSON body instead of a stream is read as :meth:`call` reads it."""
+        return self._stream(request)
+
+    async def _stream(self, request: ProviderRequest) -> AsyncIterator[StreamChunk | ProviderResponse]:
+        httpx = self._httpx
+        sent_key = idempotency_header_value(request.idempotency_key)
+        headers = {**self._headers, IDEMPOTENCY_HEADER: sent_key, "accept": "text/event-stream"}
+        if self.send_task_headers:
+            headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
+            headers["x-aiqsim-attempt"] = str(request.attempt)
+        body = stream_body(self.body_for(request), self.stream_format, self.url)
+        client = await self._http()
+        try:
+            response = await client.send(
+                client.build_request("POST", self.url, headers=headers, json=body), stream=True
+            )
+        except httpx.HTTPError as exc:
+            raise transport_failure(httpx, self.name, exc) from exc
+        try:
+            echoed = header_value(response.headers, IDEMPOTENCY_HEADER)
+            if echoed is not None and echoed != sent_key:
+                raise ResponseMismatchError(
+                    f"{self.name}: the answer belongs to another request: it echoes {IDEMPOTENCY_HEADER} "
+                    f"{echoed!r}, the request sent {sent_key!r}; its connection is dropped",
+                    sent_key=sent_key,
+                    echoed_key=echoed,
+                )
+            if not is_event_stream(response):  # an error status, or a whole answer: read as call() does
+                try:
+                    await self._read_bounded(response)
+                except httpx.HTTPError as exc:
+                    raise transport_failure(httpx, self.name, exc) from exc
+                whole = self._check(response)
+                snapshot = parse_ratelimit_headers(response.headers)
+                yield ProviderResponse(
+                    result=self._result(whole),
+                    usage=total_tokens(whole),
+                    output_units=completion_tokens(whole),
+                    ratelimit=None if snapshot.is_empty else snapshot,
+                )
+                return
+            self._observe(response.headers)
+            snapshot = parse_ratelimit_headers(response.headers)
+            decoder = StreamDecoder(self.stream_format, source=self.name)
+            async for item in stream_answer(
+                self.name,
+                body_bytes(httpx, self.name, response),
+                decoder,
+                self.stream_limits,
+                ratelimit=None if snapshot.is_empty else snapshot,
+                time_scale=self.time_scale,
+            ):
+                yield item
+        finally:
+            await response.aclose()  # a stream left early (a cut, a limit) drops its connection
 
     async def lookup(self, idempotency_key: str) -> ProviderResponse | None:
         """Ask the server whether it already did the work for ``idempotency_key``.

@@ -30,13 +30,14 @@ import errno
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.core.failures import ProviderError
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -85,7 +86,25 @@ class DropConnection:
     hold_s: float | None = 0.0
 
 
-Handler = Callable[[HttpRequest], Awaitable[HttpReply | DropConnection]]
+class CutStream(ProviderError):
+    """Raised by a :class:`StreamReply`'s ``parts`` to cut the stream: the connection is closed
+    without the chunked body's last chunk, as a dropped connection looks to the client."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReply:
+    """A response whose body is written as ``parts`` yields it (``transfer-encoding: chunked``, each
+    part flushed at once): server-sent events. ``parts`` raising :class:`CutStream` (or failing)
+    closes the connection mid-body; ``on_end`` is called with ``True`` (the body was sent whole)
+    or ``False`` (cut, or the client went away)."""
+
+    status: int
+    parts: AsyncIterator[bytes]
+    headers: Mapping[str, str] = field(default_factory=dict)
+    on_end: Callable[[bool], None] | None = None
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpReply | DropConnection | StreamReply]]
 
 
 class ServerStartError(ConfigurationError, RuntimeError):
@@ -281,6 +300,10 @@ class LoopbackHttpServer:
             if isinstance(reply, DropConnection):
                 await self._drop(reader, writer, reply)
                 return
+            if isinstance(reply, StreamReply):
+                if not await self._write_stream(writer, reply, keep_alive=keep_alive) or not keep_alive:
+                    return
+                continue
             await self._write(writer, reply, keep_alive=keep_alive)
             if not keep_alive:
                 return
@@ -340,6 +363,45 @@ class LoopbackHttpServer:
         lines.append(f"connection: {'keep-alive' if keep_alive else 'close'}")
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + reply.body)
         await writer.drain()
+
+    async def _write_stream(
+        self, writer: asyncio.StreamWriter, reply: StreamReply, *, keep_alive: bool
+    ) -> bool:
+        """Write a :class:`StreamReply`; False when the body was cut (the connection is then closed)."""
+        try:
+            reason = HTTPStatus(reply.status).phrase
+        except ValueError:
+            reason = "Unknown"
+        lines = [f"HTTP/1.1 {reply.status} {reason}"]
+        for name, value in reply.headers.items():
+            if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                lines.append(f"{name}: {value}")
+        lines.append("transfer-encoding: chunked")
+        lines.append(f"connection: {'keep-alive' if keep_alive else 'close'}")
+        whole = False
+        try:
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            await writer.drain()
+            try:
+                async for part in reply.parts:
+                    if part:
+                        writer.write(f"{len(part):x}\r\n".encode("ascii") + part + b"\r\n")
+                        await writer.drain()
+            except Exception:  # CutStream, a failing source, or the client gone: the body is cut short
+                return False  # (no last chunk; the connection is aborted below)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            whole = True
+            return True
+        finally:
+            if not whole:
+                writer.transport.abort()
+            closer = getattr(reply.parts, "aclose", None)
+            if closer is not None:  # a body left early (a cut, the client gone) is closed now
+                with contextlib.suppress(Exception):
+                    await closer()
+            if reply.on_end is not None:
+                reply.on_end(whole)
 
     async def _drop(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, drop: DropConnection

@@ -55,13 +55,14 @@ import math
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import (
     InvalidRequestError,
+    ProviderError,
     QuotaExhaustedError,
     RateLimitError,
     SchemaViolationError,
@@ -78,9 +79,25 @@ from aiqsim.http.chat import (
     prompt_tokens,
 )
 from aiqsim.http.headers import format_duration
-from aiqsim.http.loopback import DropConnection, HttpReply, HttpRequest, LoopbackHttpServer
+from aiqsim.http.loopback import (
+    CutStream,
+    DropConnection,
+    HttpReply,
+    HttpRequest,
+    LoopbackHttpServer,
+    StreamReply,
+)
+from aiqsim.http.server_stream import (
+    DONE,
+    chunk_event,
+    include_usage,
+    models_json,
+    revealed,
+    stream_options_problem,
+    usage_event,
+)
 from aiqsim.runtime.asyncio_runtime import AsyncioRuntime
-from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, StreamChunk
 from aiqsim.sim.config import ProviderConfig
 from aiqsim.sim.providers import Execution, ProviderLedger, SimulatedProvider
 
@@ -89,6 +106,8 @@ CHAT_PATH = "/v1/chat/completions"
 LOOKUP_PREFIXES = ("/lookup/", "/v1/lookup/")
 """Where ``GET .../lookup/{key}`` is served: also under ``/v1``, so a client whose base URL is the
 OpenAI-style ``http://host:port/v1`` finds it with ``lookup_path="/lookup/{key}"``."""
+MODELS_PATHS = ("/v1/models", "/models")
+"""``GET /v1/models``: the model this server answers as (the ``openai`` SDK's ``models.list()``)."""
 CLIENT_HEADER = "x-client-id"
 TASK_ID_HEADER = "x-aiqsim-task-id"
 ATTEMPT_HEADER = "x-aiqsim-attempt"
@@ -229,11 +248,12 @@ answer, and a 400-digit max_tokens crashed the handler (HTTP 500, retried, never
 
 
 def unsupported_request(body: Mapping[str, Any]) -> str | None:
-    """Why this server cannot answer ``body`` as the API would, or ``None``. OpenAI streams when asked
-    (this server answered a whole JSON body, which the SDK read as an empty stream, billed), returns
-    ``n`` choices (this server one) and refuses a ``max_tokens`` below 1."""
-    if body.get("stream"):
-        return "stream=true is not supported by this server: it answers whole responses; send stream=false"
+    """Why this server cannot answer ``body`` as the API would, or ``None``. OpenAI returns ``n``
+    choices (this server one), refuses a ``max_tokens`` below 1, and a ``stream``/``stream_options``
+    that is not what its API allows (``stream: true`` is answered as a stream)."""
+    problem = stream_options_problem(body)
+    if problem is not None:
+        return problem
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
         return f"n={n!r}: this server returns one choice; send n=1 or leave it out"
@@ -356,19 +376,30 @@ class LocalProviderServer:
         return (time.monotonic() if monotonic is None else monotonic) - self._origin
 
     # ------------------------------------------------------------------ routing
-    async def _handle(self, request: HttpRequest) -> HttpReply | DropConnection:
+    async def _handle(self, request: HttpRequest) -> HttpReply | DropConnection | StreamReply:
         if request.method == "POST" and request.path == CHAT_PATH:
             self._in_flight += 1
+            streaming = False
             try:
-                return await self._chat(request)
+                reply = await self._chat(request)
+                if isinstance(reply, StreamReply):  # in flight until its last byte is written
+                    streaming = True
+                    reply = _ending_with(reply, self._stream_ended)
+                return reply
             finally:
-                self._in_flight -= 1
+                if not streaming:
+                    self._in_flight -= 1
+        if request.method == "GET" and request.path in MODELS_PATHS:
+            return HttpReply.json(200, models_json(self.model))
         if request.method == "GET" and request.path == "/ledger":
             return HttpReply.json(200, {**self.ledger().to_dict(), "in_flight": self._in_flight})
         for prefix in LOOKUP_PREFIXES:
             if request.method == "GET" and request.path.startswith(prefix):
                 return await self._lookup(request.path[len(prefix) :])
         return HttpReply.json(404, error_json(f"no route {request.method} {request.path}", "not_found"))
+
+    def _stream_ended(self, whole: bool) -> None:
+        self._in_flight -= 1
 
     async def _lookup(self, key: str) -> HttpReply:
         found = await self.provider.lookup(key)
@@ -462,8 +493,13 @@ class LocalProviderServer:
         )
         exchange = _Exchange(asyncio.get_running_loop())
         token = _CURRENT_EXCHANGE.set(exchange)
+        items: AsyncIterator[Any] | None = None
         try:
-            call = asyncio.ensure_future(self.provider.call(sim_request))
+            if body.get("stream") is True:
+                items = aiter(self.provider.stream(sim_request))
+                call = asyncio.ensure_future(anext(items))  # the simulated call starts in this context
+            else:
+                call = asyncio.ensure_future(self.provider.call(sim_request))
         finally:
             _CURRENT_EXCHANGE.reset(token)
         try:
@@ -477,27 +513,103 @@ class LocalProviderServer:
             call.cancel()  # the simulator would make its client hang; here the connection does
             log(None, outcome, response_lost=True)
             return DropConnection(hold_s=0.0 if self.lost_mode == "close" else self.hold_s)
+        if items is not None:
+            try:
+                first = call.result()
+            except ProviderError as error:
+                return self._failure(reply, error, outcome)
+            return self._stream_reply(body, sim_request, items, first, exchange, entry, log)
         try:
             response = call.result()
-        except RateLimitError as error:
-            return self._rate_limited(reply, error, outcome)
-        except QuotaExhaustedError as error:
-            body_json = error_json(
-                f"{error} (insufficient quota)", "insufficient_quota", "insufficient_quota"
-            )
-            return reply(429, body_json, outcome)
-        except InvalidRequestError as error:
-            return reply(400, error_json(str(error), "invalid_request_error"), outcome)
-        except ServerError as error:
-            return reply(error.status, error_json(str(error), "server_error"), outcome)
-        except SchemaViolationError:
-            malformed = {"id": "chatcmpl-malformed", "object": "chat.completion", "choices": []}
-            return reply(200, malformed, outcome)
+        except ProviderError as error:
+            return self._failure(reply, error, outcome)
         assert exchange.execution is not None, "every simulated call is recorded"
         first = self._provider_ledger.first_success(self.config.name, sim_request.idempotency_key)
         source = first[0] if first is not None and outcome == "replay" else exchange.execution
         headers = {"idempotent-replayed": "true"} if outcome == "replay" else {}
         return reply(200, self._completion(source, response), outcome, headers)
+
+    def _failure(self, reply: Any, error: ProviderError, outcome: str) -> HttpReply:
+        """The answer to a simulated call that failed before any of its answer was sent."""
+        if isinstance(error, RateLimitError):
+            return self._rate_limited(reply, error, outcome)
+        if isinstance(error, QuotaExhaustedError):
+            message = f"{error} (insufficient quota)"
+            body_json = error_json(message, "insufficient_quota", "insufficient_quota")
+            return reply(429, body_json, outcome)
+        if isinstance(error, InvalidRequestError):
+            return reply(400, error_json(str(error), "invalid_request_error"), outcome)
+        if isinstance(error, ServerError):
+            return reply(error.status, error_json(str(error), "server_error"), outcome)
+        if isinstance(error, SchemaViolationError):
+            malformed = {"id": "chatcmpl-malformed", "object": "chat.completion", "choices": []}
+            return reply(200, malformed, outcome)
+        # e.g. a lost response's timeout: no answer of the API's fits; a server error says it failed
+        return reply(500, error_json(str(error), "server_error"), outcome)
+
+    def _stream_reply(
+        self,
+        body: Mapping[str, Any],
+        sim_request: ProviderRequest,
+        items: AsyncIterator[Any],
+        first: Any,
+        exchange: _Exchange,
+        entry: dict[str, Any],
+        log: Any,
+    ) -> StreamReply:
+        """The answer as OpenAI streams it: a role chunk, the text revealed as the simulated provider
+        generates it, a ``stop`` chunk, the usage chunk when asked, ``[DONE]``. A cut of the simulated
+        stream (``stream_cut_prob``) closes the connection mid-body, as a dropped connection does."""
+        payload = sim_request.payload
+        text = f"echo: {payload.get('input', '')}"
+        prompt, output = int(payload.get("prompt_units", 0)), int(payload.get("output_units", 0))
+        digest = hashlib.sha256(f"{sim_request.idempotency_key}:{sim_request.task_id}".encode()).hexdigest()
+        completion_id, created, model = f"chatcmpl-{digest[:16]}", int(time.time()), self.model
+        usage = include_usage(body)
+        ended: list[str] = []
+
+        async def parts() -> AsyncIterator[bytes]:
+            yield chunk_event(completion_id, model, created, {"role": "assistant", "content": ""})
+            shown = 0
+            generated = 0.0
+            item = first
+            while not isinstance(item, ProviderResponse):
+                if isinstance(item, StreamChunk):
+                    generated += item.units or 0.0
+                    whole = not (isinstance(item.data, Mapping) and "chunk" in item.data)
+                    upto = len(text) if whole else revealed(text, generated, output)
+                    if upto > shown:
+                        yield chunk_event(completion_id, model, created, {"content": text[shown:upto]})
+                        shown = upto
+                try:
+                    item = await anext(items)
+                except StopAsyncIteration:
+                    ended.append("stream_unfinished")
+                    raise CutStream from None
+                except ProviderError:  # a simulated cut (billed) or a late failure: the body stops
+                    ended.append("stream_cut")
+                    raise CutStream from None
+            if shown < len(text):
+                yield chunk_event(completion_id, model, created, {"content": text[shown:]})
+            yield chunk_event(completion_id, model, created, {}, "stop")
+            if usage:
+                yield usage_event(completion_id, model, created, prompt, output)
+            yield DONE
+
+        def on_end(whole: bool) -> None:
+            outcome = exchange.execution.outcome if exchange.execution is not None else "unrecorded"
+            if not whole:
+                outcome = ended[0] if ended else "client_gone"
+            log(200, outcome)
+
+        headers = {
+            **self._ratelimit_headers(),
+            "content-type": "text/event-stream",
+            "cache-control": "no-cache",
+        }
+        if entry["key"] is not None:
+            headers["idempotency-key"] = entry["key"]
+        return StreamReply(200, parts(), headers, on_end)
 
     def _rate_limited(self, reply: Any, error: RateLimitError, outcome: str) -> HttpReply:
         headers: dict[str, str] = {}
@@ -505,9 +617,25 @@ class LocalProviderServer:
         if error.retry_after_s is not None:
             millis = max(1, math.ceil(round(error.retry_after_s * self.time_scale * 1000.0, 6)))
             retry_after_wall = millis / 1000.0
-            headers = {"retry-after": f"{retry_after_wall:.3f}", "retry-after-ms": str(millis)}
+            # RFC 9110 delay-seconds is a whole number (urllib3 and requests refuse "0.500"): rounded
+            # up, never sooner than asked; retry-after-ms (OpenAI's header) keeps the fraction
+            headers = {"retry-after": str(math.ceil(millis / 1000)), "retry-after-ms": str(millis)}
         body = error_json(str(error), "requests", "rate_limit_exceeded")
         return reply(429, body, outcome, headers, retry_after_wall=retry_after_wall)
+
+
+def _ending_with(reply: StreamReply, also: Any) -> StreamReply:
+    """``reply`` whose end also calls ``also(whole)``."""
+    inner = reply.on_end
+
+    def on_end(whole: bool) -> None:
+        try:
+            if inner is not None:
+                inner(whole)
+        finally:
+            also(whole)
+
+    return StreamReply(reply.status, reply.parts, reply.headers, on_end)
 
 
 def _int_header(value: str | None, default: int) -> int:
