@@ -83,11 +83,15 @@ def stream_options_problem(body: Mapping[str, Any]) -> str | None:
 
 def revealed(text: str, generated: float, total: float) -> int:
     """How many characters of ``text`` an answer that generated ``generated`` of its ``total`` output
-    units has revealed (all of it when it states no total)."""
+    units has revealed (all of it when it states no total). At least one once anything was generated:
+    the first token is content the client sees, so its time to first token is the simulated one (a
+    short text over many units rounded the first chunks to nothing, and the client's first token came
+    a chunk late)."""
     if total <= 0:
         return len(text)
     share = min(1.0, max(0.0, generated / total))
-    return round(len(text) * share)
+    shown = round(len(text) * share)
+    return max(1, shown) if generated > 0 and text else shown
 
 
 def models_json(model: str) -> dict[str, Any]:
