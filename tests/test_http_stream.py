@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -29,10 +30,13 @@ from aiqsim.core.failures import (
     StreamCutError,
 )
 from aiqsim.core.task import Priority
+from aiqsim.core.token_bucket import QuotaLimits
 from aiqsim.http import HttpProvider
 from aiqsim.http.loopback import CutStream, HttpReply, HttpRequest, LoopbackHttpServer, StreamReply
 from aiqsim.http.sse_stream import StreamLimits
 from aiqsim.http.stream_events import MalformedStreamEventError
+from aiqsim.runtime import AsyncioRuntime
+from aiqsim.scheduler import RetryPolicy, Scheduler
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, StreamChunk
 
 OPENAI_STREAM = b"".join(
@@ -101,7 +105,7 @@ class Scripts:
     async def handle(self, request: HttpRequest) -> Any:
         body = request.json()
         self.requests.append(body)
-        script = request.headers.get("x-script", "openai")
+        script = request.headers.get("x-script") or body.get("script", "openai")
         if script == "openai":
             return StreamReply(200, _slowly(_events(OPENAI_STREAM)), SSE)
         if script == "anthropic":
@@ -115,7 +119,9 @@ class Scripts:
             return StreamReply(200, _slowly(_events(OPENAI_STREAM)[:3], cut=True), SSE)
         if script == "stall":  # keep-alive comments, never another event
             return StreamReply(200, _stall(_events(OPENAI_STREAM)[:2]), SSE)
-        if script == "stall-first":
+        if script == "stall-first":  # keep-alive comments, never an event
+            return StreamReply(200, _stall([]), SSE)
+        if script == "stall-after-role":  # the role chunk (no text), then nothing but keep-alives
             return StreamReply(200, _stall(_events(OPENAI_STREAM)[:1]), SSE)
         if script == "endless":  # events for ever
             return StreamReply(200, _endless(), SSE)
@@ -297,13 +303,56 @@ def test_limits_before_the_first_chunk_are_timeouts_not_cuts(server: Any) -> Non
     http, _ = server
 
     async def body() -> None:
-        # the documented first chunk carries no text (role only), then nothing but keep-alives
-        async with _provider(http, "stall-first", stream_limits=StreamLimits(idle_timeout_s=0.3)) as provider:
+        limits = StreamLimits(idle_timeout_s=0.3)
+        async with _provider(http, "stall-first", stream_limits=limits) as provider:
             with pytest.raises(ProviderTimeoutError, match=r"idle_timeout_s=0\.3") as raised:
                 await _collect(provider)
             assert not isinstance(raised.value, StreamCutError)
+        # the documented first chunk names the role (no text): the answer has begun, and is billed
+        async with _provider(http, "stall-after-role", stream_limits=limits) as provider:
+            with pytest.raises(StreamCutError, match=r"after 0 chunk\(s\): .*idle_timeout_s=0\.3"):
+                await _collect(provider)
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize(
+    ("script", "cause"),
+    [
+        ("malformed", "malformed openai stream event"),
+        ("stall", "no event for idle_timeout_s=0.3"),
+        ("endless", "total_timeout_s=0.5"),
+        ("cut", "connection failed"),
+        ("anthropic-error-mid", "overloaded_error"),
+    ],
+)
+def test_through_the_scheduler_a_broken_stream_fails_its_task_once_and_the_lane_goes_on(
+    server: Any, script: str, cause: str
+) -> None:
+    """The task whose stream broke after its first chunk was billed: with no lookup and keys not
+    honoured it fails naming the cause, sent once; the next task on the same lane succeeds."""
+    http, scripts = server
+
+    async def body() -> tuple[Any, Any]:
+        runtime = AsyncioRuntime()
+        limits = StreamLimits(idle_timeout_s=0.3, total_timeout_s=0.5, max_bytes=1 << 20)
+        provider = HttpProvider("p", http.url, stream_limits=limits)
+        scheduler = Scheduler(
+            runtime,
+            [provider],
+            quotas={"p": QuotaLimits(concurrency=1)},
+            retry=RetryPolicy(max_attempts=3, attempt_timeout_s=30.0),
+            rng=random.Random(3),
+        )
+        async with provider, scheduler:
+            broken = scheduler.submit("chat", {"script": script, "messages": []}, provider="p", stream=True)
+            good = scheduler.submit("chat", {"script": "openai", "messages": []}, provider="p", stream=True)
+            return await broken.wait(), await good.wait()
+
+    broken, good = asyncio.run(body())
+    assert broken.status.value == "failed" and "billed and cut" in broken.error and cause in broken.error
+    assert good.status.value == "succeeded" and good.result == "Hello!"
+    assert [sent["script"] for sent in scripts.requests] == [script, "openai"]  # never re-sent
 
 
 def test_schema_and_timeout_errors_keep_their_classes() -> None:

@@ -194,3 +194,12 @@ def test_retry_after_is_whole_seconds_that_urllib3_accepts_and_the_ms_header_kee
     assert urllib3.util.Retry().parse_retry_after(answer.headers["retry-after"]) == 1
     with pytest.raises(urllib3.exceptions.InvalidHeader):  # what the old "0.250" met
         urllib3.util.Retry().parse_retry_after("0.250")
+
+
+def test_the_first_token_reveals_text_however_short_the_answer() -> None:
+    from aiqsim.http.server_stream import revealed
+
+    assert revealed("echo: q", 1, 400) == 1  # one token of 400 already shows a character
+    assert revealed("echo: q", 0, 400) == 0
+    assert revealed("echo: q", 400, 400) == len("echo: q")
+    assert revealed("echo: q", 200, 400) == 4 and revealed("abcd", 2, 4) == 2

@@ -17,7 +17,7 @@ from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgument
 from aiqsim.scheduler.call_log import CALL_LOG_COLUMNS, CallLog
 from aiqsim.scheduler.events import AttemptRecord
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, StreamChunk
-from aiqsim.scheduler.scheduler import TaskFailedError
+from aiqsim.scheduler.scheduler import TaskCancelledError, TaskFailedError
 from aiqsim.scheduler.streams import StreamAlreadyReadError, StreamInterruptedError
 from tests.runtimes import RUNTIMES, run_on
 
@@ -329,3 +329,73 @@ def test_the_call_log_records_time_to_first_token_and_token_rate() -> None:
         assert CALL_LOG_COLUMNS[-6:][0] == "limit_requests"
 
     run_on("simpy", body)
+
+
+def test_a_call_log_written_before_the_stream_columns_still_reads(tmp_path: Any) -> None:
+    import csv
+
+    from aiqsim.lab.calibrate import read_call_log
+
+    async def body(runtime: Any) -> None:
+        log = CallLog()
+        async with _scheduler(runtime, ChunkProvider(runtime), log) as scheduler:
+            await scheduler.submit("chat", {"q": 14}, provider="p", stream=True)
+        log.write(tmp_path)
+
+    run_on("simpy", body)
+    calls = tmp_path / "calls.csv"
+    rows = list(csv.reader(calls.read_text().splitlines()))
+    dropped = [i for i, name in enumerate(rows[0]) if name in ("first_token_s", "tokens_per_s")]
+    calls.write_text("\n".join(",".join(c for i, c in enumerate(r) if i not in dropped) for r in rows) + "\n")
+    _, frame = read_call_log(tmp_path)
+    assert frame["first_token_s"].isna().all() and len(frame) == 1
+
+
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
+def test_cancelling_a_task_mid_stream_ends_its_reader_and_closes_the_stream(runtime_name: str) -> None:
+    async def body(runtime: Any) -> None:
+        provider = ChunkProvider(runtime, gap=100.0)
+        closed: list[bool] = []
+        stream = provider.stream
+
+        async def watched(request: ProviderRequest) -> Any:
+            try:
+                async for item in stream(request):
+                    yield item
+            finally:
+                closed.append(True)
+
+        provider.stream = watched  # type: ignore[method-assign]
+        async with _scheduler(runtime, provider) as scheduler:
+            submission = scheduler.submit("chat", {"q": 15}, provider="p", stream=True)
+            seen = []
+            with pytest.raises(TaskCancelledError):
+                async for chunk in submission.stream():
+                    seen.append(chunk.data)
+                    scheduler.cancel(submission.id)
+        assert seen == ["t0 "] and closed == [True]
+
+    run_on(runtime_name, body)
+
+
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
+def test_a_cut_before_any_chunk_is_billed_and_a_resend_still_streams_to_the_reader(runtime_name: str) -> None:
+    async def body(runtime: Any) -> None:
+        events: list[Any] = []
+        provider = ChunkProvider(runtime, cut_after=0, honours=True)  # begun (billed), nothing sent
+        async with _scheduler(runtime, provider, events.append) as scheduler:
+            submission = scheduler.submit("chat", {"q": 16}, provider="p", stream=True)
+            seen = await _read(runtime, submission)
+        assert [data for _, data in seen] == ["t0 ", "t1 ", "t2 ", "t3 "]
+        attempts = [e for e in events if type(e) is AttemptRecord]
+        assert [(a.outcome, a.decision) for a in attempts] == [("StreamCutError", "retry"), ("ok", "done")]
+        assert provider.streams == 2
+
+        refused = ChunkProvider(runtime, cut_after=0)  # no lookup, keys not honoured: not re-sent
+        async with _scheduler(runtime, refused) as scheduler:
+            submission = scheduler.submit("chat", {"q": 17}, provider="p", stream=True)
+            with pytest.raises(TaskFailedError, match="billed and cut"):
+                await _read(runtime, submission)
+        assert refused.streams == 1
+
+    run_on(runtime_name, body)

@@ -50,10 +50,11 @@ class ProviderTimeoutError(ProviderError, TimeoutError):
 
 class StreamCutError(ProviderTimeoutError):
     """A streamed answer stopped after its first chunk arrived (the connection dropped, the server
-    closed it, or a deadline cut it): the server has started, and billed, the work. Retryable like
-    any timeout, but a retry is a second bill unless the provider honours idempotency keys or can be
-    asked (``lookup``) for the answer it kept. ``received_units`` is what had arrived (tokens), if
-    known."""
+    closed it, or a deadline cut it), or after the provider said the answer had begun (an HTTP
+    stream's first event, which may carry no text): the server has started, and billed, the work.
+    Retryable like any timeout, but a retry is a second bill unless the provider honours idempotency
+    keys or can be asked (``lookup``) for the answer it kept. ``received_units`` is what had arrived
+    (tokens), if known."""
 
     def __init__(self, message: str = "stream cut", *, received_units: float | None = None) -> None:
         super().__init__(message)
@@ -67,7 +68,7 @@ class FirstTokenTimeoutError(ProviderTimeoutError):
 
 
 class BilledStreamCutError(ProviderError):
-    """A streamed answer was cut after its first chunk (billed), and the scheduler would not send it
+    """A streamed answer was cut once begun (billed), and the scheduler would not send it
     again: the provider neither honours idempotency keys nor could say (``lookup``) what it kept, so a
     retry would be a second bill. Fatal: the task fails with this error, naming what was received."""
 

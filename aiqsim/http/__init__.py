@@ -6,6 +6,8 @@
   ``http``; imported only when an HttpProvider is created), with Idempotency-Key,
   Retry-After and ``x-ratelimit-*`` header corrections (downwards only) of the client-side quota;
   :class:`ResponseDecodingError` / :class:`ResponseMismatchError` for answers it cannot use.
+  ``HttpProvider.stream()`` reads server-sent events (OpenAI chunks, Anthropic events) within
+  :class:`StreamLimits` (:mod:`aiqsim.http.sse`, :mod:`aiqsim.http.sse_stream`).
 - :func:`start_local_server`: an OpenAI-like server on 127.0.0.1 driven by a
   :class:`~aiqsim.sim.config.ProviderConfig`, for tests, demos and sim-vs-real checks
   (imported on first use: it runs the simulation lab's provider model).
@@ -27,6 +29,7 @@ from aiqsim.http.httpx_provider import HttpProvider
 from aiqsim.http.loopback import ServerStartError
 from aiqsim.http.openai_errors import map_openai_error, openai_error_mapper
 from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError, ResponseMismatchError
+from aiqsim.http.sse_stream import StreamLimits
 from aiqsim.http.status import HttpStatusError, error_for_status, is_quota_exhausted
 
 if TYPE_CHECKING:
@@ -56,6 +59,7 @@ __all__ = [
     "ResponseDecodingError",
     "ResponseMismatchError",
     "ServerStartError",
+    "StreamLimits",
     "apply_ratelimit_snapshot",
     "corrected_level",
     "error_for_status",

@@ -119,10 +119,17 @@ def describe_provider(config: ProviderConfig, time_scale: float) -> list[str]:
         noise = ", times an exponential factor of mean 1"
     else:
         noise = f", lognormal noise sigma {config.latency_sigma:g}" if config.latency_sigma else ""
-    lines.append(
-        f"latency: {_secs(config.latency_base_s, time_scale)} + "
-        f"{_secs(config.latency_per_unit_s, time_scale)} per output {unit}{noise}"
-    )
+    if config.streams and config.ttft_s is not None and config.tokens_per_s is not None:
+        cut = f"; {_pct(config.stream_cut_prob)} of streams cut (billed)" if config.stream_cut_prob else ""
+        lines.append(
+            f"streams: first token after {_secs(config.ttft_s, time_scale)}, then "
+            f"{config.tokens_per_s / time_scale:g} {unit}s per wall s{cut}"
+        )
+    else:
+        lines.append(
+            f"latency: {_secs(config.latency_base_s, time_scale)} + "
+            f"{_secs(config.latency_per_unit_s, time_scale)} per output {unit}{noise}"
+        )
     window = f"{60 * time_scale:g} s" if time_scale != 1 else "60 s"
     limits = []
     if config.server_requests_per_min is not None:
@@ -181,7 +188,8 @@ def banner(server: LocalProviderServer, scenario: Scenario, settings: ServeSetti
         f"aiqsim serve: provider {config.name!r} ({config.kind}) of scenario {scenario.name!r}, "
         f"seed {settings.seed}, time scale {settings.time_scale:g} (wall s per scenario s)",
         f"base URL: {base}/v1",
-        f"  POST {base}/v1/chat/completions  OpenAI chat completions",
+        f"  POST {base}/v1/chat/completions  OpenAI chat completions (stream=true: server-sent events)",
+        f"  GET  {base}/v1/models  the model it answers as",
         f"  GET  {base}/ledger  every request, execution and bill so far (JSON)",
         f"  {lookup}",
         *(f"  {line}" for line in describe_provider(config, settings.time_scale)),

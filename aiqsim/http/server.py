@@ -67,6 +67,7 @@ from aiqsim.core.failures import (
     RateLimitError,
     SchemaViolationError,
     ServerError,
+    StreamCutError,
 )
 from aiqsim.core.task import Priority
 from aiqsim.http.chat import (
@@ -516,6 +517,9 @@ class LocalProviderServer:
         if items is not None:
             try:
                 first = call.result()
+            except StreamCutError:  # cut (and billed) before its first token: the connection drops
+                log(None, "stream_cut", response_lost=True)
+                return DropConnection(hold_s=0.0)
             except ProviderError as error:
                 return self._failure(reply, error, outcome)
             return self._stream_reply(body, sim_request, items, first, exchange, entry, log)

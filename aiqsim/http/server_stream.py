@@ -10,6 +10,7 @@ https://platform.openai.com/docs/api-reference/chat-streaming.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,15 +84,13 @@ def stream_options_problem(body: Mapping[str, Any]) -> str | None:
 
 def revealed(text: str, generated: float, total: float) -> int:
     """How many characters of ``text`` an answer that generated ``generated`` of its ``total`` output
-    units has revealed (all of it when it states no total). At least one once anything was generated:
-    the first token is content the client sees, so its time to first token is the simulated one (a
-    short text over many units rounded the first chunks to nothing, and the client's first token came
-    a chunk late)."""
+    units has revealed (all of it when it states no total). Rounded up: the first token shows at
+    least one character, so a client's time to first token is the provider's, however short the
+    text is next to the tokens it stands for."""
     if total <= 0:
         return len(text)
     share = min(1.0, max(0.0, generated / total))
-    shown = round(len(text) * share)
-    return max(1, shown) if generated > 0 and text else shown
+    return min(len(text), math.ceil(len(text) * share - 1e-9))
 
 
 def models_json(model: str) -> dict[str, Any]:

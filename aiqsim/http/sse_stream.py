@@ -12,9 +12,10 @@ with, the time to first token). It keeps the limits a stream needs and a whole b
 
 Each ends the attempt with a project error naming the limit and its value; so do a malformed event
 (:class:`~aiqsim.http.stream_events.MalformedStreamEventError`), an ``error`` event, a connection
-that breaks, and a stream that ends before its end marker. Before the first chunk the error is
-raised as for a whole call (a timeout, a 5xx, a schema violation: retried as such); after it, the
-server has begun (and billed) the answer, so it is raised as
+that breaks, and a stream that ends before its end marker. Before the stream's first valid event
+the error is raised as for a whole call (a timeout, a 5xx, a schema violation: retried as such);
+after it (OpenAI's first chunk names only the role, Anthropic's ``message_start`` carries no text:
+the server has begun, and bills, the answer) it is raised as
 :class:`~aiqsim.core.failures.StreamCutError` with the cause in its message (the scheduler then
 looks it up, re-sends only under an honoured idempotency key, or fails the task: nothing is billed
 twice). Wall-clock time (``asyncio``'s loop clock), as any HTTP I/O; ``time_scale`` converts the
@@ -98,12 +99,13 @@ async def stream_answer(
     size = 0
     texts: list[str] = []
     first_at: float | None = None
+    began = False  # a valid event arrived: the server has begun (and bills) the answer
     feed = parts.__aiter__()
     end_marker = "message_stop" if decoder.format == "anthropic" else "[DONE] (or message_stop)"
 
     def ended(error: ProviderError) -> ProviderError:
         """``error`` as raised: as it is before the first chunk, a billed cut after it."""
-        if not texts:
+        if not began:
             return error
         cut = StreamCutError(
             f"{source}: the stream was cut after {len(texts)} chunk(s): {error}",
@@ -125,11 +127,12 @@ async def stream_answer(
         except StopAsyncIteration:
             for event in parser.close():  # a last line without its line end (then discarded)
                 texts.extend(_checked(decoder, event, ended))
+                began = True
             if not decoder.done:
                 raise ended(
                     ServerError(
                         f"{source}: the stream ended before its end marker {end_marker}"
-                        + (" (no event at all)" if not texts else ""),
+                        + ("" if began else " (no event at all)"),
                         status=0,
                     )
                 ) from None
@@ -153,6 +156,7 @@ async def stream_answer(
         for event in parser.feed(part):
             last_event = loop.time()
             new = _checked(decoder, event, ended)
+            began = True
             for text in new:
                 if first_at is None:
                     first_at = loop.time()

@@ -144,6 +144,9 @@ def read_call_log(location: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             if isinstance(error, CalibrationError):
                 raise
             raise CalibrationError(f"{folder}: cannot read {name}: {error}") from error
+        for column in _LATER_COLUMNS.get(name, ()):  # a log written before they existed: blank
+            if column not in frame.columns:
+                frame[column] = float("nan")
         missing = [c for c in columns if c not in frame.columns]
         if missing:
             raise CalibrationError(f"{folder}/{name}: missing column(s) {', '.join(missing)}")
@@ -158,11 +161,14 @@ _NUMBER_COLUMNS: dict[str, tuple[str, ...]] = {
     "tasks": ("cost_estimate", "attempts", "submitted_at", "started_at", "finished_at", "latency_s"),
     "calls": (
         "attempt", "start", "end", "latency_s", "cost_estimate", "usage", "output_units", "retry_after_s",
-        "delay_s", "limit_requests", "remaining_requests", "reset_requests_s", "limit_tokens",
-        "remaining_tokens", "reset_tokens_s",
+        "delay_s", "first_token_s", "tokens_per_s", "limit_requests", "remaining_requests",
+        "reset_requests_s", "limit_tokens", "remaining_tokens", "reset_tokens_s",
     ),
 }  # fmt: skip
 """The columns of a call log that hold numbers (blank where there is none), per file."""
+
+_LATER_COLUMNS: dict[str, tuple[str, ...]] = {"calls": ("first_token_s", "tokens_per_s")}
+"""Columns added after the first call logs were written: read as blank when a log lacks them."""
 
 _REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "tasks": ("task_id", "key", "provider", "priority", "submitted_at"),

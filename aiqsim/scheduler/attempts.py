@@ -156,7 +156,7 @@ class AttemptLoop:
                     if type(response) is not ProviderResponse and not isinstance(response, ProviderResponse):
                         raise broken_contract(lane.name, response)
                 except Exception as raised:
-                    error: BaseException = raised
+                    error = raised  # (not annotated: the compiled build would type it)
                     recovered: ProviderResponse | None = None
                     if isinstance(error, StreamCutError):  # billed: looked up, re-sent only when safe
                         recovered, error = await self._settle_cut(lane, live, error, policy)
@@ -405,14 +405,15 @@ class AttemptLoop:
     async def _settle_cut(
         self, lane: Lane, live: LiveTask, cut: StreamCutError, policy: RetryPolicy
     ) -> tuple[ProviderResponse | None, BaseException]:
-        """What becomes of a task whose streamed answer was cut after its first chunk (billed).
+        """What becomes of a task whose streamed answer was cut once begun (billed): after its first
+        chunk, or before it when the provider says the answer had begun (a StreamCutError).
 
         ``(response, cut)`` when the provider's ``lookup`` has the answer it kept (the task succeeds
         with it, billed once); ``(None, cut)`` when the provider honours idempotency keys (a re-send
         is not billed again: the cut is retried like a timeout); else ``(None, BilledStreamCutError)``
         (fatal: the answer was billed and cut, and is not sent again)."""
         channel = live.stream
-        if channel is not None:
+        if channel is not None and channel.started:  # (else a re-send may still stream to the reader)
             channel.interrupt(cut)
         provider = lane.provider
         name = lane.name
@@ -436,7 +437,7 @@ class AttemptLoop:
             return None, cut
         received = "" if cut.received_units is None else f", {cut.received_units:g} units received"
         billed = BilledStreamCutError(
-            f"provider {name!r}: the streamed answer was billed and cut after its first chunk "
+            f"provider {name!r}: the streamed answer was billed and cut after it began "
             f"({cut}{received}); "
             f"{looked} and the provider does not honour idempotency keys, so it was not sent again "
             "(a second bill); retry the task by hand (retry_failed) if a second bill is acceptable"
