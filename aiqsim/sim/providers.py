@@ -200,7 +200,8 @@ class Execution:
     """One call as the server saw it.
 
     ``start`` is when the request arrived, ``end`` when the server answered (or, for a lost
-    response, when it finished and billed the work; the client never hears of it).
+    response or a cut stream, when it finished and billed the work; the client never hears of it,
+    or, for a ``stream_cut``, heard its stream stop earlier).
     ``billed`` calls cost ``cost``; ``units`` is the request's prompt + output units.
     ``service_s`` is how long the provider model meant the call to take (its latency draw; None
     for calls answered without one): ``end - start`` exceeds it only by the runtime's timer lag,
@@ -320,7 +321,8 @@ class ProviderLedger:
 
     @property
     def billed_calls(self) -> int:
-        """Calls the provider charged for (executions, including lost responses and schema violations)."""
+        """Calls the provider charged for (executions, including lost responses, cut streams and schema
+        violations)."""
         return sum(1 for execution in self.executions if execution.billed)
 
     @property
