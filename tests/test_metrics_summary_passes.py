@@ -54,8 +54,9 @@ def test_the_scenarios_exercise_the_figures() -> None:
 
 
 def test_time_to_first_token_is_arrival_to_the_first_token_of_the_answer_kept() -> None:
-    result = simulate(SCENARIOS / "streaming_ttft.toml", seed=1)
+    result = simulate(SCENARIOS / "streaming_ttft.toml", seed=1, overrides={"retry.first_token_timeout_s": 3})
     ok = {e.task_id: e for e in result.events if isinstance(e, AttemptRecord) and e.outcome == "ok"}
+    assert not any(isinstance(e, AttemptRecord) and e.decision == "lookup" for e in result.events)
     arrivals = result.arrival_times
     ttfts = [
         ok[r.id].start + ok[r.id].first_token_s - arrivals[r.id]
@@ -66,13 +67,31 @@ def test_time_to_first_token_is_arrival_to_the_first_token_of_the_answer_kept() 
     assert result.summary["ttft_p50_s"] == np.percentile(ttfts, 50)
     assert result.summary["ttft_p99_s"] == np.percentile(ttfts, 99)
     retried = [r.id for r in result.records if r.status is TaskStatus.SUCCEEDED and r.attempts > 1]
-    assert retried, "cut streams make some tasks wait through a second attempt"
-    # a retried task's first token counts from arrival, not from its last attempt's start
-    assert all(
-        ok[task].start + ok[task].first_token_s - arrivals[task] > ok[task].first_token_s for task in retried
-    )
+    assert retried, "a first-token deadline makes some tasks wait through a second attempt"
+    # a retried task's first token counts from arrival: through the abandoned attempt's 3 s
+    assert all(ok[task].start + ok[task].first_token_s - arrivals[task] > 3.0 for task in retried)
 
 
 def test_without_the_stream_model_the_time_to_first_token_is_nan() -> None:
     summary = simulate(SCENARIOS / "timeout_duplicate_billing.toml", seed=1).summary
     assert math.isnan(summary["ttft_p50_s"]) and math.isnan(summary["ttft_p99_s"])
+
+
+def test_a_cut_stream_completed_from_the_providers_record_counts_its_own_first_token() -> None:
+    result = simulate(
+        SCENARIOS / "streaming_ttft.toml", seed=1, overrides={"providers.llm.supports_lookup": True}
+    )
+    settled = {
+        e.task_id: e.start + e.first_token_s - result.arrival_times[e.task_id]
+        for e in result.events
+        if isinstance(e, AttemptRecord) and e.decision == "lookup"
+    }
+    assert settled, "some cut streams were completed by lookup"
+    succeeded = [r.id for r in result.records if r.status is TaskStatus.SUCCEEDED]
+    assert set(settled) <= set(succeeded)
+    ok = {e.task_id: e for e in result.events if isinstance(e, AttemptRecord) and e.outcome == "ok"}
+    ttfts = [
+        settled[t] if t in settled else ok[t].start + ok[t].first_token_s - result.arrival_times[t]
+        for t in succeeded
+    ]
+    assert result.summary["ttft_p99_s"] == np.percentile(ttfts, 99)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any
 
 import httpx
@@ -96,10 +97,19 @@ def test_a_cut_stream_is_dropped_mid_body_and_billed_once() -> None:
             ):
                 if chunk.choices and chunk.choices[0].delta.content:
                     received.append(chunk.choices[0].delta.content)
+        _wait_until_idle(server.url)  # the cut is the connection's: the server finishes, then bills
         ledger = server.ledger()
     assert received  # the cut came after the answer began
     assert [entry.outcome for entry in ledger.requests] == ["stream_cut"]
     assert len(ledger.bills) == 1
+
+
+def _wait_until_idle(url: str, limit_s: float = 30.0) -> None:
+    """Until the server has no work in flight (bounded: a server that never finishes fails the test)."""
+    deadline = time.monotonic() + limit_s
+    while httpx.get(url + "/ledger", timeout=10).json()["in_flight"]:
+        assert time.monotonic() < deadline, f"the server still had work in flight after {limit_s:g} s"
+        time.sleep(0.05)
 
 
 def _scheduler_run(server_url: str, texts: list[str], log: CallLog) -> tuple[list[Any], list[list[str]]]:
@@ -153,15 +163,21 @@ def test_the_scheduler_streams_through_http_provider_and_reconciles_the_usage() 
     assert ledger.duplicate_bills == 0
 
 
-def test_a_cut_through_the_scheduler_is_billed_once_and_never_resent() -> None:
+@pytest.mark.parametrize("lookup", [False, True])
+def test_a_cut_through_the_scheduler_is_billed_once_and_never_resent(lookup: bool) -> None:
     log = CallLog()
-    config = ProviderConfig(name="llm", stream_cut_prob=1.0, **STREAMING)  # ignores keys, keeps no cut result
+    # ignores keys; with a lookup the server's record of the answer it finished settles the cut
+    config = ProviderConfig(name="llm", stream_cut_prob=1.0, supports_lookup=lookup, **STREAMING)
     with start_local_server(config) as server:
         records, streamed = _scheduler_run(server.url, ["cut me"], log)
+        _wait_until_idle(server.url)
         ledger = server.ledger()
     assert streamed[0][-1] == "<cut>"
-    assert records[0].status.value == "failed" and "billed and cut" in records[0].error
-    assert len(ledger.requests) == 1 and len(ledger.bills) == 1  # looked up (404), not sent again
+    if lookup:
+        assert records[0].status.value == "succeeded"  # completed from the provider's record
+    else:
+        assert records[0].status.value == "failed" and "billed and cut" in records[0].error
+    assert len(ledger.requests) == 1 and len(ledger.bills) == 1  # not sent again
 
 
 def test_retry_after_is_whole_seconds_that_urllib3_accepts_and_the_ms_header_keeps_the_fraction() -> None:

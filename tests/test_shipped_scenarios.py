@@ -137,10 +137,12 @@ def test_ai_edit_pipeline_finds_the_tts_quota_as_the_bottleneck_and_quota_there_
         assert fallback["jobs_failed"] < base["jobs_failed"]
 
 
-def test_streaming_ttft_states_first_token_times_and_bills_cut_streams_again() -> None:
+def test_streaming_ttft_fails_cut_streams_rather_than_bill_them_twice() -> None:
     s = run("streaming_ttft").summary
     uncut = run("streaming_ttft", **{"providers.llm.stream_cut_prob": 0.0}).summary
+    looked_up = run("streaming_ttft", **{"providers.llm.supports_lookup": True}).summary
     assert 0 < s["ttft_p50_s"] < s["ttft_p99_s"] < s["success_latency_p99_s"]
-    assert s["duplicate_billed_calls"] > 0 and s["cost_duplicated"] > 0  # cut streams, retried, billed again
-    assert uncut["duplicate_billed_calls"] == 0 and uncut["retries"] == 0
-    assert s["tasks_succeeded"] == s["tasks_submitted"] == uncut["tasks_succeeded"]
+    assert 0.02 * s["tasks_submitted"] < s["tasks_failed"] < 0.1 * s["tasks_submitted"]  # the 5% cut
+    assert uncut["tasks_failed"] < s["tasks_failed"] / 4
+    assert looked_up["tasks_failed"] <= uncut["tasks_failed"]  # completed from the provider's record
+    assert s["duplicate_billed_calls"] <= uncut["duplicate_billed_calls"] + 2  # a cut is not re-sent

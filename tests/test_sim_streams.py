@@ -114,26 +114,32 @@ def test_stream_yields_the_first_token_at_ttft_then_chunks_then_the_response(run
 
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)
-def test_a_cut_stream_is_billed_for_what_was_generated_and_raises_stream_cut(runtime_name):
+def test_a_cut_stream_ends_in_stream_cut_and_the_server_finishes_bills_and_keeps_the_answer(runtime_name):
     async def body(runtime):
         provider = SimulatedProvider(runtime, config(stream_cut_prob=1.0), random.Random(3))
         start = runtime.now()
         items, error = await collect(provider, request())
+        cut_at = runtime.now() - start
         await provider.finish_server_work()
-        return provider, [(at - start, item) for at, item in items], error
+        return provider, [(at - start, item) for at, item in items], error, cut_at
 
-    provider, items, error = run_on(runtime_name, body)
+    provider, items, error, cut_at = run_on(runtime_name, body)
     assert isinstance(error, StreamCutError)
     assert items and all(isinstance(item, StreamChunk) for _, item in items)  # no response
     received = sum(item.units for _, item in items)
-    assert error.received_units == received
+    assert error.received_units == received and 1 <= received < 100
+    first_at = items[0][0]
+    assert TTFT_S - 1e-9 <= first_at <= cut_at
+    if runtime_name == "simpy":
+        assert cut_at < TOTAL_S  # the connection dropped during the generation
+        # every chunk received was complete by the cut: token j of 100 at 3 + 2 * (j - 1) / 100
+        assert TTFT_S + 2.0 * (received - 1) / 100 <= cut_at + 1e-9
     [execution] = provider.ledger.executions
-    assert execution.outcome == "stream_cut" and execution.billed
-    generated = execution.units - 100  # prompt units are billed in full
-    assert received <= generated <= 100 and generated - received < STREAM_CHUNK_UNITS
-    assert execution.cost == pytest.approx(PRICE * execution.units / 1000)
-    assert TTFT_S <= execution.service_s <= TOTAL_S
-    assert provider.ledger.first_success("llm", "k") is None  # nothing kept to replay
+    assert execution.outcome == "stream_cut" and execution.billed and execution.units == 200
+    assert execution.cost == pytest.approx(PRICE * 200 / 1000)
+    assert execution.service_s == pytest.approx(TOTAL_S)  # the server finished the answer
+    kept = provider.ledger.first_success("llm", "k")
+    assert kept is not None and kept[0] is execution
 
 
 def test_call_meets_the_same_cut_at_the_same_time_without_chunks():
@@ -249,9 +255,9 @@ def test_the_stream_model_leaves_the_other_draws_where_they_were():
     assert fates(plain) == fates(streaming)
 
 
-def test_a_cut_is_retried_and_billed_again_even_where_keys_are_honoured():
+def run_cut_tasks(cfg: ProviderConfig, n: int = 40) -> tuple[list, list, SimulatedProvider]:
+    """``n`` streamed tasks through the real Scheduler: their final records, attempts and provider."""
     runtime = SimPyRuntime()
-    cfg = config(stream_cut_prob=0.5, honours_idempotency=True)
     provider = SimulatedProvider(runtime, cfg, random.Random(1))
     events: list = []
     retry = RetryPolicy(max_attempts=10, backoff=NoBackoff(), attempt_timeout_s=None)
@@ -261,23 +267,74 @@ def test_a_cut_is_retried_and_billed_again_even_where_keys_are_honoured():
 
     async def main():
         handles = [
-            scheduler.submit("llm", {"input": f"x{i}", "prompt_units": 100, "output_units": 100})
-            for i in range(40)
+            scheduler.submit("llm", {"input": f"x{i}", "prompt_units": 100, "output_units": 100}, stream=True)
+            for i in range(n)
         ]
         records = [await handle.wait() for handle in handles]
         await scheduler.close()
+        await provider.finish_server_work()
         return records
 
     records = runtime.run(main())
+    return records, [e for e in events if isinstance(e, AttemptRecord)], provider
+
+
+@pytest.mark.parametrize(
+    ("lookup", "honours", "settled_by"),
+    [(True, False, "lookup"), (False, True, "re-send"), (False, False, "failure")],
+)
+def test_the_scheduler_settles_cut_streams_billing_each_answer_once(lookup, honours, settled_by):
+    cfg = config(stream_cut_prob=0.5, supports_lookup=lookup, honours_idempotency=honours)
+    records, attempts, provider = run_cut_tasks(cfg)
     ledger = provider.ledger
-    attempts = [e for e in events if isinstance(e, AttemptRecord)]
-    cut = [a for a in attempts if a.outcome == "StreamCutError"]
+    cut = ledger.outcome_counts()["stream_cut"]
+    assert 5 < cut < 35
+    assert ledger.billed_calls == 40 and ledger.duplicate_billed_calls == 0  # never a second bill
+    succeeded = [r for r in records if r.status is TaskStatus.SUCCEEDED]
+    failed = [r for r in records if r.status is TaskStatus.FAILED]
+    if settled_by == "failure":
+        assert len(failed) == cut and all("BilledStreamCutError" in r.error for r in failed)
+    else:
+        assert len(succeeded) == 40
+        replays = ledger.outcome_counts()["replay"]
+        assert replays == (cut if settled_by == "re-send" else 0)
     ok = [a for a in attempts if a.outcome == "ok"]
-    assert cut and len(ok) == 40 and all(r.status is TaskStatus.SUCCEEDED for r in records)
-    assert all(a.first_token_s == pytest.approx(TTFT_S) for a in ok)
-    assert all(a.first_token_s is None for a in cut)
-    assert ledger.outcome_counts()["stream_cut"] == len(cut)
-    assert ledger.billed_calls == 40 + len(cut) and ledger.duplicate_billed_calls == len(cut)
+    assert ok and all(a.first_token_s == pytest.approx(TTFT_S) for a in ok if a.attempt == 1)
+    # a re-sent cut joins the execution still finishing, then gets its answer whole (a replay)
+    assert all(0 < a.first_token_s < TOTAL_S for a in ok if a.attempt > 1)
+    assert any(a.attempt > 1 for a in ok) == (settled_by == "re-send")
+
+
+def test_a_first_token_deadline_abandons_the_attempt_and_the_server_still_bills_it():
+    cfg = config(ttft_sigma=1.0)
+    runtime = SimPyRuntime()
+    provider = SimulatedProvider(runtime, cfg, random.Random(2))
+    events: list = []
+    retry = RetryPolicy(
+        max_attempts=6, backoff=NoBackoff(), attempt_timeout_s=None, first_token_timeout_s=4.0
+    )
+    scheduler = Scheduler(
+        runtime, [provider], retry=retry, rng=random.Random(0), events=events.append, background_limit=None
+    )
+
+    async def main():
+        handles = [
+            scheduler.submit("llm", {"input": f"x{i}", "prompt_units": 100, "output_units": 100}, stream=True)
+            for i in range(60)
+        ]
+        records = [await handle.wait() for handle in handles]
+        await scheduler.close()
+        await provider.finish_server_work()
+        return records
+
+    records = runtime.run(main())
+    attempts = [e for e in events if isinstance(e, AttemptRecord)]
+    abandoned = [a for a in attempts if a.outcome == "FirstTokenTimeoutError"]
+    assert abandoned and all(a.end - a.start == pytest.approx(4.0) for a in abandoned)
+    assert all(r.status is TaskStatus.SUCCEEDED for r in records)
+    assert all(a.first_token_s <= 4.0 for a in attempts if a.outcome == "ok")
+    ledger = provider.ledger
+    assert ledger.billed_calls == 60 + len(abandoned) and ledger.duplicate_billed_calls == len(abandoned)
 
 
 @pytest.mark.parametrize(

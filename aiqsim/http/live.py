@@ -146,6 +146,8 @@ COMPARED_KEYS = (
     "success_latency_p50_s",
     "success_latency_p95_s",
     "success_latency_p99_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
     "goodput_per_s",
     "sim_time_s",
 )

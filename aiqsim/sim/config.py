@@ -60,8 +60,9 @@ class ProviderConfig:
     mean-1 lognormal factor of sigma ``ttft_sigma``, the rest after ``output_units / tokens_per_s``
     more, times the latency noise above (``latency_dist``, ``latency_sigma``); ``latency_per_unit_s``
     is then unused and ``latency_base_s`` only times answers that generate nothing (an outage's 503,
-    an idempotent replay). With ``stream_cut_prob`` a stream stops at a uniformly drawn point of its
-    generation, billed for the prompt and the output generated so far.
+    an idempotent replay). With ``stream_cut_prob`` a stream's connection drops at a uniformly drawn
+    point of its generation: the client gets a ``StreamCutError``; the server finishes, bills and
+    keeps the answer, as for a lost response (``timeout_prob``).
     """
 
     name: str
@@ -92,8 +93,8 @@ class ProviderConfig:
     tokens_per_s: float | None = None
     """Generation rate of the stream model: output units per second after the first token."""
     stream_cut_prob: float = 0.0
-    """Probability that an answer's stream is cut during its generation (billed for what was
-    generated; the client gets :class:`~aiqsim.core.failures.StreamCutError`). Stream model only."""
+    """Probability that an answer's stream is cut during its generation (the client gets
+    :class:`~aiqsim.core.failures.StreamCutError`; the server finishes and bills). Stream model only."""
 
     @property
     def streams(self) -> bool:
@@ -124,6 +125,9 @@ class RetryConfig:
     honour_retry_after: bool = True
     max_retry_after_s: float | None = 300.0
     rate_limit_scope: RateLimitScopeName = "adaptive"
+    first_token_timeout_s: float | None = None
+    """For calls to a provider with the stream model (streamed): how long an attempt may wait for its
+    first chunk (``RetryPolicy.first_token_timeout_s``); ``attempt_timeout_s`` still bounds the whole."""
 
 
 @dataclass(frozen=True, slots=True)

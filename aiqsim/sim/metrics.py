@@ -58,12 +58,12 @@ SUMMARY_KEYS: dict[str, str] = {
     "failure_time_p50_s": "median arrival-to-failure time of tasks that ended failed (s): how long a user "
     "waited to learn the task would not succeed; NaN when none failed",
     "failure_time_p99_s": "99th percentile arrival-to-failure time of tasks that ended failed (s)",
-    "ttft_p50_s": "median time to first token of tasks that ended succeeded: from arrival to the first "
-    "token of the answer the task ended with (the start of its succeeding attempt, minus arrival, plus "
-    "that answer's first_token_s), so queueing and earlier attempts (a cut stream, a first-token "
-    "deadline that fired) count as the user waited through them; tasks whose answer stated no time to "
-    "first token (a provider without the stream model, a result from crash recovery) and deduped tasks "
-    "are left out; NaN when none is left (no provider streams)",
+    "ttft_p50_s": "median time to first token of tasks that ended succeeded (s): from arrival to the first "
+    "token of the answer the task ended with (its succeeding attempt's start minus arrival, plus that "
+    "attempt's first_token_s; a cut stream completed from the provider's record counts its own first "
+    "token), so queueing and abandoned attempts count as the user waited through them; deduped tasks "
+    "and answers that stated no time to first token are left out; NaN when none is left (no provider "
+    "streams)",
     "ttft_p99_s": "99th percentile time to first token of tasks that ended succeeded (s), as ttft_p50_s",
     "interactive_success_latency_p99_s": "99th percentile arrival-to-result time of interactive tasks "
     "that succeeded (s)",
@@ -211,10 +211,11 @@ def summarize(
 
 def first_token_times(events: Iterable[Any]) -> dict[str, float]:
     """Task id -> when the first token of its last successful attempt came (attempt start +
-    ``first_token_s``), for the attempts that stated one."""
+    ``first_token_s``), for the attempts that stated one. A stream cut that the provider's record
+    settled (decision ``lookup``) is the attempt that succeeded: its answer is the one looked up."""
     found: dict[str, float] = {}
     for e in events:
-        if isinstance(e, AttemptRecord) and e.outcome == "ok":
+        if isinstance(e, AttemptRecord) and (e.outcome == "ok" or e.decision == "lookup"):
             if e.first_token_s is None:
                 found.pop(e.task_id, None)
             else:

@@ -448,6 +448,7 @@ _RETRY = _Table(
         "honour_retry_after": _Boolean(),
         "max_retry_after_s": _Optional(_POSITIVE),
         "rate_limit_scope": _Choice(("lane", "task", "adaptive")),
+        "first_token_timeout_s": _Optional(_POSITIVE),
     },
     what="retry policy",
 )

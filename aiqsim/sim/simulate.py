@@ -276,6 +276,7 @@ def retry_policy(scenario: Scenario) -> RetryPolicy:
         honour_retry_after=r.honour_retry_after,
         max_retry_after_s=r.max_retry_after_s,
         rate_limit_scope=r.rate_limit_scope,
+        first_token_timeout_s=r.first_token_timeout_s,
     )
 
 
@@ -583,6 +584,9 @@ class _Run:
 
         self.job_arrivals: list[JobArrival] = [] if streaming is not None else _job_arrivals(scenario, seed)
         self.job_specs = job_specs(scenario)
+        self.streamed = frozenset(p.name for p in scenario.providers if p.streams)
+        """Providers with the stream model: a workload's task on one is submitted ``stream=True``, so
+        its attempts run through ``stream()`` (the first-token deadline applies)."""
         self.rejected_jobs: list[dict[str, Any]] = []
         self.events: list[SchedulerEvent] = []
         self.gates: list[Any] = []
@@ -805,6 +809,7 @@ class _Run:
                 priority=Priority.INTERACTIVE if arrival.priority == "interactive" else Priority.BACKGROUND,
                 cost_estimate=arrival.cost_estimate,
                 task_id=arrival.task_id,
+                stream=arrival.provider in self.streamed,
             )
         except (QueueFullError, QuotaConfigError) as refusal:
             if self.streaming is not None:

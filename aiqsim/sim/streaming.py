@@ -341,7 +341,7 @@ class StreamingSummary:
                 self.timeouts += 1
             if event.decision == "rejected":
                 self.rejected_locally += 1
-            if event.outcome == "ok":
+            if event.outcome == "ok" or event.decision == "lookup":  # as metrics.first_token_times
                 task = self._tasks.get(event.task_id)
                 if task is not None:
                     first = event.first_token_s
