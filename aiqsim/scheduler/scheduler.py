@@ -64,7 +64,14 @@ from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy
 from aiqsim.scheduler.events import EventSink, QueueRejected
 from aiqsim.scheduler.handles import OutcomeHandle, await_own
 from aiqsim.scheduler.lane_pump import LanePump
-from aiqsim.scheduler.lanes import Lane, LaneDispatch, check_slot_lease, lane_quota, share_quota_objects
+from aiqsim.scheduler.lanes import (
+    Lane,
+    LaneDispatch,
+    check_slot_lease,
+    lane_quota,
+    report_quota_outages,
+    share_quota_objects,
+)
 from aiqsim.scheduler.live import LiveTask, UnpersistedChange, new_live_task
 from aiqsim.scheduler.outcomes import Outcomes
 from aiqsim.scheduler.provider import Provider
@@ -407,6 +414,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             head.pump = LanePump(runtime, partial(self._dispatch, head), f"dispatch-{names}")
         for lane in self._lanes.values():
             lane.pump = lane.head.pump
+        report_quota_outages(self, self._lanes.values())  # a fleet quota's outage: QuotaUnavailable
         self._live: dict[str, LiveTask] = {}
         self._waiters: dict[str, list[str]] = {}
         self._watchers: dict[str, TaskHandle[None]] = {}
