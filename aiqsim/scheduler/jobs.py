@@ -90,7 +90,7 @@ from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve, reso
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
 from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError
-from aiqsim.stores.job_store import JobStore
+from aiqsim.stores.job_store import JobStore, latest_job_of
 
 if TYPE_CHECKING:
     from aiqsim.scheduler.depth_limit import Call
@@ -229,6 +229,9 @@ class Jobs:
         self._stage_tasks: dict[str, tuple[str, str]] = {}  # task id -> (job id, stage name)
         self._idle = Signal(scheduler.runtime)
         self._crashed = False
+        self._unchanged: set[tuple[str, str]] = set()
+        """The (name, version) of the specs whose last stored job was found to be theirs (one read
+        each, at their first submission here: :meth:`_check_unchanged`)."""
         for spec in specs:
             self.register(spec)
         scheduler._jobs = self
@@ -283,6 +286,7 @@ class Jobs:
                 f"job_id: expected a non-empty string or None, got {job_id!r}; no job was submitted"
             )
         self.register(spec)
+        self._check_unchanged(spec)
         priority = Priority(priority)
         key = spec.key(inputs)
         existing = self.store.job_owner_of(key)
@@ -324,6 +328,19 @@ class Jobs:
         with self._unpersisted(run):
             self._follow_owner(run, owner)
         return JobHandle(self, record.id, key, run)
+
+    def _check_unchanged(self, spec: JobSpec) -> None:
+        """Refuse ``spec`` when the last job stored under its name and version was submitted with
+        another spec (its inputs do not give its key under this one): a pipeline changed without a new
+        version. The job key holds the spec, so the changed one ran as a new job next to the finished
+        one (two finished jobs for the same inputs); recovery fails an unfinished one with the same
+        message. Read once per (name, version) in this process."""
+        if (spec.name, spec.version) in self._unchanged:
+            return
+        latest = latest_job_of(self.store, spec.name, spec.version)
+        if latest is not None and spec.key(latest.inputs) != latest.key:
+            raise JobSpecError(changed_spec_problem(spec, latest) + "; no job was submitted")
+        self._unchanged.add((spec.name, spec.version))
 
     def handle(self, job_id: str) -> JobHandle | None:
         """A handle for a job live in this scheduler (e.g. one re-driven by recovery)."""
@@ -529,10 +546,7 @@ class Jobs:
                     "recovering process (pass it to Jobs(scheduler, specs=[...]))"
                 )
             elif spec.key(record.inputs) != record.key:
-                problem = (
-                    f"the registered JobSpec {record.name!r} version {record.version!r} differs from the "
-                    "one this job was submitted with (its key does not match); bump the version"
-                )
+                problem = changed_spec_problem(spec, record)
             if problem is not None:
                 self._fail_stored(record, problem)
                 unknown += 1
@@ -1171,6 +1185,14 @@ class Jobs:
                 raise failure
 
             self.scheduler.runtime.call_soon(report, name=f"job event sink ({type(event).__name__})")
+
+
+def changed_spec_problem(spec: JobSpec, stored: JobRecord) -> str:
+    """Why ``spec`` may not run ``stored``'s pipeline: it has its name and version, not its stages."""
+    return (
+        f"the JobSpec {spec.name!r} version {spec.version!r} given here differs from the one job "
+        f"{stored.id!r} was submitted with (its key does not match): a changed pipeline needs a new version"
+    )
 
 
 def stage_task_key(stage: Stage, payload: Any) -> str:
