@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -88,7 +89,7 @@ from aiqsim.scheduler.arguments import SchedulerArgumentTypeError, UnknownNameEr
 from aiqsim.scheduler.foreign_owner import outage_may_pass, stop_waiting_on_unreadable
 from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve, resolve_with_error
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
-from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
+from aiqsim.scheduler.job_spec import DEFAULT_MAX_FAN_OUT, FanOutLimitError, JobSpec, JobSpecError, Stage
 from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError
 from aiqsim.stores.job_store import JobStore, latest_job_of
 
@@ -98,6 +99,8 @@ if TYPE_CHECKING:
     from aiqsim.scheduler.scheduler import Scheduler
 
 __all__ = [
+    "DEFAULT_MAX_FAN_OUT",
+    "FanOutLimitError",
     "JobCancelledError",
     "JobFailedError",
     "JobHandle",
@@ -198,6 +201,10 @@ class _JobRun:
     """Its ending is decided (its stage tasks are being stopped before its terminal write, or every
     result is in): their endings do not advance it, and a cancel comes too late."""
 
+
+SUBMIT_BATCH = 256
+"""A stage submits up to this many tasks in one step; a larger fan-out submits them this many at a
+time, letting the runtime run everything else that is ready in between (``sleep(0)``)."""
 
 _SHARED_JOB_ENDINGS = (JobStatus.SUCCEEDED, JobStatus.FAILED)
 """How a job may end for its waiting duplicates to share it; after any other ending the key is free."""
@@ -719,6 +726,9 @@ class Jobs:
     def _launch_stage(self, run: _JobRun, stage: Stage) -> None:
         try:
             payloads = self._build(stage, run.record.inputs, run.record.results)
+        except FanOutLimitError as error:
+            self._fail(run, stage.name, f"fan-out refused: {describe_error(error)}")
+            return
         except Exception as error:
             self._fail(run, stage.name, f"build raised {describe_error(error)}")
             return
@@ -735,6 +745,9 @@ class Jobs:
         before the crash while another of the stage's was not). Still queued (recovery resumes no
         call), they are cancelled before any call; left alone they would run and bill the stage's
         element on the fallback as well as on the primary (found by a review agent's crash sweep)."""
+        recorded = list(recorded)
+        if not recorded:  # a first launch: nothing to cancel (20,000 keys took 0.4 s to compute)
+            return
         try:
             keys = {stage_task_key(stage, payload) for payload in payloads}
         except FingerprintError:
@@ -850,9 +863,64 @@ class Jobs:
         job record *before* the tasks exist, so a task that ends inside ``submit`` (a duplicate
         of a finished call) is already known as this stage's when it reports back.
         """
+        phase.fallback = fallback
+        phase.launching = True
+        if len(items) > SUBMIT_BATCH:  # in steps, letting everything else run in between
+            name = f"job {run.record.id} stage {phase.stage.name}: submissions"
+            self.scheduler.runtime.spawn(self._submit_in_steps(run, phase, target, items), name=name)
+            return
+        ids = [self._new_task_id() for _ in items]
+        self._record_tasks(run, phase, ids)
+        if self._submit_tasks(run, phase, target, ids, items):
+            self._launched(run, phase)
+
+    async def _submit_in_steps(
+        self, run: _JobRun, phase: _StagePhase, target: Stage, items: list[tuple[int, Any]]
+    ) -> None:
+        """:meth:`_submit_phase` of a large fan-out: the task ids are drawn, then the tasks submitted,
+        :data:`SUBMIT_BATCH` at a time, with a ``sleep(0)`` after each batch, so the runtime runs
+        whatever else is ready in between (20,000 submissions in one step held the asyncio loop for
+        3.5 s: no answer was read, no lease renewed). It stops when the job ends meanwhile (a
+        cancel, a failure) or the scheduler crashed. The ids are in the job record before the first
+        task exists, as a small stage's are; an error no step expected fails the job at this stage."""
+        sleep = self.scheduler.runtime.sleep
+        batches = range(0, len(items), SUBMIT_BATCH)
+        try:
+            ids: list[str] = []
+            for start in batches:
+                ids.extend(self._new_task_id() for _ in items[start : start + SUBMIT_BATCH])
+                await sleep(0)
+                if self._launch_stopped(run):
+                    return
+            with self._unpersisted(run):
+                self._record_tasks(run, phase, ids)
+            for start in batches:
+                if start:
+                    await sleep(0)
+                    if self._launch_stopped(run):
+                        return
+                chunk = slice(start, start + SUBMIT_BATCH)
+                with self._unpersisted(run):
+                    if not self._submit_tasks(run, phase, target, ids[chunk], items[chunk]):
+                        return
+            with self._unpersisted(run):
+                self._launched(run, phase)
+        except Cancelled:
+            raise
+        except Exception as error:  # never a silent end: the job says where it stopped
+            if not self._launch_stopped(run):
+                with self._unpersisted(run):
+                    self._fail(run, phase.stage.name, f"submission failed: {describe_error(error)}")
+
+    def _launch_stopped(self, run: _JobRun) -> bool:
+        """Whether a stage's submissions in steps must stop: the job ended, or the scheduler crashed."""
+        return run.finished or self._crashed or self.scheduler._crashed
+
+    def _record_tasks(self, run: _JobRun, phase: _StagePhase, ids: list[str]) -> None:
+        """Write the stage's new task ids into the job record (one write) before the tasks exist."""
         scheduler = self.scheduler
         stage = phase.stage
-        ids = [self._new_task_id() for _ in items]
+        fallback = phase.fallback
         stage_tasks = {name: list(v) for name, v in run.record.stage_tasks.items()}
         stage_tasks[stage.name] = [*stage_tasks.get(stage.name, []), *ids]
         now = scheduler.runtime.now()
@@ -863,8 +931,14 @@ class Jobs:
         else:
             self._write(old.evolve(stage_tasks=stage_tasks, updated_at=now), run)
         self._emit_stage(run, stage.name, "fallback" if fallback else "submitted", tuple(ids))
-        phase.fallback = fallback
-        phase.launching = True
+
+    def _submit_tasks(
+        self, run: _JobRun, phase: _StagePhase, target: Stage, ids: list[str], items: list[tuple[int, Any]]
+    ) -> bool:
+        """Submit one task per ``(element index, payload)`` under the ids drawn for them; False when a
+        submission was refused (the job failed at this stage)."""
+        scheduler = self.scheduler
+        stage = phase.stage
         for task_id, (index, _) in zip(ids, items, strict=True):
             phase.pending[task_id] = index
             self._stage_tasks[task_id] = (run.record.id, stage.name)
@@ -890,9 +964,13 @@ class Jobs:
             raise
         except Exception as error:
             phase.launching = False
-            what = "fallback submission" if fallback else "submission"
+            what = "fallback submission" if phase.fallback else "submission"
             self._fail(run, stage.name, f"{what} refused: {describe_error(error)}")
-            return
+            return False
+        return True
+
+    def _launched(self, run: _JobRun, phase: _StagePhase) -> None:
+        """Every task of the phase was submitted: if all already ended, the phase is done."""
         phase.launching = False
         if not run.finished and not phase.pending:
             self._phase_done(run, phase)
@@ -1010,9 +1088,20 @@ class Jobs:
         payload = inputs if stage.build is None else stage.build(*copy.deepcopy((inputs, dict(results))))
         if not fan_out:
             return [payload]
-        if not isinstance(payload, list | tuple):
-            raise TypeError(f"a fan-out stage's build must return a list, got {type(payload).__name__}")
-        return list(payload)
+        limit = (primary or stage).max_fan_out
+        name = (primary or stage).name
+        if isinstance(payload, list | tuple):
+            if len(payload) > limit:
+                raise FanOutLimitError(name, len(payload), limit)
+            return list(payload)
+        if isinstance(payload, Iterator):  # read one element past the cap, no further
+            elements = list(itertools.islice(payload, limit + 1))
+            if len(elements) > limit:
+                raise FanOutLimitError(name, None, limit)
+            return elements
+        raise TypeError(
+            f"a fan-out stage's build must return a list or an iterator, got {type(payload).__name__}"
+        )
 
     def _fail(self, run: _JobRun, stage: str, reason: str) -> None:
         if run.finished:
