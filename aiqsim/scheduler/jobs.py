@@ -89,7 +89,9 @@ from aiqsim.scheduler.arguments import SchedulerArgumentTypeError, UnknownNameEr
 from aiqsim.scheduler.foreign_owner import outage_may_pass, stop_waiting_on_unreadable
 from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve, resolve_with_error
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
+from aiqsim.scheduler.job_host import JobHost
 from aiqsim.scheduler.job_spec import DEFAULT_MAX_FAN_OUT, FanOutLimitError, JobSpec, JobSpecError, Stage
+from aiqsim.scheduler.refusals import QueueFullError, SchedulerClosedError
 from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError
 from aiqsim.stores.job_store import JobStore, latest_job_of
 
@@ -111,8 +113,9 @@ __all__ = [
     "Stage",
 ]
 """The public job names: :mod:`aiqsim.scheduler` and :mod:`aiqsim` re-export exactly these (by
-``import *`` and this list), so one list says what is public. ``jobs_of``, ``keeps_jobs`` and
-``recover_jobs`` are the scheduler's own hooks into this module, imported by name."""
+``import *`` and this list), so one list says what is public. ``keeps_jobs`` and ``recover_jobs``
+are the scheduler's own hooks into this module, imported by name; the scheduler's side of the seam
+is :class:`~aiqsim.scheduler.job_host.JobHost`, and this module never imports the scheduler's."""
 
 
 class JobFailedError(SchedulingError):
@@ -219,8 +222,6 @@ class Jobs:
     """
 
     def __init__(self, scheduler: Scheduler, specs: Iterable[JobSpec] = ()) -> None:
-        if getattr(scheduler, "_jobs", None) is not None:
-            raise SchedulingError("this scheduler already has a Jobs orchestrator (scheduler.jobs)")
         store = scheduler.store
         if not keeps_jobs(store):
             raise ConfigurationError(
@@ -241,7 +242,8 @@ class Jobs:
         each, at their first submission here: :meth:`_check_unchanged`)."""
         for spec in specs:
             self.register(spec)
-        scheduler._jobs = self
+        self._host: JobHost = scheduler.attach_jobs(self)
+        """The scheduler's seam for jobs (:mod:`aiqsim.scheduler.job_host`): its private rules, by name."""
 
     # ------------------------------------------------------------------ public API
     def register(self, spec: JobSpec) -> None:
@@ -283,10 +285,9 @@ class Jobs:
     ) -> JobHandle:
         """Start a job (see :meth:`Scheduler.submit_job`)."""
         scheduler = self.scheduler
-        if scheduler._closed or scheduler._closing:
-            from aiqsim.scheduler.scheduler import SchedulerClosedError
-
-            raise SchedulerClosedError("scheduler is closed" if scheduler._closed else "scheduler is closing")
+        closed = self._host.closed_reason()
+        if closed is not None:
+            raise SchedulerClosedError(closed)
         if job_id is not None and (type(job_id) is not str or not job_id):
             # a number was stored as is in memory and as text in SQLite: get_job() then differed
             raise SchedulerArgumentTypeError(
@@ -298,18 +299,16 @@ class Jobs:
         key = spec.key(inputs)
         existing = self.store.job_owner_of(key)
         is_duplicate = existing is not None and existing.status in LIVE_OWNER_STATUSES
-        if scheduler._limits[priority] is None:  # the rule: depth_limit.py
+        if self._host.depth_limit(priority) is None:  # the rule: depth_limit.py
             limit = None
         elif is_duplicate:  # queues nothing of its own, unless it lifts its owner's queued calls
             assert existing is not None
-            limit = scheduler._refusing_job_limit(
+            limit = self._host.refusing_job_limit(
                 lambda: self._promoted_calls(existing.id, priority), priority
             )
         else:
-            limit = scheduler._refusing_job_limit(lambda: self._first_calls(spec, inputs, priority), priority)
+            limit = self._host.refusing_job_limit(lambda: self._first_calls(spec, inputs, priority), priority)
         if limit is not None:
-            from aiqsim.scheduler.scheduler import QueueFullError
-
             raise QueueFullError(
                 f"too many {priority.name.lower()} requests: {self.depth(priority)} already queued, jobs "
                 f"counted once (limit {limit}); try again later"
@@ -327,11 +326,11 @@ class Jobs:
             worker=scheduler.worker_id,
         )
         owner = self.store.insert_and_claim_job(record)
-        scheduler._staged(None)
+        self._host.staged()
         run = _JobRun(record=record, spec=spec)
         self._runs[record.id] = run
         self._emit(None, record)
-        scheduler._ensure_started()
+        self._host.ensure_started()
         with self._unpersisted(run):
             self._follow_owner(run, owner)
         return JobHandle(self, record.id, key, run)
@@ -416,8 +415,8 @@ class Jobs:
         """Queued requests of ``priority`` as the depth limit counts them: plain queued tasks,
         plus each unfinished job that is queued or has a stage task waiting in a queue, once.
         The queued tasks in ``starting`` (they start in this instant) are left out."""
-        live = self.scheduler._live
-        held = self.scheduler._held_by_gates(priority)  # first attempts a gate holds back: they wait
+        live = self._host.live
+        held = self._host.held_by_gates(priority)  # first attempts a gate holds back: they wait
         queued_stage_tasks = 0
         waiting_jobs: set[str] = set()
         for task_id, (job_id, _) in self._stage_tasks.items():
@@ -439,11 +438,7 @@ class Jobs:
             if record.priority is priority and record.status is QUEUED and run.waiting_on is None:
                 waiting_jobs.add(record.id)
         return (
-            self.scheduler._queued[priority]
-            - queued_stage_tasks
-            - plain_starting
-            + len(waiting_jobs)
-            + plain_held
+            self._host.queued(priority) - queued_stage_tasks - plain_starting + len(waiting_jobs) + plain_held
         )
 
     def _promoted_calls(self, owner_id: str, priority: Priority) -> list[Call]:
@@ -454,9 +449,7 @@ class Jobs:
         owner = self._runs.get(owner_id)
         if owner is None or owner.finished or priority >= owner.record.priority:
             return []
-        calls = (
-            self.scheduler._promoted_call(task_id, priority) for task_id, _ in self._live_stage_tasks(owner)
-        )
+        calls = (self._host.promoted_call(task_id, priority) for task_id, _ in self._live_stage_tasks(owner))
         return [call for call in calls if call is not None]
 
     def _first_calls(self, spec: JobSpec, inputs: Any, priority: Priority) -> list[Call]:
@@ -484,7 +477,6 @@ class Jobs:
                     continue
                 listed.add(stage.name)
                 more = True
-                lane = scheduler._lanes[stage.provider]
                 try:
                     payloads = self._build(stage, inputs, ended)
                     results: list[Any] = []  # of the calls that already succeeded
@@ -498,13 +490,12 @@ class Jobs:
                             continue
                         keys.add(key)
                         if owner is not None and owner.status in LIVE_OWNER_STATUSES:
-                            promoted = scheduler._promoted_call(owner.id, priority)
+                            promoted = self._host.promoted_call(owner.id, priority)
                             if promoted is not None:
                                 calls.append(promoted)
                             continue
                         cost = stage.cost(payload) if callable(stage.cost) else stage.cost
-                        estimate = scheduler._cost_estimate(lane, stage.task_kind, payload, cost)
-                        calls.append((lane, estimate, None))
+                        calls.append(self._host.new_call(stage.provider, stage.task_kind, payload, cost))
                     if len(results) == len(payloads):  # every call already done: the stage ends now
                         ended[stage.name] = results if stage.fan_out else results[0]
                 except Exception:  # reported by the launch, which runs the same code
@@ -579,7 +570,7 @@ class Jobs:
                     self._share_ending(run, ended)
                 continue
             owner = self.store.claim_job(record)
-            self.scheduler._staged(None)
+            self._host.staged()
             if owner.id == record.id:
                 resumed += 1
             else:
@@ -587,7 +578,7 @@ class Jobs:
             with self._unpersisted(run):
                 self._follow_owner(run, owner)
         if self._runs:
-            self.scheduler._ensure_started()
+            self._host.ensure_started()
         return JobRecoveryReport(resumed, reattached, unknown, left)
 
     # ------------------------------------------------------------------ claims and duplicates
@@ -617,12 +608,12 @@ class Jobs:
             return
         owner.record = owner.record.evolve(priority=priority)  # persisted with the job's next write
         for _, task in self._live_stage_tasks(owner):
-            self.scheduler._inherit_priority(task, priority)
+            self._host.inherit_priority(task, priority)
 
     def _live_stage_tasks(self, run: _JobRun) -> list[tuple[str, LiveTask]]:
         """``run``'s stage tasks live in this scheduler: those it submitted or picked up, and those its
         record names (a stage task that recovery resumed before its stage was re-driven)."""
-        live = self.scheduler._live
+        live = self._host.live
         recorded = [task_id for ids in run.record.stage_tasks.values() for task_id in ids]
         return [
             (task_id, live[task_id])
@@ -656,7 +647,7 @@ class Jobs:
                     self._share_ending(waiter, owner)
                 else:  # the owner was cancelled (or purged): the first waiter takes the key over
                     claimed = self.store.claim_job(waiter.record)
-                    self.scheduler._staged(None)
+                    self._host.staged()
                     self._follow_owner(waiter, claimed)
 
     def _stop_waiting_on(self, owner_id: str, error: StoreError) -> None:
@@ -752,7 +743,7 @@ class Jobs:
             keys = {stage_task_key(stage, payload) for payload in payloads}
         except FingerprintError:
             keys = set()
-        live = self.scheduler._live
+        live = self._host.live
         for task_id in recorded:
             task = live.get(task_id)
             if task is not None and task.record.key not in keys:
@@ -777,7 +768,7 @@ class Jobs:
         task_ids = list(recorded)
         if not task_ids or len(task_ids) < len(payloads):
             return False
-        live = self.scheduler._live
+        live = self._host.live
         stored: list[TaskRecord] = []
         for task_id in task_ids:
             record = live[task_id].record if task_id in live else self.store.get(task_id)
@@ -830,7 +821,7 @@ class Jobs:
         Put the phase in its fallback state, each failed element waiting on (or holding the
         outcome of) its fallback task; returns those elements. ``None`` when the stored tasks are
         not that shape."""
-        live = self.scheduler._live
+        live = self._host.live
         failed = [index for index, record in enumerate(primaries) if not _succeeded(record)]
         if (
             phase.stage.fallback_stage() is None
@@ -914,7 +905,7 @@ class Jobs:
 
     def _launch_stopped(self, run: _JobRun) -> bool:
         """Whether a stage's submissions in steps must stop: the job ended, or the scheduler crashed."""
-        return run.finished or self._crashed or self.scheduler._crashed
+        return run.finished or self._crashed or self._host.crashed
 
     def _record_tasks(self, run: _JobRun, phase: _StagePhase, ids: list[str]) -> None:
         """Write the stage's new task ids into the job record (one write) before the tasks exist."""
@@ -1158,7 +1149,7 @@ class Jobs:
         try:
             yield
         except StoreError as error:
-            if self._crashed or self.scheduler._crashed:
+            if self._crashed or self._host.crashed:
                 raise
             self._abandon(run, error)
 
@@ -1187,10 +1178,10 @@ class Jobs:
 
     def _write(self, record: JobRecord, run: _JobRun | None = None) -> None:
         """Persist ``record`` (and make it ``run``'s record); a crashed process writes nothing."""
-        if self._crashed or self.scheduler._crashed:
+        if self._crashed or self._host.crashed:
             raise Cancelled()
         self.store.update_job(record)
-        self.scheduler._staged(None)  # with a store that defers commits, a flush follows
+        self._host.staged()  # with a store that defers commits, a flush follows
         if run is not None:
             run.record = record
 
@@ -1207,11 +1198,8 @@ class Jobs:
         for task_ids in record.stage_tasks.values():
             for task_id in task_ids:
                 self._stage_tasks.pop(task_id, None)
-        commit = self.scheduler._commit
-        if commit is None or not commit.pending:
-            self._settle(run, record, None)
-        else:  # a store that defers commits: the job ends once its terminal write is durable
-            commit.durable().add_done_callback(lambda flushed: self._settle(run, record, flushed.result()))
+        # with a store that defers commits, the job ends once its terminal write is durable
+        self._host.when_durable(lambda lost: self._settle(run, record, lost))
 
     def _settle(self, run: _JobRun, record: JobRecord, lost: StoreWriteError | None) -> None:
         """The terminal ``record`` is durable (``lost`` is None): the handle resolves with it and the
@@ -1309,14 +1297,14 @@ def _succeeded(record: TaskRecord) -> bool:
 
 
 async def recover_jobs(
-    scheduler: Scheduler, adopted: frozenset[str | None] | None
+    scheduler: Scheduler, jobs: Jobs | None, adopted: frozenset[str | None] | None
 ) -> JobRecoveryReport | None:
     """The jobs step of ``Scheduler.recover``: re-drive unfinished jobs (None if the store keeps none).
 
-    Without a :class:`Jobs` attached, one is created when the store holds unfinished jobs, so
-    that every one of them ends terminal: without registered specs they end ``failed``, saying so.
+    ``jobs``: the scheduler's orchestrator, if it has one. Without one, one is created when the
+    store holds unfinished jobs, so that every one of them ends terminal: without registered specs
+    they end ``failed``, saying so.
     """
-    jobs = getattr(scheduler, "_jobs", None)
     if jobs is None:
         store = scheduler.store
         if not keeps_jobs(store) or not store.list_jobs(QUEUED, RUNNING):  # type: ignore[attr-defined]
@@ -1329,9 +1317,3 @@ def keeps_jobs(store: object) -> bool:
     """Whether ``store`` has a job table: it implements :class:`JobStore`, and so does the store it
     wraps, if it is a wrapper with an ``inner`` store (e.g. :class:`~aiqsim.sim.crash.CrashingStore`)."""
     return isinstance(store, JobStore) and isinstance(getattr(store, "inner", store), JobStore)
-
-
-def jobs_of(scheduler: Scheduler) -> Jobs:
-    """The scheduler's :class:`Jobs` orchestrator, created on first use (with no registered specs)."""
-    jobs = getattr(scheduler, "_jobs", None)
-    return jobs if jobs is not None else Jobs(scheduler)
