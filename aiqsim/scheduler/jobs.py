@@ -7,6 +7,18 @@ and runs as an ordinary scheduler task -- same quotas, dispatch, retries, idempo
 recovery as any other call. A stage with ``fan_out=True`` builds a list and runs one task per
 element (one TTS call per paragraph); its result is the list of results, in order.
 
+Fan-out: a stage's build may give at most its ``max_fan_out`` elements (10,000 by default,
+:data:`~aiqsim.scheduler.job_spec.DEFAULT_MAX_FAN_OUT`); more fails the job at that stage with
+:class:`~aiqsim.scheduler.job_spec.FanOutLimitError` before any of its tasks is submitted (a build
+returning an iterator is read one element past the cap, no further). A fan-out of more than
+:data:`SUBMIT_BATCH` elements is submitted that many tasks at a time, the runtime running whatever
+else is ready in between, so a large stage never holds the event loop for all its submissions.
+
+A spec is known by its name and version: a changed pipeline needs a new version. A job submitted
+with a spec whose name and version the last stored job had, but not its stages, is refused with
+:class:`JobSpecError`; recovery fails an unfinished job whose registered spec changed with the same
+message.
+
 Idempotency, two levels:
 
 - the *job* key is the fingerprint of the spec (name, version, each stage's definition, including
