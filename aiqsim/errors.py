@@ -22,6 +22,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
     │   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
     │   ├── JobSpecError                   a job spec that cannot run (cycle, unknown stage or provider)
+    │   │   └── FanOutLimitError           a fan-out stage's build gave more than its max_fan_out
     │   ├── NoSettingMeetsError            no swept setting meets a decision's target on every seed
     │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   ├── KitOptionError                 a bad --aiqsim-* pytest option (aiqsim.testing)
@@ -124,7 +125,7 @@ from aiqsim.runtime.simpy_runtime import InvalidStateError, RuntimeAlreadyRunnin
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.call_log import CallLogError
 from aiqsim.scheduler.handles import OutcomeAlreadySetError
-from aiqsim.scheduler.jobs import JobCancelledError, JobFailedError, JobSpecError
+from aiqsim.scheduler.jobs import FanOutLimitError, JobCancelledError, JobFailedError, JobSpecError
 from aiqsim.scheduler.scheduler import (
     QueueFullError,
     SchedulerClosedError,
@@ -164,6 +165,7 @@ __all__ = [
     "CutStream",
     "DeadlineExceeded",
     "DuplicateTaskIdError",
+    "FanOutLimitError",
     "FingerprintError",
     "FirstTokenTimeoutError",
     "HttpExchangeError",

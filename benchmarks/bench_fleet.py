@@ -112,7 +112,7 @@ def main() -> int:
         pg.close()
         pg = PostgresStore(dsn, schema="bench_fleet")
         lite = SqliteStore(Path(tmp) / "tasks.sqlite3")
-        shared = RedisQuota(url, "bench-fleet", limits)
+        shared = RedisQuota(url, "bench-fleet", limits, redefine=True)  # the bench sets the account up
         shared.reset()
         local = MultiQuota(limits)
         for round_no in range(args.rounds):

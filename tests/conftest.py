@@ -98,7 +98,7 @@ def account(redis_url: str):  # type: ignore[no-untyped-def]
     from aiqsim.fleet.redis_quota import quota_key_prefix
 
     prefix = quota_key_prefix(name)
-    redis.Redis.from_url(redis_url).delete(f"{prefix}:state", f"{prefix}:slots")
+    redis.Redis.from_url(redis_url).delete(f"{prefix}:state", f"{prefix}:slots", f"{prefix}:definition")
 
 
 # ------------------------------------------------------------------ CI: a skip is a failure

@@ -144,3 +144,213 @@ def test_the_provider_profile_classifier_is_pure(module: str) -> None:
         if isinstance(node, ast.ImportFrom) and node.module
     }
     assert not imported & {"httpx", "asyncio", "time", "datetime", "socket", "simpy", "numpy", "pandas"}
+
+
+# ------------------------------------------------------------------ rooms: private names, import cycles
+#
+# A room is a top-level part of the package (``aiqsim/core``, ``aiqsim/scheduler``, ``aiqsim/cli.py``...).
+# Rooms meet through public seams: no module imports a private (``_underscore``) name, or a private
+# module, of another room. And no module imports, even lazily inside a function, one that imports it
+# back, directly or through others (the scheduler imported jobs, which imported the scheduler): a
+# cycle hides which of two modules builds on the other. Imports under ``if TYPE_CHECKING:`` never
+# run (annotations only) and are left out.
+
+
+def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _room(module: str) -> str:
+    """``aiqsim.scheduler.jobs`` -> ``scheduler``; ``aiqsim.cli`` -> ``cli``; ``aiqsim`` -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _run_time_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement that may run: at module level or inside a function, not under
+    ``if TYPE_CHECKING:`` (its ``else`` branch does run)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for alternative in child.orelse:
+                    visit_node(alternative)
+            else:
+                visit_node(child)
+
+    def visit_node(node: ast.AST) -> None:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            for alternative in node.orelse:
+                visit_node(alternative)
+        else:
+            visit(node)
+
+    visit(tree)
+    return found
+
+
+def _package_modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    return {_module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+
+
+def _imported(
+    module: str, path: pathlib.Path, node: ast.Import | ast.ImportFrom
+) -> list[tuple[str, str | None]]:
+    """``(module imported, name taken from it or None)`` for one import statement of ``module``."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, None) for alias in node.names]
+    if node.level:
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module or ""
+    return [(source, alias.name) for alias in node.names]
+
+
+def _private_imports(root: pathlib.Path) -> list[str]:
+    problems = []
+    for module, path in _package_modules(root).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for source, name in _imported(module, path, node):
+                if source.split(".")[0] != root.name or _room(source) == _room(module):
+                    continue
+                private_module = any(_private(part) for part in source.split("."))
+                if private_module or (name is not None and _private(name)):
+                    shown = f"{source}.{name}" if name is not None else source
+                    problems.append(f"{path}:{node.lineno}: {module} imports {shown} from another room")
+    return problems
+
+
+def _import_graph(root: pathlib.Path) -> dict[str, set[str]]:
+    """Module -> the package modules it imports at run time (a ``from package import module``
+    counts as importing that submodule, a ``from package import name`` as importing the package)."""
+    modules = _package_modules(root)
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges: set[str] = set()
+        for node in _run_time_imports(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            for source, name in _imported(module, path, node):
+                if name is not None and f"{source}.{name}" in modules:
+                    edges.add(f"{source}.{name}")
+                elif source in modules:
+                    edges.add(source)
+        edges.discard(module)
+        graph[module] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_module_imports_another_rooms_private_name() -> None:
+    assert _private_imports(PACKAGE) == []
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = _import_graph(PACKAGE)
+    assert "aiqsim.scheduler.jobs" in graph and "aiqsim.scheduler.scheduler" in graph
+    assert _cycles(graph) == []
+
+
+def test_the_room_checks_catch_what_they_claim(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "pkg"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    for init in (root / "__init__.py", root / "a" / "__init__.py", root / "b" / "__init__.py"):
+        init.write_text("", encoding="utf-8")
+    (root / "a" / "one.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom pkg.b.two import _hidden\nif TYPE_CHECKING:\n"
+        "    from pkg.b.three import Three\n\ndef later():\n    from pkg.a import two\n",
+        encoding="utf-8",
+    )
+    (root / "a" / "two.py").write_text(
+        "from . import one\nfrom pkg.a.one import _same_room\n", encoding="utf-8"
+    )
+    (root / "b" / "two.py").write_text("import pkg.a._secret\n_hidden = 1\n", encoding="utf-8")
+    (root / "b" / "three.py").write_text("from pkg.a.one import later\nclass Three: ...\n", encoding="utf-8")
+    problems = _private_imports(root)
+    assert len(problems) == 2 and "pkg.b.two._hidden" in problems[0] and "pkg.a._secret" in problems[1]
+    # a.one <-> a.two is a cycle (a lazy import counts); b.three -> a.one closes none, since a.one
+    # imports b.three only under TYPE_CHECKING
+    assert _cycles(_import_graph(root)) == [["pkg.a.one", "pkg.a.two"]]
+
+
+def test_jobs_use_the_scheduler_only_through_its_public_api_and_the_job_host() -> None:
+    """Jobs read ``scheduler._cost_estimate``, ``scheduler._held_by_gates`` and a dozen more of its
+    private attributes; they now go through :class:`~aiqsim.scheduler.job_host.JobHost`."""
+    path = PACKAGE / "scheduler" / "jobs.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+            continue
+        owner = node.value
+        named = (
+            owner.id
+            if isinstance(owner, ast.Name)
+            else owner.attr
+            if isinstance(owner, ast.Attribute)
+            else ""
+        )
+        if named == "scheduler":
+            found.append(f"{path}:{node.lineno}: scheduler.{node.attr}")
+    assert found == []

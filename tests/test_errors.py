@@ -93,7 +93,7 @@ def test_the_errors_module_exports_every_public_exception() -> None:
         ("aiqsim.core.token_bucket.QuotaConfigError", ValueError),
         ("aiqsim.core.fingerprint.FingerprintError", TypeError),
         ("aiqsim.stores.base.StoreCorruptError", RuntimeError),
-        ("aiqsim.scheduler.scheduler.QueueFullError", RuntimeError),
+        ("aiqsim.scheduler.refusals.QueueFullError", RuntimeError),
         ("aiqsim.core.failures.ProviderTimeoutError", TimeoutError),
     ],
 )

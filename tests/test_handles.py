@@ -186,7 +186,6 @@ def test_a_job_handle_relays_an_exception_on_its_future_instead_of_hanging(rt_na
     """JobHandle used to copy only a result: an exception raised inside its callback, and the
     waiter never resolved. It now waits as Submission does (the scheduler never ends a job with an
     exception today)."""
-    from aiqsim.scheduler.jobs import jobs_of
 
     class Broken(Exception):
         pass
@@ -194,7 +193,7 @@ def test_a_job_handle_relays_an_exception_on_its_future_instead_of_hanging(rt_na
     async def body(rt):
         scheduler = Scheduler(rt, [ScriptedProvider(rt, latency_s=1.0)], rng=random.Random(5))
         holder = PendingOutcome()
-        handle = JobHandle(jobs_of(scheduler), "job-1", "key-1", holder)
+        handle = JobHandle(scheduler.jobs, "job-1", "key-1", holder)
         waiter = rt.spawn(handle.wait())
         await rt.sleep(1)
         resolve_with_error(holder, Broken("lost"))

@@ -1291,9 +1291,11 @@ class RawSocketServer:
     Every answer echoes the request's key when ``echo`` is set.
     """
 
-    def __init__(self, extra: Any, *, echo: bool = True) -> None:
+    def __init__(self, extra: Any, *, echo: bool = True, echoes: Any = None) -> None:
         self.extra = extra
         self.echo = echo
+        self.echoes = echoes
+        """``echoes(key)``: the Idempotency-Key values to send, one header line each (else the key once)."""
         self.connections = 0
         self._sock = socket.create_server(("127.0.0.1", 0))
         self._sock.settimeout(0.2)
@@ -1302,9 +1304,10 @@ class RawSocketServer:
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
 
     @staticmethod
-    def answer(key: str | None, content: str) -> bytes:
+    def answer(key: str | None, content: str, echoes: list[str] | None = None) -> bytes:
         body = json.dumps(completion_json("c", "m", content, 1, 1, 0)).encode()
-        echo = f"idempotency-key: {key}\r\n" if key is not None else ""
+        lines = echoes if echoes is not None else [key] if key is not None else []
+        echo = "".join(f"idempotency-key: {value}\r\n" for value in lines)
         head = (
             f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n{echo}\r\n"
         )
@@ -1352,7 +1355,9 @@ class RawSocketServer:
                         rest += conn.recv(65536)
                     buffer = rest[length:]
                     key = headers.get("idempotency-key")
-                    conn.sendall(self.answer(key if self.echo else None, f"answer {key}") + self.extra(key))
+                    echoes = self.echoes(key) if self.echoes is not None else None
+                    answer = self.answer(key if self.echo else None, f"answer {key}", echoes)
+                    conn.sendall(answer + self.extra(key))
                 except TimeoutError:
                     continue
                 except OSError:
@@ -1428,6 +1433,19 @@ def test_an_answer_without_an_echo_is_accepted_as_before() -> None:
     with RawSocketServer(lambda key: b"", echo=False) as server:
         response = run(call_once(HttpProvider("llm", server.url, timeout=5.0), make_request(key="K")))
     assert response.result == "answer K"
+
+
+def test_a_key_echoed_twice_alike_is_accepted_and_differing_echoes_are_refused() -> None:
+    """An origin and a proxy that both echo the key send two header lines, which httpx joins as
+    ``"K, K"``: that answer is the request's own (it was refused, and the task failed after its
+    attempts). Read value by value, as Retry-After is; one value that differs still refuses it."""
+    with RawSocketServer(lambda key: b"", echoes=lambda key: [key, key]) as server:
+        response = run(call_once(HttpProvider("llm", server.url, timeout=5.0), make_request(key="K")))
+    assert response.result == "answer K"
+    differing = RawSocketServer(lambda key: b"", echoes=lambda key: [key, "other"])
+    with differing as server, pytest.raises(ResponseMismatchError) as refused:
+        run(call_once(HttpProvider("llm", server.url, timeout=5.0), make_request(key="K")))
+    assert refused.value.sent_key == "K" and "other" in str(refused.value.echoed_key)
 
 
 def test_pool_size_comes_from_the_argument_then_the_lane_then_the_default() -> None:

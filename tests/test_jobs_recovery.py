@@ -127,7 +127,7 @@ def test_a_job_whose_registered_spec_changed_under_the_same_version_is_not_run_w
         return store.get_job("j"), provs
 
     job, provs = crash_in_stage_b_then(restart)
-    assert job.status is JobStatus.FAILED and "differs from the one this job was submitted with" in job.error
+    assert job.status is JobStatus.FAILED and "differs from the one job 'j' was submitted with" in job.error
     assert [name for _, name, _ in provs["b"].calls] == ["second:done:first:1"]  # nothing ran with it
 
 

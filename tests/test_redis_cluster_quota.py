@@ -56,15 +56,15 @@ NAMES = ["openai-prod", "acct", "a}b", "}x", "{x}", "x{", "{}", "ünïcode", "a:
 """Account names, some with braces: whatever a name holds, all of its keys must share one slot."""
 
 
-def _quota(url: str, name: str, client: Any = None) -> Any:
+def _quota(url: str, name: str, client: Any = None, *, verify: bool = True) -> Any:
     from aiqsim.fleet import RedisQuota
 
     limits = QuotaLimits(requests_per_min=600, tokens_per_min=6000, concurrency=2)
-    return RedisQuota(None if client is not None else url, name, limits, client=client)
+    return RedisQuota(None if client is not None else url, name, limits, client=client, verify=verify)
 
 
 def _keys(quota: Any) -> list[str]:
-    return [*quota._keys, quota._marker()]
+    return [*quota._keys, quota._marker(), quota._definition_key]
 
 
 def test_keyslot_gives_the_published_values() -> None:
@@ -80,16 +80,17 @@ def test_keyslot_gives_the_published_values() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_key_of_an_account_hashes_to_one_slot(name: str) -> None:
-    quota = _quota("redis://127.0.0.1:1/0", name)  # never connects: only the key names are read
+    quota = _quota("redis://127.0.0.1:1/0", name, verify=False)  # never connects: only the key names are read
     keys = _keys(quota)
-    assert len(keys) == 3 and len(set(keys)) == 3
+    assert len(keys) == 4 and len(set(keys)) == 4  # state, slots, settle marker, definition
     assert len({keyslot(key) for key in keys}) == 1, {key: keyslot(key) for key in keys}
 
 
 def test_the_key_names_are_documented_ones() -> None:
     """The names the module docs give (and tell an upgrading fleet to look for)."""
-    quota = _quota("redis://127.0.0.1:1/0", "openai-prod")
-    state, slots, marker = _keys(quota)
+    quota = _quota("redis://127.0.0.1:1/0", "openai-prod", verify=False)
+    state, slots, marker, definition = _keys(quota)
+    assert definition == "{aiqsim:quota:openai-prod}:definition"
     assert (state, slots) == ("{aiqsim:quota:openai-prod}:state", "{aiqsim:quota:openai-prod}:slots")
     assert marker.startswith("{aiqsim:quota:openai-prod}:settled:")
 

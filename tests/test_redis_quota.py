@@ -117,7 +117,9 @@ def _hammer(redis_url: str, account: str, seed: int) -> tuple[int, float, float]
 def test_unreachable_redis_fails_closed_by_default() -> None:
     from aiqsim.fleet import RedisQuota
 
-    q = RedisQuota("redis://127.0.0.1:1/0", "acct", QuotaLimits(requests_per_min=60), retry_s=0.25)
+    q = RedisQuota(
+        "redis://127.0.0.1:1/0", "acct", QuotaLimits(requests_per_min=60), retry_s=0.25, verify=False
+    )
     assert q.try_reserve(0.0, 0.0) is None
     assert q.time_until(0.0, 0.0) == 0.25
     assert q.unavailable == 1
@@ -128,7 +130,9 @@ def test_unreachable_redis_falls_back_to_a_local_share_when_asked() -> None:
     from aiqsim.fleet import RedisQuota
 
     share = QuotaLimits(requests_per_min=60, request_burst=2)
-    q = RedisQuota("redis://127.0.0.1:1/0", "acct", QuotaLimits(requests_per_min=240), fallback=share)
+    q = RedisQuota(
+        "redis://127.0.0.1:1/0", "acct", QuotaLimits(requests_per_min=240), fallback=share, verify=False
+    )
     first, second = q.try_reserve(0.0, 0.0), q.try_reserve(0.0, 0.0)
     assert first is not None and first.local and second is not None
     assert q.try_reserve(0.0, 0.0) is None  # the local share's burst is spent
@@ -174,7 +178,9 @@ def test_a_url_redis_cannot_use_and_an_unreachable_reset_are_project_errors() ->
 
     with pytest.raises(ConfigurationError, match=r"http://127\.0\.0\.1:1 is not a Redis URL"):
         RedisQuota("http://127.0.0.1:1", "acct", QuotaLimits(concurrency=1))
-    unreachable = RedisQuota("redis://user:pw-secret@127.0.0.1:1/0", "acct", QuotaLimits(concurrency=1))
+    unreachable = RedisQuota(
+        "redis://user:pw-secret@127.0.0.1:1/0", "acct", QuotaLimits(concurrency=1), verify=False
+    )
     with pytest.raises(ConfigurationError, match="cannot reset the shared state") as raised:
         unreachable.reset()
     assert "pw-secret" not in str(raised.value)

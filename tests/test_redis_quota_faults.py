@@ -280,7 +280,7 @@ class Flaky:
 def test_a_database_redis_refuses_fails_the_task_saying_so(redis_url: str, account: str) -> None:
     """With a database index Redis does not have, the quota failed closed for ever: the task stayed
     queued, `unavailable` counting up. The task now fails with the error Redis answered."""
-    q = quota(redis_url.rsplit("/", 1)[0] + "/99", account, QuotaLimits(concurrency=2))
+    q = quota(redis_url.rsplit("/", 1)[0] + "/99", account, QuotaLimits(concurrency=2), verify=False)
 
     async def body() -> object:
         scheduler = Scheduler(AsyncioRuntime(), [Reporting(None)], quotas={"llm": q})

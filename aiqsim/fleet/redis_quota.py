@@ -66,6 +66,26 @@ The limits are the same :class:`~aiqsim.core.token_bucket.QuotaLimits` as a loca
 minute of the scheduler's clock, bursts defaulting to a minute's worth); ``time_scale`` (wall
 seconds per scheduler second, as :class:`~aiqsim.runtime.AsyncioRuntime`'s) converts them to
 Redis's wall clock, and waits back. Every worker must use the same limits and name.
+
+**The account's definition lives with the account.** Workers given different limits for one
+account each enforced their own (a worker at 106 requests a minute and one at 10x that granted 1,002
+in 10 s; concurrency 4 and 40 gave 40 slots). So the limits are stored in Redis
+(``{aiqsim:quota:<name>}:definition``, :func:`account_definition`: rates per wall-clock minute, bursts,
+concurrency): the first worker to reach the account writes them, atomically (one script), and a
+worker whose limits differ refuses to start with :class:`QuotaConfigError` naming both definitions.
+Every reservation checks them too (same script), so a worker started with ``verify=False``, or one
+still running after the account was redefined, refuses its reservations rather than enforce other
+limits. To change an account's limits deliberately: stop its workers, make one quota with
+``RedisQuota(url, name, new_limits, redefine=True)`` (it replaces the definition), and start the
+workers with the new limits. The definition is kept until deleted by hand.
+
+**Outages are reported.** A quota made with ``verify=True`` (the default) asks Redis at once: a URL
+that cannot be reached (a typo in the port, a server that is down) raises
+:class:`~aiqsim.core.errors.ConfigurationError` naming the URL without its password and what to
+check, instead of leaving every task waiting. When a working Redis stops answering, the quota logs a
+warning once per outage (and again when it answers) and calls each reporter given to
+:meth:`RedisQuota.report_outages_to`: a :class:`~aiqsim.scheduler.Scheduler` given the quota
+registers one that emits :class:`~aiqsim.scheduler.events.QuotaUnavailable` through its event sink.
 Server header corrections (``x-ratelimit-*``) do not apply to a shared quota (``requests`` and
 ``tokens`` are ``None`` here): they would let one worker's view overwrite the fleet's. A reported
 usage is still clamped to the shared bucket's capacity (:attr:`token_capacity`), as a local
@@ -82,7 +102,8 @@ window at once, so it never lasts longer than that ``retry_s`` on any clock.
 
 **Keys, and Redis Cluster.** An account ``<name>`` keeps ``{aiqsim:quota:<name>}:state`` (a hash:
 the bucket levels and the pause), ``{aiqsim:quota:<name>}:slots`` (a sorted set: the concurrency
-slots) and one ``{aiqsim:quota:<name>}:settled:<instance>:<pid>`` per worker (see above). Every
+slots), ``{aiqsim:quota:<name>}:definition`` (the account's limits, see above) and one
+``{aiqsim:quota:<name>}:settled:<instance>:<pid>`` per worker (see above). Every
 script names several of them, and a Redis Cluster runs a script only when all its keys are in one
 hash slot: the braces make ``aiqsim:quota:<name>`` the *hash tag* that alone picks the slot
 (:func:`quota_key_prefix`), so all the keys of an account live on one node and a cluster runs the
@@ -110,9 +131,12 @@ last reservation, two days).
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +145,8 @@ from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.fleet_quota import DEFAULT_SLOT_POLL_S, poll_full_pool
 from aiqsim.core.numeric import check_time_scale, is_positive_finite
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_SLOT_TTL_S = 300.0
 DEFAULT_RETRY_S = 0.05
@@ -163,8 +189,10 @@ local function touch(horizon, create)
 end
 """
 
-# ARGV: cost, rcap, rrate, tcap, trate, concurrency, member, slot_ttl, slack, resend horizon.
-# Answers {granted, detail, server time}. Run only with no settle in doubt (it is resent first), so
+# ARGV: cost, rcap, rrate, tcap, trate, concurrency, member, slot_ttl, slack, resend horizon, the
+# worker's definition of the account (KEYS[4] holds the account's: first writer wins). Answers
+# {granted, detail, server time}; {-1, the account's definition, server time} when they differ.
+# Run only with no settle in doubt (it is resent first), so
 # creating a missing marker at 0 never makes a settle that ran long ago look new.
 _RESERVE = (
     _PRELUDE
@@ -172,6 +200,9 @@ _RESERVE = (
 local cost, rcap, rrate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tcap, trate, conc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local member, ttl, slack = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+local defined = redis.call('GET', KEYS[4])
+if not defined then redis.call('SET', KEYS[4], ARGV[11])
+elseif defined ~= ARGV[11] then return {-1, defined, tostring(now)} end
 touch(ARGV[10], true)
 local pause = tonumber(redis.call('HGET', KEYS[1], 'pause') or '0')
 if pause > now then return {0, tostring(pause - now), tostring(now)} end
@@ -215,6 +246,17 @@ if tcap > 0 and dt ~= 0 then store('t', math.min(tcap, level('t', tcap, trate) +
 return {1, tostring(now)}
 """
 )
+
+# KEYS[1] = the account's definition; ARGV[1] = this worker's, ARGV[2] = '1' to replace it.
+# Answers the definition the account has now (first writer wins, unless replaced deliberately).
+_DEFINE = """
+local defined = redis.call('GET', KEYS[1])
+if not defined or ARGV[2] == '1' then
+    redis.call('SET', KEYS[1], ARGV[1])
+    return ARGV[1]
+end
+return defined
+"""
 
 # ARGV: seconds to pause from now (the later of this and any existing pause wins), resend horizon
 _PAUSE = (
@@ -323,6 +365,14 @@ class RedisQuota:
         client: an existing ``redis.Redis`` to use instead of connecting to ``url``, or a
             ``redis.cluster.RedisCluster`` for a Redis Cluster of several nodes (see the module
             docs: every key of the account is in one hash slot).
+        verify: ask Redis at once, when the quota is made: a server that cannot be reached
+            raises :class:`~aiqsim.core.errors.ConfigurationError` naming the URL (without its
+            password) and what to check, and limits that disagree with the account's definition
+            raise :class:`QuotaConfigError` naming both. ``False`` starts without asking (a worker
+            that must start during an outage, on its ``fallback`` share): the first reservation
+            that reaches Redis checks the definition instead.
+        redefine: replace the account's definition in Redis with ``limits`` — the one deliberate way
+            to change an account's limits (see "The account's definition" in the module docs).
     """
 
     requests = None
@@ -342,6 +392,8 @@ class RedisQuota:
         socket_timeout_s: float = 1.0,
         time_scale: float = 1.0,
         client: Any = None,
+        verify: bool = True,
+        redefine: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"RedisQuota needs a non-empty account name, got {name!r}")
@@ -399,6 +451,13 @@ class RedisQuota:
         self._settle = client.register_script(_SETTLE)
         self._pause = client.register_script(_PAUSE)
         self._levels = client.register_script(_LEVELS)
+        self._define = client.register_script(_DEFINE)
+        self._definition_key = f"{prefix}:definition"
+        self.definition = account_definition(limits, self.time_scale)
+        """This worker's definition of the account (:func:`account_definition`)."""
+        self._reporters: list[Callable[[str], None]] = []
+        self._outage = False
+        """Redis failed and has not answered since: the outage was reported once (:meth:`_down`)."""
         self._sequence = 0
         self._instance = os.urandom(6).hex()
         """Names this quota's slots apart from every other's, with the process id: two processes
@@ -419,6 +478,53 @@ class RedisQuota:
         """The instant of the scheduler's clock the window after the last failure started from."""
         self._failures = 0
         _LIVE.add(self)
+        if verify or redefine:
+            self._check_definition(redefine)
+
+    def _where(self) -> str:
+        """The server, for messages: the URL without its password, or "the given client"."""
+        return redacted_dsn(self.url) if isinstance(self.url, str) else "the given client"
+
+    def _check_definition(self, redefine: bool) -> None:
+        """Store this worker's definition as the account's if it has none (first writer wins) or
+        ``redefine`` says so; refuse to start when the account's differs, or Redis cannot be reached."""
+        try:
+            stored = self._define(
+                keys=[self._definition_key], args=[self.definition, "1" if redefine else "0"]
+            )
+        except self._failed as error:
+            self._refuse_if_misconfigured(error)
+            raise ConfigurationError(
+                f"RedisQuota {self.name!r}: cannot reach Redis at {self._where()} at start-up "
+                f"({type(error).__name__}: {error}); check the host and port of the URL, that the "
+                "Redis server runs and accepts connections from this host, its password and TLS "
+                "(rediss://); or pass verify=False to start anyway (nothing is granted, or the "
+                "fallback share is used, until Redis answers)"
+            ) from None
+        stored = stored.decode() if isinstance(stored, bytes) else str(stored)
+        if redefine:
+            logger.warning("RedisQuota %r: the account is redefined as %s", self.name, _described(stored))
+        elif stored != self.definition:
+            raise self._disagreement(stored)
+
+    def _disagreement(self, stored: str) -> QuotaConfigError:
+        """The refusal of a worker whose limits differ from the account's definition in Redis."""
+        return QuotaConfigError(
+            f"RedisQuota {self.name!r}: this worker's limits ({_described(self.definition)}) differ "
+            f"from the account's definition in Redis at {self._where()} ({_described(stored)}); every "
+            "worker of an account must use the same limits (per wall-clock minute): start it with the "
+            "account's, or change the account's limits deliberately with "
+            "RedisQuota(url, name, new_limits, redefine=True) (workers still running with the old "
+            "ones then refuse their next reservation)"
+        )
+
+    def report_outages_to(self, report: Callable[[str], None]) -> None:
+        """Call ``report(error)`` once each time Redis stops answering (``error``: what the client
+        said), not once per call that finds it down. The seam by which a
+        :class:`~aiqsim.scheduler.Scheduler` given this quota emits
+        :class:`~aiqsim.scheduler.events.QuotaUnavailable` through its event sink; an outage is
+        also logged as a warning on this module's logger, reported or not."""
+        self._reporters.append(report)
 
     def _after_fork_in_child(self) -> None:
         """Called in a child process just after ``os.fork()`` (see :func:`_after_fork_in_child`):
@@ -495,15 +601,33 @@ class RedisQuota:
     def _call(self, script: Any, args: list[Any], *keys: str) -> Any:
         answer = script(keys=[*self._keys, *keys], args=args)
         self._failures = 0
+        if self._outage:
+            self._outage = False
+            logger.warning("RedisQuota %r: Redis at %s answers again", self.name, self._where())
         return answer
 
-    def _down(self) -> None:
+    def _down(self, error: Exception) -> None:
         """A Redis call failed: counted, and Redis is not asked again for ``retry_s``, doubled after
         each failure in a row up to :data:`MAX_REST_S` (see :meth:`_resting`). Doubled because the
         clock reading the window starts from was taken before the call, which may have taken
         ``socket_timeout_s`` (longer than ``retry_s``) to fail."""
         self.unavailable += 1
         self._failures += 1
+        if not self._outage and not _misconfiguration(self._redis.exceptions, error):
+            self._outage = True  # reported once per outage: the next answer ends it (_call)
+            said = f"{type(error).__name__}: {error}"
+            logger.warning(
+                "RedisQuota %r: Redis at %s does not answer (%s); %s until it does",
+                self.name,
+                self._where(),
+                said,
+                "nothing is granted" if self.fallback is None else "this worker runs on its fallback share",
+            )
+            for report in list(self._reporters):
+                try:
+                    report(said)
+                except Exception:  # a reporter's failure must not fail the call that found the outage
+                    logger.exception("RedisQuota %r: reporting the outage failed", self.name)
         rest = min(self.retry_s * 2.0 ** min(self._failures - 1, 60), max(self.retry_s, MAX_REST_S))
         self._failed_at = self._last_now
         self._retry_at = self._last_now + rest
@@ -542,15 +666,18 @@ class RedisQuota:
             granted, detail, server_now = self._call(
                 self._reserve,
                 [tokens, *self._bucket_args()[:2], *self._bucket_args()[2:], self.limits.concurrency or 0,
-                 member, self.slot_ttl_s * self.time_scale, 1e-9, SETTLE_RESEND_S],
+                 member, self.slot_ttl_s * self.time_scale, 1e-9, SETTLE_RESEND_S, self.definition],
                 self._marker(),
+                self._definition_key,
             )  # fmt: skip
         except self._failed as error:
-            self._down()
+            self._down(error)
             self._refuse_if_misconfigured(error)
             self._answer_lost(member)
             return self._reserve_locally(tokens, now)
         self._server_now = float(server_now)
+        if int(granted) == -1:  # nothing taken: the account is defined otherwise
+            raise self._disagreement(detail.decode() if isinstance(detail, bytes) else str(detail))
         if int(granted) != 1:
             full = detail in (b"slot", "slot")  # every shared slot is taken: poll (see poll_full_pool)
             wall = poll_full_pool(math.inf if full else float(detail), DEFAULT_SLOT_POLL_S)
@@ -574,7 +701,7 @@ class RedisQuota:
         is not a configuration error: the quota fails closed (or falls back) and tries again."""
         if error is None or not _misconfiguration(self._redis.exceptions, error):
             return
-        where = redacted_dsn(self.url) if isinstance(self.url, str) else "the given client"
+        where = self._where()
         raise QuotaConfigError(
             f"RedisQuota {self.name!r}: Redis at {where} refused the call "
             f"({type(error).__name__}: {error}); check the URL's database, the credentials and the "
@@ -667,7 +794,7 @@ class RedisQuota:
                 batch.marker,
             )  # fmt: skip
         except self._failed as error:
-            self._down()
+            self._down(error)
             self._last_error = error
             return False
         self._server_now = float(server_now)
@@ -744,8 +871,8 @@ class RedisQuota:
         try:
             if not self._resting():
                 self._call(self._pause, [seconds * self.time_scale, SETTLE_RESEND_S], self._marker())
-        except self._failed:
-            self._down()
+        except self._failed as error:
+            self._down(error)
         if self.fallback is not None:
             self.fallback.pause_until(until)
 
@@ -763,8 +890,8 @@ class RedisQuota:
             requests, tokens, slots = self._call(
                 self._levels, [*self._bucket_args(), SETTLE_RESEND_S], self._marker()
             )
-        except self._failed:
-            self._down()
+        except self._failed as error:
+            self._down(error)
             return math.nan, math.nan, self._local_slots
         req = float(requests) if self._shape.requests is not None else math.nan
         tok = float(tokens) if self._shape.tokens is not None else math.nan
@@ -818,9 +945,44 @@ def _misconfiguration(exceptions: Any, error: Exception) -> bool:
     return not str(error).lstrip().startswith(_TRANSIENT_REPLIES)
 
 
+_DEFINED_FIELDS = ("requests_per_min", "request_burst", "tokens_per_min", "token_burst", "concurrency")
+
+
+def account_definition(limits: QuotaLimits, time_scale: float = 1.0) -> str:
+    """The canonical text of an account's limits that Redis keeps with the account
+    (``{aiqsim:quota:<name>}:definition``) and every worker's must equal: rates per wall-clock minute
+    (``time_scale`` converts the scheduler's), bursts as the buckets' capacities (their defaults made
+    explicit), the concurrency; unlimited dimensions ``null``. Numbers to 12 significant digits, so
+    the same limits reached by different arithmetic give the same text."""
+    shape = MultiQuota(limits)
+    requests, tokens = shape.requests, shape.tokens
+
+    def number(value: float | None) -> float | None:
+        return None if value is None else float(format(value, ".12g"))
+
+    fields = {
+        "requests_per_min": number(requests.rate * 60.0 / time_scale) if requests is not None else None,
+        "request_burst": number(requests.capacity) if requests is not None else None,
+        "tokens_per_min": number(tokens.rate * 60.0 / time_scale) if tokens is not None else None,
+        "token_burst": number(tokens.capacity) if tokens is not None else None,
+        "concurrency": limits.concurrency,
+    }
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+def _described(definition: str) -> str:
+    """A definition as a reader knows limits: ``requests_per_min=106, request_burst=106``."""
+    try:
+        fields = json.loads(definition)
+        shown = [f"{name}={fields[name]:g}" for name in _DEFINED_FIELDS if fields.get(name) is not None]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return repr(definition)
+    return ", ".join(shown) or "unlimited"
+
+
 def _bounded(amount: float, capacity: float) -> float:
     """``amount`` kept within one bucket ``capacity`` either way (0 when the bucket is unlimited)."""
     return max(-capacity, min(capacity, amount)) if capacity > 0 else 0.0
 
 
-__all__ = ["QuotaConfigError", "RedisQuota", "SharedReservation"]
+__all__ = ["QuotaConfigError", "RedisQuota", "SharedReservation", "account_definition"]

@@ -216,6 +216,20 @@ def _each_value(
     return parsed
 
 
+def differing_echo(headers: Mapping[str, Any] | Any, name: str, sent: str) -> str | None:
+    """The echo of header ``name`` when one of its values is not ``sent``; ``None`` when every value
+    is (or none came).
+
+    An origin and a proxy that both echo a value send two field lines, which httpx joins as
+    ``"k, k"``: read value by value, as :func:`retry_after_from_headers` reads Retry-After, that
+    answer echoes ``sent`` twice and is accepted. A line equal to ``sent`` whole is one value
+    (``sent`` may hold ``", "`` itself)."""
+    for line in _field_lines(headers, name):
+        if line != sent and any(item != sent for item in _JOINED.split(line)):
+            return ", ".join(_field_lines(headers, name))
+    return None
+
+
 def _cautious(values: list[float], pick: Callable[[list[float]], float]) -> float | None:
     return pick(values) if values else None
 

@@ -49,8 +49,8 @@ from aiqsim.http.chat import chat_body, chat_content, completion_tokens, estimat
 from aiqsim.http.headers import (
     RateLimitSnapshot,
     apply_ratelimit_snapshot,
+    differing_echo,
     header_problem,
-    header_value,
     idempotency_header_value,
 )
 from aiqsim.http.profiles import ProviderProfile, get_profile
@@ -434,8 +434,9 @@ class HttpProvider:
         except httpx.HTTPError as exc:
             raise transport_failure(httpx, self.name, exc) from exc
         try:
-            echoed = header_value(response.headers, IDEMPOTENCY_HEADER)
-            if echoed is not None and echoed != sent_key:
+            # value by value, as call() reads it: an origin's and a proxy's echo arrive as "k, k"
+            echoed = differing_echo(response.headers, IDEMPOTENCY_HEADER, sent_key)
+            if echoed is not None:
                 raise ResponseMismatchError(
                     f"{self.name}: the answer belongs to another request: it echoes {IDEMPOTENCY_HEADER} "
                     f"{echoed!r}, the request sent {sent_key!r}; its connection is dropped",
@@ -507,8 +508,9 @@ class HttpProvider:
         try:
             response = await client.send(client.build_request(method, url, **kwargs), stream=True)
             try:
-                echoed = header_value(response.headers, IDEMPOTENCY_HEADER)
-                if sent_key is not None and echoed is not None and echoed != sent_key:
+                # value by value: an origin's and a proxy's echo arrive joined as "k, k"
+                echoed = differing_echo(response.headers, IDEMPOTENCY_HEADER, sent_key) if sent_key else None
+                if sent_key is not None and echoed is not None:
                     raise ResponseMismatchError(
                         f"{self.name}: the answer belongs to another request: it echoes "
                         f"{IDEMPOTENCY_HEADER} {echoed!r}, the request sent {sent_key!r}; its "

@@ -382,13 +382,13 @@ class _Runner:
     def run(
         self, point: dict[str, Any], seeds: Sequence[int]
     ) -> list[tuple[dict[str, Any] | None, str | None]]:
-        from aiqsim.sim.sweep import _safe_run
+        from aiqsim.sim.sweep import safe_run
 
         if self.engine == "serial":
-            return [_safe_run(self.scenario, point, seed) for seed in seeds]
+            return [safe_run(self.scenario, point, seed) for seed in seeds]
         if self.engine == "local":
-            return list(self.pool.map(_safe_run, [self.scenario] * len(seeds), [point] * len(seeds), seeds))
-        futures = [self.client.submit(_safe_run, self.scenario, point, seed, pure=False) for seed in seeds]
+            return list(self.pool.map(safe_run, [self.scenario] * len(seeds), [point] * len(seeds), seeds))
+        futures = [self.client.submit(safe_run, self.scenario, point, seed, pure=False) for seed in seeds]
         return self.client.gather(futures)
 
     def close(self) -> None:

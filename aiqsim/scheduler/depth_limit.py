@@ -52,7 +52,7 @@ class DepthLimit:
     def _check_depth_limit(
         self, lane: Lane, priority: Priority, cost: float, key: str, task_id: str | None = None
     ) -> None:
-        """Raise :class:`~aiqsim.scheduler.scheduler.QueueFullError` when the limit of ``priority``
+        """Raise :class:`~aiqsim.scheduler.refusals.QueueFullError` when the limit of ``priority``
         refuses one more request (a submission, or the manual retry of task ``task_id``) of ``cost``
         for ``key`` on ``lane``; its key's live owner, if another task, makes it a duplicate."""
         existing = self.store.owner_of(key)  # only the limit asks: a store read (SQL) saved without one

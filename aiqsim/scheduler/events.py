@@ -175,7 +175,9 @@ class OwnerUnreadable(NamedTuple):
 class QuotaUnavailable(NamedTuple):
     """A quota shared through an outside service (a fleet's Redis account) could not be reached:
     no attempt of ``provider`` is granted until it answers again. ``error`` is what the client said.
-    Sent once when an outage begins, not once per attempt that waits it out; the next
+    The scheduler emits it for a quota object that reports its outages (``report_outages_to``, as
+    :class:`aiqsim.fleet.RedisQuota` does). Sent once when an outage begins, not once per attempt
+    that waits it out; the next
     :class:`QuotaSample` of the provider says the quota answers again.
     """
 

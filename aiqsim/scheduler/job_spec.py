@@ -29,6 +29,32 @@ class JobSpecError(ConfigurationError):
     """A job spec that cannot run (unknown stage in ``after``, a cycle, an unknown provider...)."""
 
 
+DEFAULT_MAX_FAN_OUT = 10_000
+"""How many tasks one fan-out stage may run unless its :attr:`Stage.max_fan_out` says otherwise.
+
+A build that returned ten million elements made ``submit_job`` build ten million tasks (a projected
+twenty minutes and 14 GiB) before it returned: a fan-out above its stage's cap is refused instead."""
+
+
+class FanOutLimitError(JobSpecError):
+    """A fan-out stage's build gave more elements than its :attr:`Stage.max_fan_out`: no task of
+    the stage was submitted, and the job fails at that stage saying so."""
+
+    def __init__(self, stage: str, size: int | None, limit: int) -> None:
+        told = (
+            f"{size:,} elements"
+            if size is not None
+            else f"more than {limit:,} elements (an iterator, read no further)"
+        )
+        super().__init__(
+            f"stage {stage!r}: a fan-out of {told} is above its max_fan_out of {limit:,}; split the "
+            "work into several jobs, or give the stage a larger Stage(max_fan_out=...)"
+        )
+        self.stage = stage
+        self.size = size
+        self.limit = limit
+
+
 def _callable_identity(fn: Callable[..., Any] | None) -> str | None:
     """``module.qualname`` of a function: what a job key knows of code it cannot hash."""
     if fn is None:
@@ -55,7 +81,11 @@ class Stage:
         build: ``build(inputs, results) -> payload``, where ``results`` maps each finished
             stage's name to its result. Default: the job's inputs. A plain, deterministic function
             of its arguments (it runs again when a job is re-driven after a crash).
-        fan_out: ``build`` returns a list; one task per element, result is the list of results.
+        fan_out: ``build`` returns a list (or an iterator); one task per element, result is the
+            list of results.
+        max_fan_out: the most elements a fan-out build may give (:data:`DEFAULT_MAX_FAN_OUT` by
+            default): more fails the job at this stage with :class:`FanOutLimitError`, before any
+            of its tasks is submitted (an iterator is read no further than one element past it).
         cost: the quota cost of one call (a number, or ``cost(payload)``); default: the
             provider's own estimate, else 0.
         kind: the task kind (part of the stage task's key); default: ``provider``.
@@ -80,6 +110,7 @@ class Stage:
     version: str = ""
     fallback: Stage | str | None = None
     retry: RetryPolicy | None = None
+    max_fan_out: int = DEFAULT_MAX_FAN_OUT
 
     def __post_init__(self) -> None:
         _checked_name(self.name, "Stage name")
@@ -92,6 +123,14 @@ class Stage:
         object.__setattr__(self, "after", tuple(after))
         if not isinstance(self.fan_out, bool):
             raise JobSpecError(f"stage {self.name!r}: fan_out must be True or False, got {self.fan_out!r}")
+        if (
+            isinstance(self.max_fan_out, bool)
+            or not isinstance(self.max_fan_out, int)
+            or self.max_fan_out < 1
+        ):
+            raise JobSpecError(
+                f"stage {self.name!r}: max_fan_out must be a whole number >= 1, got {self.max_fan_out!r}"
+            )
         if self.kind is not None:
             _checked_name(self.kind, f"stage {self.name!r}: kind")
         if self.build is not None and not callable(self.build):

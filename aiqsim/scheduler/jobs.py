@@ -7,6 +7,18 @@ and runs as an ordinary scheduler task -- same quotas, dispatch, retries, idempo
 recovery as any other call. A stage with ``fan_out=True`` builds a list and runs one task per
 element (one TTS call per paragraph); its result is the list of results, in order.
 
+Fan-out: a stage's build may give at most its ``max_fan_out`` elements (10,000 by default,
+:data:`~aiqsim.scheduler.job_spec.DEFAULT_MAX_FAN_OUT`); more fails the job at that stage with
+:class:`~aiqsim.scheduler.job_spec.FanOutLimitError` before any of its tasks is submitted (a build
+returning an iterator is read one element past the cap, no further). A fan-out of more than
+:data:`SUBMIT_BATCH` elements is submitted that many tasks at a time, the runtime running whatever
+else is ready in between, so a large stage never holds the event loop for all its submissions.
+
+A spec is known by its name and version: a changed pipeline needs a new version. A job submitted
+with a spec whose name and version the last stored job had, but not its stages, is refused with
+:class:`JobSpecError`; recovery fails an unfinished job whose registered spec changed with the same
+message.
+
 Idempotency, two levels:
 
 - the *job* key is the fingerprint of the spec (name, version, each stage's definition, including
@@ -62,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -88,9 +101,11 @@ from aiqsim.scheduler.arguments import SchedulerArgumentTypeError, UnknownNameEr
 from aiqsim.scheduler.foreign_owner import outage_may_pass, stop_waiting_on_unreadable
 from aiqsim.scheduler.handles import OutcomeHandle, OutcomeHolder, resolve, resolve_with_error
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
-from aiqsim.scheduler.job_spec import JobSpec, JobSpecError, Stage
+from aiqsim.scheduler.job_host import JobHost
+from aiqsim.scheduler.job_spec import DEFAULT_MAX_FAN_OUT, FanOutLimitError, JobSpec, JobSpecError, Stage
+from aiqsim.scheduler.refusals import QueueFullError, SchedulerClosedError
 from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError
-from aiqsim.stores.job_store import JobStore
+from aiqsim.stores.job_store import JobStore, latest_job_of
 
 if TYPE_CHECKING:
     from aiqsim.scheduler.depth_limit import Call
@@ -98,6 +113,8 @@ if TYPE_CHECKING:
     from aiqsim.scheduler.scheduler import Scheduler
 
 __all__ = [
+    "DEFAULT_MAX_FAN_OUT",
+    "FanOutLimitError",
     "JobCancelledError",
     "JobFailedError",
     "JobHandle",
@@ -108,8 +125,9 @@ __all__ = [
     "Stage",
 ]
 """The public job names: :mod:`aiqsim.scheduler` and :mod:`aiqsim` re-export exactly these (by
-``import *`` and this list), so one list says what is public. ``jobs_of``, ``keeps_jobs`` and
-``recover_jobs`` are the scheduler's own hooks into this module, imported by name."""
+``import *`` and this list), so one list says what is public. ``keeps_jobs`` and ``recover_jobs``
+are the scheduler's own hooks into this module, imported by name; the scheduler's side of the seam
+is :class:`~aiqsim.scheduler.job_host.JobHost`, and this module never imports the scheduler's."""
 
 
 class JobFailedError(SchedulingError):
@@ -199,6 +217,10 @@ class _JobRun:
     result is in): their endings do not advance it, and a cancel comes too late."""
 
 
+SUBMIT_BATCH = 256
+"""A stage submits up to this many tasks in one step; a larger fan-out submits them this many at a
+time, letting the runtime run everything else that is ready in between (``sleep(0)``)."""
+
 _SHARED_JOB_ENDINGS = (JobStatus.SUCCEEDED, JobStatus.FAILED)
 """How a job may end for its waiting duplicates to share it; after any other ending the key is free."""
 
@@ -212,8 +234,6 @@ class Jobs:
     """
 
     def __init__(self, scheduler: Scheduler, specs: Iterable[JobSpec] = ()) -> None:
-        if getattr(scheduler, "_jobs", None) is not None:
-            raise SchedulingError("this scheduler already has a Jobs orchestrator (scheduler.jobs)")
         store = scheduler.store
         if not keeps_jobs(store):
             raise ConfigurationError(
@@ -229,9 +249,13 @@ class Jobs:
         self._stage_tasks: dict[str, tuple[str, str]] = {}  # task id -> (job id, stage name)
         self._idle = Signal(scheduler.runtime)
         self._crashed = False
+        self._unchanged: set[tuple[str, str]] = set()
+        """The (name, version) of the specs whose last stored job was found to be theirs (one read
+        each, at their first submission here: :meth:`_check_unchanged`)."""
         for spec in specs:
             self.register(spec)
-        scheduler._jobs = self
+        self._host: JobHost = scheduler.attach_jobs(self)
+        """The scheduler's seam for jobs (:mod:`aiqsim.scheduler.job_host`): its private rules, by name."""
 
     # ------------------------------------------------------------------ public API
     def register(self, spec: JobSpec) -> None:
@@ -273,32 +297,30 @@ class Jobs:
     ) -> JobHandle:
         """Start a job (see :meth:`Scheduler.submit_job`)."""
         scheduler = self.scheduler
-        if scheduler._closed or scheduler._closing:
-            from aiqsim.scheduler.scheduler import SchedulerClosedError
-
-            raise SchedulerClosedError("scheduler is closed" if scheduler._closed else "scheduler is closing")
+        closed = self._host.closed_reason()
+        if closed is not None:
+            raise SchedulerClosedError(closed)
         if job_id is not None and (type(job_id) is not str or not job_id):
             # a number was stored as is in memory and as text in SQLite: get_job() then differed
             raise SchedulerArgumentTypeError(
                 f"job_id: expected a non-empty string or None, got {job_id!r}; no job was submitted"
             )
         self.register(spec)
+        self._check_unchanged(spec)
         priority = Priority(priority)
         key = spec.key(inputs)
         existing = self.store.job_owner_of(key)
         is_duplicate = existing is not None and existing.status in LIVE_OWNER_STATUSES
-        if scheduler._limits[priority] is None:  # the rule: depth_limit.py
+        if self._host.depth_limit(priority) is None:  # the rule: depth_limit.py
             limit = None
         elif is_duplicate:  # queues nothing of its own, unless it lifts its owner's queued calls
             assert existing is not None
-            limit = scheduler._refusing_job_limit(
+            limit = self._host.refusing_job_limit(
                 lambda: self._promoted_calls(existing.id, priority), priority
             )
         else:
-            limit = scheduler._refusing_job_limit(lambda: self._first_calls(spec, inputs, priority), priority)
+            limit = self._host.refusing_job_limit(lambda: self._first_calls(spec, inputs, priority), priority)
         if limit is not None:
-            from aiqsim.scheduler.scheduler import QueueFullError
-
             raise QueueFullError(
                 f"too many {priority.name.lower()} requests: {self.depth(priority)} already queued, jobs "
                 f"counted once (limit {limit}); try again later"
@@ -316,14 +338,27 @@ class Jobs:
             worker=scheduler.worker_id,
         )
         owner = self.store.insert_and_claim_job(record)
-        scheduler._staged(None)
+        self._host.staged()
         run = _JobRun(record=record, spec=spec)
         self._runs[record.id] = run
         self._emit(None, record)
-        scheduler._ensure_started()
+        self._host.ensure_started()
         with self._unpersisted(run):
             self._follow_owner(run, owner)
         return JobHandle(self, record.id, key, run)
+
+    def _check_unchanged(self, spec: JobSpec) -> None:
+        """Refuse ``spec`` when the last job stored under its name and version was submitted with
+        another spec (its inputs do not give its key under this one): a pipeline changed without a new
+        version. The job key holds the spec, so the changed one ran as a new job next to the finished
+        one (two finished jobs for the same inputs); recovery fails an unfinished one with the same
+        message. Read once per (name, version) in this process."""
+        if (spec.name, spec.version) in self._unchanged:
+            return
+        latest = latest_job_of(self.store, spec.name, spec.version)
+        if latest is not None and spec.key(latest.inputs) != latest.key:
+            raise JobSpecError(changed_spec_problem(spec, latest) + "; no job was submitted")
+        self._unchanged.add((spec.name, spec.version))
 
     def handle(self, job_id: str) -> JobHandle | None:
         """A handle for a job live in this scheduler (e.g. one re-driven by recovery)."""
@@ -392,8 +427,8 @@ class Jobs:
         """Queued requests of ``priority`` as the depth limit counts them: plain queued tasks,
         plus each unfinished job that is queued or has a stage task waiting in a queue, once.
         The queued tasks in ``starting`` (they start in this instant) are left out."""
-        live = self.scheduler._live
-        held = self.scheduler._held_by_gates(priority)  # first attempts a gate holds back: they wait
+        live = self._host.live
+        held = self._host.held_by_gates(priority)  # first attempts a gate holds back: they wait
         queued_stage_tasks = 0
         waiting_jobs: set[str] = set()
         for task_id, (job_id, _) in self._stage_tasks.items():
@@ -415,11 +450,7 @@ class Jobs:
             if record.priority is priority and record.status is QUEUED and run.waiting_on is None:
                 waiting_jobs.add(record.id)
         return (
-            self.scheduler._queued[priority]
-            - queued_stage_tasks
-            - plain_starting
-            + len(waiting_jobs)
-            + plain_held
+            self._host.queued(priority) - queued_stage_tasks - plain_starting + len(waiting_jobs) + plain_held
         )
 
     def _promoted_calls(self, owner_id: str, priority: Priority) -> list[Call]:
@@ -430,9 +461,7 @@ class Jobs:
         owner = self._runs.get(owner_id)
         if owner is None or owner.finished or priority >= owner.record.priority:
             return []
-        calls = (
-            self.scheduler._promoted_call(task_id, priority) for task_id, _ in self._live_stage_tasks(owner)
-        )
+        calls = (self._host.promoted_call(task_id, priority) for task_id, _ in self._live_stage_tasks(owner))
         return [call for call in calls if call is not None]
 
     def _first_calls(self, spec: JobSpec, inputs: Any, priority: Priority) -> list[Call]:
@@ -460,7 +489,6 @@ class Jobs:
                     continue
                 listed.add(stage.name)
                 more = True
-                lane = scheduler._lanes[stage.provider]
                 try:
                     payloads = self._build(stage, inputs, ended)
                     results: list[Any] = []  # of the calls that already succeeded
@@ -474,13 +502,12 @@ class Jobs:
                             continue
                         keys.add(key)
                         if owner is not None and owner.status in LIVE_OWNER_STATUSES:
-                            promoted = scheduler._promoted_call(owner.id, priority)
+                            promoted = self._host.promoted_call(owner.id, priority)
                             if promoted is not None:
                                 calls.append(promoted)
                             continue
                         cost = stage.cost(payload) if callable(stage.cost) else stage.cost
-                        estimate = scheduler._cost_estimate(lane, stage.task_kind, payload, cost)
-                        calls.append((lane, estimate, None))
+                        calls.append(self._host.new_call(stage.provider, stage.task_kind, payload, cost))
                     if len(results) == len(payloads):  # every call already done: the stage ends now
                         ended[stage.name] = results if stage.fan_out else results[0]
                 except Exception:  # reported by the launch, which runs the same code
@@ -529,10 +556,7 @@ class Jobs:
                     "recovering process (pass it to Jobs(scheduler, specs=[...]))"
                 )
             elif spec.key(record.inputs) != record.key:
-                problem = (
-                    f"the registered JobSpec {record.name!r} version {record.version!r} differs from the "
-                    "one this job was submitted with (its key does not match); bump the version"
-                )
+                problem = changed_spec_problem(spec, record)
             if problem is not None:
                 self._fail_stored(record, problem)
                 unknown += 1
@@ -558,7 +582,7 @@ class Jobs:
                     self._share_ending(run, ended)
                 continue
             owner = self.store.claim_job(record)
-            self.scheduler._staged(None)
+            self._host.staged()
             if owner.id == record.id:
                 resumed += 1
             else:
@@ -566,7 +590,7 @@ class Jobs:
             with self._unpersisted(run):
                 self._follow_owner(run, owner)
         if self._runs:
-            self.scheduler._ensure_started()
+            self._host.ensure_started()
         return JobRecoveryReport(resumed, reattached, unknown, left)
 
     # ------------------------------------------------------------------ claims and duplicates
@@ -596,12 +620,12 @@ class Jobs:
             return
         owner.record = owner.record.evolve(priority=priority)  # persisted with the job's next write
         for _, task in self._live_stage_tasks(owner):
-            self.scheduler._inherit_priority(task, priority)
+            self._host.inherit_priority(task, priority)
 
     def _live_stage_tasks(self, run: _JobRun) -> list[tuple[str, LiveTask]]:
         """``run``'s stage tasks live in this scheduler: those it submitted or picked up, and those its
         record names (a stage task that recovery resumed before its stage was re-driven)."""
-        live = self.scheduler._live
+        live = self._host.live
         recorded = [task_id for ids in run.record.stage_tasks.values() for task_id in ids]
         return [
             (task_id, live[task_id])
@@ -635,7 +659,7 @@ class Jobs:
                     self._share_ending(waiter, owner)
                 else:  # the owner was cancelled (or purged): the first waiter takes the key over
                     claimed = self.store.claim_job(waiter.record)
-                    self.scheduler._staged(None)
+                    self._host.staged()
                     self._follow_owner(waiter, claimed)
 
     def _stop_waiting_on(self, owner_id: str, error: StoreError) -> None:
@@ -705,6 +729,9 @@ class Jobs:
     def _launch_stage(self, run: _JobRun, stage: Stage) -> None:
         try:
             payloads = self._build(stage, run.record.inputs, run.record.results)
+        except FanOutLimitError as error:
+            self._fail(run, stage.name, f"fan-out refused: {describe_error(error)}")
+            return
         except Exception as error:
             self._fail(run, stage.name, f"build raised {describe_error(error)}")
             return
@@ -721,11 +748,14 @@ class Jobs:
         before the crash while another of the stage's was not). Still queued (recovery resumes no
         call), they are cancelled before any call; left alone they would run and bill the stage's
         element on the fallback as well as on the primary (found by a review agent's crash sweep)."""
+        recorded = list(recorded)
+        if not recorded:  # a first launch: nothing to cancel (20,000 keys took 0.4 s to compute)
+            return
         try:
             keys = {stage_task_key(stage, payload) for payload in payloads}
         except FingerprintError:
             keys = set()
-        live = self.scheduler._live
+        live = self._host.live
         for task_id in recorded:
             task = live.get(task_id)
             if task is not None and task.record.key not in keys:
@@ -750,7 +780,7 @@ class Jobs:
         task_ids = list(recorded)
         if not task_ids or len(task_ids) < len(payloads):
             return False
-        live = self.scheduler._live
+        live = self._host.live
         stored: list[TaskRecord] = []
         for task_id in task_ids:
             record = live[task_id].record if task_id in live else self.store.get(task_id)
@@ -803,7 +833,7 @@ class Jobs:
         Put the phase in its fallback state, each failed element waiting on (or holding the
         outcome of) its fallback task; returns those elements. ``None`` when the stored tasks are
         not that shape."""
-        live = self.scheduler._live
+        live = self._host.live
         failed = [index for index, record in enumerate(primaries) if not _succeeded(record)]
         if (
             phase.stage.fallback_stage() is None
@@ -836,9 +866,64 @@ class Jobs:
         job record *before* the tasks exist, so a task that ends inside ``submit`` (a duplicate
         of a finished call) is already known as this stage's when it reports back.
         """
+        phase.fallback = fallback
+        phase.launching = True
+        if len(items) > SUBMIT_BATCH:  # in steps, letting everything else run in between
+            name = f"job {run.record.id} stage {phase.stage.name}: submissions"
+            self.scheduler.runtime.spawn(self._submit_in_steps(run, phase, target, items), name=name)
+            return
+        ids = [self._new_task_id() for _ in items]
+        self._record_tasks(run, phase, ids)
+        if self._submit_tasks(run, phase, target, ids, items):
+            self._launched(run, phase)
+
+    async def _submit_in_steps(
+        self, run: _JobRun, phase: _StagePhase, target: Stage, items: list[tuple[int, Any]]
+    ) -> None:
+        """:meth:`_submit_phase` of a large fan-out: the task ids are drawn, then the tasks submitted,
+        :data:`SUBMIT_BATCH` at a time, with a ``sleep(0)`` after each batch, so the runtime runs
+        whatever else is ready in between (20,000 submissions in one step held the asyncio loop for
+        3.5 s: no answer was read, no lease renewed). It stops when the job ends meanwhile (a
+        cancel, a failure) or the scheduler crashed. The ids are in the job record before the first
+        task exists, as a small stage's are; an error no step expected fails the job at this stage."""
+        sleep = self.scheduler.runtime.sleep
+        batches = range(0, len(items), SUBMIT_BATCH)
+        try:
+            ids: list[str] = []
+            for start in batches:
+                ids.extend(self._new_task_id() for _ in items[start : start + SUBMIT_BATCH])
+                await sleep(0)
+                if self._launch_stopped(run):
+                    return
+            with self._unpersisted(run):
+                self._record_tasks(run, phase, ids)
+            for start in batches:
+                if start:
+                    await sleep(0)
+                    if self._launch_stopped(run):
+                        return
+                chunk = slice(start, start + SUBMIT_BATCH)
+                with self._unpersisted(run):
+                    if not self._submit_tasks(run, phase, target, ids[chunk], items[chunk]):
+                        return
+            with self._unpersisted(run):
+                self._launched(run, phase)
+        except Cancelled:
+            raise
+        except Exception as error:  # never a silent end: the job says where it stopped
+            if not self._launch_stopped(run):
+                with self._unpersisted(run):
+                    self._fail(run, phase.stage.name, f"submission failed: {describe_error(error)}")
+
+    def _launch_stopped(self, run: _JobRun) -> bool:
+        """Whether a stage's submissions in steps must stop: the job ended, or the scheduler crashed."""
+        return run.finished or self._crashed or self._host.crashed
+
+    def _record_tasks(self, run: _JobRun, phase: _StagePhase, ids: list[str]) -> None:
+        """Write the stage's new task ids into the job record (one write) before the tasks exist."""
         scheduler = self.scheduler
         stage = phase.stage
-        ids = [self._new_task_id() for _ in items]
+        fallback = phase.fallback
         stage_tasks = {name: list(v) for name, v in run.record.stage_tasks.items()}
         stage_tasks[stage.name] = [*stage_tasks.get(stage.name, []), *ids]
         now = scheduler.runtime.now()
@@ -849,8 +934,14 @@ class Jobs:
         else:
             self._write(old.evolve(stage_tasks=stage_tasks, updated_at=now), run)
         self._emit_stage(run, stage.name, "fallback" if fallback else "submitted", tuple(ids))
-        phase.fallback = fallback
-        phase.launching = True
+
+    def _submit_tasks(
+        self, run: _JobRun, phase: _StagePhase, target: Stage, ids: list[str], items: list[tuple[int, Any]]
+    ) -> bool:
+        """Submit one task per ``(element index, payload)`` under the ids drawn for them; False when a
+        submission was refused (the job failed at this stage)."""
+        scheduler = self.scheduler
+        stage = phase.stage
         for task_id, (index, _) in zip(ids, items, strict=True):
             phase.pending[task_id] = index
             self._stage_tasks[task_id] = (run.record.id, stage.name)
@@ -876,9 +967,13 @@ class Jobs:
             raise
         except Exception as error:
             phase.launching = False
-            what = "fallback submission" if fallback else "submission"
+            what = "fallback submission" if phase.fallback else "submission"
             self._fail(run, stage.name, f"{what} refused: {describe_error(error)}")
-            return
+            return False
+        return True
+
+    def _launched(self, run: _JobRun, phase: _StagePhase) -> None:
+        """Every task of the phase was submitted: if all already ended, the phase is done."""
         phase.launching = False
         if not run.finished and not phase.pending:
             self._phase_done(run, phase)
@@ -996,9 +1091,20 @@ class Jobs:
         payload = inputs if stage.build is None else stage.build(*copy.deepcopy((inputs, dict(results))))
         if not fan_out:
             return [payload]
-        if not isinstance(payload, list | tuple):
-            raise TypeError(f"a fan-out stage's build must return a list, got {type(payload).__name__}")
-        return list(payload)
+        limit = (primary or stage).max_fan_out
+        name = (primary or stage).name
+        if isinstance(payload, list | tuple):
+            if len(payload) > limit:
+                raise FanOutLimitError(name, len(payload), limit)
+            return list(payload)
+        if isinstance(payload, Iterator):  # read one element past the cap, no further
+            elements = list(itertools.islice(payload, limit + 1))
+            if len(elements) > limit:
+                raise FanOutLimitError(name, None, limit)
+            return elements
+        raise TypeError(
+            f"a fan-out stage's build must return a list or an iterator, got {type(payload).__name__}"
+        )
 
     def _fail(self, run: _JobRun, stage: str, reason: str) -> None:
         if run.finished:
@@ -1055,7 +1161,7 @@ class Jobs:
         try:
             yield
         except StoreError as error:
-            if self._crashed or self.scheduler._crashed:
+            if self._crashed or self._host.crashed:
                 raise
             self._abandon(run, error)
 
@@ -1084,10 +1190,10 @@ class Jobs:
 
     def _write(self, record: JobRecord, run: _JobRun | None = None) -> None:
         """Persist ``record`` (and make it ``run``'s record); a crashed process writes nothing."""
-        if self._crashed or self.scheduler._crashed:
+        if self._crashed or self._host.crashed:
             raise Cancelled()
         self.store.update_job(record)
-        self.scheduler._staged(None)  # with a store that defers commits, a flush follows
+        self._host.staged()  # with a store that defers commits, a flush follows
         if run is not None:
             run.record = record
 
@@ -1104,11 +1210,8 @@ class Jobs:
         for task_ids in record.stage_tasks.values():
             for task_id in task_ids:
                 self._stage_tasks.pop(task_id, None)
-        commit = self.scheduler._commit
-        if commit is None or not commit.pending:
-            self._settle(run, record, None)
-        else:  # a store that defers commits: the job ends once its terminal write is durable
-            commit.durable().add_done_callback(lambda flushed: self._settle(run, record, flushed.result()))
+        # with a store that defers commits, the job ends once its terminal write is durable
+        self._host.when_durable(lambda lost: self._settle(run, record, lost))
 
     def _settle(self, run: _JobRun, record: JobRecord, lost: StoreWriteError | None) -> None:
         """The terminal ``record`` is durable (``lost`` is None): the handle resolves with it and the
@@ -1173,6 +1276,14 @@ class Jobs:
             self.scheduler.runtime.call_soon(report, name=f"job event sink ({type(event).__name__})")
 
 
+def changed_spec_problem(spec: JobSpec, stored: JobRecord) -> str:
+    """Why ``spec`` may not run ``stored``'s pipeline: it has its name and version, not its stages."""
+    return (
+        f"the JobSpec {spec.name!r} version {spec.version!r} given here differs from the one job "
+        f"{stored.id!r} was submitted with (its key does not match): a changed pipeline needs a new version"
+    )
+
+
 def stage_task_key(stage: Stage, payload: Any) -> str:
     """The idempotency key of a stage task: the task fingerprint of its kind, payload and version."""
     return fingerprint(stage.task_kind, payload, version=stage.version)
@@ -1198,14 +1309,14 @@ def _succeeded(record: TaskRecord) -> bool:
 
 
 async def recover_jobs(
-    scheduler: Scheduler, adopted: frozenset[str | None] | None
+    scheduler: Scheduler, jobs: Jobs | None, adopted: frozenset[str | None] | None
 ) -> JobRecoveryReport | None:
     """The jobs step of ``Scheduler.recover``: re-drive unfinished jobs (None if the store keeps none).
 
-    Without a :class:`Jobs` attached, one is created when the store holds unfinished jobs, so
-    that every one of them ends terminal: without registered specs they end ``failed``, saying so.
+    ``jobs``: the scheduler's orchestrator, if it has one. Without one, one is created when the
+    store holds unfinished jobs, so that every one of them ends terminal: without registered specs
+    they end ``failed``, saying so.
     """
-    jobs = getattr(scheduler, "_jobs", None)
     if jobs is None:
         store = scheduler.store
         if not keeps_jobs(store) or not store.list_jobs(QUEUED, RUNNING):  # type: ignore[attr-defined]
@@ -1218,9 +1329,3 @@ def keeps_jobs(store: object) -> bool:
     """Whether ``store`` has a job table: it implements :class:`JobStore`, and so does the store it
     wraps, if it is a wrapper with an ``inner`` store (e.g. :class:`~aiqsim.sim.crash.CrashingStore`)."""
     return isinstance(store, JobStore) and isinstance(getattr(store, "inner", store), JobStore)
-
-
-def jobs_of(scheduler: Scheduler) -> Jobs:
-    """The scheduler's :class:`Jobs` orchestrator, created on first use (with no registered specs)."""
-    jobs = getattr(scheduler, "_jobs", None)
-    return jobs if jobs is not None else Jobs(scheduler)

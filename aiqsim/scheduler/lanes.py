@@ -16,6 +16,7 @@ provider it is for (each lane waiting only for its own wake-ups waited for ever)
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, 
 from aiqsim.runtime.protocol import Cancelled, Future
 from aiqsim.scheduler.arguments import SchedulerArgumentError
 from aiqsim.scheduler.dispatch import QueueItem, TaskQueue, new_queue_item
-from aiqsim.scheduler.events import QuotaSample, new_quota_sample
+from aiqsim.scheduler.events import QuotaSample, QuotaUnavailable, new_quota_sample
 from aiqsim.scheduler.lane_pump import LanePump
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.provider import Provider
@@ -115,6 +116,43 @@ def lane_quota(given: QuotaLimits | Any, now: float) -> Any:
             f"{type(given).__name__} lacks {', '.join(missing)}"
         )
     return given
+
+
+def report_quota_outages(scheduler: Any, lanes: Iterable[Lane]) -> None:
+    """Give each lane quota object that reports its outages (a ``report_outages_to(report)`` method,
+    as :class:`aiqsim.fleet.RedisQuota` has) a reporter that emits
+    :class:`~aiqsim.scheduler.events.QuotaUnavailable` for every provider drawing on it, through the
+    scheduler's event sink (read when the outage begins), at the scheduler's clock.
+
+    The reporter holds the scheduler weakly (a quota may outlive it) and says nothing once it is
+    closed. A sink that raises is handed to the runtime as a failing callback of its own, which
+    reports it: the reservation that found the outage goes on."""
+    by_quota: dict[int, tuple[Any, list[str]]] = {}
+    for lane in lanes:
+        by_quota.setdefault(id(lane.quota), (lane.quota, []))[1].append(lane.name)
+    for quota, names in by_quota.values():
+        watch = getattr(quota, "report_outages_to", None)
+        if callable(watch):
+            watch(_outage_reporter(weakref.ref(scheduler), tuple(names)))
+
+
+def _outage_reporter(scheduler_ref: Any, providers: tuple[str, ...]) -> Any:
+    def report(error: str) -> None:
+        scheduler = scheduler_ref()
+        if scheduler is None or scheduler._closed or scheduler.events is None:
+            return
+        now = scheduler.runtime.now()
+        for provider in providers:
+            try:
+                scheduler.events(QuotaUnavailable(now, provider, error))
+            except Exception as failure:
+
+                def reraise(failure: Exception = failure) -> None:
+                    raise failure
+
+                scheduler.runtime.call_soon(reraise, name="event sink (QuotaUnavailable)")
+
+    return report
 
 
 def check_slot_lease(lane_name: str, quota: Any, policy: Any, consequence: str) -> None:

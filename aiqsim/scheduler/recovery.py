@@ -198,7 +198,9 @@ class Recovery:
             self._ensure_started()
         from aiqsim.scheduler.jobs import recover_jobs  # jobs build on this module
 
-        self.job_recovery = await recover_jobs(self, adopted)  # re-drive jobs once their tasks are settled
+        self.job_recovery = await recover_jobs(
+            self, self._jobs, adopted
+        )  # re-drive jobs once their tasks are settled
         if self._commit is not None:  # what recovery wrote is durable before it reports it
             lost = await self._commit.durable()
             if lost is not None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -64,12 +64,21 @@ from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy
 from aiqsim.scheduler.events import EventSink, QueueRejected
 from aiqsim.scheduler.handles import OutcomeHandle, await_own
 from aiqsim.scheduler.lane_pump import LanePump
-from aiqsim.scheduler.lanes import Lane, LaneDispatch, check_slot_lease, lane_quota, share_quota_objects
+from aiqsim.scheduler.lanes import (
+    Lane,
+    LaneDispatch,
+    check_slot_lease,
+    lane_quota,
+    report_quota_outages,
+    share_quota_objects,
+)
 from aiqsim.scheduler.live import LiveTask, UnpersistedChange, new_live_task
 from aiqsim.scheduler.outcomes import Outcomes
 from aiqsim.scheduler.provider import Provider, StreamChunk
 from aiqsim.scheduler.recovery import Recovery
 from aiqsim.scheduler.recovery import RecoveryReport as RecoveryReport  # re-exported: its old home
+from aiqsim.scheduler.refusals import QueueFullError as QueueFullError  # re-exported: its old home
+from aiqsim.scheduler.refusals import SchedulerClosedError as SchedulerClosedError
 from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, check_retry_policy, split_gates
 from aiqsim.scheduler.store_writes import persist_change
 from aiqsim.scheduler.streams import StreamChannel, stream_chunks
@@ -77,6 +86,8 @@ from aiqsim.stores.base import StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
+    from aiqsim.scheduler.depth_limit import Call
+    from aiqsim.scheduler.job_host import JobHost
     from aiqsim.scheduler.jobs import JobHandle, JobRecoveryReport, Jobs, JobSpec
 
 DEFAULT_INTERACTIVE_LIMIT = 5
@@ -86,19 +97,6 @@ instead of letting a backlog the quota cannot serve grow without bound (at 10x t
 ~6,700 tasks in 2 minutes, ~2 KB each, and every queued task waits behind all of them). 2,000 is
 about 4 MB and far above the deepest backlog of the shipped scenarios (under 1,000); raise it, or pass
 ``None``, for batch jobs that queue more on purpose."""
-
-
-class QueueFullError(SchedulingError, RuntimeError):
-    """Too many queued requests of one priority: the submission was refused and nothing enqueued.
-
-    Arrivals outpace what the provider's quota lets through. Retry later (the queue drains at the
-    quota's rate), shed or defer work upstream, raise ``interactive_limit``/``background_limit``,
-    or add quota. Each refusal is also a :class:`~aiqsim.scheduler.events.QueueRejected` event.
-    """
-
-
-class SchedulerClosedError(SchedulingError, RuntimeError):
-    """The scheduler was closed (or crashed) and takes no more work."""
 
 
 class TaskFailedError(SchedulingError):
@@ -208,6 +206,65 @@ def _new_submission(
     handle._new_future = new_future
     handle._accepted = accepted
     return handle
+
+
+class _SchedulerJobHost:
+    """The :class:`~aiqsim.scheduler.job_host.JobHost` a scheduler gives its jobs orchestrator: each
+    member a view of one of the scheduler's own rules or states, kept here, beside them."""
+
+    __slots__ = ("_scheduler",)
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    @property
+    def live(self) -> Mapping[str, LiveTask]:
+        return self._scheduler._live
+
+    @property
+    def crashed(self) -> bool:
+        return self._scheduler._crashed
+
+    def closed_reason(self) -> str | None:
+        scheduler = self._scheduler
+        if scheduler._closed:
+            return "scheduler is closed"
+        return "scheduler is closing" if scheduler._closing else None
+
+    def depth_limit(self, priority: Priority) -> int | None:
+        return self._scheduler._limits[priority]
+
+    def queued(self, priority: Priority) -> int:
+        return self._scheduler._queued[priority]
+
+    def held_by_gates(self, priority: Priority) -> list[str]:
+        return self._scheduler._held_by_gates(priority)
+
+    def refusing_job_limit(self, first_calls: Callable[[], Sequence[Call]], priority: Priority) -> int | None:
+        return self._scheduler._refusing_job_limit(first_calls, priority)
+
+    def promoted_call(self, task_id: str, priority: Priority) -> Call | None:
+        return self._scheduler._promoted_call(task_id, priority)
+
+    def new_call(self, provider: str, kind: str, payload: Any, cost: float | None) -> Call:
+        lane = self._scheduler._lanes[provider]
+        return (lane, self._scheduler._cost_estimate(lane, kind, payload, cost), None)
+
+    def inherit_priority(self, task: LiveTask, priority: Priority) -> None:
+        self._scheduler._inherit_priority(task, priority)
+
+    def staged(self) -> None:
+        self._scheduler._staged(None)
+
+    def ensure_started(self) -> None:
+        self._scheduler._ensure_started()
+
+    def when_durable(self, callback: Callable[[StoreWriteError | None], None]) -> None:
+        commit = self._scheduler._commit
+        if commit is None or not commit.pending:
+            callback(None)
+        else:
+            commit.durable().add_done_callback(lambda flushed: callback(flushed.result()))
 
 
 def _refuse_names(kind: object, key: object, task_id: object) -> NoReturn:
@@ -423,6 +480,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             head.pump = LanePump(runtime, partial(self._dispatch, head), f"dispatch-{names}")
         for lane in self._lanes.values():
             lane.pump = lane.head.pump
+        report_quota_outages(self, self._lanes.values())  # a fleet quota's outage: QuotaUnavailable
         self._live: dict[str, LiveTask] = {}
         self._waiters: dict[str, list[str]] = {}
         self._watchers: dict[str, TaskHandle[None]] = {}
@@ -636,9 +694,21 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
     @property
     def jobs(self) -> Jobs:
         """This scheduler's jobs orchestrator (created on first use; see :mod:`aiqsim.scheduler.jobs`)."""
-        from aiqsim.scheduler.jobs import jobs_of
+        if self._jobs is None:
+            from aiqsim.scheduler.jobs import Jobs  # the jobs room builds on this module, not back
 
-        return jobs_of(self)
+            Jobs(self)  # attaches itself (attach_jobs)
+        assert self._jobs is not None
+        return self._jobs
+
+    def attach_jobs(self, jobs: Jobs) -> JobHost:
+        """Make ``jobs`` this scheduler's jobs orchestrator (``Jobs(scheduler)`` calls it) and give it
+        the seam it runs through (:class:`~aiqsim.scheduler.job_host.JobHost`). One per scheduler:
+        a second raises :class:`~aiqsim.core.errors.SchedulingError`."""
+        if self._jobs is not None:
+            raise SchedulingError("this scheduler already has a Jobs orchestrator (scheduler.jobs)")
+        self._jobs = jobs
+        return _SchedulerJobHost(self)
 
     def _depth(self, priority: Priority, starting: Collection[str] = ()) -> int:
         """Queued requests of ``priority`` as its depth limit counts them (a job counts once),

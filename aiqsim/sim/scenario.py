@@ -858,6 +858,15 @@ def _check_stream_model(values: dict[str, Any], path: str, reader: _Reader) -> N
         )
 
 
+def provider_from_table(raw: dict[str, Any], source: str) -> ProviderConfig:
+    """One ``[[providers]]`` table (as a dict) read and checked exactly as a scenario file's first
+    provider is: :class:`ScenarioError` naming ``source`` and the key (``providers[0].timeout_prob``)
+    for an unknown key or a value out of range. The one definition of what a provider accepts, for
+    other rooms (:func:`aiqsim.testing.provider_config`)."""
+    reader = _Reader(source)
+    return _providers((reader.read(raw, "providers[0]", _PROVIDER),), reader)[0]
+
+
 def _quotas(
     raw: dict[str, dict[str, Any]], names: list[str], reader: _Reader
 ) -> dict[str, ClientQuotaConfig]:

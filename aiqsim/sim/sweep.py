@@ -145,6 +145,15 @@ def _safe_run(
         return None, f"{type(error).__name__}: {error}"
 
 
+def safe_run(
+    scenario: Scenario, point: dict[str, Any], seed: int
+) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`run_point`, its error caught: ``(row, None)`` or ``(None, "Type: message")`` — what a
+    sweep's workers send back (and a tuning run's, :mod:`aiqsim.lab.tune`), so that one failing run
+    never ends the others."""
+    return _safe_run(scenario, point, seed)
+
+
 def _check_stores(scenario: Scenario, points: list[dict[str, Any]], seeds: int) -> None:
     """Refuse a sweep whose runs would share a ``store.path``
     (:func:`~aiqsim.sim.preflight.check_store_unshared`), before the first run starts.

@@ -43,6 +43,15 @@ class JobStore(Protocol):
         ...
 
 
+def latest_job_of(store: object, name: str, version: str) -> JobRecord | None:
+    """The job last stored under spec ``name`` and ``version``, whatever its status, through the
+    store's ``latest_job`` (every store in :mod:`aiqsim.stores` has it); ``None`` from a store
+    without it. What tells a job submitted after a restart that a different spec ran under the same
+    name and version (:mod:`aiqsim.scheduler.jobs`)."""
+    latest = getattr(store, "latest_job", None)
+    return latest(name, version) if callable(latest) else None
+
+
 def claim_job_owner(current_owner: JobRecord | None, candidate: JobRecord) -> JobRecord:
     """The task claim rule, for jobs: a live owner keeps the key, otherwise the candidate takes it."""
     if current_owner is not None and current_owner.status in LIVE_OWNER_STATUSES:

@@ -739,6 +739,15 @@ class JsonFileStore:
         owner_id = self._job_owners.get(key)
         return self._jobs.get(owner_id) if owner_id is not None else None
 
+    def latest_job(self, name: str, version: str) -> JobRecord | None:
+        """The job last stored under spec ``name`` and ``version``, if any
+        (:func:`~aiqsim.stores.job_store.latest_job_of`)."""
+        self._check_open()
+        for job in reversed(self._jobs.values()):
+            if job.name == name and job.version == version:
+                return job
+        return None
+
     def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
         self._check_open()
         if not statuses:

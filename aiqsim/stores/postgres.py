@@ -628,6 +628,12 @@ class PostgresStore:
         rows = self._read(self._jobs.owner, (key,))
         return self._decode_job(rows[0]) if rows else None
 
+    def latest_job(self, name: str, version: str) -> JobRecord | None:
+        """The job last stored under spec ``name`` and ``version``, if any
+        (:func:`~aiqsim.stores.job_store.latest_job_of`)."""
+        rows = self._read(self._jobs.latest_named(), (name, version))
+        return self._decode_job(rows[0]) if rows else None
+
     def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
         sql, params = self._jobs.by_status([JobStatus(status).value for status in statuses])
         return [self._decode_job(row) for row in self._read(sql, params)]

@@ -176,6 +176,11 @@ class RecordSql:
         markers = ", ".join([ph] * len(values))
         return f"{self.select} WHERE {a}.status IN ({markers}) ORDER BY {a}.seq", tuple(values)
 
+    def latest_named(self) -> str:
+        """The last record stored with a given ``name`` and ``version`` (jobs: a spec's), newest first."""
+        a, ph = self.table.alias, self.dialect.placeholder
+        return f"{self.select} WHERE {a}.name = {ph} AND {a}.version = {ph} ORDER BY {a}.seq DESC LIMIT 1"
+
     def purge_candidates(self, cutoff: float) -> tuple[str, tuple[Any, ...]]:
         """``(sql, params)`` reading the retention candidates: ``(id, key, status, finished, owns_key)``
         of every terminal record finished at or before ``cutoff``, without payloads or results."""

@@ -908,6 +908,11 @@ class SqliteStore:
     def job_owner_of(self, key: str) -> JobRecord | None:
         return self._read_job(_JOBS.owner, (key,), f"the owner of job key {key!r}")
 
+    def latest_job(self, name: str, version: str) -> JobRecord | None:
+        """The job last stored under spec ``name`` and ``version``, if any
+        (:func:`~aiqsim.stores.job_store.latest_job_of`)."""
+        return self._read_job(_JOBS.latest_named(), (name, version), f"the last job of {name!r} {version!r}")
+
     def list_jobs(self, *statuses: JobStatus) -> list[JobRecord]:
         values = [JobStatus(status).value for status in statuses]
         sql, params = _JOBS.by_status(values)

@@ -27,14 +27,12 @@ def provider_config(name: str = "llm", **fields: Any) -> ProviderConfig:
     (``providers[0].timeout_prob``) for an unknown key or a value out of range.
     """
     # The scenario reader's own table schema and builder: one definition of what a provider accepts.
-    from aiqsim.sim.scenario import _PROVIDER, _providers, _Reader
+    from aiqsim.sim.scenario import provider_from_table
 
     raw: dict[str, Any] = {"name": name, **fields}
     if "outages" in raw:
         raw["outages"] = [dict(o) if isinstance(o, Mapping) else o for o in raw["outages"]]
-    reader = _Reader("aiqsim.testing provider")
-    values = reader.read(raw, "providers[0]", _PROVIDER)
-    return _providers((values,), reader)[0]
+    return provider_from_table(raw, "aiqsim.testing provider")
 
 
 def simulated_provider(

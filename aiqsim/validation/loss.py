@@ -2,7 +2,7 @@
 
 A scheduler with ``c`` concurrency slots and a depth limit of ``L`` waiting requests is an M/M/c/K
 queue with ``K = c + L`` places, when arrivals are Poisson and service times exponential: an arrival
-that finds all ``K`` places taken is refused (:class:`~aiqsim.scheduler.scheduler.QueueFullError`).
+that finds all ``K`` places taken is refused (:class:`~aiqsim.scheduler.refusals.QueueFullError`).
 The share of arrivals refused is the probability that the system is full,
 
     p_K = (a**K / (c! c**(K-c))) / (sum_{n<c} a**n / n!  +  sum_{c<=n<=K} a**n / (c! c**(n-c))),
