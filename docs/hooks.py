@@ -9,6 +9,8 @@ A page asks for a generated block with a marker line ``<!-- aiqsim:NAME -->``:
 * ``schema-rules``   the rules only the loader checks (``RULES_NOT_IN_SCHEMA``)
 * ``errors``         the exception tree, walked from the classes ``aiqsim.errors`` exports
 * ``measured``       the README's measured table; ``results``: ``benchmarks/RESULTS.md``
+* ``api-top``        the API reference of the names ``aiqsim`` exports itself (the pure rules of
+                     ``aiqsim.core``), and a link to the room section of each name it re-exports
 
 An unknown marker fails the build. Notebooks: before the build, every ``notebooks/*.ipynb`` is
 executed headless with ``FAST = True`` (``aiqsim.lab.notebook_runs``) into ``docs/notebooks/``
@@ -204,6 +206,7 @@ def errors() -> str:
             ]
             extra = f" ({', '.join(dict.fromkeys(builtins))})" if builtins else ""
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            doc = _roles().convert(doc, lambda target, cls=cls: _qualify(target, cls))
             lines.append(f"{'    ' * depth}- `{cls.__name__}`{extra}: {_cell(doc)}")
             walk(cls, depth + 1)
 
@@ -227,6 +230,65 @@ def results() -> str:
     return text.split("\n", 1)[1] if text.startswith("###") else text
 
 
+ROOMS = (
+    "aiqsim.scheduler",
+    "aiqsim.runtime",
+    "aiqsim.stores",
+    "aiqsim.fleet",
+    "aiqsim.overload",
+    "aiqsim.http",
+    "aiqsim.sim",
+    "aiqsim.testing",
+    "aiqsim.validation",
+)
+"""The rooms whose ``__all__`` the API reference documents (docs/reference/*.md, one ``:::`` each)."""
+LAB_MODULES = (
+    "aiqsim.lab.charts",
+    "aiqsim.lab.widgets",
+    "aiqsim.lab.tune",
+    "aiqsim.lab.calibrate",
+    "aiqsim.lab.calibration_report",
+    "aiqsim.lab.decisions",
+    "aiqsim.lab.notebook_runs",
+)
+"""The lab has no ``__all__`` of its own (importing it must stay cheap): its modules, each documented."""
+
+
+def room_exports() -> dict[str, str]:
+    """Each name a room exports, with the first room (of :data:`ROOMS`) that exports it."""
+    import importlib
+
+    owner: dict[str, str] = {}
+    for room in ROOMS:
+        for name in importlib.import_module(room).__all__:
+            owner.setdefault(name, room)
+    return owner
+
+
+def api_top() -> str:
+    """``::: aiqsim`` for the names no room exports (the core rules), and a table for the others."""
+    import aiqsim
+
+    owner = room_exports()
+    own = [name for name in aiqsim.__all__ if name not in owner]
+    members = "\n".join(f"        - {name}" for name in own)
+    block = f"::: aiqsim\n    options:\n      filters: []\n      members:\n{members}\n"
+    rows = ["| name | documented in |", "|---|---|"]
+    for name in sorted((n for n in aiqsim.__all__ if n in owner), key=str.lower):
+        room, obj = owner[name], getattr(aiqsim, name)
+        module = getattr(obj, "__module__", None) or ""
+        # the defining module's path: a section of the room page (an alias there, or a name the
+        # room imports lazily and documents from its module); else the room's own section
+        target = f"{module}.{obj.__qualname__}" if module.startswith("aiqsim.") else f"{room}.{name}"
+        rows.append(f"| [`{name}`][{target}] | `{room}` |")
+    table = "\n".join(rows)
+    return (
+        "## Re-exported from the rooms\n\n"
+        "`aiqsim` also exports these names, documented in the room they come from:\n\n"
+        f"{table}\n\n## Defined by the core\n\n{block}"
+    )
+
+
 GENERATORS = {
     "transitions": transitions,
     "cli": cli,
@@ -235,10 +297,41 @@ GENERATORS = {
     "errors": errors,
     "measured": measured,
     "results": results,
+    "api-top": api_top,
 }
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _roles() -> Any:
+    """docs/griffe_roles.py (it is beside this file, not on the import path)."""
+    import importlib.util
+
+    path = Path(__file__).with_name("griffe_roles.py")
+    spec = importlib.util.spec_from_file_location("aiqsim_docs_griffe_roles", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _qualify(target: str, cls: type) -> str | None:
+    """A role's target in ``cls``'s docstring as a dotted path: resolved in its module, as Python would."""
+    import sys
+
+    target = target.strip().lstrip("~.").rstrip("()")
+    if target.startswith("aiqsim."):
+        return _roles().canonical(target)
+    first, dot, rest = target.partition(".")
+    obj = getattr(cls, first, None) if first != cls.__name__ else cls
+    obj = obj if obj is not None else vars(sys.modules[cls.__module__]).get(first)
+    module = getattr(obj, "__module__", None)
+    if obj is None or not isinstance(module, str) or not module.startswith("aiqsim"):
+        return None
+    if isinstance(obj, type) or callable(obj):
+        return f"{module}.{obj.__qualname__}{dot}{rest}"
+    return None
 
 
 def _cell(text: str) -> str:
