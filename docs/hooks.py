@@ -9,22 +9,30 @@ A page asks for a generated block with a marker line ``<!-- aiqsim:NAME -->``:
 * ``schema-rules``   the rules only the loader checks (``RULES_NOT_IN_SCHEMA``)
 * ``errors``         the exception tree, walked from the classes ``aiqsim.errors`` exports
 * ``measured``       the README's measured table; ``results``: ``benchmarks/RESULTS.md``
+* ``notebooks``      a link to every notebook's page, with its title
+* ``api-lazy-ROOM`` the API reference of the names of a room's ``__all__`` mkdocstrings does not see
+                     as its members (see :func:`lazy_names`)
 * ``api-top``        the API reference of the names ``aiqsim`` exports itself (the pure rules of
                      ``aiqsim.core``), and a link to the room section of each name it re-exports
 
-An unknown marker fails the build. Notebooks: before the build, every ``notebooks/*.ipynb`` is
-executed headless with ``FAST = True`` (``aiqsim.lab.notebook_runs``) into ``docs/notebooks/``
-(git-ignored; the ``notebooks`` folder of ``docs_dir``), which mkdocs-jupyter renders without
-executing again. When the environment names a folder of copies already executed
-(``AIQSIM_DOCS_NOTEBOOKS``, as tests/test_docs.py does with the ones the notebook tests ran),
-those are used instead. A notebook that fails to execute fails the build. Executed copies are kept
-by the hash of their source, so ``mkdocs serve`` does not re-execute unchanged notebooks on every
-rebuild. ``AIQSIM_DOCS_REPO`` names the repository when docs/ is built from a copy elsewhere.
+An unknown marker fails the build. The home page's chart (``assets/retry_storm_timeline.png``) is
+drawn when the site is built, from a run of ``scenarios/retry_storm_429.toml`` (about a second), and
+added to the site's files: nothing is written into docs/.
+
+Notebooks: before the build, every ``notebooks/*.ipynb`` is executed headless with ``FAST = True``
+(``aiqsim.lab.notebook_runs``) into ``docs/notebooks/`` (git-ignored; the ``notebooks`` folder of
+``docs_dir``), which mkdocs-jupyter renders without executing again. When the environment names a
+folder of copies to render instead (``AIQSIM_DOCS_NOTEBOOKS``), nothing is executed: tests/test_docs.py
+passes copies that were never executed (tests/test_notebooks.py executes them). A notebook that fails
+to execute fails the build. Executed copies are kept by the hash of their source, so ``mkdocs serve``
+does not re-execute unchanged notebooks on every rebuild. ``AIQSIM_DOCS_REPO`` names the repository
+when docs/ is built from a copy elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -65,6 +73,44 @@ def on_pre_build(config: Any) -> None:
 
             _write_if_changed(target, nbformat.writes(run_notebook(source)))
         _write_if_changed(stamp, digest)
+
+
+HOME_CHART = "assets/retry_storm_timeline.png"
+"""The home page's chart, a file of the built site only."""
+HOME_SCENARIO = "scenarios/retry_storm_429.toml"
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """Add the home page's chart (:data:`HOME_CHART`), drawn from a run of :data:`HOME_SCENARIO`."""
+    from mkdocs.structure.files import File
+
+    files.append(File.generated(config, HOME_CHART, content=home_chart()))
+    return files
+
+
+def home_chart() -> bytes:
+    """The retry-storm timeline of one seeded run of :data:`HOME_SCENARIO`, as a PNG."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from aiqsim.lab import charts
+    from aiqsim.sim.simulate import simulate
+
+    result = simulate(ROOT / HOME_SCENARIO)
+    figure = charts.retry_storm_timeline(
+        result.timeline,
+        title=result.scenario.name,
+        marks=charts.crash_marks(result),
+        **charts.run_references(result),
+    )
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=80, metadata={"Software": None})
+    plt.close(figure)
+    return buffer.getvalue()
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -178,6 +224,18 @@ def scenario_keys() -> str:
     return "\n".join(out)
 
 
+def notebooks() -> str:
+    """A list item per notebook: its title (the first heading), linked to its page."""
+    items = []
+    for source in sorted(NOTEBOOKS.glob("*.ipynb")):
+        book = json.loads(source.read_text(encoding="utf-8"))
+        text = "\n".join("".join(cell["source"]) for cell in book["cells"] if cell["cell_type"] == "markdown")
+        heading = re.search(r"^# (.+)$", text, re.M)
+        title = heading.group(1).strip() if heading else source.stem
+        items.append(f"- [{title}](notebooks/{source.name}) (`notebooks/{source.name}`)")
+    return "\n".join(items) + "\n"
+
+
 def schema_rules() -> str:
     from aiqsim.sim.scenario_schema import RULES_NOT_IN_SCHEMA
 
@@ -265,6 +323,49 @@ def room_exports() -> dict[str, str]:
     return owner
 
 
+def lazy_names(room: str) -> list[str]:
+    """The names of ``room.__all__`` mkdocstrings does not see as members of ``room``, which the room's
+    page documents from the module that defines each: a name its ``__init__.py`` binds by no
+    statement (a PEP 562 ``__getattr__`` imports it on first use, for an optional extra), and a
+    function named as its own submodule (``aiqsim.sim.simulate``: mkdocstrings sees the module)."""
+    import ast
+    import importlib
+
+    module = importlib.import_module(room)
+    tree = ast.parse(Path(module.__file__ or "").read_text(encoding="utf-8"))
+    statements = list(tree.body)  # the module's own, and those under a top-level ``if TYPE_CHECKING:``
+    statements += [inner for node in tree.body if isinstance(node, ast.If) for inner in node.body]
+    bound = {
+        alias.asname or alias.name
+        for node in statements
+        if isinstance(node, ast.ImportFrom | ast.Import)
+        for alias in node.names
+    }
+    for node in statements:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        bound.update(target.id for target in targets if isinstance(target, ast.Name))
+    folder = Path(module.__file__ or "").parent
+    return [name for name in module.__all__ if name not in bound or (folder / f"{name}.py").is_file()]
+
+
+def api_lazy(room: str) -> str:
+    """``::: module.Name`` for each of :func:`lazy_names` of ``room`` (nothing when there are none)."""
+    import importlib
+
+    module = importlib.import_module(room)
+    blocks = []
+    for name in lazy_names(room):
+        obj = getattr(module, name)
+        blocks.append(f"::: {obj.__module__}.{obj.__qualname__}\n    options:\n      heading_level: 3\n")
+    if not blocks:
+        return ""
+    names = ", ".join(f"`{name}`" for name in lazy_names(room))
+    intro = f"Also exported by `{room}`, documented from the module that defines each: {names}.\n\n"
+    return intro + "\n".join(blocks)
+
+
 def api_top() -> str:
     """``::: aiqsim`` for the names no room exports (the core rules), and a table for the others."""
     import aiqsim
@@ -298,6 +399,8 @@ GENERATORS = {
     "measured": measured,
     "results": results,
     "api-top": api_top,
+    "notebooks": notebooks,
+    **{f"api-lazy-{room.rsplit('.', 1)[1]}": functools.partial(api_lazy, room) for room in ROOMS},
 }
 
 
