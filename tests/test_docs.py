@@ -308,3 +308,27 @@ def test_a_broken_link_or_an_unresolved_api_reference_fails_the_strict_build(tmp
     assert done.returncode != 0
     assert "nowhere.md" in done.stdout + done.stderr
     assert "no_such_module" in done.stdout + done.stderr
+
+
+def test_every_room_with_public_names_is_in_the_api_reference() -> None:
+    """A new room (a package of aiqsim with an ``__all__``) needs a page: docs/reference/ROOM.md with
+    ``::: aiqsim.ROOM`` and ``<!-- aiqsim:api-lazy-ROOM -->``, and its name in ``ROOMS`` of docs/hooks.py."""
+    rooms = {
+        f"aiqsim.{init.parent.name}"
+        for init in (ROOT / "aiqsim").glob("*/__init__.py")
+        if re.search(r"^__all__\b", init.read_text(encoding="utf-8"), re.M)
+    }
+    assert rooms - set(hooks().ROOMS) == set()
+    pages = "\n".join(path.read_text(encoding="utf-8") for path in (ROOT / "docs" / "reference").glob("*.md"))
+    for room in hooks().ROOMS:
+        assert re.search(rf"^::: {re.escape(room)}$", pages, re.M), room
+        assert f"<!-- aiqsim:api-lazy-{room.rsplit('.', 1)[1]} -->" in pages, room
+
+
+def test_results_are_short_and_no_page_speaks_of_sessions_or_issue_numbers() -> None:
+    results = ROOT / "benchmarks" / "RESULTS.md"
+    assert results.stat().st_size <= 40_000
+    for path in [results, *(ROOT / "docs").rglob("*.md")]:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\bsessions?\b", text, re.I), path
+        assert not re.search(r"(?<![\w&])#\d+\b", text), path
