@@ -325,7 +325,7 @@ def test_every_room_with_public_names_is_in_the_api_reference() -> None:
         assert f"<!-- aiqsim:api-lazy-{room.rsplit('.', 1)[1]} -->" in pages, room
 
 
-def test_results_are_short_and_no_page_speaks_of_sessions_or_issue_numbers() -> None:
+def test_results_are_short_and_no_page_cites_working_notes_or_issue_numbers() -> None:
     results = ROOT / "benchmarks" / "RESULTS.md"
     assert results.stat().st_size <= 40_000
     for path in [results, *(ROOT / "docs").rglob("*.md")]:
