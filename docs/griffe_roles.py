@@ -1,18 +1,19 @@
 """Griffe extension for the API reference: the docstrings' Sphinx roles become links.
 
-The code's docstrings cross-reference with Sphinx roles (``:class:`~aiqsim.x.Y```, ``:func:``,
-``:meth:``, ``:mod:``, ``:attr:``, ``:data:``, ``:exc:``, ``:obj:``, ``:const:``), which Markdown
-shows literally. Once a package is loaded, every docstring in it is rewritten: each role becomes an
-mkdocs-autorefs reference whose title is the name in inline code (``~`` keeps only its last part, an
-explicit ``title <target>`` keeps the title).
+The code's docstrings are reStructuredText-flavoured: they cross-reference with Sphinx roles
+(``:class:`~aiqsim.x.Y```, ``:func:``, ``:meth:``, ``:mod:``, ``:attr:``, ``:data:``, ``:exc:``,
+``:obj:``, ``:const:``), which Markdown shows literally. Once a package is loaded, every docstring in
+it is rewritten: each role becomes an mkdocs-autorefs reference whose title is the name in inline
+code (``~`` keeps only its last part, an explicit ``title <target>`` keeps the title). A
+literal-block marker (``Example::`` before an indented block) becomes a colon: the indented block is
+code in Markdown as it is.
 
 A target is qualified before it is linked: a dotted ``aiqsim.`` path is used as written; a short
 name (``Scheduler.submit``, ``submit``) is resolved in the scope of the object whose docstring it is,
 as Python would resolve it there (its module's imports, its class's members). Each reference is
 *optional*: mkdocs-autorefs links it when the site documents its target, and otherwise leaves the
 inline code unlinked (a builtin such as ``ValueError``, a private helper), so a role never becomes a
-broken link in the strict build. ``ROLE`` is shared with tests/test_docs.py, which checks that no
-role is left anywhere on the site.
+broken link in the strict build. tests/test_docs.py checks that no role is left anywhere on the site.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import griffe
 
 ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`(?P<body>[^`]+)`")
 """A Sphinx cross-reference role with its target (``:class:`~aiqsim.x.Y```)."""
+LITERAL_BLOCK = re.compile(r"(?:(?<=\S)|[ \t]+):(:)[ \t]*$(?=\n[ \t]*\n)", re.M)
+"""reST's ``text::`` before an indented block: the block is code in Markdown too; the ``::`` goes."""
 EXPLICIT = re.compile(r"^(?P<title>.*?)\s*<(?P<target>[^<>]+)>$", re.S)
 
 
@@ -50,8 +53,23 @@ def canonical(path: str) -> str:
             if isinstance(obj, type) and isinstance(module, str) and module.startswith("aiqsim"):
                 rest = parts[index + 1 :]
                 return ".".join([module, qualname, *rest]) if isinstance(qualname, str) else path
+            if isinstance(obj, type) and index == len(parts) - 1:
+                return _room_path(parts[:2], name, obj) or path
         return path
     return path
+
+
+def _room_path(room_parts: list[str], name: str, obj: object) -> str | None:
+    """``aiqsim.room.name`` when that room exports ``obj`` under ``name`` (a class defined outside
+    aiqsim, such as ``aiqsim.runtime.Cancelled``, is documented under the room that exports it)."""
+    import importlib
+
+    try:
+        room = importlib.import_module(".".join(room_parts))
+    except ImportError:
+        return None
+    exported = name in getattr(room, "__all__", ()) and getattr(room, name, None) is obj
+    return f"{room.__name__}.{name}" if exported else None
 
 
 def qualify(target: str, scope: griffe.Object) -> str | None:
@@ -95,6 +113,7 @@ def convert(text: str, resolve: Callable[[str], str | None]) -> str:
             return code
         return f'<autoref identifier="{html.escape(path)}" optional>{code}</autoref>'
 
+    text = LITERAL_BLOCK.sub(lambda match: ":" if not match.group(0).startswith((" ", "\t")) else "", text)
     return ROLE.sub(replace, text)
 
 

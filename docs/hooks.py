@@ -12,6 +12,7 @@ A page asks for a generated block with a marker line ``<!-- aiqsim:NAME -->``:
 * ``notebooks``      a link to every notebook's page, with its title
 * ``api-lazy-ROOM`` the API reference of the names of a room's ``__all__`` mkdocstrings does not see
                      as its members (see :func:`lazy_names`)
+* ``api-errors``     the API reference of the exceptions only ``aiqsim.errors`` exports
 * ``api-top``        the API reference of the names ``aiqsim`` exports itself (the pure rules of
                      ``aiqsim.core``), and a link to the room section of each name it re-exports
 
@@ -265,7 +266,9 @@ def errors() -> str:
             extra = f" ({', '.join(dict.fromkeys(builtins))})" if builtins else ""
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             doc = _roles().convert(doc, lambda target, cls=cls: _qualify(target, cls))
-            lines.append(f"{'    ' * depth}- `{cls.__name__}`{extra}: {_cell(doc)}")
+            path, code = f"{cls.__module__}.{cls.__qualname__}", f"<code>{cls.__name__}</code>"
+            name = f'<autoref identifier="{path}" optional>{code}</autoref>'  # its API section
+            lines.append(f"{'    ' * depth}- {name}{extra}: {_cell(doc)}")
             walk(cls, depth + 1)
 
     walk(None, 0)
@@ -366,6 +369,24 @@ def api_lazy(room: str) -> str:
     return intro + "\n".join(blocks)
 
 
+def api_errors() -> str:
+    """``::: aiqsim.errors`` for the exceptions it exports that no other section documents (those
+    ``aiqsim`` or a room exports are documented there), so that every exception has a section."""
+    import importlib
+
+    import aiqsim
+    import aiqsim.errors
+
+    documented = {id(getattr(aiqsim, name)) for name in aiqsim.__all__}
+    for module in (*ROOMS, *LAB_MODULES):
+        imported = importlib.import_module(module)
+        names = getattr(imported, "__all__", None) or [n for n in vars(imported) if not n.startswith("_")]
+        documented.update(id(getattr(imported, name)) for name in names)
+    rest = [name for name in aiqsim.errors.__all__ if id(getattr(aiqsim.errors, name)) not in documented]
+    members = "\n".join(f"        - {name}" for name in rest)
+    return f"::: aiqsim.errors\n    options:\n      members:\n{members}\n"
+
+
 def api_top() -> str:
     """``::: aiqsim`` for the names no room exports (the core rules), and a table for the others."""
     import aiqsim
@@ -399,6 +420,7 @@ GENERATORS = {
     "measured": measured,
     "results": results,
     "api-top": api_top,
+    "api-errors": api_errors,
     "notebooks": notebooks,
     **{f"api-lazy-{room.rsplit('.', 1)[1]}": functools.partial(api_lazy, room) for room in ROOMS},
 }
