@@ -1,16 +1,18 @@
 """The documentation site builds in strict mode, and what it generates from the code is complete.
 
 The site is built from a copy of docs/ in a temporary folder (nothing is written into the
-repository) by a real ``mkdocs build --strict`` subprocess, once for this module. Its notebook pages
-are rendered without executing anything: tests/test_notebooks.py executes every notebook and checks
-its charts, so executing them again here would double the suite's largest cost. Each rendered copy
-carries one marker chart, which checks that a notebook's outputs reach its page. Strict mode turns a
-broken link or an unresolved API reference into a failed build; the last tests check that it does.
+repository) by a real ``mkdocs build --strict`` subprocess, once per test run (xdist's workers
+share it). Its notebook pages are rendered without executing anything: tests/test_notebooks.py
+executes every notebook and checks its charts, so executing them again here would double the
+suite's largest cost. Each rendered copy carries one marker chart, which checks that a notebook's
+outputs reach its page. Strict mode turns a broken link or an unresolved API reference into a
+failed build; the last tests check that it does.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import html
 import importlib
 import inspect
@@ -97,13 +99,26 @@ def with_marker_chart(source: Path) -> str:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("docs")
-    copies = tmp / "rendered"
-    copies.mkdir()
-    for path in NOTEBOOK_PATHS:
-        (copies / path.name).write_text(with_marker_chart(path), encoding="utf-8")
-    done = build(tmp, copies)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    """The site, built once per test run: under xdist the workers share one build (the first to ask
+    builds it while the others wait), in the run's own folder (the base temp's parent); without
+    xdist, under this run's base temp."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    tmp = shared / "aiqsim-docs"
+    with open(shared / "aiqsim-docs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        outcome = shared / "aiqsim-docs.outcome"
+        if not outcome.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            copies = tmp / "rendered"
+            copies.mkdir(parents=True)
+            for path in NOTEBOOK_PATHS:
+                (copies / path.name).write_text(with_marker_chart(path), encoding="utf-8")
+            done = build(tmp, copies)
+            failure = "" if done.returncode == 0 else done.stdout[-3000:] + done.stderr[-5000:]
+            outcome.write_text(failure, encoding="utf-8")
+        failure = outcome.read_text(encoding="utf-8")
+    assert failure == "", failure
     return tmp / "site"
 
 
