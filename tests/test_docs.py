@@ -305,6 +305,10 @@ def test_signatures_are_annotated_and_attributes_show_no_code(site: Path) -> Non
     raw = (site / "reference/scheduler/index.html").read_text(encoding="utf-8")
     attribute = raw[raw.index('id="aiqsim.scheduler.RetryPolicy.max_attempts"') :][:3000]
     assert "= 5" not in html.unescape(re.sub(r"<[^>]+>", "", attribute)), "an attribute shows its value"
+    start = raw.index('id="aiqsim.scheduler.Scheduler"')
+    signature = re.search(r'<div class="doc-signature highlight">(.*?)</div>', raw[start:], re.S)
+    assert signature is not None
+    assert signature.group(1).count("autorefs-internal") >= 5, "the signature's types are not links"
 
 
 def test_the_api_reference_and_measured_figures_are_on_the_site(site: Path) -> None:
