@@ -9,20 +9,31 @@ A page asks for a generated block with a marker line ``<!-- aiqsim:NAME -->``:
 * ``schema-rules``   the rules only the loader checks (``RULES_NOT_IN_SCHEMA``)
 * ``errors``         the exception tree, walked from the classes ``aiqsim.errors`` exports
 * ``measured``       the README's measured table; ``results``: ``benchmarks/RESULTS.md``
+* ``notebooks``      a link to every notebook's page, with its title
+* ``api-lazy-ROOM`` the API reference of the names of a room's ``__all__`` mkdocstrings does not see
+                     as its members (see :func:`lazy_names`)
+* ``api-errors``     the API reference of the exceptions only ``aiqsim.errors`` exports
+* ``api-top``        the API reference of the names ``aiqsim`` exports itself (the pure rules of
+                     ``aiqsim.core``), and a link to the room section of each name it re-exports
 
-An unknown marker fails the build. Notebooks: before the build, every ``notebooks/*.ipynb`` is
-executed headless with ``FAST = True`` (``aiqsim.lab.notebook_runs``) into ``docs/notebooks/``
-(git-ignored; the ``notebooks`` folder of ``docs_dir``), which mkdocs-jupyter renders without
-executing again. When the environment names a folder of copies already executed
-(``AIQSIM_DOCS_NOTEBOOKS``, as tests/test_docs.py does with the ones the notebook tests ran),
-those are used instead. A notebook that fails to execute fails the build. Executed copies are kept
-by the hash of their source, so ``mkdocs serve`` does not re-execute unchanged notebooks on every
-rebuild. ``AIQSIM_DOCS_REPO`` names the repository when docs/ is built from a copy elsewhere.
+An unknown marker fails the build. The home page's chart (``assets/retry_storm_timeline.png``) is
+drawn when the site is built, from a run of ``scenarios/retry_storm_429.toml`` (about a second), and
+added to the site's files: nothing is written into docs/.
+
+Notebooks: before the build, every ``notebooks/*.ipynb`` is executed headless with ``FAST = True``
+(``aiqsim.lab.notebook_runs``) into ``docs/notebooks/`` (git-ignored; the ``notebooks`` folder of
+``docs_dir``), which mkdocs-jupyter renders without executing again. When the environment names a
+folder of copies to render instead (``AIQSIM_DOCS_NOTEBOOKS``), nothing is executed: tests/test_docs.py
+passes copies that were never executed (tests/test_notebooks.py executes them). A notebook that fails
+to execute fails the build. Executed copies are kept by the hash of their source, so ``mkdocs serve``
+does not re-execute unchanged notebooks on every rebuild. ``AIQSIM_DOCS_REPO`` names the repository
+when docs/ is built from a copy elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -63,6 +74,44 @@ def on_pre_build(config: Any) -> None:
 
             _write_if_changed(target, nbformat.writes(run_notebook(source)))
         _write_if_changed(stamp, digest)
+
+
+HOME_CHART = "assets/retry_storm_timeline.png"
+"""The home page's chart, a file of the built site only."""
+HOME_SCENARIO = "scenarios/retry_storm_429.toml"
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """Add the home page's chart (:data:`HOME_CHART`), drawn from a run of :data:`HOME_SCENARIO`."""
+    from mkdocs.structure.files import File
+
+    files.append(File.generated(config, HOME_CHART, content=home_chart()))
+    return files
+
+
+def home_chart() -> bytes:
+    """The retry-storm timeline of one seeded run of :data:`HOME_SCENARIO`, as a PNG."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from aiqsim.lab import charts
+    from aiqsim.sim.simulate import simulate
+
+    result = simulate(ROOT / HOME_SCENARIO)
+    figure = charts.retry_storm_timeline(
+        result.timeline,
+        title=result.scenario.name,
+        marks=charts.crash_marks(result),
+        **charts.run_references(result),
+    )
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=80, metadata={"Software": None})
+    plt.close(figure)
+    return buffer.getvalue()
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -176,6 +225,18 @@ def scenario_keys() -> str:
     return "\n".join(out)
 
 
+def notebooks() -> str:
+    """A list item per notebook: its title (the first heading), linked to its page."""
+    items = []
+    for source in sorted(NOTEBOOKS.glob("*.ipynb")):
+        book = json.loads(source.read_text(encoding="utf-8"))
+        text = "\n".join("".join(cell["source"]) for cell in book["cells"] if cell["cell_type"] == "markdown")
+        heading = re.search(r"^# (.+)$", text, re.M)
+        title = heading.group(1).strip() if heading else source.stem
+        items.append(f"- [{title}](notebooks/{source.name}) (`notebooks/{source.name}`)")
+    return "\n".join(items) + "\n"
+
+
 def schema_rules() -> str:
     from aiqsim.sim.scenario_schema import RULES_NOT_IN_SCHEMA
 
@@ -204,7 +265,10 @@ def errors() -> str:
             ]
             extra = f" ({', '.join(dict.fromkeys(builtins))})" if builtins else ""
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-            lines.append(f"{'    ' * depth}- `{cls.__name__}`{extra}: {_cell(doc)}")
+            doc = _roles().convert(doc, lambda target, cls=cls: _qualify(target, cls))
+            path, code = f"{cls.__module__}.{cls.__qualname__}", f"<code>{cls.__name__}</code>"
+            name = f'<autoref identifier="{path}" optional>{code}</autoref>'  # its API section
+            lines.append(f"{'    ' * depth}- {name}{extra}: {_cell(doc)}")
             walk(cls, depth + 1)
 
     walk(None, 0)
@@ -227,6 +291,126 @@ def results() -> str:
     return text.split("\n", 1)[1] if text.startswith("###") else text
 
 
+ROOMS = (
+    "aiqsim.scheduler",
+    "aiqsim.runtime",
+    "aiqsim.stores",
+    "aiqsim.fleet",
+    "aiqsim.overload",
+    "aiqsim.http",
+    "aiqsim.sim",
+    "aiqsim.testing",
+    "aiqsim.validation",
+)
+"""The rooms whose ``__all__`` the API reference documents (docs/reference/*.md, one ``:::`` each)."""
+LAB_MODULES = (
+    "aiqsim.lab.charts",
+    "aiqsim.lab.widgets",
+    "aiqsim.lab.tune",
+    "aiqsim.lab.calibrate",
+    "aiqsim.lab.calibration_report",
+    "aiqsim.lab.decisions",
+    "aiqsim.lab.notebook_runs",
+)
+"""The lab has no ``__all__`` of its own (importing it must stay cheap): its modules, each documented."""
+
+
+def room_exports() -> dict[str, str]:
+    """Each name a room exports, with the first room (of :data:`ROOMS`) that exports it."""
+    import importlib
+
+    owner: dict[str, str] = {}
+    for room in ROOMS:
+        for name in importlib.import_module(room).__all__:
+            owner.setdefault(name, room)
+    return owner
+
+
+def lazy_names(room: str) -> list[str]:
+    """The names of ``room.__all__`` mkdocstrings does not see as members of ``room``, which the room's
+    page documents from the module that defines each: a name its ``__init__.py`` binds by no
+    statement (a PEP 562 ``__getattr__`` imports it on first use, for an optional extra), and a
+    function named as its own submodule (``aiqsim.sim.simulate``: mkdocstrings sees the module)."""
+    import ast
+    import importlib
+
+    module = importlib.import_module(room)
+    tree = ast.parse(Path(module.__file__ or "").read_text(encoding="utf-8"))
+    statements = list(tree.body)  # the module's own, and those under a top-level ``if TYPE_CHECKING:``
+    statements += [inner for node in tree.body if isinstance(node, ast.If) for inner in node.body]
+    bound = {
+        alias.asname or alias.name
+        for node in statements
+        if isinstance(node, ast.ImportFrom | ast.Import)
+        for alias in node.names
+    }
+    for node in statements:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        bound.update(target.id for target in targets if isinstance(target, ast.Name))
+    folder = Path(module.__file__ or "").parent
+    return [name for name in module.__all__ if name not in bound or (folder / f"{name}.py").is_file()]
+
+
+def api_lazy(room: str) -> str:
+    """``::: module.Name`` for each of :func:`lazy_names` of ``room`` (nothing when there are none)."""
+    import importlib
+
+    module = importlib.import_module(room)
+    blocks = []
+    for name in lazy_names(room):
+        obj = getattr(module, name)
+        blocks.append(f"::: {obj.__module__}.{obj.__qualname__}\n    options:\n      heading_level: 3\n")
+    if not blocks:
+        return ""
+    names = ", ".join(f"`{name}`" for name in lazy_names(room))
+    intro = f"Also exported by `{room}`, documented from the module that defines each: {names}.\n\n"
+    return intro + "\n".join(blocks)
+
+
+def api_errors() -> str:
+    """``::: aiqsim.errors`` for the exceptions it exports that no other section documents (those
+    ``aiqsim`` or a room exports are documented there), so that every exception has a section."""
+    import importlib
+
+    import aiqsim
+    import aiqsim.errors
+
+    documented = {id(getattr(aiqsim, name)) for name in aiqsim.__all__}
+    for module in (*ROOMS, *LAB_MODULES):
+        imported = importlib.import_module(module)
+        names = getattr(imported, "__all__", None) or [n for n in vars(imported) if not n.startswith("_")]
+        documented.update(id(getattr(imported, name)) for name in names)
+    rest = [name for name in aiqsim.errors.__all__ if id(getattr(aiqsim.errors, name)) not in documented]
+    members = "\n".join(f"        - {name}" for name in rest)
+    return f"::: aiqsim.errors\n    options:\n      members:\n{members}\n"
+
+
+def api_top() -> str:
+    """``::: aiqsim`` for the names no room exports (the core rules), and a table for the others."""
+    import aiqsim
+
+    owner = room_exports()
+    own = [name for name in aiqsim.__all__ if name not in owner]
+    members = "\n".join(f"        - {name}" for name in own)
+    block = f"::: aiqsim\n    options:\n      filters: []\n      members:\n{members}\n"
+    rows = ["| name | documented in |", "|---|---|"]
+    for name in sorted((n for n in aiqsim.__all__ if n in owner), key=str.lower):
+        room, obj = owner[name], getattr(aiqsim, name)
+        module = getattr(obj, "__module__", None) or ""
+        # the defining module's path: a section of the room page (an alias there, or a name the
+        # room imports lazily and documents from its module); else the room's own section
+        target = f"{module}.{obj.__qualname__}" if module.startswith("aiqsim.") else f"{room}.{name}"
+        rows.append(f"| [`{name}`][{target}] | `{room}` |")
+    table = "\n".join(rows)
+    return (
+        "## Re-exported from the rooms\n\n"
+        "`aiqsim` also exports these names, documented in the room they come from:\n\n"
+        f"{table}\n\n## Defined by the core\n\n{block}"
+    )
+
+
 GENERATORS = {
     "transitions": transitions,
     "cli": cli,
@@ -235,10 +419,44 @@ GENERATORS = {
     "errors": errors,
     "measured": measured,
     "results": results,
+    "api-top": api_top,
+    "api-errors": api_errors,
+    "notebooks": notebooks,
+    **{f"api-lazy-{room.rsplit('.', 1)[1]}": functools.partial(api_lazy, room) for room in ROOMS},
 }
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _roles() -> Any:
+    """docs/griffe_roles.py (it is beside this file, not on the import path)."""
+    import importlib.util
+
+    path = Path(__file__).with_name("griffe_roles.py")
+    spec = importlib.util.spec_from_file_location("aiqsim_docs_griffe_roles", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _qualify(target: str, cls: type) -> str | None:
+    """A role's target in ``cls``'s docstring as a dotted path: resolved in its module, as Python would."""
+    import sys
+
+    target = target.strip().lstrip("~.").rstrip("()")
+    if target.startswith("aiqsim."):
+        return _roles().canonical(target)
+    first, dot, rest = target.partition(".")
+    obj = getattr(cls, first, None) if first != cls.__name__ else cls
+    obj = obj if obj is not None else vars(sys.modules[cls.__module__]).get(first)
+    module = getattr(obj, "__module__", None)
+    if obj is None or not isinstance(module, str) or not module.startswith("aiqsim"):
+        return None
+    if isinstance(obj, type) or callable(obj):
+        return f"{module}.{obj.__qualname__}{dot}{rest}"
+    return None
 
 
 def _cell(text: str) -> str:

@@ -155,12 +155,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     together (two kernels at a time) once the first one is asked for, not one after another."""
     from pathlib import Path
 
-    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
     needed: set[Path] = set()
     for item in session.items:
-        if "site" in getattr(item, "fixturenames", ()):  # tests/test_docs.py renders every notebook
-            needed.update(notebooks.glob("*.ipynb"))
-        elif item.get_closest_marker("notebook") and item.module.__name__ == "test_notebooks":
+        if item.get_closest_marker("notebook") and item.module.__name__ == "test_notebooks":
             path = item.callspec.params.get("path") if hasattr(item, "callspec") else None
             if isinstance(path, Path):
                 needed.add(path)

@@ -1,7 +1,7 @@
 """Each shipped notebook executed once per test session (FAST), shared by the tests that need it.
 
-tests/test_notebooks.py checks the executed notebooks; tests/test_docs.py renders the same copies
-into the documentation site, so the suite executes every notebook once, whichever file runs first.
+tests/test_notebooks.py checks the executed notebooks (tests/test_docs.py renders the notebooks
+without executing them), so the suite executes every notebook once.
 
 Cost and how it is kept down (the notebooks were the suite's largest single item):
 

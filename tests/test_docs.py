@@ -1,15 +1,22 @@
 """The documentation site builds in strict mode, and what it generates from the code is complete.
 
 The site is built from a copy of docs/ in a temporary folder (nothing is written into the
-repository) by a real ``mkdocs build --strict`` subprocess. Its notebook pages are the notebooks
-the suite executes anyway (tests/executed_notebooks.py: once per session, shared with
-tests/test_notebooks.py), so a notebook that fails to execute fails here too. Strict mode turns a
-broken link or an unresolved API reference into a failed build; the last test checks that it does.
+repository) by a real ``mkdocs build --strict`` subprocess, once per test run (xdist's workers
+share it). Its notebook pages are rendered without executing anything: tests/test_notebooks.py
+executes every notebook and checks its charts, so executing them again here would double the
+suite's largest cost. Each rendered copy carries one marker chart, which checks that a notebook's
+outputs reach its page. Strict mode turns a broken link or an unresolved API reference into a
+failed build; the last tests check that it does.
 """
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import html
+import importlib
+import inspect
+import json
 import os
 import re
 import shutil
@@ -18,10 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 import yaml
-from executed_notebooks import NOTEBOOKS, executed
 
 from aiqsim.cli import build_parser
 from aiqsim.core.states import TRANSITIONS
@@ -33,7 +38,26 @@ pytest.importorskip("mkdocs_jupyter")
 pytest.importorskip("mkdocstrings")
 
 ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 NOTEBOOK_PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
+MARKER_PNG = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360f8cff00f0004ff01ff5ca3d3a60000000049454e44ae426082"
+    )
+).decode()
+"""A 1x1 PNG, the output each rendered notebook copy carries (see the module docs)."""
+ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):(?:`|<code>)")
+"""A Sphinx role left as text (in Markdown source, or after Markdown made its target inline code)."""
+
+
+def hooks() -> Any:
+    """docs/hooks.py, which names the rooms the API reference documents."""
+    spec = importlib.util.spec_from_file_location("aiqsim_docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build(
@@ -65,15 +89,36 @@ def build(
     )
 
 
+def with_marker_chart(source: Path) -> str:
+    """The notebook at ``source``, not executed, with :data:`MARKER_PNG` as its first code cell's output."""
+    book = json.loads(source.read_text(encoding="utf-8"))
+    cell = next(cell for cell in book["cells"] if cell["cell_type"] == "code")
+    cell["outputs"] = [{"output_type": "display_data", "metadata": {}, "data": {"image/png": MARKER_PNG}}]
+    return json.dumps(book)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("docs")
-    copies = tmp / "executed"
-    copies.mkdir()
-    for path in NOTEBOOK_PATHS:
-        nbformat.write(executed(path), copies / path.name)
-    done = build(tmp, copies)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    """The site, built once per test run: under xdist the workers share one build (the first to ask
+    builds it while the others wait), in the run's own folder (the base temp's parent); without
+    xdist, under this run's base temp."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    tmp = shared / "aiqsim-docs"
+    with open(shared / "aiqsim-docs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        outcome = shared / "aiqsim-docs.outcome"
+        if not outcome.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            copies = tmp / "rendered"
+            copies.mkdir(parents=True)
+            for path in NOTEBOOK_PATHS:
+                (copies / path.name).write_text(with_marker_chart(path), encoding="utf-8")
+            done = build(tmp, copies)
+            failure = "" if done.returncode == 0 else done.stdout[-3000:] + done.stderr[-5000:]
+            outcome.write_text(failure, encoding="utf-8")
+        failure = outcome.read_text(encoding="utf-8")
+    assert failure == "", failure
     return tmp / "site"
 
 
@@ -83,7 +128,6 @@ def text_of(site: Path, page: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", raw)).split())
 
 
-@pytest.mark.notebook
 def test_the_transition_table_is_rendered_from_the_code(site: Path) -> None:
     raw = (site / "concepts" / "index.html").read_text(encoding="utf-8")
     table = raw[raw.index('id="states"') :]
@@ -100,7 +144,6 @@ def test_the_transition_table_is_rendered_from_the_code(site: Path) -> None:
     assert rendered == {status: set(allowed) for status, allowed in TRANSITIONS.items()}
 
 
-@pytest.mark.notebook
 def test_the_cli_reference_has_every_command_and_option(site: Path) -> None:
     page = text_of(site, "reference/cli")
     parser = build_parser()
@@ -114,7 +157,6 @@ def test_the_cli_reference_has_every_command_and_option(site: Path) -> None:
                 assert flag in page, (name, flag)
 
 
-@pytest.mark.notebook
 def test_the_scenario_reference_has_every_key(site: Path) -> None:
     page = text_of(site, "reference/scenario")
     for table in SECTION_FIELDS.values():
@@ -130,53 +172,194 @@ def test_the_scenario_reference_has_every_key(site: Path) -> None:
         assert header in page
 
 
-@pytest.mark.notebook
 def test_the_error_page_lists_every_exported_exception(site: Path) -> None:
     import aiqsim.errors
 
     page = text_of(site, "reference/errors")
+    raw = (site / "reference/errors/index.html").read_text(encoding="utf-8")
+    linked = set(re.findall(r'<a class="autorefs autorefs-internal"[^>]*><code>(\w+)</code></a>', raw))
     for name in aiqsim.errors.__all__:
         if isinstance(getattr(aiqsim.errors, name), type):
             assert name in page, name
+            assert name in linked, f"{name} in the error tree does not link to its API section"
 
 
-@pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOK_PATHS, ids=lambda p: p.stem)
-def test_every_notebook_has_a_page_with_its_charts(site: Path, path: Path) -> None:
+def test_every_notebook_has_a_page_with_its_code_and_outputs(site: Path, path: Path) -> None:
     raw = (site / "notebooks" / path.stem / "index.html").read_text(encoding="utf-8")
-    assert "data:image/png;base64," in raw, f"{path.name}: no chart on its page"
-    assert "Traceback" not in raw
+    assert f"data:image/png;base64,{MARKER_PNG}" in raw, f"{path.name}: its outputs are not on its page"
+    book = json.loads(path.read_text(encoding="utf-8"))
+    code = next("".join(cell["source"]) for cell in book["cells"] if cell["cell_type"] == "code")
+    first_line = next(line for line in code.splitlines() if line.strip() and not line.startswith("#"))
+    page = " ".join(html.unescape(re.sub(r"<[^>]+>", "", raw)).split())
+    assert " ".join(first_line.split()) in page, f"{path.name}: its code is not on its page"
 
 
-@pytest.mark.notebook
+def test_the_home_page_links_every_notebook_and_shows_a_chart(site: Path) -> None:
+    raw = (site / "index.html").read_text(encoding="utf-8")
+    for path in NOTEBOOK_PATHS:
+        assert f'href="notebooks/{path.stem}/"' in raw, path.name
+    chart = re.search(r'<img [^>]*src="(assets/[^"]+\.png)"', raw)
+    assert chart is not None, "the home page shows no chart"
+    png = (site / chart.group(1)).read_bytes()
+    assert png.startswith(b"\x89PNG") and 10_000 < len(png) < 300_000, len(png)
+
+
+def test_the_site_holds_no_absolute_build_path(site: Path) -> None:
+    roots = {str(ROOT), str(site.parent), str(Path(sys.executable).parent.parent)}
+    found = [
+        (path.relative_to(site), root)
+        for path in site.rglob("*")
+        if path.suffix in {".html", ".json", ".xml", ".js"}
+        for root in roots
+        if root in path.read_text(encoding="utf-8", errors="replace")
+    ]
+    assert found == []
+
+
+def test_no_sphinx_role_is_left_as_text_anywhere_on_the_site(site: Path) -> None:
+    left = {
+        str(path.relative_to(site)): ROLE.findall(path.read_text(encoding="utf-8"))
+        for path in site.rglob("*")
+        if path.suffix in {".html", ".json"}
+    }
+    assert {page: found for page, found in left.items() if found} == {}
+
+
+def test_sphinx_roles_became_links(site: Path) -> None:
+    """The roles of the docstrings are links where the site documents their target: at least the
+    ones from the scheduler's docstring to the classes it names."""
+    raw = (site / "reference/scheduler/index.html").read_text(encoding="utf-8")
+    start = raw.index('id="aiqsim.scheduler.Scheduler"')
+    links = re.findall(r'<a class="autorefs autorefs-internal"[^>]*href="([^"]+)"', raw[start:])
+    assert len(links) >= 20
+    anchors = set(re.findall(r'id="([^"]+)"', raw))
+    local = [link.split("#", 1)[1] for link in links if link.startswith("#")]
+    assert local and set(local) <= anchors
+
+
+def public_names(module_name: str) -> list[str]:
+    """``__all__``, or (a lab module without one) the names it defines that do not start with ``_``."""
+    module = importlib.import_module(module_name)
+    if hasattr(module, "__all__"):
+        return list(module.__all__)
+    return [
+        name
+        for name, obj in vars(module).items()
+        if not name.startswith("_") and getattr(obj, "__module__", None) == module_name
+    ]
+
+
+def api_anchors(site: Path) -> set[str]:
+    return {
+        anchor
+        for page in (site / "reference").glob("*/index.html")
+        for anchor in re.findall(r'id="(aiqsim[^"]*)"', page.read_text(encoding="utf-8"))
+    }
+
+
+def sections_for(module_name: str, name: str, owner: dict[str, str]) -> set[str]:
+    """The anchors any of which documents ``module_name.name``: under the module's path, the defining
+    module's path, or (for a name ``aiqsim`` re-exports) the path of the room that exports it."""
+    module = importlib.import_module(module_name)
+    obj = getattr(module, name)
+    ids = {f"{module_name}.{name}"}
+    if module_name == "aiqsim" and name in owner:
+        ids.add(f"{owner[name]}.{name}")
+    defined_in = getattr(obj, "__module__", None)
+    if (inspect.isclass(obj) or inspect.isfunction(obj)) and isinstance(defined_in, str):
+        ids.add(f"{defined_in}.{obj.__qualname__}")
+    return ids
+
+
+def test_every_exported_name_has_a_section_in_the_api_reference(site: Path) -> None:
+    """Each name of ``aiqsim.__all__``, ``aiqsim.errors.__all__`` and each room's ``__all__`` has an
+    anchored section: its own, or (a class or function exported from several places) the section of
+    the same object under another of those names."""
+    docs = hooks()
+    anchors = api_anchors(site)
+    owner = docs.room_exports()
+    modules = ["aiqsim", "aiqsim.errors", *docs.ROOMS, *docs.LAB_MODULES]
+    exported = [(module, name) for module in modules for name in public_names(module)]
+
+    def shared(module: str, name: str) -> int | None:
+        obj = getattr(importlib.import_module(module), name)
+        return id(obj) if inspect.isclass(obj) or inspect.isfunction(obj) else None
+
+    documented = {shared(m, n) for m, n in exported if sections_for(m, n, owner) & anchors} - {None}
+    missing = [
+        f"{module}.{name}"
+        for module, name in exported
+        if not sections_for(module, name, owner) & anchors and shared(module, name) not in documented
+    ]
+    assert missing == []
+    for required in ("QuotaLimits", "RetryPolicy", "HttpProvider", "AsyncioRuntime", "SimPyRuntime"):
+        assert any(anchor.endswith(f".{required}") for anchor in anchors), required
+    for required in ("JobSpec", "Stage", "SqliteStore", "PostgresStore", "TuningPanel", "tune", "calibrate"):
+        assert any(anchor.endswith(f".{required}") for anchor in anchors), required
+
+
+def test_signatures_are_annotated_and_attributes_show_no_code(site: Path) -> None:
+    page = text_of(site, "reference/scheduler")
+    assert re.search(r"max_attempts\s*:\s*int\s*=\s*5", page), "RetryPolicy's signature has no annotations"
+    raw = (site / "reference/scheduler/index.html").read_text(encoding="utf-8")
+    attribute = raw[raw.index('id="aiqsim.scheduler.RetryPolicy.max_attempts"') :][:3000]
+    assert "= 5" not in html.unescape(re.sub(r"<[^>]+>", "", attribute)), "an attribute shows its value"
+    start = raw.index('id="aiqsim.scheduler.Scheduler"')
+    signature = re.search(r'<div class="doc-signature highlight">(.*?)</div>', raw[start:], re.S)
+    assert signature is not None
+    assert signature.group(1).count("autorefs-internal") >= 5, "the signature's types are not links"
+
+
 def test_the_api_reference_and_measured_figures_are_on_the_site(site: Path) -> None:
-    api = text_of(site, "reference/api")
-    assert "submit_job" in api and "scenario_json_schema" in api
+    assert "submit_job" in text_of(site, "reference/scheduler")
+    assert "scenario_json_schema" in text_of(site, "reference/sim")
     assert "Measured (" in text_of(site, "validation")
 
 
-@pytest.mark.notebook
 def test_every_public_member_of_the_scheduler_is_in_the_api_reference(site: Path) -> None:
     """``Scheduler`` is assembled from parts in modules of their own (``recover`` comes from
     :mod:`aiqsim.scheduler.recovery`): the reference lists what they give it, too."""
     from aiqsim.scheduler.scheduler import Scheduler
 
-    raw = (site / "reference/api/index.html").read_text(encoding="utf-8")
+    raw = (site / "reference/scheduler/index.html").read_text(encoding="utf-8")
     public = [name for name in dir(Scheduler) if not name.startswith("_")]
     assert "recover" in public
-    missing = [name for name in public if f'id="aiqsim.scheduler.scheduler.Scheduler.{name}"' not in raw]
+    missing = [name for name in public if f'id="aiqsim.scheduler.Scheduler.{name}"' not in raw]
     assert missing == []
 
 
-def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
-    pages = {"broken.md": "Read [the missing page](nowhere.md).\n", "reference/api.md": "# API\n"}
-    done = build(tmp_path, NOTEBOOKS, nav=["index.md", "broken.md"], pages=pages)
+def test_a_broken_link_or_an_unresolved_api_reference_fails_the_strict_build(tmp_path: Path) -> None:
+    pages = {
+        "index.md": "# Home\n",
+        "broken.md": "Read [the missing page](nowhere.md).\n",
+        "reference/api.md": "# API\n\n::: aiqsim.no_such_module\n",
+    }
+    done = build(tmp_path, NOTEBOOKS, nav=["index.md", "broken.md", "reference/api.md"], pages=pages)
     assert done.returncode != 0
     assert "nowhere.md" in done.stdout + done.stderr
-
-
-def test_an_unresolved_api_reference_fails_the_strict_build(tmp_path: Path) -> None:
-    pages = {"reference/api.md": "# API\n\n::: aiqsim.no_such_module\n"}
-    done = build(tmp_path, NOTEBOOKS, nav=["index.md", "reference/api.md"], pages=pages)
-    assert done.returncode != 0
     assert "no_such_module" in done.stdout + done.stderr
+
+
+def test_every_room_with_public_names_is_in_the_api_reference() -> None:
+    """A new room (a package of aiqsim with an ``__all__``) needs a page: docs/reference/ROOM.md with
+    ``::: aiqsim.ROOM`` and ``<!-- aiqsim:api-lazy-ROOM -->``, and its name in ``ROOMS`` of docs/hooks.py."""
+    rooms = {
+        f"aiqsim.{init.parent.name}"
+        for init in (ROOT / "aiqsim").glob("*/__init__.py")
+        if re.search(r"^__all__\b", init.read_text(encoding="utf-8"), re.M)
+    }
+    assert rooms - set(hooks().ROOMS) == set()
+    pages = "\n".join(path.read_text(encoding="utf-8") for path in (ROOT / "docs" / "reference").glob("*.md"))
+    for room in hooks().ROOMS:
+        assert re.search(rf"^::: {re.escape(room)}$", pages, re.M), room
+        assert f"<!-- aiqsim:api-lazy-{room.rsplit('.', 1)[1]} -->" in pages, room
+
+
+def test_results_are_short_and_no_page_cites_working_notes_or_issue_numbers() -> None:
+    results = ROOT / "benchmarks" / "RESULTS.md"
+    assert results.stat().st_size <= 40_000
+    for path in [results, *(ROOT / "docs").rglob("*.md")]:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\bsessions?\b", text, re.I), path
+        assert not re.search(r"(?<![\w&])#\d+\b", text), path
