@@ -38,20 +38,12 @@ class UsageError(ConfigurationError):
     """A mistake in what the user asked for; printed without a traceback."""
 
 
-def _build_name() -> str:
-    """``pure Python``, or how many modules the compiled build compiled (:mod:`aiqsim.compiled`)."""
-    from aiqsim.compiled import COMPILED_MODULES, build_status
-
-    compiled = build_status().compiled
-    return f"compiled: {len(compiled)} of {len(COMPILED_MODULES)} modules" if compiled else "pure Python"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiqsim",
         description="Schedule AI API calls safely; simulate scenarios on a virtual clock.",
     )
-    parser.add_argument("--version", action="version", version=f"aiqsim {__version__} ({_build_name()})")
+    parser.add_argument("--version", action="version", version=f"aiqsim {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = commands.add_parser("run", help="simulate a scenario, print its summary, write tables and charts")

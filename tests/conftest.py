@@ -126,13 +126,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 # ------------------------------------------------------------------ which aiqsim is under test
 def pytest_report_header(config: pytest.Config) -> str:
-    """Say which build of aiqsim the session imports: the pure checkout, or a compiled build
-    (tests/test_compiled_build.py runs the rules' tests against one and reads this line)."""
+    """Say which aiqsim the session imports (a worktree's, an installed copy's)."""
     import aiqsim
-    from aiqsim.compiled import build_status
 
-    build = build_status().describe().removeprefix("aiqsim: ")
-    return f"aiqsim under test: {build} ({Path(aiqsim.__file__).parent})"
+    return f"aiqsim under test: {Path(aiqsim.__file__).parent}"
 
 
 # ------------------------------------------------------------------ temporary files in memory
