@@ -700,13 +700,41 @@ _BAD_PATH_ERRNOS = frozenset(
 """OS errors that say a path given on the command line cannot be used: bad input, exit status 2."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from aiqsim.sim.scenario import ScenarioError
+def required_extras(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The extras ``args``' command needs, as ``(extra, what needs it)``: every command runs the lab
+    (scenarios, SimPy, pandas), and some options need one more (``compare`` talks HTTP through httpx,
+    ``--engine dask`` needs Dask, ``tune`` needs Optuna). Parquet is checked by the commands that write
+    it (:func:`aiqsim.lab.output_files.require_table_format`)."""
+    command = f"aiqsim {args.command}"
+    needed = [("lab", command)]
+    if args.command == "compare":
+        needed.append(("http", command))
+    if args.command == "tune":
+        needed.append(("optuna", command))
+    if getattr(args, "engine", None) == "dask":
+        needed.append(("dask", f"{command} --engine dask"))
+    return needed
 
+
+def check_extras(args: argparse.Namespace) -> None:
+    """Refuse now, with the ``pip install`` line, a command whose extras are not installed: before any
+    work, not with a traceback after a simulation ran (:mod:`aiqsim.core.extras`)."""
+    from aiqsim.core.extras import require_extra
+
+    for extra, feature in required_extras(args):
+        require_extra(extra, feature)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        check_extras(args)
+    except ConfigurationError as error:
+        print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     stdout, sys.stdout = sys.stdout, _GuardedStdout(sys.stdout)
     try:
@@ -720,7 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = failure.error.strerror or failure.error
         print(f"aiqsim {args.command}: error: cannot write to standard output ({reason})", file=sys.stderr)
         return EXIT_STDOUT_FAILED
-    except (ScenarioError, UsageError, ConfigurationError) as error:
+    except ConfigurationError as error:  # ScenarioError and UsageError among them
         print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except AiqsimError as error:  # e.g. StoreWriteError: a store path where no file can be made

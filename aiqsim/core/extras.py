@@ -17,10 +17,11 @@ import importlib.util
 
 from aiqsim.core.errors import ConfigurationError
 
-__all__ = ["EXTRAS", "ExtraMissingError", "install_line", "missing_packages", "require_extra"]
+__all__ = ["EXTRAS", "ExtraMissingError", "install_line", "is_installed", "missing_packages", "require_extra"]
 
 EXTRAS: dict[str, tuple[str, ...]] = {
     "lab": ("simpy", "numpy", "pandas", "matplotlib", "ipywidgets", "tqdm"),
+    "notebooks": ("jupyterlab", "nbformat"),
     "http": ("httpx",),
     "dask": ("dask", "distributed"),
     "optuna": ("optuna",),
@@ -50,7 +51,8 @@ def install_line(extra: str) -> str:
     return f'pip install "aiqsim[{extra}]"'
 
 
-def _installed(package: str) -> bool:
+def is_installed(package: str) -> bool:
+    """Whether ``package`` can be imported here (found, not imported)."""
     try:
         return importlib.util.find_spec(package) is not None
     except (ImportError, ValueError):  # a finder that refuses the name, a module with no spec
@@ -63,7 +65,7 @@ def missing_packages(extra: str) -> tuple[str, ...]:
         packages = EXTRAS[extra]
     except KeyError:
         raise ConfigurationError(f"unknown extra {extra!r}; known: {', '.join(sorted(EXTRAS))}") from None
-    return tuple(package for package in packages if not _installed(package))
+    return tuple(package for package in packages if not is_installed(package))
 
 
 def require_extra(extra: str, feature: str) -> None:
