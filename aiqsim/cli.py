@@ -700,29 +700,28 @@ _BAD_PATH_ERRNOS = frozenset(
 """OS errors that say a path given on the command line cannot be used: bad input, exit status 2."""
 
 
-def required_extras(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """The extras ``args``' command needs, as ``(extra, what needs it)``: every command runs the lab
-    (scenarios, SimPy, pandas), and some options need one more (``compare`` talks HTTP through httpx,
-    ``--engine dask`` needs Dask, ``tune`` needs Optuna). Parquet is checked by the commands that write
-    it (:func:`aiqsim.lab.output_files.require_table_format`)."""
-    command = f"aiqsim {args.command}"
-    needed = [("lab", command)]
+def required_extras(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """What ``args`` asks for (``aiqsim sweep --engine dask``) and the extras it needs: every command
+    runs the lab (scenarios, SimPy, pandas), and some need one more (``compare`` talks HTTP through
+    httpx, ``--engine dask`` needs Dask, ``tune`` needs Optuna). Parquet is checked by the commands
+    that write it (:func:`aiqsim.lab.output_files.require_table_format`)."""
+    feature, needed = f"aiqsim {args.command}", ["lab"]
     if args.command == "compare":
-        needed.append(("http", command))
+        needed.append("http")
     if args.command == "tune":
-        needed.append(("optuna", command))
+        needed.append("optuna")
     if getattr(args, "engine", None) == "dask":
-        needed.append(("dask", f"{command} --engine dask"))
-    return needed
+        feature, needed = f"{feature} --engine dask", [*needed, "dask"]
+    return feature, needed
 
 
 def check_extras(args: argparse.Namespace) -> None:
-    """Refuse now, with the ``pip install`` line, a command whose extras are not installed: before any
-    work, not with a traceback after a simulation ran (:mod:`aiqsim.core.extras`)."""
-    from aiqsim.core.extras import require_extra
+    """Refuse now, with the one ``pip install`` line, a command whose extras are not installed:
+    before any work, not with a traceback after a simulation ran (:mod:`aiqsim.core.extras`)."""
+    from aiqsim.core.extras import require_extras
 
-    for extra, feature in required_extras(args):
-        require_extra(extra, feature)
+    feature, needed = required_extras(args)
+    require_extras(needed, feature)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,7 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from aiqsim.core.extras import EXTRAS, ExtraMissingError, install_line, missing_packages, require_extra
+from aiqsim.core.extras import (
+    EXTRAS,
+    ExtraMissingError,
+    install_line,
+    missing_packages,
+    require_extra,
+    require_extras,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -235,6 +242,15 @@ def test_require_extra_names_the_missing_packages_and_the_install_line(
         "aiqsim run needs the 'lab' extra (simpy not installed): " + install_line("lab")
     )
     assert install_line("lab") == 'pip install "aiqsim[lab]"'
+    monkeypatch.setattr(
+        "importlib.util.find_spec", lambda name: None if name in ("simpy", "httpx") else real(name)
+    )
+    with pytest.raises(ExtraMissingError) as caught:
+        require_extras(["lab", "http", "parquet"], "aiqsim compare")
+    assert str(caught.value) == (
+        "aiqsim compare needs the 'lab' and 'http' extras (simpy, httpx not installed): "
+        'pip install "aiqsim[lab,http]"'
+    )
     with pytest.raises(ValueError, match="unknown extra 'labs'"):
         missing_packages("labs")
 
@@ -262,12 +278,13 @@ def _assert_refused(done: subprocess.CompletedProcess[str], extra: str) -> None:
         (["sweep", "scenarios/retry_storm_429.toml", "--engine", "dask", "--out", "{tmp}/out/s.csv"],
          ("dask", "distributed"), "dask"),
         (["compare", "scenarios/retry_storm_429.toml"], ("httpx",), "http"),
+        (["compare", "scenarios/retry_storm_429.toml"], ("httpx", "simpy"), "lab,http"),
         (["tune", "scenarios/retry_storm_429.toml", "--param", "retry.base_s=0.1:2",
           "--out", "{tmp}/out/t.csv"], ("optuna",), "optuna"),
         (["serve", "scenarios/retry_storm_429.toml"], LAB_PACKAGES, "lab"),
         (["calibrate", "{tmp}", "--out", "{tmp}/out/c.toml"], ("pandas",), "lab"),
     ],
-    ids=["run", "validate", "sweep", "sweep-dask", "compare", "tune", "serve", "calibrate"],
+    ids=["run", "validate", "sweep", "sweep-dask", "compare", "compare-bare", "tune", "serve", "calibrate"],
 )  # fmt: skip
 def test_a_command_without_its_extra_refuses_up_front(
     argv: list[str], blocked: tuple[str, ...], extra: str, tmp_path: Path

@@ -14,10 +14,19 @@ it imports nothing, so checking the lab does not load matplotlib.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 
 from aiqsim.core.errors import ConfigurationError
 
-__all__ = ["EXTRAS", "ExtraMissingError", "install_line", "is_installed", "missing_packages", "require_extra"]
+__all__ = [
+    "EXTRAS",
+    "ExtraMissingError",
+    "install_line",
+    "is_installed",
+    "missing_packages",
+    "require_extra",
+    "require_extras",
+]
 
 EXTRAS: dict[str, tuple[str, ...]] = {
     "lab": ("simpy", "numpy", "pandas", "matplotlib", "ipywidgets", "tqdm"),
@@ -38,17 +47,18 @@ class ExtraMissingError(ConfigurationError, ImportError):
     ``pip install`` line. Raised before any work starts (a :class:`ConfigurationError`: the command
     line prints it without a traceback)."""
 
-    def __init__(self, feature: str, extra: str, missing: tuple[str, ...]) -> None:
-        self.feature, self.extra, self.missing = feature, extra, missing
-        names = ", ".join(missing)
+    def __init__(self, feature: str, extras: tuple[str, ...], missing: tuple[str, ...]) -> None:
+        self.feature, self.extras, self.missing = feature, extras, missing
+        named = " and ".join(f"'{extra}'" for extra in extras)
         super().__init__(
-            f"{feature} needs the '{extra}' extra ({names} not installed): {install_line(extra)}"
+            f"{feature} needs the {named} extra{'s' if len(extras) > 1 else ''} "
+            f"({', '.join(missing)} not installed): {install_line(*extras)}"
         )
 
 
-def install_line(extra: str) -> str:
-    """The command that installs ``extra``: ``pip install "aiqsim[lab]"``."""
-    return f'pip install "aiqsim[{extra}]"'
+def install_line(*extras: str) -> str:
+    """The command that installs ``extras``: ``pip install "aiqsim[lab]"``, ``"aiqsim[lab,http]"``."""
+    return f'pip install "aiqsim[{",".join(extras)}]"'
 
 
 def is_installed(package: str) -> bool:
@@ -71,6 +81,13 @@ def missing_packages(extra: str) -> tuple[str, ...]:
 def require_extra(extra: str, feature: str) -> None:
     """Raise :class:`ExtraMissingError` now if ``extra`` is not installed; ``feature`` names what
     needed it (``"aiqsim run"``, ``"SimPyRuntime"``) in the message."""
-    missing = missing_packages(extra)
-    if missing:
-        raise ExtraMissingError(feature, extra, missing)
+    require_extras((extra,), feature)
+
+
+def require_extras(extras: Sequence[str], feature: str) -> None:
+    """:func:`require_extra` for several extras at once: one message, one ``pip install`` line naming
+    every extra that is missing (``pip install "aiqsim[lab,http]"``)."""
+    missing = {extra: missing_packages(extra) for extra in extras}
+    lacking = tuple(extra for extra, packages in missing.items() if packages)
+    if lacking:
+        raise ExtraMissingError(feature, lacking, tuple(p for e in lacking for p in missing[e]))
