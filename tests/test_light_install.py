@@ -294,6 +294,20 @@ def test_a_command_without_its_extra_refuses_up_front(
     assert not (tmp_path / "out").exists()  # refused before any output folder was made
 
 
+MAIN_JOB = 'pip install -e ".[lab]" && aiqsim run scenarios/retry_storm_429.toml --out out/retry_storm'
+"""The main job's one command (README, docs/index.md): the lab extra is all `aiqsim run` needs."""
+
+
+def test_the_main_job_command_installs_what_its_run_needs() -> None:
+    from aiqsim.cli import build_parser, required_extras
+
+    install, run = MAIN_JOB.split(" && ")
+    extras = install.removeprefix('pip install -e ".[').removesuffix(']"').split(",")
+    assert required_extras(build_parser().parse_args(run.split()[1:])) == ("aiqsim run", extras)
+    assert (ROOT / run.split()[2]).is_file()
+    assert MAIN_JOB in (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+
+
 def test_help_and_version_need_no_lab() -> None:
     for argv in (["--version"], ["--help"]):
         done = _cli_without(LAB_PACKAGES, *argv)
