@@ -214,8 +214,16 @@ def test_lab_names_of_the_production_packages_say_which_extra_to_install() -> No
     done = _run_without(
         LAB_PACKAGES,
         """
+        import importlib
+
         import aiqsim
-        for get in (lambda: aiqsim.SimPyRuntime, lambda: __import__("aiqsim.errors").errors.ScenarioError):
+        for get in (
+            lambda: aiqsim.SimPyRuntime,
+            lambda: importlib.import_module("aiqsim.errors").ScenarioError,
+            lambda: importlib.import_module("aiqsim.sim"),
+            lambda: importlib.import_module("aiqsim.sim.simulate"),
+            lambda: importlib.import_module("aiqsim.validation"),
+        ):
             try:
                 get()
             except ImportError as error:
@@ -224,7 +232,7 @@ def test_lab_names_of_the_production_packages_say_which_extra_to_install() -> No
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and all(line.startswith("ExtraMissingError") for line in lines), lines
+    assert len(lines) == 5 and all(line.startswith("ExtraMissingError") for line in lines), lines
     assert all('pip install "aiqsim[lab]"' in line for line in lines)
 
 
