@@ -223,6 +223,7 @@ def test_lab_names_of_the_production_packages_say_which_extra_to_install() -> No
             lambda: importlib.import_module("aiqsim.sim"),
             lambda: importlib.import_module("aiqsim.sim.simulate"),
             lambda: importlib.import_module("aiqsim.validation"),
+            lambda: importlib.import_module("aiqsim.testing").CrashDriver,
         ):
             try:
                 get()
@@ -232,7 +233,7 @@ def test_lab_names_of_the_production_packages_say_which_extra_to_install() -> No
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 5 and all(line.startswith("ExtraMissingError") for line in lines), lines
+    assert len(lines) == 6 and all(line.startswith("ExtraMissingError") for line in lines), lines
     assert all('pip install "aiqsim[lab]"' in line for line in lines)
 
 
