@@ -4,6 +4,10 @@ The pure rules (task states, token buckets, backoff, failure classes, idempotenc
 live in :mod:`aiqsim.core`; the one scheduler in :mod:`aiqsim.scheduler`; the two
 runtimes that drive it in :mod:`aiqsim.runtime`; task stores in :mod:`aiqsim.stores`;
 the simulation lab in :mod:`aiqsim.sim`.
+
+The production scheduler needs nothing beyond the standard library (``pip install aiqsim``); the lab
+(SimPy, numpy, pandas, matplotlib, ipywidgets) is the ``lab`` extra (``pip install "aiqsim[lab]"``),
+and its names here (:class:`SimPyRuntime`) are imported on first use.
 """
 
 from aiqsim.core.backoff import (
