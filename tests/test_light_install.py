@@ -103,8 +103,30 @@ def test_the_lab_extra_installs_what_the_extras_table_names() -> None:
     assert lab == set(EXTRAS["lab"]) == set(LAB_PACKAGES)
     for extra in ("http", "dask", "optuna", "parquet", "postgres", "redis"):
         assert extra in extras, extra
-    assert "aiqsim[lab]" in extras["notebooks"]
     assert "jupyterlab" in {_requirement_name(r) for r in extras["notebooks"]}
+
+
+def test_the_notebooks_extra_brings_what_every_notebook_imports() -> None:
+    """`pip install -e ".[notebooks]"` then `jupyter lab notebooks/`: each notebook's imports of an
+    extra's package or room (aiqsim.http.live runs httpx, aiqsim.lab.tune Optuna) are installed."""
+    import json
+
+    extras = _pyproject()["optional-dependencies"]["notebooks"]
+    (self_reference,) = [r for r in extras if _requirement_name(r) == "aiqsim"]
+    brought = set(self_reference.partition("[")[2].rstrip("]").split(","))
+    needs = {
+        "aiqsim.http.live": "http",
+        "HttpProvider": "http",
+        "aiqsim.lab.tune": "optuna",
+        "optuna": "optuna",
+        "dask": "dask",
+        "parquet": "parquet",
+    }
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        book = json.loads(path.read_text(encoding="utf-8"))
+        code = "\n".join("".join(c["source"]) for c in book["cells"] if c["cell_type"] == "code")
+        wanted = {"lab"} | {extra for marker, extra in needs.items() if marker in code}
+        assert wanted <= brought, f"{path.name} needs {sorted(wanted - brought)}"
 
 
 def test_the_test_extra_brings_every_extra_the_suite_imports() -> None:
