@@ -3,16 +3,12 @@
 The pure rules (task states, token buckets, backoff, failure classes, idempotency keys)
 live in :mod:`aiqsim.core`; the one scheduler in :mod:`aiqsim.scheduler`; the two
 runtimes that drive it in :mod:`aiqsim.runtime`; task stores in :mod:`aiqsim.stores`;
-the simulation lab in :mod:`aiqsim.sim`. An optional compiled build of the hot modules, from the
-same source, is described in :mod:`aiqsim.compiled`.
+the simulation lab in :mod:`aiqsim.sim`.
+
+The production scheduler needs nothing beyond the standard library (``pip install aiqsim``); the lab
+(SimPy, numpy, pandas, matplotlib, ipywidgets) is the ``lab`` extra (``pip install "aiqsim[lab]"``),
+and its names here (:class:`SimPyRuntime`) are imported on first use.
 """
-
-# ruff: noqa: E402 -- the check below must run before the imports after it
-# First, before any module that may be compiled is imported: a compiled build whose sources were
-# edited since it was built is refused (Python would run the old compiled code). Pure: a few stats.
-from aiqsim.compiled import check_compiled_sources as _check_compiled_sources
-
-_check_compiled_sources()
 
 from aiqsim.core.backoff import (
     BackoffStrategy,
@@ -45,7 +41,7 @@ from aiqsim.core.retry_after import parse_retry_after
 from aiqsim.core.states import TRANSITIONS, IllegalTransitionError, transition
 from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation, TokenBucket
-from aiqsim.runtime import AsyncioRuntime, Cancelled, SimPyRuntime
+from aiqsim.runtime import AsyncioRuntime, Cancelled
 from aiqsim.scheduler import (
     AgingShortestJobFirstPolicy,
     FifoPolicy,
@@ -72,7 +68,12 @@ __version__ = "0.2.0"
 
 
 def __getattr__(name: str) -> object:
-    """Fleet classes that need optional extras (redis, psycopg) are imported on first use."""
+    """Names that need optional extras are imported on first use: the fleet's (redis, psycopg) and
+    the SimPy runtime (the ``lab`` extra), so ``import aiqsim`` needs none of them."""
+    if name == "SimPyRuntime":
+        from aiqsim import runtime
+
+        return runtime.SimPyRuntime
     if name == "RedisQuota":
         from aiqsim.fleet.redis_quota import RedisQuota
 
@@ -125,7 +126,7 @@ __all__ = [
     "SchemaViolationError",
     "ServerError",
     "ShortestJobFirstPolicy",
-    "SimPyRuntime",
+    "SimPyRuntime",  # noqa: F405 (imported on first use, by __getattr__)
     "SqliteStore",
     "StoreCorruptError",
     "StoreError",
@@ -149,7 +150,8 @@ __all__ = [
     "transition",
 ]
 
-# Jobs: pipelines of calls (issue #15). Appended as one block so parallel edits above merge cleanly.
+# Jobs: pipelines of calls. Appended as one block so parallel edits above merge cleanly.
+# ruff: noqa: E402
 from aiqsim.core.job import JobRecord, JobStatus, derive_job_status
 from aiqsim.scheduler import jobs as _jobs
 from aiqsim.scheduler.jobs import *  # noqa: F403

@@ -38,20 +38,12 @@ class UsageError(ConfigurationError):
     """A mistake in what the user asked for; printed without a traceback."""
 
 
-def _build_name() -> str:
-    """``pure Python``, or how many modules the compiled build compiled (:mod:`aiqsim.compiled`)."""
-    from aiqsim.compiled import COMPILED_MODULES, build_status
-
-    compiled = build_status().compiled
-    return f"compiled: {len(compiled)} of {len(COMPILED_MODULES)} modules" if compiled else "pure Python"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiqsim",
         description="Schedule AI API calls safely; simulate scenarios on a virtual clock.",
     )
-    parser.add_argument("--version", action="version", version=f"aiqsim {__version__} ({_build_name()})")
+    parser.add_argument("--version", action="version", version=f"aiqsim {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = commands.add_parser("run", help="simulate a scenario, print its summary, write tables and charts")
@@ -708,13 +700,40 @@ _BAD_PATH_ERRNOS = frozenset(
 """OS errors that say a path given on the command line cannot be used: bad input, exit status 2."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from aiqsim.sim.scenario import ScenarioError
+def required_extras(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """What ``args`` asks for (``aiqsim sweep --engine dask``) and the extras it needs: every command
+    runs the lab (scenarios, SimPy, pandas), and some need one more (``compare`` talks HTTP through
+    httpx, ``--engine dask`` needs Dask, ``tune`` needs Optuna). Parquet is checked by the commands
+    that write it (:func:`aiqsim.lab.output_files.require_table_format`)."""
+    feature, needed = f"aiqsim {args.command}", ["lab"]
+    if args.command == "compare":
+        needed.append("http")
+    if args.command == "tune":
+        needed.append("optuna")
+    if getattr(args, "engine", None) == "dask":
+        feature, needed = f"{feature} --engine dask", [*needed, "dask"]
+    return feature, needed
 
+
+def check_extras(args: argparse.Namespace) -> None:
+    """Refuse now, with the one ``pip install`` line, a command whose extras are not installed:
+    before any work, not with a traceback after a simulation ran (:mod:`aiqsim.core.extras`)."""
+    from aiqsim.core.extras import require_extras
+
+    feature, needed = required_extras(args)
+    require_extras(needed, feature)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        check_extras(args)
+    except ConfigurationError as error:
+        print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     stdout, sys.stdout = sys.stdout, _GuardedStdout(sys.stdout)
     try:
@@ -728,7 +747,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = failure.error.strerror or failure.error
         print(f"aiqsim {args.command}: error: cannot write to standard output ({reason})", file=sys.stderr)
         return EXIT_STDOUT_FAILED
-    except (ScenarioError, UsageError, ConfigurationError) as error:
+    except ConfigurationError as error:  # ScenarioError and UsageError among them
         print(f"aiqsim {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except AiqsimError as error:  # e.g. StoreWriteError: a store path where no file can be made

@@ -20,6 +20,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── UnstorableValueError (TypeError)  a payload or result a durable store cannot keep as JSON
     │   ├── SweepTooLargeError             a sweep bigger than what can be run and kept
     │   ├── TableFormatUnavailableError (ImportError)   parquet asked for without pyarrow
+    │   ├── ExtraMissingError (ImportError)   a feature whose extra is not installed (the pip line)
     │   ├── OutputPathError                an --out that cannot be written; nothing was overwritten
     │   ├── JobSpecError                   a job spec that cannot run (cycle, unknown stage or provider)
     │   │   └── FanOutLimitError           a fan-out stage's build gave more than its max_fan_out
@@ -29,7 +30,6 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── CallLogError (OSError)         a call log that cannot be written where asked
     │   ├── CalibrationError               a call log that cannot be calibrated from
     │   ├── TuneError (RuntimeError)       a tuning run in which no trial could run
-    │   ├── StaleCompiledModulesError (ImportError)  a compiled build whose sources were edited since
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
     ├── StoreError                         a task store could not be opened, read or written
     │   ├── StoreCorruptError (RuntimeError)   a file that cannot be trusted; left untouched
@@ -80,13 +80,16 @@ checks each public exception class descends from :class:`AiqsimError`.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
 from aiqsim.core.errors import (
     AiqsimError,
     ConfigurationError,
     SchedulingError,
-    StaleCompiledModulesError,
     StoreError,
 )
+from aiqsim.core.extras import ExtraMissingError
 from aiqsim.core.failures import (
     AttemptRejectedError,
     BilledStreamCutError,
@@ -117,11 +120,9 @@ from aiqsim.http.protocol_errors import HttpExchangeError, ResponseDecodingError
 from aiqsim.http.sse_stream import StreamTooLargeError
 from aiqsim.http.status import HttpStatusError
 from aiqsim.http.stream_events import MalformedStreamEventError
-from aiqsim.lab.decisions import NoSettingMeetsError
 from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
 from aiqsim.runtime.protocol import DeadlineExceeded
-from aiqsim.runtime.simpy_runtime import InvalidStateError, RuntimeAlreadyRunningError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.call_log import CallLogError
 from aiqsim.scheduler.handles import OutcomeAlreadySetError
@@ -133,11 +134,6 @@ from aiqsim.scheduler.scheduler import (
     TaskFailedError,
 )
 from aiqsim.scheduler.streams import StreamAlreadyReadError, StreamInterruptedError
-from aiqsim.sim.replay_arrivals import ReplayArrivalsError
-from aiqsim.sim.scenario import ScenarioError
-from aiqsim.sim.streaming import RecordsNotKeptError
-from aiqsim.sim.sweep import SweepError, SweepTooLargeError
-from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
 from aiqsim.stores.base import (
     DuplicateTaskIdError,
     StoreAccessError,
@@ -149,10 +145,52 @@ from aiqsim.stores.base import (
     StoreWriteOutcomeUnknownError,
     UnstorableValueError,
 )
-from aiqsim.testing.crash_driver import ScenarioFailedError
 from aiqsim.testing.invariants import InvariantViolation
 from aiqsim.testing.options import KitOptionError
 from aiqsim.testing.sigkill import WorkerFailedError
+
+if TYPE_CHECKING:
+    from aiqsim.lab.decisions import NoSettingMeetsError
+    from aiqsim.runtime.simpy_runtime import InvalidStateError, RuntimeAlreadyRunningError, SimulationDeadlock
+    from aiqsim.sim.replay_arrivals import ReplayArrivalsError
+    from aiqsim.sim.scenario import ScenarioError
+    from aiqsim.sim.streaming import RecordsNotKeptError
+    from aiqsim.sim.sweep import SweepError, SweepTooLargeError
+    from aiqsim.sim.workloads import TraceError, WorkloadTooLargeError
+    from aiqsim.testing.crash_driver import ScenarioFailedError
+
+_LAB_ERRORS = {
+    "NoSettingMeetsError": "aiqsim.lab.decisions",
+    "InvalidStateError": "aiqsim.runtime.simpy_runtime",
+    "RuntimeAlreadyRunningError": "aiqsim.runtime.simpy_runtime",
+    "SimulationDeadlock": "aiqsim.runtime.simpy_runtime",
+    "ReplayArrivalsError": "aiqsim.sim.replay_arrivals",
+    "ScenarioError": "aiqsim.sim.scenario",
+    "RecordsNotKeptError": "aiqsim.sim.streaming",
+    "SweepError": "aiqsim.sim.sweep",
+    "SweepTooLargeError": "aiqsim.sim.sweep",
+    "TraceError": "aiqsim.sim.workloads",
+    "WorkloadTooLargeError": "aiqsim.sim.workloads",
+    "ScenarioFailedError": "aiqsim.testing.crash_driver",
+}
+"""Errors of the simulation lab, imported on first use: ``import aiqsim.errors`` needs no lab package."""
+
+
+def __getattr__(name: str) -> type[BaseException]:
+    """A lab error, loaded from its module when first asked for (needs the ``lab`` extra)."""
+    module = _LAB_ERRORS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ImportError:
+        from aiqsim.core.extras import require_extra
+
+        require_extra("lab", f"aiqsim.errors.{name}")  # a lab package missing: say which extra brings it
+        raise
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AiqsimError",
@@ -165,6 +203,7 @@ __all__ = [
     "CutStream",
     "DeadlineExceeded",
     "DuplicateTaskIdError",
+    "ExtraMissingError",
     "FanOutLimitError",
     "FingerprintError",
     "FirstTokenTimeoutError",
@@ -209,7 +248,6 @@ __all__ = [
     "ServerError",
     "ServerStartError",
     "SimulationDeadlock",
-    "StaleCompiledModulesError",
     "StoreAccessError",
     "StoreClosedError",
     "StoreCorruptError",

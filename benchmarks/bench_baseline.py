@@ -10,14 +10,11 @@ loaded shared machine), ``--repeat`` times in a row, and keeps the least (see :f
 sides run the scenario files of the *current* tree, those the baseline shipped too (a newer scenario
 may use keys the baseline cannot parse; the ones left out are named).
 
-``--compiled`` adds a third side: this tree's optional compiled build (:mod:`aiqsim.compiled`, the same
-source compiled by Cython into a temporary folder first), with its own speed-up over the baseline.
-
 Prints one markdown table: per scenario min / median CPU ms on each side and the ratio of medians,
 plus the total over all scenarios (with the ratio of the minima too), each round's own ratio of the
 totals (min / median / max: the spread of the machine's noise), and the load average before and after.
 
-Run: ``python benchmarks/bench_baseline.py [--ref REF] [--rounds 5] [--repeat 3] [--compiled]``.
+Run: ``python benchmarks/bench_baseline.py [--ref REF] [--rounds 5] [--repeat 3]``.
 """
 
 from __future__ import annotations
@@ -102,11 +99,6 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=3, help="runs of each scenario per round; the least counts (default 3)"
     )
-    parser.add_argument(
-        "--compiled",
-        action="store_true",
-        help="also time this tree's compiled build (aiqsim.compiled; needs Cython and a C compiler)",
-    )
     args = parser.parse_args()
     if args.rounds < 1 or args.repeat < 1:
         parser.error("--rounds and --repeat must be at least 1")
@@ -114,8 +106,6 @@ def main() -> None:
         trees = {"baseline": Path(folder) / "baseline", "current": REPO}
         trees["baseline"].mkdir()
         export(args.ref, trees["baseline"])
-        if args.compiled:
-            trees["compiled"] = build_compiled(Path(folder) / "compiled")
         scenarios, skipped = shared_scenarios(REPO / "scenarios", trees["baseline"] / "scenarios")
         if skipped:
             print(f"  not in {args.ref}, left out: {', '.join(skipped)}", file=sys.stderr)
@@ -175,21 +165,6 @@ def main() -> None:
             f"/ max {min(paired):.2f}x / {statistics.median(paired):.2f}x / {max(paired):.2f}x over "
             f"{len(paired)} rounds: the spread is the machine's noise, which a ratio of medians hides."
         )
-    if "compiled" in sides:
-        paired = paired_ratios(sides["current"], sides["compiled"])
-        print(
-            f"Compiled over pure, round by round: min / median / max {min(paired):.2f}x / "
-            f"{statistics.median(paired):.2f}x / {max(paired):.2f}x."
-        )
-
-
-def build_compiled(into: Path) -> Path:
-    """This tree's compiled build in ``into`` (checked complete by ``build_compiled_tree``); the
-    workers import it first, from ``PYTHONPATH``."""
-    from aiqsim.compiled import build_compiled_tree
-
-    print("  building the compiled tree ...", file=sys.stderr)
-    return build_compiled_tree(REPO, into)
 
 
 def paired_ratios(baseline: list[dict[str, float]], current: list[dict[str, float]]) -> list[float]:

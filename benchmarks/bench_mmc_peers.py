@@ -34,10 +34,6 @@ Python build reproduces, whatever its load; they also show why CPU ratios exceed
 ``--baseline REF`` adds aiqsim from an earlier commit (exported with ``git archive``, imported through
 ``PYTHONPATH``) in the ``mmc_check`` configuration, in the same rounds.
 
-``--compiled`` adds this tree's optional compiled build (:mod:`aiqsim.compiled`: the same source,
-compiled by Cython into a temporary folder first, about a minute and a half on 2 cores) in both
-aiqsim configurations, in the same rounds; its worker refuses to run unless the build is compiled.
-
 Run: ``python benchmarks/bench_mmc_peers.py`` (a few minutes) or ``--customers 20000`` for a quick look.
 """
 
@@ -160,10 +156,7 @@ _RUNNERS = {
     "aiqsim": lambda n, s: run_aiqsim(n, s, timeout=False),
     "aiqsim+timeout": lambda n, s: run_aiqsim(n, s, timeout=True),
     "aiqsim@baseline": lambda n, s: run_aiqsim(n, s, timeout=False),
-    "aiqsim@compiled": lambda n, s: run_aiqsim(n, s, timeout=False),
-    "aiqsim+timeout@compiled": lambda n, s: run_aiqsim(n, s, timeout=True),
 }
-COMPILED_MODELS = ("aiqsim@compiled", "aiqsim+timeout@compiled")
 _IMPORTS = {"simpy": ["simpy"], "coroutines": ["aiqsim", "aiqsim.runtime"], "ciw": ["ciw"]}
 
 
@@ -172,14 +165,6 @@ def worker(model: str, seed: int, customers: int) -> None:
     runner = _RUNNERS[model]
     for name in _IMPORTS.get(model, ["aiqsim.validation.mmc"]):  # imports are not the model's cost
         importlib.import_module(name)
-    if model in COMPILED_MODELS:
-        from aiqsim.compiled import build_status
-
-        status = build_status()
-        if not status.is_compiled or status.stale:
-            raise SystemExit(
-                f"{model}: the aiqsim imported is not a fresh compiled build: {status.describe()}"
-            )
     started = time.process_time()
     waits = runner(customers, seed)
     cpu = time.process_time() - started
@@ -219,7 +204,7 @@ def run_this_script(
     model: str, arguments: list[str], trees: dict[str, str], *, under: list[str] | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """This script in a fresh process with ``arguments`` (a worker mode), ``under`` a command such as
-    valgrind if given, from the temporary folder; ``trees[model]`` (a baseline's or the compiled build's
+    valgrind if given, from the temporary folder; ``trees[model]`` (a baseline's
     tree) first on the path for the models that run another tree's aiqsim."""
     environment = {**os.environ, **env}
     if model in trees:  # that tree's aiqsim shadows the installed one
@@ -306,11 +291,6 @@ def main() -> None:
         help="also run aiqsim (mmc_check configuration) from this commit, exported with git archive",
     )
     parser.add_argument(
-        "--compiled",
-        action="store_true",
-        help="also run this tree's compiled build (aiqsim.compiled; needs Cython and a C compiler)",
-    )
-    parser.add_argument(
         "--calls-customers",
         type=int,
         default=20_000,
@@ -345,18 +325,6 @@ def main() -> None:
         export(args.baseline, Path(trees["aiqsim@baseline"]))
         models.append("aiqsim@baseline")
         LABELS["aiqsim@baseline"] = f"aiqsim at {args.baseline}, `mmc_check` configuration"
-    if args.compiled:
-        from aiqsim.compiled import build_compiled_tree
-
-        compiled = tempfile.mkdtemp(prefix="aiqsim-mmc-compiled-")
-        print("building the compiled tree ...", file=sys.stderr)
-        build_compiled_tree(Path(__file__).resolve().parent.parent, Path(compiled))
-        wanted = {"aiqsim": "aiqsim@compiled", "aiqsim+timeout": "aiqsim+timeout@compiled"}
-        for plain, name in wanted.items():
-            if plain in models:
-                models.append(name)
-                trees[name] = compiled
-                LABELS[name] = LABELS[plain].replace("aiqsim", "aiqsim compiled (Cython, same source)", 1)
     from aiqsim.validation.mmc import t_quantile_975
 
     expected = erlang_c_wait()
@@ -403,12 +371,6 @@ def main() -> None:
             f"\ncalls / customer: function calls (Python and built-in) that cProfile counts in one run of "
             f"{args.calls_customers:,} customers, seed 0, per customer; a count, so it does not depend on "
             "the machine or its load."
-            + (
-                " A compiled build's functions are C functions that cProfile does not see: its count is"
-                " only the Python-level calls left (SimPy, random, generated builders)."
-                if any(model in COMPILED_MODELS for model in calls)
-                else ""
-            )
         )
     if args.instructions > 0:
         print_instruction_table(models, args.instructions, trees)

@@ -33,6 +33,7 @@ when docs/ is built from a copy elsewhere.
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import hashlib
 import json
@@ -331,7 +332,6 @@ def lazy_names(room: str) -> list[str]:
     page documents from the module that defines each: a name its ``__init__.py`` binds by no
     statement (a PEP 562 ``__getattr__`` imports it on first use, for an optional extra), and a
     function named as its own submodule (``aiqsim.sim.simulate``: mkdocstrings sees the module)."""
-    import ast
     import importlib
 
     module = importlib.import_module(room)
@@ -361,12 +361,33 @@ def api_lazy(room: str) -> str:
     blocks = []
     for name in lazy_names(room):
         obj = getattr(module, name)
-        blocks.append(f"::: {obj.__module__}.{obj.__qualname__}\n    options:\n      heading_level: 3\n")
+        blocks.append(f"::: {_defined_at(room, name, obj)}\n    options:\n      heading_level: 3\n")
     if not blocks:
         return ""
     names = ", ".join(f"`{name}`" for name in lazy_names(room))
     intro = f"Also exported by `{room}`, documented from the module that defines each: {names}.\n\n"
     return intro + "\n".join(blocks)
+
+
+def _defined_at(room: str, name: str, obj: object) -> str:
+    """The dotted path mkdocstrings documents ``obj`` from: a class's or function's own module, or
+    for a constant (an ``int`` has no ``__module__`` of its own) the module of ``room`` that assigns it."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if module and qualname and not isinstance(obj, int | float | str | tuple | frozenset):
+        return f"{module}.{qualname}"
+    import importlib
+    import pkgutil
+
+    package = importlib.import_module(room)
+    for info in pkgutil.iter_modules(package.__path__, f"{room}."):
+        source = Path(importlib.import_module(info.name).__file__ or "").read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if any(isinstance(target, ast.Name) and target.id == name for target in targets):
+                return f"{info.name}.{name}"
+    raise LookupError(f"{room}.{name}: no module of {room} assigns it")
 
 
 def api_errors() -> str:

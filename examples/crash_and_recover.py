@@ -4,6 +4,8 @@ Self-contained: it starts ``aiqsim serve scenarios/crash_recovery.toml`` on a fr
 runs ``examples/production_worker.py`` against it, waits until the server is working on one of
 the worker's calls, sends the worker SIGKILL, restarts it on the same SQLite store, and then
 reads the server's ``GET /ledger``: which tickets were executed and billed, and how many times.
+Needs the ``lab`` and ``http`` extras (``pip install -e ".[lab,http]"``): the server runs the lab's
+simulated provider, the worker calls it with httpx.
 
 Three modes, one per line of the README's recovery table::
 

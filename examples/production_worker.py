@@ -4,7 +4,8 @@ A worker that summarises a batch of support tickets with an OpenAI-style chat AP
 AsyncioRuntime + HttpProvider + SqliteStore + quotas + retries, and ``recover()`` first, so a
 restart after a crash (even ``kill -9``) picks up where the last run stopped.
 
-Needs the ``http`` extra (``pip install -e ".[http]"``). Try it against the local provider server::
+Needs the ``http`` extra (``pip install -e ".[http]"``); the local provider server it can be tried
+against is part of the lab (``pip install -e ".[lab,http]"`` for both)::
 
     aiqsim serve scenarios/crash_recovery.toml --port 8000          # in one terminal
     python examples/production_worker.py --base-url http://127.0.0.1:8000/v1

@@ -15,7 +15,7 @@ finds no result, re-sends it, and the customer pays twice. That test is marked
 ``--runxfail`` to see the message (which key, which seed and crash point, and the option that
 replays the case)::
 
-    pytest examples/test_my_pipeline.py                 # 3 passed, 1 xfailed
+    pytest examples/test_my_pipeline.py                 # 4 passed, 1 xfailed
     pytest examples/test_my_pipeline.py --runxfail -k every_time
     pytest examples/test_my_pipeline.py --aiqsim-seeds 10 --aiqsim-crash-points sample:20
 """

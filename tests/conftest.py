@@ -126,13 +126,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 # ------------------------------------------------------------------ which aiqsim is under test
 def pytest_report_header(config: pytest.Config) -> str:
-    """Say which build of aiqsim the session imports: the pure checkout, or a compiled build
-    (tests/test_compiled_build.py runs the rules' tests against one and reads this line)."""
+    """Say which aiqsim the session imports (a worktree's, an installed copy's)."""
     import aiqsim
-    from aiqsim.compiled import build_status
 
-    build = build_status().describe().removeprefix("aiqsim: ")
-    return f"aiqsim under test: {build} ({Path(aiqsim.__file__).parent})"
+    return f"aiqsim under test: {Path(aiqsim.__file__).parent}"
 
 
 # ------------------------------------------------------------------ temporary files in memory
@@ -147,6 +144,27 @@ def pytest_configure(config: pytest.Config) -> None:
         from tests.memory_tmp import memory_backed_tmp_root
 
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(memory_backed_tmp_root()))
+    _share_notebooks_between_workers(config, memory_backed_tmp_root())
+
+
+NOTEBOOKS_SHARED_ENV = "AIQSIM_TEST_NOTEBOOKS_SHARED"
+"""A folder the pytest-xdist workers of one run share, where each notebook is executed once
+(tests/executed_notebooks.py); made by the controlling process, which the workers inherit it from."""
+
+
+def _share_notebooks_between_workers(config: pytest.Config, root: Path) -> None:
+    """With ``-n 2`` each worker is a test session of its own, and each executed every notebook its
+    tests asked for: twice in all. The controlling process (the one that starts the workers) makes a
+    folder for them to share the executed notebooks in, and removes it when the run ends."""
+    import shutil
+    import tempfile
+
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return  # a worker (it inherits the folder), or a run in one process (nothing to share)
+    shared = tempfile.mkdtemp(prefix="aiqsim-test-notebooks-shared-", dir=root)
+    os.environ[NOTEBOOKS_SHARED_ENV] = shared
+    config.add_cleanup(lambda: shutil.rmtree(shared, ignore_errors=True))
+    config.add_cleanup(lambda: os.environ.pop(NOTEBOOKS_SHARED_ENV, None))
 
 
 # ------------------------------------------------------------------ notebooks: executed two at a time

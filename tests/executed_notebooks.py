@@ -32,6 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: each worker executes the notebooks it needs
+    fcntl = None  # type: ignore[assignment]
+
 from memory_tmp import memory_backed_tmp_root
 
 from aiqsim.lab.notebook_runs import run_notebook
@@ -61,6 +66,39 @@ _scratch: Path | None = None
 
 
 def _execute(path: Path, tmpdir: Path, outdir: Path) -> NotebookRun:
+    """The notebook executed here, or, under pytest-xdist, by whichever worker asked for it first."""
+    shared = os.environ.get("AIQSIM_TEST_NOTEBOOKS_SHARED")  # tests/conftest.py makes it for -n N
+    if not shared or fcntl is None:
+        return _run(path, tmpdir, outdir)
+    return _run_once_across_workers(Path(shared), path, tmpdir, outdir)
+
+
+def _run_once_across_workers(shared: Path, path: Path, tmpdir: Path, outdir: Path) -> NotebookRun:
+    """Each xdist worker is a session of its own, and both ask for the notebooks (their tests are
+    spread over both): one lock file per notebook, the first to take it executes the notebook and
+    leaves the run in ``shared``; the other waits on the lock, then reads it instead of executing
+    the notebook a second time. A run that raised leaves nothing: the next asker executes it again
+    and reports the same failure."""
+    import json
+
+    import nbformat
+
+    result = shared / f"{path.stem}.run.json"
+    with open(shared / f"{path.stem}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if result.exists():
+            kept = json.loads(result.read_text(encoding="utf-8"))
+            book = nbformat.reads(kept["book"], as_version=4)
+            return NotebookRun(book, tuple(kept["leftovers"]), kept["seconds"])
+        run = _run(path, tmpdir, outdir)
+        temp = result.with_suffix(".tmp")
+        book_text = nbformat.writes(run.book)
+        temp.write_text(json.dumps({"book": book_text, "leftovers": run.leftovers, "seconds": run.seconds}))
+        temp.replace(result)
+        return run
+
+
+def _run(path: Path, tmpdir: Path, outdir: Path) -> NotebookRun:
     started = time.perf_counter()
     # AIQSIM_NOTEBOOK_OUT: where a notebook keeps what its decision points at (default ./out), here
     # outside TMPDIR (what is left there is a leak) and outside the checkout

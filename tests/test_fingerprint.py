@@ -386,8 +386,8 @@ def test_what_has_no_canonical_form_is_a_fingerprint_error(payload: Any, params:
 
 
 def test_nesting_is_bounded_by_depth_not_by_the_recursion_limit() -> None:
-    """Compiled with Cython the walk has no recursion limit: a value holding itself overran the C
-    stack (a crash of the interpreter). Depth beyond MAX_NESTING is refused on either build."""
+    """A value holding itself, or nested beyond MAX_NESTING, is refused by depth with a clear
+    error, not by Python's RecursionError."""
     from aiqsim.core.fingerprint import MAX_NESTING
 
     def nested(depth: int) -> Any:

@@ -884,7 +884,9 @@ def test_the_plugin_imports_nothing_heavy() -> None:
 
 # ------------------------------------------------------------------------------- the example
 def test_the_example_catches_the_users_non_idempotent_charge() -> None:
-    run = pytest_in(ROOT, str(EXAMPLE), "-q", "--aiqsim-seeds", "1")
+    # plain pytest, as the example's docstring runs it: its own settings (examples/pytest.ini), not
+    # the suite's `-n 2`, which without pytest-xdist was "unrecognized arguments: -n"
+    run = pytest_in(ROOT, str(EXAMPLE), "-q", "-p", "no:xdist", "--aiqsim-seeds", "1")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "4 passed, 1 xfailed" in run.stdout
 

@@ -16,7 +16,6 @@ __all__ = [
     "AiqsimError",
     "ConfigurationError",
     "SchedulingError",
-    "StaleCompiledModulesError",
     "StoreError",
 ]
 
@@ -35,10 +34,3 @@ class StoreError(AiqsimError):
 
 class SchedulingError(AiqsimError):
     """The scheduler refused work or a task did not produce a result."""
-
-
-class StaleCompiledModulesError(ConfigurationError, ImportError):
-    """A compiled build whose modules no longer match their ``.py`` sources (:mod:`aiqsim.compiled`).
-
-    Raised by ``import aiqsim`` before any compiled module is loaded: Python would run the compiled
-    code and silently ignore the edited source."""

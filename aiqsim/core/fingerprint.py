@@ -37,8 +37,7 @@ def _check_text(text: str, path: str) -> str:
 
 MAX_NESTING = 100
 """The deepest nesting of lists and dicts a fingerprinted value may have. Deeper (or a value that
-holds itself) is refused by depth, not left to Python's recursion limit: compiled with Cython
-(``aiqsim.compiled``) the walk has no such limit and overran the C stack."""
+holds itself) is refused by depth with a clear error, not left to Python's recursion limit."""
 
 
 def _canonical(value: Any, path: str, depth: int = 0) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from math import (  # names, not math.x: a compiled build looks a module attribute up each time
+from math import (  # names, not math.x: one lookup fewer per call in the hot path
     inf,
     isfinite,
     isnan,
@@ -300,7 +300,7 @@ class MultiQuota:
         """Whether every dimension could grant one request of ``tokens`` at ``now``."""
         if now < self.paused_until:
             return False
-        # each attribute read once (a compiled build reads an attribute generically each time)
+        # each attribute read once: this runs for every request the dispatcher considers
         concurrency = self.concurrency
         if concurrency is not None and self.in_flight >= concurrency:
             return False

@@ -19,7 +19,7 @@ The rule (pure, no I/O; the scheduler records the anomaly it reports):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import inf, isfinite  # names, not math.x: a compiled build looks a module attribute up each time
+from math import inf, isfinite  # names, not math.x: one lookup fewer per call in the hot path
 from typing import Any
 
 from aiqsim.core.slot_init import compile_builder, fast_frozen_init

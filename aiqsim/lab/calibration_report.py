@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from aiqsim.core.extras import is_installed
 from aiqsim.lab.calibrate import (
     Calibration,
     CalibrationError,
@@ -35,8 +36,10 @@ from aiqsim.lab.calibrate import (
 )
 
 __all__ = [
+    "REPORT_FORMATS",
     "calibration_report_html",
     "calibration_report_notebook",
+    "check_report_path",
     "provider_figure",
     "workload_figure",
     "write_calibration_report",
@@ -233,7 +236,7 @@ def calibration_report_notebook(calibration: Calibration) -> Any:
     already-drawn outputs, under code cells that redo them from the logs when run. The cell naming
     the logs is tagged ``parameters`` (papermill, :func:`aiqsim.lab.notebook_runs.run_notebook`).
 
-    Needs ``nbformat`` (the ``test`` and ``docs`` extras, or ``pip install nbformat``).
+    Needs ``nbformat`` (the ``notebooks``, ``test`` and ``docs`` extras, or ``pip install nbformat``).
     """
     try:
         import nbformat
@@ -281,10 +284,34 @@ def calibration_report_notebook(calibration: Calibration) -> Any:
     return book
 
 
+REPORT_FORMATS: dict[str, str] = {".html": "HTML", ".htm": "HTML", ".ipynb": "a Jupyter notebook"}
+"""The report formats by file suffix (case ignored): anything else is refused, not written as HTML
+under a name that promises another format (``r.pdf``)."""
+
+
+def check_report_path(path: str | Path, flag: str = "report") -> None:
+    """Refuse a report ``path`` whose format cannot be written, before any calibration work: an
+    unknown suffix (the message lists the known ones), or ``.ipynb`` without nbformat."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in REPORT_FORMATS:
+        known = ", ".join(f"{s} ({kind})" for s, kind in REPORT_FORMATS.items())
+        raise CalibrationError(
+            f"{flag} {path}: cannot write a report as {suffix or 'a file without a suffix'}; "
+            f"the formats are {known}"
+        )
+    if suffix == ".ipynb" and not is_installed("nbformat"):
+        raise CalibrationError(
+            f'{flag} {path}: a notebook report needs nbformat: pip install "aiqsim[notebooks]" '
+            "(or pip install nbformat)"
+        )
+
+
 def write_calibration_report(calibration: Calibration, path: str | Path) -> Path:
-    """Write the report to ``path``: a notebook when it ends in ``.ipynb``, else HTML; returns it."""
+    """Write the report to ``path``: a notebook for ``.ipynb``, HTML for ``.html``/``.htm``
+    (:data:`REPORT_FORMATS`; any other suffix is refused by :func:`check_report_path`); returns it."""
     from aiqsim.lab.output_files import replaced_atomically, write_text_atomically
 
+    check_report_path(path)
     target = Path(path)
     try:  # through a temporary file: an earlier report at ``path`` stays whole if this fails
         if target.suffix.lower() == ".ipynb":

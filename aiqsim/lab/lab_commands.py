@@ -24,7 +24,7 @@ def add_lab_parsers(commands: Any) -> None:
     calibrate.add_argument("--out", type=Path, required=True, help="the scenario TOML file to write")
     calibrate.add_argument(
         "--report", type=Path, default=None,
-        help="also write a report of the fits: REPORT.html, or REPORT.ipynb for a notebook",
+        help="also write a report of the fits: REPORT.html, or REPORT.ipynb for a notebook (only these)",
     )  # fmt: skip
     calibrate.add_argument(
         "--settings", type=Path, default=None,
@@ -83,6 +83,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_arrival_bins(args.arrival_bins, label="--arrival-bins")
     _writable(args.out, "--out")
     if args.report is not None:
+        from aiqsim.lab.calibration_report import check_report_path
+
+        check_report_path(args.report, "--report")  # a format it can write, before any fitting
         _writable(args.report, "--report")
     try:
         result = calibrate(

@@ -2,7 +2,7 @@
 
 :func:`progress_bar` returns a ``progress(now, horizon)`` callback for
 :func:`aiqsim.sim.simulate.simulate`: a tqdm bar over the virtual clock when tqdm is installed
-(``pip install aiqsim[progress]``), else one plain line on stderr rewritten in place. Either way it
+(part of the ``lab`` extra), else one plain line on stderr rewritten in place. Either way it
 shows simulated seconds done, the wall time so far and the simulated-to-wall speed.
 """
 

@@ -725,7 +725,7 @@ def broken_contract(provider: str, answer: object) -> ProviderContractError:
 _AWAITABLE_TYPES: set[type] = {CoroutineType}
 """Types whose every instance can be awaited, as :func:`_is_awaitable` found them: the check runs on
 every attempt, and ``inspect.isawaitable`` is five Python-level calls for any awaitable that is not
-a native coroutine (a compiled build's coroutines are not: issue #19)."""
+a native coroutine."""
 
 MAX_AWAITABLE_TYPES = 64
 """Types remembered at most: a program that makes classes as it goes (``unittest.mock`` makes one per

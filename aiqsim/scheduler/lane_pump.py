@@ -19,7 +19,7 @@ running one scheduled callback does (``benchmarks/bench_mmc_peers.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from math import isinf  # names, not math.x: a compiled build looks a module attribute up each time
+from math import isinf  # names, not math.x: one lookup fewer per call in the hot path
 
 from aiqsim.runtime.protocol import Runtime, ScheduledCall
 

@@ -5,6 +5,11 @@
 >>> result.summary["rate_limited"], result.tasks.head()
 """
 
+# ruff: noqa: E402 (the check runs before the imports it guards)
+from aiqsim.core.extras import require_extra
+
+require_extra("lab", "aiqsim.sim")  # the lab's packages missing: one line that says what to install
+
 from aiqsim.sim.config import FleetConfig, Scenario
 from aiqsim.sim.fleet_metrics import FLEET_SUMMARY_KEYS, summarize_fleet
 from aiqsim.sim.job_metrics import JOB_SUMMARY_KEYS

@@ -57,7 +57,7 @@ class MemoryStore:
         """Every write is applied when its method returns; :meth:`flush` has nothing to do."""
 
     def insert_and_claim(self, task: TaskRecord) -> TaskRecord:
-        # each attribute read once: a write per submission (a compiled build reads attributes generically)
+        # each attribute read once: a write per submission, on the hot path of every run
         task_id, key, tasks, owners = task.id, task.key, self._tasks, self._owners
         if task_id in tasks:
             raise DuplicateTaskIdError("task", task_id)

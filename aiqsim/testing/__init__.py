@@ -68,7 +68,13 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'aiqsim.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ImportError:  # the crash driver and simulated providers run the lab: say what to install
+        from aiqsim.core.extras import require_extra
+
+        require_extra("lab", f"aiqsim.testing.{name}")
+        raise
     globals()[name] = value
     return value
 

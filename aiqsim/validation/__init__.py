@@ -13,6 +13,11 @@
   :func:`aiqsim.sim.simulate`).
 """
 
+# ruff: noqa: E402 (the check runs before the imports it guards)
+from aiqsim.core.extras import require_extra
+
+require_extra("lab", "aiqsim.validation")  # the lab's packages missing: one line that says what to install
+
 from aiqsim.validation.aws_jitter import (
     ALL_STRATEGIES,
     HOPS_PER_CALL,

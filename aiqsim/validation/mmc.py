@@ -451,7 +451,7 @@ def mmc_check(
     raw: list[float] = []
     per_seed: list[float] = []
     for seed in seeds:
-        variants = [False, True] if antithetic else [False]  # a list: Cython types a bool tuple as a C tuple
+        variants = [False, True] if antithetic else [False]
         runs = [
             run_means(
                 simulate_replication(arrival_rate, service_rate, servers, tasks, seed, antithetic=mirror),
