@@ -210,6 +210,9 @@ class HttpProvider:
         send_task_headers: also send ``x-aiqsim-task-id`` and ``x-aiqsim-attempt`` (the local
             server records them on its executions; off by default for third-party APIs).
         wall_clock: Unix time source for HTTP-date Retry-After values.
+        request_headers: headers computed per request (``request_headers(request)``), added to the
+            others on every call, e.g. a trace's ``traceparent``
+            (:meth:`aiqsim.observability.OpenTelemetryTracing.headers_for`).
     """
 
     def __init__(
@@ -233,8 +236,12 @@ class HttpProvider:
         wall_clock: Callable[[], float] = time.time,
         max_connections: int | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        request_headers: Callable[[ProviderRequest], Mapping[str, str]] | None = None,
     ) -> None:
         self._httpx = require_httpx()
+        if request_headers is not None and not callable(request_headers):
+            raise ConfigurationError(f"request_headers must be callable, got {request_headers!r}")
+        self._request_headers = request_headers
         if (
             isinstance(max_response_bytes, bool)
             or not isinstance(max_response_bytes, int)
@@ -357,6 +364,8 @@ class HttpProvider:
         if self.send_task_headers:
             headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
             headers["x-aiqsim-attempt"] = str(request.attempt)
+        if self._request_headers is not None:
+            headers.update(self._request_headers(request))
         response = await self._send(
             "POST", self.url, headers=headers, json=self.body_for(request), sent_key=sent_key
         )
