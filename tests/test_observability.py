@@ -337,3 +337,53 @@ def test_fan_out_sends_quota_samples_only_to_sinks_that_want_them() -> None:
     assert seen == [sample, move] and picky == [move]
     with pytest.raises(ConfigurationError, match="sink 0"):
         fan_out(None)  # type: ignore[arg-type]
+
+
+def test_the_served_providers_metrics_match_its_ledger_and_the_workers() -> None:
+    """``GET /metrics`` of the simulated provider (``aiqsim serve``): its 429s are the ones the
+    worker's PrometheusMetrics counted; its bills are its ledger's, under the same names."""
+    import httpx
+
+    from aiqsim.http.server import start_local_server
+    from aiqsim.sim.config import ProviderConfig
+
+    config = ProviderConfig(
+        name="llm",
+        latency_base_s=0.2,
+        latency_per_unit_s=0.0,
+        server_requests_per_min=6,
+        price_per_1k_units=1.0,
+    )
+    scale = 0.01
+    runtime = AsyncioRuntime(time_scale=scale)
+    worker = PrometheusMetrics(prometheus_client.CollectorRegistry())
+
+    async def main(url: str) -> list[Any]:
+        http = HttpProvider("llm", url, time_scale=scale, timeout=30.0)
+        scheduler = Scheduler(
+            runtime, [http], retry=RetryPolicy(max_attempts=8), rng=random.Random(0), events=worker
+        )
+        handles = [scheduler.submit("llm", f"q{i}", cost_estimate=1) for i in range(10)]
+        records = [await handle.wait() for handle in handles]
+        await scheduler.close()
+        await http.aclose()
+        return records
+
+    with start_local_server(config, time_scale=scale, seed=0) as server:
+        records = runtime.run(main(server.url))
+        reply = httpx.get(server.url + "/metrics", timeout=10.0)
+        ledger = server.ledger()
+    assert all(r.status is TaskStatus.SUCCEEDED for r in records)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain; version=0.0.4")
+    scraped = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(reply.text)
+        for sample in family.samples
+    }
+    limited = scraped[("aiqsim_provider_rate_limited_total", (("provider", "llm"),))]
+    assert limited == ledger.outcomes()["rate_limited"] == worker.value("aiqsim_rate_limited_total") > 0
+    assert scraped[("aiqsim_billed_calls_total", (("provider", "llm"),))] == len(ledger.bills) == 10
+    assert scraped[("aiqsim_billed_cost_total", (("provider", "llm"),))] == pytest.approx(ledger.total_cost)
+    assert scraped[("aiqsim_duplicate_billed_calls_total", (("provider", "llm"),))] == ledger.duplicate_bills
+    requests = sum(v for (name, _), v in scraped.items() if name == "aiqsim_provider_requests_total")
+    assert requests == len(ledger.requests)

@@ -64,6 +64,7 @@ METRIC_NAMES: dict[str, str] = {
     # -- the simulated provider's server (aiqsim serve) --------------------------------------------
     "aiqsim_provider_requests_total": "chat requests the simulated provider answered, by outcome",
     "aiqsim_provider_rate_limited_total": "requests the simulated provider answered with 429",
+    "aiqsim_provider_in_flight": "chat requests the simulated provider has received and not answered yet",
 }
 """Every metric name aiqsim exports, with what it counts (and the lab's summary key it equals).
 Counters are listed with their ``_total`` suffix and histograms by their base name, as they appear
