@@ -98,3 +98,12 @@ def test_a_real_prometheus_scrapes_the_workers_task_counts(prometheus: tuple[str
     assert float(series["value"][1]) == 8 == metrics.value("aiqsim_tasks_total", status="succeeded")
     (series,) = limited
     assert float(series["value"][1]) == 3 == metrics.value("aiqsim_rate_limited_total")
+
+
+def test_every_dashboard_query_is_promql_prometheus_accepts(prometheus: tuple[str, Path]) -> None:
+    """The Grafana dashboard's queries, with Grafana's variables filled in, parse and evaluate."""
+    from tests.test_deploy_observability import expressions
+
+    url, _ = prometheus
+    for expr in expressions():
+        query(url, expr)  # asserts status == "success"; a syntax error is a 400 (an HTTPError)
