@@ -1,9 +1,11 @@
 """Prometheus metrics from the scheduler's events: ``Scheduler(events=PrometheusMetrics())``.
 
-The sink only adds to plain dicts on the serving path (a dict update per event, no lock, no
-``prometheus_client`` object touched); a collector registered once per registry turns those counts
-into metric families when Prometheus scrapes. That keeps the overhead on the scheduler's path to a
-few dict operations per event, and makes a second scheduler in the same process simple: every
+On the serving path the sink only appends each event to a queue; the held events are counted into
+plain dicts in one tight loop every :data:`HOLD_EVENTS` events and before every scrape (no
+``prometheus_client`` object is touched per event), and a collector registered once per registry
+turns the counts into metric families when Prometheus scrapes. A scrape therefore sees every event
+received before it, and the counting runs under one lock per registry, so a scrape on the HTTP
+server's thread never reads a count half-updated. A second scheduler in the same process is simple: every
 :class:`PrometheusMetrics` on one registry shares that registry's counts (counters add up, gauges
 are summed over the sinks that are alive, quota utilisation is the highest), so two schedulers
 export one set of series instead of failing with a duplicated-timeseries error.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import threading
 import weakref
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from math import isfinite
 from typing import Any
@@ -43,10 +46,12 @@ from aiqsim.scheduler.events import (
 )
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 
-__all__ = ["MetricsRegistryError", "PrometheusMetrics", "require_prometheus_client"]
+__all__ = ["HOLD_EVENTS", "MetricsRegistryError", "PrometheusMetrics", "require_prometheus_client"]
+
+HOLD_EVENTS = 256
+"""Events a sink holds before counting them in one loop (a scrape counts them whenever it runs)."""
 
 _SUCCESS = frozenset(str(status) for status in ("succeeded", "deduped"))
-_PRIORITIES: dict[int, str] = {}
 
 
 class MetricsRegistryError(ConfigurationError):
@@ -82,8 +87,11 @@ class _State:
     def __init__(self, buckets: tuple[float, ...]) -> None:
         self.buckets = buckets
         self.counters: dict[str, dict[tuple[str, ...], float]] = {
-            name: {} for name in _LABELS if name.endswith("_total")
+            name: {} for name in _LABELS if name.endswith("_total") and name != "aiqsim_tasks_total"
         }
+        self.task_counts: dict[tuple[str, str], list[int]] = {}
+        """(provider, priority name) -> counts in :data:`_TASK_STATUSES` order: aiqsim_tasks_total,
+        held as a list so counting a status change is one index, not a labels tuple per event."""
         self.histograms: dict[str, dict[tuple[str, ...], _Histogram]] = {
             "aiqsim_task_latency_seconds": {},
             "aiqsim_job_latency_seconds": {},
@@ -91,17 +99,27 @@ class _State:
         }
         self.gauges: dict[int, _Gauges] = {}
         self.lock = threading.Lock()
-        """Held only to add or drop a sink's gauges, never on the event path."""
+        """Held only to add or drop a sink's gauges or list the sinks, never on the event path."""
+        self.sinks: weakref.WeakSet[PrometheusMetrics] = weakref.WeakSet()
+        """Every live sink on the registry: their held events are counted before a scrape."""
+        self.count_lock = threading.Lock()
+        """Held while events are counted into the shared dicts (by a sink on its own thread, or by
+        a scrape on the HTTP server's) and while a scrape reads them."""
+
+
+_TASK_STATUSES = ("submitted", "succeeded", "failed", "cancelled", "deduped")
+_TERMINAL_INDEX = {status: index for index, status in enumerate(_TASK_STATUSES) if index}
+_SUCCESS_INDEXES = frozenset(_TERMINAL_INDEX[status] for status in _SUCCESS)
 
 
 class _Gauges:
-    """One sink's last view of its providers: queue depth, in flight, bucket levels."""
+    """One sink's view of its providers: its tasks queued and running, and the bucket levels."""
 
-    __slots__ = ("capacity", "in_flight", "levels", "queue_depth")
+    __slots__ = ("capacity", "lanes", "levels")
 
     def __init__(self) -> None:
-        self.queue_depth: dict[tuple[str, str], int] = {}
-        self.in_flight: dict[tuple[str], int] = {}
+        self.lanes: dict[tuple[str, str], list[int]] = {}
+        """(provider, priority name) -> [tasks queued, tasks running], as this sink saw them."""
         self.levels: dict[tuple[str, str], float] = {}
         self.capacity: dict[tuple[str, str], float] = {}
 
@@ -145,6 +163,19 @@ class _Collector:
         return self._families(empty=False)
 
     def _families(self, *, empty: bool) -> Iterator[Any]:
+        state = self.state
+        if empty:
+            yield from self._build(empty=True)
+            return
+        with state.lock:
+            sinks = list(state.sinks)
+        with state.count_lock:  # every event received so far is counted, and nothing moves meanwhile
+            for sink in sinks:
+                sink._count_pending()
+            families = list(self._build(empty=False))
+        yield from families
+
+    def _build(self, *, empty: bool) -> Iterator[Any]:
         from prometheus_client.core import (
             CounterMetricFamily,
             GaugeMetricFamily,
@@ -152,10 +183,10 @@ class _Collector:
         )
 
         state = self.state
-        for name, values in state.counters.items():
+        for name, values in _counter_series(state).items():
             family = CounterMetricFamily(name, METRIC_NAMES[name], labels=_LABELS[name])
             if not empty:
-                for labels, value in values.copy().items():  # copy: atomic against the event loop
+                for labels, value in values.items():
                     family.add_metric(labels, value)
             yield family
         bounds = [repr(float(b)) for b in state.buckets] + ["+Inf"]
@@ -190,6 +221,15 @@ class _Collector:
         yield used
 
 
+def _counter_series(state: _State) -> dict[str, dict[tuple[str, ...], float]]:
+    """Every counter's series, ``aiqsim_tasks_total`` first (copies: atomic against the event loop)."""
+    tasks: dict[tuple[str, ...], float] = {}
+    for (provider, priority), counts in state.task_counts.copy().items():
+        for status, count in zip(_TASK_STATUSES, counts.copy(), strict=True):
+            tasks[(provider, priority, status)] = count
+    return {"aiqsim_tasks_total": tasks, **{name: values.copy() for name, values in state.counters.items()}}
+
+
 def _gauge_series(state: _State) -> dict[str, dict[tuple[str, ...], float]]:
     """The gauges over every live sink of ``state``: depths and in-flight summed, utilisation the
     highest (two schedulers sharing a provider name and registry are one process's view)."""
@@ -199,10 +239,9 @@ def _gauge_series(state: _State) -> dict[str, dict[tuple[str, ...], float]]:
     flights: dict[tuple[str, ...], float] = {}
     shares: dict[tuple[str, ...], float] = {}
     for gauges in sinks:
-        for labels, value in gauges.queue_depth.copy().items():  # copy: atomic against the event loop
-            depths[labels] = depths.get(labels, 0) + value
-        for labels, value in gauges.in_flight.copy().items():
-            flights[labels] = flights.get(labels, 0) + value
+        for (provider, priority), (queued, running) in gauges.lanes.copy().items():  # copy: atomic
+            depths[(provider, priority)] = depths.get((provider, priority), 0) + queued
+            flights[(provider,)] = flights.get((provider,), 0) + running
         capacity = gauges.capacity.copy()
         for labels, level in gauges.levels.copy().items():
             full = capacity.get(labels)
@@ -302,9 +341,12 @@ class PrometheusMetrics:
         self._gauges = gauges
         with state.lock:
             state.gauges[id(self)] = gauges
+            state.sinks.add(self)
         weakref.finalize(self, _drop_gauges, state, id(self))
         counters = state.counters
-        self._tasks = counters["aiqsim_tasks_total"]
+        self._lane_cache: dict[str, dict[int, tuple[list[int], list[int], _Histogram]]] = {}
+        """provider -> priority -> (its shared task counts, this sink's [queued, running], its
+        latency histogram): two dict look-ups per status change."""
         self._attempts = counters["aiqsim_attempts_total"]
         self._rate_limited = counters["aiqsim_rate_limited_total"]
         self._jobs = counters["aiqsim_jobs_total"]
@@ -318,9 +360,10 @@ class PrometheusMetrics:
         """Job id -> (submit time, spec name), for jobs not yet ended."""
         self._stages_open: dict[tuple[str, str], float] = {}
         """(job id, stage) -> when the stage's tasks were submitted."""
+        self._pending: deque[Any] = deque()
+        """Events received and not counted yet (see :meth:`__call__`)."""
+        self._lock = state.count_lock
         self._handlers = {
-            TaskTransition: self._task,
-            AttemptRecord: self._attempt,
             QuotaSample: self._sample,
             CallBilled: self._bill,
             JobTransition: self._job,
@@ -334,58 +377,98 @@ class PrometheusMetrics:
 
     # ------------------------------------------------------------------ the sink
     def __call__(self, event: Any) -> None:
-        """Count ``event`` (any other record type is ignored)."""
-        handler = self._handlers.get(type(event))
-        if handler is not None:
-            handler(event)
+        """Take ``event`` (any record type; those that count nothing are dropped when counted).
 
-    def _task(self, event: TaskTransition) -> None:
-        time, task_id, _key, provider, priority, old, new, _attempts, _cost = event
-        name = _PRIORITIES.get(priority)
-        if name is None:
-            name = _PRIORITIES[priority] = priority_label(priority)
+        Only an append on the serving path: the held events are counted in one tight loop every
+        :attr:`HOLD_EVENTS` events, and whenever the registry is scraped or :meth:`value` is read,
+        so a scrape always sees every event received before it."""
+        pending = self._pending
+        pending.append(event)
+        if len(pending) >= HOLD_EVENTS and self._lock.acquire(blocking=False):
+            try:
+                self._count_pending()
+            finally:
+                self._lock.release()
+
+    def sync(self) -> None:
+        """Count every event held (the collector does this for every sink before a scrape)."""
+        with self._lock:
+            self._count_pending()
+
+    def _count_pending(self) -> None:
+        """Count the held events, in the order received (the registry's lock is held: the counts
+        are shared with every sink on the registry, and a scrape may run on another thread)."""
+        pending = self._pending
+        popleft = pending.popleft
+        handlers = self._handlers
         live = self._live
-        gauges = self._gauges
-        previous = live.get(task_id)
-        if previous is not None:
-            started, was = previous
-            if was == "queued":
-                depth = gauges.queue_depth
-                depth[(provider, name)] -= 1
-            elif was == "running":
-                flight = gauges.in_flight
-                flight[(provider,)] -= 1
-        else:  # submitted now, or first seen after a restart (its submit time is not known here)
-            started = time if old is None else None
-        tasks = self._tasks
-        if old is None:
-            labels = (provider, name, "submitted")
-            tasks[labels] = tasks.get(labels, 0) + 1
-        if new in TERMINAL_STATUSES:
-            labels = (provider, name, new)
-            tasks[labels] = tasks.get(labels, 0) + 1
-            if previous is not None:
-                del live[task_id]
-            if started is not None and new in _SUCCESS:
-                self._observe(self._task_latency, (provider, name), time - started)
-        else:
-            live[task_id] = (started, new)
-            if new == "queued":
-                depth = gauges.queue_depth
-                depth[(provider, name)] = depth.get((provider, name), 0) + 1
-            elif new == "running":
-                flight = gauges.in_flight
-                flight[(provider,)] = flight.get((provider,), 0) + 1
-
-    def _attempt(self, event: AttemptRecord) -> None:
-        provider = event.provider
-        outcome = event.outcome
-        labels = (provider, OUTCOME_CLASSES.get(outcome, "other"))
         attempts = self._attempts
-        attempts[labels] = attempts.get(labels, 0) + 1
-        if outcome == "RateLimitError":
-            limited = self._rate_limited
-            limited[(provider,)] = limited.get((provider,), 0) + 1
+        limited = self._rate_limited
+        lanes = self._lane_cache
+        classes = OUTCOME_CLASSES
+        terminal = _TERMINAL_INDEX
+        successes = _SUCCESS_INDEXES
+        bounds = self.buckets
+        for _ in range(len(pending)):  # the event loop may append meanwhile: those wait for next time
+            event = popleft()
+            kind = type(event)
+            if kind is TaskTransition:
+                time, task_id, _key, provider, priority, old, new, _attempts, _cost = event
+                by_priority = lanes.get(provider)
+                lane = None if by_priority is None else by_priority.get(priority)
+                if lane is None:
+                    lane = self._lane(provider, priority)
+                counts, gauge, histogram = lane
+                previous = live.get(task_id)
+                if previous is not None:
+                    started, was = previous
+                    if was == "queued":
+                        gauge[0] -= 1
+                    elif was == "running":
+                        gauge[1] -= 1
+                else:  # submitted now, or first seen after a restart (its submit time is unknown here)
+                    started = time if old is None else None
+                if old is None:
+                    counts[0] += 1
+                index = terminal.get(new)
+                if index is not None:
+                    counts[index] += 1
+                    if previous is not None:
+                        del live[task_id]
+                    if started is not None and index in successes:
+                        elapsed = time - started
+                        histogram.counts[bisect_left(bounds, elapsed)] += 1
+                        histogram.sum += elapsed
+                else:
+                    live[task_id] = (started, new)
+                    if new == "queued":
+                        gauge[0] += 1
+                    elif new == "running":
+                        gauge[1] += 1
+            elif kind is AttemptRecord:
+                provider = event.provider
+                outcome = event.outcome
+                labels = (provider, classes.get(outcome, "other"))
+                attempts[labels] = attempts.get(labels, 0) + 1
+                if outcome == "RateLimitError":
+                    limited[(provider,)] = limited.get((provider,), 0) + 1
+            else:
+                handler = handlers.get(kind)
+                if handler is not None:
+                    handler(event)
+
+    def _lane(self, provider: str, priority: int) -> tuple[list[int], list[int], _Histogram]:
+        """The counts of a (provider, priority) this sink meets for the first time."""
+        name = priority_label(priority)
+        state = self._state
+        counts = state.task_counts.setdefault((provider, name), [0] * len(_TASK_STATUSES))
+        gauge = self._gauges.lanes.setdefault((provider, name), [0, 0])
+        histogram = self._task_latency.get((provider, name))
+        if histogram is None:
+            histogram = self._task_latency[(provider, name)] = _Histogram(len(self.buckets))
+        lane = (counts, gauge, histogram)
+        self._lane_cache.setdefault(provider, {})[priority] = lane
+        return lane
 
     def _sample(self, event: QuotaSample) -> None:
         provider = event.provider
@@ -472,24 +555,29 @@ class PrometheusMetrics:
         """The current value of counter or gauge ``name`` summed over the series matching ``labels``
         (e.g. ``value("aiqsim_rate_limited_total", provider="openai")``); for a histogram name, its
         observation count. Reads the registry's shared counts, as a scrape would."""
+        with self._state.lock:
+            sinks = list(self._state.sinks)
+        for sink in sinks:
+            sink.sync()
         gauges = _gauge_series(self._state)
+        counters = _counter_series(self._state)
         if name in gauges:
             series: Mapping[tuple[str, ...], Any] = gauges[name]
+        elif name in counters:
+            series = counters[name]
         elif name in self._state.histograms:
             series = {key: sum(h.counts) for key, h in self._state.histograms[name].items()}
-        elif name in self._state.counters:
-            series = self._state.counters[name]
         else:
             raise ConfigurationError(
                 f"value: {name!r} is not a counter or histogram this sink exports; "
-                f"known: {sorted([*self._state.counters, *self._state.histograms, *gauges])}"
+                f"known: {sorted([*counters, *self._state.histograms, *gauges])}"
             )
         names = _LABELS[name]
         unknown = set(labels) - set(names)
         if unknown:
             raise ConfigurationError(f"value: {name} has labels {names}, not {sorted(unknown)}")
         wanted = [(names.index(label), value) for label, value in labels.items()]
-        return sum(v for key, v in series.copy().items() if all(key[i] == want for i, want in wanted))
+        return sum(v for key, v in series.items() if all(key[i] == want for i, want in wanted))
 
     def __repr__(self) -> str:
         return f"PrometheusMetrics(registry={self.registry!r})"
