@@ -107,3 +107,34 @@ def test_every_dashboard_query_is_promql_prometheus_accepts(prometheus: tuple[st
     url, _ = prometheus
     for expr in expressions():
         query(url, expr)  # asserts status == "success"; a syntax error is a 400 (an HTTPError)
+
+
+def test_ci_services_start_a_prometheus_the_tests_can_use(tmp_path: Path) -> None:
+    """.ci/services.sh's Prometheus: ready on loopback, its targets folder exported, gone on stop."""
+    import shutil
+    import subprocess
+
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed (Debian: apt-get install prometheus)")
+    script = (
+        'source .ci/services.sh; SERVICES_DIR="$1"; _start_prometheus; '
+        'echo "$AIQSIM_TEST_PROMETHEUS_URL $AIQSIM_TEST_PROMETHEUS_TARGETS"; '
+        'cat "$SERVICES_DIR/prometheus/prometheus.pid"; stop_services'
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        ["bash", "-c", script, "services", str(tmp_path / "services")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "CI"},
+    )
+    assert done.returncode == 0, done.stderr
+    line, pid = done.stdout.split("\n")[:2]
+    url, targets = line.split()
+    assert url.startswith("http://127.0.0.1:") and targets.endswith("/prometheus/targets")
+    assert "services: Prometheus on " + url in done.stderr
+    assert not (tmp_path / "services").exists()  # stop_services removed its files
+    with pytest.raises(OSError):
+        os.kill(int(pid), 0)  # and the server is gone
