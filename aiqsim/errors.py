@@ -26,6 +26,8 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   ├── KitOptionError                 a bad --aiqsim-* pytest option (aiqsim.testing)
     │   ├── CallLogError (OSError)         a call log that cannot be written where asked
+    │   ├── MetricsRegistryError           a Prometheus registry that cannot take aiqsim's metrics
+    │   ├── TracingError                   OpenTelemetry missing, or not a TracerProvider
     │   ├── CalibrationError               a call log that cannot be calibrated from
     │   ├── TuneError (RuntimeError)       a tuning run in which no trial could run
     │   ├── StaleCompiledModulesError (ImportError)  a compiled build whose sources were edited since
@@ -110,6 +112,8 @@ from aiqsim.http.status import HttpStatusError
 from aiqsim.lab.decisions import NoSettingMeetsError
 from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
+from aiqsim.observability.prometheus import MetricsRegistryError
+from aiqsim.observability.tracing import TracingError
 from aiqsim.runtime.protocol import DeadlineExceeded
 from aiqsim.runtime.simpy_runtime import InvalidStateError, RuntimeAlreadyRunningError, SimulationDeadlock
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
@@ -165,6 +169,7 @@ __all__ = [
     "JobSpecError",
     "KitOptionError",
     "LeaseLostError",
+    "MetricsRegistryError",
     "NoSettingMeetsError",
     "OutcomeAlreadySetError",
     "OutputPathError",
@@ -210,6 +215,7 @@ __all__ = [
     "TaskFailedError",
     "TaskInterruptedError",
     "TraceError",
+    "TracingError",
     "TuneError",
     "UnknownNameError",
     "UnstorableValueError",
