@@ -1,7 +1,7 @@
 """What the observability sinks cost the production scheduler on asyncio.
 
 The scheduler on :class:`aiqsim.AsyncioRuntime` with a memory store sends ``CALLS`` calls to a no-op
-provider (one trip through the event loop per call), five ways, interleaved round by round so
+provider (one trip through the event loop per call), six ways, interleaved round by round so
 machine load hits them alike:
 
 - ``off``: ``Scheduler(events=None)``, the baseline;
@@ -11,7 +11,9 @@ machine load hits them alike:
 - ``otel``: ``events=OpenTelemetryTracing(provider)`` with the SDK's ``TracerProvider`` and a
   ``BatchSpanProcessor`` in front of an exporter that drops the spans (the production set-up with
   the network taken out);
-- ``both``: ``fan_out(PrometheusMetrics(...), OpenTelemetryTracing(...))``.
+- ``both``: ``fan_out(PrometheusMetrics(...), OpenTelemetryTracing(...))``;
+- ``sampled``: ``both`` with the tracer provider keeping one trace in ten (a ratio sampler, the usual
+  production setting for a busy service: a task sampled out costs its attempts nothing).
 
 A no-op provider is the worst case: a real call takes milliseconds to seconds, so the sinks'
 microseconds per call vanish against it. Goal: ``both`` >= 0.9x the calls/s of ``off``.
@@ -41,6 +43,7 @@ from typing import Any
 import prometheus_client
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from aiqsim import AsyncioRuntime, ProviderRequest, ProviderResponse, QuotaLimits, Scheduler
 from aiqsim.observability import OpenTelemetryTracing, PrometheusMetrics, fan_out
@@ -68,6 +71,7 @@ MODES = {
     "prometheus": "PrometheusMetrics",
     "otel": "OpenTelemetryTracing (SDK, batch processor, spans dropped)",
     "both": "fan_out(PrometheusMetrics, OpenTelemetryTracing)",
+    "sampled": "both, traces sampled at 10% (ParentBased(TraceIdRatioBased(0.1)))",
 }
 
 
@@ -96,13 +100,13 @@ def sinks(mode: str) -> tuple[Any, Any]:
     """(the scheduler's sink, the tracer provider to shut down afterwards) for ``mode``."""
     if mode == "nop":
         return _drop, None
-    metrics = (
-        PrometheusMetrics(prometheus_client.CollectorRegistry()) if mode in ("prometheus", "both") else None
-    )
+    with_metrics = mode in ("prometheus", "both", "sampled")
+    metrics = PrometheusMetrics(prometheus_client.CollectorRegistry()) if with_metrics else None
     traces = None
     tracing = None
-    if mode in ("otel", "both"):
-        traces = TracerProvider()
+    if mode in ("otel", "both", "sampled"):
+        sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
+        traces = TracerProvider(sampler=sampler)
         traces.add_span_processor(BatchSpanProcessor(DroppingExporter(), max_queue_size=65536))
         tracing = OpenTelemetryTracing(traces)
     chosen = [sink for sink in (metrics, tracing) if sink is not None]
@@ -145,7 +149,7 @@ def run(mode: str, url: str | None = None) -> float:
     runtime.run(submit_all_and_join())
     served = time.perf_counter() - start
     CPU_RATES.setdefault(mode, []).append(calls / (time.process_time() - cpu_start))
-    if mode in ("prometheus", "both"):
+    if mode in ("prometheus", "both", "sampled"):
         metrics = events if isinstance(events, PrometheusMetrics) else events.sinks[0]
         scraped = time.perf_counter()
         prometheus_client.generate_latest(metrics.registry)

@@ -387,3 +387,13 @@ def test_the_served_providers_metrics_match_its_ledger_and_the_workers() -> None
     assert scraped[("aiqsim_duplicate_billed_calls_total", (("provider", "llm"),))] == ledger.duplicate_bills
     requests = sum(v for (name, _), v in scraped.items() if name == "aiqsim_provider_requests_total")
     assert requests == len(ledger.requests)
+
+
+def test_a_sampled_out_task_records_no_span_and_costs_its_attempts_nothing() -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    result = simulate(SCENARIO, sinks=[OpenTelemetryTracing(provider)], overrides=OVERRIDES)
+    assert result.summary["attempts"] > 0 and exporter.get_finished_spans() == ()

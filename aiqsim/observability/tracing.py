@@ -119,18 +119,18 @@ class OpenTelemetryTracing:
             self._tasks[event.task_id] = span
         if event.new in TERMINAL_STATUSES:
             del self._tasks[event.task_id]
-            span.set_attribute("aiqsim.status", event.new)
-            span.set_attribute("aiqsim.attempts", event.attempts)
+            span.set_attributes({"aiqsim.status": event.new, "aiqsim.attempts": event.attempts})
             if event.new == "failed":
                 span.set_status(self._status(self._code.ERROR, "task failed"))
             span.end(end_time=self._ns(event.time))
 
     def _attempt(self, event: AttemptRecord) -> None:
         span = self._attempts.pop((event.task_id, event.attempt), None)
+        parent = None
         if span is None:
             parent = self._tasks.get(event.task_id)
-            context = None if parent is None else self._trace.set_span_in_context(parent)
-            span = self.tracer.start_span("aiqsim.attempt", context=context, start_time=self._ns(event.start))
+            if parent is not None and not parent.is_recording():
+                return  # its task was sampled out (a ratio sampler): so is the attempt, at no cost
         attributes: dict[str, Any] = {
             "aiqsim.task_id": event.task_id,
             "aiqsim.provider": event.provider,
@@ -149,7 +149,15 @@ class OpenTelemetryTracing:
         ):
             if value is not None:
                 attributes[name] = value
-        span.set_attributes(attributes)
+        if span is None:  # one call: the attributes go in with the span
+            span = self.tracer.start_span(
+                "aiqsim.attempt",
+                context=None if parent is None else self._trace.set_span_in_context(parent),
+                start_time=self._ns(event.start),
+                attributes=attributes,
+            )
+        else:
+            span.set_attributes(attributes)
         if event.outcome != "ok":
             span.set_status(self._status(self._code.ERROR, event.outcome))
         span.end(end_time=max(self._ns(event.end), getattr(span, "start_time", None) or 0))
