@@ -397,3 +397,28 @@ def test_a_sampled_out_task_records_no_span_and_costs_its_attempts_nothing() -> 
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     result = simulate(SCENARIO, sinks=[OpenTelemetryTracing(provider)], overrides=OVERRIDES)
     assert result.summary["attempts"] > 0 and exporter.get_finished_spans() == ()
+
+
+def test_aiqsim_serve_answers_get_metrics() -> None:
+    """The real command, as a user starts it: the banner names the route and a scrape parses."""
+    import httpx
+
+    from tests.helpers_serve import ServedProvider
+
+    with ServedProvider("scenarios/retry_storm_429.toml", "--time-scale", "0.1") as served:
+        assert f"GET  {served.root}/metrics" in "\n".join(served.lines)
+        httpx.post(
+            f"{served.base_url}/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+        reply = httpx.get(f"{served.root}/metrics", timeout=30)
+        returncode, _, stderr = served.stop()
+    assert returncode == 0, stderr
+    scraped = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(reply.text)
+        for sample in family.samples
+    }
+    assert scraped[("aiqsim_provider_requests_total", (("outcome", "ok"), ("provider", "llm")))] == 1
+    assert scraped[("aiqsim_billed_calls_total", (("provider", "llm"),))] == 1

@@ -183,6 +183,7 @@ def banner(server: LocalProviderServer, scenario: Scenario, settings: ServeSetti
         f"base URL: {base}/v1",
         f"  POST {base}/v1/chat/completions  OpenAI chat completions",
         f"  GET  {base}/ledger  every request, execution and bill so far (JSON)",
+        f"  GET  {base}/metrics  requests, 429s and bills for Prometheus (text format)",
         f"  {lookup}",
         *(f"  {line}" for line in describe_provider(config, settings.time_scale)),
         "Ctrl-C (SIGINT) or SIGTERM stops it.",
