@@ -98,6 +98,22 @@ def test_the_labs_summary_equals_what_the_metrics_say() -> None:
     assert math.isclose(summary["success_latency_p50_s"], float(done.latency_s.median()))
 
 
+def test_the_streaming_labs_summary_equals_the_metrics_too() -> None:
+    """records="summary" (no per-task records kept): the same figures, the bills fed as the run goes."""
+    metrics = PrometheusMetrics(prometheus_client.CollectorRegistry())
+    summary = simulate(SCENARIO, sinks=[metrics], overrides=OVERRIDES, records="summary").summary
+    assert summary["rate_limited"] > 0 and summary["duplicate_billed_calls"] > 0
+    for key, name in (
+        ("rate_limited", "aiqsim_rate_limited_total"),
+        ("billed_calls", "aiqsim_billed_calls_total"),
+        ("duplicate_billed_calls", "aiqsim_duplicate_billed_calls_total"),
+        ("tasks_succeeded", "aiqsim_task_latency_seconds"),
+    ):
+        assert metrics.value(name) == summary[key], key
+    duplicated = metrics.value("aiqsim_duplicate_cost_total")
+    assert duplicated == pytest.approx(summary["cost_duplicated"], rel=1e-12)
+
+
 def test_labels_stay_bounded_and_every_exported_name_is_documented() -> None:
     metrics = PrometheusMetrics(prometheus_client.CollectorRegistry())
     result = simulate(SCENARIO, sinks=[metrics], overrides=OVERRIDES)

@@ -36,6 +36,7 @@ from aiqsim.scheduler.scheduler import QueueFullError, RecoveryReport, Scheduler
 from aiqsim.sim import metrics
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.crash import CrashingStore, SimulatedCrash
+from aiqsim.sim.recent_keys import RecentKeys
 from aiqsim.sim.streaming import DEFAULT_KEY_WINDOW_S, RecordsNotKeptError, check_records_mode, check_window
 from aiqsim.sim.streaming_run import StreamingRun, check_streamable
 from aiqsim.stores.base import StoreOpenError, TaskStore
@@ -574,7 +575,7 @@ class _Run:
             in_use = streaming.summary.key_in_use if streaming is not None else None
             on_record = streaming.execution if streaming is not None else None
             if sinks:
-                on_record = _BillFeed(sinks, on_record)
+                on_record = _BillFeed(sinks, on_record, forget if streaming is not None else None)
             ledger = (
                 ProviderLedger(on_record=on_record)
                 if streaming is None
@@ -1033,12 +1034,20 @@ class _Run:
 class _BillFeed:
     """The ledger's ``on_record``: every billed execution becomes a :class:`CallBilled` for the
     outside sinks, a duplicate when its key was billed before (in the order the provider finished
-    the calls, as a live provider's own bill would say), after ``then`` (the streaming summary) has it."""
+    the calls, as a live provider's own bill would say), after ``then`` (the streaming summary) has it.
 
-    def __init__(self, sinks: tuple[Callable[[Any], None], ...], then: Callable[[Any], None] | None) -> None:
+    With ``window_s`` (``records="summary"``) a key is forgotten once silent that long, as the
+    streaming summary forgets it, so memory stays flat; otherwise every billed key is kept."""
+
+    def __init__(
+        self,
+        sinks: tuple[Callable[[Any], None], ...],
+        then: Callable[[Any], None] | None,
+        window_s: float | None = None,
+    ) -> None:
         self.sinks = sinks
         self.then = then
-        self.billed_keys: set[str] = set()
+        self.billed_keys: set[str] | RecentKeys[str] = set() if window_s is None else RecentKeys(window_s)
 
     def __call__(self, execution: Any) -> None:
         if self.then is not None:
@@ -1046,8 +1055,14 @@ class _BillFeed:
         if not execution.billed:
             return
         key = execution.key
-        duplicate = key in self.billed_keys
-        self.billed_keys.add(key)
+        keys = self.billed_keys
+        if isinstance(keys, RecentKeys):
+            keys.expired(execution.end)
+            duplicate = key in keys
+            keys.touch(key, execution.end)
+        else:
+            duplicate = key in keys
+            keys.add(key)
         bill = CallBilled(
             execution.end,
             execution.provider,
