@@ -206,6 +206,11 @@ def test_a_dropped_sink_leaves_its_gauges_out_of_the_scrape() -> None:
     gc.collect()
     assert kept.value("aiqsim_queue_depth") == 0
     assert kept.value("aiqsim_tasks_total", status="submitted") == 1  # counters are never lost
+    quiet = PrometheusMetrics(registry)
+    quiet(TaskTransition(0.0, "u", "k2", "llm", 0, None, "queued", 0))  # held, never read
+    del quiet
+    gc.collect()
+    assert kept.value("aiqsim_tasks_total", status="submitted") == 2
 
 
 def test_a_live_asyncio_scheduler_feeds_metrics_and_the_call_log_together() -> None:

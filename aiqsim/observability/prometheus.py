@@ -16,6 +16,7 @@ bounded (provider, priority name, status, outcome class, job spec and stage name
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from bisect import bisect_left
@@ -308,7 +309,7 @@ class PrometheusMetrics:
     """
 
     wants_quota_samples = True
-    """The gauges (queue depth, in flight, quota utilisation) come from the quota samples."""
+    """``aiqsim_quota_utilization`` comes from the quota samples (the bucket levels at each grant)."""
 
     def __init__(
         self,
@@ -385,6 +386,18 @@ class PrometheusMetrics:
         pending = self._pending
         pending.append(event)
         if len(pending) >= HOLD_EVENTS and self._lock.acquire(blocking=False):
+            try:
+                self._count_pending()
+            finally:
+                self._lock.release()
+
+    def __del__(self) -> None:
+        """Count what is still held when the sink goes (counters never lose an event received):
+        without waiting, so a collection that happens while the lock is held cannot deadlock (the
+        rare events then held are lost with the sink)."""
+        if sys.is_finalizing():  # the interpreter is ending: no registry will be scraped again
+            return
+        if self._pending and self._lock.acquire(blocking=False):
             try:
                 self._count_pending()
             finally:
