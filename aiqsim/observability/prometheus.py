@@ -397,6 +397,8 @@ class PrometheusMetrics:
         rare events then held are lost with the sink)."""
         if sys.is_finalizing():  # the interpreter is ending: no registry will be scraped again
             return
+        if getattr(self, "_handlers", None) is None:  # __init__ refused its arguments: nothing held
+            return
         if self._pending and self._lock.acquire(blocking=False):
             try:
                 self._count_pending()
