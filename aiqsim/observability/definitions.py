@@ -8,7 +8,7 @@ the same sets, the Grafana dashboard test checks its PromQL against :data:`METRI
 
 from __future__ import annotations
 
-from aiqsim.core.task import TaskStatus
+from aiqsim.core.task import Priority, TaskStatus
 
 __all__ = [
     "DEFAULT_LATENCY_BUCKETS",
@@ -73,10 +73,16 @@ in a scrape (a histogram also exposes ``_bucket``, ``_sum`` and ``_count``)."""
 
 def priority_label(priority: int) -> str:
     """A priority as a bounded label value: its name (``"interactive"``), or the number as text for
-    a value outside :class:`~aiqsim.core.task.Priority` (there are only a few)."""
-    from aiqsim.core.task import Priority
+    a value outside :class:`~aiqsim.core.task.Priority` (there are only a few). Remembered per value:
+    the sinks ask once per task."""
+    label = _PRIORITY_LABELS.get(priority)
+    if label is None:
+        try:
+            label = Priority(priority).name.lower()
+        except ValueError:
+            label = str(priority)
+        _PRIORITY_LABELS[priority] = label
+    return label
 
-    try:
-        return Priority(priority).name.lower()
-    except ValueError:
-        return str(priority)
+
+_PRIORITY_LABELS: dict[int, str] = {}
