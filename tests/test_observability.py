@@ -443,3 +443,27 @@ def test_aiqsim_serve_answers_get_metrics() -> None:
     }
     assert scraped[("aiqsim_provider_requests_total", (("outcome", "ok"), ("provider", "llm")))] == 1
     assert scraped[("aiqsim_billed_calls_total", (("provider", "llm"),))] == 1
+
+
+def test_job_counts_latency_and_stage_times_match_the_lab() -> None:
+    metrics = PrometheusMetrics(prometheus_client.CollectorRegistry())
+    result = simulate(
+        "scenarios/ai_edit_pipeline.toml", sinks=[metrics], overrides={"scenario.duration_s": 120}
+    )
+    summary = result.summary
+    assert summary["jobs_succeeded"] > 1
+    for status in ("submitted", "succeeded", "failed", "cancelled", "deduped"):
+        assert metrics.value("aiqsim_jobs_total", spec="ai_edit", status=status) == summary[f"jobs_{status}"]
+    assert metrics.value("aiqsim_job_latency_seconds", spec="ai_edit") == summary["jobs_succeeded"]
+    stages = ("understand", "script", "tts", "subtitles")
+    for stage in stages:  # each succeeded job's stages all succeeded once (fallbacks aside)
+        assert (
+            metrics.value("aiqsim_job_stage_seconds", spec="ai_edit", stage=stage)
+            >= summary["jobs_succeeded"]
+        )
+    jobs = result.jobs
+    done = jobs[jobs.status == "succeeded"]
+    scrape = prometheus_client.generate_latest(metrics.registry).decode()
+    (family,) = [f for f in text_string_to_metric_families(scrape) if f.name == "aiqsim_job_latency_seconds"]
+    total = next(s.value for s in family.samples if s.name.endswith("_sum"))
+    assert total == pytest.approx(done.latency_s.sum(), rel=1e-9)
