@@ -467,3 +467,19 @@ def test_job_counts_latency_and_stage_times_match_the_lab() -> None:
     (family,) = [f for f in text_string_to_metric_families(scrape) if f.name == "aiqsim_job_latency_seconds"]
     total = next(s.value for s in family.samples if s.name.endswith("_sum"))
     assert total == pytest.approx(done.latency_s.sum(), rel=1e-9)
+
+
+def test_a_shared_quota_outage_is_counted_and_traced() -> None:
+    """QuotaUnavailable (a fleet's Redis account unreachable): a counter and an error span."""
+    from aiqsim.scheduler.events import QuotaUnavailable
+
+    metrics = PrometheusMetrics(prometheus_client.CollectorRegistry())
+    provider, exporter = tracer()
+    both = fan_out(metrics, OpenTelemetryTracing(provider, time_origin_ns=10**18))
+    both(QuotaUnavailable(5.0, "llm", "ConnectionError: redis down"))
+    both(QuotaUnavailable(9.0, "llm", "ConnectionError: redis down"))
+    assert metrics.value("aiqsim_quota_unavailable_total", provider="llm") == 2
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["aiqsim.quota_unavailable"] * 2
+    assert spans[0].start_time == 10**18 + 5 * 10**9 and not spans[0].status.is_ok
+    assert spans[0].attributes["aiqsim.error"] == "ConnectionError: redis down"
