@@ -1,10 +1,12 @@
 # Real servers for the test suite, on loopback: sourced by .ci/run.
 #
-# start_services installs what is missing (Redis from Debian's packages; the PostgreSQL binaries
-# come with the machine image), starts a throwaway PostgreSQL cluster and a Redis server on free
-# loopback ports in a temporary directory, and exports AIQSIM_TEST_POSTGRES_DSN and
-# AIQSIM_TEST_REDIS_URL for tests/conftest.py. stop_services (run on exit) stops both and
-# removes their files. Under CI=true a server that cannot be started fails the run: the tests
+# start_services installs what is missing (Redis and Prometheus from Debian's packages; the
+# PostgreSQL binaries come with the machine image), starts a throwaway PostgreSQL cluster, a Redis
+# server and a Prometheus server on free loopback ports in a temporary directory, and exports
+# AIQSIM_TEST_POSTGRES_DSN and AIQSIM_TEST_REDIS_URL for tests/conftest.py, and
+# AIQSIM_TEST_PROMETHEUS_URL with AIQSIM_TEST_PROMETHEUS_TARGETS (a folder of file_sd target files
+# Prometheus re-reads every second; scraped every second) for tests/test_observability_prometheus.py.
+# stop_services (run on exit) stops them all and removes their files. Under CI=true a server that cannot be started fails the run: the tests
 # that need it would otherwise be skipped and prove nothing.
 
 SERVICES_DIR=""
@@ -61,6 +63,8 @@ start_services() {
         _service_missing "redis-server is not installed"
     fi
 
+    _start_prometheus
+
     local pg_bin
     if pg_bin=$(_find_pg_bin); then
         local pg_port data="$SERVICES_DIR/pg/data" sock="$SERVICES_DIR/pg/sock"
@@ -88,8 +92,64 @@ start_services() {
     fi
 }
 
+# Prometheus, the distribution's package: one scrape job whose targets are the JSON files a test
+# drops into $SERVICES_DIR/prometheus/targets (tests/prometheus_server.py writes the same config
+# for a throwaway server). Each test labels its target with an id of its own, so tests running in
+# parallel share this server without reading each other's series.
+_prometheus_ready() {
+    python3 -c "import sys, urllib.request as u
+try: u.build_opener(u.ProxyHandler({})).open('http://127.0.0.1:$1/-/ready', timeout=2)
+except OSError: sys.exit(1)" >/dev/null 2>&1
+}
+
+_start_prometheus() {
+    if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "services: installing prometheus from Debian's packages" >&2
+        apt-get update -qq >/dev/null 2>&1 || true
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
+            >/dev/null 2>&1 || true
+    fi
+    if ! command -v prometheus >/dev/null 2>&1; then
+        _service_missing "prometheus is not installed"
+        return 0
+    fi
+    local dir="$SERVICES_DIR/prometheus" prom_port
+    prom_port=$(_free_port)
+    mkdir -p "$dir/targets" "$dir/data"
+    cat >"$dir/prometheus.yml" <<YAML
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: aiqsim-tests
+    file_sd_configs:
+      - files: ["$dir/targets/*.json"]
+        refresh_interval: 1s
+YAML
+    prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
+        --web.listen-address="127.0.0.1:$prom_port" >"$dir/prometheus.log" 2>&1 &
+    echo $! >"$dir/prometheus.pid"
+    for _ in $(seq 300); do  # at most a minute
+        _prometheus_ready "$prom_port" && break
+        kill -0 "$(cat "$dir/prometheus.pid")" 2>/dev/null || break
+        sleep 0.2
+    done
+    if _prometheus_ready "$prom_port"; then
+        export AIQSIM_TEST_PROMETHEUS_URL="http://127.0.0.1:$prom_port"
+        export AIQSIM_TEST_PROMETHEUS_TARGETS="$dir/targets"
+        echo "services: Prometheus on $AIQSIM_TEST_PROMETHEUS_URL (targets in $AIQSIM_TEST_PROMETHEUS_TARGETS)" >&2
+    else
+        _service_missing "Prometheus did not start ($(tail -3 "$dir/prometheus.log" 2>/dev/null))"
+    fi
+}
+
 stop_services() {
     [ -n "$SERVICES_DIR" ] || return 0
+    if [ -f "$SERVICES_DIR/prometheus/prometheus.pid" ]; then
+        kill "$(cat "$SERVICES_DIR/prometheus/prometheus.pid")" 2>/dev/null || true
+        wait "$(cat "$SERVICES_DIR/prometheus/prometheus.pid")" 2>/dev/null || true
+    fi
     if [ -f "$SERVICES_DIR/redis/redis.pid" ]; then
         kill "$(cat "$SERVICES_DIR/redis/redis.pid")" 2>/dev/null || true
     fi

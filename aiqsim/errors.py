@@ -28,6 +28,8 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── ServerStartError (RuntimeError)   a local provider server that cannot listen
     │   ├── KitOptionError                 a bad --aiqsim-* pytest option (aiqsim.testing)
     │   ├── CallLogError (OSError)         a call log that cannot be written where asked
+    │   ├── MetricsRegistryError           a Prometheus registry that cannot take aiqsim's metrics
+    │   ├── TracingError                   OpenTelemetry missing, or not a TracerProvider
     │   ├── CalibrationError               a call log that cannot be calibrated from
     │   ├── TuneError (RuntimeError)       a tuning run in which no trial could run
     │   └── UsageError                     a command-line mistake (exit status 2; in aiqsim.cli)
@@ -122,6 +124,8 @@ from aiqsim.http.status import HttpStatusError
 from aiqsim.http.stream_events import MalformedStreamEventError
 from aiqsim.lab.lab_errors import CalibrationError, TuneError
 from aiqsim.lab.output_files import OutputPathError, TableFormatUnavailableError
+from aiqsim.observability.prometheus import MetricsRegistryError
+from aiqsim.observability.tracing import TracingError
 from aiqsim.runtime.protocol import DeadlineExceeded
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError, UnknownNameError
 from aiqsim.scheduler.call_log import CallLogError
@@ -220,6 +224,7 @@ __all__ = [
     "KitOptionError",
     "LeaseLostError",
     "MalformedStreamEventError",
+    "MetricsRegistryError",
     "NoSettingMeetsError",
     "OutcomeAlreadySetError",
     "OutputPathError",
@@ -267,6 +272,7 @@ __all__ = [
     "TaskFailedError",
     "TaskInterruptedError",
     "TraceError",
+    "TracingError",
     "TuneError",
     "UnknownNameError",
     "UnstorableValueError",

@@ -298,6 +298,7 @@ ROOMS = (
     "aiqsim.stores",
     "aiqsim.fleet",
     "aiqsim.overload",
+    "aiqsim.observability",
     "aiqsim.http",
     "aiqsim.sim",
     "aiqsim.testing",

@@ -354,3 +354,81 @@ def test_jobs_use_the_scheduler_only_through_its_public_api_and_the_job_host() -
         if named == "scheduler":
             found.append(f"{path}:{node.lineno}: scheduler.{node.attr}")
     assert found == []
+
+
+# ---------------------------------------------------------------------------- the observability room
+OBSERVABILITY_MAY_IMPORT = {"aiqsim.core", "aiqsim.scheduler", "aiqsim.observability"}
+"""aiqsim.observability sits beside fleet/ and overload/: it reads the scheduler's public records and
+nothing above it (the lab feeds it through simulate(sinks=...), never the other way round)."""
+OBSERVABILITY_THIRD_PARTY = {"prometheus_client", "opentelemetry"}
+BELOW_OBSERVABILITY = ["core", "runtime", "stores", "scheduler", "fleet", "overload"]
+HEAVY = {"simpy", "numpy", "pandas", "matplotlib", "ipywidgets"}
+
+
+def _imports(path: pathlib.Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, names imported from it) for every absolute import in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module, [alias.name for alias in node.names]))
+    return found
+
+
+def _observability_problems(path: pathlib.Path) -> list[str]:
+    problems = []
+    for line, module, names in _imports(path):
+        top = module.split(".")[0]
+        where = f"{path.name}:{line}"
+        if top == "aiqsim":
+            room = ".".join(module.split(".")[:2])
+            if room not in OBSERVABILITY_MAY_IMPORT:
+                problems.append(f"{where}: imports {module} (above the observability room)")
+            private = [part for part in [*module.split("."), *names] if part.startswith("_")]
+            if private:
+                problems.append(f"{where}: imports a private name from {module}")
+        elif top in HEAVY:
+            problems.append(f"{where}: imports {top} (a production worker must not need it)")
+    return problems
+
+
+def test_observability_reads_only_public_scheduler_records() -> None:
+    files = _python_files("observability")
+    assert any(p.name == "prometheus.py" for p in files)
+    assert [problem for path in files for problem in _observability_problems(path)] == []
+
+
+def test_the_observability_checker_catches_what_it_claims(tmp_path: pathlib.Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import numpy\nfrom aiqsim.sim.metrics import summarize\n"
+        "from aiqsim.scheduler.scheduler import _private\nfrom aiqsim.scheduler._lanes import x\n"
+        "from aiqsim.scheduler.events import QuotaSample\n",
+        encoding="utf-8",
+    )
+    assert len(_observability_problems(bad)) == 4, _observability_problems(bad)
+
+
+@pytest.mark.parametrize("subpackage", BELOW_OBSERVABILITY)
+def test_nothing_below_the_observability_room_imports_it(subpackage: str) -> None:
+    found = [
+        f"{path}:{line}"
+        for path in _python_files(subpackage)
+        for line, module, _ in _imports(path)
+        if module.split(".")[:2] == ["aiqsim", "observability"]
+    ]
+    assert found == []
+
+
+def test_the_optional_libraries_load_only_with_a_sink_that_needs_them() -> None:
+    """``import aiqsim.observability`` (and the lab, which imports it) needs neither extra."""
+    for path in _python_files("observability"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top_level = {
+            (node.module if isinstance(node, ast.ImportFrom) else node.names[0].name).split(".")[0]
+            for node in tree.body
+            if isinstance(node, ast.Import | ast.ImportFrom) and getattr(node, "level", 0) == 0
+        }
+        assert not top_level & OBSERVABILITY_THIRD_PARTY, path

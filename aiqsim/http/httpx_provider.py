@@ -231,6 +231,9 @@ class HttpProvider:
             (:class:`~aiqsim.http.sse_stream.StreamLimits`; defaults: 60 s idle, 600 s, 64 MiB).
         honours_idempotency_keys: the server bills a re-sent ``Idempotency-Key`` once (off by default:
             a stream cut after its first chunk is then looked up or failed, never re-sent).
+        request_headers: headers computed per request (``request_headers(request)``), added to the
+            others on every call, e.g. a trace's ``traceparent``
+            (:meth:`aiqsim.observability.OpenTelemetryTracing.headers_for`).
     """
 
     def __init__(
@@ -258,6 +261,7 @@ class HttpProvider:
         stream_format: StreamFormat = "auto",
         stream_limits: StreamLimits | None = None,
         honours_idempotency_keys: bool = False,
+        request_headers: Callable[[ProviderRequest], Mapping[str, str]] | None = None,
     ) -> None:
         self.profile = get_profile(profile)
         self._httpx = require_httpx()
@@ -275,6 +279,9 @@ class HttpProvider:
         self.honours_idempotency_keys = honours_idempotency_keys
         """Whether the server bills a re-sent ``Idempotency-Key`` once (the scheduler then re-sends
         a stream cut after its first chunk; otherwise it looks it up or fails the task)."""
+        if request_headers is not None and not callable(request_headers):
+            raise ConfigurationError(f"request_headers must be callable, got {request_headers!r}")
+        self._request_headers = request_headers
         if (
             isinstance(max_response_bytes, bool)
             or not isinstance(max_response_bytes, int)
@@ -397,6 +404,8 @@ class HttpProvider:
         if self.send_task_headers:
             headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
             headers["x-aiqsim-attempt"] = str(request.attempt)
+        if self._request_headers is not None:
+            headers.update(self._request_headers(request))
         response = await self._send(
             "POST", self.url, headers=headers, json=self.body_for(request), sent_key=sent_key
         )
@@ -425,6 +434,8 @@ class HttpProvider:
         if self.send_task_headers:
             headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
             headers["x-aiqsim-attempt"] = str(request.attempt)
+        if self._request_headers is not None:
+            headers.update(self._request_headers(request))
         body = stream_body(self.body_for(request), self.stream_format, self.url)
         client = await self._http()
         try:

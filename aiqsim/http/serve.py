@@ -191,6 +191,7 @@ def banner(server: LocalProviderServer, scenario: Scenario, settings: ServeSetti
         f"  POST {base}/v1/chat/completions  OpenAI chat completions (stream=true: server-sent events)",
         f"  GET  {base}/v1/models  the model it answers as",
         f"  GET  {base}/ledger  every request, execution and bill so far (JSON)",
+        f"  GET  {base}/metrics  requests, 429s and bills for Prometheus (text format)",
         f"  {lookup}",
         *(f"  {line}" for line in describe_provider(config, settings.time_scale)),
         "Ctrl-C (SIGINT) or SIGTERM stops it.",

@@ -30,6 +30,9 @@ Routes:
 - ``GET /ledger``: every answered HTTP request, every execution and every bill, as JSON (also
   :meth:`LocalProviderServer.ledger`), and ``in_flight``: chat requests received and not
   answered yet (a client that watches for a call to be under way, e.g. to kill itself mid-call).
+- ``GET /metrics``: Prometheus text exposition of what the server did (requests by outcome, 429s,
+  bills, duplicate bills and their cost), under the names a worker's
+  :class:`~aiqsim.observability.PrometheusMetrics` uses for bills (:func:`ledger_metrics`).
 - ``GET /lookup/{key}`` (also ``/v1/lookup/{key}``): the stored result for an idempotency key
   (404 if none, or when ``supports_lookup`` is off), for crash recovery.
 
@@ -97,6 +100,7 @@ from aiqsim.http.server_stream import (
     stream_options_problem,
     usage_event,
 )
+from aiqsim.observability.exposition import CONTENT_TYPE, MetricFamily, render
 from aiqsim.runtime.asyncio_runtime import AsyncioRuntime
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, StreamChunk
 from aiqsim.sim.config import ProviderConfig
@@ -192,6 +196,37 @@ class Ledger:
             requests=tuple(RequestEntry(**entry) for entry in data["requests"]),
             executions=tuple(Execution(**execution) for execution in data["executions"]),
         )
+
+
+def ledger_metrics(ledger: Ledger, provider: str, *, in_flight: int = 0) -> list[MetricFamily]:
+    """The server's side of the dashboard, from its ledger: requests by outcome, 429s, bills. A bill
+    is a duplicate when its key was billed before (in the order the server finished the calls, as
+    :func:`aiqsim.sim.simulate` feeds its sinks)."""
+    requests: dict[tuple[str, ...], float] = {}
+    for entry in ledger.requests:
+        requests[(provider, entry.outcome)] = requests.get((provider, entry.outcome), 0) + 1
+    billed_keys: set[str] = set()
+    calls = cost = duplicates = duplicate_cost = 0.0
+    for execution in ledger.executions:
+        if not execution.billed:
+            continue
+        calls += 1
+        cost += execution.cost
+        if execution.key in billed_keys:
+            duplicates += 1
+            duplicate_cost += execution.cost
+        billed_keys.add(execution.key)
+    one = (provider,)
+    limited = requests.get((provider, "rate_limited"), 0)
+    return [
+        MetricFamily("aiqsim_provider_requests_total", "counter", ("provider", "outcome"), requests),
+        MetricFamily("aiqsim_provider_rate_limited_total", "counter", ("provider",), {one: limited}),
+        MetricFamily("aiqsim_provider_in_flight", "gauge", ("provider",), {one: in_flight}),
+        MetricFamily("aiqsim_billed_calls_total", "counter", ("provider",), {one: calls}),
+        MetricFamily("aiqsim_billed_cost_total", "counter", ("provider",), {one: cost}),
+        MetricFamily("aiqsim_duplicate_billed_calls_total", "counter", ("provider",), {one: duplicates}),
+        MetricFamily("aiqsim_duplicate_cost_total", "counter", ("provider",), {one: duplicate_cost}),
+    ]
 
 
 def iter_retry_violations(ledger: Ledger, client: str, slack_wall: float = 1e-3) -> Iterator[RequestEntry]:
@@ -392,6 +427,9 @@ class LocalProviderServer:
                     self._in_flight -= 1
         if request.method == "GET" and request.path in MODELS_PATHS:
             return HttpReply.json(200, models_json(self.model))
+        if request.method == "GET" and request.path == "/metrics":
+            body = render(ledger_metrics(self.ledger(), self.config.name, in_flight=self._in_flight))
+            return HttpReply(200, body.encode("utf-8"), {"content-type": CONTENT_TYPE})
         if request.method == "GET" and request.path == "/ledger":
             return HttpReply.json(200, {**self.ledger().to_dict(), "in_flight": self._in_flight})
         for prefix in LOOKUP_PREFIXES:

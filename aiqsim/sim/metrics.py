@@ -22,8 +22,11 @@ from aiqsim.core.task import (
     SUCCEEDED,
     Priority,
     TaskRecord,
-    TaskStatus,
 )
+
+# SUCCESS_STATUSES: the terminal states in which the user got a result, what success latency and
+# goodput count; one definition with the production metrics (aiqsim_task_latency_seconds).
+from aiqsim.observability.definitions import SUCCESS_STATUSES
 from aiqsim.scheduler.events import AttemptRecord, QuotaSample, SchedulerEvent
 
 if TYPE_CHECKING:
@@ -85,9 +88,6 @@ SUMMARY_KEYS: dict[str, str] = {
     "max_executions_per_key": "most provider executions for one idempotency key",
 }
 """Every summary key with its definition (also the order of the summary table)."""
-
-SUCCESS_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.DEDUPED})
-"""Terminal states in which the user got a result: what success latency and goodput count."""
 
 
 def _percentile(values: Sequence[float], q: float) -> float:

@@ -23,6 +23,8 @@ from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import describe_error
 from aiqsim.core.task import Priority, TaskRecord
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
+from aiqsim.observability.fanout import EventFanout
+from aiqsim.observability.records import CallBilled
 from aiqsim.runtime.gc_tuning import relaxed_gc
 from aiqsim.runtime.protocol import Cancelled, TaskHandle
 from aiqsim.runtime.simpy_runtime import SimPyRuntime
@@ -34,6 +36,7 @@ from aiqsim.scheduler.scheduler import QueueFullError, RecoveryReport, Scheduler
 from aiqsim.sim import metrics
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.crash import CrashingStore, SimulatedCrash
+from aiqsim.sim.recent_keys import RecentKeys
 from aiqsim.sim.streaming import DEFAULT_KEY_WINDOW_S, RecordsNotKeptError, check_records_mode, check_window
 from aiqsim.sim.streaming_run import StreamingRun, check_streamable
 from aiqsim.stores.base import StoreOpenError, TaskStore
@@ -329,6 +332,7 @@ def simulate(
     records: str = "full",
     key_window_s: float = DEFAULT_KEY_WINDOW_S,
     progress: Callable[[float, float], None] | None = None,
+    sinks: Sequence[Callable[[Any], None]] = (),
 ) -> SimulationResult:
     """Run ``scenario`` (a :class:`Scenario` or a path to a TOML file) and return its result.
 
@@ -346,6 +350,11 @@ def simulate(
     activity: a duplicate within the window is deduplicated exactly as in the default ``"full"``
     mode, one after it runs again. ``progress(now, horizon)`` is called every 1/200 of the arrival
     horizon on the virtual clock (e.g. to drive a progress bar).
+
+    ``sinks`` are event sinks fed as the run goes, on the virtual clock, exactly as a production
+    scheduler feeds its ``events=`` sink (e.g. :class:`aiqsim.observability.PrometheusMetrics`, so
+    the lab exports the series production does); they also get an
+    :class:`aiqsim.observability.CallBilled` for every call the simulated providers bill.
     """
     scenario = resolve_scenario(scenario, overrides)
     return run_scenario(
@@ -355,7 +364,19 @@ def simulate(
         records=records,
         key_window_s=key_window_s,
         progress=progress,
+        **({"sinks": _checked_sinks(sinks)} if sinks else {}),
     )
+
+
+def _checked_sinks(sinks: Any) -> tuple[Callable[[Any], None], ...]:
+    """``sinks`` as a tuple of callables, or a :class:`ConfigurationError` naming the bad one."""
+    if callable(sinks) or isinstance(sinks, (str, bytes)):
+        raise ConfigurationError(f"sinks: expected a sequence of event sinks (e.g. [metrics]), got {sinks!r}")
+    checked = tuple(sinks)
+    for index, sink in enumerate(checked):
+        if not callable(sink):
+            raise ConfigurationError(f"sinks[{index}]: expected a callable event sink, got {sink!r}")
+    return checked
 
 
 def check_seed(scenario: Scenario, seed: Any) -> int:
@@ -530,9 +551,12 @@ class _Run:
         store_factory: Callable[[], TaskStore] | None = None,
         streaming: StreamingRun | None = None,
         progress: Callable[[float, float], None] | None = None,
+        sinks: tuple[Callable[[Any], None], ...] = (),
     ) -> None:
         from aiqsim.sim.providers import ProviderLedger, SimulatedProvider
 
+        self.sinks = sinks
+        """Outside event sinks fed as the run goes (``simulate(sinks=...)``)."""
         self.streaming = streaming
         """Streaming mode (``records="summary"``): the accumulators that replace the kept records."""
         self.progress = progress
@@ -550,12 +574,15 @@ class _Run:
         if providers is None:
             forget = streaming.window_s if streaming is not None else None
             in_use = streaming.summary.key_in_use if streaming is not None else None
+            on_record = streaming.execution if streaming is not None else None
+            if sinks:
+                on_record = _BillFeed(sinks, on_record, forget if streaming is not None else None)
             ledger = (
-                ProviderLedger()
+                ProviderLedger(on_record=on_record)
                 if streaming is None
                 else ProviderLedger(
                     keep_executions=False,
-                    on_record=streaming.execution,
+                    on_record=on_record,
                     forget_keys_after_s=forget,
                     key_in_use=in_use,
                 )
@@ -692,7 +719,7 @@ class _Run:
                 f"{self.seed}:scheduler:{self.incarnation}"
                 + (f":{fleet_worker_id(worker)}" if worker else "")
             ),
-            events=self.events.append if self.streaming is None else self.streaming.sink(worker),
+            events=self._event_sink(worker),
             gates=gates,
             commit_window_s=scenario.store.commit_window_s,
             worker_id=fleet_worker_id(worker) if fleet else None,
@@ -704,6 +731,11 @@ class _Run:
         if self.on_new_scheduler is not None:
             self.on_new_scheduler(scheduler)
         return scheduler
+
+    def _event_sink(self, worker: int) -> Callable[[Any], None]:
+        """Where a scheduler incarnation's events go: the run's records, then the outside sinks."""
+        own = self.events.append if self.streaming is None else self.streaming.sink(worker)
+        return EventFanout(own, *self.sinks) if self.sinks else own
 
     def _on_write_crash(self) -> None:
         config = self.crash_configs[self.write_counter[0]]
@@ -1002,3 +1034,48 @@ class _Run:
             store_writes=self.write_counter[0],
             torn_writes_recovered=self.torn_writes_recovered,
         )
+
+
+class _BillFeed:
+    """The ledger's ``on_record``: every billed execution becomes a :class:`CallBilled` for the
+    outside sinks, a duplicate when its key was billed before (in the order the provider finished
+    the calls, as a live provider's own bill would say), after ``then`` (the streaming summary) has it.
+
+    With ``window_s`` (``records="summary"``) a key is forgotten once silent that long, as the
+    streaming summary forgets it, so memory stays flat; otherwise every billed key is kept."""
+
+    def __init__(
+        self,
+        sinks: tuple[Callable[[Any], None], ...],
+        then: Callable[[Any], None] | None,
+        window_s: float | None = None,
+    ) -> None:
+        self.sinks = sinks
+        self.then = then
+        self.billed_keys: set[str] | RecentKeys[str] = set() if window_s is None else RecentKeys(window_s)
+
+    def __call__(self, execution: Any) -> None:
+        if self.then is not None:
+            self.then(execution)
+        if not execution.billed:
+            return
+        key = execution.key
+        keys = self.billed_keys
+        if isinstance(keys, RecentKeys):
+            keys.expired(execution.end)
+            duplicate = key in keys
+            keys.touch(key, execution.end)
+        else:
+            duplicate = key in keys
+            keys.add(key)
+        bill = CallBilled(
+            execution.end,
+            execution.provider,
+            execution.task_id,
+            key,
+            execution.attempt,
+            execution.cost,
+            duplicate,
+        )
+        for sink in self.sinks:
+            sink(bill)

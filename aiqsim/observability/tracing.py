@@ -1,0 +1,270 @@
+"""OpenTelemetry traces from the scheduler's events: one span per task, a child per attempt.
+
+``Scheduler(events=OpenTelemetryTracing())`` opens a ``aiqsim.task`` span when a task is
+submitted and ends it when the task ends; every provider attempt becomes an ``aiqsim.attempt``
+child (provider, outcome, Retry-After, tokens and cost as attributes). A job is an ``aiqsim.job``
+span with an ``aiqsim.stage`` child per stage. Give :meth:`OpenTelemetryTracing.headers_for` to
+``HttpProvider(request_headers=...)`` and each HTTP request carries the W3C ``traceparent`` of its
+attempt's span, so the provider's side of the call joins the same trace.
+
+Times: the events carry the scheduler's clock (seconds since its runtime started; virtual under
+SimPy). Span times are Unix nanoseconds: ``time_origin_ns`` maps scheduler time 0 to a Unix time;
+by default the first event anchors it to the wall clock (exact for the asyncio runtime at
+``time_scale=1``; a simulation's spans then start at the moment it ran).
+"""
+
+from __future__ import annotations
+
+import time as _wall
+from typing import Any
+
+from aiqsim.core.errors import ConfigurationError
+from aiqsim.observability.definitions import TERMINAL_STATUSES, priority_label
+from aiqsim.observability.records import CallBilled
+from aiqsim.scheduler.call_log import OUTCOME_CLASSES
+from aiqsim.scheduler.events import AttemptRecord, LanePaused, QuotaUnavailable, TaskTransition
+from aiqsim.scheduler.job_events import JobTransition, StageEvent
+from aiqsim.scheduler.provider import ProviderRequest
+
+__all__ = ["OpenTelemetryTracing", "TracingError"]
+
+
+class TracingError(ConfigurationError):
+    """OpenTelemetry is not installed, or the tracer provider given is not one."""
+
+
+def _otel() -> tuple[Any, Any, Any]:
+    try:
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        from opentelemetry.trace.status import Status, StatusCode
+    except ImportError as error:
+        raise TracingError(
+            "aiqsim's OpenTelemetry tracing needs opentelemetry-api (and an SDK to export): "
+            "pip install 'aiqsim[otel]'"
+        ) from error
+    return trace, TraceContextTextMapPropagator(), (Status, StatusCode)
+
+
+class OpenTelemetryTracing:
+    """A scheduler event sink that records OpenTelemetry spans (see the module docstring).
+
+    ``tracer_provider`` defaults to the global one (``opentelemetry.trace.get_tracer_provider()``);
+    without an SDK configured there, spans are no-ops. Spans of tasks still running are held until
+    their task ends (one entry per live task, none per finished one).
+    """
+
+    wants_quota_samples = False
+    """Quota samples make no spans."""
+
+    def __init__(self, tracer_provider: Any = None, *, time_origin_ns: int | None = None) -> None:
+        trace, self._propagator, (self._status, self._code) = _otel()
+        self._trace = trace
+        provider = trace.get_tracer_provider() if tracer_provider is None else tracer_provider
+        if not callable(getattr(provider, "get_tracer", None)):
+            raise TracingError(
+                f"tracer_provider: expected an opentelemetry TracerProvider, got {tracer_provider!r}"
+            )
+        if time_origin_ns is not None and (
+            isinstance(time_origin_ns, bool) or not isinstance(time_origin_ns, int)
+        ):
+            raise ConfigurationError(
+                f"time_origin_ns: expected an int (Unix ns) or None, got {time_origin_ns!r}"
+            )
+        self.tracer = provider.get_tracer("aiqsim.observability")
+        self._origin = time_origin_ns
+        self._tasks: dict[str, Any] = {}
+        self._attempts: dict[tuple[str, int], Any] = {}
+        """Attempt spans opened by :meth:`headers_for`, ended by their :class:`AttemptRecord`."""
+        self._jobs: dict[str, Any] = {}
+        self._stages: dict[tuple[str, str], Any] = {}
+        self._handlers = {
+            TaskTransition: self._task,
+            AttemptRecord: self._attempt,
+            JobTransition: self._job,
+            StageEvent: self._stage,
+            CallBilled: self._bill,
+            QuotaUnavailable: self._unavailable,
+            LanePaused: self._paused,
+        }
+
+    # ------------------------------------------------------------------ time
+    def _ns(self, t: float) -> int:
+        origin = self._origin
+        if origin is None:
+            origin = self._origin = _wall.time_ns() - int(t * 1e9)
+        return origin + int(t * 1e9)
+
+    # ------------------------------------------------------------------ the sink
+    def __call__(self, event: Any) -> None:
+        """Turn ``event`` into span starts, ends and attributes (other record types are ignored)."""
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def _task(self, event: TaskTransition) -> None:
+        span = self._tasks.get(event.task_id)
+        if span is None:  # submitted here, or first seen after a restart
+            span = self.tracer.start_span(
+                "aiqsim.task",
+                start_time=self._ns(event.time),
+                attributes={
+                    "aiqsim.task_id": event.task_id,
+                    "aiqsim.key": event.key,
+                    "aiqsim.provider": event.provider,
+                    "aiqsim.priority": priority_label(event.priority),
+                    **({} if event.cost_estimate is None else {"aiqsim.cost_estimate": event.cost_estimate}),
+                },
+            )
+            self._tasks[event.task_id] = span
+        if event.new in TERMINAL_STATUSES:
+            del self._tasks[event.task_id]
+            span.set_attributes({"aiqsim.status": event.new, "aiqsim.attempts": event.attempts})
+            if event.new == "failed":
+                span.set_status(self._status(self._code.ERROR, "task failed"))
+            span.end(end_time=self._ns(event.time))
+
+    def _attempt(self, event: AttemptRecord) -> None:
+        span = self._attempts.pop((event.task_id, event.attempt), None)
+        parent = None
+        if span is None:
+            parent = self._tasks.get(event.task_id)
+            if parent is not None and not parent.is_recording():
+                return  # its task was sampled out (a ratio sampler): so is the attempt, at no cost
+        attributes: dict[str, Any] = {
+            "aiqsim.task_id": event.task_id,
+            "aiqsim.provider": event.provider,
+            "aiqsim.attempt": event.attempt,
+            "aiqsim.outcome": event.outcome,
+            "aiqsim.outcome_class": OUTCOME_CLASSES.get(event.outcome, "other"),
+            "aiqsim.decision": event.decision,
+            "aiqsim.cost_estimate": event.cost_estimate,
+        }
+        for name, value in (
+            ("aiqsim.usage", event.usage),
+            ("aiqsim.output_units", event.output_units),
+            ("aiqsim.retry_after_s", event.retry_after_s),
+            ("aiqsim.delay_s", event.delay_s),
+            ("aiqsim.first_token_s", event.first_token_s),
+        ):
+            if value is not None:
+                attributes[name] = value
+        if span is None:  # one call: the attributes go in with the span
+            span = self.tracer.start_span(
+                "aiqsim.attempt",
+                context=None if parent is None else self._trace.set_span_in_context(parent),
+                start_time=self._ns(event.start),
+                attributes=attributes,
+            )
+        else:
+            span.set_attributes(attributes)
+        if event.outcome != "ok":
+            span.set_status(self._status(self._code.ERROR, event.outcome))
+        span.end(end_time=max(self._ns(event.end), getattr(span, "start_time", None) or 0))
+
+    def _job(self, event: JobTransition) -> None:
+        span = self._jobs.get(event.job_id)
+        if span is None:
+            span = self.tracer.start_span(
+                "aiqsim.job",
+                start_time=self._ns(event.time),
+                attributes={
+                    "aiqsim.job_id": event.job_id,
+                    "aiqsim.key": event.key,
+                    "aiqsim.spec": event.name,
+                    "aiqsim.priority": priority_label(event.priority),
+                },
+            )
+            self._jobs[event.job_id] = span
+        if event.new in TERMINAL_STATUSES:
+            del self._jobs[event.job_id]
+            for key in [key for key in self._stages if key[0] == event.job_id]:
+                self._stages.pop(key).end(end_time=self._ns(event.time))
+            span.set_attribute("aiqsim.status", event.new)
+            if event.stage is not None:
+                span.set_attribute("aiqsim.failed_stage", event.stage)
+            if event.new == "failed":
+                span.set_status(self._status(self._code.ERROR, event.error or "job failed"))
+            span.end(end_time=self._ns(event.time))
+
+    def _stage(self, event: StageEvent) -> None:
+        key = (event.job_id, event.stage)
+        if event.event in ("submitted", "fallback"):
+            previous = self._stages.pop(key, None)
+            if previous is not None:  # a fallback replaces the stage's first tasks
+                previous.end(end_time=self._ns(event.time))
+            job = self._jobs.get(event.job_id)
+            self._stages[key] = self.tracer.start_span(
+                "aiqsim.stage",
+                context=None if job is None else self._trace.set_span_in_context(job),
+                start_time=self._ns(event.time),
+                attributes={
+                    "aiqsim.stage": event.stage,
+                    "aiqsim.stage_event": event.event,
+                    "aiqsim.task_ids": list(event.task_ids),
+                },
+            )
+        elif event.event in ("succeeded", "failed", "cancelled"):
+            span = self._stages.pop(key, None)
+            if span is not None:
+                span.set_attribute("aiqsim.stage_outcome", event.event)
+                if event.event == "failed":
+                    span.set_status(self._status(self._code.ERROR, event.error or "stage failed"))
+                span.end(end_time=self._ns(event.time))
+
+    def _bill(self, event: CallBilled) -> None:
+        span = self._tasks.get(event.task_id)
+        if span is not None:
+            span.add_event(
+                "aiqsim.billed",
+                {
+                    "aiqsim.attempt": event.attempt,
+                    "aiqsim.cost": event.cost,
+                    "aiqsim.duplicate": event.duplicate,
+                },
+                timestamp=self._ns(event.time),
+            )
+
+    def _unavailable(self, event: QuotaUnavailable) -> None:
+        at = self._ns(event.time)
+        span = self.tracer.start_span(
+            "aiqsim.quota_unavailable",
+            start_time=at,
+            attributes={"aiqsim.provider": event.provider, "aiqsim.error": event.error},
+        )
+        span.set_status(self._status(self._code.ERROR, event.error))
+        span.end(end_time=at)
+
+    def _paused(self, event: LanePaused) -> None:
+        span = self._tasks.get(event.task_id)
+        if span is not None:
+            span.add_event(
+                "aiqsim.lane_paused",
+                {
+                    "aiqsim.provider": event.provider,
+                    "aiqsim.until_s": event.until,
+                    "aiqsim.reason": event.reason,
+                },
+                timestamp=self._ns(event.time),
+            )
+
+    # ------------------------------------------------------------------ propagation
+    def headers_for(self, request: ProviderRequest) -> dict[str, str]:
+        """The W3C trace headers (``traceparent``) for one provider request: opens the attempt's span
+        now, as a child of its task's, and the attempt's event ends it. Pass this method as
+        ``HttpProvider(request_headers=...)``. A task this sink never saw gets no header."""
+        parent = self._tasks.get(request.task_id)
+        if parent is None:
+            return {}
+        key = (request.task_id, request.attempt)
+        span = self._attempts.get(key)
+        if span is None:
+            span = self._attempts[key] = self.tracer.start_span(
+                "aiqsim.attempt", context=self._trace.set_span_in_context(parent), start_time=_wall.time_ns()
+            )
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier, context=self._trace.set_span_in_context(span))
+        return carrier
+
+    def __repr__(self) -> str:
+        return f"OpenTelemetryTracing(tracer={self.tracer!r})"

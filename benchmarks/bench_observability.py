@@ -1,0 +1,252 @@
+"""What the observability sinks cost the production scheduler on asyncio.
+
+The scheduler on :class:`aiqsim.AsyncioRuntime` with a memory store sends ``CALLS`` calls to a no-op
+provider (one trip through the event loop per call), six ways, interleaved round by round so
+machine load hits them alike:
+
+- ``off``: ``Scheduler(events=None)``, the baseline;
+- ``nop``: a sink that drops every event: what building the events costs the scheduler, for any sink;
+- ``prometheus``: ``events=PrometheusMetrics(registry)`` (a fresh ``CollectorRegistry`` per run;
+  the registry is scraped once at the end, as Prometheus would, and that time is shown apart);
+- ``otel``: ``events=OpenTelemetryTracing(provider)`` with the SDK's ``TracerProvider`` and a
+  ``BatchSpanProcessor`` in front of an exporter that drops the spans (the production set-up with
+  the network taken out);
+- ``both``: ``fan_out(PrometheusMetrics(...), OpenTelemetryTracing(...))``;
+- ``sampled``: ``both`` with the tracer provider keeping one trace in ten (a ratio sampler, the usual
+  production setting for a busy service: a task sampled out costs its attempts nothing).
+
+A no-op provider is the worst case: a real call takes milliseconds to seconds, so the sinks'
+microseconds per call vanish against it. Goal: ``both`` >= 0.9x the calls/s of ``off``.
+
+Run: ``python benchmarks/bench_observability.py [ROUNDS]`` (5 rounds by default). Prints a markdown
+table with min and median calls/s (wall clock and per CPU second of this process), the median of
+each sink's paired ratio to the ``off`` run of the same round, and the load average before and after.
+
+``python benchmarks/bench_observability.py ROUNDS --http [LATENCY_MS]``: the realistic case: the
+same scheduler drives :class:`aiqsim.http.HttpProvider` against the local provider server (in a child
+process) over HTTP on 127.0.0.1, ``HTTP_CALLS`` calls at concurrency ``HTTP_CONCURRENCY``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import prometheus_client
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+from aiqsim import AsyncioRuntime, ProviderRequest, ProviderResponse, QuotaLimits, Scheduler
+from aiqsim.observability import OpenTelemetryTracing, PrometheusMetrics, fan_out
+from aiqsim.stores.memory import MemoryStore
+
+CALLS = 10_000
+HTTP_CALLS = 300
+HTTP_CONCURRENCY = 32
+
+SERVER = """
+import sys
+from aiqsim.http import start_local_server
+from aiqsim.sim.config import ProviderConfig
+
+latency = float(sys.argv[1])
+config = ProviderConfig(name="llm", latency_base_s=latency, latency_per_unit_s=0.0)
+with start_local_server(config) as server:
+    print(server.url, flush=True)
+    sys.stdin.read()  # EOF (the benchmark ends) stops the server
+"""
+
+MODES = {
+    "off": "no sink (baseline)",
+    "nop": "a sink that drops every event (what building the events costs)",
+    "prometheus": "PrometheusMetrics",
+    "otel": "OpenTelemetryTracing (SDK, batch processor, spans dropped)",
+    "both": "fan_out(PrometheusMetrics, OpenTelemetryTracing)",
+    "sampled": "both, traces sampled at 10% (ParentBased(TraceIdRatioBased(0.1)))",
+}
+
+
+class NoopProvider:
+    """Answers every call after one trip through the event loop."""
+
+    name = "noop"
+
+    async def call(self, request: ProviderRequest) -> ProviderResponse:
+        await asyncio.sleep(0)
+        return ProviderResponse(result=request.payload, usage=1.0, output_units=1.0)
+
+
+class DroppingExporter(SpanExporter):
+    """Accepts every batch and sends it nowhere: the exporter's network cost taken out."""
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def _drop(event: object) -> None:
+    """A sink that drops everything: what building the events costs the scheduler."""
+
+
+def sinks(mode: str) -> tuple[Any, Any]:
+    """(the scheduler's sink, the tracer provider to shut down afterwards) for ``mode``."""
+    if mode == "nop":
+        return _drop, None
+    with_metrics = mode in ("prometheus", "both", "sampled")
+    metrics = PrometheusMetrics(prometheus_client.CollectorRegistry()) if with_metrics else None
+    traces = None
+    tracing = None
+    if mode in ("otel", "both", "sampled"):
+        sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
+        traces = TracerProvider(sampler=sampler)
+        traces.add_span_processor(BatchSpanProcessor(DroppingExporter(), max_queue_size=65536))
+        tracing = OpenTelemetryTracing(traces)
+    chosen = [sink for sink in (metrics, tracing) if sink is not None]
+    if not chosen:
+        return None, None
+    return (chosen[0] if len(chosen) == 1 else fan_out(*chosen)), traces
+
+
+CPU_RATES: dict[str, list[float]] = {}
+SCRAPE_SECONDS: list[float] = []
+
+
+def run(mode: str, url: str | None = None) -> float:
+    """Calls per wall-clock second with ``mode``'s sinks (calls per CPU second go to CPU_RATES)."""
+    runtime = AsyncioRuntime()
+    events, traces = sinks(mode)
+    calls = CALLS if url is None else HTTP_CALLS
+
+    async def submit_all_and_join() -> None:
+        if url is not None:
+            await over_http(url, runtime, events)
+            return
+        scheduler = Scheduler(
+            runtime,
+            [NoopProvider()],
+            quotas={"noop": QuotaLimits(requests_per_min=1e9, concurrency=64)},
+            store=MemoryStore(),
+            rng=random.Random(0),
+            events=events,
+            background_limit=CALLS,
+        )
+        for index in range(CALLS):
+            scheduler.submit("noop", {"n": index}, key=f"call-{index}", cost_estimate=1.0)
+        await scheduler.join()
+        await scheduler.close()
+
+    gc.collect()
+    cpu_start = time.process_time()
+    start = time.perf_counter()
+    runtime.run(submit_all_and_join())
+    served = time.perf_counter() - start
+    CPU_RATES.setdefault(mode, []).append(calls / (time.process_time() - cpu_start))
+    if mode in ("prometheus", "both", "sampled"):
+        metrics = events if isinstance(events, PrometheusMetrics) else events.sinks[0]
+        scraped = time.perf_counter()
+        prometheus_client.generate_latest(metrics.registry)
+        SCRAPE_SECONDS.append(time.perf_counter() - scraped)
+    if traces is not None:
+        traces.shutdown()  # flushes the batch processor's queue: outside the timed part
+    return calls / served
+
+
+async def over_http(url: str, runtime: AsyncioRuntime, events: Any) -> None:
+    from aiqsim.http import HttpProvider
+
+    tracing = None
+    if events is not None:
+        parts = events.sinks if hasattr(events, "sinks") else (events,)
+        tracing = next((s for s in parts if isinstance(s, OpenTelemetryTracing)), None)
+    provider = HttpProvider(
+        "llm", url, timeout=60.0, request_headers=None if tracing is None else tracing.headers_for
+    )
+    scheduler = Scheduler(
+        runtime,
+        [provider],
+        quotas={"llm": QuotaLimits(requests_per_min=1e9, concurrency=HTTP_CONCURRENCY)},
+        store=MemoryStore(),
+        rng=random.Random(0),
+        events=events,
+        background_limit=HTTP_CALLS,
+    )
+    provider.attach_to(scheduler)
+    for index in range(HTTP_CALLS):
+        body = {"messages": [{"role": "user", "content": f"prompt {index}"}], "max_tokens": 4}
+        scheduler.submit("llm", body, key=f"call-{index}", cost_estimate=1.0)
+    await scheduler.join()
+    await scheduler.close()
+    await provider.aclose()
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    http = "--http" in args
+    latency_ms = 0.0
+    if http:
+        at = args.index("--http")
+        latency_ms = float(args[at + 1]) if len(args) > at + 1 else 0.0
+        args = args[:at]
+    rounds = int(args[0]) if args else 5
+    server = None
+    url = None
+    if http:
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(latency_ms / 1000)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"the local provider server did not start: {url!r}")
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    before = os.getloadavg()
+    try:
+        for mode in MODES:  # a warm-up round, not counted
+            run(mode, url)
+        CPU_RATES.clear()
+        SCRAPE_SECONDS.clear()
+        for _ in range(rounds):
+            for mode in MODES:
+                rates[mode].append(run(mode, url))
+    finally:
+        if server is not None:
+            assert server.stdin is not None
+            server.stdin.close()
+            server.wait(timeout=30)
+    after = os.getloadavg()
+    what = (
+        f"{HTTP_CALLS} calls over HTTP ({latency_ms:g} ms latency)"
+        if http
+        else f"{CALLS} calls, no-op provider"
+    )
+    print(f"## Observability sinks on the asyncio scheduler: {what}, {rounds} rounds\n")
+    print("| sinks | calls/s min | calls/s median | CPU calls/s median | ratio to off (paired median) |")
+    print("|---|---:|---:|---:|---:|")
+    for mode, label in MODES.items():
+        paired = [rate / base for rate, base in zip(rates[mode], rates["off"], strict=True)]
+        cpu_paired = [rate / base for rate, base in zip(CPU_RATES[mode], CPU_RATES["off"], strict=True)]
+        print(
+            f"| {label} | {min(rates[mode]):,.0f} | {statistics.median(rates[mode]):,.0f} | "
+            f"{statistics.median(CPU_RATES[mode]):,.0f} | {statistics.median(paired):.3f} wall, "
+            f"{statistics.median(cpu_paired):.3f} CPU |"
+        )
+    if SCRAPE_SECONDS:
+        scrape_ms = statistics.median(SCRAPE_SECONDS) * 1e3
+        print(f"\nOne scrape of the registry after a run: median {scrape_ms:.2f} ms.")
+    print(f"\nLoad average (1, 5, 15 min) before: {before}, after: {after}; {os.cpu_count()} CPUs.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
