@@ -13,6 +13,13 @@ arrivals and the same per-request fates, so the difference is the settings', not
   is fixed and the trials run one after the other;
 - constraints (``success_latency_p99_s<=30``) are passed to the sampler (``constraints_func``), so it learns
   where the feasible region is; the best trial is the best *feasible* one;
+- ties: feasible trials equal on the (first) objective are told apart by a stated secondary objective
+  (``tie_break``, default the success-latency p99, lowest first). A count such as ``rate_limited``
+  often sits at a floor (random 429s) that many settings reach; the first of them found was picked,
+  however slow it made the tasks;
+- the pick's constraints are reported with their spread over the seeds
+  (:mod:`aiqsim.lab.tune_checks`: value, margin, 95% t-interval, seeds meeting it) and, with
+  ``confirm_seeds``, re-checked on seeds the search never used;
 - reproducible: the sampler is seeded (``seed``); the replication seeds are ``0..seeds-1``;
 - a trial that repeats a point already simulated in the same call reuses its results (same seeds,
   same results) instead of simulating again; it still counts as a trial;
