@@ -65,6 +65,15 @@ import numpy as np
 import pandas as pd
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.lab.calibrate_intervals import (
+    BOOTSTRAP_SEED,
+    SMALL_SAMPLE,
+    Interval,
+    bootstrap,
+    exact,
+    poisson_rate,
+    wilson,
+)
 from aiqsim.lab.lab_errors import CalibrationError
 from aiqsim.lab.toml_out import dumps_toml
 from aiqsim.scheduler.call_log import CALL_LOG_COLUMNS, TASK_LOG_COLUMNS
@@ -122,6 +131,8 @@ time waited is the lognormal fit's extrapolation, which no completed call shows.
 POOR_FIT_DISPERSION = 2.0
 """Index of dispersion (variance / mean of arrivals per 10 s) above which arrivals are flagged as
 burstier than Poisson."""
+DISPERSION_WINDOW_S = 10.0
+"""The windows arrivals are counted in for the dispersion check; only whole windows count."""
 
 
 # ---------------------------------------------------------------------- reading
@@ -256,6 +267,10 @@ class LatencyFit:
     slow_cut_offs: float = 0.0
     """How many of the ``cut_off`` attempts the fitted latency's upper tail accounts for (an expected
     count); the rest are lost responses (the provider fit's ``timeout_prob``)."""
+    identifiable: bool = True
+    """False when every completed call had the same ``x``: the log then shows only the mean latency
+    at that ``x``, not how it splits into ``base_s`` and ``per_unit_s``; the fit keeps it all in
+    ``base_s`` (``per_unit_s`` 0) and says so instead of choosing a split the data cannot support."""
 
 
 def fit_latency(x: np.ndarray, latency: np.ndarray, *, iterations: int = 5) -> tuple[float, float, float]:
@@ -764,6 +779,9 @@ class ProviderFit:
     limit_429s: int
     random_429s: int
     counts: Mapping[str, int] = field(default_factory=dict)
+    intervals: Mapping[str, Interval] = field(default_factory=dict)
+    """A 95% interval for each fitted field, by its scenario key (``latency_base_s``, ...): see
+    :mod:`aiqsim.lab.calibrate_intervals`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -785,6 +803,8 @@ class WorkloadFit:
     distinct_inputs: int | None
     dispersion: float
     """Variance / mean of arrivals per 10 s after removing the fitted rate (1 for Poisson)."""
+    intervals: Mapping[str, Interval] = field(default_factory=dict)
+    """A 95% interval for each fitted field (``rate_per_s[i]`` per bin, ``cost.mean``, ...)."""
 
 
 @dataclass(frozen=True)
@@ -859,14 +879,15 @@ as frequent everywhere (measured: 13% near the busiest window against 10% elsewh
 random rate); a limit's are nearly all there (84% against 0% for retry_storm_429)."""
 
 
-def _limit_from_429s(calls: pd.DataFrame) -> tuple[float | None, pd.Series]:
+def _limit_from_429s(calls: pd.DataFrame) -> tuple[float | None, pd.Series, np.ndarray]:
     """Without headers: a 429 at a time when the server had admitted (nearly) as many attempts in
     the last minute as it ever did is a limit 429; the limit is the median of those counts, and
     never below the most attempts the log shows admitted in one minute (the server let those
     through). A limit is fitted only if 429s are concentrated at such times
     (:data:`LIMIT_429_SHARE`, :data:`LIMIT_429_CONTRAST`); else they are random, and no limit is
-    (a limit of 90/min was fitted where 96 had been admitted and every 429 was random)."""
-    none = (None, pd.Series(False, index=calls.index))
+    (a limit of 90/min was fitted where 96 had been admitted and every 429 was random). The third
+    value: the admitted counts behind the limit (floored at the most admitted), for its interval."""
+    none = (None, pd.Series(False, index=calls.index), np.array([]))
     limited = (calls["outcome_class"] == "rate_limited").to_numpy()
     admitted_starts = np.sort(calls.loc[~limited, "start"].to_numpy(float))
     if not limited.any() or len(admitted_starts) == 0:
@@ -886,11 +907,19 @@ def _limit_from_429s(calls: pd.DataFrame) -> tuple[float | None, pd.Series]:
     share_elsewhere = float(limited[~near_full].mean()) if (~near_full).any() else 0.0
     if share_near < LIMIT_429_SHARE or share_near < LIMIT_429_CONTRAST * share_elsewhere:
         return none
-    return limit, pd.Series(limited & near_full, index=calls.index)
+    return (
+        limit,
+        pd.Series(limited & near_full, index=calls.index),
+        np.maximum(counts[at_busiest], most_admitted),
+    )
 
 
 def _fit_provider(
-    name: str, calls: pd.DataFrame, flags: list[str], latency_fits: dict[str, CensoredLatencyFit]
+    name: str,
+    calls: pd.DataFrame,
+    flags: list[str],
+    latency_fits: dict[str, CensoredLatencyFit],
+    index: int = 0,
 ) -> ProviderFit:
     sent = calls[calls["outcome_class"] != "rejected_locally"]
     classes = sent["outcome_class"].value_counts().to_dict()
@@ -900,18 +929,42 @@ def _fit_provider(
     except CalibrationError as error:
         raise CalibrationError(f"{name}: {error}") from None
     ks = fitted.ks_distance
+    x_seen = sample.x[np.isfinite(sample.x)]
+    identifiable = len(x_seen) > 1 and float(np.ptp(x_seen)) > 1e-9 * max(1.0, float(np.abs(x_seen).max()))
+    base_s, per_unit_s = fitted.base_s, fitted.per_unit_s
+    if not identifiable:  # only the mean at the one x seen is known: keep it whole in the base
+        x0 = float(x_seen[0]) if len(x_seen) else 0.0
+        base_s, per_unit_s = fitted.base_s + fitted.per_unit_s * x0, 0.0
+        flags.append(
+            f"{name}: the base/per-unit latency split is not identifiable: every completed call had "
+            f"{sample.regressor} = {x0:g}, so the log shows only the mean latency at that size "
+            f"({base_s:.4g} s), not how it grows with size; the scenario keeps it all in "
+            "latency_base_s (latency_per_unit_s 0). Record calls of different sizes to fit the split"
+        )
     latency = LatencyFit(
-        fitted.base_s,
-        fitted.per_unit_s,
+        base_s,
+        per_unit_s,
         fitted.sigma,
         fitted.completed,
         sample.regressor,
         ks,
         fitted.cut_off,
         fitted.slow_cut_offs,
+        identifiable,
     )
     latency_fits[name] = fitted
-    if ks > POOR_FIT_LOG_RESIDUAL_KS:
+    if fitted.completed < SMALL_SAMPLE:
+        flags.append(
+            f"{name}: small sample: {fitted.completed} completed calls (< {SMALL_SAMPLE}); its fits are "
+            "rough and even their 95% intervals understate the uncertainty (the bootstrap and score "
+            f"intervals rest on large samples). Calibrate from a longer log"
+        )
+    if fitted.sigma < 1e-9 and fitted.completed > 1:
+        flags.append(
+            f"{name}: every completed call took exactly the latency its size predicts (sigma 0): the "
+            "lognormal noise has nothing to fit (a synthetic or rounded log?)"
+        )
+    elif ks > POOR_FIT_LOG_RESIDUAL_KS:
         flags.append(
             f"{name}: latency residuals are not lognormal (KS distance {ks:.3f} > "
             f"{POOR_FIT_LOG_RESIDUAL_KS}); see the QQ plot"
@@ -935,7 +988,7 @@ def _fit_provider(
         limit_mask = _limit_429_mask(sent)
         limits_from = "headers"
     else:
-        rpm, limit_mask = _limit_from_429s(sent)
+        rpm, limit_mask, busiest_counts = _limit_from_429s(sent)
         upm = None
         limits_from = "429s" if rpm is not None else "none"
         if rpm is not None:
@@ -963,6 +1016,27 @@ def _fit_provider(
         return min(float(numerator / denominator), 1.0) if denominator > 0 else 0.0
 
     retry_after = sent.loc[random_mask, "retry_after_s"].dropna()
+    rng = np.random.default_rng([BOOTSTRAP_SEED, index])
+    intervals = _latency_intervals(sample, fitted, identifiable, base_s, rng)
+    if has_headers:
+        for key, value, column in (
+            ("server_requests_per_min", rpm, "limit_requests"),
+            ("server_units_per_min", upm, "limit_tokens"),
+        ):
+            if value is not None:
+                read = int(sent[column].notna().sum())
+                intervals[key] = exact(value, "read from x-ratelimit headers, not estimated", read)
+    elif rpm is not None:
+        intervals["server_requests_per_min"] = bootstrap((busiest_counts,), np.median, rng, value=rpm)
+    intervals["rate_limit_prob"] = wilson(random_429s, past_limit, ratio(random_429s, past_limit))
+    if len(retry_after):
+        intervals["rate_limit_retry_after_s"] = bootstrap(
+            (retry_after.to_numpy(float),), np.median, rng, value=float(retry_after.median())
+        )
+    intervals["server_error_prob"] = wilson(s5, after_checks, ratio(s5, after_checks))
+    intervals["timeout_prob"] = wilson(lost, executed - schema, ratio(lost, executed - schema))
+    intervals["quota_exhausted_prob"] = wilson(qe, admitted, ratio(qe, admitted))
+    intervals["invalid_request_prob"] = wilson(inv, admitted, ratio(inv, admitted))
     return ProviderFit(
         name=name,
         latency=latency,
@@ -979,7 +1053,30 @@ def _fit_provider(
         limit_429s=limit_429s,
         random_429s=random_429s,
         counts={str(k): int(v) for k, v in classes.items()},
+        intervals=intervals,
     )
+
+
+def _latency_intervals(
+    sample: LatencySample, fitted: CensoredLatencyFit, identifiable: bool, base_s: float, rng: Any
+) -> dict[str, Interval]:
+    """Bootstrap intervals of the latency fit: completed calls and cut-off attempts resampled apart
+    (each keeps its size with its latency), the censored fit redone on each resample."""
+    done = np.column_stack([sample.x, sample.latency_s])
+    cut = np.column_stack([sample.cut_x, sample.waited_s])
+
+    def refit(done: np.ndarray, cut: np.ndarray) -> tuple[float, float, float]:
+        again = fit_censored_latency(done[:, 0], done[:, 1], cut[:, 0], cut[:, 1], tolerance=1e-8)
+        if identifiable:
+            return again.base_s, again.per_unit_s, again.sigma
+        return again.base_s + again.per_unit_s * float(done[0, 0]), 0.0, again.sigma
+
+    base, per_unit, sigma = bootstrap(
+        (done, cut), refit, rng, value=(base_s, fitted.per_unit_s if identifiable else 0.0, fitted.sigma)
+    )
+    if not identifiable:
+        per_unit = Interval(0.0, math.nan, math.nan, "not identifiable: every call had the same size", base.n)
+    return {"latency_base_s": base, "latency_per_unit_s": per_unit, "latency_sigma": sigma}
 
 
 def _distinct_for(submissions: int, repeats: int) -> int | None:
@@ -1002,7 +1099,13 @@ def _distinct_for(submissions: int, repeats: int) -> int | None:
 
 
 def _fit_workload(
-    provider: str, priority: str, tasks: pd.DataFrame, calls: pd.DataFrame, bins: int, flags: list[str]
+    provider: str,
+    priority: str,
+    tasks: pd.DataFrame,
+    calls: pd.DataFrame,
+    bins: int,
+    flags: list[str],
+    index: int = 0,
 ) -> WorkloadFit:
     times = np.sort(tasks["submitted_at"].to_numpy(float))
     start, end = float(times[0]), float(times[-1])
@@ -1013,10 +1116,13 @@ def _fit_workload(
     counts = np.histogram(times, bins=edges)[0] if bins > 1 else np.array([n])
     width = span / bins
     rates = tuple(float(c / width) for c in counts)
-    window = 10.0
+    window = DISPERSION_WINDOW_S
     if span >= 3 * window:
-        per_window = np.histogram(times, bins=np.arange(start, end + window, window))[0]
-        expected = np.repeat(np.array(rates) * window, 1)
+        # whole windows only: a trailing partial one (a log cut at 100.12 s has 0.12 s in its 11th)
+        # holds a fraction of a window's arrivals against a whole window's expectation, and alone
+        # made a Poisson log "burstier than Poisson" (dispersion 5.3)
+        edges = start + window * np.arange(int(span // window) + 1)
+        per_window = np.histogram(times, bins=edges)[0]
         centre = (np.arange(len(per_window)) + 0.5) * window + start
         index = np.clip(((centre - start) / width).astype(int), 0, bins - 1)
         expected = np.array(rates)[index] * window
@@ -1037,6 +1143,37 @@ def _fit_workload(
     ok = calls[(calls["outcome_class"] == "ok") & calls["output_units"].notna() & (calls["usage"] > 0)]
     fraction = float(np.median(ok["output_units"] / ok["usage"])) if len(ok) else 0.2
     repeats = int(tasks["key"].duplicated().sum())
+    if n < SMALL_SAMPLE:
+        flags.append(
+            f"{provider}/{priority}: small sample: {n} submissions (< {SMALL_SAMPLE}); the arrival rate, "
+            "cost and duplicate fits are rough, and even their 95% intervals understate the uncertainty"
+        )
+    rng = np.random.default_rng([BOOTSTRAP_SEED, 1_000 + index])
+    intervals: dict[str, Interval] = {}
+    for i, count in enumerate(counts):
+        intervals[f"rate_per_s[{i}]" if bins > 1 else "rate_per_s"] = poisson_rate(int(count), width)
+    if dist == "fixed":
+        intervals["cost.mean"] = exact(mean, "every task's cost estimate is the same", len(costs))
+    else:
+        positive = costs[costs > 0]
+        intervals["cost.mean"] = bootstrap((positive,), np.mean, rng, value=mean)
+        intervals["cost.sigma"] = bootstrap(
+            (np.log(positive),), lambda v: np.std(v, ddof=1), rng, value=sigma
+        )
+    if len(ok):
+        shares = (ok["output_units"] / ok["usage"]).to_numpy(float)
+        intervals["cost.output_fraction"] = bootstrap(
+            (shares,), np.median, rng, value=min(max(fraction, 0.0), 1.0)
+        )
+    distinct = _distinct_for(n, repeats)
+    if distinct is not None:
+        keys = tasks["key"].astype(str).to_numpy()
+
+        def distinct_for(drawn: np.ndarray) -> float:
+            found = _distinct_for(len(drawn), len(drawn) - len(np.unique(drawn)))
+            return math.nan if found is None else float(found)
+
+        intervals["distinct_inputs"] = bootstrap((keys,), distinct_for, rng, value=float(distinct))
     return WorkloadFit(
         provider=provider,
         priority=priority,
@@ -1049,8 +1186,9 @@ def _fit_workload(
         cost_sigma=sigma,
         output_fraction=min(max(fraction, 0.0), 1.0),
         duplicate_fraction=repeats / n,
-        distinct_inputs=_distinct_for(n, repeats),
+        distinct_inputs=distinct,
         dispersion=dispersion,
+        intervals=intervals,
     )
 
 
@@ -1104,12 +1242,12 @@ def calibrate(
     flags: list[str] = []
     latency_fits: dict[str, CensoredLatencyFit] = {}
     fits = {
-        name_: _fit_provider(name_, group, flags, latency_fits)
-        for name_, group in calls.groupby("provider", sort=True)
+        name_: _fit_provider(name_, group, flags, latency_fits, index)
+        for index, (name_, group) in enumerate(calls.groupby("provider", sort=True))
     }
     workloads = [
-        _fit_workload(p, prio, group, calls[calls["provider"] == p], arrival_bins, flags)
-        for (p, prio), group in tasks.groupby(["provider", "priority"], sort=True)
+        _fit_workload(p, prio, group, calls[calls["provider"] == p], arrival_bins, flags, index)
+        for index, ((p, prio), group) in enumerate(tasks.groupby(["provider", "priority"], sort=True))
     ]
     origin = min(w.start_s for w in workloads)
     end = max(w.end_s for w in workloads)
