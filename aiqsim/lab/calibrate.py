@@ -71,6 +71,7 @@ from aiqsim.lab.calibrate_intervals import (
     Interval,
     bootstrap,
     exact,
+    format_intervals,
     poisson_rate,
     wilson,
 )
@@ -141,6 +142,14 @@ def read_call_log(location: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     folder = Path(location)
     if not folder.is_dir():
         raise CalibrationError(f"{folder}: not a call-log folder (expected tasks.csv and calls.csv in it)")
+    if _is_run_output(folder):
+        raise CalibrationError(
+            f"{folder}: this is the output folder of `aiqsim run` (the simulator's tasks, calls, timeline "
+            "and summary.json), not a call log. Calibration reads a call log: what the production "
+            "scheduler saw, written by aiqsim.scheduler.call_log.CallLog, e.g. "
+            "`log = CallLog(); Scheduler(..., events=log)` then `log.write(FOLDER)` (or stream with "
+            "`CallLog(FOLDER)`); from a simulation: `simulate(scenario).call_log.write(FOLDER)`"
+        )
     frames = []
     for name, columns in (("tasks", TASK_LOG_COLUMNS), ("calls", CALL_LOG_COLUMNS)):
         csv_path, parquet_path = folder / f"{name}.csv", folder / f"{name}.parquet"
@@ -163,6 +172,26 @@ def read_call_log(location: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     if frames[0].empty:
         raise CalibrationError(f"{folder}/tasks: no task rows: nothing to calibrate from")
     return frames[0], frames[1]
+
+
+RUN_OUTPUT_MARKERS = ("summary.json", "timeline.csv", "timeline.parquet")
+"""Files ``aiqsim run --out`` writes that no call log has."""
+
+
+def _is_run_output(folder: Path) -> bool:
+    """True for an ``aiqsim run --out`` folder: a run's summary or timeline beside tasks without
+    the call log's ``submitted_at`` column (a call log saved into such a folder is still read)."""
+    if not any((folder / name).is_file() for name in RUN_OUTPUT_MARKERS):
+        return False
+    tasks = folder / "tasks.csv"
+    if not tasks.is_file():
+        return True
+    try:
+        with tasks.open(encoding="utf-8", errors="replace") as handle:
+            header = handle.readline()
+    except OSError:
+        return True
+    return "submitted_at" not in header.split(",")
 
 
 _NUMBER_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -840,7 +869,27 @@ class Calibration:
             for workload in document["workloads"]:
                 if workload.get("arrivals"):
                     workload["arrivals"] = Path(os.path.relpath(workload["arrivals"], relative_to)).as_posix()
-        return dumps_toml(document)
+        return (
+            "\n".join(f"# {line}".rstrip() for line in self.interval_lines()) + "\n\n" + dumps_toml(document)
+        )
+
+    def interval_lines(self) -> list[str]:
+        """The fitted values with their 95% intervals, one per line by scenario key, and the flags:
+        what the CLI prints and the scenario file's opening comments hold."""
+        rows: dict[str, Interval] = {}
+        for name, fit in self.providers.items():
+            rows.update({f"providers.{name}.{key}": interval for key, interval in fit.intervals.items()})
+        for w in self.workloads:
+            label = f"workload {w.provider}/{w.priority}"
+            rows.update({f"{label} {key}": interval for key, interval in w.intervals.items()})
+        width = max((len(key) for key in rows), default=0)
+        lines = [
+            "Fitted values and their 95% intervals (value [low, high]; how; from how many observations):",
+            *(f"  {line}" for line in format_intervals(rows, width=width)),
+        ]
+        if self.flags:
+            lines += ["Flags:", *(f"  {flag}" for flag in self.flags)]
+        return lines
 
     def write(self, path: str | Path) -> Path:
         """Write :meth:`to_toml` to ``path`` (replayed arrivals named relative to its folder); returns it."""

@@ -114,12 +114,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}")
     for name, fit in result.providers.items():
         lat = fit.latency
+        line = (
+            f"({lat.base_s:.4g} + {lat.per_unit_s:.4g} x {lat.regressor}) s"
+            if lat.identifiable
+            else f"{lat.base_s:.4g} s at the one size seen (base/per-unit split not identifiable)"
+        )
         print(
-            f"  {name}: latency ({lat.base_s:.4g} + {lat.per_unit_s:.4g} x {lat.regressor}) s, sigma "
+            f"  {name}: latency {line}, sigma "
             f"{lat.sigma:.3g} ({lat.n} completed + {lat.cut_off} cut off, censored); "
             f"limit {fit.server_requests_per_min} req/min ({fit.limits_from}); 429 "
             f"{fit.rate_limit_prob:.3g}, 5xx {fit.server_error_prob:.3g}, lost {fit.timeout_prob:.3g}"
         )
+    for line in result.interval_lines():
+        if line == "Flags:":
+            break
+        print(f"  {line}")
     for flag in result.flags:
         print(f"  flag: {flag}", file=sys.stderr)
     if args.report is not None:
