@@ -57,7 +57,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -66,6 +66,7 @@ import pandas as pd
 
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.lab.calibrate_intervals import (
+    BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
     SMALL_SAMPLE,
     Interval,
@@ -1216,13 +1217,19 @@ def _fit_workload(
         )
     distinct = _distinct_for(n, repeats)
     if distinct is not None:
-        keys = tasks["key"].astype(str).to_numpy()
+        # parametric bootstrap: resampling the keys themselves would add repeats of its own; instead
+        # draw n inputs uniformly from the fitted number, as the model says, and fit each draw again
+        draws = np.arange(n)
 
-        def distinct_for(drawn: np.ndarray) -> float:
-            found = _distinct_for(len(drawn), len(drawn) - len(np.unique(drawn)))
+        def distinct_for(_: np.ndarray) -> float:
+            drawn = rng.integers(0, distinct, n)
+            found = _distinct_for(n, n - len(np.unique(drawn)))
             return math.nan if found is None else float(found)
 
-        intervals["distinct_inputs"] = bootstrap((keys,), distinct_for, rng, value=float(distinct))
+        intervals["distinct_inputs"] = replace(
+            bootstrap((draws,), distinct_for, rng, value=float(distinct)),
+            method=f"parametric bootstrap, {BOOTSTRAP_RESAMPLES} draws of {n} inputs",
+        )
     return WorkloadFit(
         provider=provider,
         priority=priority,
