@@ -1107,6 +1107,13 @@ def _fit_provider(
     )
 
 
+BOOTSTRAP_EM_TOLERANCE = 1e-5
+"""The censored fit's stopping rule on a bootstrap resample: looser than :data:`EM_TOLERANCE`, since
+a resample's estimate only has to be far more precise than the spread between resamples (1e-5
+against an interval some 5% wide), and it halves the iterations (34 against 75 on 1,400 attempts
+with 15% cut off: a calibration's bootstrap then takes about 2 s there, not 4)."""
+
+
 def _latency_intervals(
     sample: LatencySample, fitted: CensoredLatencyFit, identifiable: bool, base_s: float, rng: Any
 ) -> dict[str, Interval]:
@@ -1116,7 +1123,9 @@ def _latency_intervals(
     cut = np.column_stack([sample.cut_x, sample.waited_s])
 
     def refit(done: np.ndarray, cut: np.ndarray) -> tuple[float, float, float]:
-        again = fit_censored_latency(done[:, 0], done[:, 1], cut[:, 0], cut[:, 1], tolerance=1e-8)
+        again = fit_censored_latency(
+            done[:, 0], done[:, 1], cut[:, 0], cut[:, 1], tolerance=BOOTSTRAP_EM_TOLERANCE
+        )
         if identifiable:
             return again.base_s, again.per_unit_s, again.sigma
         return again.base_s + again.per_unit_s * float(done[0, 0]), 0.0, again.sigma
