@@ -90,7 +90,8 @@ def test_ties_on_the_objective_go_to_the_lowest_success_p99(small: Path) -> None
     result = tune(small, TIED, objective="rate_limited", trials=8, seeds=2, seed=0, progress=False)
     trials = result.trials
     tied = trials[trials["feasible"] & (trials["rate_limited"] == trials["rate_limited"].min())]
-    assert len(tied) >= 3 and result.tied == len(tied)
+    keys = ["quotas.llm.requests_per_min", "quotas.llm.request_burst"]
+    assert result.tied == len(tied.drop_duplicates(subset=keys)) >= 3
     fastest = tied.sort_values([P99, "trial"]).iloc[0]
     # the case the old pick got wrong: the earliest tied trial is not the fastest one
     assert tied.sort_values("trial").iloc[0][P99] > fastest[P99]
@@ -114,7 +115,7 @@ def test_the_cli_says_how_the_tie_was_broken(
     assert (
         "tie-break:" in out
         and f"chose the lowest {P99}" in out
-        and "feasible trials tie on rate_limited" in out
+        and "feasible settings tie on rate_limited" in out
     )
     assert main([*argv, "--out", str(tmp_path / "b.csv"), "--tie-break", "nonsense"]) == 2
     assert "tie-break 'nonsense'" in capsys.readouterr().err

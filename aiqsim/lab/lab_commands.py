@@ -222,14 +222,14 @@ def _tie_words(result: Any) -> str:
     first = result.objectives[0]
     if result.tie_break is None:
         if result.tied > 1:
-            return f"{result.tied} trials tie on {first}; no tie-break: the earliest is shown"
+            return f"{result.tied} settings tie on {first}; no tie-break: the earliest trial is shown"
         return f"no tie on {first} (no tie-break set)"
     metric, way = result.tie_break.split(":")
     value = float(result.trials.loc[result.trials["trial"] == result.best_trial, metric].iloc[0])
     words = "lowest" if way == "min" else "highest"
     if result.tied > 1:
         return (
-            f"tie-break: {result.tied} feasible trials tie on {first}; chose the {words} {metric} "
+            f"tie-break: {result.tied} feasible settings tie on {first}; chose the {words} {metric} "
             f"({value:.4g}) among them"
         )
     return f"no tie on {first} (tie-break {metric}, {words} first, not needed; its value {value:.4g})"

@@ -213,8 +213,8 @@ class TuneResult:
     tie_break: str | None = None
     """The secondary objective that broke ties on the (first) objective, as ``METRIC:min|max``."""
     tied: int = 1
-    """How many feasible (front) trials shared the best value of the first objective; above 1, the
-    tie-break chose among them."""
+    """How many distinct settings among the feasible (front) trials shared the best value of the first
+    objective; above 1, the tie-break chose among them."""
     pick: PickCheck | None = field(default=None, repr=False)
     """The pick's constraints over the search's seeds (value, margin, spread, t-interval)."""
     confirmation: PickCheck | None = field(default=None, repr=False)
@@ -815,7 +815,7 @@ def _result(
         pareto=frame[frame["pareto"]].sort_values(list(objectives)).reset_index(drop=True),
         feasible=any_feasible,
         tie_break=None if tie is None else f"{tie[0]}:{tie[1]}",
-        tied=len(tied),
+        tied=len(tied.drop_duplicates(subset=[s.key for s in specs])),
         best_trial=int(best["trial"]),
     )
 
