@@ -57,7 +57,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -65,6 +65,17 @@ import numpy as np
 import pandas as pd
 
 from aiqsim.core.errors import ConfigurationError
+from aiqsim.lab.calibrate_intervals import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    SMALL_SAMPLE,
+    Interval,
+    bootstrap,
+    exact,
+    format_intervals,
+    poisson_rate,
+    wilson,
+)
 from aiqsim.lab.lab_errors import CalibrationError
 from aiqsim.lab.toml_out import dumps_toml
 from aiqsim.scheduler.call_log import CALL_LOG_COLUMNS, TASK_LOG_COLUMNS
@@ -122,6 +133,8 @@ time waited is the lognormal fit's extrapolation, which no completed call shows.
 POOR_FIT_DISPERSION = 2.0
 """Index of dispersion (variance / mean of arrivals per 10 s) above which arrivals are flagged as
 burstier than Poisson."""
+DISPERSION_WINDOW_S = 10.0
+"""The windows arrivals are counted in for the dispersion check; only whole windows count."""
 
 
 # ---------------------------------------------------------------------- reading
@@ -130,6 +143,14 @@ def read_call_log(location: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     folder = Path(location)
     if not folder.is_dir():
         raise CalibrationError(f"{folder}: not a call-log folder (expected tasks.csv and calls.csv in it)")
+    if _is_run_output(folder):
+        raise CalibrationError(
+            f"{folder}: this is the output folder of `aiqsim run` (the simulator's tasks, calls, timeline "
+            "and summary.json), not a call log. Calibration reads a call log: what the production "
+            "scheduler saw, written by aiqsim.scheduler.call_log.CallLog, e.g. "
+            "`log = CallLog(); Scheduler(..., events=log)` then `log.write(FOLDER)` (or stream with "
+            "`CallLog(FOLDER)`); from a simulation: `simulate(scenario).call_log.write(FOLDER)`"
+        )
     frames = []
     for name, columns in (("tasks", TASK_LOG_COLUMNS), ("calls", CALL_LOG_COLUMNS)):
         csv_path, parquet_path = folder / f"{name}.csv", folder / f"{name}.parquet"
@@ -155,6 +176,26 @@ def read_call_log(location: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     if frames[0].empty:
         raise CalibrationError(f"{folder}/tasks: no task rows: nothing to calibrate from")
     return frames[0], frames[1]
+
+
+RUN_OUTPUT_MARKERS = ("summary.json", "timeline.csv", "timeline.parquet")
+"""Files ``aiqsim run --out`` writes that no call log has."""
+
+
+def _is_run_output(folder: Path) -> bool:
+    """True for an ``aiqsim run --out`` folder: a run's summary or timeline beside tasks without
+    the call log's ``submitted_at`` column (a call log saved into such a folder is still read)."""
+    if not any((folder / name).is_file() for name in RUN_OUTPUT_MARKERS):
+        return False
+    tasks = folder / "tasks.csv"
+    if not tasks.is_file():
+        return True
+    try:
+        with tasks.open(encoding="utf-8", errors="replace") as handle:
+            header = handle.readline()
+    except OSError:
+        return True
+    return "submitted_at" not in header.split(",")
 
 
 _NUMBER_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -262,6 +303,10 @@ class LatencyFit:
     slow_cut_offs: float = 0.0
     """How many of the ``cut_off`` attempts the fitted latency's upper tail accounts for (an expected
     count); the rest are lost responses (the provider fit's ``timeout_prob``)."""
+    identifiable: bool = True
+    """False when every completed call had the same ``x``: the log then shows only the mean latency
+    at that ``x``, not how it splits into ``base_s`` and ``per_unit_s``; the fit keeps it all in
+    ``base_s`` (``per_unit_s`` 0) and says so instead of choosing a split the data cannot support."""
 
 
 def fit_latency(x: np.ndarray, latency: np.ndarray, *, iterations: int = 5) -> tuple[float, float, float]:
@@ -770,6 +815,9 @@ class ProviderFit:
     limit_429s: int
     random_429s: int
     counts: Mapping[str, int] = field(default_factory=dict)
+    intervals: Mapping[str, Interval] = field(default_factory=dict)
+    """A 95% interval for each fitted field, by its scenario key (``latency_base_s``, ...): see
+    :mod:`aiqsim.lab.calibrate_intervals`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -791,6 +839,8 @@ class WorkloadFit:
     distinct_inputs: int | None
     dispersion: float
     """Variance / mean of arrivals per 10 s after removing the fitted rate (1 for Poisson)."""
+    intervals: Mapping[str, Interval] = field(default_factory=dict)
+    """A 95% interval for each fitted field (``rate_per_s[i]`` per bin, ``cost.mean``, ...)."""
 
 
 @dataclass(frozen=True)
@@ -826,7 +876,27 @@ class Calibration:
             for workload in document["workloads"]:
                 if workload.get("arrivals"):
                     workload["arrivals"] = Path(os.path.relpath(workload["arrivals"], relative_to)).as_posix()
-        return dumps_toml(document)
+        return (
+            "\n".join(f"# {line}".rstrip() for line in self.interval_lines()) + "\n\n" + dumps_toml(document)
+        )
+
+    def interval_lines(self) -> list[str]:
+        """The fitted values with their 95% intervals, one per line by scenario key, and the flags:
+        what the CLI prints and the scenario file's opening comments hold."""
+        rows: dict[str, Interval] = {}
+        for name, fit in self.providers.items():
+            rows.update({f"providers.{name}.{key}": interval for key, interval in fit.intervals.items()})
+        for w in self.workloads:
+            label = f"workload {w.provider}/{w.priority}"
+            rows.update({f"{label} {key}": interval for key, interval in w.intervals.items()})
+        width = max((len(key) for key in rows), default=0)
+        lines = [
+            "Fitted values and their 95% intervals (value [low, high]; how; from how many observations):",
+            *(f"  {line}" for line in format_intervals(rows, width=width)),
+        ]
+        if self.flags:
+            lines += ["Flags:", *(f"  {flag}" for flag in self.flags)]
+        return lines
 
     def write(self, path: str | Path) -> Path:
         """Write :meth:`to_toml` to ``path`` (replayed arrivals named relative to its folder); returns it."""
@@ -865,14 +935,15 @@ as frequent everywhere (measured: 13% near the busiest window against 10% elsewh
 random rate); a limit's are nearly all there (84% against 0% for retry_storm_429)."""
 
 
-def _limit_from_429s(calls: pd.DataFrame) -> tuple[float | None, pd.Series]:
+def _limit_from_429s(calls: pd.DataFrame) -> tuple[float | None, pd.Series, np.ndarray]:
     """Without headers: a 429 at a time when the server had admitted (nearly) as many attempts in
     the last minute as it ever did is a limit 429; the limit is the median of those counts, and
     never below the most attempts the log shows admitted in one minute (the server let those
     through). A limit is fitted only if 429s are concentrated at such times
     (:data:`LIMIT_429_SHARE`, :data:`LIMIT_429_CONTRAST`); else they are random, and no limit is
-    (a limit of 90/min was fitted where 96 had been admitted and every 429 was random)."""
-    none = (None, pd.Series(False, index=calls.index))
+    (a limit of 90/min was fitted where 96 had been admitted and every 429 was random). The third
+    value: the admitted counts behind the limit (floored at the most admitted), for its interval."""
+    none = (None, pd.Series(False, index=calls.index), np.array([]))
     limited = (calls["outcome_class"] == "rate_limited").to_numpy()
     admitted_starts = np.sort(calls.loc[~limited, "start"].to_numpy(float))
     if not limited.any() or len(admitted_starts) == 0:
@@ -892,11 +963,19 @@ def _limit_from_429s(calls: pd.DataFrame) -> tuple[float | None, pd.Series]:
     share_elsewhere = float(limited[~near_full].mean()) if (~near_full).any() else 0.0
     if share_near < LIMIT_429_SHARE or share_near < LIMIT_429_CONTRAST * share_elsewhere:
         return none
-    return limit, pd.Series(limited & near_full, index=calls.index)
+    return (
+        limit,
+        pd.Series(limited & near_full, index=calls.index),
+        np.maximum(counts[at_busiest], most_admitted),
+    )
 
 
 def _fit_provider(
-    name: str, calls: pd.DataFrame, flags: list[str], latency_fits: dict[str, CensoredLatencyFit]
+    name: str,
+    calls: pd.DataFrame,
+    flags: list[str],
+    latency_fits: dict[str, CensoredLatencyFit],
+    index: int = 0,
 ) -> ProviderFit:
     sent = calls[calls["outcome_class"] != "rejected_locally"]
     classes = sent["outcome_class"].value_counts().to_dict()
@@ -906,18 +985,42 @@ def _fit_provider(
     except CalibrationError as error:
         raise CalibrationError(f"{name}: {error}") from None
     ks = fitted.ks_distance
+    x_seen = sample.x[np.isfinite(sample.x)]
+    identifiable = len(x_seen) > 1 and float(np.ptp(x_seen)) > 1e-9 * max(1.0, float(np.abs(x_seen).max()))
+    base_s, per_unit_s = fitted.base_s, fitted.per_unit_s
+    if not identifiable:  # only the mean at the one x seen is known: keep it whole in the base
+        x0 = float(x_seen[0]) if len(x_seen) else 0.0
+        base_s, per_unit_s = fitted.base_s + fitted.per_unit_s * x0, 0.0
+        flags.append(
+            f"{name}: the base/per-unit latency split is not identifiable: every completed call had "
+            f"{sample.regressor} = {x0:g}, so the log shows only the mean latency at that size "
+            f"({base_s:.4g} s), not how it grows with size; the scenario keeps it all in "
+            "latency_base_s (latency_per_unit_s 0). Record calls of different sizes to fit the split"
+        )
     latency = LatencyFit(
-        fitted.base_s,
-        fitted.per_unit_s,
+        base_s,
+        per_unit_s,
         fitted.sigma,
         fitted.completed,
         sample.regressor,
         ks,
         fitted.cut_off,
         fitted.slow_cut_offs,
+        identifiable,
     )
     latency_fits[name] = fitted
-    if ks > POOR_FIT_LOG_RESIDUAL_KS:
+    if fitted.completed < SMALL_SAMPLE:
+        flags.append(
+            f"{name}: small sample: {fitted.completed} completed calls (< {SMALL_SAMPLE}); its fits are "
+            "rough and even their 95% intervals understate the uncertainty (the bootstrap and score "
+            f"intervals rest on large samples). Calibrate from a longer log"
+        )
+    if fitted.sigma < 1e-9 and fitted.completed > 1:
+        flags.append(
+            f"{name}: every completed call took exactly the latency its size predicts (sigma 0): the "
+            "lognormal noise has nothing to fit (a synthetic or rounded log?)"
+        )
+    elif ks > POOR_FIT_LOG_RESIDUAL_KS:
         flags.append(
             f"{name}: latency residuals are not lognormal (KS distance {ks:.3f} > "
             f"{POOR_FIT_LOG_RESIDUAL_KS}); see the QQ plot"
@@ -941,7 +1044,7 @@ def _fit_provider(
         limit_mask = _limit_429_mask(sent)
         limits_from = "headers"
     else:
-        rpm, limit_mask = _limit_from_429s(sent)
+        rpm, limit_mask, busiest_counts = _limit_from_429s(sent)
         upm = None
         limits_from = "429s" if rpm is not None else "none"
         if rpm is not None:
@@ -969,6 +1072,27 @@ def _fit_provider(
         return min(float(numerator / denominator), 1.0) if denominator > 0 else 0.0
 
     retry_after = sent.loc[random_mask, "retry_after_s"].dropna()
+    rng = np.random.default_rng([BOOTSTRAP_SEED, index])
+    intervals = _latency_intervals(sample, fitted, identifiable, base_s, rng)
+    if has_headers:
+        for key, value, column in (
+            ("server_requests_per_min", rpm, "limit_requests"),
+            ("server_units_per_min", upm, "limit_tokens"),
+        ):
+            if value is not None:
+                read = int(sent[column].notna().sum())
+                intervals[key] = exact(value, "read from x-ratelimit headers, not estimated", read)
+    elif rpm is not None:
+        intervals["server_requests_per_min"] = bootstrap((busiest_counts,), np.median, rng, value=rpm)
+    intervals["rate_limit_prob"] = wilson(random_429s, past_limit, ratio(random_429s, past_limit))
+    if len(retry_after):
+        intervals["rate_limit_retry_after_s"] = bootstrap(
+            (retry_after.to_numpy(float),), np.median, rng, value=float(retry_after.median())
+        )
+    intervals["server_error_prob"] = wilson(s5, after_checks, ratio(s5, after_checks))
+    intervals["timeout_prob"] = wilson(lost, executed - schema, ratio(lost, executed - schema))
+    intervals["quota_exhausted_prob"] = wilson(qe, admitted, ratio(qe, admitted))
+    intervals["invalid_request_prob"] = wilson(inv, admitted, ratio(inv, admitted))
     return ProviderFit(
         name=name,
         latency=latency,
@@ -985,7 +1109,48 @@ def _fit_provider(
         limit_429s=limit_429s,
         random_429s=random_429s,
         counts={str(k): int(v) for k, v in classes.items()},
+        intervals=intervals,
     )
+
+
+BOOTSTRAP_EM_TOLERANCE = 1e-5
+"""The censored fit's stopping rule on a bootstrap resample: looser than :data:`EM_TOLERANCE`, since
+a resample's estimate only has to be far more precise than the spread between resamples (1e-5
+against an interval some 5% wide), and it halves the iterations (34 against 75 on 1,400 attempts
+with 15% cut off: a calibration's bootstrap then takes about 2 s there, not 4)."""
+
+
+CENSORED_RESAMPLES = 100
+"""Bootstrap resamples of a latency fit with cut-off attempts (each one an EM fit, ~10 ms on 1,400
+attempts): fewer than :data:`~aiqsim.lab.calibrate_intervals.BOOTSTRAP_RESAMPLES`, so a calibration
+stays about a second; the 2.5% / 97.5% percentiles of 100 resamples move by about a sixth of the
+interval's width from one seed to another, enough to tell a tight fit from a loose one."""
+
+
+def _latency_intervals(
+    sample: LatencySample, fitted: CensoredLatencyFit, identifiable: bool, base_s: float, rng: Any
+) -> dict[str, Interval]:
+    """Bootstrap intervals of the latency fit: completed calls and cut-off attempts resampled apart
+    (each keeps its size with its latency), the censored fit redone on each resample."""
+    done = np.column_stack([sample.x, sample.latency_s])
+    cut = np.column_stack([sample.cut_x, sample.waited_s])
+
+    def refit(done: np.ndarray, cut: np.ndarray) -> tuple[float, float, float]:
+        again = fit_censored_latency(
+            done[:, 0], done[:, 1], cut[:, 0], cut[:, 1], tolerance=BOOTSTRAP_EM_TOLERANCE
+        )
+        if identifiable:
+            return again.base_s, again.per_unit_s, again.sigma
+        return again.base_s + again.per_unit_s * float(done[0, 0]), 0.0, again.sigma
+
+    resamples = CENSORED_RESAMPLES if len(cut) else BOOTSTRAP_RESAMPLES
+    base, per_unit, sigma = bootstrap(
+        (done, cut), refit, rng, value=(base_s, fitted.per_unit_s if identifiable else 0.0, fitted.sigma),
+        resamples=resamples,
+    )  # fmt: skip
+    if not identifiable:
+        per_unit = Interval(0.0, math.nan, math.nan, "not identifiable: every call had the same size", base.n)
+    return {"latency_base_s": base, "latency_per_unit_s": per_unit, "latency_sigma": sigma}
 
 
 def _distinct_for(submissions: int, repeats: int) -> int | None:
@@ -1008,7 +1173,13 @@ def _distinct_for(submissions: int, repeats: int) -> int | None:
 
 
 def _fit_workload(
-    provider: str, priority: str, tasks: pd.DataFrame, calls: pd.DataFrame, bins: int, flags: list[str]
+    provider: str,
+    priority: str,
+    tasks: pd.DataFrame,
+    calls: pd.DataFrame,
+    bins: int,
+    flags: list[str],
+    index: int = 0,
 ) -> WorkloadFit:
     times = np.sort(tasks["submitted_at"].to_numpy(float))
     start, end = float(times[0]), float(times[-1])
@@ -1019,10 +1190,13 @@ def _fit_workload(
     counts = np.histogram(times, bins=edges)[0] if bins > 1 else np.array([n])
     width = span / bins
     rates = tuple(float(c / width) for c in counts)
-    window = 10.0
+    window = DISPERSION_WINDOW_S
     if span >= 3 * window:
-        per_window = np.histogram(times, bins=np.arange(start, end + window, window))[0]
-        expected = np.repeat(np.array(rates) * window, 1)
+        # whole windows only: a trailing partial one (a log cut at 100.12 s has 0.12 s in its 11th)
+        # holds a fraction of a window's arrivals against a whole window's expectation, and alone
+        # made a Poisson log "burstier than Poisson" (dispersion 5.3)
+        edges = start + window * np.arange(int(span // window) + 1)
+        per_window = np.histogram(times, bins=edges)[0]
         centre = (np.arange(len(per_window)) + 0.5) * window + start
         index = np.clip(((centre - start) / width).astype(int), 0, bins - 1)
         expected = np.array(rates)[index] * window
@@ -1043,6 +1217,43 @@ def _fit_workload(
     ok = calls[(calls["outcome_class"] == "ok") & calls["output_units"].notna() & (calls["usage"] > 0)]
     fraction = float(np.median(ok["output_units"] / ok["usage"])) if len(ok) else 0.2
     repeats = int(tasks["key"].duplicated().sum())
+    if n < SMALL_SAMPLE:
+        flags.append(
+            f"{provider}/{priority}: small sample: {n} submissions (< {SMALL_SAMPLE}); the arrival rate, "
+            "cost and duplicate fits are rough, and even their 95% intervals understate the uncertainty"
+        )
+    rng = np.random.default_rng([BOOTSTRAP_SEED, 1_000 + index])
+    intervals: dict[str, Interval] = {}
+    for i, count in enumerate(counts):
+        intervals[f"rate_per_s[{i}]" if bins > 1 else "rate_per_s"] = poisson_rate(int(count), width)
+    if dist == "fixed":
+        intervals["cost.mean"] = exact(mean, "every task's cost estimate is the same", len(costs))
+    else:
+        positive = costs[costs > 0]
+        intervals["cost.mean"] = bootstrap((positive,), np.mean, rng, value=mean)
+        intervals["cost.sigma"] = bootstrap(
+            (np.log(positive),), lambda v: np.std(v, ddof=1), rng, value=sigma
+        )
+    if len(ok):
+        shares = (ok["output_units"] / ok["usage"]).to_numpy(float)
+        intervals["cost.output_fraction"] = bootstrap(
+            (shares,), np.median, rng, value=min(max(fraction, 0.0), 1.0)
+        )
+    distinct = _distinct_for(n, repeats)
+    if distinct is not None:
+        # parametric bootstrap: resampling the keys themselves would add repeats of its own; instead
+        # draw n inputs uniformly from the fitted number, as the model says, and fit each draw again
+        draws = np.arange(n)
+
+        def distinct_for(_: np.ndarray) -> float:
+            drawn = rng.integers(0, distinct, n)
+            found = _distinct_for(n, n - len(np.unique(drawn)))
+            return math.nan if found is None else float(found)
+
+        intervals["distinct_inputs"] = replace(
+            bootstrap((draws,), distinct_for, rng, value=float(distinct)),
+            method=f"parametric bootstrap, {BOOTSTRAP_RESAMPLES} draws of {n} inputs",
+        )
     return WorkloadFit(
         provider=provider,
         priority=priority,
@@ -1055,8 +1266,9 @@ def _fit_workload(
         cost_sigma=sigma,
         output_fraction=min(max(fraction, 0.0), 1.0),
         duplicate_fraction=repeats / n,
-        distinct_inputs=_distinct_for(n, repeats),
+        distinct_inputs=distinct,
         dispersion=dispersion,
+        intervals=intervals,
     )
 
 
@@ -1110,12 +1322,12 @@ def calibrate(
     flags: list[str] = []
     latency_fits: dict[str, CensoredLatencyFit] = {}
     fits = {
-        name_: _fit_provider(name_, group, flags, latency_fits)
-        for name_, group in calls.groupby("provider", sort=True)
+        name_: _fit_provider(name_, group, flags, latency_fits, index)
+        for index, (name_, group) in enumerate(calls.groupby("provider", sort=True))
     }
     workloads = [
-        _fit_workload(p, prio, group, calls[calls["provider"] == p], arrival_bins, flags)
-        for (p, prio), group in tasks.groupby(["provider", "priority"], sort=True)
+        _fit_workload(p, prio, group, calls[calls["provider"] == p], arrival_bins, flags, index)
+        for index, ((p, prio), group) in enumerate(tasks.groupby(["provider", "priority"], sort=True))
     ]
     origin = min(w.start_s for w in workloads)
     end = max(w.end_s for w in workloads)

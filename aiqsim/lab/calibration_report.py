@@ -125,10 +125,15 @@ def provider_figure(calibration: Calibration, name: str) -> Any:
 def _provider_rows(calibration: Calibration, name: str) -> list[tuple[str, str]]:
     fit = calibration.providers[name]
     lat = fit.latency
+    mean = (
+        f"({lat.base_s:.4g} s + {lat.per_unit_s:.4g} s x {lat.regressor})"
+        if lat.identifiable
+        else f"({lat.base_s:.4g} s at the one {lat.regressor} seen: base/per-unit split not identifiable)"
+    )
     rows = [
         (
             "latency",
-            f"({lat.base_s:.4g} s + {lat.per_unit_s:.4g} s x {lat.regressor}) x lognormal(sigma "
+            f"{mean} x lognormal(sigma "
             f"{lat.sigma:.3g}); fitted on {lat.n} completed calls and {lat.cut_off} attempts cut off by "
             "the client, as censored (latency at least the time waited); KS "
             f"{lat.ks_distance:.3f}",
@@ -151,6 +156,10 @@ def _provider_rows(calibration: Calibration, name: str) -> list[tuple[str, str]]
         ),
         ("quota exhausted / invalid", f"{fit.quota_exhausted_prob:.4g} / {fit.invalid_request_prob:.4g}"),
         ("attempts by class", ", ".join(f"{k}: {v}" for k, v in sorted(fit.counts.items()))),
+        *(
+            (f"95% interval: {key}", f"{interval} ({interval.method}; n = {interval.n})")
+            for key, interval in fit.intervals.items()
+        ),
     ]
     return rows
 
@@ -194,7 +203,8 @@ def _workload_text(calibration: Calibration, index: int) -> str:
         f"{w.submissions} submissions, rates {', '.join(f'{r:.4g}' for r in w.rates_per_s)} /s; cost "
         f"{w.cost_dist} mean {w.cost_mean:.4g} sigma {w.cost_sigma:.3g}, output fraction "
         f"{w.output_fraction:.3g}; duplicates {w.duplicate_fraction:.2%} (distinct_inputs "
-        f"{w.distinct_inputs}); dispersion {w.dispersion:.2f}"
+        f"{w.distinct_inputs}); dispersion {w.dispersion:.2f}. 95% intervals: "
+        + "; ".join(f"{key} {interval} ({interval.method})" for key, interval in w.intervals.items())
     )
 
 

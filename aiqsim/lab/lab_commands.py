@@ -64,8 +64,21 @@ def add_lab_parsers(commands: Any) -> None:
     tune.add_argument("--workers", type=int, default=None, help="worker processes (local/dask)")
     tune.add_argument("--address", default=None, help="dask scheduler address")
     tune.add_argument(
-        "--out", type=Path, required=True, help="trials CSV; OUT.optuna.db and OUT.best.toml beside"
-    )
+        "--tie-break", default="success_latency_p99_s", metavar="METRIC[:min|max]",
+        help="secondary objective that chooses among feasible trials equal on the objective (default "
+        "success_latency_p99_s, lower is better; 'none': the earliest trial)",
+    )  # fmt: skip
+    tune.add_argument(
+        "--confirm-seeds", type=int, default=0, metavar="N",
+        help="re-run the pick on N fresh seeds (SEEDS..SEEDS+N-1, unused by the search) and print its "
+        "constraint values and how many seeds met them beside the search's",
+    )  # fmt: skip
+    tune.add_argument(
+        "--out", type=Path, required=True,
+        help="trials CSV; beside it OUT.optuna.db (the study, for resuming) and OUT.best.toml: the whole "
+        "scenario with the best settings applied (aiqsim run OUT.best.toml). When no trial meets the "
+        "constraints, no best file is written and the exit status is 3",
+    )  # fmt: skip
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -104,12 +117,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}")
     for name, fit in result.providers.items():
         lat = fit.latency
+        line = (
+            f"({lat.base_s:.4g} + {lat.per_unit_s:.4g} x {lat.regressor}) s"
+            if lat.identifiable
+            else f"{lat.base_s:.4g} s at the one size seen (base/per-unit split not identifiable)"
+        )
         print(
-            f"  {name}: latency ({lat.base_s:.4g} + {lat.per_unit_s:.4g} x {lat.regressor}) s, sigma "
+            f"  {name}: latency {line}, sigma "
             f"{lat.sigma:.3g} ({lat.n} completed + {lat.cut_off} cut off, censored); "
             f"limit {fit.server_requests_per_min} req/min ({fit.limits_from}); 429 "
             f"{fit.rate_limit_prob:.3g}, 5xx {fit.server_error_prob:.3g}, lost {fit.timeout_prob:.3g}"
         )
+    for line in result.interval_lines():
+        if line == "Flags:":
+            break
+        print(f"  {line}")
     for flag in result.flags:
         print(f"  flag: {flag}", file=sys.stderr)
     if args.report is not None:
@@ -122,7 +144,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from aiqsim.lab.output_files import check_targets, replaced_atomically
-    from aiqsim.lab.tune import parse_constraint, parse_param, tune
+    from aiqsim.lab.tune import parse_constraint, parse_param, parse_tie_break, tune
+    from aiqsim.lab.tune_checks import format_checks
     from aiqsim.sim.sweep import check_dask_address
 
     if not args.param:
@@ -135,6 +158,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         check_dask_address(args.address, label="--address")
     specs = [parse_param(text) for text in args.param]
     constraints = [parse_constraint(text) for text in args.constraint]
+    parse_tie_break(args.tie_break)
+    if args.confirm_seeds < 0:
+        raise ConfigurationError(f"--confirm-seeds {args.confirm_seeds}: expected an integer >= 0")
     _writable(args.out, "--out")
     patch = args.out.with_name(args.out.name + ".best.toml")
     storage = args.out.with_name(args.out.name + ".optuna.db")
@@ -155,11 +181,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         address=args.address,
         storage=storage,
         progress=not args.no_progress,
+        tie_break=args.tie_break,
+        confirm_seeds=args.confirm_seeds,
     )
-    for target, write in (
-        (args.out, lambda temp: result.trials.to_csv(temp, index=False)),
-        (patch, lambda temp: temp.write_text(result.toml_patch(), encoding="utf-8")),
-    ):
+    folder = args.out.parent.resolve()
+    writes = [(args.out, lambda temp: result.trials.to_csv(temp, index=False))]
+    if result.feasible:
+        best_text = result.best_scenario_toml(relative_to=folder)
+        writes.append((patch, lambda temp: temp.write_text(best_text, encoding="utf-8")))
+    for target, write in writes:
         try:  # an earlier file stays whole if this fails; the trials stay in the Optuna storage
             with replaced_atomically(target) as temp:
                 write(temp)
@@ -170,14 +200,61 @@ def cmd_tune(args: argparse.Namespace) -> int:
             ) from None
     values = ", ".join(f"{k} = {v:.6g}" for k, v in result.best_values.items())
     if not result.feasible:
-        print("warning: no trial met the constraints; the least violating one is shown", file=sys.stderr)
-    print(f"best of {len(result.trials)} trials: {values}")
+        return _nothing_feasible(result, constraints, args.out, patch, format_checks)
+    print(f"best of {len(result.trials)} trials (trial {result.best_trial}): {values}")
     print(f"  {result.set_line()}")
+    print(f"  {_tie_words(result)}")
+    for line in format_checks(result.pick, result.confirmation) if result.pick else []:
+        print(
+            line,
+            file=sys.stderr if line.startswith("warning:") else sys.stdout,
+        )
     if len(objectives) > 1:
         print(f"Pareto front ({len(result.pareto)} trials):")
         print(result.pareto[[*(s.key for s in specs), *objectives]].to_string(index=False))
-    print(f"wrote {args.out} and {patch}")
+    print(f"wrote {args.out} and {patch} (run it: aiqsim run {patch})")
     return 0
+
+
+EXIT_NOTHING_FEASIBLE = 3
+"""``aiqsim tune``'s exit status when no trial met the constraints (no best file is written)."""
+
+
+def _tie_words(result: Any) -> str:
+    """How the pick was chosen among trials equal on the first objective, in words."""
+    first = result.objectives[0]
+    if result.tie_break is None:
+        if result.tied > 1:
+            return f"{result.tied} settings tie on {first}; no tie-break: the earliest trial is shown"
+        return f"no tie on {first} (no tie-break set)"
+    metric, way = result.tie_break.split(":")
+    value = float(result.trials.loc[result.trials["trial"] == result.best_trial, metric].iloc[0])
+    words = "lowest" if way == "min" else "highest"
+    if result.tied > 1:
+        return (
+            f"tie-break: {result.tied} feasible settings tie on {first}; chose the {words} {metric} "
+            f"({value:.4g}) among them"
+        )
+    return f"no tie on {first} (tie-break {metric}, {words} first, not needed; its value {value:.4g})"
+
+
+def _nothing_feasible(result: Any, constraints: Any, out: Path, patch: Path, format_checks: Any) -> int:
+    """No trial met the constraints: say so and how far the closest was, leave no best file, exit 3."""
+    print(
+        f"aiqsim tune: no trial of {len(result.trials)} met the constraints "
+        f"({', '.join(map(str, constraints))}); no best file was written. Relax the constraints, "
+        "widen the --param ranges or run more --trials. The least violating trial "
+        f"({result.best_trial}): {result.set_line()}",
+        file=sys.stderr,
+    )
+    for line in format_checks(result.pick) if result.pick else []:
+        print(f"  {line}", file=sys.stderr)
+    stale = patch.is_file() and not patch.is_symlink()
+    if stale:  # a best file from an earlier run would read as this run's answer
+        patch.unlink()
+        print(f"  removed the earlier {patch}: it is not this run's result", file=sys.stderr)
+    print(f"wrote {out}")
+    return EXIT_NOTHING_FEASIBLE
 
 
 LAB_COMMANDS = {"calibrate": cmd_calibrate, "tune": cmd_tune}

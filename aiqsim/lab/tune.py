@@ -13,6 +13,13 @@ arrivals and the same per-request fates, so the difference is the settings', not
   is fixed and the trials run one after the other;
 - constraints (``success_latency_p99_s<=30``) are passed to the sampler (``constraints_func``), so it learns
   where the feasible region is; the best trial is the best *feasible* one;
+- ties: feasible trials equal on the (first) objective are told apart by a stated secondary objective
+  (``tie_break``, default the success-latency p99, lowest first). A count such as ``rate_limited``
+  often sits at a floor (random 429s) that many settings reach; the first of them found was picked,
+  however slow it made the tasks;
+- the pick's constraints are reported with their spread over the seeds
+  (:mod:`aiqsim.lab.tune_checks`: value, margin, 95% t-interval, seeds meeting it) and, with
+  ``confirm_seeds``, re-checked on seeds the search never used;
 - reproducible: the sampler is seeded (``seed``); the replication seeds are ``0..seeds-1``;
 - a trial that repeats a point already simulated in the same call reuses its results (same seeds,
   same results) instead of simulating again; it still counts as a trial;
@@ -33,7 +40,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +49,7 @@ import pandas as pd
 from aiqsim.core.errors import AiqsimError, ConfigurationError
 from aiqsim.lab.lab_errors import TuneError
 from aiqsim.lab.toml_out import dumps_toml
+from aiqsim.lab.tune_checks import PickCheck, check_pick
 from aiqsim.sim.config import Scenario
 
 __all__ = [
@@ -51,6 +59,7 @@ __all__ = [
     "TuneResult",
     "parse_constraint",
     "parse_param",
+    "parse_tie_break",
     "scenario_digest",
     "tune",
 ]
@@ -163,6 +172,28 @@ def parse_constraint(text: str) -> Constraint:
     return Constraint(metric, op, bound)  # type: ignore[arg-type]
 
 
+DEFAULT_TIE_BREAK = "success_latency_p99_s"
+"""The secondary objective by default: among settings equally good on the objective (a count of 429s
+often sits at a floor many settings reach), the one whose successful tasks finish soonest."""
+
+
+def parse_tie_break(text: str | None) -> tuple[str, str] | None:
+    """``METRIC``, ``METRIC:min`` or ``METRIC:max`` (a summary key) as ``(metric, direction)``;
+    ``None`` or ``"none"``: ties go to the earliest trial. Raises :class:`ConfigurationError`."""
+    from aiqsim.sim.metrics import SUMMARY_KEYS
+
+    if text is None or text.strip().lower() == "none":
+        return None
+    metric, _, way = text.strip().partition(":")
+    way = way.strip().lower() or "min"
+    if metric not in SUMMARY_KEYS or way not in ("min", "max"):
+        raise ConfigurationError(
+            f"tie-break {text!r}: expected a summary key, optionally :min or :max (e.g. "
+            f"{DEFAULT_TIE_BREAK}), or none; summary keys: {', '.join(SUMMARY_KEYS)}"
+        )
+    return metric, way
+
+
 @dataclass(frozen=True)
 class TuneResult:
     """Every trial (``trials``: one row each, with parameters, metric means, feasibility and ``repeat``,
@@ -177,14 +208,55 @@ class TuneResult:
     pareto: pd.DataFrame = field(repr=False)
     feasible: bool = True
     """False when no trial met the constraints (``best_params`` is then the least violating)."""
+    best_trial: int = -1
+    """The number of the trial whose settings are :attr:`best_params`."""
+    tie_break: str | None = None
+    """The secondary objective that broke ties on the (first) objective, as ``METRIC:min|max``."""
+    tied: int = 1
+    """How many distinct settings among the feasible (front) trials shared the best value of the first
+    objective; above 1, the tie-break chose among them."""
+    pick: PickCheck | None = field(default=None, repr=False)
+    """The pick's constraints over the search's seeds (value, margin, spread, t-interval)."""
+    confirmation: PickCheck | None = field(default=None, repr=False)
+    """The same on fresh seeds (``confirm_seeds``), when asked for and a feasible pick exists."""
+    scenario: Scenario | None = field(default=None, repr=False)
+    """The scenario that was tuned (for :meth:`best_scenario_toml`)."""
 
     def set_line(self) -> str:
         """The best settings as ``--set`` arguments for ``aiqsim run``."""
         return " ".join(f"--set {key}={_format(value)}" for key, value in self.best_params.items())
 
     def toml_patch(self) -> str:
-        """The best settings as a TOML document in the scenario file's layout."""
+        """The best settings as a TOML document in the scenario file's layout (only the tuned keys)."""
         return dumps_toml(_nest(self.best_params))
+
+    def best_scenario_toml(self, relative_to: str | Path | None = None) -> str:
+        """The tuned scenario with the best settings applied, as a whole scenario file that
+        ``aiqsim run`` accepts; a comment block at the top names the tuned keys and their values.
+
+        ``relative_to``: the folder the file will be in; trace and replay files are then named
+        relative to it (as the loader resolves them), else by absolute path.
+        """
+        from aiqsim.sim.scenario import scenario_to_dict
+        from aiqsim.sim.simulate import resolve_scenario
+
+        if self.scenario is None:
+            raise TuneError("this result holds no scenario to apply the best settings to")
+        document = scenario_to_dict(resolve_scenario(self.scenario, self.best_params))
+        document = {key: value for key, value in document.items() if value != []}  # absent: none
+        if relative_to is not None:
+            for workload in document["workloads"]:
+                for key in ("trace", "arrivals"):
+                    name = workload.get(key)
+                    if isinstance(name, str) and Path(name).is_absolute() and Path(name).is_file():
+                        workload[key] = Path(os.path.relpath(name, relative_to)).as_posix()
+        header = [
+            f"# {self.scenario.name} with the settings `aiqsim tune` chose "
+            f"({'best feasible trial' if self.feasible else 'NO trial met the constraints'}):",
+            *(f"#   {key} = {_format(value)}" for key, value in self.best_params.items()),
+            "# Run it as it is: aiqsim run THIS_FILE",
+        ]
+        return "\n".join(header) + "\n\n" + dumps_toml(document)
 
 
 def _format(value: Any) -> str:
@@ -452,6 +524,8 @@ def tune(
     storage: str | Path | None = None,
     progress: bool = True,
     startup_trials: int | None = None,
+    tie_break: str | None = DEFAULT_TIE_BREAK,
+    confirm_seeds: int = 0,
 ) -> TuneResult:
     """Search ``params`` for the settings that optimise ``objective`` (see the module docstring).
 
@@ -463,7 +537,12 @@ def tune(
     :func:`scenario_digest`) and the same search arguments; an edited scenario (or another one with
     the same name) starts a study of its own in the same file, since the stored trials' results
     would not hold for it. ``startup_trials``: TPE's random start-up trials (default: Optuna's, 10).
-    Bad input raises :class:`ConfigurationError` before any simulation.
+
+    ``tie_break``: the secondary objective (``METRIC[:min|max]``, default the success-latency p99,
+    lower is better; ``None``: the earliest trial) that chooses among feasible trials equal on the
+    (first) objective. ``confirm_seeds``: re-run the pick on that many fresh seeds (``seeds`` ..
+    ``seeds + confirm_seeds - 1``, none of which the search used) and report its constraints there
+    (:attr:`TuneResult.confirmation`). Bad input raises :class:`ConfigurationError` before any simulation.
     """
     from aiqsim.sim.metrics import SUMMARY_KEYS
     from aiqsim.sim.simulate import checked_scenario_path
@@ -490,7 +569,10 @@ def tune(
             f"directions: expected 'minimize' or 'maximize' per objective, got {directions!r}"
         )
     limits = [c if isinstance(c, Constraint) else parse_constraint(c) for c in constraints]
-    for name, value, least in (("trials", trials, 1), ("seeds", seeds, 1), ("seed", seed, 0)):
+    tie = parse_tie_break(tie_break)
+    for name, value, least in (
+        ("trials", trials, 1), ("seeds", seeds, 1), ("seed", seed, 0), ("confirm_seeds", confirm_seeds, 0)
+    ):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigurationError(f"{name}: expected an integer >= {least}, got {value!r}")
     if startup_trials is not None and (
@@ -561,10 +643,12 @@ def tune(
     runner = _Runner(scenario, engine, workers, address) if remaining else None
     bar = RunProgress(remaining, label=f"tune {scenario.name}", enabled=progress)
     failures: list[str] = []
-    evaluated: dict[str, tuple[dict[str, float], list[float]]] = {}
-    """Point -> (means, violations) of the points simulated in this call: the seeds are the same in
-    every trial, so a trial that repeats a point (TPE does, on a small grid of choices) gets the same
-    results without running the simulations again."""
+    evaluated: dict[str, tuple[dict[str, float], list[float], dict[str, list[float]]]] = {}
+    """Point -> (means, violations, per-seed values) of the points simulated in this call: the seeds
+    are the same in every trial, so a trial that repeats a point (TPE does, on a small grid of
+    choices) gets the same results without running the simulations again."""
+    tracked = list(dict.fromkeys([*(c.metric for c in limits), *objectives, *([tie[0]] if tie else [])]))
+    """The metrics whose per-seed values each trial keeps (for the pick's spread and margins)."""
 
     def _constrain(trial: Any, violations: list[float]) -> None:
         trial.set_user_attr("violations", violations)
@@ -584,7 +668,7 @@ def tune(
         assert runner is not None
         seen = json.dumps(point, sort_keys=True, default=str)
         if seen in evaluated:
-            means, violations = evaluated[seen]
+            means, violations, per_seed = evaluated[seen]
             trial.set_user_attr("repeat", True)
         else:
             rows = runner.run(point, replications)
@@ -596,8 +680,10 @@ def tune(
             frame = pd.DataFrame([row for row, _ in rows])
             means = {key: float(frame[key].mean()) for key in SUMMARY_KEYS if key in frame}
             violations = [c.violation(means[c.metric]) for c in limits]
-            evaluated[seen] = means, violations
+            per_seed = {key: [float(v) for v in frame[key]] for key in tracked if key in frame}
+            evaluated[seen] = means, violations, per_seed
         trial.set_user_attr("means", means)
+        trial.set_user_attr("per_seed", per_seed)
         _constrain(trial, violations)
         values = [means[name] for name in objectives]
         if any(math.isnan(v) for v in values):
@@ -618,7 +704,53 @@ def tune(
     finally:
         if runner is not None:
             runner.close()
-    return _result(study, specs, objectives, dirs, limits, failures, optuna)
+    result = _result(study, specs, objectives, dirs, limits, failures, optuna, tie)
+    shown = list(dict.fromkeys([*objectives, *([tie[0]] if tie else [])]))
+    checks = [(c.metric, c.op, c.bound) for c in limits]
+    per_seed = _pick_per_seed(study, result, [c.metric for c in limits])
+    if per_seed is None:  # a study stored before per-seed values were kept: the same seeds again
+        per_seed = _per_seed_runs(scenario, result.best_params, replications, "serial", None, None)
+    pick = check_pick(per_seed, checks, replications)
+    row = result.trials.loc[result.trials["trial"] == result.best_trial].iloc[0]
+    pick = replace(pick, means={name: float(row[name]) for name in shown if name in row})
+    confirmation = None
+    if confirm_seeds and result.feasible:
+        fresh = list(range(seeds, seeds + confirm_seeds))
+        runs = _per_seed_runs(scenario, result.best_params, fresh, engine, workers, address)
+        confirmation = check_pick(runs, checks, fresh, shown)
+    return replace(result, pick=pick, confirmation=confirmation, scenario=scenario)
+
+
+def _pick_per_seed(study: Any, result: TuneResult, tracked: Sequence[str]) -> dict[str, list[float]] | None:
+    """The per-seed values the search kept for the pick's trial, or None if it kept none (an old study)."""
+    for trial in study.trials:
+        if trial.number == result.best_trial:
+            stored = trial.user_attrs.get("per_seed") or {}
+            return stored if all(key in stored for key in tracked) else None
+    return None
+
+
+def _per_seed_runs(
+    scenario: Scenario,
+    point: dict[str, Any],
+    seeds: Sequence[int],
+    engine: str,
+    workers: int | None,
+    address: str | None,
+) -> dict[str, list[float]]:
+    """Every summary key's value per seed for ``point`` run on ``seeds``."""
+    from aiqsim.sim.metrics import SUMMARY_KEYS
+
+    runner = _Runner(scenario, engine, workers, address)
+    try:
+        rows = runner.run(point, list(seeds))
+    finally:
+        runner.close()
+    errors = [error for _, error in rows if error is not None]
+    if errors:
+        raise TuneError(f"re-running the pick {point} failed: {errors[0]}")
+    frames = [row for row, _ in rows if row is not None]
+    return {key: [float(row[key]) for row in frames] for key in SUMMARY_KEYS if key in frames[0]}
 
 
 class _TrialFailed(Exception):
@@ -633,6 +765,7 @@ def _result(
     limits: Sequence[Constraint],
     failures: list[str],
     optuna: Any,
+    tie: tuple[str, str] | None = None,
 ) -> TuneResult:
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
@@ -659,7 +792,17 @@ def _result(
     pareto_mask = _pareto(pool, objectives, sign)
     # one objective: the best value; several: the Pareto trial best on the first (the primary) one
     front = pool[pareto_mask]
-    best = front.loc[(sign[0] * front[objectives[0]]).idxmin()]
+    primary = sign[0] * front[objectives[0]]
+    top = primary.min()
+    tied = front[[math.isclose(v, top, rel_tol=1e-9, abs_tol=1e-12) for v in primary]]
+    if tie is not None and len(tied) > 1 and tie[0] in tied.columns:
+        key = tied[tie[0]] * (1.0 if tie[1] == "min" else -1.0)  # NaN (no such tasks) sorts last
+        order = pd.DataFrame({"key": key, "trial": tied["trial"]}).sort_values(
+            ["key", "trial"], na_position="last"
+        )
+        best = tied.loc[order.index[0]]
+    else:
+        best = tied.sort_values("trial").iloc[0]
     frame["pareto"] = frame["trial"].isin(pool.loc[pareto_mask, "trial"])
     best_params = {s.key: _plain(best[s.key]) for s in specs}
     best_values = {name: float(best[name]) for name in objectives}
@@ -671,6 +814,9 @@ def _result(
         directions=dirs,
         pareto=frame[frame["pareto"]].sort_values(list(objectives)).reset_index(drop=True),
         feasible=any_feasible,
+        tie_break=None if tie is None else f"{tie[0]}:{tie[1]}",
+        tied=len(tied.drop_duplicates(subset=[s.key for s in specs])),
+        best_trial=int(best["trial"]),
     )
 
 
