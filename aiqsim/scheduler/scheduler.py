@@ -246,8 +246,11 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
     in :attr:`store_write_failures`, its quota reservation and concurrency slot are given back, and
     the scheduler keeps serving: the next writes may succeed once the disk has room. Nothing is
     reported succeeded unless its terminal write persisted. The store keeps the task's previous
-    state (``queued``, or ``running`` when the outcome write failed); :meth:`recover` after a restart
-    reconciles it with the provider like any orphan. A later duplicate of its key submitted to this
+    state (``queued``, or ``running`` when the outcome write failed); a lost outcome is written again
+    in the background until the store takes it (bounded backoff, a ``StoreWriteFailed`` event per
+    failed try; :mod:`aiqsim.scheduler.outcomes`), so that a duplicate in another worker learns it;
+    what a crash or a close leaves unwritten, :meth:`recover` after a restart reconciles with the
+    provider like any orphan. A later duplicate of its key submitted to this
     scheduler first writes the lost outcome late (the disk may have room again), then shares it as
     usual (a success dedups, a failure frees the key); when that write fails too, or the lost change
     was the ``running`` write, the duplicate resolves with ``StoreWriteError`` at once. It never
