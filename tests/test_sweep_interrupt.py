@@ -149,7 +149,7 @@ def _sleep_a_minute(_: int) -> None:
 def test_stopping_the_local_pool_terminates_the_runs_in_progress() -> None:
     """Before (review): the worker processes were read after ``shutdown(wait=False)``, which forgets
     them, so none was terminated and Ctrl-C waited for every run in progress to end."""
-    from concurrent.futures import ProcessPoolExecutor, wait
+    from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     from aiqsim.sim.sweep import _stop_pool
@@ -167,12 +167,15 @@ def test_stopping_the_local_pool_terminates_the_runs_in_progress() -> None:
     for process in workers:
         process.join(timeout=20)
     assert [process.is_alive() for process in workers] == [False, False]
-    # A run the pool had already passed to its call queue (one beyond the workers) cannot be
-    # cancelled: the pool's manager thread fails it with BrokenProcessPool once it sees the workers
-    # gone, which may be after they were joined here; read at once, such a run was still pending now and then.
-    # (a cancelled future is left CANCELLED, never "notified": wait() would count it as pending)
-    _, not_done = wait([future for future in futures if not future.cancelled()], timeout=20)
-    assert not not_done, "the pool's manager thread never settled the runs"
+    # The pool's manager thread, not shutdown() itself, settles the runs: it cancels those still
+    # pending, and fails with BrokenProcessPool those it had passed to its call queue (one beyond the
+    # workers), once it sees the workers gone. Both may happen after the workers were joined here:
+    # read at once, a run was still pending now and then. A cancelled run is never "notified", so
+    # concurrent.futures.wait() would not count it as done: each is polled until done().
+    deadline = time.monotonic() + 20
+    while not all(future.done() for future in futures):
+        assert time.monotonic() < deadline, f"the pool's manager thread never settled the runs: {futures}"
+        time.sleep(0.01)
     for future in futures:  # none ran to its end: each was cancelled or cut short
         assert future.cancelled() or isinstance(future.exception(), BrokenProcessPool), future
 

@@ -90,12 +90,19 @@ class Outcomes:
                 live.finishing = True
                 committed = self._commit.durable()  # now: the flush that covers this very write
                 live.runner = self.runtime.spawn(
-                    self._settle_when_durable(live, record, committed, describe_change(old, record)),
+                    self._settle_when_durable(
+                        live, record, committed, describe_change(old, record), old.status
+                    ),
                     name=f"commit-{record.id}",
                 )
 
     async def _settle_when_durable(
-        self, live: LiveTask, record: TaskRecord, committed: Future[StoreWriteError | None], lost: str
+        self,
+        live: LiveTask,
+        record: TaskRecord,
+        committed: Future[StoreWriteError | None],
+        lost: str,
+        before: TaskStatus,
     ) -> None:
         """Resolve a finished task once the flush covering its terminal write is done. A coroutine,
         not a callback, so that a crash or a failing event sink stops it like any task; a crash
@@ -104,7 +111,7 @@ class Outcomes:
         if error is None:
             self._settle(live, record)
         else:
-            self._lose(live, error, lost, outcome=record)
+            self._lose(live, error, lost, outcome=record, before=before)
 
     def _settle(self, live: LiveTask, record: TaskRecord) -> None:
         """The terminal record is durable: resolve the submission and its duplicates' waits."""
@@ -126,6 +133,7 @@ class Outcomes:
         lost: str | None = None,
         *,
         outcome: TaskRecord | None = None,
+        before: TaskStatus | None = None,
     ) -> None:
         """The one rule for a task whose change could not be persisted ("Failed store writes" in the
         :class:`~aiqsim.scheduler.scheduler.Scheduler` docs).
@@ -134,14 +142,18 @@ class Outcomes:
         list; duplicates waiting on it resolve with a ``StoreWriteError`` of their own. Quota held
         by a running attempt is the caller's to give back. The store keeps the task's last
         persisted state for :meth:`recover`; ``outcome`` (the terminal record that was not
-        written) is kept so that a later duplicate of the key can write it (:meth:`_follow_unpersisted`).
+        written) is kept so that it is written again in the background (:meth:`_rewrite_outcomes`)
+        or by a later duplicate of the key (:meth:`_follow_unpersisted`); ``before`` is the status
+        the store still holds (by default the live record's: the change was never applied here).
         """
         record = live.record
         if self._live.get(record.id) is not live:
             return  # already resolved (e.g. a rolled-back batch and its own failed wait)
         del self._live[record.id]
         what = lost if lost is not None else error.what
-        self._unpersisted[record.id] = UnpersistedChange(what, outcome, record.status)
+        self._unpersisted[record.id] = UnpersistedChange(
+            what, outcome, before if before is not None else record.status
+        )
         self.store_write_failures += 1
         if live.queue_item is not None:
             lane = self._lanes[record.provider]
