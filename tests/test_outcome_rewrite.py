@@ -13,6 +13,7 @@ worker and the test's own reads go to the server directly, so the shared server 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from typing import Any
 
@@ -111,3 +112,49 @@ def test_a_final_write_lost_to_an_outage_is_written_when_the_store_returns(
     assert (duplicate.status, duplicate.deduped_from) == (TaskStatus.DEDUPED, stored.id)
     assert seen["other_calls"] == 0  # never sent twice
     print(f"duplicate returned {seen['waited_s']:.2f} s after the store came back")
+
+
+@pytest.mark.parametrize("rt_name", ["simpy", "asyncio"])
+def test_the_retries_back_off_to_a_bound_and_report_each_failure(rt_name: str) -> None:
+    """On both runtimes: retries after 0.1, 0.2, 0.4, ... s, never more than REWRITE_MAX_S apart,
+    a StoreWriteFailed for each that fails, and the outcome in the store once writes work again."""
+    from aiqsim import MemoryStore, Scheduler
+    from aiqsim.scheduler.events import TaskTransition
+    from aiqsim.scheduler.outcomes import REWRITE_FIRST_S
+    from tests.failing_stores import FailingWrites
+    from tests.fakes import ScriptedProvider
+    from tests.runtimes import ASYNCIO_LATENESS_S, run_on
+
+    outage_s = 10.0
+
+    async def body(rt: Any) -> tuple[list[float], Any, list[Any], Any]:
+        store = FailingWrites(MemoryStore(), fail_from=3)  # insert, running; then the outcome fails
+        events: list[Any] = []
+        scheduler = Scheduler(
+            rt, [ScriptedProvider(rt, "llm", latency_s=1.0)], store=store, events=events.append
+        )
+        submission = scheduler.submit("llm", {"input": "x"})
+        with pytest.raises(Exception, match="store write failed"):
+            await submission.wait()
+        lost_at = rt.now()
+        await rt.sleep(outage_s)
+        store.heal()
+        await rt.sleep(REWRITE_MAX_S + 1.0)
+        failures = [e.time - lost_at for e in events if isinstance(e, StoreWriteFailed)]
+        written = [e for e in events if isinstance(e, TaskTransition) and e.new == "succeeded"]
+        stored = store.get(submission.id)
+        await scheduler.close()
+        return failures, stored, written, scheduler.store_write_failures
+
+    failures, stored, written, lost = run_on(rt_name, body)
+    gaps = [b - a for a, b in itertools.pairwise(failures)]
+    assert len(failures) >= 2 and gaps[0] >= REWRITE_FIRST_S  # the loss, then a retry that failed
+    if rt_name == "simpy":  # exact on the virtual clock: 0.1, 0.2, 0.4, 0.8, 1.6, then 2 s apart
+        assert failures[0] == 0.0
+        assert gaps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6] + [2.0] * (len(gaps) - 5))
+        assert len(failures) >= 1 + 5 + 3  # each failed retry reported, not only the loss
+    else:  # timers fire late on a loaded machine, never early: bounded by that lateness
+        assert max(gaps) <= REWRITE_MAX_S + ASYNCIO_LATENESS_S
+    assert stored.status is TaskStatus.SUCCEEDED  # written once the store took writes again
+    assert [(e.old, e.new) for e in written] == [("running", "succeeded")]
+    assert lost == 1  # one submission lost its outcome: the retries are not counted as more losses
