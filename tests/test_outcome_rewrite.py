@@ -5,16 +5,21 @@ so nobody adopted it), and a duplicate of its key submitted in another worker wa
 Now the scheduler writes the lost outcome again, with a bounded backoff and a ``StoreWriteFailed``
 event for each try that fails, until the store takes it.
 
-The outage is real: the worker reaches PostgreSQL through a TCP link the test cuts (every
-connection closed, new ones refused, as a server restart looks to a client) and restores; the other
-worker and the test's own reads go to the server directly, so the shared server is never stopped.
+Two outages, both real: a TCP link to the shared server that the test cuts (every connection
+closed, new ones refused, as a server restart looks to a client) and restores, for the worker alone;
+and a throwaway PostgreSQL cluster of the test's own, stopped and started again under both workers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -158,3 +163,141 @@ def test_the_retries_back_off_to_a_bound_and_report_each_failure(rt_name: str) -
     assert stored.status is TaskStatus.SUCCEEDED  # written once the store took writes again
     assert [(e.old, e.new) for e in written] == [("running", "succeeded")]
     assert lost == 1  # one submission lost its outcome: the retries are not counted as more losses
+
+
+class OwnCluster:
+    """A throwaway PostgreSQL cluster on a free loopback port that a test may stop and start again
+    (as ``tests/servers.py`` starts one, trust auth, database ``aiqsim``): the shared server of the
+    other tests is never stopped."""
+
+    def __init__(self, root: Path) -> None:
+        from tests.servers import ServerUnavailable, _pg_tool, free_port
+
+        initdb, pg_ctl = _pg_tool("initdb"), _pg_tool("pg_ctl")
+        if initdb is None or pg_ctl is None:
+            raise ServerUnavailable("PostgreSQL's initdb/pg_ctl are not installed")
+        self.prefix: list[str] = []
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            runuser = shutil.which("runuser")
+            if runuser is None:
+                raise ServerUnavailable("running as root, and no runuser to start PostgreSQL as 'postgres'")
+            self.prefix = [runuser, "-u", "postgres", "--"]
+            shutil.chown(root, "postgres")
+        self.pg_ctl = pg_ctl
+        self.data = root / "data"
+        self.port = free_port()
+        self.log = root / "server.log"
+        self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/aiqsim"
+        subprocess.run(
+            [*self.prefix, initdb, "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        self.start()
+        createdb = _pg_tool("createdb") or "createdb"
+        subprocess.run(
+            [*self.prefix, createdb, "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "aiqsim"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off"
+        subprocess.run(
+            [
+                *self.prefix,
+                self.pg_ctl,
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.log),
+                "-o",
+                options,
+                "-w",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=90,
+        )
+
+    def stop(self) -> None:
+        """A fast shutdown: every connection is ended, as at a database restart."""
+        subprocess.run(
+            [*self.prefix, self.pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "stop"],
+            check=True,
+            capture_output=True,
+            timeout=90,
+        )
+
+
+@pytest.fixture
+def own_cluster() -> Any:
+    from tests.servers import ServerUnavailable, in_ci
+
+    root = Path(tempfile.mkdtemp(prefix="aiqsim-pg-"))  # not pytest's tmp_path: 'postgres' must reach it
+    try:
+        try:
+            cluster = OwnCluster(root)
+        except (ServerUnavailable, subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+            detail = getattr(error, "stderr", b"") or b""
+            message = f"no throwaway PostgreSQL cluster here: {error} {detail.decode(errors='replace')}"
+            if in_ci():
+                pytest.fail(message)
+            pytest.skip(message)
+        yield cluster
+        subprocess.run(
+            [*cluster.prefix, cluster.pg_ctl, "-D", str(cluster.data), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_final_write_lost_to_a_database_restart_is_written_when_it_is_back(own_cluster: Any) -> None:
+    """The database itself stops (both workers lose it) while the call is at the provider, and
+    starts again some seconds later: the outcome reaches the store and the other worker's duplicate
+    learns it, within a bound of the database's return."""
+    from aiqsim.runtime import AsyncioRuntime
+    from aiqsim.scheduler import Scheduler
+    from aiqsim.stores.postgres import PostgresStore
+    from tests.fakes import ScriptedProvider
+
+    async def body(store: Any, other_store: Any) -> dict[str, Any]:
+        runtime = AsyncioRuntime()
+        events: list[Any] = []
+        provider = AnswersWhenTold()
+        worker = Scheduler(runtime, [provider], store=store, worker_id="w1", events=events.append)
+        other_provider = ScriptedProvider(runtime, "llm")
+        other = Scheduler(runtime, [other_provider], store=other_store, worker_id="w2", duplicate_poll_s=0.1)
+        owner = worker.submit("llm", {"input": "x"}, key="k")
+        while provider.gate is None:
+            await asyncio.sleep(0.01)
+        duplicate = other.submit("llm", {"input": "x"}, key="k")
+        own_cluster.stop()  # the database goes down while the call is at the provider ...
+        provider.gate.set_result(None)  # ... and the answer comes: its final write fails
+        with pytest.raises(Exception, match="store write failed"):
+            await runtime.wait_for(owner.wait(), 30)
+        await asyncio.sleep(3 * REWRITE_MAX_S)
+        failed_tries = sum(isinstance(e, StoreWriteFailed) for e in events)
+        own_cluster.start()
+        back = runtime.now()
+        record = await runtime.wait_for(duplicate.wait(), DUPLICATE_BOUND_S)
+        waited_s = runtime.now() - back
+        await other.close()
+        await worker.close()
+        return {"failed_tries": failed_tries, "duplicate": record, "waited_s": waited_s, "owner": owner.id}
+
+    with (
+        PostgresStore(own_cluster.dsn, connect_timeout_s=2) as store,
+        PostgresStore(own_cluster.dsn, connect_timeout_s=2) as other_store,
+    ):
+        seen = asyncio.run(body(store, other_store))
+        stored = other_store.get(seen["owner"])
+    assert seen["failed_tries"] >= 3, seen
+    assert (stored.status, stored.result) == (TaskStatus.SUCCEEDED, {"answer": "x"})
+    assert (seen["duplicate"].status, seen["duplicate"].deduped_from) == (TaskStatus.DEDUPED, stored.id)
+    print(f"duplicate returned {seen['waited_s']:.2f} s after the database came back")
