@@ -18,6 +18,13 @@ OpenAI itself (no lookup endpoint; the API key from ``OPENAI_API_KEY``)::
 What recovery can do depends on the provider; see ``--no-lookup`` and ``--requeue-interrupted``
 below and the README. ``examples/crash_and_recover.py`` kills this worker mid-run and shows it.
 
+As one worker of a fleet (several processes sharing a PostgreSQL store, each with its own
+``--worker-id``; the ``postgres`` extra), give ``--postgres DSN``: the worker then holds a lease that
+a :class:`~aiqsim.fleet.LeaseKeeper` renews, and starts with ``keeper.recover_and_start()``, which
+takes the lease before recovering (the one right order: see :mod:`aiqsim.fleet.leases`)::
+
+    python examples/production_worker.py --postgres postgresql://127.0.0.1/aiqsim --worker-id w1
+
 Exit status: 0 when every ticket has its summary, 1 when some failed (listed), 2 on bad arguments.
 """
 
@@ -41,6 +48,7 @@ from aiqsim import (
     TaskFailedError,
     TaskStatus,
 )
+from aiqsim.fleet import LeaseKeeper
 from aiqsim.http import HttpProvider
 
 TICKETS = {
@@ -74,6 +82,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--model", default=os.environ.get("AIQSIM_MODEL", "gpt-4o-mini"))
     parser.add_argument("--store", default="tasks.sqlite3", help="SQLite task store (default tasks.sqlite3)")
+    parser.add_argument(
+        "--postgres",
+        metavar="DSN",
+        help="a PostgreSQL store shared by a fleet of workers, instead of --store (adds a lease)",
+    )
+    parser.add_argument("--schema", default="aiqsim", help="the PostgreSQL schema (with --postgres)")
     parser.add_argument("--worker-id", default="summary-worker-1", help="this process's name in the store")
     parser.add_argument("--tickets", type=int, default=8, help=f"how many tickets (1-{len(TICKETS)})")
     parser.add_argument("--concurrency", type=int, default=4, help="calls in flight at most")
@@ -122,7 +136,12 @@ async def main(argv: Sequence[str] | None = None) -> int:
         lookup_path=None if args.no_lookup else "/lookup/{key}",
         timeout=60.0,
     )
-    store = SqliteStore(args.store)
+    if args.postgres:
+        from aiqsim.stores.postgres import PostgresStore
+
+        store = PostgresStore(args.postgres, schema=args.schema)
+    else:
+        store = SqliteStore(args.store)
     async with (
         llm,
         Scheduler(
@@ -143,7 +162,14 @@ async def main(argv: Sequence[str] | None = None) -> int:
         ) as scheduler,
     ):
         llm.attach_to(scheduler)  # the server's x-ratelimit-* headers correct our buckets
-        report = await scheduler.recover(requeue_interrupted=args.requeue_interrupted)
+        keeper = None
+        if args.postgres:
+            # A fleet worker: take the lease, start renewing it, then recover this worker's own
+            # tasks, in one call (recovering first would let another worker adopt them meanwhile).
+            keeper = LeaseKeeper(scheduler, requeue_interrupted=args.requeue_interrupted)
+            report = await keeper.recover_and_start()
+        else:
+            report = await scheduler.recover(requeue_interrupted=args.requeue_interrupted)
         print(
             f"recover: {report.orphans_completed} orphan(s) completed from the provider's record, "
             f"{report.orphans_failed} failed as interrupted, {report.orphans_requeued} re-sent, "
@@ -174,6 +200,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
                 failures.append(f"{ticket}: {error.record.error}")
             else:
                 print(f"{ticket}: {summary}", flush=True)
+        if keeper is not None:
+            await keeper.stop()  # a clean exit releases the lease: nothing is left to adopt
     store.close()
     for failure in failures:
         print(f"failed {failure}", flush=True)

@@ -36,9 +36,8 @@ async def work(args: argparse.Namespace) -> dict[str, object]:
         worker_id=args.worker,
         duplicate_poll_s=0.05,
     )
-    await scheduler.recover()
     keeper = LeaseKeeper(scheduler, ttl_s=args.ttl, renew_every_s=args.ttl / 4, requeue_interrupted=True)
-    keeper.start()
+    await keeper.recover_and_start(requeue_interrupted=False)  # the lease first, then its own tasks
     print("ready", flush=True)
     for n in range(args.tasks):
         key = f"{args.worker}-k{n:03d}"

@@ -56,6 +56,34 @@ def test_the_production_worker_runs_and_a_rerun_sends_nothing(tmp_path: Path) ->
     assert returncode == 0, stderr
 
 
+def test_the_production_worker_as_a_fleet_worker_on_postgres_takes_and_releases_its_lease(
+    postgres_dsn: str,
+) -> None:
+    import random
+
+    import psycopg
+
+    from aiqsim.stores.postgres import PostgresStore
+
+    schema = f"example_{random.Random().getrandbits(40):010x}"
+    fleet = ("--postgres", postgres_dsn, "--schema", schema, "--worker-id", "w1", "--tickets", "3")
+    try:
+        with ServedProvider("scenarios/crash_recovery.toml", "--time-scale", "0.1") as served:
+            first = run_example("production_worker.py", "--base-url", served.base_url, *fleet)
+            assert first.returncode == 0, first.stdout + first.stderr
+            assert first.stdout.splitlines()[-1] == "done: 3 of 3 ticket(s) summarised"
+            again = run_example("production_worker.py", "--base-url", served.base_url, *fleet)
+            assert again.returncode == 0, again.stdout + again.stderr
+            assert len(served.ledger()["requests"]) == 3  # the rerun's answers came from the store
+            served.stop()
+        with PostgresStore(postgres_dsn, schema=schema) as store:
+            assert store.leases() == {}  # each run took the lease and released it at its clean exit
+            assert {r.worker for r in store.list_by_status()} == {"w1"}
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
 def test_the_production_worker_refuses_bad_arguments() -> None:
     result = run_example("production_worker.py", "--tickets", "0")
     assert result.returncode == 2 and "--tickets: expected 1 to 12" in result.stderr

@@ -28,6 +28,14 @@ left running without its keeper would lose its lease and run tasks that another 
 
 The store must support leases (:class:`aiqsim.stores.PostgresStore` does). The keeper runs on
 the scheduler's runtime (no clock of its own).
+
+Starting a worker: ``report = await keeper.recover_and_start()``. It takes the lease *before* it
+recovers the worker's own tasks and beats while they are recovered, so there is no moment at which
+another worker may adopt the tasks this process is taking up. The two steps called apart in the
+other order (``await scheduler.recover()`` then ``keeper.start()``) leave such a moment at every
+``await`` between them and inside ``recover()``: an expired lease of the previous process of this
+worker id is adopted meanwhile, both processes run its tasks, and a call is billed twice. Called
+apart, call ``keeper.start()`` first and ``await scheduler.recover()`` after it.
 """
 
 from __future__ import annotations
@@ -69,8 +77,10 @@ class LeaseKeeper:
         renew_every_s: how often to renew and look for expired leases (default ``ttl_s / 3``).
         requeue_interrupted: passed to ``recover`` for orphans the provider cannot account for.
 
-    Use ``keeper.start()`` after ``scheduler.recover()`` and ``await keeper.stop()`` on a clean
-    shutdown (which releases the lease, so nobody adopts a worker that left on purpose).
+    Start a worker with ``report = await keeper.recover_and_start()`` (take the lease, start the
+    beats, then recover this worker's own tasks; see the module docs for why in that order), and
+    ``await keeper.stop()`` on a clean shutdown (which releases the lease, so nobody adopts a worker
+    that left on purpose).
     """
 
     def __init__(
@@ -107,6 +117,8 @@ class LeaseKeeper:
         """Beats (renewals or adoptions) that failed because the store could not be reached."""
         self._crashed_scheduler = False
         self._handle: TaskHandle[None] | None = None
+        self._adopting = True
+        """Whether the beats adopt expired leases (not while :meth:`recover_and_start` recovers)."""
 
     def beat(self) -> None:
         """Renew the lease now; if it was adopted, stop the scheduler and raise :class:`LeaseLostError`."""
@@ -170,7 +182,7 @@ class LeaseKeeper:
                 else:
                     renewed_at = beat_at
                     slowest_renewal_s = max(slowest_renewal_s, (runtime.now() - beat_at) * scale)
-                if adopting is None or adopting.done():
+                if self._adopting and (adopting is None or adopting.done()):
                     if adopting is not None:
                         adopting.result()  # an adoption that failed (not for the store) stops the keeper
                     adopting = runtime.spawn(self._adopt_between_beats(), name=f"adopt-{self.worker}")
@@ -212,13 +224,47 @@ class LeaseKeeper:
 
     def start(self) -> TaskHandle[None]:
         """Take the lease (:meth:`acquire_lease <aiqsim.stores.PostgresStore.acquire_lease>`) and start
-        :meth:`run` on the scheduler's runtime (after ``recover()``). Raises :class:`LeaseLostError`
-        while another worker is still taking over this worker id's tasks."""
+        :meth:`run` on the scheduler's runtime. Raises :class:`LeaseLostError` while another worker
+        is still taking over this worker id's tasks.
+
+        Prefer :meth:`recover_and_start`. Called on its own, call it *before*
+        ``await scheduler.recover()``, never after: until it returns, the previous process's
+        expired lease may be adopted by another worker, which then runs the very tasks this
+        process recovered (the module docs)."""
         acquire = getattr(self.store, "acquire_lease", self.store.renew_lease)
         if not acquire(self.worker, self.ttl_s):
             self._lost()
         self._handle = self.scheduler.runtime.spawn(self.run(), name=f"lease-{self.worker}")
         return self._handle
+
+    async def recover_and_start(self, **recover_options: Any) -> RecoveryReport:
+        """Start this worker: take its lease, start the beats, recover its own tasks; the report.
+
+        The one right way to start a fleet worker. The lease is taken first, in the same step as
+        the beats start (no ``await`` between them), so from the moment this process holds the
+        lease until recovery is over no other worker can adopt this worker id's tasks; the lease is
+        renewed while recovery runs (its provider lookups may take a while). This keeper adopts
+        other workers' expired leases only once its own recovery is done.
+
+        ``recover_options`` go to :meth:`Scheduler.recover <aiqsim.scheduler.Scheduler.recover>`
+        (``requeue_interrupted`` defaults to the keeper's). Raises :class:`LeaseLostError`, having
+        recovered nothing, while another worker is still taking over this worker id's tasks
+        (restart later). If recovery raises, the keeper stops the scheduler as a dead worker stops
+        (:meth:`stop` then leaves the lease to run out, and another worker adopts what is left)
+        and the error is raised.
+        """
+        recover_options.setdefault("requeue_interrupted", self.requeue_interrupted)
+        self._adopting = False
+        self.start()  # the lease, then the beats: both before anything is recovered
+        try:
+            report = await self.scheduler.recover(**recover_options)
+        except BaseException:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._crash()
+            raise
+        self._adopting = True
+        return report
 
     async def stop(self) -> None:
         """Stop renewing and release the lease (a clean shutdown leaves nothing to adopt).

@@ -458,6 +458,8 @@ class RedisQuota:
         self._reporters: list[Callable[[str], None]] = []
         self._outage = False
         """Redis failed and has not answered since: the outage was reported once (:meth:`_down`)."""
+        self._encoded: tuple[tuple[float, float], tuple[bytes, ...], tuple[bytes, ...]] | None = None
+        """The reservation's unchanging arguments, encoded (:meth:`_reserve_constants`)."""
         self._sequence = 0
         self._instance = os.urandom(6).hex()
         """Names this quota's slots apart from every other's, with the process id: two processes
@@ -571,6 +573,25 @@ class RedisQuota:
             tokens.rate / scale if tokens is not None else 0.0,
         )
 
+    def _reserve_constants(self) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        """The reservation script's arguments that do not change from call to call (the bucket
+        shapes and concurrency; the slot ttl, slack and resend horizon), encoded once, as redis-py
+        encodes a number (``repr``), so the bytes on the wire are the same. Encoding them on every
+        call was the largest client-side cost of a reservation besides the round trip itself
+        (``benchmarks/bench_redis_reservation.py``: packing its 13 arguments took about as long as
+        the script takes to run in Redis). Made again if ``time_scale`` or ``slot_ttl_s`` change."""
+        shape = (self.time_scale, self.slot_ttl_s)
+        cached = self._encoded
+        if cached is None or cached[0] != shape:
+            head = (*self._bucket_args(), self.limits.concurrency or 0)
+            tail = (self.slot_ttl_s * self.time_scale, 1e-9, SETTLE_RESEND_S)
+            cached = self._encoded = (
+                shape,
+                tuple(repr(value).encode() for value in head),
+                tuple(repr(value).encode() for value in tail),
+            )
+        return cached[1], cached[2]
+
     def check_cost(self, tokens: float) -> None:
         """Raise :class:`QuotaConfigError` now if ``tokens`` could never be reserved."""
         self._shape.check_cost(tokens)
@@ -663,13 +684,13 @@ class RedisQuota:
         self._sequence += 1
         member = f"{self.worker}:{os.getpid()}:{self._instance}:{self._sequence}"
         try:
+            limits, tail = self._reserve_constants()
             granted, detail, server_now = self._call(
                 self._reserve,
-                [tokens, *self._bucket_args()[:2], *self._bucket_args()[2:], self.limits.concurrency or 0,
-                 member, self.slot_ttl_s * self.time_scale, 1e-9, SETTLE_RESEND_S, self.definition],
+                [tokens, *limits, member, *tail, self.definition],
                 self._marker(),
                 self._definition_key,
-            )  # fmt: skip
+            )
         except self._failed as error:
             self._down(error)
             self._refuse_if_misconfigured(error)

@@ -71,6 +71,7 @@ class ClaimRules:
             except StoreWriteError:
                 pass
             else:
+                del self._unpersisted[owner.id]  # written: nothing left for the background retries
                 self._emit_transition(owner.status, outcome)
                 self._healing.add(owner.id)  # a store that still says otherwise cannot loop us
                 try:

@@ -91,7 +91,9 @@ class StoreWriteFailed(NamedTuple):
     """A store write (or the group commit covering it) failed: ``lost`` names the change that was
     NOT persisted, ``error`` the store's error. The task's submission resolved with
     :class:`~aiqsim.stores.base.StoreWriteError`; the store still holds the task's previous state,
-    which :meth:`~aiqsim.scheduler.Scheduler.recover` reconciles after a restart."""
+    which :meth:`~aiqsim.scheduler.Scheduler.recover` reconciles after a restart. A lost outcome is
+    written again in the background: each retry that fails is one more event, its ``lost`` ending
+    in ``"(written again later)"``."""
 
     time: float
     task_id: str

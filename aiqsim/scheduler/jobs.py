@@ -515,8 +515,9 @@ class Jobs:
         return calls
 
     async def join(self) -> None:
-        """Wait until every job submitted here is terminal."""
-        while self._runs:
+        """Wait until every job submitted here is terminal, or the scheduler crashed (its jobs are
+        then left to ``recover()``)."""
+        while self._runs and not (self._crashed or self.scheduler._crashed):
             await self._idle.wait()
 
     # ------------------------------------------------------------------ scheduler hooks
@@ -533,6 +534,7 @@ class Jobs:
         for watcher in self._watchers.values():
             watcher.cancel()
         self._watchers.clear()
+        self._idle.notify()  # a join() under way returns: no job finishes here any more
 
     async def recover(self, adopted: frozenset[str | None] | None = None) -> JobRecoveryReport:
         """Re-drive the unfinished jobs of the store; called by ``Scheduler.recover`` after the tasks.

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiqsim.core.slot_init import compile_builder
-from aiqsim.core.task import TaskRecord
+from aiqsim.core.task import TaskRecord, TaskStatus
 from aiqsim.runtime.protocol import Future, TaskHandle
 from aiqsim.scheduler.dispatch import QueueItem
 from aiqsim.scheduler.retry import RetryPolicy
@@ -55,7 +55,10 @@ new_live_task: Callable[..., LiveTask] = compile_builder(LiveTask)
 @dataclass(frozen=True, slots=True)
 class UnpersistedChange:
     """A task whose change this process could not persist: what was lost, and the terminal record
-    it was to write (``None`` unless it was an outcome), which a later duplicate writes late."""
+    it was to write (``None`` unless it was an outcome), which the scheduler writes again in the
+    background (or a later duplicate of its key writes late, whichever comes first)."""
 
     what: str
     outcome: TaskRecord | None
+    before: TaskStatus | None = None
+    """The status the store still holds (what the outcome's late write moves it from)."""

@@ -5,6 +5,15 @@ store, and is emitted as a :class:`~aiqsim.scheduler.events.TaskTransition`; a t
 the submission once its write is durable. A change that could not be persisted follows one rule
 (:meth:`Outcomes._lose`). :class:`Outcomes` is one of the parts
 :class:`~aiqsim.scheduler.scheduler.Scheduler` is made of.
+
+A terminal record that could not be written (the database was down when the call ended) is not
+left to a restart: the task would stay ``running`` in the store for as long as its worker lives, its
+lease renewed, so nobody adopts it, and a duplicate in another worker would wait on it for ever.
+The scheduler writes it again in the background (:meth:`Outcomes._rewrite_outcomes`), after
+:data:`REWRITE_FIRST_S`, then backing off to at most :data:`REWRITE_MAX_S` between tries, with a
+:class:`~aiqsim.scheduler.events.StoreWriteFailed` event for each try that fails, until it is
+written, the scheduler crashes (a lost lease: another worker adopts the task and reconciles it
+with the provider) or closes (one last try; what is still unwritten is left to ``recover()``).
 """
 
 from __future__ import annotations
@@ -18,8 +27,16 @@ from aiqsim.runtime.protocol import Cancelled, Future
 from aiqsim.scheduler.events import StoreWriteFailed, new_task_transition
 from aiqsim.scheduler.handles import outcome_known, resolve, resolve_with_error
 from aiqsim.scheduler.live import LiveTask, UnpersistedChange
-from aiqsim.scheduler.store_writes import describe_change, persist_change
+from aiqsim.scheduler.store_writes import describe_change, persist, persist_change
 from aiqsim.stores.base import StoreWriteError
+
+REWRITE_FIRST_S = 0.1
+"""Seconds (scheduler time) from a lost terminal write to its first retry: a connection the store
+makes again at once (a dropped socket) is written at the next try."""
+
+REWRITE_MAX_S = 2.0
+"""The longest wait between two retries of a lost terminal write: once the store is back, the
+outcome reaches it (and a duplicate in another worker learns it) within about this long."""
 
 
 class Outcomes:
@@ -73,12 +90,19 @@ class Outcomes:
                 live.finishing = True
                 committed = self._commit.durable()  # now: the flush that covers this very write
                 live.runner = self.runtime.spawn(
-                    self._settle_when_durable(live, record, committed, describe_change(old, record)),
+                    self._settle_when_durable(
+                        live, record, committed, describe_change(old, record), old.status
+                    ),
                     name=f"commit-{record.id}",
                 )
 
     async def _settle_when_durable(
-        self, live: LiveTask, record: TaskRecord, committed: Future[StoreWriteError | None], lost: str
+        self,
+        live: LiveTask,
+        record: TaskRecord,
+        committed: Future[StoreWriteError | None],
+        lost: str,
+        before: TaskStatus,
     ) -> None:
         """Resolve a finished task once the flush covering its terminal write is done. A coroutine,
         not a callback, so that a crash or a failing event sink stops it like any task; a crash
@@ -87,7 +111,7 @@ class Outcomes:
         if error is None:
             self._settle(live, record)
         else:
-            self._lose(live, error, lost, outcome=record)
+            self._lose(live, error, lost, outcome=record, before=before)
 
     def _settle(self, live: LiveTask, record: TaskRecord) -> None:
         """The terminal record is durable: resolve the submission and its duplicates' waits."""
@@ -109,6 +133,7 @@ class Outcomes:
         lost: str | None = None,
         *,
         outcome: TaskRecord | None = None,
+        before: TaskStatus | None = None,
     ) -> None:
         """The one rule for a task whose change could not be persisted ("Failed store writes" in the
         :class:`~aiqsim.scheduler.scheduler.Scheduler` docs).
@@ -117,14 +142,18 @@ class Outcomes:
         list; duplicates waiting on it resolve with a ``StoreWriteError`` of their own. Quota held
         by a running attempt is the caller's to give back. The store keeps the task's last
         persisted state for :meth:`recover`; ``outcome`` (the terminal record that was not
-        written) is kept so that a later duplicate of the key can write it (:meth:`_follow_unpersisted`).
+        written) is kept so that it is written again in the background (:meth:`_rewrite_outcomes`)
+        or by a later duplicate of the key (:meth:`_follow_unpersisted`); ``before`` is the status
+        the store still holds (by default the live record's: the change was never applied here).
         """
         record = live.record
         if self._live.get(record.id) is not live:
             return  # already resolved (e.g. a rolled-back batch and its own failed wait)
         del self._live[record.id]
         what = lost if lost is not None else error.what
-        self._unpersisted[record.id] = UnpersistedChange(what, outcome)
+        self._unpersisted[record.id] = UnpersistedChange(
+            what, outcome, before if before is not None else record.status
+        )
         self.store_write_failures += 1
         if live.queue_item is not None:
             lane = self._lanes[record.provider]
@@ -157,8 +186,81 @@ class Outcomes:
                 self._lose_duplicate(waiter, record.id)
         if self._jobs is not None:  # a job's stage that will not end here: the job must not wait on it
             self._jobs.task_lost(record.id, error)
+        if outcome is not None:
+            self._rewrite_later()
         if not self._live:
             self._idle.notify()
+
+    def _rewrite_later(self) -> None:
+        """Make sure the coroutine that writes lost outcomes again is running (see the module docs)."""
+        if self._rewriter is None and not self._crashed:
+            self._rewriter = self.runtime.spawn(self._rewrite_outcomes(), name="rewrite-outcomes")
+
+    async def _rewrite_outcomes(self) -> None:
+        """Write every lost terminal record again until none is left: a try after
+        :data:`REWRITE_FIRST_S`, then twice as long after each try that failed, up to
+        :data:`REWRITE_MAX_S`; back to the first delay once a write went through."""
+        delay = REWRITE_FIRST_S
+        try:
+            while not self._crashed and self._outcomes_to_rewrite():
+                await self.runtime.sleep(delay)
+                delay = REWRITE_FIRST_S if await self._rewrite_pending() else min(REWRITE_MAX_S, 2 * delay)
+        finally:
+            self._rewriter = None
+
+    def _outcomes_to_rewrite(self) -> list[str]:
+        return [task_id for task_id, change in self._unpersisted.items() if change.outcome is not None]
+
+    async def _rewrite_pending(self) -> bool:
+        """One try at each lost terminal record, oldest first; stops at the first that fails (the
+        store is still away). True when every one was written."""
+        for task_id in self._outcomes_to_rewrite():
+            change = self._unpersisted.get(task_id)
+            if self._crashed:
+                return False
+            if change is None or change.outcome is None:
+                continue  # written meanwhile (a duplicate of its key wrote it late)
+            outcome = change.outcome
+            try:
+                persist(change.what, self.store.update, outcome)
+                if self._commit is not None:
+                    self._commit.staged(task_id)
+                    failed = await self._commit.durable()
+                    if failed is not None:
+                        raise failed
+            except StoreWriteError as error:
+                self._report_rewrite_failed(outcome, change.what, error)
+                return False
+            except (ValueError, TypeError) as error:  # the data itself cannot be stored: never will be
+                self._report_rewrite_failed(outcome, change.what, error)
+                self._unpersisted[task_id] = UnpersistedChange(change.what, None, change.before)
+                continue
+            if self._unpersisted.get(task_id) is change:
+                del self._unpersisted[task_id]
+            self._emit_transition(change.before, outcome)
+        return True
+
+    def _report_rewrite_failed(self, outcome: TaskRecord, what: str, error: BaseException) -> None:
+        if self.events is not None:
+            self.events(
+                StoreWriteFailed(
+                    time=self.runtime.now(),
+                    task_id=outcome.id,
+                    key=outcome.key,
+                    provider=outcome.provider,
+                    lost=f"{what} (written again later)",
+                    error=describe_error(error),
+                )
+            )
+
+    async def _last_rewrite(self) -> None:
+        """On a clean close: one more try at the lost outcomes, then stop retrying (what is still
+        unwritten stays ``running`` in the store, for ``recover()``)."""
+        if self._rewriter is not None:
+            self._rewriter.cancel()
+            self._rewriter = None
+        if self._outcomes_to_rewrite() and not self._crashed:
+            await self._rewrite_pending()
 
     def _lose_duplicate(self, live: LiveTask, owner_id: str) -> None:
         """``live`` shares the run of ``owner_id``, whose outcome this process could not persist."""

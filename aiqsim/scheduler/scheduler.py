@@ -319,8 +319,11 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
     in :attr:`store_write_failures`, its quota reservation and concurrency slot are given back, and
     the scheduler keeps serving: the next writes may succeed once the disk has room. Nothing is
     reported succeeded unless its terminal write persisted. The store keeps the task's previous
-    state (``queued``, or ``running`` when the outcome write failed); :meth:`recover` after a restart
-    reconciles it with the provider like any orphan. A later duplicate of its key submitted to this
+    state (``queued``, or ``running`` when the outcome write failed); a lost outcome is written again
+    in the background until the store takes it (bounded backoff, a ``StoreWriteFailed`` event per
+    failed try; :mod:`aiqsim.scheduler.outcomes`), so that a duplicate in another worker learns it;
+    what a crash or a close leaves unwritten, :meth:`recover` after a restart reconciles with the
+    provider like any orphan. A later duplicate of its key submitted to this
     scheduler first writes the lost outcome late (the disk may have room again), then shares it as
     usual (a success dedups, a failure frees the key); when that write fails too, or the lost change
     was the ``running`` write, the duplicate resolves with ``StoreWriteError`` at once. It never
@@ -357,7 +360,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         "_early_gates", "_late_gates", "_create_future", "_commit",
         # its lanes and tasks
         "_lanes", "_lane_heads", "_live", "_queued", "_seq", "_waiters", "_watchers", "_unpersisted",
-        "_healing", "_idle", "_jobs", "_gate_held",
+        "_healing", "_rewriter", "_idle", "_jobs", "_gate_held",
         # its lifecycle and what it counted
         "_started", "_closing", "_closed", "_crashed", "anomalies", "store_write_failures",
         # for users, empty unless they use it
@@ -499,6 +502,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         self._unpersisted: dict[str, UnpersistedChange] = {}
         """Task id -> the change of that task this process could not persist (see the class docs)."""
         self._healing: set[str] = set()
+        self._rewriter: TaskHandle[None] | None = None
+        """Writes lost outcomes again while any is left (:meth:`Outcomes._rewrite_outcomes`)."""
         self.store_write_failures = 0
         """Submissions resolved with ``StoreWriteError`` (their outcome, or their owner's, not persisted)."""
         self.anomalies: Counter[str] = Counter()
@@ -841,12 +846,23 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         return _new_submission(record.id, record.key, live, self._create_future, accepted)
 
     async def join(self) -> None:
-        """Wait until every task submitted here is terminal."""
-        while self._live:
+        """Wait until every task submitted here is terminal, or the scheduler crashed (its live tasks
+        then never finish here: they are left to :meth:`recover`)."""
+        while self._live and not self._crashed:
             await self._idle.wait()
 
     async def close(self, *, cancel_pending: bool = True) -> None:
-        """Stop taking work; cancel what is still live (or wait for it) and stop the dispatchers."""
+        """Stop taking work; cancel what is still live (or wait for it) and stop the dispatchers.
+
+        After :meth:`crash` (what :class:`~aiqsim.fleet.LeaseKeeper` does on a lost lease) it returns
+        at once: a crashed task never finishes in this process, so there is nothing to wait for, and
+        its record stays as the store has it for the next process's :meth:`recover`. A worker can
+        then leave ``async with Scheduler(...)`` and exit for its supervisor to restart it.
+        """
+        if self._crashed:
+            self._closing = self._closed = True
+            self._stop_background()  # crash() stopped it; once more is harmless
+            return
         self._closing = True  # refuse new work at once; a live job's later stages still get in
         if self._jobs is not None:  # a job's later stages are submitted while it runs
             await self._jobs.close(cancel_pending=cancel_pending)
@@ -855,6 +871,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             for task_id in list(self._live):
                 self.cancel(task_id)
         await self.join()
+        await self._last_rewrite()
         if self._commit is not None:
             self._commit.stop(flush=True)
         self._stop_background()
@@ -881,7 +898,10 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 live.runner.cancel()
         if self._commit is not None:
             self._commit.stop(flush=False)
+        if self._rewriter is not None:
+            self._rewriter.cancel()
         self._stop_background()
+        self._idle.notify()  # a close() or join() under way returns: nothing live will finish here
 
     def submission(self, task_id: str) -> Submission | None:
         """A handle for a task that is live in this scheduler (e.g. one resumed by ``recover``)."""
