@@ -295,8 +295,9 @@ class AttemptLoop:
         finally:
             live.in_call = False
             # The last failure's traceback holds this frame, which would hold the failure: a cycle
-            # only the collector frees, once per retried task (issue #19: GC time).
-            cause = None
+            # only the collector frees, once per retried task (GC time). ``error`` and ``cut`` name
+            # the last failure past its ``except`` block (a cut stream is settled outside it).
+            cause = error = cut = None
 
     async def _stream_attempt(
         self,
