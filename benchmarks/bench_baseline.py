@@ -1,6 +1,6 @@
 """``simulate()`` on every shipped scenario: this tree against a baseline commit, in the same run.
 
-The baseline (``--ref``, by default the commit issue #19's work started from) is exported with
+The baseline (``--ref``, by default the commit the speed work started from) is exported with
 ``git archive`` into a temporary folder, and each side runs in a FRESH process with ``PYTHONPATH``
 pointing at its own tree (both import the same installed third-party packages). Rounds alternate
 baseline / current, so a change in the machine's load hits both sides alike. Each worker first runs
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_REF = "8cf6c81"  # main when issue #19's work started
+DEFAULT_REF = "8cf6c81"  # main when the speed work started
 
 
 def worker(repeat: int, scenarios: list[str]) -> None:

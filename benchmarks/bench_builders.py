@@ -1,4 +1,4 @@
-"""What a class call costs against a generated builder, and a task id's two formattings (issue #19).
+"""What a class call costs against a generated builder, and a task id's two formattings.
 
 CPython 3.11 does not specialise calling a class: ``Reservation(requests=..., tokens=..., slots=...)``
 packs its arguments into a tuple and a dict before ``__init__`` runs, where the builder

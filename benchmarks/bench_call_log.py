@@ -14,7 +14,7 @@ machine load hits them alike:
   per 10,000 events: no float formatted as text on the serving path).
 
 A no-op provider is the worst case: a real call takes milliseconds to seconds, so the log's
-microseconds per call vanish against it. Target (issue #17): <= 10% fewer calls/s.
+microseconds per call vanish against it. Target: <= 10% fewer calls/s.
 
 Run: ``python benchmarks/bench_call_log.py [ROUNDS]`` (5 rounds, about 30 s). Prints a markdown table
 with min and median calls/s and the load average before and after.

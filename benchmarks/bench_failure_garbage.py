@@ -1,7 +1,7 @@
 """The cycle collector's time in a failure-heavy run: this tree against an earlier commit, side by side.
 
 A failed call whose traceback holds frames that hold the error leaves garbage only the cycle
-collector frees (issue #19). ``scenarios/provider_outage.toml`` fails ~1,000 calls with 503s; each
+collector frees. ``scenarios/provider_outage.toml`` fails ~1,000 calls with 503s; each
 side (``--ref``, exported with ``git archive``, and the working tree) runs it in a fresh process: one
 untimed run (imports, caches), then one timed ``simulate(path, seed=0)`` during which
 ``gc.callbacks`` sum the CPU time of every collection. Rounds alternate the sides.

@@ -1,4 +1,4 @@
-"""HttpProvider through the scheduler against bare httpx with the same connection pool (issue #21.6).
+"""HttpProvider through the scheduler against bare httpx with the same connection pool.
 
 The server runs in its own process, so the client's event loop and the server do not share a
 GIL. By default (``--server canned``) it is :class:`aiqsim.http.loopback.LoopbackHttpServer`

@@ -1,4 +1,4 @@
-"""What a 429 pause should reach, on the virtual clock (issue 21, item 2): the evidence for the default.
+"""What a 429 pause should reach, on the virtual clock: the evidence for the default.
 
 Both sides of the choice, for every ``retry.rate_limit_scope`` (``lane``, ``task``, ``adaptive``), with the
 production scheduler on SimPy (:mod:`aiqsim.validation.rate_limit_scope_study`):

@@ -1,4 +1,4 @@
-"""Store-side throughput of group commit (#21 item 5): SqliteStore writes per second, FULL sync.
+"""Store-side throughput of group commit: SqliteStore writes per second, FULL sync.
 
 Each task makes the three writes the scheduler makes for it (insert and claim, running,
 succeeded with a result). ``per-write`` is the default store: every write its own transaction

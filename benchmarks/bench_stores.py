@@ -9,7 +9,7 @@ Also measured, to show why the JSON store journals instead of rewriting its file
 the whole-snapshot rewrite (what a rewrite-per-write store would pay per transition) at both
 sizes, and the JSON store's amortised cost including its periodic compaction.
 
-Group commit (issue #21 item 5): the whole scheduler on asyncio, an instant provider,
+Group commit: the whole scheduler on asyncio, an instant provider,
 concurrency 64, ``SqliteStore`` with one commit and fsync per transition (``synchronous=FULL``)
 against ``SqliteStore(group_commit=True)`` (transitions within ``commit_window_s`` share one
 transaction and one fsync; a submission still resolves only after its commit). Figure of merit:

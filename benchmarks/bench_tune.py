@@ -1,4 +1,4 @@
-"""Does TPE beat random search of the same budget? (issue #17: "Tune finds, on a scenario with a known
+"""Does TPE beat random search of the same budget? ("Tune finds, on a scenario with a known
 optimum from an exhaustive grid, a setting within 5% of the grid's best objective using <= 25% of the
 grid's evaluations; it beats random search of the same budget across 5 seeds.")
 

@@ -1,6 +1,6 @@
 """Python API misuse is refused at the call, by a project error that names the argument.
 
-Each case is one a user met (issue #12): the wrong value used to be accepted and fail later —
+Each case is one a user met: the wrong value used to be accepted and fail later —
 after the provider was called and billed, inside a comparison, or naming a hidden temp file.
 Every test checks the error's family, that the message names the argument and what is
 accepted, and that nothing happened before it (no provider call, no task stored, no file).

@@ -1,4 +1,4 @@
-"""Backpressure (issue 21, item 4): a bounded background queue by default, its depth in the event stream."""
+"""Backpressure: a bounded background queue by default, its depth in the event stream."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Record -> calibrate round trip on known truth (issue #17): the call log of a simulated run is
+"""Record -> calibrate round trip on known truth: the call log of a simulated run is
 calibrated back into a scenario, the provider's parameters come back within 10%, and the calibrated
 scenario reproduces the original's latency percentiles and 429 count within 10% on fresh seeds."""
 

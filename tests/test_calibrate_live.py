@@ -1,4 +1,4 @@
-"""Live loop (issue #17): the production scheduler on asyncio drives local HTTP provider servers on
+"""Live loop: the production scheduler on asyncio drives local HTTP provider servers on
 127.0.0.1 with the call log on; a scenario calibrated from that log predicts the live run's p50/p99
 latency and 429 count within 15%.
 

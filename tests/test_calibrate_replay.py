@@ -1,4 +1,4 @@
-"""``aiqsim calibrate LOG --arrivals replay`` (issue #17: "replay the log, or a fitted Poisson/burst
+"""``aiqsim calibrate LOG --arrivals replay`` ("replay the log, or a fitted Poisson/burst
 model"): the calibrated scenario's workloads replay the log's own submit times from a CSV kept next
 to the scenario, `aiqsim validate` accepts it, and a run of it submits exactly what the log shows.
 Also the notebook form of the calibration report (``--report report.ipynb``)."""

@@ -1,4 +1,4 @@
-"""The scheduler's event records and the call log's deferred row building (issue #17, call-log overhead).
+"""The scheduler's event records and the call log's deferred row building (and its overhead).
 
 The records became named tuples (cheaper to build on the serving path than frozen dataclasses): they
 must keep their field names (the simulator, the call log and other consumers read them by name),

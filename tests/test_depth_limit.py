@@ -655,8 +655,8 @@ def _after_an_instant_first_stage(first: Stage) -> JobSpec:
 def test_a_job_whose_first_stage_ends_at_once_is_judged_by_the_stage_it_launches(first: Stage) -> None:
     """A first stage that ends in the submit's instant launches the next one in that instant, so
     the depth limit must judge that one's calls. Before, such a job queued nothing by the limit's
-    count and was accepted at limit 0 while its second stage waited (a review agent's reproduction
-    of a report from the thirteenth session)."""
+    count and was accepted at limit 0 while its second stage waited (a review's reproduction
+    of a report)."""
     runtime = SimPyRuntime()
     llm = ScriptedProvider(runtime, name="llm", latency_s=5.0)
     tts = ScriptedProvider(runtime, name="tts", latency_s=1.0)

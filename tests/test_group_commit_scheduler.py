@@ -1,4 +1,4 @@
-"""Group commit, the scheduler side (issue #21 item 5): durability points wait for their flush.
+"""Group commit, the scheduler side: durability points wait for their flush.
 
 Against a deferring test store first (:class:`tests.failing_stores.DeferredMemoryStore`, whose
 ``committed()`` is what a crash would leave), then a real ``SqliteStore(group_commit=True)``:

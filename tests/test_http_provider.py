@@ -328,7 +328,7 @@ def test_snapshot_lowers_bucket_levels_but_never_raises_them() -> None:
     assert quota.requests.level(0.0) == 3
     assert quota.tokens.level(0.0) == 1000
     assert not quota.can_reserve(1001, 0.0)
-    # the server says more is left than we think: the client's own view stays (issue #21.1)
+    # the server says more is left than we think: the client's own view stays
     assert not apply_ratelimit_snapshot(
         RateLimitSnapshot(remaining_requests=500, remaining_tokens=10**9), quota, 0.0
     )
@@ -1245,7 +1245,7 @@ def test_httpx_is_imported_lazily_with_a_clear_error() -> None:
     assert "pip install 'aiqsim[http]'" in result.stdout
 
 
-# ---------------------------------------------------------------------------- broken exchanges (#13)
+# ---------------------------------------------------------------------------- broken exchanges
 def test_a_broken_gzip_body_is_a_retryable_decoding_error(scripted: ScriptedServer) -> None:
     reply = HttpReply(
         200, b'{"not": "gzip at all"}', {"content-encoding": "gzip", "content-type": "application/json"}
@@ -1365,7 +1365,7 @@ class RawSocketServer:
 
 
 def test_bytes_smuggled_after_a_body_are_refused_as_another_requests_answer() -> None:
-    """Issue #13: extra bytes after a Content-Length body on a keep-alive connection became the
+    """Extra bytes after a Content-Length body on a keep-alive connection became the
     NEXT request's answer (task B succeeded with them). The answer echoes another key: refused
     (retryable) and its connection dropped, so the retry gets B's own answer on a fresh one."""
 

@@ -251,7 +251,7 @@ class FailingStageWrites(MemoryStore):
 def test_a_job_whose_stage_outcome_cannot_be_written_resolves_failed_and_recovers_later() -> None:
     """Before: the stage's task left the scheduler with its submission resolved by the
     StoreWriteError, but the job was never told and its handle waited for ever (found while
-    reviewing the fifteenth session's change to duplicates of unreadable owners)."""
+    reviewing the change to duplicates of unreadable owners)."""
     runtime = SimPyRuntime()
     store = FailingStageWrites()
     provs = {name: ScriptedProvider(runtime, name=name, latency_s=1.0) for name in ("a", "b")}

@@ -1,5 +1,5 @@
 """`aiqsim calibrate` and `aiqsim tune` from the command line: the happy path writes what it says, and
-bad input is one message with exit status 2 before any simulation (issue #17)."""
+bad input is one message with exit status 2 before any simulation."""
 
 from __future__ import annotations
 

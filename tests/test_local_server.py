@@ -511,10 +511,10 @@ def test_requests_without_a_key_meet_seeded_fates_in_arrival_order() -> None:
     assert statuses(seed=5) != first
 
 
-# ---------------------------------------------------------------------------- header corrections (#21.1)
+# ---------------------------------------------------------------------------- header corrections
 @pytest.mark.parametrize("attach", [False, True])
 def test_header_corrections_never_let_more_through_than_the_client_quota(attach: bool) -> None:
-    """Issue #21.1: with ``attach_to``, every response's ``x-ratelimit-remaining-requests`` used to
+    """With ``attach_to``, every response's ``x-ratelimit-remaining-requests`` used to
     refill the client bucket to its burst, so a client limited to 600/min (burst 10) sent 559
     requests in 5 s to a server allowing 660/min. A token bucket grants at most
     ``burst + rate x t`` in ``t`` seconds; counting the server's arrivals *before* reading the
@@ -563,7 +563,7 @@ def test_header_corrections_never_let_more_through_than_the_client_quota(attach:
 
 
 def test_every_chat_answer_echoes_the_idempotency_key() -> None:
-    """The echo lets HttpProvider refuse an answer that belongs to another request (issue #13)."""
+    """The echo lets HttpProvider refuse an answer that belongs to another request."""
     config = ProviderConfig(name="llm", latency_base_s=0.0, latency_per_unit_s=0.0, rate_limit_prob=0.5)
     body = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -585,7 +585,7 @@ def test_every_chat_answer_echoes_the_idempotency_key() -> None:
     assert {status for status, _ in seen[:8]} == {200, 429}  # 429s echo it too
 
 
-# ---------------------------------------------------------------------------- connection pool (#21.6)
+# ---------------------------------------------------------------------------- connection pool
 def run_through_pool(provider_options: dict[str, Any], concurrency: int) -> tuple[int, int, int]:
     """Two waves of ``concurrency`` tasks each through Scheduler + HttpProvider, the second after the
     first has finished (so its connections sat idle in the pool in between); each request takes
@@ -629,7 +629,7 @@ def run_through_pool(provider_options: dict[str, Any], concurrency: int) -> tupl
 
 
 def test_the_pool_keeps_one_connection_per_concurrent_attempt_alive() -> None:
-    """Issue #21.6: httpx's default pool keeps only 20 connections alive, so at concurrency 256 the
+    """httpx's default pool keeps only 20 connections alive, so at concurrency 256 the
     server accepted 4,823 connections for 13,900 requests. Sized from the lane's concurrency, the
     pool keeps every connection of the first wave alive and the second wave reuses them all
     (httpx's default keeps 20, and httpcore 1.0 closes every idle one while more than 20 are open).

@@ -1,4 +1,4 @@
-"""A dedup owner inherits the highest priority of its waiters (issue 21, item 3), on the virtual clock.
+"""A dedup owner inherits the highest priority of its waiters, on the virtual clock.
 
 Concurrency 1 and fixed latencies make every time exact: before the fix, an interactive duplicate of a
 queued background task finished after the whole background backlog (3.1 s here, as in the issue).

@@ -151,7 +151,7 @@ def test_a_provider_without_a_call_method_is_refused_when_the_scheduler_is_made(
 
 @pytest.mark.parametrize("rt_name", RUNTIMES)
 def test_a_plain_generator_is_refused_after_an_awaitable_generator_was_accepted(rt_name: str) -> None:
-    """The scheduler remembers the types of awaitables it checked (issue #19: the check runs on every
+    """The scheduler remembers the types of awaitables it checked (the check runs on every
     attempt), but a generator is awaitable only when its code is a ``@types.coroutine``: having
     awaited one must not let a plain generator through (it would fail inside the runtime instead,
     retried as a TypeError, without naming the provider)."""

@@ -5,7 +5,7 @@ second waits on the first's run by polling the owner's record every ``duplicate_
 ends and a purge (``RetentionPolicy`` with a finished TTL shorter than the poll) deletes the record
 and its key before the next poll, the waiter finds nothing. It must then take the key over, as after a
 cancelled owner, and run the call itself: waiting on a record that no longer exists would hang for
-ever (found while making the retention policy purge jobs, issue #19).
+ever (found while making the retention policy purge jobs).
 """
 
 from __future__ import annotations

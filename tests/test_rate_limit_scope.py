@@ -205,7 +205,7 @@ def test_adaptive_pauses_the_lane_when_several_tasks_get_429s_without_a_quota_si
     assert provider.starts["late"] == [11.0]
 
 
-# ------------------------------------------------------------------ the lab evidence (item 2 of issue 21)
+# ------------------------------------------------------------------ the lab evidence
 
 
 def test_default_scope_keeps_80_percent_of_throughput_under_5_percent_random_429s() -> None:

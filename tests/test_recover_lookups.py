@@ -1,4 +1,4 @@
-"""recover() with flaky lookups (issue #13): one failed lookup no longer stops the recovery.
+"""recover() with flaky lookups: one failed lookup no longer stops the recovery.
 
 Before, the first lookup that raised propagated out of ``recover()``: every other orphan stayed
 ``running`` and startup was blocked. Now each lookup is retried with backoff within a bound, the

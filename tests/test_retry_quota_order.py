@@ -1,4 +1,4 @@
-"""The AWS retry-quota rule and Retry-After on any provider error (issue #13).
+"""The AWS retry-quota rule and Retry-After on any provider error.
 
 AWS SDKs ask their retry quota when a retry is decided and, when it cannot pay, give up at once
 with no delay. aiqsim used to charge it only after the backoff sleep, so a refused retry failed

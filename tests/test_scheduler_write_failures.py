@@ -1,4 +1,4 @@
-"""A failed store write surfaces, never hangs (issue #13).
+"""A failed store write surfaces, never hangs.
 
 Before the fix, a write that raised inside a task's coroutine killed it silently: the submission
 never resolved, the concurrency slot was never released, and after ``concurrency`` such failures

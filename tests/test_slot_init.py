@@ -316,7 +316,7 @@ def test_new_submission_sets_every_slot_the_constructor_sets() -> None:
 
 
 def test_a_scheduler_keeps_its_attributes_in_slots_and_its_instance_dict_empty() -> None:
-    """Scheduler and each of its parts declare ``__slots__`` (issue #19: with an instance dict of 34
+    """Scheduler and each of its parts declare ``__slots__`` (with an instance dict of 34
     attributes every attribute read was a dict lookup, and a method-cache miss walked the MRO): a
     part added without ``__slots__ = ()``, or an attribute set outside them, would bring the dict
     back silently. Users keep what an instance dict gave them (review of b3a9087)."""

@@ -547,7 +547,7 @@ def test_json_whole_last_line_with_one_flipped_byte_is_refused(journaled: Path, 
     assert_refused_untouched(journaled.parent, lambda: JsonFileStore(journaled), "journal", "line 5")
 
 
-# ============================================================================ issue #13: damage that opened
+# ============================================================================ damage that opened
 # silently or leaked raw sqlite3 errors; each case now refused at open with the file untouched, and the
 # same damage met at run time (``validate=False``) is a project error, never a raw sqlite3 one.
 def write_invalid_utf8(path: Path, column: str, task_id: str = "t5") -> None:
@@ -631,7 +631,7 @@ def test_sqlite_file_cut_short_is_refused(sqlite_path: Path, cut: int) -> None:
     )
 
 
-# ---------------------------------------------------------------------------- JSON snapshot checksum (#13)
+# ---------------------------------------------------------------------------- JSON snapshot checksum
 def test_json_snapshot_with_a_flipped_payload_byte_is_refused(json_path: Path) -> None:
     """Before the checksum, this opened with task t3's payload silently altered ("x" -> "y")."""
     raw = json_path.read_bytes()

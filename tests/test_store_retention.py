@@ -1,4 +1,4 @@
-"""Retention (#21 item 5): ``store.purge`` on all three stores, its rule, and the periodic runner.
+"""Retention: ``store.purge`` on all three stores, its rule, and the periodic runner.
 
 The rule under test (module docs of :mod:`aiqsim.stores.retention`): finished tasks go after
 ``finished_older_than_s``; a succeeded key owner and its key stay until ``keys_older_than_s`` so

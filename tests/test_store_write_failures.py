@@ -1,5 +1,5 @@
 """Every store write that fails is a StoreWriteError naming what was lost, and the store recovers;
-a store this process cannot write is refused at open with StoreAccessError (#13).
+a store this process cannot write is refused at open with StoreAccessError.
 
 Real failures only: a child process under ``RLIMIT_FSIZE`` gets the kernel's ``EFBIG`` on a write
 past the limit (what a full quota or disk gives the store: a refused write), and raising the

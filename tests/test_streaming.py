@@ -1,5 +1,5 @@
 """Streaming result mode (``simulate(..., records="summary")``): the same summary as the full-record
-mode, no per-task records kept, memory bounded by the key window (issue #19)."""
+mode, no per-task records kept, memory bounded by the key window."""
 
 from __future__ import annotations
 

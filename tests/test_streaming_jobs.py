@@ -1,5 +1,5 @@
 """Streaming mode (``records="summary"``) with job workloads and fleets: the job and fleet summary keys
-equal the full-record mode's, memory stays flat in the number of jobs (issue #19)."""
+equal the full-record mode's, memory stays flat in the number of jobs."""
 
 from __future__ import annotations
 

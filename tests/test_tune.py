@@ -1,7 +1,7 @@
 """aiqsim.lab.tune: bad input refused before any run; on a scenario whose optimum is known from an
 exhaustive grid, TPE finds it (within 5%) with a quarter of the grid's evaluations (the 120-setting
 retry-storm grid, where it only ties random search), and on a structured 1,008-setting grid
-(scenarios/tuning/rate_limited_mix.toml) it beats random search of the same budget (issue #17).
+(scenarios/tuning/rate_limited_mix.toml) it beats random search of the same budget.
 Figures: benchmarks/bench_tune.py, benchmarks/RESULTS.md."""
 
 from __future__ import annotations

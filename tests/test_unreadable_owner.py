@@ -3,10 +3,10 @@
 Two schedulers share one SQLite file, as two processes do: a duplicate submitted to the second
 waits on the first's run by polling the owner's record. If that record turns corrupt (a hand edit,
 a bad migration) or the store is closed under the scheduler, reading it again cannot help. Before,
-the watcher died with the error and its duplicates waited for ever (a review finding of the
-fourteenth session); now each of them resolves with an error that says why, and the scheduler can
-be joined. Each also sends an :class:`~aiqsim.scheduler.events.OwnerUnreadable` event to the
-scheduler's event sink first (before, a user watching events saw nothing of it).
+the watcher died with the error and its duplicates waited for ever (a review finding); now each
+of them resolves with an error that says why, and the scheduler can be joined. Each also sends
+an :class:`~aiqsim.scheduler.events.OwnerUnreadable` event to the scheduler's event sink first
+(before, a user watching events saw nothing of it).
 """
 
 from __future__ import annotations

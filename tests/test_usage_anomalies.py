@@ -1,4 +1,4 @@
-"""Hostile or buggy usage numbers (issue #13): clamped, recorded, never fatal, never a frozen lane."""
+"""Hostile or buggy usage numbers: clamped, recorded, never fatal, never a frozen lane."""
 
 from __future__ import annotations
 

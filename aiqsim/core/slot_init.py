@@ -4,7 +4,7 @@
 ``object.__setattr__(self, name, value)``: a global lookup, an attribute lookup and a call that
 looks the name up in the class again, once per field. A task record (18 fields) then costs about
 twice as much to build as a plain class, and the scheduler builds one or more per transition
-(``TaskRecord``, ``ProviderRequest``, ``ProviderResponse``; issue #19).
+(``TaskRecord``, ``ProviderRequest``, ``ProviderResponse``).
 
 The remedy here is a *mutable twin*: a class with exactly the same ``__slots__`` (so the same
 memory layout) and no frozen ``__setattr__``. An object is filled in as the twin with plain

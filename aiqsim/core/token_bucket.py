@@ -250,7 +250,7 @@ class QuotaLimits:
 
 _TOKENLESS = (Reservation(requests=0.0, tokens=0.0, slots=1), Reservation(requests=1.0, tokens=0.0, slots=1))
 """What a quota without a token bucket grants, by whether it counts requests: the same every time,
-so not built anew per call (issue #19)."""
+so not built anew per call."""
 
 
 class MultiQuota:

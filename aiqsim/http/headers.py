@@ -11,7 +11,7 @@ how much of *its* quota is left, so :func:`apply_ratelimit_snapshot` corrects ou
 token-bucket estimate with it, but only downwards (:func:`corrected_level`): the client's own
 limits (``requests_per_min``, bursts) are a promise of the client's, and a server with more
 room must never raise them. A server reporting a fuller quota than ours would otherwise refill
-our bucket on every response and ``requests_per_min`` would stop limiting (issue #21.1).
+our bucket on every response and ``requests_per_min`` would stop limiting.
 
 Everything here is pure: no clock, no I/O. Durations are returned in the server's
 (wall-clock) seconds; callers running in scaled time convert.

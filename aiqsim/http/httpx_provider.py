@@ -12,7 +12,7 @@ as the lane can have attempts in flight (its ``concurrency``, learnt from :meth:
 or ``bind_quota``, or given as ``max_connections``). With httpx's default (100 connections, 20
 kept alive; httpcore 1.0 closes a released connection whenever more than 20 are open) most
 attempts opened a new TCP connection: at concurrency 256 the local server accepted 4,823
-connections for 13,900 requests (issue #21.6). Two costs
+connections for 13,900 requests. Two costs
 remain with httpx 0.28 / httpcore 1.0 and are the same for any httpx client with this pool
 (``benchmarks/bench_http_pool.py``): the pool's bookkeeping scans every connection on every
 request and release, and polls each idle socket, so CPU per request grows with the pool size;

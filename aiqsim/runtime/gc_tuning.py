@@ -4,7 +4,7 @@ A simulation allocates millions of short-lived, acyclic objects (events, records
 and keeps many long-lived ones (the task records it reports). With CPython's default thresholds a
 generation-0 collection runs every 700 net allocations and the full collections that follow rescan
 everything alive, including every module imported before the run: at 50-100k tasks the collector
-took ~14% of the CPU (issue #19's profile). :func:`relaxed_gc` freezes what already exists
+took ~14% of the CPU (a profile). :func:`relaxed_gc` freezes what already exists
 (``gc.freeze``: the imports and the caller's objects are never scanned during the run) and raises
 the generation-0 threshold, then restores both. Reference counting still frees acyclic garbage at
 once; only the cycle detector runs less often, so the memory held by reference cycles (a few per

@@ -122,7 +122,7 @@ class SimFuture(simpy.Event):
                 # The error thrown in here is this future's value, and its traceback holds this
                 # frame: without ``self`` the frame no longer holds the error, so the error, its
                 # traceback and their frames are freed by reference counting, not by the cycle
-                # collector (a failed call's garbage: issue #19).
+                # collector (a failed call's garbage).
                 del self
                 raise
         if self._ok:
@@ -345,7 +345,7 @@ class SimTask:
     def _done_future(self) -> SimFuture:
         """The future that resolves with the task's outcome, made on first use: most tasks (a
         scheduler's runners) are only ever cancelled, never awaited, and a future each that
-        nobody reads was one more event object per task (issue #19)."""
+        nobody reads was one more event object per task."""
         done = self._done
         if done is None:
             done = self._done = _new_future(self._rt.env)
@@ -455,7 +455,7 @@ def _start_task(task: SimTask, rt: SimPyRuntime, coro: Coroutine[Any, Any, Any],
     task._cancel_requests = 0  # calls of the public cancel(); a wait_for deadline is not one
     task._deadlines = []  # the wait_for deadlines open in this task, outermost first
     # The task is its own first event (what the SimPy loop reads of one: ``callbacks``, ``_ok``,
-    # ``_value``): one object less per task than a separate start event (issue #19).
+    # ``_value``): one object less per task than a separate start event.
     task.callbacks = [task._resume]
     task._ok = True
     task._value = None

@@ -83,7 +83,7 @@ __all__ = [
     "dispatch_policy_from_name",
 ]
 
-# Jobs (issue #15), appended as one block: the public names of aiqsim.scheduler.jobs (its __all__).
+# Jobs, appended as one block: the public names of aiqsim.scheduler.jobs (its __all__).
 from aiqsim.scheduler import jobs as _jobs
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.jobs import *  # noqa: F403

@@ -297,7 +297,7 @@ class AttemptLoop:
             # The last failure's traceback holds this frame, which would hold the failure: a cycle
             # only the collector frees, once per retried task (GC time). ``error`` and ``cut`` name
             # the last failure past its ``except`` block (a cut stream is settled outside it).
-            cause = error = cut = None
+            cause = error = cut = None  # noqa: F841 (dropping the names is the point)
 
     async def _stream_attempt(
         self,
@@ -452,7 +452,7 @@ class AttemptLoop:
         (:meth:`_not_started`).
 
         Not a coroutine: with a store that commits every write there is nothing to wait for, and
-        a coroutine per task to await was measurable (issue #19).
+        a coroutine per task to await was measurable.
         """
         assert reservation is not None
         try:

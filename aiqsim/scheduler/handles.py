@@ -6,7 +6,7 @@ callers wait on it. The outcome lives on the scheduler's in-process state of the
 :class:`OutcomeHolder`: a task's :class:`~aiqsim.scheduler.live.LiveTask`, a job's run), and a
 future is made for it only when a caller waits before it is known: most simulated tasks are never
 awaited one by one (a run ends with ``join()``), and a future per task was 1.8% of an M/M/c
-customer's instructions (issue #19). :func:`resolve` and :func:`resolve_with_error` are how the
+customer's instructions. :func:`resolve` and :func:`resolve_with_error` are how the
 scheduler ends an outcome; :func:`await_outcome` how a handle waits for it.
 
 Each caller must wait through a future of its own: asyncio cancels the future a cancelled awaiter

@@ -195,7 +195,7 @@ def _new_submission(
 ) -> Submission:
     """``Submission(task_id, key, live, new_future, accepted)`` without the class call: one is made
     per :meth:`Scheduler.submit`, and on CPython 3.11 a class call whose ``__init__`` calls its base's
-    is not specialised (0.8% of an M/M/c customer's instructions, issue #19). It sets the handle's
+    is not specialised (0.8% of an M/M/c customer's instructions). It sets the handle's
     slots itself, as ``OutcomeHandle.__init__`` does (filling them through one shared function
     instead gave back half the saving): ``tests/test_slot_init.py`` checks it against the
     constructor, slot by slot, so a slot added to either class and missed here fails there."""

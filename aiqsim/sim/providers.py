@@ -973,7 +973,7 @@ class SimulatedProvider:
         client's, so it still runs at its time, records and bills. A lost response (``_LOST``)
         makes the client hang instead. A scheduled callback rather than a task of its own: the
         work never waits on anything but its delay, and a callback costs one event where a task
-        cost a start event, a resume and two coroutine frames (issue #19).
+        cost a start event, a resume and two coroutine frames.
         """
         runtime = self.runtime
         answer: Future[Any] = runtime.create_future()

@@ -157,7 +157,7 @@ _TIMESTAMP_MATCH = _TIMESTAMP.fullmatch
 def _day_start_ticks(year: str, month: str, day: str) -> int | str:
     """The tick count at 00:00 of a trace date given as its digits, or what is out of range
     (``"month"``, ``"day or time"``). Cached: a trace's rows share a few dates, and working each
-    row's date out again was much of the cost of reading a trace (issue #19)."""
+    row's date out again was much of the cost of reading a trace."""
     year_number, month_number, day_number = int(year), int(month), int(day)
     if not 1 <= month_number <= 12:
         return "month"

@@ -87,7 +87,7 @@ __all__ = [
     "purge_periodically",
 ]
 
-# Jobs (issue #15): the job-table protocol every store implements.
+# Jobs: the job-table protocol every store implements.
 from aiqsim.stores.job_store import JobStore, claim_job_owner  # noqa: E402
 
 __all__ += ["JobStore", "claim_job_owner"]

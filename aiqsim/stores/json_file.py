@@ -88,7 +88,7 @@ FORMAT = "aiqsim-taskstore"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 """Snapshot versions this build opens: 1 (no checksum) and 2 (checksummed, written by this build).
-A ``store`` may hold ``jobs`` and ``job_owners`` (jobs, issue #15); without them it holds no jobs."""
+A ``store`` may hold ``jobs`` and ``job_owners`` (jobs); without them it holds no jobs."""
 FILE_MODE = 0o600
 DEFAULT_COMPACT_MIN_ENTRIES = 1000
 
