@@ -197,3 +197,39 @@ def test_tuning_panel_dropdown_shows_a_file_value_it_was_not_given() -> None:
     assert panel.overrides() == {} and panel.simulated_settings() == {"retry.strategy": "exponential"}
     panel.controls["retry.strategy"].value = "none"
     assert panel.last_result.scenario.retry.strategy == "none"
+
+
+def test_tuning_panel_sliders_step_on_round_values_and_read_out_as_people_write_numbers() -> None:
+    from aiqsim.lab.chart_style import format_number
+    from aiqsim.lab.widgets import make_control, round_step
+
+    slider = make_control("retry.base_s", (0.1, 5.0), 0.5)
+    assert slider.step in (0.05, 0.1, 0.2)  # 1, 2 or 5 times a power of ten
+    for value in (0.5, 1.0, 2.0, 5.0):  # round values sit on the slider's grid (2.0 was unreachable)
+        positions = (value - slider.min) / slider.step
+        assert abs(positions - round(positions)) < 1e-9, value
+    quota = make_control("quotas.llm.units_per_min", (200_000, 1_200_000), 500_000)
+    assert quota.step == 50_000 and quota.readout_format == ",d"
+    assert round_step(60, 240, None, integer=True) == 5
+    assert [format_number(v) for v in (800_000.0, 800_000, 0.25, 12.3456, 0.000123)] == [
+        "800,000", "800,000", "0.25", "12.35", "0.000123"
+    ]  # fmt: skip
+
+
+def test_tuning_panel_has_a_burst_control_and_titles_its_chart_with_the_settings_and_failed_tasks() -> None:
+    import nbformat
+
+    book = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.ipynb", 4)
+    panel_cell = next(cell.source for cell in book.cells if "TuningPanel(" in cell.source)
+    assert '"quotas.llm.request_burst"' in panel_cell  # the quickstart's panel can set the burst
+    panel = TuningPanel(
+        SCENARIOS / "retry_storm_429.toml",
+        {"quotas.llm.requests_per_min": (60, 240, 10), "quotas.llm.request_burst": (1, 120)},
+    )
+    panel.controls["quotas.llm.requests_per_min"].value = 120
+    panel.controls["quotas.llm.request_burst"].value = 5
+    failed = panel.last_result.summary["tasks_failed"]
+    title = panel.chart_title.replace("\n", " ")
+    assert "request quota 120 requests/min" in title and "request burst 5 requests" in title
+    assert f"{failed} failed tasks" in title
+    assert panel.plot.value[:8] == b"\x89PNG\r\n\x1a\n"  # the chart, drawn into an Image widget

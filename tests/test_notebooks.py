@@ -131,3 +131,42 @@ def test_run_notebook_shuts_its_kernel_down(tmp_path: Path) -> None:
         except OSError:  # gone meanwhile, or not ours to read
             continue
     assert ours == [], f"kernel process(es) {ours} still running after run_notebook returned"
+
+
+@pytest.mark.notebook
+def test_a_tuning_panel_sends_nothing_back_from_a_headless_front_end(tmp_path: Path) -> None:
+    """Why the quickstart hung now and then after its panel cell, headless: the panel drew into an
+    ipywidgets Output; nbclient, mimicking a front end, answers every output captured by an Output with
+    a ``comm_msg`` to the kernel on the shell channel, sent while it awaits the cell's reply on that same
+    channel, and that concurrent send occasionally lost the reply (the run then waits for its timeout).
+    A panel that draws into an Image gets no such answer: count what the kernel receives."""
+    from aiqsim.lab.notebook_runs import run_notebook
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [
+        nbformat.v4.new_code_cell("FAST = False"),
+        nbformat.v4.new_code_cell(
+            "kernel = get_ipython().kernel\n"
+            "received = []\n"
+            "original = kernel.shell_handlers['comm_msg']\n"
+            "def counting(*args, **kwargs):\n"
+            "    received.append(args[-1]['content']['data'].get('method'))\n"
+            "    return original(*args, **kwargs)\n"
+            "kernel.shell_handlers['comm_msg'] = counting"
+        ),
+        nbformat.v4.new_code_cell(
+            "from aiqsim.lab.widgets import TuningPanel\n"
+            f"panel = TuningPanel({str(NOTEBOOKS.parent / 'scenarios' / 'retry_storm_429.toml')!r},\n"
+            "                    {'retry.base_s': (0.1, 5.0)})\n"
+            "panel.controls['retry.base_s'].value = 2.0\n"
+            "panel"
+        ),
+        nbformat.v4.new_code_cell("print('front end sent', len(received), 'comm messages:', received)"),
+    ]
+    book.cells[0].metadata["tags"] = ["parameters"]
+    path = tmp_path / "panel.ipynb"
+    nbformat.write(book, path)
+
+    executed = run_notebook(path, timeout_s=120)
+
+    assert executed.cells[-1].outputs[0]["text"] == "front end sent 0 comm messages: []\n"

@@ -9,6 +9,7 @@ a script the font lacks), and heatmap annotations whose colour follows the cell'
 from __future__ import annotations
 
 import functools
+import math
 import unicodedata
 from collections.abc import Sequence
 
@@ -120,7 +121,24 @@ def short_setting(key: str, value: object) -> str:
     words = name.replace("attempt ", "").replace("backoff ", "").replace("client ", "")
     if unit in ("", "name"):
         return f"{words} {value}"
-    return f"{words} {value:g} {unit}" if isinstance(value, int | float) else f"{words} {value} {unit}"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{words} {format_number(value)} {unit}"
+    return f"{words} {value} {unit}"
+
+
+def format_number(value: float, significant: int = 4) -> str:
+    """A number as people write it: ``800,000`` (not ``8e+05``), ``0.25``, ``12.35``, ``1,234``.
+
+    Whole numbers keep every digit with thousands separators; others keep ``significant`` digits,
+    in fixed notation, trailing zeros dropped.
+    """
+    if isinstance(value, int) or (math.isfinite(value) and float(value).is_integer() and abs(value) < 1e15):
+        return f"{int(value):,}"
+    if not math.isfinite(value):
+        return str(value)
+    decimals = max(0, significant - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 @functools.lru_cache(maxsize=4096)

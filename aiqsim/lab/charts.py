@@ -28,6 +28,7 @@ from aiqsim.lab.chart_style import (
     ROLE_COLOURS,
     SEQUENTIAL_CMAP,
     axis_label,
+    format_number,
     printable,
     short_setting,
     text_colour_for,
@@ -176,11 +177,12 @@ def retry_storm_timeline(
         labels = [*labels, f"no {' or '.join(absent)} in this run"]
     _legend_outside(ax, handles, labels)
     total = counts.sum()
-    finding = f"{int(total['attempts'])} attempts for {int(total['successes'])} successes"
+    attempts, successes = format_number(int(total["attempts"])), format_number(int(total["successes"]))
+    finding = f"{attempts} attempts for {successes} successes"
     if total.get("rate_limited"):
-        finding += f", {int(total['rate_limited'])} answered 429"
+        finding += f", {format_number(int(total['rate_limited']))} answered 429"
     if total.get("errors"):
-        finding += f", {int(total['errors'])} errors"
+        finding += f", {format_number(int(total['errors']))} errors"
     prefix = title or ("Retry storm timeline" + (f" ({provider})" if provider else ""))
     _title(ax, prefix, finding)
     return fig
