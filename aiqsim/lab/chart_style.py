@@ -119,10 +119,10 @@ def short_setting(key: str, value: object) -> str:
     name, _, unit = label.partition(" (")
     unit = unit.rstrip(")")
     words = name.replace("attempt ", "").replace("backoff ", "").replace("client ", "")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = format_number(value)
     if unit in ("", "name"):
         return f"{words} {value}"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"{words} {format_number(value)} {unit}"
     return f"{words} {value} {unit}"
 
 

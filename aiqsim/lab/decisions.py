@@ -65,13 +65,15 @@ class Decision:
 
     ``settings``: scenario keys and the values to set. ``rule``: the rule that chose it, in words.
     ``evidence``: the seed bands of every candidate (the chosen row first). ``scenario_file``: the file
-    the ``--set`` line applies to.
+    the ``--set`` line applies to. ``constraints``: the bounds (metric -> most allowed) every seed of the
+    chosen setting had to keep, so a chart can mark the settings the decision rejected.
     """
 
     scenario_file: str
     settings: Mapping[str, Any]
     rule: str
     evidence: pd.DataFrame = field(repr=False, compare=False)
+    constraints: Mapping[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def command(self) -> str:
@@ -119,7 +121,9 @@ def smallest_meeting(
     rule = (
         f"smallest {param} whose worst of {int(meeting.iloc[0]['seeds'])} seeds keeps {metric} <= {target:g}"
     )
-    return Decision(scenario_file, {param: _plain(value)}, rule, _first(meeting, bands, [param]))
+    return Decision(
+        scenario_file, {param: _plain(value)}, rule, _first(meeting, bands, [param]), {metric: target}
+    )
 
 
 def best_setting(
@@ -161,7 +165,7 @@ def best_setting(
         rule += f"; ties go to the lower mean {tie_break}"
     settings = {p: _plain(ordered[p].iloc[0]) for p in params}
     ranked = bands.sort_values(keys, ascending=[not maximize] + [True] * (len(keys) - 1), kind="stable")
-    return Decision(scenario_file, settings, rule, _first(ordered, ranked, params))
+    return Decision(scenario_file, settings, rule, _first(ordered, ranked, params), constraints)
 
 
 def _plain(value: Any) -> Any:
