@@ -70,6 +70,15 @@ AXIS_LABELS: dict[str, str] = {
     "goodput_per_s": "goodput (successes/s)",
     "quota_utilization": "quota utilisation (fraction of server rate)",
     "sim_time_s": "run length (s)",
+    "factor": "quota multiplier (x the file's quota)",
+    "stage": "stage (name)",
+    "fallback": "fallback (provider)",
+    "job_latency_p50_s": "median job latency (s)",
+    "job_latency_p95_s": "p95 job latency (s)",
+    "jobs_failed": "failed jobs (jobs)",
+    "cost_per_succeeded_job": "cost per delivered job ($)",
+    "fleet_utilization": "admitted / account limit (fraction)",
+    "wasted_capacity": "wasted capacity (fraction of the limit)",
 }
 """Readable axis labels, each with its unit, for the keys the lab sweeps and reports."""
 

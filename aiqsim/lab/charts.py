@@ -373,12 +373,14 @@ def metric_vs_parameter(
     reference: Mapping[str, float] | None = None,
     decision: Any = None,
     maximize: bool = False,
+    marks: Mapping[str, float] | None = None,
 ) -> Figure:
     """Mean of ``y`` against ``x`` over seeds with a 95% Student-t band, one line per ``hue`` value.
 
     E.g. duplicate cost against backoff base, or p99 latency against bucket size. A line identical to
     one already drawn (it would hide underneath) is drawn dashed with hollow markers and labelled
-    "same as ...". ``reference`` draws labelled horizontal lines (a latency target, a limit).
+    "same as ...". ``reference`` draws labelled horizontal lines (a latency target, a limit), ``marks``
+    labelled vertical ones (the server's quota on a quota axis).
 
     The title never promotes a setting the data does not single out. With a ``decision``
     (:class:`aiqsim.lab.decisions.Decision`) it names the chosen setting and the decision's rule, marks
@@ -420,6 +422,8 @@ def metric_vs_parameter(
                 label="rejected by the decision (a seed breaks a constraint)")  # fmt: skip
     for i, (name, value) in enumerate((reference or {}).items()):
         ax.axhline(value, color=ROLE_COLOURS["reference"], ls="--" if i == 0 else ":", lw=1.2, label=name)
+    for i, (name, value) in enumerate((marks or {}).items()):
+        ax.axvline(value, color=OKABE_ITO[7], ls="-." if i == 0 else ":", lw=1.2, label=name)
     chosen = dict(getattr(decision, "settings", {}) or {})
     if decision is not None and x in chosen:
         line = sweep
@@ -525,6 +529,69 @@ def heatmap(
     else:
         finding = "no data"
     _title(ax, title or axis_label(value).split(" (")[0], finding)
+    return fig
+
+
+def seed_ranges(
+    runs: pd.DataFrame,
+    by: str | Sequence[str],
+    metrics: Sequence[str],
+    *,
+    centre: str = "mean",
+    limits: Mapping[str, tuple[float, str]] | None = None,
+    chosen: Any = None,
+    log: Sequence[str] = (),
+    title: str = "",
+) -> Figure:
+    """One panel per metric: each setting of ``by`` as a dot at its ``centre`` (mean or median) over the
+    seeds and a line over the seeds' range (min to max), so nothing is drawn outside the values the runs
+    produced, and a log axis (``log``) carries no bars whose length would mean nothing.
+
+    ``limits`` maps a metric to ``(value, label)``: a decision's bound, drawn as a dashed line.
+    ``chosen`` (a value of ``by``, a tuple for several columns) is drawn as a large star and named in
+    the title.
+    """
+    keys = [by] if isinstance(by, str) else list(by)
+    stats = runs.groupby(keys, sort=False)[list(metrics)].agg([centre, "min", "max"])
+    names = [", ".join(str(v) for v in (i if isinstance(i, tuple) else (i,))) for i in stats.index]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics) + 1.6, 0.45 * len(names) + 1.8),
+                             constrained_layout=True, squeeze=False)  # fmt: skip
+    y = np.arange(len(names))
+    chosen_at = None
+    if chosen is not None:
+        wanted = chosen if isinstance(chosen, tuple) else (chosen,)
+        matches = [
+            i
+            for i, index in enumerate(stats.index)
+            if (index if isinstance(index, tuple) else (index,)) == wanted
+        ]
+        chosen_at = matches[0] if matches else None
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        _style(ax)
+        mid, low, high = (stats[(metric, k)].to_numpy(dtype=float) for k in (centre, "min", "max"))
+        ax.hlines(y, low, high, color=OKABE_ITO[0], lw=2.0, label="seed range (min-max)")
+        ax.plot(mid, y, "o", color=OKABE_ITO[0], label=f"{centre} over seeds")
+        if chosen_at is not None:
+            ax.plot(
+                [mid[chosen_at]], [y[chosen_at]], "*", ms=16, color=OKABE_ITO[2], mec="black", label="chosen"
+            )
+        if metric in (limits or {}):
+            value, label = (limits or {})[metric]
+            ax.axvline(value, color=ROLE_COLOURS["failed"], ls="--", lw=1.3, label=label)
+        if metric in log:
+            ax.set_xscale("log")
+        ax.set_xlabel(printable(axis_label(metric)))
+        ax.set_yticks(y, [printable(n) for n in names] if ax is axes[0][0] else [""] * len(names))
+        ax.invert_yaxis()
+        ax.set_title(printable(axis_label(metric).split(" (")[0]), fontsize=10)
+    axes[0][0].set_ylabel(printable(f"{', '.join(keys)} (setting)"))
+    handles: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    _legend_outside(axes[0][-1], list(handles.values()), list(handles))
+    finding = title or (f"chosen: {names[chosen_at]}" if chosen_at is not None else f"{len(names)} settings")
+    fig.suptitle(_literal(printable(finding)), fontsize=11)
     return fig
 
 
