@@ -180,3 +180,37 @@ def test_an_unresolved_api_reference_fails_the_strict_build(tmp_path: Path) -> N
     done = build(tmp_path, NOTEBOOKS, nav=["index.md", "reference/api.md"], pages=pages)
     assert done.returncode != 0
     assert "no_such_module" in done.stdout + done.stderr
+
+
+def test_a_notebook_page_says_when_its_outputs_were_computed_in_fast_mode(tmp_path: Path) -> None:
+    """The site shows FAST-mode runs, whose decisions can differ from full mode: the page must say so,
+    and must not show the paths of the machine that built it."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        from hooks import ROOT as HOOKS_ROOT
+        from hooks import with_mode_note
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    book = nbformat.v4.new_notebook()
+    book.cells = [
+        nbformat.v4.new_markdown_cell("# Title"),
+        nbformat.v4.new_code_cell("FAST = False"),
+        nbformat.v4.new_code_cell("FAST = True"),
+        nbformat.v4.new_code_cell("print(1)"),
+    ]
+    book.cells[3].outputs = [nbformat.v4.new_output("stream", text=f"read {HOOKS_ROOT}/scenarios/x.toml\n")]
+    noted = nbformat.reads(with_mode_note(nbformat.writes(book), "x.ipynb"), as_version=4)
+    assert noted.cells[1].cell_type == "markdown" and "computed in FAST mode" in noted.cells[1].source
+    assert "notebooks/x.ipynb" in noted.cells[1].source
+    assert noted.cells[-1].outputs[0]["text"] == "read scenarios/x.toml\n"
+    full = nbformat.v4.new_notebook()
+    full.cells = [nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("FAST = False")]
+    assert len(nbformat.reads(with_mode_note(nbformat.writes(full), "x.ipynb"), as_version=4).cells) == 2
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", NOTEBOOK_PATHS, ids=lambda p: p.stem)
+def test_every_notebook_page_names_the_mode_of_its_outputs(site: Path, path: Path) -> None:
+    page = text_of(site, f"notebooks/{path.stem}")
+    assert "Outputs computed in FAST mode." in page
+    assert str(ROOT) not in page
