@@ -315,3 +315,26 @@ def test_a_chart_given_a_decision_states_its_rule_marks_the_choice_and_crosses_o
     crossed = next(ln for ln in ax.get_lines() if ln.get_marker() == "x" and len(ln.get_xdata()))
     assert sorted(crossed.get_xdata()) == [150, 180]  # a seed of each failed a task
     plt.close(fig)
+
+
+def test_a_pareto_chart_given_a_decision_draws_the_target_and_does_not_name_the_cheapest(grid) -> None:
+    from aiqsim.lab.decisions import best_setting
+
+    params = ["retry.attempt_timeout_s", "retry.base_s"]
+    target = float(grid["success_latency_p99_s"].median())  # some settings miss it on a seed
+    decision = best_setting(grid, params, "cost_total", constraints={"success_latency_p99_s": target},
+                            scenario_file="s.toml")  # fmt: skip
+    fig = charts.pareto(grid, params, reference={f"p99 target {target:g} s": target}, decision=decision)
+    ax = fig.axes[0]
+    title = ax.get_title().replace("\n", " ")
+    assert decision.rule in title and "cheapest" not in title
+    chosen = next(ln for ln in ax.get_lines() if ln.get_label().startswith("chosen: "))
+    means = grid.groupby(params)[["cost_total"]].mean()
+    assert chosen.get_xdata()[0] == pytest.approx(
+        means.loc[tuple(decision.settings[p] for p in params)].iloc[0]
+    )
+    missing = grid.groupby(params)["success_latency_p99_s"].max() > target
+    crossed = next(ln for ln in ax.get_lines() if ln.get_label() == charts.REJECTED_LABEL)
+    assert len(crossed.get_xdata()) == int(missing.sum()) > 0
+    assert any(ln.get_label() == f"p99 target {target:g} s" for ln in ax.get_lines())
+    plt.close(fig)

@@ -35,6 +35,9 @@ from aiqsim.lab.chart_style import (
 )
 from aiqsim.validation import t_quantile_975
 
+REJECTED_LABEL = "rejected by the decision (a seed breaks a constraint)"
+"""Legend entry of the crossed-out points: settings a decision's constraints rule out."""
+
 SUCCESS = ("succeeded", "deduped")
 """Task statuses in which the user got a result (the tasks a latency of succeeded tasks counts)."""
 
@@ -419,7 +422,7 @@ def metric_vs_parameter(
         drawn.append((label, means))
     if crossed:
         ax.plot([], [], ls="none", marker="x", ms=10, mew=2.0, color=ROLE_COLOURS["failed"],
-                label="rejected by the decision (a seed breaks a constraint)")  # fmt: skip
+                label=REJECTED_LABEL)  # fmt: skip
     for i, (name, value) in enumerate((reference or {}).items()):
         ax.axhline(value, color=ROLE_COLOURS["reference"], ls="--" if i == 0 else ":", lw=1.2, label=name)
     for i, (name, value) in enumerate((marks or {}).items()):
@@ -614,10 +617,16 @@ def pareto(
     latency: str = "success_latency_p99_s",
     cost: str = "cost_total",
     title: str = "",
+    reference: Mapping[str, float] | None = None,
+    decision: Any = None,
 ) -> Figure:
     """Latency against cost for every grid point (mean over seeds, with seed error bars); the
     non-dominated points are joined as the frontier, numbered, and named in the legend in words
-    ("timeout 2 s, base 0.5 s") so labels never sit on the points or on each other."""
+    ("timeout 2 s, base 0.5 s") so labels never sit on the points or on each other.
+
+    ``reference`` draws labelled horizontal lines (a latency target). With a ``decision`` the chosen
+    setting is starred, the settings its constraints reject are crossed out and the title states its
+    rule instead of naming the cheapest point (which may break the target)."""
     stats = sweep.groupby(list(params))[[latency, cost]].agg(["mean", "std"]).reset_index()
     flat = pd.DataFrame({p: stats[p] for p in params})
     flat["cost"] = stats[(cost, "mean")]
@@ -641,13 +650,28 @@ def pareto(
             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},
         )
         ax.plot([], [], ls="none", label=f"{number}: {printable(setting)}")  # fmt: skip
+    for i, (name, value) in enumerate((reference or {}).items()):
+        ax.axhline(value, color=ROLE_COLOURS["reference"], ls="--" if i == 0 else ":", lw=1.2, label=name)
+    rejected = _rejected(sweep, list(params), getattr(decision, "constraints", {}) or {})
+    out = [tuple(row[p] for p in params) in rejected for _, row in flat.iterrows()]
+    if any(out):
+        ax.plot(flat["cost"][out], flat["latency"][out], ls="none", marker="x", ms=10, mew=2.0,
+                color=ROLE_COLOURS["failed"], label=REJECTED_LABEL)  # fmt: skip
+    chosen = dict(getattr(decision, "settings", {}) or {})
+    if decision is not None and all(p in chosen for p in params):
+        at = flat[np.logical_and.reduce([flat[p] == chosen[p] for p in params])]
+        ax.plot(at["cost"], at["latency"], ls="none", marker="*", ms=16, color=OKABE_ITO[2], mec="black",
+                label=f"chosen: {_setting_text(chosen)}")  # fmt: skip
     ax.set_xlabel(axis_label(cost))
     ax.set_ylabel(axis_label(latency))
     _legend_outside(ax)
-    best = front.iloc[0]
-    finding = (
-        f"{len(front)} of {len(flat)} settings on the frontier; cheapest "
-        f"{', '.join(short_setting(p, best[p]) for p in params)}"
-    )
+    if decision is not None:
+        finding = f"chosen {_setting_text(chosen)}: {decision.rule}"
+    else:
+        best = front.iloc[0]
+        finding = (
+            f"{len(front)} of {len(flat)} settings on the frontier; cheapest "
+            f"{', '.join(short_setting(p, best[p]) for p in params)}"
+        )
     _title(ax, title, finding)
     return fig
