@@ -148,11 +148,10 @@ def test_run_notebook_shuts_its_kernel_down(tmp_path: Path) -> None:
 
 @pytest.mark.notebook
 def test_a_tuning_panel_sends_nothing_back_from_a_headless_front_end(tmp_path: Path) -> None:
-    """Why the quickstart hung now and then after its panel cell, headless: the panel drew into an
-    ipywidgets Output; nbclient, mimicking a front end, answers every output captured by an Output with
-    a ``comm_msg`` to the kernel on the shell channel, sent while it awaits the cell's reply on that same
-    channel, and that concurrent send occasionally lost the reply (the run then waits for its timeout).
-    A panel that draws into an Image gets no such answer: count what the kernel receives."""
+    """A panel drawn into an ipywidgets Output made nbclient, which mimics the front end headless, send a
+    ``comm_msg`` back to the kernel for every output the Output captured, while still collecting the
+    cell's messages: the round trip the quickstart's intermittent headless hangs after its panel cell
+    were suspected of. A panel that draws into an Image needs none: count what the kernel receives."""
     from aiqsim.lab.notebook_runs import run_notebook
 
     book = nbformat.v4.new_notebook()

@@ -4,11 +4,11 @@
 ...                     {"retry.base_s": (0.05, 5.0), "dispatch.policy": ["fifo", "sjf"]})
 >>> panel  # in Jupyter: sliders, the summary table and the retry-storm chart
 
-The chart is a PNG in an :class:`ipywidgets.Image`, not an :class:`ipywidgets.Output`: an Output
-widget makes a headless executor (nbclient, which mimics the front end) echo every output back to
-the kernel as a ``comm_msg`` on the shell channel while it is waiting on that channel for the cell's
-reply, and that concurrent send occasionally loses the reply: the notebook then hangs after the
-panel's cell until the execution timeout. An Image widget's new value only flows kernel to front end.
+The chart is a PNG in an :class:`ipywidgets.Image`, not drawn inside an :class:`ipywidgets.Output`:
+output captured by an Output widget makes a headless executor (nbclient mimics the front end) send a
+``comm_msg`` back to the kernel for every output while it is still collecting the cell's messages,
+traffic that widget notebooks executed headless have been seen to hang on intermittently. An Image
+widget's new value only flows from the kernel to the front end: nothing comes back.
 """
 
 from __future__ import annotations
