@@ -387,9 +387,8 @@ def write_outputs(result: Any, out: Path, *, table_format: str = "csv", charts: 
                 marks=ch.crash_marks(result),
                 **ch.run_references(result),
             ),
-            "latency_cdf.png": ch.latency_cdf(
-                result.tasks[result.tasks["status"] != "rejected"], by="priority"
-            ),
+            # every submitted task, refused ones included: the chart plots shares of all of them
+            "latency_cdf.png": ch.latency_cdf(result.tasks, by="priority"),
             "cost_duplication.png": ch.cost_breakdown(result.calls),
         }
         for name, figure in figures.items():

@@ -28,6 +28,11 @@ passes copies that were never executed (tests/test_notebooks.py executes them). 
 to execute fails the build. Executed copies are kept by the hash of their source, so ``mkdocs serve``
 does not re-execute unchanged notebooks on every rebuild. ``AIQSIM_DOCS_REPO`` names the repository
 when docs/ is built from a copy elsewhere.
+
+Each page says how its outputs were computed (:func:`with_mode_note`): in FAST mode the sweeps are
+smaller (fewer seeds, a coarser grid, shorter runs), so a printed decision can differ from the one the
+notebook gives as shipped; the note says so above the outputs and how to get the full-mode decision.
+Absolute paths of the machine that built the site are written relative to the repository.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ def on_pre_build(config: Any) -> None:
             copy = Path(given) / source.name
             if not copy.is_file():
                 raise FileNotFoundError(f"{EXECUTED_ENV}={given} has no executed copy of {source.name}")
-            _write_if_changed(target, copy.read_text(encoding="utf-8"))
+            _write_if_changed(target, with_mode_note(copy.read_text(encoding="utf-8"), source.name))
             stamp.unlink(missing_ok=True)  # not our execution: a later plain build executes its own
             continue
         if not (target.is_file() and stamp.is_file() and stamp.read_text() == digest):
@@ -73,7 +78,7 @@ def on_pre_build(config: Any) -> None:
 
             from aiqsim.lab.notebook_runs import run_notebook
 
-            _write_if_changed(target, nbformat.writes(run_notebook(source)))
+            _write_if_changed(target, with_mode_note(nbformat.writes(run_notebook(source)), source.name))
         _write_if_changed(stamp, digest)
 
 
@@ -127,6 +132,30 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return GENERATORS[name]()
 
     return MARKER.sub(generate, markdown)
+
+
+FAST_NOTE = (
+    "> **Outputs computed in FAST mode.** The outputs on this page were computed with `FAST = True`\n"
+    "> (the cell after the parameters): fewer seeds, a coarser grid and shorter runs than the notebook\n"
+    "> as shipped, to keep the site's build short. The charts and the decision below can differ from\n"
+    "> what you get: run `jupyter nbconvert --to notebook --execute notebooks/{name}` for the full-mode\n"
+    "> decision; its printed `check:` line reproduces it with `aiqsim run`."
+)
+
+
+def with_mode_note(text: str, name: str) -> str:
+    """The executed notebook ``text`` with a note above its outputs naming the mode they were computed in
+    (FAST when the injected ``FAST = True`` cell is there), and the build machine's paths made relative."""
+    import nbformat
+
+    book = nbformat.reads(text, as_version=4)
+    fast = any(cell.cell_type == "code" and cell.source.strip() == "FAST = True" for cell in book.cells)
+    if fast and not any("Outputs computed in FAST mode" in cell.source for cell in book.cells):
+        book.cells.insert(1, nbformat.v4.new_markdown_cell(FAST_NOTE.format(name=name)))
+    written = nbformat.writes(book)
+    for root in {str(ROOT), str(ROOT.resolve())}:
+        written = written.replace(root + "/", "").replace(root, ".")
+    return written
 
 
 def _write_if_changed(path: Path, text: str) -> None:

@@ -106,3 +106,26 @@ def test_set_line_writes_values_as_the_override_parser_reads_them() -> None:
     assert parsed == settings
     decision = Decision("scenarios/x.toml", settings, "a rule", pd.DataFrame())
     assert line in decision._repr_markdown_() and "a rule" in decision._repr_markdown_()
+
+
+def test_a_checked_decision_says_what_its_command_prints_on_a_seed_it_was_computed_from() -> None:
+    decision = smallest_meeting(
+        SWEEP, "quotas.llm.units_per_min", "success_latency_p95_s", 30.0, scenario_file="s.toml"
+    ).checked(SWEEP, ["success_latency_p95_s", "rate_limited"])
+    assert decision.check_seed == 0 and decision.check == {"success_latency_p95_s": 28.0, "rate_limited": 0.0}
+    assert decision.check_line == (
+        "check: aiqsim run s.toml --set quotas.llm.units_per_min=600 --seed 0 "
+        "-> success_latency_p95_s=28, rate_limited=0"
+    )
+    assert decision.constraints == {"success_latency_p95_s": 30.0}
+    assert "--seed 0" in decision._repr_markdown_()
+    with pytest.raises(ConfigurationError, match="no column"):
+        decision.checked(SWEEP, ["goodput_per_s"])
+    doubled = pd.concat([SWEEP, SWEEP.assign(other=1)])
+    with pytest.raises(ConfigurationError, match="2 runs of"):
+        decision.checked(doubled, ["rate_limited"])
+
+
+def test_set_line_quotes_what_a_shell_would_expand() -> None:
+    line = set_line("scenarios/x.toml", {"workloads[0].rate_per_s": 1.8, "retry.base_s": 2.0})
+    assert line == "aiqsim run scenarios/x.toml --set 'workloads[0].rate_per_s=1.8' --set retry.base_s=2"

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 import yaml
 
@@ -90,10 +91,23 @@ def build(
 
 
 def with_marker_chart(source: Path) -> str:
-    """The notebook at ``source``, not executed, with :data:`MARKER_PNG` as its first code cell's output."""
+    """The notebook at ``source``, not executed, with :data:`MARKER_PNG` as its first code cell's output
+    and the ``FAST = True`` cell a FAST run injects."""
     book = json.loads(source.read_text(encoding="utf-8"))
     cell = next(cell for cell in book["cells"] if cell["cell_type"] == "code")
     cell["outputs"] = [{"output_type": "display_data", "metadata": {}, "data": {"image/png": MARKER_PNG}}]
+    # the cell a FAST run injects after the parameters (aiqsim.lab.notebook_runs), as an executed copy has it
+    at = next(
+        i for i, c in enumerate(book["cells"]) if c["cell_type"] == "code" and "FAST" in "".join(c["source"])
+    )
+    fast = {
+        "cell_type": "code",
+        "metadata": {},
+        "execution_count": None,
+        "outputs": [],
+        "source": "FAST = True",
+    }
+    book["cells"].insert(at + 1, fast)
     return json.dumps(book)
 
 
@@ -363,3 +377,37 @@ def test_results_are_short_and_no_page_cites_working_notes_or_issue_numbers() ->
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"\bsessions?\b", text, re.I), path
         assert not re.search(r"(?<![\w&])#\d+\b", text), path
+
+
+def test_a_notebook_page_says_when_its_outputs_were_computed_in_fast_mode(tmp_path: Path) -> None:
+    """The site shows FAST-mode runs, whose decisions can differ from full mode: the page must say so,
+    and must not show the paths of the machine that built it."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        from hooks import ROOT as HOOKS_ROOT
+        from hooks import with_mode_note
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    book = nbformat.v4.new_notebook()
+    book.cells = [
+        nbformat.v4.new_markdown_cell("# Title"),
+        nbformat.v4.new_code_cell("FAST = False"),
+        nbformat.v4.new_code_cell("FAST = True"),
+        nbformat.v4.new_code_cell("print(1)"),
+    ]
+    book.cells[3].outputs = [nbformat.v4.new_output("stream", text=f"read {HOOKS_ROOT}/scenarios/x.toml\n")]
+    noted = nbformat.reads(with_mode_note(nbformat.writes(book), "x.ipynb"), as_version=4)
+    assert noted.cells[1].cell_type == "markdown" and "computed in FAST mode" in noted.cells[1].source
+    assert "notebooks/x.ipynb" in noted.cells[1].source
+    assert noted.cells[-1].outputs[0]["text"] == "read scenarios/x.toml\n"
+    full = nbformat.v4.new_notebook()
+    full.cells = [nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("FAST = False")]
+    assert len(nbformat.reads(with_mode_note(nbformat.writes(full), "x.ipynb"), as_version=4).cells) == 2
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", NOTEBOOK_PATHS, ids=lambda p: p.stem)
+def test_every_notebook_page_names_the_mode_of_its_outputs(site: Path, path: Path) -> None:
+    page = text_of(site, f"notebooks/{path.stem}")
+    assert "Outputs computed in FAST mode." in page
+    assert str(ROOT) not in page

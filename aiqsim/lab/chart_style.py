@@ -9,6 +9,7 @@ a script the font lacks), and heatmap annotations whose colour follows the cell'
 from __future__ import annotations
 
 import functools
+import math
 import unicodedata
 from collections.abc import Sequence
 
@@ -72,6 +73,15 @@ AXIS_LABELS: dict[str, str] = {
     "goodput_per_s": "goodput (successes/s)",
     "quota_utilization": "quota utilisation (fraction of server rate)",
     "sim_time_s": "run length (s)",
+    "factor": "quota multiplier (x the file's quota)",
+    "stage": "stage (name)",
+    "fallback": "fallback (provider)",
+    "job_latency_p50_s": "median job latency (s)",
+    "job_latency_p95_s": "p95 job latency (s)",
+    "jobs_failed": "failed jobs (jobs)",
+    "cost_per_succeeded_job": "cost per delivered job ($)",
+    "fleet_utilization": "admitted / account limit (fraction)",
+    "wasted_capacity": "wasted capacity (fraction of the limit)",
 }
 """Readable axis labels, each with its unit, for the keys the lab sweeps and reports."""
 
@@ -121,9 +131,26 @@ def short_setting(key: str, value: object) -> str:
     name, _, unit = label.partition(" (")
     unit = unit.rstrip(")")
     words = name.replace("attempt ", "").replace("backoff ", "").replace("client ", "")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = format_number(value)
     if unit in ("", "name"):
         return f"{words} {value}"
-    return f"{words} {value:g} {unit}" if isinstance(value, int | float) else f"{words} {value} {unit}"
+    return f"{words} {value} {unit}"
+
+
+def format_number(value: float, significant: int = 4) -> str:
+    """A number as people write it: ``800,000`` (not ``8e+05``), ``0.25``, ``12.35``, ``1,234``.
+
+    Whole numbers keep every digit with thousands separators; others keep ``significant`` digits,
+    in fixed notation, trailing zeros dropped.
+    """
+    if isinstance(value, int) or (math.isfinite(value) and float(value).is_integer() and abs(value) < 1e15):
+        return f"{int(value):,}"
+    if not math.isfinite(value):
+        return str(value)
+    decimals = max(0, significant - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 @functools.lru_cache(maxsize=4096)

@@ -2,7 +2,7 @@
 
 Each function draws one question: is there a retry storm, who waits how long, what do
 duplicates cost, which settings are on the latency/cost frontier. Where a sweep has several
-seeds, lines carry a 95% confidence band over the seeds.
+seeds, lines carry a 95% Student-t confidence band of the mean over the seeds.
 
 One style throughout (:mod:`aiqsim.lab.chart_style`): a colour-blind-safe palette, a unit on every
 axis, titles that state what the data shows (computed from it), reference lines for the limits the
@@ -28,10 +28,15 @@ from aiqsim.lab.chart_style import (
     ROLE_COLOURS,
     SEQUENTIAL_CMAP,
     axis_label,
+    format_number,
     printable,
     short_setting,
     text_colour_for,
 )
+from aiqsim.validation import t_quantile_975
+
+REJECTED_LABEL = "rejected by the decision (a seed breaks a constraint)"
+"""Legend entry of the crossed-out points: settings a decision's constraints rule out."""
 
 SUCCESS = ("succeeded", "deduped")
 """Task statuses in which the user got a result (the tasks a latency of succeeded tasks counts)."""
@@ -176,55 +181,83 @@ def retry_storm_timeline(
         labels = [*labels, f"no {' or '.join(absent)} in this run"]
     _legend_outside(ax, handles, labels)
     total = counts.sum()
-    finding = f"{int(total['attempts'])} attempts for {int(total['successes'])} successes"
+    attempts, successes = format_number(int(total["attempts"])), format_number(int(total["successes"]))
+    finding = f"{attempts} attempts for {successes} successes"
     if total.get("rate_limited"):
-        finding += f", {int(total['rate_limited'])} answered 429"
+        finding += f", {format_number(int(total['rate_limited']))} answered 429"
     if total.get("errors"):
-        finding += f", {int(total['errors'])} errors"
+        finding += f", {format_number(int(total['errors']))} errors"
     prefix = title or ("Retry storm timeline" + (f" ({provider})" if provider else ""))
     _title(ax, prefix, finding)
     return fig
 
 
 def latency_cdf(tasks: pd.DataFrame, by: str = "priority", *, title: str = "") -> Figure:
-    """Empirical CDF of arrival-to-result latency of succeeded tasks, one solid line per value of ``by``;
-    failed tasks are drawn apart, dashed, as arrival-to-failure time (a fast failure is not a fast
-    answer). The y axis is the fraction of each group's tasks *with that outcome*."""
+    """Share of *all submitted tasks* answered within a time, one solid line per value of ``by``;
+    failed tasks are drawn apart, dashed, as the share that had failed by a time (a fast failure is
+    not a fast answer).
+
+    Every line of a group is divided by the group's submitted tasks (every row of ``tasks``, whatever
+    its status), so a run that failed 23% of its tasks tops out at 0.77: it cannot look better than
+    a run that answered them all more slowly. The legend gives each group's share answered and its
+    p50 and p99 latency of succeeded tasks.
+    """
     fig, ax = _new_figure()
-    finished = tasks.dropna(subset=["latency_s"])
-    groups = list(finished.groupby(by, sort=True)) if not finished.empty else []
+    groups = list(tasks.groupby(by, sort=True)) if not tasks.empty else []
     single = len(groups) <= 1
     failed_total = 0
     for i, (name, group) in enumerate(groups):
         colour = OKABE_ITO[i % len(OKABE_ITO)]
         prefix = "" if single else f"{by}={name}: "
+        submitted = len(group)
+        latency = group["latency_s"].astype(float)
         for outcome, mask, style in (
             ("succeeded", group["status"].isin(SUCCESS), "-"),
-            ("failed (time to failure)", group["status"] == "failed", "--"),
+            ("failed", group["status"] == "failed", "--"),
         ):
-            values = np.sort(group.loc[mask, "latency_s"].to_numpy(dtype=float))
+            values = np.sort(latency[mask & latency.notna()].to_numpy(dtype=float))
             if len(values) == 0:
                 continue
-            if outcome != "succeeded":
+            if outcome == "succeeded":
+                label = (
+                    f"{prefix}succeeded {len(values):,} of {submitted:,} ({len(values) / submitted:.0%}): "
+                    f"p50 {format_number(float(np.quantile(values, 0.5)), 3)} s, "
+                    f"p99 {format_number(float(np.quantile(values, 0.99)), 3)} s"
+                )
+            else:
                 failed_total += len(values)
+                label = (
+                    f"{prefix}failed {len(values):,} of {submitted:,} ({len(values) / submitted:.0%}), "
+                    f"time to failure p50 {format_number(float(np.quantile(values, 0.5)), 3)} s"
+                )
             if single:  # one group: colour by outcome (green results, vermillion failures)
                 colour = ROLE_COLOURS["successes" if outcome == "succeeded" else "failed"]
-            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", color=colour, ls=style,
-                    label=f"{prefix}{outcome}, n={len(values)}")  # fmt: skip
+            ax.step(values, np.arange(1, len(values) + 1) / submitted, where="post", color=colour, ls=style,
+                    label=label)  # fmt: skip
+    ax.axhline(1.0, color=ROLE_COLOURS["reference"], ls=":", lw=1.0, label="all submitted tasks")
     ax.set_xlabel("time from arrival to result or failure (s)")
-    ax.set_ylabel("fraction of tasks with that outcome (0-1)")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("share of submitted tasks (0-1)")
+    ax.set_ylim(0, 1.05)
     ax.set_xlim(left=0)
     _legend_outside(ax)
-    succeeded = finished.loc[finished["status"].isin(SUCCESS), "latency_s"].astype(float)
-    finding = (
-        f"succeeded tasks p50 {succeeded.quantile(0.5):.3g} s, p99 {succeeded.quantile(0.99):.3g} s"
-        if len(succeeded)
-        else "no task succeeded"
-    )
-    if failed_total:
-        failed = finished.loc[finished["status"] == "failed", "latency_s"].astype(float)
-        finding += f"; {failed_total} failed after a median {failed.median():.3g} s"
+    submitted_total = len(tasks)
+    succeeded = tasks.loc[tasks["status"].isin(SUCCESS), "latency_s"].dropna().astype(float)
+    if single:
+        finding = (
+            f"{len(succeeded) / submitted_total:.0%} of {submitted_total:,} tasks succeeded, "
+            f"p50 {format_number(float(succeeded.quantile(0.5)), 3)} s, "
+            f"p99 {format_number(float(succeeded.quantile(0.99)), 3)} s"
+            if len(succeeded)
+            else "no task succeeded"
+        )
+        if failed_total:
+            finding += f"; {failed_total:,} failed"
+    else:
+        shares = {name: float(group["status"].isin(SUCCESS).mean()) for name, group in groups}
+        most = max(shares, key=lambda k: shares[k])
+        finding = "share answered: " + ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
+        if len(set(round(v, 3) for v in shares.values())) > 1:
+            finding += f" (most: {most})"
     default = "Latency CDF" + ("" if single else f" by {by}")
     _title(ax, title or default, finding)
     return fig
@@ -295,12 +328,41 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     return fig
 
 
-def _mean_and_band(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+def t_band_half_width(sd: float, n: int) -> float:
+    """Half-width of the 95% Student-t interval of a mean over ``n`` seeds: ``t(n-1, 0.975) * sd / sqrt(n)``.
+
+    Over 4-5 seeds the normal 1.96 would draw the band 30-38% too narrow. One seed has no interval (0).
+    """
+    if n < 2 or not math.isfinite(sd):
+        return 0.0
+    return t_quantile_975(int(n) - 1) * sd / math.sqrt(n)
+
+
+def _mean_and_band(frame: pd.DataFrame, x: str | list[str], y: str) -> pd.DataFrame:
     stats = frame.groupby(x)[y].agg(["mean", "std", "count"]).reset_index()
-    half = 1.96 * stats["std"].fillna(0.0) / np.sqrt(stats["count"].clip(lower=1))
+    half = [
+        t_band_half_width(float(sd), int(n))
+        for sd, n in zip(stats["std"].fillna(0.0), stats["count"], strict=True)
+    ]
     stats["low"] = stats["mean"] - half
     stats["high"] = stats["mean"] + half
     return stats
+
+
+def _setting_text(settings: Mapping[str, Any]) -> str:
+    return ", ".join(short_setting(key, value) for key, value in settings.items()) or "the file as is"
+
+
+def _rejected(sweep: pd.DataFrame, keys: list[str], constraints: Mapping[str, float]) -> set[tuple[Any, ...]]:
+    """The settings of ``keys`` whose worst seed breaks one of ``constraints`` (as a decision judged them)."""
+    known = {name: bound for name, bound in constraints.items() if name in sweep}
+    if not known or not keys:
+        return set()
+    worst = sweep.groupby(keys)[list(known)].max()
+    broken = np.zeros(len(worst), dtype=bool)
+    for name, bound in known.items():
+        broken |= worst[name].to_numpy(dtype=float) > bound
+    return {index if isinstance(index, tuple) else (index,) for index in worst.index[broken]}
 
 
 def metric_vs_parameter(
@@ -312,12 +374,22 @@ def metric_vs_parameter(
     title: str = "",
     logx: bool = False,
     reference: Mapping[str, float] | None = None,
+    decision: Any = None,
+    maximize: bool = False,
+    marks: Mapping[str, float] | None = None,
 ) -> Figure:
-    """Mean of ``y`` against ``x`` over seeds with a 95% band, one line per ``hue`` value.
+    """Mean of ``y`` against ``x`` over seeds with a 95% Student-t band, one line per ``hue`` value.
 
     E.g. duplicate cost against backoff base, or p99 latency against bucket size. A line identical to
     one already drawn (it would hide underneath) is drawn dashed with hollow markers and labelled
-    "same as ...". ``reference`` draws labelled horizontal lines (a latency target, a limit).
+    "same as ...". ``reference`` draws labelled horizontal lines (a latency target, a limit), ``marks``
+    labelled vertical ones (the server's quota on a quota axis).
+
+    The title never promotes a setting the data does not single out. With a ``decision``
+    (:class:`aiqsim.lab.decisions.Decision`) it names the chosen setting and the decision's rule, marks
+    the chosen setting and crosses out the points the decision's constraints reject. Without one it
+    names the best mean (lowest, or highest with ``maximize``) only when its band is clear of every other
+    setting's, and otherwise says how many settings are within the seed bands.
     """
     fig, ax = _new_figure()
     groups = [(None, sweep)] if hue is None else list(sweep.groupby(hue, sort=True))
@@ -325,7 +397,11 @@ def metric_vs_parameter(
     finite = every[np.isfinite(every)]
     # two lines closer than 1% of the plotted range everywhere would be drawn one on top of the other
     tolerance = 0.01 * float(np.ptp(finite)) if len(finite) else 0.0
+    seeds = int(sweep.groupby([x] if hue is None else [hue, x]).size().min()) if len(sweep) else 0
+    keys = [x] if hue is None else [hue, x]
+    rejected = _rejected(sweep, keys, getattr(decision, "constraints", {}) or {})
     drawn: list[tuple[str, np.ndarray]] = []
+    crossed = False
     for i, (name, group) in enumerate(groups):
         stats = _mean_and_band(group, x, y)
         label = axis_label(y).split(" (")[0] if name is None else short_setting(hue or "", name)
@@ -338,24 +414,67 @@ def metric_vs_parameter(
         else:
             ax.plot(stats[x], means, marker="o", color=colour, label=label)
             ax.fill_between(stats[x], stats["low"], stats["high"], alpha=0.2, color=colour)
+        out = [((name, v) if hue is not None else (v,)) in rejected for v in stats[x]]
+        if any(out):
+            crossed = True
+            ax.plot(stats[x][out], means[out], ls="none", marker="x", ms=10, mew=2.0,
+                    color=ROLE_COLOURS["failed"])  # fmt: skip
         drawn.append((label, means))
+    if crossed:
+        ax.plot([], [], ls="none", marker="x", ms=10, mew=2.0, color=ROLE_COLOURS["failed"],
+                label=REJECTED_LABEL)  # fmt: skip
     for i, (name, value) in enumerate((reference or {}).items()):
         ax.axhline(value, color=ROLE_COLOURS["reference"], ls="--" if i == 0 else ":", lw=1.2, label=name)
+    for i, (name, value) in enumerate((marks or {}).items()):
+        ax.axvline(value, color=OKABE_ITO[7], ls="-." if i == 0 else ":", lw=1.2, label=name)
+    chosen = dict(getattr(decision, "settings", {}) or {})
+    if decision is not None and x in chosen:
+        line = sweep
+        if hue is not None and hue in chosen:
+            line = sweep[sweep[hue] == chosen[hue]]
+        at = line[line[x] == chosen[x]][y].mean()
+        ax.axvline(chosen[x], color=OKABE_ITO[2], ls=":", lw=1.5)
+        ax.plot([chosen[x]], [at], ls="none", marker="*", ms=16, color=OKABE_ITO[2], mec="black",
+                label=f"chosen: {_setting_text(chosen)}")  # fmt: skip
+    if seeds >= 2:
+        ax.plot([], [], ls="none", marker="s", ms=10, alpha=0.3, color=OKABE_ITO[0],
+                label=f"band: 95% t-interval of the mean over {seeds} seeds")  # fmt: skip
     ax.set_xlabel(axis_label(x))
     ax.set_ylabel(axis_label(y))
     if logx:
         ax.set_xscale("log")
-    if hue is not None or reference:
-        _legend_outside(ax)
-    overall = _mean_and_band(sweep, x, y)
-    low_row = overall.loc[overall["mean"].idxmin()] if overall["mean"].notna().any() else None
-    finding = (
-        f"{axis_label(y).split(' (')[0]} lowest at {short_setting(x, low_row[x])}"
-        if low_row is not None
-        else "no data"
-    )
-    _title(ax, "", title or finding)
+    _legend_outside(ax)
+    if decision is not None:
+        finding = f"chosen {_setting_text(chosen)}: {decision.rule}"
+        _title(ax, title, finding)
+    else:
+        _title(ax, "", title or band_finding(sweep, keys, y, maximize=maximize))
     return fig
+
+
+def band_finding(sweep: pd.DataFrame, keys: Sequence[str], y: str, *, maximize: bool = False) -> str:
+    """What the seed bands allow one to say about the best mean ``y`` over the settings of ``keys``.
+
+    "<metric> lowest at <setting>" only when the best setting's 95% t-band is clear of every other
+    setting's band; otherwise the best mean is named with the number of settings it cannot be told from.
+    """
+    stats = _mean_and_band(sweep, list(keys), y).dropna(subset=["mean"])
+    if stats.empty:
+        return "no data"
+    best_index = stats["mean"].idxmax() if maximize else stats["mean"].idxmin()
+    best = stats.loc[best_index]
+    overlap = stats[
+        (stats.index != best_index) & (stats["low"] <= best["high"]) & (stats["high"] >= best["low"])
+    ]
+    metric = axis_label(y).split(" (")[0]
+    words = "highest" if maximize else "lowest"
+    where = _setting_text({key: best[key] for key in keys})
+    if overlap.empty:
+        return f"{metric} {words} at {where} (its 95% seed band clear of every other setting)"
+    return (
+        f"{metric}: no clear {words}; best mean at {where}, but {len(overlap)} other setting"
+        f"{'s' if len(overlap) != 1 else ''} within the 95% seed bands"
+    )
 
 
 def _same_line(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
@@ -416,6 +535,69 @@ def heatmap(
     return fig
 
 
+def seed_ranges(
+    runs: pd.DataFrame,
+    by: str | Sequence[str],
+    metrics: Sequence[str],
+    *,
+    centre: str = "mean",
+    limits: Mapping[str, tuple[float, str]] | None = None,
+    chosen: Any = None,
+    log: Sequence[str] = (),
+    title: str = "",
+) -> Figure:
+    """One panel per metric: each setting of ``by`` as a dot at its ``centre`` (mean or median) over the
+    seeds and a line over the seeds' range (min to max), so nothing is drawn outside the values the runs
+    produced, and a log axis (``log``) carries no bars whose length would mean nothing.
+
+    ``limits`` maps a metric to ``(value, label)``: a decision's bound, drawn as a dashed line.
+    ``chosen`` (a value of ``by``, a tuple for several columns) is drawn as a large star and named in
+    the title.
+    """
+    keys = [by] if isinstance(by, str) else list(by)
+    stats = runs.groupby(keys, sort=False)[list(metrics)].agg([centre, "min", "max"])
+    names = [", ".join(str(v) for v in (i if isinstance(i, tuple) else (i,))) for i in stats.index]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics) + 1.6, 0.45 * len(names) + 1.8),
+                             constrained_layout=True, squeeze=False)  # fmt: skip
+    y = np.arange(len(names))
+    chosen_at = None
+    if chosen is not None:
+        wanted = chosen if isinstance(chosen, tuple) else (chosen,)
+        matches = [
+            i
+            for i, index in enumerate(stats.index)
+            if (index if isinstance(index, tuple) else (index,)) == wanted
+        ]
+        chosen_at = matches[0] if matches else None
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        _style(ax)
+        mid, low, high = (stats[(metric, k)].to_numpy(dtype=float) for k in (centre, "min", "max"))
+        ax.hlines(y, low, high, color=OKABE_ITO[0], lw=2.0, label="seed range (min-max)")
+        ax.plot(mid, y, "o", color=OKABE_ITO[0], label=f"{centre} over seeds")
+        if chosen_at is not None:
+            ax.plot(
+                [mid[chosen_at]], [y[chosen_at]], "*", ms=16, color=OKABE_ITO[2], mec="black", label="chosen"
+            )
+        if metric in (limits or {}):
+            value, label = (limits or {})[metric]
+            ax.axvline(value, color=ROLE_COLOURS["failed"], ls="--", lw=1.3, label=label)
+        if metric in log:
+            ax.set_xscale("log")
+        ax.set_xlabel(printable(axis_label(metric)))
+        ax.set_yticks(y, [printable(n) for n in names] if ax is axes[0][0] else [""] * len(names))
+        ax.invert_yaxis()
+        ax.set_title(printable(axis_label(metric).split(" (")[0]), fontsize=10)
+    axes[0][0].set_ylabel(printable(f"{', '.join(keys)} (setting)"))
+    handles: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    _legend_outside(axes[0][-1], list(handles.values()), list(handles))
+    finding = title or (f"chosen: {names[chosen_at]}" if chosen_at is not None else f"{len(names)} settings")
+    fig.suptitle(_literal(printable(finding)), fontsize=11)
+    return fig
+
+
 def pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     """Rows not dominated by any other (lower ``x`` and lower ``y`` are better)."""
     ordered = points.sort_values([x, y], kind="stable")
@@ -435,10 +617,16 @@ def pareto(
     latency: str = "success_latency_p99_s",
     cost: str = "cost_total",
     title: str = "",
+    reference: Mapping[str, float] | None = None,
+    decision: Any = None,
 ) -> Figure:
     """Latency against cost for every grid point (mean over seeds, with seed error bars); the
     non-dominated points are joined as the frontier, numbered, and named in the legend in words
-    ("timeout 2 s, base 0.5 s") so labels never sit on the points or on each other."""
+    ("timeout 2 s, base 0.5 s") so labels never sit on the points or on each other.
+
+    ``reference`` draws labelled horizontal lines (a latency target). With a ``decision`` the chosen
+    setting is starred, the settings its constraints reject are crossed out and the title states its
+    rule instead of naming the cheapest point (which may break the target)."""
     stats = sweep.groupby(list(params))[[latency, cost]].agg(["mean", "std"]).reset_index()
     flat = pd.DataFrame({p: stats[p] for p in params})
     flat["cost"] = stats[(cost, "mean")]
@@ -462,13 +650,28 @@ def pareto(
             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},
         )
         ax.plot([], [], ls="none", label=f"{number}: {printable(setting)}")  # fmt: skip
+    for i, (name, value) in enumerate((reference or {}).items()):
+        ax.axhline(value, color=ROLE_COLOURS["reference"], ls="--" if i == 0 else ":", lw=1.2, label=name)
+    rejected = _rejected(sweep, list(params), getattr(decision, "constraints", {}) or {})
+    out = [tuple(row[p] for p in params) in rejected for _, row in flat.iterrows()]
+    if any(out):
+        ax.plot(flat["cost"][out], flat["latency"][out], ls="none", marker="x", ms=10, mew=2.0,
+                color=ROLE_COLOURS["failed"], label=REJECTED_LABEL)  # fmt: skip
+    chosen = dict(getattr(decision, "settings", {}) or {})
+    if decision is not None and all(p in chosen for p in params):
+        at = flat[np.logical_and.reduce([flat[p] == chosen[p] for p in params])]
+        ax.plot(at["cost"], at["latency"], ls="none", marker="*", ms=16, color=OKABE_ITO[2], mec="black",
+                label=f"chosen: {_setting_text(chosen)}")  # fmt: skip
     ax.set_xlabel(axis_label(cost))
     ax.set_ylabel(axis_label(latency))
     _legend_outside(ax)
-    best = front.iloc[0]
-    finding = (
-        f"{len(front)} of {len(flat)} settings on the frontier; cheapest "
-        f"{', '.join(short_setting(p, best[p]) for p in params)}"
-    )
+    if decision is not None:
+        finding = f"chosen {_setting_text(chosen)}: {decision.rule}"
+    else:
+        best = front.iloc[0]
+        finding = (
+            f"{len(front)} of {len(flat)} settings on the frontier; cheapest "
+            f"{', '.join(short_setting(p, best[p]) for p in params)}"
+        )
     _title(ax, title, finding)
     return fig

@@ -15,8 +15,9 @@ command line that applies it.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -44,9 +45,11 @@ def format_value(value: Any) -> str:
 
 
 def set_line(scenario_file: str, settings: Mapping[str, Any]) -> str:
-    """``aiqsim run scenarios/x.toml --set k=v ...``: the command that runs ``settings`` on the scenario."""
-    flags = "".join(f" --set {key}={format_value(value)}" for key, value in settings.items())
-    return f"aiqsim run {scenario_file}{flags}"
+    """``aiqsim run scenarios/x.toml --set k=v ...``: the command that runs ``settings`` on the scenario,
+    quoted for a shell where needed (``'workloads[0].rate_per_s=1.8'``: zsh would glob the brackets)."""
+    pairs = (f"{key}={format_value(value)}" for key, value in settings.items())
+    flags = "".join(f" --set {shlex.quote(pair)}" for pair in pairs)
+    return f"aiqsim run {shlex.quote(scenario_file)}{flags}"
 
 
 def seed_bands(sweep: pd.DataFrame, by: Sequence[str], metrics: Sequence[str]) -> pd.DataFrame:
@@ -65,22 +68,65 @@ class Decision:
 
     ``settings``: scenario keys and the values to set. ``rule``: the rule that chose it, in words.
     ``evidence``: the seed bands of every candidate (the chosen row first). ``scenario_file``: the file
-    the ``--set`` line applies to.
+    the ``--set`` line applies to. ``constraints``: the bounds (metric -> most allowed) every seed of the
+    chosen setting had to keep, so a chart can mark the settings the decision rejected.
     """
 
     scenario_file: str
     settings: Mapping[str, Any]
     rule: str
     evidence: pd.DataFrame = field(repr=False, compare=False)
+    constraints: Mapping[str, float] = field(default_factory=dict, compare=False)
+    check_seed: int | None = field(default=None, compare=False)
+    check: Mapping[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def command(self) -> str:
         """The ``aiqsim run`` line that applies :attr:`settings`."""
         return set_line(self.scenario_file, self.settings)
 
+    def checked(self, runs: pd.DataFrame, metrics: Sequence[str]) -> Decision:
+        """This decision with the figures one of its own runs produced, so they can be reproduced.
+
+        ``runs``: the rows (one per seed, with a ``seed`` column) the decision was computed from; rows
+        are kept where every column named like a key of :attr:`settings` equals the chosen value, so a
+        whole sweep can be passed (or pass the chosen setting's rows, e.g. when they are keyed by a
+        policy name). ``metrics``: summary keys (as ``aiqsim run`` reports them) to record, from the
+        lowest seed's row. :attr:`check_line` says what ``aiqsim run ... --seed N`` must print.
+        """
+        rows = runs
+        for key, value in self.settings.items():
+            if key in rows:
+                rows = rows[rows[key] == value]
+        if "seed" not in rows or rows.empty:
+            raise ConfigurationError(
+                f"no run of the chosen setting {dict(self.settings)} with a 'seed' column to check it by"
+            )
+        seed = int(rows["seed"].min())
+        at_seed = rows[rows["seed"] == seed]
+        if len(at_seed) != 1:
+            raise ConfigurationError(
+                f"{len(at_seed)} runs of {dict(self.settings)} at seed {seed}: pass the chosen setting's rows"
+            )
+        missing = [m for m in metrics if m not in at_seed]
+        if missing:
+            raise ConfigurationError(f"the runs have no column(s) {missing} to check the decision by")
+        values = {m: float(at_seed[m].iloc[0]) for m in metrics}
+        return replace(self, check_seed=seed, check=values)
+
+    @property
+    def check_line(self) -> str:
+        """``check: aiqsim run ... --seed N -> key=value, ...``: what the command prints on one seed the
+        decision was computed from (the simulation is deterministic per seed, so exactly this)."""
+        if self.check_seed is None:
+            return ""
+        figures = ", ".join(f"{key}={value:.6g}" for key, value in self.check.items())
+        return f"check: {self.command} --seed {self.check_seed} -> {figures}"
+
     def _repr_markdown_(self) -> str:
         chosen = ", ".join(f"`{k} = {format_value(v)}`" for k, v in self.settings.items()) or "the file as is"
-        return f"**Decision:** {chosen}\n\n*Rule:* {self.rule}\n\n```\n{self.command}\n```"
+        check = f"\n\n*Reproduce:* `{self.check_line.removeprefix('check: ')}`" if self.check_line else ""
+        return f"**Decision:** {chosen}\n\n*Rule:* {self.rule}\n\n```\n{self.command}\n```{check}"
 
     def __str__(self) -> str:
         return f"{self.command}\n  rule: {self.rule}"
@@ -119,7 +165,9 @@ def smallest_meeting(
     rule = (
         f"smallest {param} whose worst of {int(meeting.iloc[0]['seeds'])} seeds keeps {metric} <= {target:g}"
     )
-    return Decision(scenario_file, {param: _plain(value)}, rule, _first(meeting, bands, [param]))
+    return Decision(
+        scenario_file, {param: _plain(value)}, rule, _first(meeting, bands, [param]), {metric: target}
+    )
 
 
 def best_setting(
@@ -161,7 +209,7 @@ def best_setting(
         rule += f"; ties go to the lower mean {tie_break}"
     settings = {p: _plain(ordered[p].iloc[0]) for p in params}
     ranked = bands.sort_values(keys, ascending=[not maximize] + [True] * (len(keys) - 1), kind="stable")
-    return Decision(scenario_file, settings, rule, _first(ordered, ranked, params))
+    return Decision(scenario_file, settings, rule, _first(ordered, ranked, params), constraints)
 
 
 def _plain(value: Any) -> Any:

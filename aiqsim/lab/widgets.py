@@ -3,19 +3,27 @@
 >>> panel = TuningPanel("scenarios/retry_storm_429.toml",
 ...                     {"retry.base_s": (0.05, 5.0), "dispatch.policy": ["fifo", "sjf"]})
 >>> panel  # in Jupyter: sliders, the summary table and the retry-storm chart
+
+The chart is a PNG in an :class:`ipywidgets.Image`, not drawn inside an :class:`ipywidgets.Output`:
+output captured by an Output widget makes a headless executor (nbclient mimics the front end) send a
+``comm_msg`` back to the kernel for every output while it is still collecting the cell's messages,
+traffic that widget notebooks executed headless have been seen to hang on intermittently. An Image
+widget's new value only flows from the kernel to the front end: nothing comes back.
 """
 
 from __future__ import annotations
 
+import io
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import display
 
 from aiqsim.lab import charts
+from aiqsim.lab.chart_style import format_number, short_setting
 from aiqsim.sim.config import Scenario
 
 DEFAULT_SHOWN = (
@@ -77,19 +85,53 @@ def make_control(key: str, spec: Control, value: Any) -> widgets.Widget:
     if isinstance(spec, tuple) and len(spec) in (2, 3) and all(isinstance(v, int | float) for v in spec):
         low, high = spec[0], spec[1]
         integer = all(isinstance(v, int) for v in spec) and isinstance(value, int | None)
-        step = spec[2] if len(spec) == 3 else (1 if integer else (high - low) / 100)
-        cls = widgets.IntSlider if integer else widgets.FloatSlider
         if value is not None:
             low, high = min(low, value), max(high, value)
+        step = spec[2] if len(spec) == 3 else round_step(low, high, value, integer=integer)
         start = low if value is None else value
-        return cls(value=start, min=low, max=high, step=step, description=description, style=style,
-                   continuous_update=False)  # fmt: skip
+        if integer:
+            return widgets.IntSlider(value=start, min=low, max=high, step=int(step), description=description,
+                                     style=style, continuous_update=False, readout_format=",d")  # fmt: skip
+        decimals = _decimals(step)
+        return widgets.FloatSlider(value=start, min=low, max=high, step=step, description=description,
+                                   style=style, continuous_update=False,
+                                   readout_format=f",.{decimals}f")  # fmt: skip
     options = list(spec)
     if value is not None and value not in options:
         options.append(value)
     return widgets.Dropdown(
         options=options, value=options[0] if value is None else value, description=description, style=style
     )
+
+
+def round_step(low: float, high: float, value: float | None = None, *, integer: bool = False) -> float:
+    """A slider step people would choose: 1, 2 or 5 times a power of ten, about a fiftieth of the range.
+
+    The slider's positions are ``low + k * step``, so the step is the largest such round number that
+    puts ``low``, ``high`` and the file's ``value`` on the grid (base 2.0 is reachable from 0.1 in steps
+    of 0.05, not stranded between 1.96 and 2.009 as with a step of a hundredth of the range).
+    """
+    span = high - low
+    if span <= 0:
+        return 1 if integer else 0.1
+    points = [v for v in (low, high, value) if v is not None]
+    exponent = math.floor(math.log10(span / 20))
+    for power in range(exponent, exponent - 12, -1):
+        for mantissa in (5, 2, 1):
+            step = mantissa * 10.0**power
+            if step > span / 20 or (integer and step < 1):
+                continue
+            if all(abs(v / step - round(v / step)) < 1e-9 for v in points):
+                return int(step) if integer else float(f"{step:.12g}")
+    return 1
+
+
+def _decimals(step: float) -> int:
+    """How many decimals a readout needs to show every multiple of ``step`` (0.05 -> 2, 1 -> 0)."""
+    text = f"{step:.12g}"
+    if "." in text and "e" not in text:
+        return len(text.split(".")[1])
+    return max(0, -math.floor(math.log10(step)))
 
 
 class TuningPanel(widgets.VBox):
@@ -129,7 +171,8 @@ class TuningPanel(widgets.VBox):
             value=self.scenario.seed if seed is None else seed, description="seed"
         )
         self.table = widgets.HTML()
-        self.plot = widgets.Output()
+        self.plot = widgets.Image(format="png", layout={"max_width": "100%"})
+        self.chart_title = ""
         self.runs = 0
         self.last_result: Any = None
         for key, control in self.controls.items():
@@ -192,17 +235,27 @@ class TuningPanel(widgets.VBox):
             for key in self.shown
         )
         self.table.value = f"<table>{settings}{rows}</table>"
-        self.plot.clear_output(wait=True)
-        with self.plot:
-            if self.chart == "latency_cdf":
-                figure = charts.latency_cdf(result.tasks[result.tasks["status"] != "rejected"])
-            else:
-                figure = charts.retry_storm_timeline(
-                    result.timeline, title=self.scenario.name, **charts.run_references(result)
-                )
-            display(figure)
-            plt.close(figure)
+        title = self.title(result)
+        if self.chart == "latency_cdf":
+            figure = charts.latency_cdf(result.tasks, title=title)
+        else:
+            references = charts.run_references(result)
+            figure = charts.retry_storm_timeline(result.timeline, title=title, **references)
+        self.chart_title = figure.axes[0].get_title()
+        png = io.BytesIO()
+        figure.savefig(png, format="png", dpi=90)
+        plt.close(figure)
+        self.plot.value = png.getvalue()
         return result
+
+    def title(self, result: Any) -> str:
+        """The chart's title: the scenario, each controlled setting as simulated, and the failed tasks."""
+        settings = ", ".join(
+            short_setting(key, value) if value is not None else f"{key.split('.')[-1]} {UNSET}"
+            for key, value in ((key, _lookup(result.scenario, key)) for key in self.controls)
+        )
+        failed = int(result.summary.get("tasks_failed", 0) or 0)
+        return f"{self.scenario.name} ({settings}; {format_number(failed)} failed tasks)"
 
 
 def _display(value: Any) -> str:
@@ -210,6 +263,6 @@ def _display(value: Any) -> str:
 
 
 def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.4g}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return format_number(value)
+    return str(value)
