@@ -223,5 +223,15 @@ def test_a_worker_heartbeat_cut_by_its_own_closing_is_not_logged_any_other_failu
     assert not_a_heartbeat_cut_by_closing(record(heartbeat, TimeoutError()))  # a scheduler not answering
     assert not_a_heartbeat_cut_by_closing(record(heartbeat, CommClosedError("in <TCP>: Stream is closed")))
     assert not_a_heartbeat_cut_by_closing(record("Failed to start worker", None))
+    from aiqsim.sim import dask_cluster
+
+    try:  # once the sweep closes its cluster, a heartbeat cut by the scheduler closing first is dropped too
+        dask_cluster.mark_cluster_closing()
+        assert not not_a_heartbeat_cut_by_closing(
+            record(heartbeat, CommClosedError("in <TCP>: Stream is closed"))
+        )
+        assert not_a_heartbeat_cut_by_closing(record("Failed to start worker", None))
+    finally:
+        dask_cluster._cluster_closing = False
     assert not not_a_run_cut_short(record("Async instruction for <Task> ended with CancelledError", None))
     assert not_a_run_cut_short(record("Async instruction for <Task> ended with ValueError", None))

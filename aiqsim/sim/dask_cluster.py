@@ -27,6 +27,7 @@ from distributed import LocalCluster, WorkerPlugin
 __all__ = [
     "CloseQuietly",
     "local_dask_cluster",
+    "mark_cluster_closing",
     "not_a_heartbeat_cut_by_closing",
     "not_a_run_cut_short",
     "sigint_ignored_by_new_processes",
@@ -86,8 +87,22 @@ def not_a_heartbeat_cut_by_closing(record: logging.LogRecord) -> bool:
     is still logged."""
     if not record.getMessage().startswith("Failed to communicate with scheduler during heartbeat"):
         return True
+    if _cluster_closing:  # the sweep closes the cluster: the scheduler may go first and cut the stream
+        return False
     error = record.exc_info[1] if record.exc_info else None
     return not (type(error).__name__ == "CommClosedError" and "closing" in str(error))
+
+
+_cluster_closing = False
+"""Set in a worker process by :func:`mark_cluster_closing`: the sweep that owns the cluster is closing it."""
+
+
+def mark_cluster_closing() -> None:
+    """Run on every worker (``client.run``) just before the sweep closes its own local cluster: from
+    then on a heartbeat that fails is the cluster closing, whichever side's connection closed first
+    (the scheduler may close before a worker's heartbeat is answered: ``Stream is closed``)."""
+    global _cluster_closing
+    _cluster_closing = True
 
 
 class CloseQuietly(WorkerPlugin):

@@ -7,6 +7,7 @@ completion. Rows come back ordered by grid point, then seed.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import numbers
 import os
@@ -349,7 +350,7 @@ def _run_on_dask(
         from dask.distributed import Client
         from dask.distributed import as_completed as dask_completed
 
-        from aiqsim.sim.dask_cluster import local_dask_cluster
+        from aiqsim.sim.dask_cluster import local_dask_cluster, mark_cluster_closing
     except ImportError as error:  # pragma: no cover - depends on the install
         raise RuntimeError("engine='dask' needs dask[distributed]: pip install 'aiqsim[dask]'") from error
     cluster = None
@@ -368,6 +369,9 @@ def _run_on_dask(
             outcomes[futures[future]] = future.result()
             bar.advance(failed=outcomes[futures[future]][1] is not None)
     finally:
+        if cluster is not None:  # our own cluster: its workers are told it is closing (quiet heartbeats)
+            with contextlib.suppress(Exception):
+                client.run(mark_cluster_closing, on_error="ignore")
         client.close()
         if cluster is not None:
             cluster.close()
