@@ -563,6 +563,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         job_stage: bool = False,
         retry: RetryPolicy | None = None,
         stream: bool = False,
+        tenant: str | None = None,
     ) -> Submission:
         """Queue one call and return its :class:`Submission` handle.
 
@@ -580,6 +581,10 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         ``stream()`` when it has one, and the caller reads the chunks as they arrive with
         ``async for chunk in submission.stream()`` (:mod:`aiqsim.scheduler.streams`; quota,
         retries before the first chunk and idempotency are the scheduler's as for any task).
+        ``tenant`` names the customer the call is for, one of the scheduler's ``tenants``: within its
+        priority class the lane shares its service among tenants by weight, and the tenant's own
+        ``max_queued`` bounds what it may have waiting (:mod:`aiqsim.scheduler.tenants`). It is stored
+        with the task (recovery and duplicates keep it) and sent in the :class:`ProviderRequest`.
         """
         if self._closed or (self._closing and not job_stage):
             raise SchedulerClosedError("scheduler is closed" if self._closed else "scheduler is closing")
@@ -595,6 +600,11 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             or (task_id is not None and type(task_id) is not str)
         ):
             _refuse_names(kind, key, task_id)
+        if tenant is not None and type(tenant) is not str:
+            raise SchedulerArgumentTypeError(
+                f"tenant: expected a tenant's name (a string) or None, got {tenant!r}; "
+                "nothing was queued or stored"
+            )
         lane_name = provider if provider is not None else kind
         lane = self._lanes.get(lane_name) if type(lane_name) is str else None
         if lane is None:
@@ -640,6 +650,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             None,  # error
             None,  # deduped_from
             self.worker_id,  # worker
+            tenant,
         )
         owner = persist_change(None, record, self.store.insert_and_claim)
         commit = self._commit  # _staged, inlined (as in Outcomes._write): once per submission
