@@ -39,7 +39,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 from math import inf, isfinite
 from typing import Any
 
@@ -196,9 +196,15 @@ class TenantQueue:
         if head is not None and head[0] is item:
             share = head[1]
             self._head = None
-            self._virtual = share.pass_
-            share.pass_ += tenant_charge(item.cost, share.weight)
-            heappush(self._line, (share.pass_, share.order, share))  # the old entry is stale now
+            virtual = self._virtual = share.pass_
+            cost = item.cost  # tenant_charge, inlined: once per start
+            share.pass_ = new_pass = virtual + (cost if cost > 1.0 else 1.0) / share.weight
+            line = self._line
+            top = line[0] if line else None
+            if top is not None and top[2] is share and top[0] == virtual:
+                heapreplace(line, (new_pass, share.order, share))  # the usual case: it was the top
+            else:
+                heappush(line, (new_pass, share.order, share))  # the old entry is stale now
             share.queue.pop(item)
         else:
             self._share(item.tenant).queue.pop(item)
