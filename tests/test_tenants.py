@@ -129,6 +129,31 @@ def test_cancelling_a_queued_item_removes_it_without_a_trace() -> None:
 # ------------------------------------------------------------------ the scheduler
 
 
+def test_the_depth_limits_trial_dispatch_puts_the_request_in_its_tenants_place() -> None:
+    async def body(rt):
+        provider = Recorder(rt)
+        scheduler = Scheduler(
+            rt,
+            [provider],
+            quotas={"llm": QuotaLimits(concurrency=2)},
+            tenants={"a": Tenant(), "b": Tenant(), "c": Tenant()},
+            interactive_limit=0,  # start at once or be refused
+        )
+        async with scheduler:
+            handles = [scheduler.submit("llm", n, priority="interactive", tenant="b") for n in range(2)]
+            # b's two fill both slots; an a request goes before b's second (a's pass equals b's,
+            # a comes first): accepted, and b's second waits (an accepted request can be overtaken)
+            handles.append(scheduler.submit("llm", 2, priority="interactive", tenant="a"))
+            # c's place is after a's and b's first: nothing of it would start now, refused
+            with pytest.raises(QueueFullError):
+                scheduler.submit("llm", 3, priority="interactive", tenant="c")
+            for handle in handles:
+                await handle
+        return provider.calls
+
+    assert run_on("simpy", body) == [("a", 2), ("b", 0), ("b", 1)]
+
+
 @pytest.mark.parametrize("rt_name", RUNTIMES)
 def test_the_scheduler_alternates_weighted_tenants_and_sends_the_tenant(rt_name: str) -> None:
     async def body(rt):
@@ -165,7 +190,9 @@ def test_max_queued_refuses_the_tenant_by_name_and_spares_the_others() -> None:
         with pytest.raises(QueueFullError, match=r"tenant 'acme'.*max_queued is 2"):
             scheduler.submit("llm", 9, tenant="acme")
         scheduler.submit("llm", 10, tenant="globex")
+        duplicate = scheduler.submit("llm", 1, tenant="acme")  # queues nothing: not refused
         assert scheduler.queued_for("acme") == 2 and scheduler.queued_for("globex") == 1
+        assert duplicate.key == scheduler.submit("llm", 1, tenant="globex").key
         await scheduler.close(cancel_pending=True)
 
     run_on("simpy", body)

@@ -83,7 +83,7 @@ from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, check_retry_policy,
 from aiqsim.scheduler.store_writes import persist_change
 from aiqsim.scheduler.streams import StreamChannel, stream_chunks
 from aiqsim.scheduler.tenants import Tenant, TenantQueue, checked_tenants
-from aiqsim.stores.base import StoreWriteError, TaskStore
+from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -519,8 +519,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             return self.dispatch.new_queue()
         return TenantQueue(self.dispatch, self._tenants)
 
-    def _check_tenant(self, tenant: str | None) -> None:
-        """Refuse a ``tenant`` this scheduler was not given, or one at its ``max_queued``."""
+    def _check_tenant(self, tenant: str | None) -> int | None:
+        """Refuse a ``tenant`` this scheduler was not given; return its ``max_queued``."""
         tenants = self._tenants
         if tenants is None:
             raise SchedulerArgumentError(
@@ -529,21 +529,28 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 "Nothing was queued or stored"
             )
         if tenant is None:
-            return  # the default tenant: no depth limit of its own
+            return None  # the default tenant: no depth limit of its own
         config = tenants.get(tenant)
         if config is None:
             raise SchedulerArgumentError(
                 f"tenant: no tenant named {tenant!r}; this scheduler has {sorted(tenants)} "
                 "(or tenant=None, the default tenant). Nothing was queued or stored"
             )
-        limit = config.max_queued
-        if limit is not None:
-            queued = self.queued_for(tenant)
-            if queued >= limit:
-                raise QueueFullError(
-                    f"tenant {tenant!r}: {queued} of its tasks already queued (its max_queued is {limit}); "
-                    "nothing was enqueued. Retry later, or raise Tenant(max_queued=...)"
-                )
+        return config.max_queued
+
+    def _check_tenant_limit(self, tenant: str, limit: int, key: str) -> None:
+        """Refuse one more task of ``tenant`` at its ``max_queued``, unless it is a duplicate of a
+        live owner (it queues nothing: the owner's run is shared, in the owner's tenant)."""
+        queued = self.queued_for(tenant)
+        if queued < limit:
+            return
+        owner = self.store.owner_of(key)  # only at the limit: a store read saved otherwise
+        if owner is not None and owner.status in LIVE_OWNER_STATUSES:
+            return
+        raise QueueFullError(
+            f"tenant {tenant!r}: {queued} of its tasks already queued (its max_queued is {limit}); "
+            "nothing was enqueued. Retry later, or raise Tenant(max_queued=...)"
+        )
 
     # ------------------------------------------------------------------ public API
     def queued_for(self, tenant: str | None) -> int:
@@ -649,13 +656,14 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             or (task_id is not None and type(task_id) is not str)
         ):
             _refuse_names(kind, key, task_id)
+        tenant_limit = None
         if tenant is not None or self._tenants is not None:
             if tenant is not None and type(tenant) is not str:
                 raise SchedulerArgumentTypeError(
                     f"tenant: expected a tenant's name (a string) or None, got {tenant!r}; "
                     "nothing was queued or stored"
                 )
-            self._check_tenant(tenant)
+            tenant_limit = self._check_tenant(tenant)
         lane_name = provider if provider is not None else kind
         lane = self._lanes.get(lane_name) if type(lane_name) is str else None
         if lane is None:
@@ -676,10 +684,13 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             check_slot_lease(lane.name, lane.quota, retry, "nothing was queued or stored")
         if key is None:
             key = fingerprint(kind, payload, params=params, version=version)
+        if tenant_limit is not None:
+            assert tenant is not None
+            self._check_tenant_limit(tenant, tenant_limit, key)
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
         # a job's stage tasks are counted as their job (see Jobs.depth). The rule: depth_limit.py.
         if not job_stage and self._limits[priority] is not None:
-            self._check_depth_limit(lane, priority, cost_estimate, key)
+            self._check_depth_limit(lane, priority, cost_estimate, key, None, tenant)
         now = self.runtime.now()
         # positional, in TaskRecord's field order (pinned by tests/test_slot_init.py): a keyword call
         # maps each name to its parameter, once per submission; the cost is a float already
@@ -889,7 +900,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             )
         if self._limits[record.priority] is not None and record.status is TaskStatus.FAILED:
             lane = self._lanes[record.provider]  # the depth limit, as for a submission
-            self._check_depth_limit(lane, record.priority, record.cost_estimate, record.key, record.id)
+            self._check_depth_limit(
+                lane, record.priority, record.cost_estimate, record.key, record.id, record.tenant
+            )
         failed = record
         record = transition(record, TaskStatus.QUEUED, self.runtime.now(), worker=self.worker_id)
         persist_change(failed, record, self.store.update)

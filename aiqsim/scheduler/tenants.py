@@ -28,7 +28,12 @@ Decisions, documented here once:
   (its record keeps its tenant).
 - ``max_queued`` bounds the tasks of that tenant waiting in dispatch queues (all lanes, both
   classes); past it, ``submit`` raises :class:`~aiqsim.scheduler.refusals.QueueFullError` naming
-  the tenant. The classes' own limits (``interactive_limit``...) still apply.
+  the tenant. A duplicate of a live task queues nothing and is not refused. The classes' own
+  limits (``interactive_limit``...) still apply, their trial dispatch placing the request in its
+  tenant's queue (:mod:`aiqsim.scheduler.depth_limit`).
+- A duplicate (a second submission of a live task's idempotency key) shares the owner's run,
+  whichever tenant submitted it: the run stays the owner's tenant's, and so does its service.
+- Jobs' stage tasks have no tenant (the default tenant's).
 - A queued task cancelled while it is the head its lane's dispatcher last looked at is charged to
   its tenant as if it started (the queue cannot tell the two apart); the error is one task's share.
 - Without ``tenants`` the lanes use the policy's queues as they are: nothing here runs.
