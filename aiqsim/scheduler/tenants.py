@@ -168,7 +168,9 @@ class TenantQueue:
         return share if share is not None else self._shares[DEFAULT_TENANT]
 
     def push(self, item: QueueItem) -> None:
-        share = self._share(item.tenant)
+        share = self._shares.get(item.tenant)  # _share, inlined: once per queued task
+        if share is None:
+            share = self._shares[DEFAULT_TENANT]
         share.queue.push(item)
         self._size += 1
         if not share.in_line:
@@ -243,13 +245,11 @@ class TenantQueue:
                 heappush(line, (pass_ + tenant_charge(item.cost, weight), order, items, following, weight))
 
     def next_change(self, now: float) -> float:
-        soonest = inf
-        for share in self._shares.values():
-            if len(share.queue):
-                change = share.queue.next_change(now)
-                if change < soonest:
-                    soonest = change
-        return soonest
+        """When ``peek`` may change without a push or pop: when the chosen tenant's own head may
+        (aging). Which tenant is chosen depends on the passes only, which time does not move."""
+        self.peek(now)
+        head = self._head
+        return inf if head is None else head[1].queue.next_change(now)
 
 
 def _ordered(queue: TaskQueue, now: float) -> Iterator[QueueItem]:
