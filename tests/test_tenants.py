@@ -10,7 +10,13 @@ import pytest
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.token_bucket import QuotaLimits
 from aiqsim.runtime import SimPyRuntime
-from aiqsim.scheduler import QueueFullError, Scheduler, ShortestJobFirstPolicy, Tenant
+from aiqsim.scheduler import (
+    AgingShortestJobFirstPolicy,
+    QueueFullError,
+    Scheduler,
+    ShortestJobFirstPolicy,
+    Tenant,
+)
 from aiqsim.scheduler.dispatch import FifoPolicy, QueueItem
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.scheduler.tenants import TenantQueue
@@ -108,6 +114,14 @@ def test_a_tenant_that_was_idle_rejoins_at_the_virtual_time_without_credit() -> 
         queue.push(item(seq, "quiet"))
     # quiet was idle for six calls: it goes next, then the two alternate (no burst of three)
     assert drain(queue)[:6] == ["t10", "t6", "t11", "t7", "t12", "t8"]
+
+
+def test_aging_within_a_tenant_is_seen_through_the_tenant_queue() -> None:
+    queue = TenantQueue(AgingShortestJobFirstPolicy(max_wait_s=5.0), {"a": Tenant(), "b": Tenant()})
+    queue.push(item(1, "a", cost=50.0))
+    queue.push(item(2, "a", cost=1.0))
+    assert queue.peek(0.0).task_id == "t2" and queue.next_change(0.0) == 5.0
+    assert queue.peek(5.0).task_id == "t1"  # overdue: the oldest goes first within its tenant
 
 
 def test_a_task_of_an_unknown_tenant_is_queued_as_the_default_tenants() -> None:
