@@ -124,6 +124,22 @@ def test_aging_within_a_tenant_is_seen_through_the_tenant_queue() -> None:
     assert queue.peek(5.0).task_id == "t1"  # overdue: the oldest goes first within its tenant
 
 
+def test_a_tenant_whose_last_item_was_taken_out_rejoins_without_credit_later() -> None:
+    queue = TenantQueue(FifoPolicy(), {"noisy": Tenant(), "quiet": Tenant()})
+    for seq in range(10):
+        queue.push(item(seq, "noisy"))
+    early = item(100, "quiet")
+    queue.push(early)
+    queue.pop(queue.peek(0.0))  # noisy's first (equal passes: the order given)
+    queue.pop(early)  # quiet's only task is cancelled
+    for _ in range(5):
+        queue.pop(queue.peek(0.0))
+    for seq in range(101, 104):
+        queue.push(item(seq, "quiet"))
+    # quiet rejoins at the virtual time, not at the pass it had when its item was cancelled
+    assert drain(queue)[:6] == ["t101", "t6", "t102", "t7", "t103", "t8"]
+
+
 def test_a_task_of_an_unknown_tenant_is_queued_as_the_default_tenants() -> None:
     queue = TenantQueue(FifoPolicy(), {"a": Tenant()})
     queue.push(item(1, "gone"))

@@ -206,15 +206,24 @@ class TenantQueue:
             virtual = self._virtual = share.pass_
             cost = item.cost  # tenant_charge, inlined: once per start
             share.pass_ = new_pass = virtual + (cost if cost > 1.0 else 1.0) / share.weight
+            share.queue.pop(item)
             line = self._line
             top = line[0] if line else None
-            if top is not None and top[2] is share and top[0] == virtual:
-                heapreplace(line, (new_pass, share.order, share))  # the usual case: it was the top
+            on_top = top is not None and top[2] is share and top[0] == virtual  # the usual case
+            if len(share.queue):
+                if on_top:
+                    heapreplace(line, (new_pass, share.order, share))
+                else:
+                    heappush(line, (new_pass, share.order, share))  # the old entry is stale now
             else:
-                heappush(line, (new_pass, share.order, share))  # the old entry is stale now
-            share.queue.pop(item)
+                share.in_line = False  # it rejoins at the virtual time when work comes back
+                if on_top:
+                    heappop(line)
         else:
-            self._share(item.tenant).queue.pop(item)
+            share = self._share(item.tenant)
+            share.queue.pop(item)
+            if not len(share.queue):  # cancelled, or a depth-limit probe taken out: its last item
+                share.in_line = False
         self._size -= 1
 
     def __len__(self) -> int:
