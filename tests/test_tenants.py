@@ -299,3 +299,37 @@ def test_recovery_and_duplicates_keep_the_tenant(rt_name: str) -> None:
     assert sorted(calls, key=str) == sorted(
         [("acme", 1), ("acme", 3), ("acme", 5), ("globex", 0), ("globex", 2), ("globex", 4)], key=str
     )
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_a_restarted_process_on_a_file_store_queues_each_task_in_its_tenant(kind: str, tmp_path) -> None:
+    from aiqsim.stores import open_store
+
+    path = tmp_path / f"tasks.{kind}"
+    tenants = {"acme": Tenant(), "globex": Tenant(weight=3)}
+
+    async def first(rt):
+        store = open_store(kind, path)
+        scheduler = Scheduler(rt, [Recorder(rt)], store=store, tenants=tenants)
+        for n in range(8):
+            scheduler.submit("llm", n, tenant="acme" if n < 4 else "globex")
+        scheduler.crash()  # nothing ran
+        store.close()
+
+    async def second(rt):
+        store = open_store(kind, path)
+        provider = Recorder(rt)
+        scheduler = Scheduler(
+            rt, [provider], store=store, quotas={"llm": QuotaLimits(concurrency=1)}, tenants=tenants
+        )
+        await scheduler.recover()
+        async with scheduler:
+            await scheduler.join()
+        store.close()
+        return provider.calls
+
+    run_on("simpy", first)
+    calls = run_on("simpy", second)
+    # the stored tenants, shared 1:3 once the restarted process runs them
+    assert [tenant for tenant, _ in calls[:4]] == ["acme", "globex", "globex", "globex"]
+    assert sorted(payload for _, payload in calls) == list(range(8))
