@@ -158,3 +158,8 @@ from aiqsim.scheduler.jobs import *  # noqa: F403
 
 __all__ += _jobs.__all__
 __all__ += ["JobRecord", "JobStatus", "derive_job_status"]
+
+# Tenants: weighted fair sharing of each lane (aiqsim.scheduler.tenants), appended as one block too.
+from aiqsim.scheduler.tenants import Tenant
+
+__all__ += ["Tenant"]

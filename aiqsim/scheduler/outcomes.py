@@ -299,5 +299,6 @@ class Outcomes:
                     record.status._value_,
                     record.attempts,
                     record.cost_estimate,
+                    record.tenant,
                 )
             )

@@ -207,6 +207,8 @@ class WorkloadConfig:
     """A ``replay`` workload's arrivals CSV (a path relative to the scenario file)."""
     job: str | None = None
     """Name of a ``[[jobs]]`` template: each arrival submits one job instead of one call to ``provider``."""
+    tenant: str | None = None
+    """Name of a ``[tenants.NAME]`` table: the tenant its calls are submitted for (``None``: the default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +277,15 @@ class FleetConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """One ``[tenants.NAME]`` table: the tenant's weight in each lane's fair sharing and the tasks it
+    may have waiting (:class:`aiqsim.scheduler.tenants.Tenant`; ``None``: unbounded)."""
+
+    weight: float = 1.0
+    max_queued: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """A whole simulation: providers, client quotas, policies, workload, crashes, horizon, seed.
 
@@ -301,6 +312,8 @@ class Scenario:
     """Job templates (``[[jobs]]``) that ``job`` workloads submit."""
     fleet: FleetConfig = field(default_factory=FleetConfig)
     """How many scheduler instances run, how they share the quota, how arrivals reach them."""
+    tenants: dict[str, TenantConfig] = field(default_factory=dict)
+    """The tenants sharing each lane by weight (``[tenants.NAME]``); empty: no tenants."""
     source: str | None = None
     """Path of the file it was loaded from, for error messages and reports."""
 

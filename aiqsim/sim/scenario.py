@@ -28,6 +28,7 @@ A scenario file looks like this (units are in the key names)::
     type = "poisson"
     job = "edit"
     [fleet]                   # FleetConfig: workers, quota ("shared"/"split"), routing, weights
+    [tenants.acme]            # TenantConfig: weight, max_queued; a workload says tenant = "acme"
 
 Everything is validated before a :class:`Scenario` exists: unknown keys, wrong types (a bool
 is not a number), out-of-range values and broken references all raise :class:`ScenarioError`
@@ -73,6 +74,7 @@ from aiqsim.sim.config import (
     RetryConfig,
     Scenario,
     StoreConfig,
+    TenantConfig,
     WorkloadConfig,
 )
 from aiqsim.sim.job_config import FanoutConfig, JobConfig, StageConfig, StageSizeConfig
@@ -379,10 +381,11 @@ class _Array:
 
 @dataclass(frozen=True)
 class _Map:
-    """A table of tables keyed by provider name (``[quotas.llm]``)."""
+    """A table of tables keyed by provider name (``[quotas.llm]``), or by another ``key`` name."""
 
     item: _Table
     expected: str = "a table of tables keyed by provider name ([quotas.NAME])"
+    key: str = "a provider name"
 
 
 _OUTAGE = _Table(
@@ -497,7 +500,7 @@ _COST = _Table(
 )
 
 _WORKLOAD_COMMON = frozenset(
-    {"type", "provider", "priority", "start_s", "cost", "distinct_inputs", "poison_fraction", "job"}
+    {"type", "provider", "priority", "start_s", "cost", "distinct_inputs", "poison_fraction", "job", "tenant"}
 )
 _WORKLOAD_KEYS = {
     "poisson": _WORKLOAD_COMMON | {"rate_per_s", "end_s", "count"},
@@ -528,6 +531,7 @@ _WORKLOAD = _Table(
         "speedup": _POSITIVE,
         "arrivals": _Text(non_empty=True),
         "job": _Text(name_like=True),
+        "tenant": _Text(name_like=True),
     },
     required=frozenset({"type"}),
     what="workload",
@@ -638,6 +642,11 @@ _OVERLOAD = _Table(
     what="overload protection",
 )
 
+_TENANT = _Table(
+    {"weight": _POSITIVE, "max_queued": _Optional(_Integer(0))},
+    what="tenant",
+)
+
 MAX_FLEET_WORKERS = 1000
 """More scheduler instances than this in one simulation is a typo, not a fleet."""
 
@@ -679,6 +688,7 @@ _FILE = _Table(
         "overload": _OVERLOAD,
         "jobs": _Array(_JOB, "[[jobs]]", named=True),
         "fleet": _FLEET,
+        "tenants": _Map(_TENANT, "a table of tables keyed by tenant name ([tenants.NAME])", "a tenant name"),
     },
     required=frozenset({"scenario", "providers", "workloads"}),
     what="scenario file",
@@ -701,6 +711,7 @@ SECTION_FIELDS: dict[type, _Table] = {
     StageSizeConfig: _STAGE_SIZE,
     FanoutConfig: _FANOUT,
     FleetConfig: _FLEET,
+    TenantConfig: _TENANT,
 }
 """Which file table describes which config record (tests check they list the same fields)."""
 
@@ -732,7 +743,7 @@ class _Reader:
             values = {}
             for key, item in raw.items():
                 if not isinstance(key, str):
-                    raise self.error(_join(path, key), "expected a provider name as the key")
+                    raise self.error(_join(path, key), f"expected {schema.key} as the key")
                 values[key] = self.read(item, _join(path, key), schema.item)
             return values
         try:
@@ -895,6 +906,18 @@ def _quotas(
     return quotas
 
 
+def _tenants(raw: dict[str, dict[str, Any]], reader: _Reader) -> dict[str, TenantConfig]:
+    """The ``[tenants.NAME]`` tables; a name must be a name (``tenants.NAME``: letters, digits...)."""
+    tenants = {}
+    for name, values in raw.items():
+        if not _NAME.fullmatch(name):
+            raise reader.error(
+                f"tenants.{name}", f"expected {_Text(name_like=True).expected}, got {describe(name)}"
+            )
+        tenants[name] = TenantConfig(**values)
+    return tenants
+
+
 def _retry(values: dict[str, Any], reader: _Reader) -> RetryConfig:
     retry = RetryConfig(**values)
     if not retry.cap_s >= retry.base_s:
@@ -1006,8 +1029,20 @@ def _workload(
     duration_s: float,
     reader: _Reader,
     jobs: Mapping[str, JobConfig] | None = None,
+    tenants: Mapping[str, TenantConfig] | None = None,
 ) -> WorkloadConfig:
+    tenants = tenants or {}
+    if "tenant" in values and values["tenant"] not in tenants:
+        declared = ", ".join(tenants) or "none declared"
+        raise reader.error(
+            f"{path}.tenant",
+            f"expected the name of a [tenants.NAME] table ({declared}), got {describe(values['tenant'])}",
+        )
     if "job" in values:
+        if "tenant" in values:
+            raise reader.error(
+                f"{path}.tenant", "does not apply to a job workload (a job's calls have no tenant)"
+            )
         return _job_workload(values, path, jobs or {}, duration_s, reader)
     if "provider" not in values:
         raise reader.error(
@@ -1309,8 +1344,10 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
     if not values["workloads"]:
         raise reader.error("workloads", "expected at least one [[workloads]] table, got none")
     jobs = _jobs(values.get("jobs", ()), by_name, quotas, reader)
+    tenants = _tenants(values.get("tenants", {}), reader)
+    templates = {j.name: j for j in jobs}
     workloads = tuple(
-        _workload(item, f"workloads[{i}]", by_name, quotas, duration_s, reader, {j.name: j for j in jobs})
+        _workload(item, f"workloads[{i}]", by_name, quotas, duration_s, reader, templates, tenants)
         for i, item in enumerate(values["workloads"])
     )
     crashes = tuple(
@@ -1328,6 +1365,7 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         overload=_overload(values.get("overload", {}), reader),
         jobs=jobs,
         fleet=_fleet(values.get("fleet", {}), quotas, workloads, crashes, reader),
+        tenants=tenants,
         source=source,
         **header,
     )
@@ -1633,6 +1671,8 @@ def _workload_dict(workload: WorkloadConfig) -> dict[str, Any]:
     """A workload's keys: a job workload has no provider, cost or poison share, a call workload no job."""
     values = _record_dict(workload, _WORKLOAD)
     dropped = _JOB_WORKLOAD_EXCLUDED if workload.job is not None else ("job",)
+    if workload.tenant is None:
+        dropped = (*dropped, "tenant")
     return {key: value for key, value in values.items() if key not in dropped}
 
 
@@ -1653,6 +1693,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         "overload": _record_dict(scenario.overload, _OVERLOAD),
         "jobs": [_record_dict(job, _JOB) for job in scenario.jobs],
         "fleet": _fleet_dict(scenario.fleet),
+        "tenants": {name: _record_dict(tenant, _TENANT) for name, tenant in scenario.tenants.items()},
     }
 
 
