@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "DAY_S",
+    "BudgetHold",
     "BudgetWindow",
     "admits",
     "attempt_cost",
@@ -44,6 +46,19 @@ class BudgetWindow:
 
     day: int
     resets_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetHold:
+    """What one admitted attempt reserved: ``amount`` (currency) in each of ``budgets``, on budget
+    day ``day`` (the ledger's days), priced at ``price`` per unit. ``token`` is the ledger's own
+    handle (a fleet ledger's reservation id), ``None`` for a local one."""
+
+    budgets: tuple[str, ...]
+    amount: float
+    day: int
+    price: float
+    token: Any = None
 
 
 def budget_day(now: float, origin: float = 0.0, day_s: float = DAY_S) -> int:

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from aiqsim.core.budget import DAY_S, admits, attempt_cost, budget_window, reconciled
+from aiqsim.core.budget import DAY_S, BudgetHold, admits, attempt_cost, budget_window, reconciled
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import BilledStreamCutError, BudgetExceeded, FailureClass
 from aiqsim.core.numeric import is_real
@@ -83,19 +83,6 @@ def bills_failure(error: BaseException | None) -> bool:
     work after the client stopped waiting) or a cut stream (billed by definition). Not a 429, a
     5xx or a refused request: providers bill none of them."""
     return isinstance(error, TimeoutError | BilledStreamCutError)
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetHold:
-    """What one admitted attempt reserved: ``amount`` (currency) in each of ``budgets``, on budget
-    day ``day`` (the ledger's days), priced at ``price`` per unit. ``token`` is the ledger's own
-    handle (a fleet ledger's reservation id), ``None`` for a local one."""
-
-    budgets: tuple[str, ...]
-    amount: float
-    day: int
-    price: float
-    token: Any = None
 
 
 class BudgetLedger(Protocol):
@@ -226,6 +213,9 @@ class Budget(OverloadGate):
         )
         self.events = events
         self.bills_failure = bills_failure
+        define = getattr(self.ledger, "define", None)
+        if callable(define):  # a shared ledger keeps the budget's definition: every worker's must agree
+            define(self.definition())
         self.refused: Counter[str] = Counter()
         """Attempts refused, by budget name."""
         self.billed_total = 0.0
@@ -234,6 +224,10 @@ class Budget(OverloadGate):
         """What each tenant's attempts were billed, all days together."""
         self._holds: dict[Any, tuple[BudgetHold, str | None]] = {}
         self._anonymous = 0
+
+    def definition(self) -> dict[str, Any]:
+        """The limits and prices, as a shared ledger stores them for every worker to agree on."""
+        return {"per_day": self.per_day, "per_tenant_per_day": self.per_tenant_per_day, "prices": self.prices}
 
     def check_providers(self, providers: Iterable[str]) -> None:
         """Refuse a price for a provider not in ``providers`` (a scheduler calls this when made)."""
