@@ -90,3 +90,8 @@ from aiqsim.scheduler.jobs import *  # noqa: F403
 
 __all__ += _jobs.__all__
 __all__ += ["JobTransition", "StageEvent"]
+
+# Tenants: weighted fair sharing of each lane (aiqsim.scheduler.tenants).
+from aiqsim.scheduler.tenants import DEFAULT_TENANT, Tenant, TenantQueue  # noqa: E402
+
+__all__ += ["DEFAULT_TENANT", "Tenant", "TenantQueue"]
