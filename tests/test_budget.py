@@ -233,3 +233,38 @@ def test_a_shared_ledger_is_the_one_the_gate_uses() -> None:
     two = Budget(per_day=4.0, prices={"llm": 1.0}, ledger=ledger)
     assert ask(one, 0.0, "a", 3) is None
     assert isinstance(ask(two, 0.0, "b", 3), BudgetExceeded)
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+def test_a_tenant_that_spent_its_budget_is_refused_while_the_others_run(rt_name: str) -> None:
+    from aiqsim.scheduler.tenants import Tenant
+
+    async def body(runtime: Any) -> tuple[dict[str, list[Any]], Budget]:
+        budget = Budget(per_day=100.0, per_tenant_per_day={"acme": 5.0}, prices={"llm": 1.0})
+        scheduler = Scheduler(
+            runtime,
+            [BilledProvider(runtime)],
+            gates=[budget],
+            tenants={"acme": Tenant(weight=1), "globex": Tenant(weight=1)},
+        )
+        handles = {
+            tenant: [
+                scheduler.submit(
+                    "llm", {"input": f"{tenant}{i}", "billed": 2}, cost_estimate=2, tenant=tenant
+                )
+                for i in range(4)
+            ]
+            for tenant in ("acme", "globex")
+        }
+        records = {tenant: [await h.wait() for h in hs] for tenant, hs in handles.items()}
+        await scheduler.close()
+        return records, budget
+
+    records, budget = run_on(rt_name, body)
+    acme = [r.status for r in records["acme"]]
+    assert acme.count(TaskStatus.SUCCEEDED) == 2 and acme.count(TaskStatus.FAILED) == 2  # 2 + 2 + 2 > 5
+    assert all(r.status is TaskStatus.SUCCEEDED for r in records["globex"])
+    refused = [r for r in records["acme"] if r.status is TaskStatus.FAILED]
+    assert all(r.error.startswith("BudgetExceeded: budget per_tenant_per_day[acme] spent") for r in refused)
+    assert budget.billed_by_tenant == {"acme": 4.0, "globex": 8.0}
+    assert budget.refused == {"per_tenant_per_day[acme]": 2}

@@ -110,7 +110,7 @@ class AttemptLoop:
                     asked = self._late_gates if admitted else self.gates
                     refusal = None
                     if asked:
-                        tenant = getattr(record, "tenant", None)
+                        tenant = record.tenant
                         estimate = record.cost_estimate
                         refusal = self._gate_refusal(
                             lane.name, is_retry, record.id, cause, asked, estimate=estimate, tenant=tenant
