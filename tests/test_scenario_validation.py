@@ -293,6 +293,7 @@ def test_every_config_field_has_a_key_in_the_file_layout():
         *("providers", "workloads", "quotas", "retry", "dispatch", "store", "crashes", "overload", "source"),
         "jobs",
         "fleet",
+        "budget",
     }
     for record, table in SECTION_FIELDS.items():
         names = {f.name for f in dataclasses.fields(record)}
