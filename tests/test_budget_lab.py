@@ -102,3 +102,19 @@ def test_the_budget_round_trips_and_is_in_the_schema() -> None:
     assert set(node["properties"]) == {"per_day", "per_tenant_per_day", "prices", "day_s"}
     assert node["properties"]["prices"]["additionalProperties"] == {"type": "number", "minimum": 0}
     assert math.isclose(node["properties"]["day_s"]["default"], 86_400.0)
+
+
+def test_prometheus_counts_the_budget_as_the_summary_does() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from aiqsim.observability import PrometheusMetrics
+    from aiqsim.scheduler.events import BudgetCharged, BudgetRefused
+
+    metrics = PrometheusMetrics(prometheus_client.CollectorRegistry())
+    result = simulate(scenario("per_day = 50.0"), sinks=[metrics])
+    s = result.summary
+    assert metrics.value("aiqsim_budget_spend_total", provider="llm") == pytest.approx(s["spend"])
+    assert metrics.value("aiqsim_budget_refused_total", budget="per_day") == s["refused_by_budget"] > 0
+    refusals = [e for e in result.events if isinstance(e, BudgetRefused)]
+    assert len(refusals) == s["refused_by_budget"]
+    assert {e.resets_at for e in refusals} == {86_400.0}  # the day resets a day after the run's start
+    assert math.fsum(e.billed for e in result.events if isinstance(e, BudgetCharged)) == pytest.approx(50.0)

@@ -325,17 +325,26 @@ def overload_gates(scenario: Scenario) -> list[Any]:
     return [GateChain(gates)] if len(gates) > 1 else gates
 
 
-def budget_gate(scenario: Scenario, ledger: Any) -> list[Any]:
+def budget_gate(scenario: Scenario, ledger: Any, events: Callable[[Any], None] | None = None) -> list[Any]:
     """The scenario's ``[budget]`` as a :class:`~aiqsim.overload.Budget` on ``ledger`` (one ledger per
     run, shared by every worker and every incarnation: money spent stays spent across a crash), or no
-    gate. Without ``prices`` each provider's own ``price_per_1k_units / 1000`` prices its calls."""
+    gate. Without ``prices`` each provider's own ``price_per_1k_units / 1000`` prices its calls. Its
+    charges and refusals go to ``events`` (the scheduler's sink: the run's records and outside sinks)."""
     b = scenario.budget
     if not b.enabled:
         return []
     from aiqsim.overload import Budget
 
     prices = b.prices or {p.name: p.price_per_1k_units / 1000.0 for p in scenario.providers}
-    return [Budget(per_day=b.per_day, per_tenant_per_day=b.per_tenant_per_day, prices=prices, ledger=ledger)]
+    return [
+        Budget(
+            per_day=b.per_day,
+            per_tenant_per_day=b.per_tenant_per_day,
+            prices=prices,
+            ledger=ledger,
+            events=events,
+        )
+    ]
 
 
 def simulate(
@@ -721,7 +730,8 @@ class _Run:
             on_crash=self._on_write_crash,
         )
         self.store = store
-        gates = overload_gates(scenario) + budget_gate(scenario, self.budget_ledger)
+        sink = self._event_sink(worker)
+        gates = overload_gates(scenario) + budget_gate(scenario, self.budget_ledger, sink)
         self.gates.extend(gates)
         scheduler = Scheduler(
             self.runtime,
@@ -738,7 +748,7 @@ class _Run:
                 f"{self.seed}:scheduler:{self.incarnation}"
                 + (f":{fleet_worker_id(worker)}" if worker else "")
             ),
-            events=self._event_sink(worker),
+            events=sink,
             gates=gates,
             commit_window_s=scenario.store.commit_window_s,
             worker_id=fleet_worker_id(worker) if fleet else None,
