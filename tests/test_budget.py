@@ -268,3 +268,14 @@ def test_a_tenant_that_spent_its_budget_is_refused_while_the_others_run(rt_name:
     assert all(r.error.startswith("BudgetExceeded: budget per_tenant_per_day[acme] spent") for r in refused)
     assert budget.billed_by_tenant == {"acme": 4.0, "globex": 8.0}
     assert budget.refused == {"per_tenant_per_day[acme]": 2}
+
+
+def test_a_limit_for_an_unknown_tenant_is_refused_before_any_call() -> None:
+    from aiqsim.scheduler.tenants import Tenant
+
+    runtime = SimPyRuntime()
+    provider = BilledProvider(runtime)
+    budget = Budget(per_tenant_per_day={"acme": 1.0, "initech": 2.0}, prices={"llm": 1.0})
+    with pytest.raises(ConfigurationError, match=r"per_tenant_per_day: \['initech'\] name no tenant"):
+        Scheduler(runtime, [provider], gates=[budget], tenants={"acme": Tenant(weight=1)})
+    assert provider.calls == []

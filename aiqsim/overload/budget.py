@@ -239,6 +239,16 @@ class Budget(OverloadGate):
                 f"{sorted(known)}); no scheduler was created"
             )
 
+    def check_tenants(self, tenants: Iterable[str]) -> None:
+        """Refuse a per-tenant limit for a tenant not in ``tenants`` (a scheduler with tenants calls this)."""
+        per_tenant = self.per_tenant_per_day
+        unknown = sorted(set(per_tenant) - set(tenants)) if isinstance(per_tenant, dict) else []
+        if unknown:
+            raise ConfigurationError(
+                f"Budget per_tenant_per_day: {unknown} name no tenant of this scheduler (its tenants: "
+                f"{sorted(tenants)}); no scheduler was created"
+            )
+
     def limits_for(self, tenant: str | None) -> list[tuple[str, float]]:
         """The budgets (name, limit) an attempt of ``tenant`` must fit in."""
         limits = [] if self.per_day is None else [(DAILY, self.per_day)]

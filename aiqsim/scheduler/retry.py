@@ -301,18 +301,26 @@ def ask_gates(
     return None
 
 
-def check_gate_providers(gates: Iterable[Any], providers: Iterable[str]) -> None:
-    """Let each gate (and each member of a chain) that names providers refuse names it does not
-    know, before any call: a gate may define ``check_providers(providers)`` raising a
-    :class:`~aiqsim.core.errors.ConfigurationError` (a spend budget's price for an unknown provider)."""
+def check_gate_providers(
+    gates: Iterable[Any], providers: Iterable[str], tenants: Iterable[str] | None = None
+) -> None:
+    """Let each gate (and each member of a chain) that names providers or tenants refuse names it
+    does not know, before any call: a gate may define ``check_providers(providers)`` and
+    ``check_tenants(tenants)`` (called only for a scheduler with tenants) raising a
+    :class:`~aiqsim.core.errors.ConfigurationError` (a spend budget's price for an unknown provider,
+    its limit for an unknown tenant)."""
     names = sorted(providers)
+    known = None if tenants is None else sorted(tenants)
     for gate in gates:
         members = getattr(gate, "gates", None)
         if isinstance(members, tuple):
-            check_gate_providers(members, names)
+            check_gate_providers(members, names, known)
         check = getattr(gate, "check_providers", None)
         if callable(check):
             check(names)
+        check = getattr(gate, "check_tenants", None)
+        if known is not None and callable(check):
+            check(known)
 
 
 def asks_before_backoff(gate: Any) -> bool:

@@ -473,7 +473,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 f"(its providers: {sorted(providers)}); key each quota by a provider's name; "
                 "no scheduler was created"
             )
-        check_gate_providers(self.gates, providers)
+        check_gate_providers(self.gates, providers, self._tenants)
         now = runtime.now()
         self._lanes: dict[str, Lane] = {
             name: Lane(
