@@ -93,5 +93,5 @@ def admits(spent: float, estimate: float, limit: float) -> bool:
 
 def reconciled(spent: float, estimate: float, billed: float) -> float:
     """The day's spend once an attempt reserved at ``estimate`` was billed ``billed`` (0: a call the
-    provider did not bill, the whole estimate given back)."""
-    return spent - estimate + billed
+    provider did not bill, the whole estimate given back); never below 0 (rounding of many settles)."""
+    return max(0.0, spent - estimate + billed)
