@@ -122,3 +122,26 @@ def test_an_unreachable_redis_refuses_the_attempt(account: str) -> None:
     refusal = ledger.reserve([("per_day", 1.0)], 0.5, 1.0, 0.0)
     assert isinstance(refusal, AttemptRejectedError) and not isinstance(refusal, BudgetExceeded)
     assert "fail closed" in str(refusal) and ledger.unavailable == 1
+
+
+def test_the_budget_scripts_run_on_a_redis_cluster(redis_cluster_url: str) -> None:
+    """Every key a budget script names carries the account's hash tag: a cluster runs them (no CROSSSLOT)."""
+    import random
+
+    import redis
+    from redis.cluster import RedisCluster
+
+    from aiqsim.fleet import RedisBudgetLedger
+
+    name = f"acct-{random.Random().getrandbits(40):010x}"
+    ledger = RedisBudgetLedger(client=RedisCluster.from_url(redis_cluster_url), name=name)
+    Budget(per_day=1.0, prices={"llm": 1.0}, ledger=ledger)
+    hold = ledger.reserve([("per_day", 1.0), ("per_tenant_per_day[a]", 0.5)], 0.5, 1.0, 0.0)
+    assert not isinstance(hold, AttemptRejectedError)
+    ledger.settle(hold, 0.25, 0.0)
+    assert ledger.spent("per_day", 0.0) == pytest.approx(0.25) and ledger.unsettled == []
+    plain = redis.Redis.from_url(redis_cluster_url)
+    keys = [ledger._hash, ledger._definition_key, hold.token]
+    assert len({int(plain.execute_command("CLUSTER", "KEYSLOT", key)) for key in keys}) == 1
+    for key in plain.keys(f"{{aiqsim:quota:{name}}}*"):
+        plain.delete(key)
