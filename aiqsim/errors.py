@@ -62,6 +62,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── BilledStreamCutError           a cut stream (billed) the scheduler would not re-send (fatal)
     │   ├── QuotaExhaustedError, InvalidRequestError, SchemaViolationError, PoisonInputError
     │   ├── TaskInterruptedError, AttemptRejectedError
+    │   │   └── BudgetExceeded             a spend budget has no room for the attempt (fatal)
     │   ├── ProviderContractError          an adapter's call() returned no ProviderResponse (fatal)
     │   ├── ProviderCancelledError         an adapter's call() raised a cancellation nobody asked for (fatal)
     │   ├── HttpStatusError                an HTTP status with no better class
@@ -95,6 +96,7 @@ from aiqsim.core.extras import ExtraMissingError
 from aiqsim.core.failures import (
     AttemptRejectedError,
     BilledStreamCutError,
+    BudgetExceeded,
     FirstTokenTimeoutError,
     InvalidRequestError,
     PoisonInputError,
@@ -200,6 +202,7 @@ __all__ = [
     "AiqsimError",
     "AttemptRejectedError",
     "BilledStreamCutError",
+    "BudgetExceeded",
     "CalibrationError",
     "CallLogError",
     "CallableProviderArgumentError",

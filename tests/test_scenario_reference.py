@@ -27,6 +27,7 @@ HEADERS = {
     "[jobs.stages.fanout]": job_config.FanoutConfig,
     "[fleet]": config.FleetConfig,
     "[tenants.NAME]": config.TenantConfig,
+    "[budget]": config.BudgetConfig,
 }
 
 

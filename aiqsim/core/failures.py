@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Any
 
 from aiqsim.core.errors import AiqsimError
 from aiqsim.core.ratelimit import RateLimitSnapshot
@@ -165,6 +166,36 @@ def describe_error(err: BaseException) -> str:
 
 class AttemptRejectedError(ProviderError):
     """A client-side guard (retry budget, circuit breaker, throttle) refused to send an attempt."""
+
+
+class BudgetExceeded(AttemptRejectedError):
+    """A spend budget (:class:`~aiqsim.overload.Budget`) has no room left for the attempt's
+    estimated cost: the task fails at once (fatal, never retried: a closed budget stays closed
+    until ``resets_at``, the scheduler-clock instant its day ends).
+
+    ``budget`` names it (``"per_day"``, or ``"per_tenant_per_day[acme]"``), ``spent`` is what its
+    day had spent and reserved, ``limit`` its limit and ``estimate`` the refused attempt's cost.
+    """
+
+    def __init__(self, budget: str, *, spent: float, limit: float, estimate: float, resets_at: float) -> None:
+        self.budget = budget
+        self.spent = spent
+        self.limit = limit
+        self.estimate = estimate
+        self.resets_at = resets_at
+        super().__init__(
+            f"budget {budget} spent: {spent:g} of {limit:g} used, the attempt needs {estimate:g}; "
+            f"it resets at t={resets_at:g} s (scheduler clock)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only fields: rebuilt from them (pickling, copy)
+        return _rebuild_budget_exceeded, (self.budget, self.spent, self.limit, self.estimate, self.resets_at)
+
+
+def _rebuild_budget_exceeded(
+    budget: str, spent: float, limit: float, estimate: float, resets_at: float
+) -> BudgetExceeded:
+    return BudgetExceeded(budget, spent=spent, limit=limit, estimate=estimate, resets_at=resets_at)
 
 
 def retry_after_of(error: BaseException) -> float | None:

@@ -2,6 +2,8 @@
 
 - :class:`RedisQuota`: one account's requests/tokens/concurrency shared by every worker
   (the ``redis`` extra, imported on first use).
+- :class:`RedisBudgetLedger`: a spend budget (:class:`aiqsim.overload.Budget`) kept in that
+  account, so N workers cannot overspend it.
 - :class:`LeaseKeeper`: renews a worker's lease and adopts the tasks of workers whose lease
   expired, exactly once, through the provider lookup (needs a store with leases).
 
@@ -18,7 +20,18 @@ def __getattr__(name: str) -> object:
         from aiqsim.fleet import redis_quota
 
         return getattr(redis_quota, name)
+    if name == "RedisBudgetLedger":
+        from aiqsim.fleet import redis_budget
+
+        return redis_budget.RedisBudgetLedger
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Adoption", "LeaseKeeper", "LeaseLostError", "RedisQuota", "SharedReservation"]
+__all__ = [
+    "Adoption",
+    "LeaseKeeper",
+    "LeaseLostError",
+    "RedisBudgetLedger",
+    "RedisQuota",
+    "SharedReservation",
+]

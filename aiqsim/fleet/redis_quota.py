@@ -483,6 +483,11 @@ class RedisQuota:
         if verify or redefine:
             self._check_definition(redefine)
 
+    @property
+    def client(self) -> Any:
+        """The Redis client the quota calls (a shared budget ledger uses it too)."""
+        return self._client
+
     def _where(self) -> str:
         """The server, for messages: the URL without its password, or "the given client"."""
         return redacted_dsn(self.url) if isinstance(self.url, str) else "the given client"

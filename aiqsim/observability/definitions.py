@@ -44,6 +44,10 @@ METRIC_NAMES: dict[str, str] = {
     "aiqsim_usage_anomalies_total": "provider usage reports the scheduler would not charge as is",
     "aiqsim_quota_unavailable_total": "outages of a quota shared through an outside service (a fleet's "
     "Redis account): no attempt is granted until it answers again",
+    "aiqsim_budget_spend_total": "money a spend budget (aiqsim.overload.Budget given this sink as its "
+    "events) charged: each attempt's bill at the budget's prices (lab: spend)",
+    "aiqsim_budget_refused_total": "attempts a spend budget refused, by budget ('per_day', "
+    "'per_tenant_per_day[NAME]'); each failed its task with BudgetExceeded (lab: refused_by_budget)",
     "aiqsim_queue_depth": "tasks in status queued: waiting for dispatch or a retry (current, from the "
     "tasks' status changes)",
     "aiqsim_in_flight": "tasks in status running: an attempt under way (current)",

@@ -37,6 +37,8 @@ from aiqsim.observability.records import CallBilled
 from aiqsim.scheduler.call_log import OUTCOME_CLASSES
 from aiqsim.scheduler.events import (
     AttemptRecord,
+    BudgetCharged,
+    BudgetRefused,
     LanePaused,
     QueueRejected,
     QuotaSample,
@@ -134,6 +136,8 @@ _LABELS: dict[str, tuple[str, ...]] = {
     "aiqsim_store_write_failures_total": ("provider",),
     "aiqsim_usage_anomalies_total": ("provider",),
     "aiqsim_quota_unavailable_total": ("provider",),
+    "aiqsim_budget_spend_total": ("provider",),
+    "aiqsim_budget_refused_total": ("budget",),
     "aiqsim_jobs_total": ("spec", "status"),
     "aiqsim_billed_calls_total": ("provider",),
     "aiqsim_billed_cost_total": ("provider",),
@@ -374,6 +378,8 @@ class PrometheusMetrics:
             QuotaUnavailable: self._unavailable,
             StoreWriteFailed: self._write_failed,
             UsageAnomaly: self._anomaly,
+            BudgetCharged: self._budget_charged,
+            BudgetRefused: self._budget_refused,
         }
 
     # ------------------------------------------------------------------ the sink
@@ -549,6 +555,14 @@ class PrometheusMetrics:
 
     def _unavailable(self, event: QuotaUnavailable) -> None:
         self._count("aiqsim_quota_unavailable_total", (event.provider,))
+
+    def _budget_charged(self, event: BudgetCharged) -> None:
+        series = self._state.counters["aiqsim_budget_spend_total"]
+        labels = (event.provider,)
+        series[labels] = series.get(labels, 0) + event.billed
+
+    def _budget_refused(self, event: BudgetRefused) -> None:
+        self._count("aiqsim_budget_refused_total", (event.budget,))
 
     def _write_failed(self, event: StoreWriteFailed) -> None:
         self._count("aiqsim_store_write_failures_total", (event.provider,))

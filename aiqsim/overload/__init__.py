@@ -10,6 +10,7 @@ the same objects protect production traffic and run in the SimPy lab.
 * :class:`CircuitBreaker`: closed / open / half-open per provider, with a transition log.
 * :class:`ClientSideThrottle`: Google SRE adaptive throttling (local random rejection).
 * :class:`AdaptiveRateLimiter`: AWS SDK adaptive mode (CUBIC client send rate).
+* :class:`Budget`: daily spend budgets, overall and per tenant (refuses with ``BudgetExceeded``).
 * :class:`GateChain`: several gates as one, rolling back admissions a later gate refuses.
 
 Example::
@@ -28,6 +29,7 @@ from aiqsim.overload.adaptive_rate import (
     cubic_rate,
     cubic_zero_point,
 )
+from aiqsim.overload.budget import Budget, BudgetHold, BudgetLedger, LocalBudgetLedger, bills_failure
 from aiqsim.overload.circuit_breaker import BreakerState, BreakerTransition, CircuitBreaker
 from aiqsim.overload.gate import (
     GateChain,
@@ -54,11 +56,15 @@ __all__ = [
     "AdaptiveSendRate",
     "BreakerState",
     "BreakerTransition",
+    "Budget",
+    "BudgetHold",
+    "BudgetLedger",
     "CircuitBreaker",
     "ClientSideThrottle",
     "CubicParams",
     "CubicRateCurve",
     "GateChain",
+    "LocalBudgetLedger",
     "OverloadGate",
     "RetryRatioBudget",
     "RetryTokenBucket",
@@ -68,6 +74,7 @@ __all__ = [
     "abandon_at_gate",
     "accepts_attempt_context",
     "ask_gate",
+    "bills_failure",
     "cubic_rate",
     "cubic_zero_point",
     "gate_wait_s",

@@ -29,7 +29,14 @@ attempt (``0.0``: now). A scheduler that sleeps until every gate answers ``0.0``
 calls ``before_attempt`` in the same step (no await in between) never sees a refusal
 from a delaying gate (AWS adaptive mode, circuit breaker ``mode="wait"``).
 
-:class:`GateChain` implements all three over a list of gates, so one chained gate gives the
+*Attempt cost.* A gate that also sets ``accepts_attempt_cost`` receives ``estimate=`` and
+``tenant=`` in ``before_attempt`` (the task's ``cost_estimate`` in quota units, its tenant) and
+``usage=`` in ``after_attempt`` (the units the provider billed for a success; ``None`` after a
+failure). A spend budget (:class:`~aiqsim.overload.Budget`) prices attempts with them, and
+refuses with its own error (:class:`~aiqsim.core.failures.BudgetExceeded`): ``before_attempt``
+may return an :class:`~aiqsim.core.failures.AttemptRejectedError` instead of a reason string.
+
+:class:`GateChain` implements all four over a list of gates, so one chained gate gives the
 current scheduler the refusal rollback; the helper functions (defined next to the protocol in
 :mod:`aiqsim.scheduler.retry`, re-exported here) call a gate with whatever it supports.
 """
@@ -41,6 +48,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from aiqsim.core.failures import FailureClass
 from aiqsim.scheduler.retry import (  # the calling convention lives with the protocol
+    GateRefusal,
     abandon_at_gate,
     accepts_attempt_context,
     ask_gate,
@@ -115,6 +123,8 @@ class GateChain(OverloadGate):
     budgets that spend tokens (retry budget, adaptive send rate).
     """
 
+    accepts_attempt_cost: ClassVar[bool] = True  # forwarded to the members that take it
+
     def __init__(self, gates: Iterable[Any]) -> None:
         self.gates: tuple[Any, ...] = tuple(gates)
 
@@ -127,8 +137,20 @@ class GateChain(OverloadGate):
         *,
         task_id: str | None = None,
         cause: BaseException | None = None,
-    ) -> str | None:
-        return ask_gates(self.gates, provider, is_retry, now, rng, task_id=task_id, cause=cause)
+        estimate: float | None = None,
+        tenant: str | None = None,
+    ) -> GateRefusal | None:
+        return ask_gates(
+            self.gates,
+            provider,
+            is_retry,
+            now,
+            rng,
+            task_id=task_id,
+            cause=cause,
+            estimate=estimate,
+            tenant=tenant,
+        )
 
     def after_attempt(
         self,
@@ -139,9 +161,10 @@ class GateChain(OverloadGate):
         now: float,
         *,
         task_id: str | None = None,
+        usage: float | None = None,
     ) -> None:
         for gate in self.gates:
-            tell_gate(gate, provider, is_retry, failure, error, now, task_id=task_id)
+            tell_gate(gate, provider, is_retry, failure, error, now, task_id=task_id, usage=usage)
 
     def attempt_abandoned(
         self, provider: str, is_retry: bool, sent: bool, now: float, *, task_id: str | None = None

@@ -18,7 +18,6 @@ from aiqsim.core.backoff import retry_delay
 from aiqsim.core.failures import (
     POISON,
     RETRYABLE,
-    AttemptRejectedError,
     BilledStreamCutError,
     FirstTokenTimeoutError,
     PoisonInputError,
@@ -39,7 +38,15 @@ from aiqsim.scheduler.lanes import Lane
 from aiqsim.scheduler.live import LiveTask
 from aiqsim.scheduler.provider import ProviderResponse, StreamChunk, honours_idempotency_keys, new_request
 from aiqsim.scheduler.rate_limit_scope import RateLimitScope, pauses_lane
-from aiqsim.scheduler.retry import RetryPolicy, abandon_at_gate, ask_gates, gate_wait_s, tell_gates
+from aiqsim.scheduler.retry import (
+    GateRefusal,
+    RetryPolicy,
+    abandon_at_gate,
+    ask_gates,
+    gate_wait_s,
+    rejection_error,
+    tell_gates,
+)
 from aiqsim.scheduler.store_writes import persist
 from aiqsim.scheduler.streams import StreamChannel
 from aiqsim.stores.base import StoreWriteError
@@ -101,9 +108,13 @@ class AttemptLoop:
                 is_retry = tries > 1
                 if self.gates:  # (without gates nothing below applies: ``admitted`` is never set)
                     asked = self._late_gates if admitted else self.gates
-                    refusal = (
-                        self._gate_refusal(lane.name, is_retry, record.id, cause, asked) if asked else None
-                    )
+                    refusal = None
+                    if asked:
+                        tenant = record.tenant
+                        estimate = record.cost_estimate
+                        refusal = self._gate_refusal(
+                            lane.name, is_retry, record.id, cause, asked, estimate=estimate, tenant=tenant
+                        )
                     if refusal is not None and admitted:  # not sent after all: the quota gets its charge back
                         self._abandon_early(lane.name, record.id)
                     admitted = False
@@ -111,7 +122,7 @@ class AttemptLoop:
                         lane.quota.cancel(reservation, runtime.now())
                         reservation = None
                         self._quota_returned(lane)
-                        error = AttemptRejectedError(refusal)
+                        error = rejection_error(refusal)
                         self._emit_attempt(
                             live, attempts, runtime.now(), runtime.now(), error, "rejected", None, None
                         )
@@ -206,7 +217,7 @@ class AttemptLoop:
                                     self._emit_attempt(
                                         live, attempts, start, now, error, "retry", retry_after, None
                                     )
-                                    rejected = AttemptRejectedError(refusal)
+                                    rejected = rejection_error(refusal)
                                     attempts += 1
                                     self._emit_attempt(
                                         live, attempts, now, now, rejected, "rejected", None, None
@@ -245,7 +256,9 @@ class AttemptLoop:
                 self._quota_returned(lane)
                 gates_owed = False
                 if self.gates:
-                    tell_gates(self.gates, lane.name, is_retry, None, None, now, task_id=record.id)
+                    tell_gates(
+                        self.gates, lane.name, is_retry, None, None, now, task_id=record.id, usage=usage
+                    )
                 if self.events is not None:  # checked here too: no call at all without a sink
                     self._emit_attempt(
                         live, attempts, start, now, cut, "done" if cut is None else "lookup", None, None,
@@ -623,13 +636,27 @@ class AttemptLoop:
         task_id: str,
         cause: BaseException | None,
         gates: tuple[Any, ...] | None = None,
-    ) -> str | None:
-        """The first refusal of this attempt by ``gates`` (all by default), or None (:func:`ask_gates`)."""
+        *,
+        estimate: float | None = None,
+        tenant: str | None = None,
+    ) -> GateRefusal | None:
+        """The first refusal of this attempt by ``gates`` (all by default), or None (:func:`ask_gates`);
+        ``estimate`` and ``tenant`` reach the gates that price attempts (a spend budget)."""
         gates = self.gates if gates is None else gates
         if not gates:
             return None
         now = self.runtime.now()
-        return ask_gates(gates, provider, is_retry, now, self.rng, task_id=task_id, cause=cause)
+        return ask_gates(
+            gates,
+            provider,
+            is_retry,
+            now,
+            self.rng,
+            task_id=task_id,
+            cause=cause,
+            estimate=estimate,
+            tenant=tenant,
+        )
 
     def _abandon_early(self, provider: str, task_id: str) -> None:
         """Tell the gates that charged a retry before its backoff that it will not be sent."""

@@ -83,6 +83,7 @@ OUTCOME_CLASSES: dict[str, str] = {
     "SchemaViolationError": "schema_violation",
     "PoisonInputError": "schema_violation",
     "AttemptRejectedError": "rejected_locally",
+    "BudgetExceeded": "rejected_locally",
 }
 """Client outcome (error type name) -> the class calibration counts; anything else is ``other``."""
 

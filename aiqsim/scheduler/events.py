@@ -190,6 +190,37 @@ class QuotaUnavailable(NamedTuple):
     error: str
 
 
+class BudgetCharged(NamedTuple):
+    """A spend budget (:class:`aiqsim.overload.Budget`) settled an attempt: it had reserved
+    ``estimate`` (currency) before the call and charged ``billed`` after it (the provider's reported
+    usage times its price; 0 for a failure the provider does not bill). ``tenant`` is ``None`` for
+    a task without one. A dashboard sums ``billed`` for the spend, per provider or tenant."""
+
+    time: float
+    task_id: str | None
+    provider: str
+    tenant: str | None
+    estimate: float
+    billed: float
+
+
+class BudgetRefused(NamedTuple):
+    """A spend budget refused an attempt: ``budget`` (``"per_day"``, ``"per_tenant_per_day[acme]"``)
+    had spent (and reserved) ``spent`` of its ``limit`` and the attempt needed ``estimate``; it
+    resets at ``resets_at`` (scheduler clock). The task fails with
+    :class:`~aiqsim.core.failures.BudgetExceeded`."""
+
+    time: float
+    task_id: str | None
+    provider: str
+    tenant: str | None
+    budget: str
+    spent: float
+    limit: float
+    estimate: float
+    resets_at: float
+
+
 def _same_record(self: tuple[Any, ...], other: object) -> bool:
     """Records are equal when they are of the same type and hold the same values."""
     return type(self) is type(other) and tuple.__eq__(self, other)  # type: ignore[arg-type]
@@ -209,6 +240,8 @@ _RECORDS = (
     QueueRejected,
     OwnerUnreadable,
     QuotaUnavailable,
+    BudgetCharged,
+    BudgetRefused,
 )
 for _record in _RECORDS:
     # tuple equality would make ``LanePaused(...) == (...)`` true; the hash stays the tuple's,
@@ -227,5 +260,7 @@ SchedulerEvent = (
     | QueueRejected
     | OwnerUnreadable
     | QuotaUnavailable
+    | BudgetCharged
+    | BudgetRefused
 )
 EventSink = Callable[[SchedulerEvent], None]

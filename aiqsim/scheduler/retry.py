@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiqsim.core.backoff import BackoffStrategy, FullJitter
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.failures import POISON_AFTER_ATTEMPTS, FailureClass
+from aiqsim.core.failures import POISON_AFTER_ATTEMPTS, AttemptRejectedError, FailureClass
 from aiqsim.core.numeric import LARGEST_WHOLE, is_real, is_whole
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError
 from aiqsim.scheduler.rate_limit_scope import (
@@ -162,13 +162,32 @@ class AttemptGate(Protocol):
 
 # Optional extensions of the protocol (see aiqsim.overload.gate for the full story): a gate may set
 # ``accepts_attempt_context = True`` to receive ``task_id=``/``cause=``, define
-# ``attempt_abandoned(provider, is_retry, sent, now)`` and ``seconds_until_attempt(provider, is_retry, now)``.
+# ``attempt_abandoned(provider, is_retry, sent, now)`` and ``seconds_until_attempt(provider, is_retry, now)``;
+# one that also sets ``accepts_attempt_cost = True`` receives the attempt's ``estimate=`` and ``tenant=``
+# (before) and the billed ``usage=`` (after). ``before_attempt`` may refuse with an
+# :class:`~aiqsim.core.failures.AttemptRejectedError` instead of a string: the task fails with that error.
 # The scheduler calls every gate through these helpers, so plain two-method gates keep working.
+
+GateRefusal = str | AttemptRejectedError
+"""What a gate's ``before_attempt`` refuses with: a short reason, or the error the task fails with."""
 
 
 def accepts_attempt_context(gate: Any) -> bool:
     """Whether ``gate`` takes the ``task_id=`` / ``cause=`` keyword arguments."""
     return bool(getattr(gate, "accepts_attempt_context", False))
+
+
+def accepts_attempt_cost(gate: Any) -> bool:
+    """Whether ``gate`` also takes ``estimate=`` / ``tenant=`` (before) and ``usage=`` (after): the
+    attempt's estimated units (the task's ``cost_estimate``), its tenant (``None``: none) and the units
+    the provider billed (``None``: the attempt failed, nothing reported). A spend budget needs them."""
+    return bool(getattr(gate, "accepts_attempt_cost", False)) and accepts_attempt_context(gate)
+
+
+def rejection_error(refusal: GateRefusal) -> AttemptRejectedError:
+    """The error a task refused by a gate fails with: the gate's own, or an
+    :class:`~aiqsim.core.failures.AttemptRejectedError` carrying its reason."""
+    return refusal if isinstance(refusal, AttemptRejectedError) else AttemptRejectedError(refusal)
 
 
 def ask_gate(
@@ -180,8 +199,14 @@ def ask_gate(
     *,
     task_id: str | None = None,
     cause: BaseException | None = None,
-) -> str | None:
-    """Call ``gate.before_attempt`` with the context it accepts; its refusal reason or ``None``."""
+    estimate: float | None = None,
+    tenant: str | None = None,
+) -> GateRefusal | None:
+    """Call ``gate.before_attempt`` with the context it accepts; its refusal or ``None``."""
+    if accepts_attempt_cost(gate):
+        return gate.before_attempt(
+            provider, is_retry, now, rng, task_id=task_id, cause=cause, estimate=estimate, tenant=tenant
+        )
     if accepts_attempt_context(gate):
         return gate.before_attempt(provider, is_retry, now, rng, task_id=task_id, cause=cause)
     return gate.before_attempt(provider, is_retry, now, rng)
@@ -196,22 +221,25 @@ def tell_gate(
     now: float,
     *,
     task_id: str | None = None,
+    usage: float | None = None,
 ) -> None:
     """Call ``gate.after_attempt`` with the context it accepts."""
-    if accepts_attempt_context(gate):
+    if accepts_attempt_cost(gate):
+        gate.after_attempt(provider, is_retry, failure, error, now, task_id=task_id, usage=usage)
+    elif accepts_attempt_context(gate):
         gate.after_attempt(provider, is_retry, failure, error, now, task_id=task_id)
     else:
         gate.after_attempt(provider, is_retry, failure, error, now)
 
 
-def tell_gates(gates: Any, *outcome: Any, task_id: str | None = None) -> None:
+def tell_gates(gates: Any, *outcome: Any, task_id: str | None = None, usage: float | None = None) -> None:
     """:func:`tell_gate` for each of ``gates`` (``outcome``: its provider, is_retry, failure, error,
     now). A gate that raises does not keep the others from hearing the outcome (a breaker not told
     would wait on its probe for ever); the first error is raised once all were told."""
     broken: Exception | None = None
     for gate in gates:
         try:
-            tell_gate(gate, *outcome, task_id=task_id)
+            tell_gate(gate, *outcome, task_id=task_id, usage=usage)
         except Exception as error:
             broken = broken or error
     if broken is not None:
@@ -255,18 +283,44 @@ def ask_gates(
     *,
     task_id: str | None = None,
     cause: BaseException | None = None,
-) -> str | None:
+    estimate: float | None = None,
+    tenant: str | None = None,
+) -> GateRefusal | None:
     """Ask each gate in turn; the first refusal wins, and the gates that had already admitted the
     attempt are told (in reverse order) that it was abandoned unsent, so none keeps a charge for it."""
     admitted: list[Any] = []
     for gate in gates:
-        reason = ask_gate(gate, provider, is_retry, now, rng, task_id=task_id, cause=cause)
+        reason = ask_gate(
+            gate, provider, is_retry, now, rng, task_id=task_id, cause=cause, estimate=estimate, tenant=tenant
+        )
         if reason is not None:
             for earlier in reversed(admitted):
                 abandon_at_gate(earlier, provider, is_retry, False, now, task_id=task_id)
             return reason
         admitted.append(gate)
     return None
+
+
+def check_gate_providers(
+    gates: Iterable[Any], providers: Iterable[str], tenants: Iterable[str] | None = None
+) -> None:
+    """Let each gate (and each member of a chain) that names providers or tenants refuse names it
+    does not know, before any call: a gate may define ``check_providers(providers)`` and
+    ``check_tenants(tenants)`` (called only for a scheduler with tenants) raising a
+    :class:`~aiqsim.core.errors.ConfigurationError` (a spend budget's price for an unknown provider,
+    its limit for an unknown tenant)."""
+    names = sorted(providers)
+    known = None if tenants is None else sorted(tenants)
+    for gate in gates:
+        members = getattr(gate, "gates", None)
+        if isinstance(members, tuple):
+            check_gate_providers(members, names, known)
+        check = getattr(gate, "check_providers", None)
+        if callable(check):
+            check(names)
+        check = getattr(gate, "check_tenants", None)
+        if known is not None and callable(check):
+            check(known)
 
 
 def asks_before_backoff(gate: Any) -> bool:

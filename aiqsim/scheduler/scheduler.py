@@ -79,7 +79,13 @@ from aiqsim.scheduler.recovery import Recovery
 from aiqsim.scheduler.recovery import RecoveryReport as RecoveryReport  # re-exported: its old home
 from aiqsim.scheduler.refusals import QueueFullError as QueueFullError  # re-exported: its old home
 from aiqsim.scheduler.refusals import SchedulerClosedError as SchedulerClosedError
-from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, check_retry_policy, split_gates
+from aiqsim.scheduler.retry import (
+    AttemptGate,
+    RetryPolicy,
+    check_gate_providers,
+    check_retry_policy,
+    split_gates,
+)
 from aiqsim.scheduler.store_writes import persist_change
 from aiqsim.scheduler.streams import StreamChannel, stream_chunks
 from aiqsim.scheduler.tenants import Tenant, TenantQueue, checked_tenants
@@ -470,6 +476,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 f"(its providers: {sorted(providers)}); key each quota by a provider's name; "
                 "no scheduler was created"
             )
+        check_gate_providers(self.gates, providers, self._tenants)
         now = runtime.now()
         self._lanes: dict[str, Lane] = {
             name: Lane(

@@ -256,6 +256,30 @@ class OverloadConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetConfig:
+    """A daily spend budget (:class:`aiqsim.overload.Budget`; off by default).
+
+    ``per_day``: the day's limit over every priced call; ``per_tenant_per_day``: each tenant's daily
+    limit (a task without a tenant counts in ``per_day`` only); ``prices``: provider name -> price
+    per unit of its calls' cost (a provider without a price is not budgeted; no prices at all: each
+    provider's own ``price_per_1k_units / 1000``, what the simulated providers bill). Limits and
+    prices are in one currency. ``day_s``: a budget day's length (simulated seconds from the start
+    of the run), shorter than a calendar day to see a reset within a run. One budget serves every worker of a
+    fleet and outlives crashes (it models a shared ledger: money spent stays spent).
+    """
+
+    per_day: float | None = None
+    per_tenant_per_day: float | None = None
+    prices: dict[str, float] = field(default_factory=dict)
+    day_s: float = 86_400.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any limit is set."""
+        return self.per_day is not None or self.per_tenant_per_day is not None
+
+
+@dataclass(frozen=True, slots=True)
 class FleetConfig:
     """N scheduler instances (workers, each with its own queues and dispatchers) on one simulation.
 
@@ -314,6 +338,8 @@ class Scenario:
     """How many scheduler instances run, how they share the quota, how arrivals reach them."""
     tenants: dict[str, TenantConfig] = field(default_factory=dict)
     """The tenants sharing each lane by weight (``[tenants.NAME]``); empty: no tenants."""
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    """The daily spend budget (``[budget]``), if any."""
     source: str | None = None
     """Path of the file it was loaded from, for error messages and reports."""
 

@@ -53,6 +53,10 @@ SUMMARY_KEYS: dict[str, str] = {
     "duplicate_billed_calls": "billed executions beyond the first for the same idempotency key",
     "cost_total": "money billed by all providers",
     "cost_duplicated": "money billed for duplicate executions",
+    "spend": "money the [budget] charged: each attempt's reported usage at the budget's prices, the "
+    "estimate for a timeout or a cut stream, nothing for other failures (0 without a [budget])",
+    "refused_by_budget": "attempts the [budget] refused: each failed its task at once with BudgetExceeded "
+    "(0 without a [budget])",
     "success_latency_p50_s": "median arrival-to-result time of tasks that succeeded (ended succeeded or "
     "deduped) (s); failed tasks are excluded (see failure_time_*); arrival is when the user submitted, "
     "which is earlier than the task record when the process was down",
@@ -207,6 +211,20 @@ def summarize(
         **recovery_figures(recoveries),
         "max_executions_per_key": max(per_key.values(), default=0),
     }
+
+
+def budget_figures(gates: Iterable[Any]) -> dict[str, float]:
+    """``spend`` and ``refused_by_budget`` from the run's gates (every :class:`~aiqsim.overload.Budget`
+    of every worker and incarnation, chains opened); both 0 when no gate is a budget. Added after the
+    other keys in both record modes, so the two summaries keep one key order."""
+    spend = 0.0
+    refused = 0
+    for gate in gates:
+        for member in getattr(gate, "gates", (gate,)):
+            if getattr(member, "accepts_attempt_cost", False) and hasattr(member, "billed_total"):
+                spend += member.billed_total
+                refused += sum(member.refused.values())
+    return {"spend": spend, "refused_by_budget": refused}
 
 
 def first_token_times(events: Iterable[Any]) -> dict[str, float]:

@@ -51,7 +51,7 @@ import numbers
 import re
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from aiqsim.scheduler.dispatch import DISPATCH_POLICIES
 from aiqsim.sim.config import (
     LATENCY_DISTRIBUTIONS,
     MAX_CALL_UNITS,
+    BudgetConfig,
     ClientQuotaConfig,
     CostConfig,
     CrashConfig,
@@ -329,6 +330,19 @@ class _Weights:
         if not isinstance(value, list | tuple):
             raise _Invalid
         return tuple(_Number(0.0, low_open=True)(item) for item in value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Prices:
+    """A table of provider name = price per unit (``prices = { llm = 0.000002 }``); a dict. Each
+    price is checked by the ``[budget]`` builder, which names the provider's key in its error."""
+
+    expected: str = "a table of provider name = price per unit (a number >= 0)"
+
+    def __call__(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+            raise _Invalid
+        return dict(value)
 
 
 _PROBABILITY = _Number(0.0, 1.0)
@@ -647,6 +661,16 @@ _TENANT = _Table(
     what="tenant",
 )
 
+_BUDGET = _Table(
+    {
+        "per_day": _Optional(_NON_NEGATIVE),
+        "per_tenant_per_day": _Optional(_NON_NEGATIVE),
+        "prices": _Prices(),
+        "day_s": _POSITIVE,
+    },
+    what="spend budget",
+)
+
 MAX_FLEET_WORKERS = 1000
 """More scheduler instances than this in one simulation is a typo, not a fleet."""
 
@@ -689,6 +713,7 @@ _FILE = _Table(
         "jobs": _Array(_JOB, "[[jobs]]", named=True),
         "fleet": _FLEET,
         "tenants": _Map(_TENANT, "a table of tables keyed by tenant name ([tenants.NAME])", "a tenant name"),
+        "budget": _BUDGET,
     },
     required=frozenset({"scenario", "providers", "workloads"}),
     what="scenario file",
@@ -712,6 +737,7 @@ SECTION_FIELDS: dict[type, _Table] = {
     FanoutConfig: _FANOUT,
     FleetConfig: _FLEET,
     TenantConfig: _TENANT,
+    BudgetConfig: _BUDGET,
 }
 """Which file table describes which config record (tests check they list the same fields)."""
 
@@ -1270,6 +1296,22 @@ def _overload(values: dict[str, Any], reader: _Reader) -> OverloadConfig:
     return overload
 
 
+def _budget(values: dict[str, Any], providers: Sequence[str], reader: _Reader) -> BudgetConfig:
+    """The ``[budget]`` section: each price a number >= 0 for a declared provider (none given: the
+    providers' own ``price_per_1k_units``, see :func:`aiqsim.sim.simulate.budget_gate`)."""
+    prices: dict[str, float] = {}
+    for name, price in values.get("prices", {}).items():
+        path = _join("budget.prices", name)
+        if name not in providers:
+            raise reader.error(path, f"expected a declared provider's name (one of: {', '.join(providers)})")
+        try:
+            prices[name] = _NON_NEGATIVE(price)
+        except _Invalid:
+            raise reader.expected(path, f"{_NON_NEGATIVE.expected} (the price per unit)", price) from None
+    budget = BudgetConfig(**{**values, "prices": prices})
+    return budget
+
+
 def _fleet(
     values: dict[str, Any],
     quotas: Mapping[str, ClientQuotaConfig],
@@ -1366,6 +1408,7 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         jobs=jobs,
         fleet=_fleet(values.get("fleet", {}), quotas, workloads, crashes, reader),
         tenants=tenants,
+        budget=_budget(values.get("budget", {}), list(by_name), reader),
         source=source,
         **header,
     )
@@ -1694,6 +1737,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         "jobs": [_record_dict(job, _JOB) for job in scenario.jobs],
         "fleet": _fleet_dict(scenario.fleet),
         "tenants": {name: _record_dict(tenant, _TENANT) for name, tenant in scenario.tenants.items()},
+        "budget": {**_record_dict(scenario.budget, _BUDGET), "prices": dict(scenario.budget.prices)},
     }
 
 

@@ -36,6 +36,7 @@ from aiqsim.sim.scenario import (
     _Names,
     _Number,
     _Optional,
+    _Prices,
     _Table,
     _Text,
     _Weights,
@@ -63,6 +64,7 @@ RULES_NOT_IN_SCHEMA: tuple[str, ...] = (
     "request_burst / unit_burst need requests_per_min / units_per_min; "
     "a call's size fits the client quota's unit burst",
     'overload.budget_ratio > 0 when retry_budget = "ratio"; a size from_stage names a stage in after',
+    "budget.prices names declared providers",
     "a trace workload's trace is a built-in trace name or an existing CSV file relative to the scenario",
     "a replay workload's arrivals is an existing, readable arrivals CSV relative to the scenario",
     "at most 1,000,000 timeline steps over duration_s + drain_s; arrivals within the workload size limit",
@@ -147,6 +149,8 @@ def _check(spec: Any) -> dict[str, Any]:
             "items": {"type": "string", "pattern": _anchored(_NAME.pattern)},
             "uniqueItems": True,
         }
+    if isinstance(spec, _Prices):
+        return {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}}
     if isinstance(spec, _Weights):
         return {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0}}
     raise TypeError(f"no JSON Schema for the spec {spec!r}")  # a new kind of check: teach it here

@@ -127,6 +127,7 @@ class SimulationResult:
             self.summary.update(
                 job_metrics.summarize_jobs(scenario, self._job_rows, rejected=len(self.rejected_jobs))
             )
+        self.summary.update(metrics.budget_figures(self.gates))
 
     @cached_property
     def tasks(self) -> pd.DataFrame:
@@ -223,6 +224,7 @@ class StreamedSimulationResult(SimulationResult):
         self.streaming = streaming
         """The accumulators (``streaming.summary.retained`` says how much per-task state was left)."""
         self.summary = streaming.summary_keys(sim_time_s, recoveries)
+        self.summary.update(metrics.budget_figures(self.gates))
 
     @cached_property
     def timeline(self) -> pd.DataFrame:
@@ -336,6 +338,28 @@ def overload_gates(scenario: Scenario) -> list[Any]:
     if o.adaptive_rate:
         gates.append(AdaptiveRateLimiter())
     return [GateChain(gates)] if len(gates) > 1 else gates
+
+
+def budget_gate(scenario: Scenario, ledger: Any, events: Callable[[Any], None] | None = None) -> list[Any]:
+    """The scenario's ``[budget]`` as a :class:`~aiqsim.overload.Budget` on ``ledger`` (one ledger per
+    run, shared by every worker and every incarnation: money spent stays spent across a crash), or no
+    gate. Without ``prices`` each provider's own ``price_per_1k_units / 1000`` prices its calls. Its
+    charges and refusals go to ``events`` (the scheduler's sink: the run's records and outside sinks)."""
+    b = scenario.budget
+    if not b.enabled:
+        return []
+    from aiqsim.overload import Budget
+
+    prices = b.prices or {p.name: p.price_per_1k_units / 1000.0 for p in scenario.providers}
+    return [
+        Budget(
+            per_day=b.per_day,
+            per_tenant_per_day=b.per_tenant_per_day,
+            prices=prices,
+            ledger=ledger,
+            events=events,
+        )
+    ]
 
 
 def simulate(
@@ -655,6 +679,10 @@ class _Run:
         self.worker_quotas = worker_quotas(
             fleet, quota_limits(scenario), self.runtime.now(), [p.name for p in scenario.providers]
         )
+        from aiqsim.overload import LocalBudgetLedger
+
+        self.budget_ledger = LocalBudgetLedger(day_origin_s=0.0, day_s=scenario.budget.day_s)
+        """The run's one spend ledger (``[budget]``): shared by every worker and incarnation."""
         self.scheduler = self._new_scheduler()
         self.schedulers = [self.scheduler, *(self._new_scheduler(worker=i) for i in range(1, fleet.workers))]
         """Every worker of the fleet (``[fleet] workers``); ``self.scheduler`` is worker 0."""
@@ -717,7 +745,8 @@ class _Run:
             on_crash=self._on_write_crash,
         )
         self.store = store
-        gates = overload_gates(scenario)
+        sink = self._event_sink(worker)
+        gates = overload_gates(scenario) + budget_gate(scenario, self.budget_ledger, sink)
         self.gates.extend(gates)
         scheduler = Scheduler(
             self.runtime,
@@ -734,7 +763,7 @@ class _Run:
                 f"{self.seed}:scheduler:{self.incarnation}"
                 + (f":{fleet_worker_id(worker)}" if worker else "")
             ),
-            events=self._event_sink(worker),
+            events=sink,
             gates=gates,
             commit_window_s=scenario.store.commit_window_s,
             worker_id=fleet_worker_id(worker) if fleet else None,
