@@ -94,3 +94,30 @@ def test_failed_calls_leave_no_garbage_for_the_cycle_collector() -> None:
         if was_enabled:
             gc.enable()
     assert errors == []
+
+
+def test_cut_streams_leave_no_failure_for_the_cycle_collector() -> None:
+    # streaming_ttft cuts ~5% of its streams after their first chunk and ends a few long ones at the
+    # 30 s attempt deadline. The cut is kept for the stream's reader (its channel) and its traceback
+    # held the attempt's frames, which held the channel; the simulated provider's stream frame held
+    # the future holding the failure: cycles per cut stream, freed only by the collector.
+    from aiqsim.sim import simulate
+
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "streaming_ttft.toml"
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        result = simulate(scenario, seed=0)
+        assert (result.calls["outcome"] == "stream_cut").sum() >= 10  # the cuts did happen
+        assert result.summary["tasks_failed"] >= 10
+        del result
+        gc.collect()
+        errors = [type(obj).__name__ for obj in gc.garbage if isinstance(obj, BaseException)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was_enabled:
+            gc.enable()
+    assert errors == []

@@ -108,6 +108,22 @@ class StreamChannel:
         self.interrupted = cut
         self.wake()
 
+    def drop_cut_tracebacks(self) -> None:
+        """Called when the task is over: the cut (and the failures chained to it) keep their messages
+        and attributes but lose their tracebacks. Those hold the frames of the attempt that pushed into
+        this channel, and the frames hold the channel (and the task), which holds the cut: a cycle per
+        cut stream that only the collector would free."""
+        seen: set[int] = set()
+        error = self.interrupted
+        pending = [] if error is None else [error]
+        while pending:
+            error = pending.pop()
+            if id(error) in seen:
+                continue
+            seen.add(id(error))
+            error.__traceback__ = None
+            pending.extend(link for link in (error.__cause__, error.__context__) if link is not None)
+
     def wake(self) -> None:
         """Wake the reader, if it waits."""
         waiter = self._waiter
