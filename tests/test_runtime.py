@@ -870,3 +870,45 @@ def test_wait_readable_watches_a_new_socket_that_took_a_closed_ones_descriptor_n
             writer.close()
 
     assert runtime.run(body()) == {}  # the timed-out wait took its registration with it
+
+
+def test_the_works_own_timeout_is_freed_without_the_cycle_collector() -> None:
+    """Before: wait_for re-raised the work's own TimeoutError from inside ``except _OwnTimeout``: the
+    wrapper became the error's __context__ while holding the error, and the raising frame (in the
+    error's traceback) named it. Every provider timeout on asyncio (a cut stream is one) was then
+    cyclic garbage. A TimeoutError subclass is used so only the ones made here are counted."""
+    import asyncio
+    import gc
+
+    from aiqsim.runtime import AsyncioRuntime
+
+    class ReadTimeout(TimeoutError):
+        pass
+
+    rt = AsyncioRuntime()
+
+    async def times_out_by_itself() -> None:
+        await asyncio.sleep(0)
+        raise ReadTimeout("the work's own read timeout")
+
+    async def body() -> None:
+        for _ in range(5):
+            try:
+                await rt.wait_for(times_out_by_itself(), 60.0)
+            except ReadTimeout:
+                pass
+
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        asyncio.run(body())
+        gc.collect()
+        kept = [obj for obj in gc.garbage if isinstance(obj, ReadTimeout)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was_enabled:
+            gc.enable()
+    assert kept == []

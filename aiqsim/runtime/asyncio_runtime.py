@@ -110,8 +110,14 @@ class AsyncioRuntime:
                 return await asyncio.wait_for(awaitable, 0)
             outcome = await asyncio.wait_for(_marking_own_timeouts(awaitable), delay)
         except _OwnTimeout as own:  # the awaited work's own TimeoutError, not this deadline's
-            error = own.error
-            raise error from error.__cause__
+            # ``own`` becomes the error's __context__ and this frame joins its traceback: neither may
+            # hold the error, or every provider timeout (a cut stream is one) lives on in a cycle
+            # only the collector frees.
+            error, own.error = own.error, None
+            try:
+                raise error from error.__cause__
+            finally:
+                del error  # (dropping the name is the point)
         except TimeoutError as error:
             # say which deadline, as SimPyRuntime does ("timed out after 60 s (virtual)")
             raise DeadlineExceeded(f"timed out after {timeout:g} s") from error.__cause__
