@@ -358,3 +358,42 @@ def test_through_the_scheduler_a_broken_stream_fails_its_task_once_and_the_lane_
 def test_schema_and_timeout_errors_keep_their_classes() -> None:
     assert issubclass(MalformedStreamEventError, SchemaViolationError)
     assert issubclass(StreamCutError, ProviderTimeoutError)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_failure_status_leaves_no_error_for_the_cycle_collector(server: Any, streamed: bool) -> None:
+    """Before: the 429's RateLimitError was raised from a frame that named it (the frame is in its
+    traceback): each failed call, whole or streamed, was cyclic garbage kept until a collection."""
+    import gc
+
+    from aiqsim.core.failures import RateLimitError
+
+    http, _scripts = server
+
+    async def body() -> int:
+        failed = 0
+        async with _provider(http, "429") as provider:
+            for n in range(3):
+                try:
+                    if streamed:
+                        await _collect(provider, n)
+                    else:
+                        await provider.call(_request(n))
+                except RateLimitError:
+                    failed += 1
+        return failed
+
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        assert asyncio.run(body()) == 3
+        gc.collect()
+        kept = [type(obj).__name__ for obj in gc.garbage if isinstance(obj, RateLimitError)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was_enabled:
+            gc.enable()
+    assert kept == []

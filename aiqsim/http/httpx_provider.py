@@ -592,7 +592,12 @@ class HttpProvider:
         if error is not None:
             snapshot = self._snapshot(response.headers)
             error.ratelimit = None if snapshot.is_empty else snapshot  # for the call log
-            raise error
+            try:
+                raise error
+            finally:
+                # this frame is in the error's traceback: naming the error from it is a cycle per
+                # failed call (a 429, a 5xx) that only the collector frees
+                del error
         if not decoded:
             raise SchemaViolationError(
                 f"{self.name}: HTTP {response.status_code} body is not JSON: {response.text[:120]!r}"
