@@ -912,3 +912,49 @@ def test_the_works_own_timeout_is_freed_without_the_cycle_collector() -> None:
         if was_enabled:
             gc.enable()
     assert kept == []
+
+
+@pytest.mark.parametrize("ending", ["fails", "times_out"])
+def test_a_failed_or_late_work_is_freed_without_the_cycle_collector(ending: str) -> None:
+    """Before: on Python 3.11 the frame of ``asyncio.wait_for`` (in the failure's traceback) held the
+    task that held the failure: every attempt that failed under an attempt timeout, and every one
+    the deadline ended, was cyclic garbage."""
+    import asyncio
+    import gc
+
+    from aiqsim.runtime import AsyncioRuntime
+    from aiqsim.runtime.protocol import DeadlineExceeded
+
+    class Refused(Exception):
+        pass
+
+    rt = AsyncioRuntime()
+
+    async def work() -> None:
+        await asyncio.sleep(0 if ending == "fails" else 10)
+        raise Refused("the provider said no")
+
+    async def body() -> int:
+        ended = 0
+        for _ in range(5):
+            try:
+                await rt.wait_for(work(), 60.0 if ending == "fails" else 0.001)
+            except (Refused, DeadlineExceeded):
+                ended += 1
+        return ended
+
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        assert asyncio.run(body()) == 5
+        gc.collect()
+        kept = [type(obj).__name__ for obj in gc.garbage if isinstance(obj, Refused | DeadlineExceeded)]
+        tasks = [obj for obj in gc.garbage if isinstance(obj, asyncio.Task)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was_enabled:
+            gc.enable()
+    assert kept == [] and tasks == []
