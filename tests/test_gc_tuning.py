@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from aiqsim.runtime.gc_tuning import RUN_GEN0_THRESHOLD, relaxed_gc
+from tests.cyclic_garbage import cyclic_garbage
 
 
 def test_raises_the_threshold_and_freezes_during_the_block_then_restores() -> None:
@@ -104,20 +105,11 @@ def test_cut_streams_leave_no_failure_for_the_cycle_collector() -> None:
     from aiqsim.sim import simulate
 
     scenario = Path(__file__).resolve().parent.parent / "scenarios" / "streaming_ttft.toml"
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+
+    def run() -> tuple[int, int]:
         result = simulate(scenario, seed=0)
-        assert (result.calls["outcome"] == "stream_cut").sum() >= 10  # the cuts did happen
-        assert result.summary["tasks_failed"] >= 10
-        del result
-        gc.collect()
-        errors = [type(obj).__name__ for obj in gc.garbage if isinstance(obj, BaseException)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        if was_enabled:
-            gc.enable()
-    assert errors == []
+        return int((result.calls["outcome"] == "stream_cut").sum()), int(result.summary["tasks_failed"])
+
+    (cuts, failed), kept = cyclic_garbage(run, BaseException)
+    assert cuts >= 10 and failed >= 10  # the cuts did happen
+    assert kept == []

@@ -38,6 +38,7 @@ from aiqsim.http.stream_events import MalformedStreamEventError
 from aiqsim.runtime import AsyncioRuntime
 from aiqsim.scheduler import RetryPolicy, Scheduler
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, StreamChunk
+from tests.cyclic_garbage import cyclic_garbage
 
 OPENAI_STREAM = b"".join(
     b"data: " + json.dumps(chunk).encode() + b"\n\n"
@@ -364,8 +365,6 @@ def test_schema_and_timeout_errors_keep_their_classes() -> None:
 def test_a_failure_status_leaves_no_error_for_the_cycle_collector(server: Any, streamed: bool) -> None:
     """Before: the 429's RateLimitError was raised from a frame that named it (the frame is in its
     traceback): each failed call, whole or streamed, was cyclic garbage kept until a collection."""
-    import gc
-
     from aiqsim.core.failures import RateLimitError
 
     http, _scripts = server
@@ -383,17 +382,6 @@ def test_a_failure_status_leaves_no_error_for_the_cycle_collector(server: Any, s
                     failed += 1
         return failed
 
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        assert asyncio.run(body()) == 3
-        gc.collect()
-        kept = [type(obj).__name__ for obj in gc.garbage if isinstance(obj, RateLimitError)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        if was_enabled:
-            gc.enable()
+    failed, kept = cyclic_garbage(lambda: asyncio.run(body()), RateLimitError)
+    assert failed == 3
     assert kept == []

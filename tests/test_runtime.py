@@ -18,6 +18,7 @@ from aiqsim.runtime import (
     SimPyRuntime,
     SimulationDeadlock,
 )
+from tests.cyclic_garbage import cyclic_garbage
 from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, make_runtime, run_on
 
 both = pytest.mark.parametrize("rt_name", RUNTIMES)
@@ -878,7 +879,6 @@ def test_the_works_own_timeout_is_freed_without_the_cycle_collector() -> None:
     error's traceback) named it. Every provider timeout on asyncio (a cut stream is one) was then
     cyclic garbage. A TimeoutError subclass is used so only the ones made here are counted."""
     import asyncio
-    import gc
 
     from aiqsim.runtime import AsyncioRuntime
 
@@ -898,19 +898,7 @@ def test_the_works_own_timeout_is_freed_without_the_cycle_collector() -> None:
             except ReadTimeout:
                 pass
 
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        asyncio.run(body())
-        gc.collect()
-        kept = [obj for obj in gc.garbage if isinstance(obj, ReadTimeout)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        if was_enabled:
-            gc.enable()
+    _, kept = cyclic_garbage(lambda: asyncio.run(body()), ReadTimeout)
     assert kept == []
 
 
@@ -920,7 +908,6 @@ def test_a_failed_or_late_work_is_freed_without_the_cycle_collector(ending: str)
     task that held the failure: every attempt that failed under an attempt timeout, and every one
     the deadline ended, was cyclic garbage."""
     import asyncio
-    import gc
 
     from aiqsim.runtime import AsyncioRuntime
     from aiqsim.runtime.protocol import DeadlineExceeded
@@ -943,18 +930,6 @@ def test_a_failed_or_late_work_is_freed_without_the_cycle_collector(ending: str)
                 ended += 1
         return ended
 
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        assert asyncio.run(body()) == 5
-        gc.collect()
-        kept = [type(obj).__name__ for obj in gc.garbage if isinstance(obj, Refused | DeadlineExceeded)]
-        tasks = [obj for obj in gc.garbage if isinstance(obj, asyncio.Task)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        if was_enabled:
-            gc.enable()
-    assert kept == [] and tasks == []
+    ended, kept = cyclic_garbage(lambda: asyncio.run(body()), (Refused, DeadlineExceeded, asyncio.Task))
+    assert ended == 5
+    assert kept == []
