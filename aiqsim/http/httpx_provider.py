@@ -400,12 +400,7 @@ class HttpProvider:
     async def call(self, request: ProviderRequest) -> ProviderResponse:
         """One POST; the outcome as a response or an :mod:`aiqsim.core.failures` error."""
         sent_key = idempotency_header_value(request.idempotency_key)
-        headers = {**self._headers, IDEMPOTENCY_HEADER: sent_key}
-        if self.send_task_headers:
-            headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
-            headers["x-aiqsim-attempt"] = str(request.attempt)
-        if self._request_headers is not None:
-            headers.update(self._request_headers(request))
+        headers = self._headers_for(request, sent_key)
         response = await self._send(
             "POST", self.url, headers=headers, json=self.body_for(request), sent_key=sent_key
         )
@@ -430,12 +425,7 @@ class HttpProvider:
     async def _stream(self, request: ProviderRequest) -> AsyncIterator[StreamChunk | ProviderResponse]:
         httpx = self._httpx
         sent_key = idempotency_header_value(request.idempotency_key)
-        headers = {**self._headers, IDEMPOTENCY_HEADER: sent_key, "accept": "text/event-stream"}
-        if self.send_task_headers:
-            headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
-            headers["x-aiqsim-attempt"] = str(request.attempt)
-        if self._request_headers is not None:
-            headers.update(self._request_headers(request))
+        headers = self._headers_for(request, sent_key, {"accept": "text/event-stream"})
         body = stream_body(self.body_for(request), self.stream_format, self.url)
         client = await self._http()
         try:
@@ -504,6 +494,20 @@ class HttpProvider:
         return ProviderResponse(result=self._result(body), usage=total_tokens(body))
 
     # ------------------------------------------------------------------ internals
+    def _headers_for(
+        self, request: ProviderRequest, sent_key: str, extra: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """The headers of one attempt's POST, a whole call or a stream alike: the provider's own,
+        the idempotency key as sent, ``extra``, the task headers when asked for, then the caller's
+        per-request headers (last: they win)."""
+        headers = {**self._headers, IDEMPOTENCY_HEADER: sent_key, **(extra or {})}
+        if self.send_task_headers:
+            headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
+            headers["x-aiqsim-attempt"] = str(request.attempt)
+        if self._request_headers is not None:
+            headers.update(self._request_headers(request))
+        return headers
+
     async def _send(
         self, method: str, url: str, *, sent_key: str | None = None, **kwargs: Any
     ) -> httpx.Response:
