@@ -124,6 +124,8 @@ class Scripts:
             return StreamReply(200, _stall([]), SSE)
         if script == "stall-after-role":  # the role chunk (no text), then nothing but keep-alives
             return StreamReply(200, _stall(_events(OPENAI_STREAM)[:1]), SSE)
+        if script == "silent":  # the head, then not a byte (no keep-alive either)
+            return StreamReply(200, _silent(), SSE)
         if script == "endless":  # events for ever
             return StreamReply(200, _endless(), SSE)
         if script == "malformed":
@@ -158,6 +160,11 @@ async def _stall(parts: list[bytes]) -> AsyncIterator[bytes]:
     while True:
         await asyncio.sleep(0.02)
         yield b": keep-alive\n\n"
+
+
+async def _silent() -> AsyncIterator[bytes]:
+    await asyncio.sleep(3600)
+    yield b""
 
 
 async def _endless() -> AsyncIterator[bytes]:
@@ -385,3 +392,21 @@ def test_a_failure_status_leaves_no_error_for_the_cycle_collector(server: Any, s
     failed, kept = cyclic_garbage(lambda: asyncio.run(body()), RateLimitError)
     assert failed == 3
     assert kept == []
+
+
+def test_the_clients_own_read_timeout_is_named_not_taken_for_the_streams_idle_limit(server: Any) -> None:
+    """Before: httpx's read timeout, raised by the body as a ProviderTimeoutError (a TimeoutError),
+    was caught as the stream's own deadline and reported as 'no event for idle_timeout_s=30 s'
+    after 0.3 s: the wrong setting named, the real one hidden."""
+    http, _scripts = server
+    limits = StreamLimits(idle_timeout_s=30.0, total_timeout_s=60.0)
+
+    async def body() -> BaseException:
+        async with _provider(http, "silent", timeout=0.3, stream_limits=limits) as provider:
+            with pytest.raises(ProviderTimeoutError) as raised:
+                await _collect(provider)
+            return raised.value
+
+    error = asyncio.run(asyncio.wait_for(body(), 20))
+    assert "idle_timeout_s" not in str(error) and "total_timeout_s" not in str(error)
+    assert "ReadTimeout" in str(error)

@@ -137,14 +137,14 @@ async def stream_answer(
                     )
                 ) from None
             break
+        except ProviderError as error:  # (before TimeoutError: the transport's own read timeout is one)
+            raise ended(error)  # noqa: B904 - a cut names its cause itself (its __cause__)
         except TimeoutError:
             if total_left is not None and (idle_left is None or total_left <= idle_left):
                 what = f"the stream lasted longer than its total_timeout_s={limits.total_timeout_s:g} s"
             else:
                 what = f"no event for idle_timeout_s={limits.idle_timeout_s:g} s"
             raise ended(ProviderTimeoutError(f"{source}: {what}; the stream was abandoned")) from None
-        except ProviderError as error:
-            raise ended(error)  # noqa: B904 - a cut names its cause itself (its __cause__)
         size += len(part)
         if size > limits.max_bytes:
             raise ended(
