@@ -54,8 +54,12 @@ class StreamInterruptedError(SchedulingError):
             "billed. Await the submission for the task's outcome (recovered by lookup or an "
             "idempotent re-send, else failed)"
         )
+        self.task_id = task_id
         self.cut = cut
         self.chunks = chunks
+
+    def __reduce__(self) -> tuple[type[StreamInterruptedError], tuple[str, BaseException, int]]:
+        return type(self), (self.task_id, self.cut, self.chunks)  # picklable across processes
 
 
 class StreamAlreadyReadError(SchedulingError, RuntimeError):
