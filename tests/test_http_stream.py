@@ -410,3 +410,34 @@ def test_the_clients_own_read_timeout_is_named_not_taken_for_the_streams_idle_li
     error = asyncio.run(asyncio.wait_for(body(), 20))
     assert "idle_timeout_s" not in str(error) and "total_timeout_s" not in str(error)
     assert "ReadTimeout" in str(error)
+
+
+def test_a_stream_left_early_closes_its_readers_at_once(server: Any) -> None:
+    """Before: closing HttpProvider.stream() (the scheduler does when it abandons an attempt)
+    closed the response but left the generators reading it (the SSE reader, the body's bytes)
+    suspended, for the loop's finalizer to close at some later collection."""
+    import sys
+
+    http, _scripts = server
+
+    async def body() -> list[str]:
+        hooks = sys.get_asyncgen_hooks()
+        started: list[Any] = []
+
+        def first_iteration(generator: Any) -> None:
+            started.append(generator)
+            if hooks.firstiter is not None:
+                hooks.firstiter(generator)
+
+        sys.set_asyncgen_hooks(firstiter=first_iteration, finalizer=hooks.finalizer)
+        try:
+            async with _provider(http, "stall") as provider:
+                items = provider.stream(_request())
+                assert isinstance(await items.__anext__(), StreamChunk)
+                await items.aclose()  # abandoned after its first chunk
+                ours = [g for g in started if "aiqsim" in g.ag_code.co_filename]
+                return [g.__qualname__ for g in ours if g.ag_frame is not None]
+        finally:
+            sys.set_asyncgen_hooks(*hooks)
+
+    assert asyncio.run(body()) == []  # (httpx's own are httpx's to close)

@@ -38,6 +38,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -461,15 +462,20 @@ class HttpProvider:
             self._observe(response.headers)
             snapshot = self._snapshot(response.headers)
             decoder = StreamDecoder(self.stream_format, source=self.name)
-            async for item in stream_answer(
-                self.name,
-                body_bytes(httpx, self.name, response),
-                decoder,
-                self.stream_limits,
-                ratelimit=None if snapshot.is_empty else snapshot,
-                time_scale=self.time_scale,
-            ):
-                yield item
+            # closed here, not left to the loop's finalizer, when this stream is left early (the
+            # scheduler closes it when it abandons the attempt): it closes the body's reader in turn
+            async with aclosing(
+                stream_answer(
+                    self.name,
+                    body_bytes(httpx, self.name, response),
+                    decoder,
+                    self.stream_limits,
+                    ratelimit=None if snapshot.is_empty else snapshot,
+                    time_scale=self.time_scale,
+                )
+            ) as answer:
+                async for item in answer:
+                    yield item
         finally:
             await response.aclose()  # a stream left early (a cut, a limit) drops its connection
 
