@@ -517,7 +517,7 @@ class Jobs:
     async def join(self) -> None:
         """Wait until every job submitted here is terminal, or the scheduler crashed (its jobs are
         then left to ``recover()``)."""
-        while self._runs and not (self._crashed or self.scheduler._crashed):
+        while self._runs and not (self._crashed or self._host.crashed):
             await self._idle.wait()
 
     # ------------------------------------------------------------------ scheduler hooks
