@@ -126,7 +126,7 @@ async def stream_answer(
                     raise TimeoutError
                 part = await (feed.__anext__() if wait is None else asyncio.wait_for(feed.__anext__(), wait))
             except StopAsyncIteration:
-                for event in parser.close():  # a last line without its line end (then discarded)
+                for event in parser.close():  # the decoder's last bytes (a line with no end is dropped)
                     texts.extend(_checked(decoder, event, ended))
                     began = True
                 if not decoder.done:
