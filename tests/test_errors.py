@@ -133,3 +133,24 @@ def test_no_module_raises_a_bare_value_error_for_a_bad_argument() -> None:
                 if isinstance(called, ast.Name) and called.id == "ValueError":
                     offenders.append(f"{relative}:{node.lineno}")
     assert offenders == []
+
+
+def test_errors_the_change_added_survive_a_trip_between_processes() -> None:
+    """Before: each took several arguments and pickled only its message, so unpickling it (a Dask
+    worker sending it back; a multiprocessing pool) raised TypeError about missing arguments."""
+    import pickle
+
+    from aiqsim.core.extras import ExtraMissingError
+    from aiqsim.core.failures import StreamCutError
+    from aiqsim.scheduler.job_spec import FanOutLimitError
+    from aiqsim.scheduler.streams import StreamInterruptedError
+
+    for error in (
+        ExtraMissingError("aiqsim run", ("lab",), ("simpy",)),
+        FanOutLimitError("embed", 20_000, 10_000),
+        FanOutLimitError("embed", None, 10_000),
+        StreamInterruptedError("t1", StreamCutError("cut after 3 chunks", received_units=3.0), 3),
+    ):
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error) and str(again) == str(error)
+        assert {k: str(v) for k, v in vars(again).items()} == {k: str(v) for k, v in vars(error).items()}

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from aiqsim.runtime.gc_tuning import RUN_GEN0_THRESHOLD, relaxed_gc
+from tests.cyclic_garbage import cyclic_garbage
 
 
 def test_raises_the_threshold_and_freezes_during_the_block_then_restores() -> None:
@@ -94,3 +95,21 @@ def test_failed_calls_leave_no_garbage_for_the_cycle_collector() -> None:
         if was_enabled:
             gc.enable()
     assert errors == []
+
+
+def test_cut_streams_leave_no_failure_for_the_cycle_collector() -> None:
+    # streaming_ttft cuts ~5% of its streams after their first chunk and ends a few long ones at the
+    # 30 s attempt deadline. The cut is kept for the stream's reader (its channel) and its traceback
+    # held the attempt's frames, which held the channel; the simulated provider's stream frame held
+    # the future holding the failure: cycles per cut stream, freed only by the collector.
+    from aiqsim.sim import simulate
+
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "streaming_ttft.toml"
+
+    def run() -> tuple[int, int]:
+        result = simulate(scenario, seed=0)
+        return int((result.calls["outcome"] == "stream_cut").sum()), int(result.summary["tasks_failed"])
+
+    (cuts, failed), kept = cyclic_garbage(run, BaseException)
+    assert cuts >= 10 and failed >= 10  # the cuts did happen
+    assert kept == []

@@ -38,6 +38,7 @@ from aiqsim.http.stream_events import MalformedStreamEventError
 from aiqsim.runtime import AsyncioRuntime
 from aiqsim.scheduler import RetryPolicy, Scheduler
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse, StreamChunk
+from tests.cyclic_garbage import cyclic_garbage
 
 OPENAI_STREAM = b"".join(
     b"data: " + json.dumps(chunk).encode() + b"\n\n"
@@ -123,6 +124,8 @@ class Scripts:
             return StreamReply(200, _stall([]), SSE)
         if script == "stall-after-role":  # the role chunk (no text), then nothing but keep-alives
             return StreamReply(200, _stall(_events(OPENAI_STREAM)[:1]), SSE)
+        if script == "silent":  # the head, then not a byte (no keep-alive either)
+            return StreamReply(200, _silent(), SSE)
         if script == "endless":  # events for ever
             return StreamReply(200, _endless(), SSE)
         if script == "malformed":
@@ -157,6 +160,11 @@ async def _stall(parts: list[bytes]) -> AsyncIterator[bytes]:
     while True:
         await asyncio.sleep(0.02)
         yield b": keep-alive\n\n"
+
+
+async def _silent() -> AsyncIterator[bytes]:
+    await asyncio.sleep(3600)
+    yield b""
 
 
 async def _endless() -> AsyncIterator[bytes]:
@@ -358,3 +366,78 @@ def test_through_the_scheduler_a_broken_stream_fails_its_task_once_and_the_lane_
 def test_schema_and_timeout_errors_keep_their_classes() -> None:
     assert issubclass(MalformedStreamEventError, SchemaViolationError)
     assert issubclass(StreamCutError, ProviderTimeoutError)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_failure_status_leaves_no_error_for_the_cycle_collector(server: Any, streamed: bool) -> None:
+    """Before: the 429's RateLimitError was raised from a frame that named it (the frame is in its
+    traceback): each failed call, whole or streamed, was cyclic garbage kept until a collection."""
+    from aiqsim.core.failures import RateLimitError
+
+    http, _scripts = server
+
+    async def body() -> int:
+        failed = 0
+        async with _provider(http, "429") as provider:
+            for n in range(3):
+                try:
+                    if streamed:
+                        await _collect(provider, n)
+                    else:
+                        await provider.call(_request(n))
+                except RateLimitError:
+                    failed += 1
+        return failed
+
+    failed, kept = cyclic_garbage(lambda: asyncio.run(body()), RateLimitError)
+    assert failed == 3
+    assert kept == []
+
+
+def test_the_clients_own_read_timeout_is_named_not_taken_for_the_streams_idle_limit(server: Any) -> None:
+    """Before: httpx's read timeout, raised by the body as a ProviderTimeoutError (a TimeoutError),
+    was caught as the stream's own deadline and reported as 'no event for idle_timeout_s=30 s'
+    after 0.3 s: the wrong setting named, the real one hidden."""
+    http, _scripts = server
+    limits = StreamLimits(idle_timeout_s=30.0, total_timeout_s=60.0)
+
+    async def body() -> BaseException:
+        async with _provider(http, "silent", timeout=0.3, stream_limits=limits) as provider:
+            with pytest.raises(ProviderTimeoutError) as raised:
+                await _collect(provider)
+            return raised.value
+
+    error = asyncio.run(asyncio.wait_for(body(), 20))
+    assert "idle_timeout_s" not in str(error) and "total_timeout_s" not in str(error)
+    assert "ReadTimeout" in str(error)
+
+
+def test_a_stream_left_early_closes_its_readers_at_once(server: Any) -> None:
+    """Before: closing HttpProvider.stream() (the scheduler does when it abandons an attempt)
+    closed the response but left the generators reading it (the SSE reader, the body's bytes)
+    suspended, for the loop's finalizer to close at some later collection."""
+    import sys
+
+    http, _scripts = server
+
+    async def body() -> list[str]:
+        hooks = sys.get_asyncgen_hooks()
+        started: list[Any] = []
+
+        def first_iteration(generator: Any) -> None:
+            started.append(generator)
+            if hooks.firstiter is not None:
+                hooks.firstiter(generator)
+
+        sys.set_asyncgen_hooks(firstiter=first_iteration, finalizer=hooks.finalizer)
+        try:
+            async with _provider(http, "stall") as provider:
+                items = provider.stream(_request())
+                assert isinstance(await items.__anext__(), StreamChunk)
+                await items.aclose()  # abandoned after its first chunk
+                ours = [g for g in started if "aiqsim" in g.ag_code.co_filename]
+                return [g.__qualname__ for g in ours if g.ag_frame is not None]
+        finally:
+            sys.set_asyncgen_hooks(*hooks)
+
+    assert asyncio.run(body()) == []  # (httpx's own are httpx's to close)

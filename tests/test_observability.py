@@ -483,3 +483,44 @@ def test_a_shared_quota_outage_is_counted_and_traced() -> None:
     assert [s.name for s in spans] == ["aiqsim.quota_unavailable"] * 2
     assert spans[0].start_time == 10**18 + 5 * 10**9 and not spans[0].status.is_ok
     assert spans[0].attributes["aiqsim.error"] == "ConnectionError: redis down"
+
+
+def test_an_attempt_cancelled_in_flight_ends_its_span_with_its_task() -> None:
+    """Before: headers_for opened the attempt's span and only its AttemptRecord ended it; a task
+    cancelled while its call was out emits none, so the span stayed open and held for ever (one per
+    cancelled call: a leak in a long-lived worker)."""
+    import asyncio
+
+    from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
+
+    provider, exporter = tracer()
+    tracing = OpenTelemetryTracing(provider)
+    sent = asyncio.Event()
+
+    class Hanging:
+        name = "llm"
+
+        async def call(self, request: ProviderRequest) -> ProviderResponse:
+            tracing.headers_for(request)  # as HttpProvider(request_headers=...) does
+            sent.set()
+            await asyncio.sleep(3600)
+            raise AssertionError("never answered")
+
+    runtime = AsyncioRuntime()
+
+    async def main() -> Any:
+        scheduler = Scheduler(runtime, [Hanging()], events=tracing)
+        handle = scheduler.submit("llm", "q", cost_estimate=1)
+        await sent.wait()
+        assert scheduler.cancel(handle.id)
+        record = await handle.wait()
+        await scheduler.close()
+        return record
+
+    record = runtime.run(main())
+    assert record.status is TaskStatus.CANCELLED
+    spans = exporter.get_finished_spans()
+    assert sorted(s.name for s in spans) == ["aiqsim.attempt", "aiqsim.task"]
+    (attempt,) = [s for s in spans if s.name == "aiqsim.attempt"]
+    assert attempt.attributes["aiqsim.outcome"] == "cancelled"
+    assert tracing._attempts == {}

@@ -195,6 +195,11 @@ def test_a_named_profile_reads_only_its_own_dialect() -> None:
         ("2025-10-25T14:00:00+02:00", 1_761_393_600.0),
         ("2025-10-25t12:00:00z", 1_761_393_600.0),
         ("2016-12-31T23:59:60Z", 1_483_228_800.0),  # a leap second: the second after :59
+        ("2016-12-31T15:59:60-08:00", 1_483_228_800.0),  # the same leap second, in local time
+        ("2017-01-01T05:29:60+05:30", 1_483_228_800.0),  # (on the next day's local date)
+        ("2015-06-30T23:59:60.5Z", 1_435_708_800.5),
+        # RFC 3339's time-secfrac is "." 1*DIGIT: no upper bound on the digits
+        ("2025-10-25T12:00:00.1250000000000000Z", 1_761_393_600.125),
     ],
 )
 def test_rfc3339_reads_what_anthropic_sends(text: str, epoch: float) -> None:
@@ -215,6 +220,12 @@ def test_rfc3339_reads_what_anthropic_sends(text: str, epoch: float) -> None:
         "NaN",
         "-1",
         "0000-01-01T00:00:00Z",
+        # a leap second only ends a month in UTC (RFC 3339 section 5.7)
+        "2025-10-25T12:00:60Z",
+        "2016-12-31T23:58:60Z",
+        "2016-12-30T23:59:60Z",
+        "2016-12-31T23:59:60-08:00",
+        "2017-01-01T23:59:60Z",
     ],
 )
 def test_rfc3339_refuses_what_is_not_a_timestamp(text: str) -> None:

@@ -18,6 +18,7 @@ from aiqsim.runtime import (
     SimPyRuntime,
     SimulationDeadlock,
 )
+from tests.cyclic_garbage import cyclic_garbage
 from tests.runtimes import ASYNCIO_LATENESS_S, RUNTIMES, make_runtime, run_on
 
 both = pytest.mark.parametrize("rt_name", RUNTIMES)
@@ -870,3 +871,65 @@ def test_wait_readable_watches_a_new_socket_that_took_a_closed_ones_descriptor_n
             writer.close()
 
     assert runtime.run(body()) == {}  # the timed-out wait took its registration with it
+
+
+def test_the_works_own_timeout_is_freed_without_the_cycle_collector() -> None:
+    """Before: wait_for re-raised the work's own TimeoutError from inside ``except _OwnTimeout``: the
+    wrapper became the error's __context__ while holding the error, and the raising frame (in the
+    error's traceback) named it. Every provider timeout on asyncio (a cut stream is one) was then
+    cyclic garbage. A TimeoutError subclass is used so only the ones made here are counted."""
+    import asyncio
+
+    from aiqsim.runtime import AsyncioRuntime
+
+    class ReadTimeout(TimeoutError):
+        pass
+
+    rt = AsyncioRuntime()
+
+    async def times_out_by_itself() -> None:
+        await asyncio.sleep(0)
+        raise ReadTimeout("the work's own read timeout")
+
+    async def body() -> None:
+        for _ in range(5):
+            try:
+                await rt.wait_for(times_out_by_itself(), 60.0)
+            except ReadTimeout:
+                pass
+
+    _, kept = cyclic_garbage(lambda: asyncio.run(body()), ReadTimeout)
+    assert kept == []
+
+
+@pytest.mark.parametrize("ending", ["fails", "times_out"])
+def test_a_failed_or_late_work_is_freed_without_the_cycle_collector(ending: str) -> None:
+    """Before: on Python 3.11 the frame of ``asyncio.wait_for`` (in the failure's traceback) held the
+    task that held the failure: every attempt that failed under an attempt timeout, and every one
+    the deadline ended, was cyclic garbage."""
+    import asyncio
+
+    from aiqsim.runtime import AsyncioRuntime
+    from aiqsim.runtime.protocol import DeadlineExceeded
+
+    class Refused(Exception):
+        pass
+
+    rt = AsyncioRuntime()
+
+    async def work() -> None:
+        await asyncio.sleep(0 if ending == "fails" else 10)
+        raise Refused("the provider said no")
+
+    async def body() -> int:
+        ended = 0
+        for _ in range(5):
+            try:
+                await rt.wait_for(work(), 60.0 if ending == "fails" else 0.001)
+            except (Refused, DeadlineExceeded):
+                ended += 1
+        return ended
+
+    ended, kept = cyclic_garbage(lambda: asyncio.run(body()), (Refused, DeadlineExceeded, asyncio.Task))
+    assert ended == 5
+    assert kept == []

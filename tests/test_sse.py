@@ -73,3 +73,14 @@ def test_invalid_utf8_becomes_the_replacement_character() -> None:
 
 def test_a_field_without_a_space_keeps_its_value_whole() -> None:
     assert parse_sse(b"data:{}\n\n") == [SseEvent("message", "{}")]
+
+
+def test_a_last_line_without_its_line_end_sets_nothing() -> None:
+    """WHATWG: "once the end of the file is reached, any pending data must be discarded". Before,
+    close() processed the unterminated last line, so a cut ``id:`` or ``retry:`` changed the last
+    event id and the reconnection time the stream reports."""
+    parser = SseParser()
+    events = parser.feed(b"id: 1\nretry: 3000\ndata: a\n\nretry: 5000\nid: 7")
+    events += parser.close()
+    assert [(event.data, event.id, event.retry) for event in events] == [("a", "1", 3000)]
+    assert (parser.last_event_id, parser.retry) == ("1", 5000)  # the id line had no line end

@@ -55,6 +55,10 @@ class ExtraMissingError(ConfigurationError, ImportError):
             f"({', '.join(missing)} not installed): {install_line(*extras)}"
         )
 
+    def __reduce__(self) -> tuple[type[ExtraMissingError], tuple[str, tuple[str, ...], tuple[str, ...]]]:
+        # picklable across processes (a Dask sweep's worker that lacks an extra sends this back)
+        return type(self), (self.feature, self.extras, self.missing)
+
 
 def install_line(*extras: str) -> str:
     """The command that installs ``extras``: ``pip install "aiqsim[lab]"``, ``"aiqsim[lab,http]"``."""

@@ -38,6 +38,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -400,12 +401,7 @@ class HttpProvider:
     async def call(self, request: ProviderRequest) -> ProviderResponse:
         """One POST; the outcome as a response or an :mod:`aiqsim.core.failures` error."""
         sent_key = idempotency_header_value(request.idempotency_key)
-        headers = {**self._headers, IDEMPOTENCY_HEADER: sent_key}
-        if self.send_task_headers:
-            headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
-            headers["x-aiqsim-attempt"] = str(request.attempt)
-        if self._request_headers is not None:
-            headers.update(self._request_headers(request))
+        headers = self._headers_for(request, sent_key)
         response = await self._send(
             "POST", self.url, headers=headers, json=self.body_for(request), sent_key=sent_key
         )
@@ -430,12 +426,7 @@ class HttpProvider:
     async def _stream(self, request: ProviderRequest) -> AsyncIterator[StreamChunk | ProviderResponse]:
         httpx = self._httpx
         sent_key = idempotency_header_value(request.idempotency_key)
-        headers = {**self._headers, IDEMPOTENCY_HEADER: sent_key, "accept": "text/event-stream"}
-        if self.send_task_headers:
-            headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
-            headers["x-aiqsim-attempt"] = str(request.attempt)
-        if self._request_headers is not None:
-            headers.update(self._request_headers(request))
+        headers = self._headers_for(request, sent_key, {"accept": "text/event-stream"})
         body = stream_body(self.body_for(request), self.stream_format, self.url)
         client = await self._http()
         try:
@@ -471,15 +462,20 @@ class HttpProvider:
             self._observe(response.headers)
             snapshot = self._snapshot(response.headers)
             decoder = StreamDecoder(self.stream_format, source=self.name)
-            async for item in stream_answer(
-                self.name,
-                body_bytes(httpx, self.name, response),
-                decoder,
-                self.stream_limits,
-                ratelimit=None if snapshot.is_empty else snapshot,
-                time_scale=self.time_scale,
-            ):
-                yield item
+            # closed here, not left to the loop's finalizer, when this stream is left early (the
+            # scheduler closes it when it abandons the attempt): it closes the body's reader in turn
+            async with aclosing(
+                stream_answer(
+                    self.name,
+                    body_bytes(httpx, self.name, response),
+                    decoder,
+                    self.stream_limits,
+                    ratelimit=None if snapshot.is_empty else snapshot,
+                    time_scale=self.time_scale,
+                )
+            ) as answer:
+                async for item in answer:
+                    yield item
         finally:
             await response.aclose()  # a stream left early (a cut, a limit) drops its connection
 
@@ -504,6 +500,20 @@ class HttpProvider:
         return ProviderResponse(result=self._result(body), usage=total_tokens(body))
 
     # ------------------------------------------------------------------ internals
+    def _headers_for(
+        self, request: ProviderRequest, sent_key: str, extra: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """The headers of one attempt's POST, a whole call or a stream alike: the provider's own,
+        the idempotency key as sent, ``extra``, the task headers when asked for, then the caller's
+        per-request headers (last: they win)."""
+        headers = {**self._headers, IDEMPOTENCY_HEADER: sent_key, **(extra or {})}
+        if self.send_task_headers:
+            headers["x-aiqsim-task-id"] = idempotency_header_value(request.task_id)
+            headers["x-aiqsim-attempt"] = str(request.attempt)
+        if self._request_headers is not None:
+            headers.update(self._request_headers(request))
+        return headers
+
     async def _send(
         self, method: str, url: str, *, sent_key: str | None = None, **kwargs: Any
     ) -> httpx.Response:
@@ -592,7 +602,12 @@ class HttpProvider:
         if error is not None:
             snapshot = self._snapshot(response.headers)
             error.ratelimit = None if snapshot.is_empty else snapshot  # for the call log
-            raise error
+            try:
+                raise error
+            finally:
+                # this frame is in the error's traceback: naming the error from it is a cycle per
+                # failed call (a 429, a 5xx) that only the collector frees
+                del error
         if not decoded:
             raise SchemaViolationError(
                 f"{self.name}: HTTP {response.status_code} body is not JSON: {response.text[:120]!r}"

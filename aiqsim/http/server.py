@@ -29,7 +29,9 @@ Routes:
   :mod:`aiqsim.http.httpx_provider` on responses misaligned on a keep-alive connection).
 - ``GET /ledger``: every answered HTTP request, every execution and every bill, as JSON (also
   :meth:`LocalProviderServer.ledger`), and ``in_flight``: chat requests received and not
-  answered yet (a client that watches for a call to be under way, e.g. to kill itself mid-call).
+  answered yet (a client that watches for a call to be under way, e.g. to kill itself mid-call),
+  and ``server_work``: executions accepted and not finished yet (a cut stream's or a timed-out
+  call's work goes on, and is billed, after its answer ended: wait for 0 before reading the bills).
 - ``GET /metrics``: Prometheus text exposition of what the server did (requests by outcome, 429s,
   bills, duplicate bills and their cost), under the names a worker's
   :class:`~aiqsim.observability.PrometheusMetrics` uses for bills (:func:`ledger_metrics`).
@@ -431,7 +433,14 @@ class LocalProviderServer:
             body = render(ledger_metrics(self.ledger(), self.config.name, in_flight=self._in_flight))
             return HttpReply(200, body.encode("utf-8"), {"content-type": CONTENT_TYPE})
         if request.method == "GET" and request.path == "/ledger":
-            return HttpReply.json(200, {**self.ledger().to_dict(), "in_flight": self._in_flight})
+            return HttpReply.json(
+                200,
+                {
+                    **self.ledger().to_dict(),
+                    "in_flight": self._in_flight,
+                    "server_work": self.provider.server_work,
+                },
+            )
         for prefix in LOOKUP_PREFIXES:
             if request.method == "GET" and request.path.startswith(prefix):
                 return await self._lookup(request.path[len(prefix) :])

@@ -61,12 +61,12 @@ class SseParser:
         return self._text(self._decoder.decode(chunk))
 
     def close(self) -> list[SseEvent]:
-        """End of stream: flush the decoder. An event still open (no closing empty line) is
-        discarded, as the standard says; a line still open is processed first."""
+        """End of stream: flush the decoder. What is still pending is discarded, as the standard
+        says ("once the end of the file is reached, any pending data must be discarded"): an event
+        with no closing empty line, and a last line with no line end (not a line of the stream's
+        grammar: an unterminated ``id:`` or ``retry:`` sets nothing)."""
         events = self._text(self._decoder.decode(b"", final=True))
-        if self._line:
-            self._process_line("".join(self._line), events)
-            self._line = []
+        self._line = []
         self._event = ""
         self._data = []
         return events

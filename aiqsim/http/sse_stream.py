@@ -114,64 +114,69 @@ async def stream_answer(
         cut.__cause__ = error
         return cut
 
-    while not decoder.done:
-        now = loop.time()
-        idle_left = None if limits.idle_timeout_s is None else last_event + limits.idle_timeout_s - now
-        total_left = None if limits.total_timeout_s is None else started + limits.total_timeout_s - now
-        lefts = [left for left in (idle_left, total_left) if left is not None]
-        wait = min(lefts) if lefts else None
-        try:
-            if wait is not None and wait <= 0:
-                raise TimeoutError
-            part = await (feed.__anext__() if wait is None else asyncio.wait_for(feed.__anext__(), wait))
-        except StopAsyncIteration:
-            for event in parser.close():  # a last line without its line end (then discarded)
-                texts.extend(_checked(decoder, event, ended))
-                began = True
-            if not decoder.done:
+    try:
+        while not decoder.done:
+            now = loop.time()
+            idle_left = None if limits.idle_timeout_s is None else last_event + limits.idle_timeout_s - now
+            total_left = None if limits.total_timeout_s is None else started + limits.total_timeout_s - now
+            lefts = [left for left in (idle_left, total_left) if left is not None]
+            wait = min(lefts) if lefts else None
+            try:
+                if wait is not None and wait <= 0:
+                    raise TimeoutError
+                part = await (feed.__anext__() if wait is None else asyncio.wait_for(feed.__anext__(), wait))
+            except StopAsyncIteration:
+                for event in parser.close():  # the decoder's last bytes (a line with no end is dropped)
+                    texts.extend(_checked(decoder, event, ended))
+                    began = True
+                if not decoder.done:
+                    raise ended(
+                        ServerError(
+                            f"{source}: the stream ended before its end marker {end_marker}"
+                            + ("" if began else " (no event at all)"),
+                            status=0,
+                        )
+                    ) from None
+                break
+            except ProviderError as error:  # (before TimeoutError: the transport's own read timeout is one)
+                raise ended(error)  # noqa: B904 - a cut names its cause itself (its __cause__)
+            except TimeoutError:
+                if total_left is not None and (idle_left is None or total_left <= idle_left):
+                    what = f"the stream lasted longer than its total_timeout_s={limits.total_timeout_s:g} s"
+                else:
+                    what = f"no event for idle_timeout_s={limits.idle_timeout_s:g} s"
+                raise ended(ProviderTimeoutError(f"{source}: {what}; the stream was abandoned")) from None
+            size += len(part)
+            if size > limits.max_bytes:
                 raise ended(
-                    ServerError(
-                        f"{source}: the stream ended before its end marker {end_marker}"
-                        + ("" if began else " (no event at all)"),
-                        status=0,
+                    StreamTooLargeError(
+                        f"{source}: the stream is larger than max_stream_bytes ({limits.max_bytes:,} bytes); "
+                        "not read further, its connection is dropped"
                     )
-                ) from None
-            break
-        except TimeoutError:
-            if total_left is not None and (idle_left is None or total_left <= idle_left):
-                what = f"the stream lasted longer than its total_timeout_s={limits.total_timeout_s:g} s"
-            else:
-                what = f"no event for idle_timeout_s={limits.idle_timeout_s:g} s"
-            raise ended(ProviderTimeoutError(f"{source}: {what}; the stream was abandoned")) from None
-        except ProviderError as error:
-            raise ended(error)  # noqa: B904 - a cut names its cause itself (its __cause__)
-        size += len(part)
-        if size > limits.max_bytes:
-            raise ended(
-                StreamTooLargeError(
-                    f"{source}: the stream is larger than max_stream_bytes ({limits.max_bytes:,} bytes); "
-                    "not read further, its connection is dropped"
                 )
-            )
-        for event in parser.feed(part):
-            last_event = loop.time()
-            new = _checked(decoder, event, ended)
-            began = True
-            for text in new:
-                if first_at is None:
-                    first_at = loop.time()
-                texts.append(text)
-                yield StreamChunk(text)
-            if decoder.done:
-                break  # bytes after the end marker are not read
-    first_token_s = None if first_at is None else (first_at - started) / time_scale
-    yield ProviderResponse(
-        result="".join(texts),
-        usage=decoder.usage,
-        output_units=decoder.output_tokens,
-        ratelimit=ratelimit,
-        first_token_s=first_token_s,
-    )
+            for event in parser.feed(part):
+                last_event = loop.time()
+                new = _checked(decoder, event, ended)
+                began = True
+                for text in new:
+                    if first_at is None:
+                        first_at = loop.time()
+                    texts.append(text)
+                    yield StreamChunk(text)
+                if decoder.done:
+                    break  # bytes after the end marker are not read
+        first_token_s = None if first_at is None else (first_at - started) / time_scale
+        yield ProviderResponse(
+            result="".join(texts),
+            usage=decoder.usage,
+            output_units=decoder.output_tokens,
+            ratelimit=ratelimit,
+            first_token_s=first_token_s,
+        )
+    finally:  # ended, failed or left early: the body's reader is closed now, not by a later collection
+        closer = getattr(feed, "aclose", None)
+        if closer is not None:
+            await closer()
 
 
 def _checked(decoder: StreamDecoder, event: Any, ended: Any) -> list[str]:

@@ -51,11 +51,14 @@ async def body_bytes(httpx: Any, source: str, response: Any) -> AsyncIterator[by
     """The response body's bytes as they arrive (content-encoding decoded); a broken connection or
     a read timeout raised as a provider error, never as a raw httpx one."""
     parts = response.aiter_bytes().__aiter__()
-    while True:
-        try:
-            part = await parts.__anext__()
-        except StopAsyncIteration:
-            return
-        except httpx.HTTPError as exc:
-            raise transport_failure(httpx, source, exc) from exc
-        yield part
+    try:
+        while True:
+            try:
+                part = await parts.__anext__()
+            except StopAsyncIteration:
+                return
+            except httpx.HTTPError as exc:
+                raise transport_failure(httpx, source, exc) from exc
+            yield part
+    finally:  # left early: httpx's reader is closed now too (the response is closed by its owner)
+        await parts.aclose()

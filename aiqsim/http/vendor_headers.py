@@ -33,6 +33,10 @@ OPENAI_PREFIX = "x-ratelimit-"
 ANTHROPIC_TOKEN_DIMENSIONS = ("tokens", "input-tokens", "output-tokens")
 
 
+_Dimension = tuple[float | None, float | None, float | None]
+"""One rate-limit dimension as read: ``(limit, remaining, reset_s)``."""
+
+
 def _header_names(headers: Mapping[str, Any] | Any) -> list[str]:
     if headers is None:
         return []
@@ -54,9 +58,7 @@ def detect_dialect(headers: Mapping[str, Any] | Any) -> str:
     return "none"
 
 
-def _anthropic_dimension(
-    headers: Mapping[str, Any] | Any, dimension: str, now_epoch_s: float
-) -> tuple[float | None, float | None, float | None]:
+def _anthropic_dimension(headers: Mapping[str, Any] | Any, dimension: str, now_epoch_s: float) -> _Dimension:
     base = ANTHROPIC_PREFIX + dimension
     limit = _cautious(_each_value(headers, base + "-limit", _number), min)
     remaining = _cautious(_each_value(headers, base + "-remaining", _number), min)
@@ -68,7 +70,7 @@ def _anthropic_dimension(
     return limit, remaining, _cautious(resets, max)
 
 
-def _share_left(dimension: tuple[float | None, float | None, float | None]) -> float:
+def _share_left(dimension: _Dimension) -> float:
     limit, remaining, _ = dimension
     if remaining is None:
         return float("inf")
@@ -85,6 +87,11 @@ def parse_anthropic_headers(headers: Mapping[str, Any] | Any, now_epoch_s: float
         (_anthropic_dimension(headers, dimension, now_epoch_s) for dimension in ANTHROPIC_TOKEN_DIMENSIONS),
         key=_share_left,
     )
+    return _snapshot(requests, tokens)
+
+
+def _snapshot(requests: _Dimension, tokens: _Dimension) -> RateLimitSnapshot:
+    """A snapshot of two ``(limit, remaining, reset_s)`` dimensions: requests and tokens."""
     return RateLimitSnapshot(
         limit_requests=requests[0],
         remaining_requests=requests[1],
@@ -108,14 +115,7 @@ def without_unlimited(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
         requests = (None, None, None)
     if tokens[0] is not None and tokens[0] < 0:
         tokens = (None, None, None)
-    return RateLimitSnapshot(
-        limit_requests=requests[0],
-        remaining_requests=requests[1],
-        reset_requests_s=requests[2],
-        limit_tokens=tokens[0],
-        remaining_tokens=tokens[1],
-        reset_tokens_s=tokens[2],
-    )
+    return _snapshot(requests, tokens)
 
 
 def profile_snapshot(

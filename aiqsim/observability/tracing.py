@@ -119,10 +119,23 @@ class OpenTelemetryTracing:
             self._tasks[event.task_id] = span
         if event.new in TERMINAL_STATUSES:
             del self._tasks[event.task_id]
+            if self._attempts:  # an attempt headers_for opened that no AttemptRecord ended
+                self._end_open_attempts(event)
             span.set_attributes({"aiqsim.status": event.new, "aiqsim.attempts": event.attempts})
             if event.new == "failed":
                 span.set_status(self._status(self._code.ERROR, "task failed"))
             span.end(end_time=self._ns(event.time))
+
+    def _end_open_attempts(self, event: TaskTransition) -> None:
+        """End the attempt spans of ``event``'s task still open at its end: a call cancelled in
+        flight (the task cancelled, its job ended) emits no :class:`AttemptRecord`, and its span,
+        opened by :meth:`headers_for`, would otherwise stay open and held for ever."""
+        end = self._ns(event.time)
+        for key in [key for key in self._attempts if key[0] == event.task_id]:
+            span = self._attempts.pop(key)
+            span.set_attributes({"aiqsim.outcome": event.new, "aiqsim.decision": event.new})
+            span.set_status(self._status(self._code.ERROR, f"task {event.new} during the call"))
+            span.end(end_time=max(end, getattr(span, "start_time", None) or 0))
 
     def _attempt(self, event: AttemptRecord) -> None:
         span = self._attempts.pop((event.task_id, event.attempt), None)

@@ -60,6 +60,27 @@ async def _marking_own_timeouts(awaitable: Awaitable[T]) -> T | _EndedWhenCancel
     return result
 
 
+_WAIT_FOR_CODE = asyncio.wait_for.__code__
+
+
+def _free_wait_for_frame(error: BaseException) -> None:
+    """Clear the locals of ``asyncio.wait_for``'s frame in ``error``'s traceback.
+
+    On Python 3.11 that frame holds the task it ran the work in, and the task holds the failure
+    whose traceback holds the frame: every failed or timed-out attempt was a cycle only the
+    collector freed (tests/test_gc_tuning.py shows why that matters). The frame has returned; its
+    locals are of no use to anyone reading the traceback."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is _WAIT_FOR_CODE:
+            try:
+                tb.tb_frame.clear()
+            except RuntimeError:  # still running (not the case once it raised): left alone
+                pass
+            return
+        tb = tb.tb_next
+
+
 class AsyncioRuntime:
     """Runs the scheduler on the running asyncio loop.
 
@@ -110,11 +131,22 @@ class AsyncioRuntime:
                 return await asyncio.wait_for(awaitable, 0)
             outcome = await asyncio.wait_for(_marking_own_timeouts(awaitable), delay)
         except _OwnTimeout as own:  # the awaited work's own TimeoutError, not this deadline's
-            error = own.error
-            raise error from error.__cause__
+            _free_wait_for_frame(own)
+            # ``own`` becomes the error's __context__ and this frame joins its traceback: neither may
+            # hold the error, or every provider timeout (a cut stream is one) lives on in a cycle
+            # only the collector frees.
+            error, own.error = own.error, None
+            try:
+                raise error from error.__cause__
+            finally:
+                del error  # (dropping the name is the point)
         except TimeoutError as error:
+            _free_wait_for_frame(error)
             # say which deadline, as SimPyRuntime does ("timed out after 60 s (virtual)")
             raise DeadlineExceeded(f"timed out after {timeout:g} s") from error.__cause__
+        except BaseException as error:  # the work's failure (or a cancellation), passed on as is
+            _free_wait_for_frame(error)
+            raise
         finally:
             # Python 3.11's wait_for drops a cancellation of this task that arrives in the same
             # loop iteration as the inner outcome (it returns/raises that outcome instead).

@@ -312,6 +312,8 @@ class AttemptLoop:
             # only the collector frees, once per retried task (GC time). ``error`` and ``cut`` name
             # the last failure past its ``except`` block (a cut stream is settled outside it).
             cause = error = cut = None  # noqa: F841 (dropping the names is the point)
+            if live.stream is not None:  # a cut stream's failure, kept for its reader, frees its frames
+                live.stream.drop_cut_tracebacks()
 
     async def _stream_attempt(
         self,
@@ -380,20 +382,20 @@ class AttemptLoop:
             except StreamCutError as cut:
                 cut.first_token_s = first_token_s  # type: ignore[attr-defined]
                 raise
+            # (the cuts below are built in the raise: a local naming one would be held by this frame,
+            # which the cut's traceback holds: a cycle)
             except DeadlineExceeded as late:
-                cut = StreamCutError(
+                raise _stream_cut(
                     f"provider {name!r}: attempt_timeout_s={total:g} passed after {channel.delivered} "
-                    "chunk(s) of the stream; the stream was cut (the server billed it)"
-                )
-                cut.first_token_s = first_token_s  # type: ignore[attr-defined]
-                raise cut from late
+                    "chunk(s) of the stream; the stream was cut (the server billed it)",
+                    first_token_s,
+                ) from late
             except Exception as broke:  # a provider that raised something else after its first chunk
-                cut = StreamCutError(
+                raise _stream_cut(
                     f"provider {name!r}: the stream broke after {channel.delivered} chunk(s): "
-                    f"{describe_error(broke)} (the server billed it)"
-                )
-                cut.first_token_s = first_token_s  # type: ignore[attr-defined]
-                raise cut from broke
+                    f"{describe_error(broke)} (the server billed it)",
+                    first_token_s,
+                ) from broke
             channel.complete()
             return replace(response, first_token_s=first_token_s)
         finally:
@@ -712,6 +714,13 @@ def tokens_per_s(response: ProviderResponse, duration: float) -> float | None:
         return None
     generating = duration - first
     return units / generating if generating > 0 else None
+
+
+def _stream_cut(message: str, first_token_s: float) -> StreamCutError:
+    """A :class:`StreamCutError` for a stream that had begun ``first_token_s`` after its start."""
+    cut = StreamCutError(message)
+    cut.first_token_s = first_token_s  # type: ignore[attr-defined]
+    return cut
 
 
 _END = object()

@@ -54,6 +54,9 @@ class FanOutLimitError(JobSpecError):
         self.size = size
         self.limit = limit
 
+    def __reduce__(self) -> tuple[type[FanOutLimitError], tuple[str, int | None, int]]:
+        return type(self), (self.stage, self.size, self.limit)  # picklable across processes
+
 
 def _callable_identity(fn: Callable[..., Any] | None) -> str | None:
     """``module.qualname`` of a function: what a job key knows of code it cannot hash."""

@@ -54,8 +54,12 @@ class StreamInterruptedError(SchedulingError):
             "billed. Await the submission for the task's outcome (recovered by lookup or an "
             "idempotent re-send, else failed)"
         )
+        self.task_id = task_id
         self.cut = cut
         self.chunks = chunks
+
+    def __reduce__(self) -> tuple[type[StreamInterruptedError], tuple[str, BaseException, int]]:
+        return type(self), (self.task_id, self.cut, self.chunks)  # picklable across processes
 
 
 class StreamAlreadyReadError(SchedulingError, RuntimeError):
@@ -107,6 +111,22 @@ class StreamChannel:
         self.open = False
         self.interrupted = cut
         self.wake()
+
+    def drop_cut_tracebacks(self) -> None:
+        """Called when the task is over: the cut (and the failures chained to it) keep their messages
+        and attributes but lose their tracebacks. Those hold the frames of the attempt that pushed into
+        this channel, and the frames hold the channel (and the task), which holds the cut: a cycle per
+        cut stream that only the collector would free."""
+        seen: set[int] = set()
+        error = self.interrupted
+        pending = [] if error is None else [error]
+        while pending:
+            error = pending.pop()
+            if id(error) in seen:
+                continue
+            seen.add(id(error))
+            error.__traceback__ = None
+            pending.extend(link for link in (error.__cause__, error.__context__) if link is not None)
 
     def wake(self) -> None:
         """Wake the reader, if it waits."""

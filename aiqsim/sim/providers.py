@@ -797,6 +797,10 @@ class SimulatedProvider:
             if not isinstance(error, ProviderTimeoutError):
                 error.ratelimit = self.ratelimit_snapshot(runtime.now())
             raise
+        finally:
+            # The failure's traceback holds this frame; ``answer`` holds the failure: without this,
+            # a cycle per failed stream (a cut) that only the collector frees.
+            answer = None
         now = runtime.now()
         if not streamed:
             yield StreamChunk(data=value.result, units=value.output_units)
