@@ -441,3 +441,19 @@ def test_a_stream_left_early_closes_its_readers_at_once(server: Any) -> None:
             sys.set_asyncgen_hooks(*hooks)
 
     assert asyncio.run(body()) == []  # (httpx's own are httpx's to close)
+
+
+def test_a_stream_of_several_choices_keeps_choice_0s_text_as_a_whole_answer_does() -> None:
+    """With ``n > 1`` each chunk carries its choice's ``index``: the texts of other choices are not run
+    into choice 0's answer (the whole-body read keeps ``choices[0]`` too)."""
+    from aiqsim.http.sse import SseEvent
+    from aiqsim.http.stream_events import StreamDecoder
+
+    decoder = StreamDecoder("openai", source="llm")
+    texts = []
+    for index, text in ((0, "Hel"), (1, "Bon"), (0, "lo"), (1, "jour")):
+        data = json.dumps(
+            {"object": "chat.completion.chunk", "choices": [{"index": index, "delta": {"content": text}}]}
+        )
+        texts += decoder.feed(SseEvent("message", data))
+    assert "".join(texts) == "Hello"

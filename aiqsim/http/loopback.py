@@ -397,11 +397,13 @@ class LoopbackHttpServer:
             if not whole:
                 writer.transport.abort()
             closer = getattr(reply.parts, "aclose", None)
-            if closer is not None:  # a body left early (a cut, the client gone) is closed now
-                with contextlib.suppress(Exception):
-                    await closer()
-            if reply.on_end is not None:
-                reply.on_end(whole)
+            try:
+                if closer is not None:  # a body left early (a cut, the client gone) is closed now
+                    with contextlib.suppress(Exception):
+                        await closer()
+            finally:  # told even when closing the body was cancelled: the server's count stays right
+                if reply.on_end is not None:
+                    reply.on_end(whole)
 
     async def _drop(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, drop: DropConnection

@@ -157,6 +157,8 @@ class StreamDecoder:
             delta = choice.get("delta") if isinstance(choice, Mapping) else None
             if not isinstance(delta, Mapping):
                 raise self._malformed(event, "each choice needs a delta object")
+            if choice.get("index", 0) != 0:  # n > 1: the answer is choice 0's, as the whole-body read keeps
+                continue
             content = delta.get("content")
             if content is None:
                 continue

@@ -158,7 +158,10 @@ class Submission(OutcomeHandle[TaskRecord]):
         if self._accepted is not None:
             error = await await_own(self._accepted, self._new_future)
             if error is not None:
-                raise error
+                try:
+                    raise error
+                finally:  # the traceback holds this frame: naming the error too would be a cycle
+                    del error
 
     async def result(self) -> Any:
         """The task's result; raises :class:`TaskFailedError` or :class:`TaskCancelledError`."""
