@@ -18,10 +18,12 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import aiqsim
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import (
     ProviderTimeoutError,
@@ -435,7 +437,8 @@ def test_a_stream_left_early_closes_its_readers_at_once(server: Any) -> None:
                 items = provider.stream(_request())
                 assert isinstance(await items.__anext__(), StreamChunk)
                 await items.aclose()  # abandoned after its first chunk
-                ours = [g for g in started if "aiqsim" in g.ag_code.co_filename]
+                package = str(Path(aiqsim.__file__).resolve().parent)  # not a venv whose path says "aiqsim"
+                ours = [g for g in started if str(Path(g.ag_code.co_filename).resolve()).startswith(package)]
                 return [g.__qualname__ for g in ours if g.ag_frame is not None]
         finally:
             sys.set_asyncgen_hooks(*hooks)
