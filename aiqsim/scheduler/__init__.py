@@ -90,3 +90,8 @@ from aiqsim.scheduler.jobs import *  # noqa: F403
 
 __all__ += _jobs.__all__
 __all__ += ["JobTransition", "StageEvent"]
+
+# Routes across deployments, appended as one block.
+from aiqsim.core.routing import ROUTE_POLICIES, Route, RouteConfigError  # noqa: E402
+
+__all__ += ["ROUTE_POLICIES", "Route", "RouteConfigError"]
