@@ -179,7 +179,8 @@ class DeploymentState:
     latency_s: float | None
     """EWMA of its recent service times (``None``: no call has finished there yet)."""
     headroom: float
-    """Share of its quota left now, in [0, 1]: the smallest over its dimensions (1: unlimited)."""
+    """Share of its quota left now, in [0, 1]: the smallest over its dimensions (1: unlimited); its
+    concurrency slots count net of the queued tasks that will take them next."""
     price: float
     """Its price (only the order counts)."""
 

@@ -36,9 +36,10 @@ if TYPE_CHECKING:
 __all__ = ["RouteTable", "deployment_state", "quota_headroom"]
 
 
-def quota_headroom(quota: Any, now: float) -> float:
+def quota_headroom(quota: Any, now: float, waiting: int = 0) -> float:
     """Share of ``quota`` left at ``now`` in [0, 1]: its tightest dimension (requests, tokens,
-    concurrency slots); 0 while it is paused by a 429, 1 for a quota that shows no levels."""
+    concurrency slots, the slots net of the ``waiting`` tasks that will take them next); 0 while
+    it is paused by a 429, 1 for a quota that shows no levels."""
     if getattr(quota, "paused_until", float("-inf")) > now:
         return 0.0
     share = 1.0
@@ -48,7 +49,8 @@ def quota_headroom(quota: Any, now: float) -> float:
             share = min(share, max(bucket.level(now), 0.0) / bucket.capacity)
     concurrency = getattr(quota, "concurrency", None)
     if concurrency:
-        share = min(share, max(concurrency - getattr(quota, "in_flight", 0), 0) / concurrency)
+        taken = getattr(quota, "in_flight", 0) + waiting
+        share = min(share, max(concurrency - taken, 0) / concurrency)
     return share
 
 
@@ -67,7 +69,7 @@ def deployment_state(
         queued,
         getattr(quota, "concurrency", None),
         latency,
-        quota_headroom(quota, now),
+        quota_headroom(quota, now, queued),
         price,
     )
 
