@@ -446,7 +446,7 @@ def test_the_routing_rules_are_pure_and_read_only_their_snapshot() -> None:
         top = module.split(".")[0]
         if top == "aiqsim" and ".".join(module.split(".")[:2]) not in ROUTING_RULES_MAY_IMPORT:
             problems.append(f"routing.py:{line}: imports {module}")
-        if top in HEAVY | FORBIDDEN_MODULES | {"random"}:
+        if top in HEAVY | FORBIDDEN_MODULES:
             problems.append(f"routing.py:{line}: imports {top}")
     assert problems == []
     # the scheduler's route table reads lanes only through their public fields, and no heavy library
