@@ -255,7 +255,8 @@ def test_the_field_orders_that_positional_hot_path_calls_rely_on() -> None:
     ]  # fmt: skip
     assert [f.name for f in dataclasses.fields(LiveTask)] == [
         "record", "future", "queue_item", "runner", "started", "cancel_requested", "waiting_on",
-        "finishing", "lost", "retry", "outcome", "outcome_error", "in_call", "last_attempt", "stream", "route",
+        "finishing", "lost", "retry", "outcome", "outcome_error", "in_call", "last_attempt", "stream",
+        "route",
     ]  # fmt: skip
 
 
