@@ -128,12 +128,18 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
     from aiqsim.sim.fleet_metrics import fleet_key_meaning
     from aiqsim.sim.job_metrics import JOB_SUMMARY_KEYS
     from aiqsim.sim.metrics import SUMMARY_KEYS
+    from aiqsim.sim.route_metrics import deployment_key_meaning
 
     width = max(len(k) for k in summary)
     lines = [title, "=" * max(len(title), 20)] if title else []
     for key in [*SUMMARY_KEYS, *(k for k in summary if k not in SUMMARY_KEYS)]:
         if key in summary:
-            meaning = SUMMARY_KEYS.get(key) or JOB_SUMMARY_KEYS.get(key) or fleet_key_meaning(key)
+            meaning = (
+                SUMMARY_KEYS.get(key)
+                or JOB_SUMMARY_KEYS.get(key)
+                or fleet_key_meaning(key)
+                or deployment_key_meaning(key)
+            )
             lines.append(f"{key:<{width}}  {_format_value(summary[key]):>12}  {meaning}")
     return "\n".join(lines)
 
