@@ -26,7 +26,9 @@ from aiqsim.core.routing import (
     RouteConfigError,
     choose_deployment,
     ewma,
+    new_deployment_state,
 )
+from aiqsim.core.token_bucket import MultiQuota
 
 if TYPE_CHECKING:
     from random import Random
@@ -40,6 +42,17 @@ def quota_headroom(quota: Any, now: float, waiting: int = 0) -> float:
     """Share of ``quota`` left at ``now`` in [0, 1]: its tightest dimension (requests, tokens,
     concurrency slots, the slots net of the ``waiting`` tasks that will take them next); 0 while
     it is paused by a 429, 1 for a quota that shows no levels."""
+    if type(quota) is MultiQuota:  # the usual quota: its slots read directly (once per deployment per choice)
+        if quota.paused_until > now:
+            return 0.0
+        share = 1.0
+        for bucket in (quota.requests, quota.tokens):
+            if bucket is not None:
+                share = min(share, max(bucket.level(now), 0.0) / bucket.capacity)
+        concurrency = quota.concurrency
+        if concurrency:
+            share = min(share, max(concurrency - quota.in_flight - waiting, 0) / concurrency)
+        return share
     if getattr(quota, "paused_until", float("-inf")) > now:
         return 0.0
     share = 1.0
@@ -55,22 +68,19 @@ def quota_headroom(quota: Any, now: float, waiting: int = 0) -> float:
 
 
 def deployment_state(
-    lane: Lane, route: Route, index: int, latency: float | None, price: float, now: float
+    lane: Lane, weight: float, latency: float | None, price: float, now: float
 ) -> DeploymentState:
     """The frozen view of ``lane`` a routing policy reads."""
     quota = lane.quota
-    queues = lane.queues
-    retries = lane.retries
-    queued = sum(len(queue) for queue in queues.values()) + sum(len(line) for line in retries.values())
-    return DeploymentState(
-        lane.name,
-        route.weight_of(index),
-        int(getattr(quota, "in_flight", 0)),
-        queued,
-        getattr(quota, "concurrency", None),
-        latency,
-        quota_headroom(quota, now, queued),
-        price,
+    queued = 0
+    for _, tickets, queue in lane.lines:  # retry line and queue per priority
+        queued += len(tickets) + len(queue)
+    if type(quota) is MultiQuota:
+        in_flight, concurrency = quota.in_flight, quota.concurrency
+    else:
+        in_flight, concurrency = int(getattr(quota, "in_flight", 0)), getattr(quota, "concurrency", None)
+    return new_deployment_state(
+        lane.name, weight, in_flight, queued, concurrency, latency, quota_headroom(quota, now, queued), price
     )
 
 
@@ -87,13 +97,14 @@ def _price_of(provider: Any) -> float:
 class RouteTable:
     """The routes of one scheduler, checked against its lanes, and the latency each lane showed."""
 
-    __slots__ = ("_latency", "_prices", "routes")
+    __slots__ = ("_latency", "_members", "routes")
 
     def __init__(self, routes: Any, lanes: Mapping[str, Lane]) -> None:
         if not isinstance(routes, Mapping):
             raise RouteConfigError(f"routes: expected a mapping route name -> Route, got {routes!r}")
         self.routes: dict[str, Route] = {}
-        self._prices: dict[str, tuple[float, ...]] = {}
+        self._members: dict[str, tuple[tuple[Lane, float, float], ...]] = {}
+        """Each route's deployments: (lane, weight, price), in the route's order."""
         for name, route in routes.items():
             where = f"routes[{name!r}]"
             if type(name) is not str or not name:
@@ -120,10 +131,14 @@ class RouteTable:
                     f"{where}.providers: mixes kinds {kinds}; a route's deployments must serve the same calls"
                 )
             self.routes[name] = route
-            self._prices[name] = (
+            prices = (
                 route.prices
                 if route.prices is not None
                 else tuple(_price_of(lanes[provider].provider) for provider in route.providers)
+            )
+            self._members[name] = tuple(
+                (lanes[provider], route.weight_of(index), prices[index])
+                for index, provider in enumerate(route.providers)
             )
         self._latency: dict[str, float] = {}
 
@@ -140,26 +155,24 @@ class RouteTable:
         alpha = self.routes[route].latency_alpha if route is not None else DEFAULT_LATENCY_ALPHA
         self._latency[lane_name] = ewma(self._latency.get(lane_name), service_s, alpha)
 
-    def states(
-        self, name: str, lanes: Mapping[str, Lane], now: float, exclude: str | None = None
-    ) -> list[DeploymentState]:
+    def states(self, name: str, now: float, exclude: str | None = None) -> list[DeploymentState]:
         """The view of route ``name``'s deployments a policy reads (without ``exclude`` when others exist)."""
-        route = self.routes[name]
-        prices = self._prices[name]
+        members = self._members[name]
         latency = self._latency
+        if len(members) == 1:
+            exclude = None
         return [
-            deployment_state(lanes[provider], route, index, latency.get(provider), prices[index], now)
-            for index, provider in enumerate(route.providers)
-            if provider != exclude or len(route.providers) == 1
+            deployment_state(lane, weight, latency.get(lane.name), price, now)
+            for lane, weight, price in members
+            if lane.name != exclude
         ]
 
     def choose(
         self, name: str, lanes: Mapping[str, Lane], now: float, rng: Random, exclude: str | None = None
     ) -> Lane:
         """The lane route ``name``'s policy picks now (``exclude``: the deployment that just failed)."""
-        route = self.routes[name]
-        states = self.states(name, lanes, now, exclude)
-        return lanes[states[choose_deployment(route.policy, states, rng)].name]
+        states = self.states(name, now, exclude)
+        return lanes[states[choose_deployment(self.routes[name].policy, states, rng)].name]
 
 
 def _kind_of(provider: Any) -> str | None:
