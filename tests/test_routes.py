@@ -105,6 +105,8 @@ def test_each_rule_reads_only_the_states_it_is_given() -> None:
     timed = [_state("a", latency_s=2.0), _state("b", latency_s=0.5), _state("c", latency_s=None)]
     assert choose_deployment("lowest_latency", timed, rng) == 2  # unmeasured first
     assert choose_deployment("lowest_latency", timed[:2], rng) == 1
+    unmeasured = [_state("a", queued=2), _state("b")]
+    assert choose_deployment("lowest_latency", unmeasured, rng) == 1  # the least loaded unmeasured one
     room = [_state("a", headroom=0.2), _state("b", headroom=0.7)]
     assert choose_deployment("most_headroom", room, rng) == 1
     priced = [_state("a", price=1.0), _state("b", price=0.2, headroom=0.0), _state("c", price=0.5)]

@@ -12,7 +12,7 @@ The policies:
 - ``least_loaded``: the smallest ``(in flight + queued) / concurrency`` (an unlimited concurrency
   counts as 1: the deployment with the fewest calls out or waiting);
 - ``lowest_latency``: the smallest EWMA of recent service times (a deployment with no sample yet
-  goes first, so each is measured);
+  goes first, the least loaded of them, so each is measured);
 - ``most_headroom``: the largest share of quota left, over its dimensions (requests, tokens,
   concurrency slots; the smallest of them counts);
 - ``cheapest``: the lowest price among the deployments with quota left now; when none has any, the
@@ -202,7 +202,7 @@ def _load(state: DeploymentState) -> float:
     return (state.in_flight + state.queued) / (state.concurrency or 1)
 
 
-def _argmin(states: Sequence[DeploymentState], key: Callable[[DeploymentState], float]) -> int:
+def _argmin(states: Sequence[DeploymentState], key: Callable[[DeploymentState], Any]) -> int:
     best = 0
     best_value = key(states[0])
     for index in range(1, len(states)):
@@ -231,8 +231,11 @@ def least_loaded(states: Sequence[DeploymentState], rng: Random) -> int:
 
 
 def lowest_latency(states: Sequence[DeploymentState], rng: Random) -> int:
-    """The smallest EWMA of service times; an unmeasured deployment first."""
-    return _argmin(states, lambda state: -1.0 if state.latency_s is None else state.latency_s)
+    """The smallest EWMA of service times; an unmeasured deployment first (the least loaded of
+    them, so a burst before any answer does not all go to the first listed)."""
+    return _argmin(
+        states, lambda state: (-1.0, _load(state)) if state.latency_s is None else (state.latency_s, 0.0)
+    )
 
 
 def most_headroom(states: Sequence[DeploymentState], rng: Random) -> int:
