@@ -630,9 +630,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 )
             named_by = "provider" if provider is not None else "kind (no provider= given)"
             raise SchedulerArgumentError(
-                f"{named_by}: no provider or route named {lane_name!r}; this scheduler has providers "
-                f"{sorted(self._lanes)} and routes {sorted(self.routes)}. "
-                "Pass provider= one of them; nothing was queued or stored"
+                f"{named_by}: no provider named {lane_name!r}; this scheduler has {sorted(self._lanes)}"
+                + (f" and routes {sorted(self.routes)}" if self._routes is not None else "")
+                + ". Pass provider= one of them; nothing was queued or stored"
             )
         if type(priority) is not Priority:
             priority = Priority(priority)
