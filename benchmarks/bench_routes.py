@@ -11,9 +11,9 @@ each interleaved round by round so machine load hits the modes alike:
   deployment of concurrency 8 with calls of one virtual second: tasks per wall second of the whole
   run, so the share the route choice adds to a task's whole life.
 
-Run: ``python benchmarks/bench_routes.py [ROUNDS]`` (5 by default). Prints markdown tables with
-min and median per mode, the median of each round's ratio to today's run of the same round, and the
-load average before and after.
+Run: ``python benchmarks/bench_routes.py [ROUNDS]`` (5 by default). Prints markdown tables with the
+best (lowest time, highest rate) and median per mode, the median of each round's ratio to today's
+run of the same round, and the load average before and after.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def table(
     lines = [
         f"### {title}",
         "",
-        f"| mode | min {unit} | median {unit} | median ratio to today |",
+        f"| mode | best {unit} | median {unit} | median ratio to today |",
         "|---|---|---|---|",
     ]
     for mode, values in results.items():
