@@ -129,6 +129,7 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
     from aiqsim.sim.job_metrics import JOB_SUMMARY_KEYS
     from aiqsim.sim.metrics import SUMMARY_KEYS
     from aiqsim.sim.route_metrics import deployment_key_meaning
+    from aiqsim.sim.tenant_metrics import tenant_key_meaning
 
     width = max(len(k) for k in summary)
     lines = [title, "=" * max(len(title), 20)] if title else []
@@ -139,6 +140,7 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
                 or JOB_SUMMARY_KEYS.get(key)
                 or fleet_key_meaning(key)
                 or deployment_key_meaning(key)
+                or tenant_key_meaning(key)
             )
             lines.append(f"{key:<{width}}  {_format_value(summary[key]):>12}  {meaning}")
     return "\n".join(lines)

@@ -23,7 +23,7 @@ from aiqsim.core.job import (
     stage_status,
 )
 from aiqsim.core.states import TRANSITIONS
-from aiqsim.core.task import Priority, TaskStatus
+from aiqsim.core.task import Priority, TaskRecord, TaskStatus
 from aiqsim.stores import (
     DuplicateTaskIdError,
     JobStore,
@@ -245,7 +245,7 @@ def test_sqlite_upgrades_a_version_1_store_to_one_with_job_tables(tmp_path: Path
         store.insert_and_claim_job(job("j1"))
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     finally:
         conn.close()
     with SqliteStore(path) as again:
@@ -258,7 +258,9 @@ def version_2_store(tmp_path: Path) -> Path:
     with SqliteStore(path) as store:
         store.insert_and_claim(task("a"))
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.executescript("DROP TABLE jobs; DROP TABLE job_keys; PRAGMA user_version = 2;")
+    conn.executescript(
+        "DROP TABLE jobs; DROP TABLE job_keys; ALTER TABLE tasks DROP COLUMN tenant; PRAGMA user_version = 2;"
+    )
     conn.close()
     return path
 
@@ -269,6 +271,20 @@ def test_sqlite_upgrades_a_version_2_store_in_place(tmp_path: Path) -> None:
         assert [r.id for r in store.list_by_status()] == ["a"]
         store.insert_and_claim_job(job("j1"))
         assert store.job_owner_of("job-key").id == "j1"
+
+
+def test_sqlite_upgrades_a_version_3_store_with_the_tenant_column(tmp_path: Path) -> None:
+    path = version_2_store(tmp_path)
+    with SqliteStore(path) as store:  # to version 4, then back to what version 3 wrote
+        pass
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript("ALTER TABLE tasks DROP COLUMN tenant; PRAGMA user_version = 3;")
+    conn.close()
+    with SqliteStore(path) as store:
+        assert store.get("a").tenant is None  # type: ignore[union-attr]
+        store.insert_and_claim(TaskRecord(id="b", key="kb", kind="llm", provider="llm", tenant="acme"))
+    with SqliteStore(path) as store:
+        assert store.get("b").tenant == "acme"  # type: ignore[union-attr]
 
 
 def test_json_reads_a_version_1_snapshot_as_having_no_jobs_and_writes_version_2(tmp_path: Path) -> None:

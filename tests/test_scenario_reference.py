@@ -27,6 +27,7 @@ HEADERS = {
     "[jobs.stages.fanout]": job_config.FanoutConfig,
     "[fleet]": config.FleetConfig,
     "[[routes]]": config.RouteConfig,
+    "[tenants.NAME]": config.TenantConfig,
 }
 
 

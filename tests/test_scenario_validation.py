@@ -304,6 +304,7 @@ def test_every_config_field_has_a_key_in_the_file_layout():
         "jobs",
         "fleet",
         "routes",
+        "tenants",
     }
     for record, table in SECTION_FIELDS.items():
         names = {f.name for f in dataclasses.fields(record)}

@@ -80,6 +80,9 @@ class TaskRecord:
     ``error`` is a short ``"ErrorType: message"`` string, never an exception object.
     ``worker`` names the scheduler instance that holds the task (``Scheduler(worker_id=...)``)
     when several processes share one store; ``None`` when the store has a single user.
+    ``tenant`` names the customer the call is made for (``submit(tenant=...)``): the lane's queues
+    share their service among tenants by weight (:mod:`aiqsim.scheduler.tenants`); ``None`` for a
+    scheduler without tenants.
     """
 
     id: str
@@ -99,6 +102,7 @@ class TaskRecord:
     error: str | None = None
     deduped_from: str | None = None
     worker: str | None = None
+    tenant: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def evolve(self, **changes: Any) -> TaskRecord:
@@ -127,6 +131,7 @@ class TaskRecord:
             "error": self.error,
             "deduped_from": self.deduped_from,
             "worker": self.worker,
+            "tenant": self.tenant,
         }
 
     @classmethod
@@ -150,6 +155,7 @@ class TaskRecord:
             error=data.get("error"),
             deduped_from=data.get("deduped_from"),
             worker=data.get("worker"),
+            tenant=data.get("tenant"),
         )
 
 

@@ -95,3 +95,8 @@ __all__ += ["JobTransition", "StageEvent"]
 from aiqsim.core.routing import ROUTE_POLICIES, Route, RouteConfigError  # noqa: E402
 
 __all__ += ["ROUTE_POLICIES", "Route", "RouteConfigError"]
+
+# Tenants: weighted fair sharing of each lane (aiqsim.scheduler.tenants).
+from aiqsim.scheduler.tenants import DEFAULT_TENANT, Tenant, TenantQueue  # noqa: E402
+
+__all__ += ["DEFAULT_TENANT", "Tenant", "TenantQueue"]

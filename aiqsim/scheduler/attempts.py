@@ -118,11 +118,12 @@ class AttemptLoop:
                         self._finish(live, FAILED, attempts=attempts, error=describe_error(error))
                         return
                 # positional, in ProviderRequest's field order (task_id, idempotency_key, kind, payload,
-                # cost_estimate, attempt, priority; tests/test_slot_init.py): keyword calls are slower.
-                # The priority is the live record's: a duplicate may have lifted it since the first try.
+                # cost_estimate, attempt, priority, tenant; tests/test_slot_init.py): keyword calls are
+                # slower. The priority is the live record's: a duplicate may have lifted it since the
+                # first try.
                 request = new_request(
                     record.id, key, record.kind, record.payload, record.cost_estimate, attempts,
-                    live.record.priority,
+                    live.record.priority, record.tenant,
                 )  # fmt: skip
                 start = runtime.now()
                 cut: BaseException | None = None

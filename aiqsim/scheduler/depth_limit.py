@@ -50,19 +50,31 @@ class DepthLimit:
     __slots__ = ()
 
     def _check_depth_limit(
-        self, lane: Lane, priority: Priority, cost: float, key: str, task_id: str | None = None
+        self,
+        lane: Lane,
+        priority: Priority,
+        cost: float,
+        key: str,
+        task_id: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Raise :class:`~aiqsim.scheduler.refusals.QueueFullError` when the limit of ``priority``
         refuses one more request (a submission, or the manual retry of task ``task_id``) of ``cost``
-        for ``key`` on ``lane``; its key's live owner, if another task, makes it a duplicate."""
+        for ``key`` on ``lane``; its key's live owner, if another task, makes it a duplicate. The
+        trial puts the request in its ``tenant``'s queue (:mod:`aiqsim.scheduler.tenants`)."""
         existing = self.store.owner_of(key)  # only the limit asks: a store read (SQL) saved without one
         live = existing is not None and existing.id != task_id and existing.status in LIVE_OWNER_STATUSES
-        limit = self._refusing_submission(lane, priority, cost, existing if live else None)
+        limit = self._refusing_submission(lane, priority, cost, existing if live else None, tenant)
         if limit is not None:
             raise self._queue_full(lane, priority, limit)
 
     def _refusing_submission(
-        self, lane: Lane, priority: Priority, cost: float, duplicate_of: TaskRecord | None
+        self,
+        lane: Lane,
+        priority: Priority,
+        cost: float,
+        duplicate_of: TaskRecord | None,
+        tenant: str | None = None,
     ) -> int | None:
         """The limit that refuses a submission of ``priority`` and ``cost`` on ``lane``, or ``None``.
 
@@ -71,7 +83,7 @@ class DepthLimit:
         for the owner there (the owner's lane and cost).
         """
         if duplicate_of is None:
-            return self._refusing_limit(lane, priority, cost)
+            return self._refusing_limit(lane, priority, cost, tenant=tenant)
         promoted = self._promoted_call(duplicate_of.id, priority)
         if promoted is None:
             return None
@@ -87,7 +99,13 @@ class DepthLimit:
         return (self._lanes[owner.record.provider], owner.record.cost_estimate, owner.queue_item)
 
     def _refusing_limit(
-        self, lane: Lane, priority: Priority, cost: float, *, replacing: QueueItem | None = None
+        self,
+        lane: Lane,
+        priority: Priority,
+        cost: float,
+        *,
+        replacing: QueueItem | None = None,
+        tenant: str | None = None,
     ) -> int | None:
         """The limit that refuses one more request of ``priority`` and ``cost`` on ``lane`` now, or
         ``None`` when it may be queued. ``replacing`` is the queue item of a queued owner that the
@@ -95,7 +113,7 @@ class DepthLimit:
         limit = self._limits[priority]
         if limit is None or self._depth(priority) < limit:
             return None
-        if self._admitted_at_limit(priority, limit, ((lane, cost, replacing),)):
+        if self._admitted_at_limit(priority, limit, ((lane, cost, replacing),), tenant):
             return None
         return limit
 
@@ -113,7 +131,9 @@ class DepthLimit:
             return None
         return limit
 
-    def _admitted_at_limit(self, priority: Priority, limit: int, calls: Iterable[Call]) -> bool:
+    def _admitted_at_limit(
+        self, priority: Priority, limit: int, calls: Iterable[Call], tenant: str | None = None
+    ) -> bool:
         """Whether new requests (``calls``) of ``priority`` may join the queues of a class at its
         limit: they all start in this instant, or fewer than ``limit`` others would still wait.
 
@@ -124,7 +144,10 @@ class DepthLimit:
         replaced: set[int] = set()  # the ids of the queue items that probes stand for
         for lane, cost, replacing in calls:
             self._seq += 1  # a probe's place among equals is after everything already queued
-            probe = QueueItem(_PROBE_ID, cost, now, self._seq)
+            # a probe waits in the queue of the tenant it stands for (a promoted owner's, else ``tenant``)
+            probe = QueueItem(
+                _PROBE_ID, cost, now, self._seq, False, replacing.tenant if replacing else tenant
+            )
             lane.queues[priority].push(probe)
             probes.append((lane, probe))
             if replacing is not None:

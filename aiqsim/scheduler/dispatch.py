@@ -32,6 +32,8 @@ class QueueItem:
     enqueued_at: float
     seq: int
     removed: bool = False
+    tenant: str | None = None
+    """The task's tenant (:mod:`aiqsim.scheduler.tenants`); read only by tenant-sharing queues."""
 
 
 new_queue_item: Callable[..., QueueItem] = compile_builder(QueueItem)

@@ -35,6 +35,8 @@ class TaskTransition(NamedTuple):
     attempts: int
     cost_estimate: float | None = None
     """What the task was expected to cost in quota units (for the call log's cost model)."""
+    tenant: str | None = None
+    """The task's tenant (``submit(tenant=...)``; per-tenant figures), ``None`` without tenants."""
 
 
 class AttemptRecord(NamedTuple):

@@ -193,7 +193,7 @@ class LaneDispatch:
         priority = record.priority
         lane = self._lanes[record.provider]
         seq = self._seq = self._seq + 1
-        item = new_queue_item(record.id, record.cost_estimate, self.runtime.now(), seq)
+        item = new_queue_item(record.id, record.cost_estimate, self.runtime.now(), seq, False, record.tenant)
         live.queue_item = item
         lane.queues[priority].push(item)
         self._queued[priority] += 1

@@ -197,5 +197,6 @@ class Outcomes:
                     record.status._value_,
                     record.attempts,
                     record.cost_estimate,
+                    record.tenant,
                 )
             )

@@ -18,6 +18,7 @@ class ProviderRequest:
 
     ``idempotency_key`` is the task's key; adapters should send it to providers that
     honour one (e.g. as an ``Idempotency-Key`` header) so a retried call is not billed twice.
+    ``tenant`` is the task's tenant (per-tenant accounting, spend budgets), ``None`` without tenants.
     """
 
     task_id: str
@@ -27,6 +28,8 @@ class ProviderRequest:
     cost_estimate: float
     attempt: int
     priority: Priority
+    tenant: str | None = None
+    """The tenant the call is made for (``submit(tenant=...)``), ``None`` without tenants."""
 
 
 @fast_frozen_init  # one per successful attempt

@@ -61,7 +61,7 @@ from aiqsim.scheduler.attempts import AttemptLoop
 from aiqsim.scheduler.claims import ClaimRules
 from aiqsim.scheduler.commit import DEFAULT_COMMIT_WINDOW_S, GroupCommit, check_commit_window, defers_commits
 from aiqsim.scheduler.depth_limit import DepthLimit
-from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy
+from aiqsim.scheduler.dispatch import DispatchPolicy, FifoPolicy, TaskQueue
 from aiqsim.scheduler.events import EventSink, QueueRejected
 from aiqsim.scheduler.handles import OutcomeHandle, await_own
 from aiqsim.scheduler.lane_pump import LanePump
@@ -84,7 +84,8 @@ from aiqsim.scheduler.retry import AttemptGate, RetryPolicy, check_retry_policy,
 from aiqsim.scheduler.routes import RouteTable
 from aiqsim.scheduler.store_writes import persist_change
 from aiqsim.scheduler.streams import StreamChannel, stream_chunks
-from aiqsim.stores.base import StoreWriteError, TaskStore
+from aiqsim.scheduler.tenants import Tenant, TenantQueue, checked_tenants
+from aiqsim.stores.base import LIVE_OWNER_STATUSES, StoreWriteError, TaskStore
 from aiqsim.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -314,6 +315,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         worker_id: this scheduler instance's name when several processes share one store. Its
             tasks carry it, and :meth:`recover` then adopts only its own (see there). Give each
             live process its own id, and the same id to the process that replaces it.
+        tenants: the tenants sharing each lane by weighted fair queuing, name ->
+            :class:`~aiqsim.scheduler.tenants.Tenant` (``submit(tenant=...)`` names one;
+            :mod:`aiqsim.scheduler.tenants` has the rule). ``None``: no tenants, the policy's queues.
         commit_window_s: with a store that defers commits (``SqliteStore(path, group_commit=True)``),
             how long staged writes wait to share one flush (see :mod:`aiqsim.scheduler.commit`).
             Ignored by stores that commit every write.
@@ -366,7 +370,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         # what it was given
         "runtime", "store", "retry", "dispatch", "events", "gates", "rng", "worker_id",
         "duplicate_poll_s", "poison_fallback", "job_recovery", "_limits", "_quota_events",
-        "_early_gates", "_late_gates", "_create_future", "_commit",
+        "_early_gates", "_late_gates", "_create_future", "_commit", "_tenants",
         # its lanes and tasks
         "_lanes", "_lane_heads", "_live", "_queued", "_seq", "_waiters", "_watchers", "_unpersisted",
         "_healing", "_idle", "_jobs", "_gate_held", "_routes",
@@ -395,8 +399,10 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         worker_id: str | None = None,
         commit_window_s: float = DEFAULT_COMMIT_WINDOW_S,
         routes: Mapping[str, Route] | None = None,
+        tenants: Mapping[str, Tenant] | None = None,
     ) -> None:
         providers = checked_providers(providers)
+        self._tenants = checked_tenants(tenants)
         self.worker_id = checked_worker_id(worker_id, "worker_id", "no scheduler was created")
         """This process's name in the store: the ``worker`` of every record it writes."""
         check_commit_window(commit_window_s)
@@ -480,7 +486,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 name=name,
                 provider=provider,
                 quota=lane_quota(quotas.get(name), now),
-                queues={p: self.dispatch.new_queue() for p in Priority},
+                queues={p: self._new_queue() for p in Priority},
             )
             for name, provider in providers.items()
         }
@@ -522,7 +528,57 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         self.job_recovery: JobRecoveryReport | None = None
         """What the last :meth:`recover` did to jobs (``None`` before one ran)."""
 
+    def _new_queue(self) -> TaskQueue:
+        """One priority class's queue of a lane: the policy's, shared among tenants if there are any."""
+        if self._tenants is None:
+            return self.dispatch.new_queue()
+        return TenantQueue(self.dispatch, self._tenants)
+
+    def _check_tenant(self, tenant: str | None) -> int | None:
+        """Refuse a ``tenant`` this scheduler was not given; return its ``max_queued``."""
+        tenants = self._tenants
+        if tenants is None:
+            raise SchedulerArgumentError(
+                f"tenant: this scheduler has no tenants, got tenant={tenant!r}; give "
+                "Scheduler(tenants={name: Tenant(...)}) or submit without tenant=. "
+                "Nothing was queued or stored"
+            )
+        if tenant is None:
+            return None  # the default tenant: no depth limit of its own
+        config = tenants.get(tenant)
+        if config is None:
+            raise SchedulerArgumentError(
+                f"tenant: no tenant named {tenant!r}; this scheduler has {sorted(tenants)} "
+                "(or tenant=None, the default tenant). Nothing was queued or stored"
+            )
+        return config.max_queued
+
+    def _check_tenant_limit(self, tenant: str, limit: int, key: str) -> None:
+        """Refuse one more task of ``tenant`` at its ``max_queued``, unless it is a duplicate of a
+        live owner (it queues nothing: the owner's run is shared, in the owner's tenant)."""
+        queued = self.queued_for(tenant)
+        if queued < limit:
+            return
+        owner = self.store.owner_of(key)  # only at the limit: a store read saved otherwise
+        if owner is not None and owner.status in LIVE_OWNER_STATUSES:
+            return
+        raise QueueFullError(
+            f"tenant {tenant!r}: {queued} of its tasks already queued (its max_queued is {limit}); "
+            "nothing was enqueued. Retry later, or raise Tenant(max_queued=...)"
+        )
+
     # ------------------------------------------------------------------ public API
+    def queued_for(self, tenant: str | None) -> int:
+        """Tasks of ``tenant`` waiting in dispatch queues (every lane, both classes); 0 without tenants."""
+        if self._tenants is None:
+            return 0
+        return sum(
+            queue.queued(tenant)
+            for head in self._lane_heads
+            for queue in head.queues.values()
+            if isinstance(queue, TenantQueue)
+        )
+
     @property
     def providers(self) -> list[str]:
         """Provider (lane) names."""
@@ -583,6 +639,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         job_stage: bool = False,
         retry: RetryPolicy | None = None,
         stream: bool = False,
+        tenant: str | None = None,
     ) -> Submission:
         """Queue one call and return its :class:`Submission` handle.
 
@@ -600,6 +657,10 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         ``stream()`` when it has one, and the caller reads the chunks as they arrive with
         ``async for chunk in submission.stream()`` (:mod:`aiqsim.scheduler.streams`; quota,
         retries before the first chunk and idempotency are the scheduler's as for any task).
+        ``tenant`` names the customer the call is for, one of the scheduler's ``tenants``: within its
+        priority class the lane shares its service among tenants by weight, and the tenant's own
+        ``max_queued`` bounds what it may have waiting (:mod:`aiqsim.scheduler.tenants`). It is stored
+        with the task (recovery and duplicates keep it) and sent in the :class:`ProviderRequest`.
         """
         if self._closed or (self._closing and not job_stage):
             raise SchedulerClosedError("scheduler is closed" if self._closed else "scheduler is closing")
@@ -615,6 +676,14 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             or (task_id is not None and type(task_id) is not str)
         ):
             _refuse_names(kind, key, task_id)
+        tenant_limit = None
+        if tenant is not None or self._tenants is not None:
+            if tenant is not None and type(tenant) is not str:
+                raise SchedulerArgumentTypeError(
+                    f"tenant: expected a tenant's name (a string) or None, got {tenant!r}; "
+                    "nothing was queued or stored"
+                )
+            tenant_limit = self._check_tenant(tenant)
         lane_name = provider if provider is not None else kind
         lane = self._lanes.get(lane_name) if type(lane_name) is str else None
         route_name = None
@@ -641,10 +710,13 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             check_slot_lease(lane.name, lane.quota, retry, "nothing was queued or stored")
         if key is None:
             key = fingerprint(kind, payload, params=params, version=version)
+        if tenant_limit is not None:
+            assert tenant is not None
+            self._check_tenant_limit(tenant, tenant_limit, key)
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
         # a job's stage tasks are counted as their job (see Jobs.depth). The rule: depth_limit.py.
         if not job_stage and self._limits[priority] is not None:
-            self._check_depth_limit(lane, priority, cost_estimate, key)
+            self._check_depth_limit(lane, priority, cost_estimate, key, None, tenant)
         now = self.runtime.now()
         # positional, in TaskRecord's field order (pinned by tests/test_slot_init.py): a keyword call
         # maps each name to its parameter, once per submission; the cost is a float already
@@ -666,6 +738,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             None,  # error
             None,  # deduped_from
             self.worker_id,  # worker
+            tenant,
         )
         owner = persist_change(None, record, self.store.insert_and_claim)
         commit = self._commit  # _staged, inlined (as in Outcomes._write): once per submission
@@ -855,7 +928,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             )
         if self._limits[record.priority] is not None and record.status is TaskStatus.FAILED:
             lane = self._lanes[record.provider]  # the depth limit, as for a submission
-            self._check_depth_limit(lane, record.priority, record.cost_estimate, record.key, record.id)
+            self._check_depth_limit(
+                lane, record.priority, record.cost_estimate, record.key, record.id, record.tenant
+            )
         failed = record
         record = transition(record, TaskStatus.QUEUED, self.runtime.now(), worker=self.worker_id)
         persist_change(failed, record, self.store.update)

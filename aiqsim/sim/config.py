@@ -210,6 +210,8 @@ class WorkloadConfig:
     route: str | None = None
     """Name of a ``[[routes]]`` entry: each arrival is submitted to that route (instead of ``provider``),
     which gives it one of its deployments by its policy."""
+    tenant: str | None = None
+    """Name of a ``[tenants.NAME]`` table: the tenant its calls are submitted for (``None``: the default)."""
 
     @property
     def target(self) -> str:
@@ -298,6 +300,15 @@ class FleetConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """One ``[tenants.NAME]`` table: the tenant's weight in each lane's fair sharing and the tasks it
+    may have waiting (:class:`aiqsim.scheduler.tenants.Tenant`; ``None``: unbounded)."""
+
+    weight: float = 1.0
+    max_queued: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """A whole simulation: providers, client quotas, policies, workload, crashes, horizon, seed.
 
@@ -326,6 +337,8 @@ class Scenario:
     """How many scheduler instances run, how they share the quota, how arrivals reach them."""
     routes: tuple[RouteConfig, ...] = ()
     """Routes across deployments (``[[routes]]``) that workloads may submit to (``route =``)."""
+    tenants: dict[str, TenantConfig] = field(default_factory=dict)
+    """The tenants sharing each lane by weight (``[tenants.NAME]``); empty: no tenants."""
     source: str | None = None
     """Path of the file it was loaded from, for error messages and reports."""
 

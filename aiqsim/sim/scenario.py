@@ -28,6 +28,7 @@ A scenario file looks like this (units are in the key names)::
     type = "poisson"
     job = "edit"
     [fleet]                   # FleetConfig: workers, quota ("shared"/"split"), routing, weights
+    [tenants.acme]            # TenantConfig: weight, max_queued; a workload says tenant = "acme"
 
 Everything is validated before a :class:`Scenario` exists: unknown keys, wrong types (a bool
 is not a number), out-of-range values and broken references all raise :class:`ScenarioError`
@@ -75,6 +76,7 @@ from aiqsim.sim.config import (
     RouteConfig,
     Scenario,
     StoreConfig,
+    TenantConfig,
     WorkloadConfig,
 )
 from aiqsim.sim.job_config import FanoutConfig, JobConfig, StageConfig, StageSizeConfig
@@ -381,10 +383,12 @@ class _Array:
 
 @dataclass(frozen=True)
 class _Map:
-    """A table of tables keyed by provider name (``[quotas.llm]``), or of values (a route's weights)."""
+    """A table of tables keyed by provider name (``[quotas.llm]``), or by another ``key`` name; or a
+    table of values (a route's weights)."""
 
     item: Any
     expected: str = "a table of tables keyed by provider name ([quotas.NAME])"
+    key: str = "a provider name"
 
 
 _OUTAGE = _Table(
@@ -499,7 +503,18 @@ _COST = _Table(
 )
 
 _WORKLOAD_COMMON = frozenset(
-    {"type", "provider", "priority", "start_s", "cost", "distinct_inputs", "poison_fraction", "job", "route"}
+    {
+        "type",
+        "provider",
+        "priority",
+        "start_s",
+        "cost",
+        "distinct_inputs",
+        "poison_fraction",
+        "job",
+        "route",
+        "tenant",
+    }
 )
 _WORKLOAD_KEYS = {
     "poisson": _WORKLOAD_COMMON | {"rate_per_s", "end_s", "count"},
@@ -531,6 +546,7 @@ _WORKLOAD = _Table(
         "arrivals": _Text(non_empty=True),
         "job": _Text(name_like=True),
         "route": _Text(name_like=True),
+        "tenant": _Text(name_like=True),
     },
     required=frozenset({"type"}),
     what="workload",
@@ -641,6 +657,11 @@ _OVERLOAD = _Table(
     what="overload protection",
 )
 
+_TENANT = _Table(
+    {"weight": _POSITIVE, "max_queued": _Optional(_Integer(0))},
+    what="tenant",
+)
+
 MAX_FLEET_WORKERS = 1000
 """More scheduler instances than this in one simulation is a typo, not a fleet."""
 
@@ -695,6 +716,7 @@ _FILE = _Table(
         "jobs": _Array(_JOB, "[[jobs]]", named=True),
         "fleet": _FLEET,
         "routes": _Array(_ROUTE, "[[routes]]", named=True),
+        "tenants": _Map(_TENANT, "a table of tables keyed by tenant name ([tenants.NAME])", "a tenant name"),
     },
     required=frozenset({"scenario", "providers", "workloads"}),
     what="scenario file",
@@ -718,6 +740,7 @@ SECTION_FIELDS: dict[type, _Table] = {
     FanoutConfig: _FANOUT,
     FleetConfig: _FLEET,
     RouteConfig: _ROUTE,
+    TenantConfig: _TENANT,
 }
 """Which file table describes which config record (tests check they list the same fields)."""
 
@@ -749,7 +772,7 @@ class _Reader:
             values = {}
             for key, item in raw.items():
                 if not isinstance(key, str):
-                    raise self.error(_join(path, key), "expected a provider name as the key")
+                    raise self.error(_join(path, key), f"expected {schema.key} as the key")
                 values[key] = self.read(item, _join(path, key), schema.item)
             return values
         try:
@@ -912,6 +935,18 @@ def _quotas(
     return quotas
 
 
+def _tenants(raw: dict[str, dict[str, Any]], reader: _Reader) -> dict[str, TenantConfig]:
+    """The ``[tenants.NAME]`` tables; a name must be a name (``tenants.NAME``: letters, digits...)."""
+    tenants = {}
+    for name, values in raw.items():
+        if not _NAME.fullmatch(name):
+            raise reader.error(
+                f"tenants.{name}", f"expected {_Text(name_like=True).expected}, got {describe(name)}"
+            )
+        tenants[name] = TenantConfig(**values)
+    return tenants
+
+
 def _retry(values: dict[str, Any], reader: _Reader) -> RetryConfig:
     retry = RetryConfig(**values)
     if not retry.cap_s >= retry.base_s:
@@ -1024,12 +1059,22 @@ def _workload(
     reader: _Reader,
     jobs: Mapping[str, JobConfig] | None = None,
     routes: Mapping[str, RouteConfig] | None = None,
+    tenants: Mapping[str, TenantConfig] | None = None,
 ) -> WorkloadConfig:
+    tenants = tenants or {}
+    if "tenant" in values and values["tenant"] not in tenants:
+        declared = ", ".join(tenants) or "none declared"
+        raise reader.error(
+            f"{path}.tenant",
+            f"expected the name of a [tenants.NAME] table ({declared}), got {describe(values['tenant'])}",
+        )
     if "job" in values:
-        if "route" in values:
-            raise reader.error(
-                f"{path}.route", "does not apply to a job workload (its stages name the providers)"
-            )
+        for key, why in (
+            ("route", "its stages name the providers"),
+            ("tenant", "a job's calls have no tenant"),
+        ):
+            if key in values:
+                raise reader.error(f"{path}.{key}", f"does not apply to a job workload ({why})")
         return _job_workload(values, path, jobs or {}, duration_s, reader)
     if "route" in values:
         return _route_workload(values, path, routes or {}, duration_s, reader)
@@ -1416,6 +1461,8 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         raise reader.error("workloads", "expected at least one [[workloads]] table, got none")
     jobs = _jobs(values.get("jobs", ()), by_name, quotas, reader)
     routes = _routes(values.get("routes", ()), by_name, reader)
+    tenants = _tenants(values.get("tenants", {}), reader)
+    templates = {j.name: j for j in jobs}
     workloads = tuple(
         _workload(
             item,
@@ -1424,8 +1471,9 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
             quotas,
             duration_s,
             reader,
-            {j.name: j for j in jobs},
-            {r.name: r for r in routes},
+            templates,
+            routes={r.name: r for r in routes},
+            tenants=tenants,
         )
         for i, item in enumerate(values["workloads"])
     )
@@ -1445,6 +1493,7 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         jobs=jobs,
         fleet=_fleet(values.get("fleet", {}), quotas, workloads, crashes, reader),
         routes=routes,
+        tenants=tenants,
         source=source,
         **header,
     )
@@ -1751,6 +1800,8 @@ def _workload_dict(workload: WorkloadConfig) -> dict[str, Any]:
     values = _record_dict(workload, _WORKLOAD)
     dropped = _JOB_WORKLOAD_EXCLUDED if workload.job is not None else ("job",)
     dropped += ("provider",) if workload.route is not None else ("route",)
+    if workload.tenant is None:
+        dropped = (*dropped, "tenant")
     return {key: value for key, value in values.items() if key not in dropped}
 
 
@@ -1772,6 +1823,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         "jobs": [_record_dict(job, _JOB) for job in scenario.jobs],
         "fleet": _fleet_dict(scenario.fleet),
         "routes": [_route_dict(route) for route in scenario.routes],
+        "tenants": {name: _record_dict(tenant, _TENANT) for name, tenant in scenario.tenants.items()},
     }
 
 

@@ -34,6 +34,7 @@ from aiqsim.scheduler.dispatch import dispatch_policy_from_name
 from aiqsim.scheduler.events import SchedulerEvent
 from aiqsim.scheduler.retry import RetryPolicy
 from aiqsim.scheduler.scheduler import QueueFullError, RecoveryReport, Scheduler
+from aiqsim.scheduler.tenants import Tenant
 from aiqsim.sim import metrics
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.crash import CrashingStore, SimulatedCrash
@@ -114,6 +115,10 @@ class SimulationResult:
             from aiqsim.sim.route_metrics import summarize_deployments
 
             self.summary.update(summarize_deployments(scenario, records, executions, self.arrival_times))
+        if scenario.tenants:
+            from aiqsim.sim.tenant_metrics import summarize_tenants
+
+            self.summary.update(summarize_tenants(scenario, records, self.arrival_times))
         self.job_records = list(job_records)
         """The final record of every job (empty when the scenario submits no jobs)."""
         self.rejected_jobs = list(rejected_jobs)
@@ -284,6 +289,16 @@ def quota_limits(scenario: Scenario) -> dict[str, QuotaLimits]:
             token_burst=q.unit_burst,
         )
         for name, q in scenario.quotas.items()
+    }
+
+
+def scheduler_tenants(scenario: Scenario) -> dict[str, Tenant] | None:
+    """The scheduler's ``tenants`` from the scenario's ``[tenants.NAME]`` tables (``None``: none)."""
+    if not scenario.tenants:
+        return None
+    return {
+        name: Tenant(weight=tenant.weight, max_queued=tenant.max_queued)
+        for name, tenant in scenario.tenants.items()
     }
 
 
@@ -742,6 +757,7 @@ class _Run:
             commit_window_s=scenario.store.commit_window_s,
             worker_id=fleet_worker_id(worker) if fleet else None,
             routes=scheduler_routes(scenario),
+            tenants=scheduler_tenants(scenario),
         )
         if self.job_specs:  # registered before recover(), so it can re-drive the stored jobs
             from aiqsim.scheduler.jobs import Jobs
@@ -861,6 +877,7 @@ class _Run:
                 cost_estimate=arrival.cost_estimate,
                 task_id=arrival.task_id,
                 stream=arrival.provider in self.streamed,
+                tenant=arrival.tenant,
             )
         except (QueueFullError, QuotaConfigError) as refusal:
             if self.streaming is not None:

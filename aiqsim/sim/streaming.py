@@ -268,6 +268,7 @@ def _stored_transition(record: Any, old: str | None, new: str, time: float) -> T
         new,
         record.attempts,
         record.cost_estimate,
+        record.tenant,
     )
 
 

@@ -20,6 +20,7 @@ from aiqsim.sim.config import Scenario
 from aiqsim.sim.fleet_stream import StreamingFleet
 from aiqsim.sim.job_stream import StreamingJobs
 from aiqsim.sim.streaming import DEFAULT_KEY_WINDOW_S, StreamingSummary, StreamingTimeline
+from aiqsim.sim.tenant_metrics import StreamingTenants
 from aiqsim.stores.retention import RetentionPolicy
 
 
@@ -49,6 +50,8 @@ class StreamingRun:
         has_jobs = any(w.job is not None for w in scenario.workloads)
         self.jobs = StreamingJobs(scenario, window_s) if has_jobs else None
         """The job keys' accumulators (scenarios with job workloads only)."""
+        self.tenants = StreamingTenants(scenario) if scenario.tenants else None
+        """The per-tenant keys' accumulators (scenarios with ``[tenants.NAME]`` tables only)."""
         self.retention = RetentionPolicy(
             finished_ttl_s=window_s, keys_ttl_s=window_s, interval_s=window_s / 2
         )
@@ -62,6 +65,8 @@ class StreamingRun:
             self.fleet.event(event, 0)
         if self.jobs is not None:
             self.jobs.event(event)
+        if self.tenants is not None:
+            self.tenants.event(event)
 
     def sink(self, worker: int) -> Callable[[Any], None]:
         """The event sink of fleet worker ``worker`` (the fleet keys need to know whose task it is)."""
@@ -75,6 +80,8 @@ class StreamingRun:
                 self.fleet.event(event, worker)
             if self.jobs is not None:
                 self.jobs.event(event)
+            if self.tenants is not None:
+                self.tenants.event(event)
 
         return event
 
@@ -101,16 +108,22 @@ class StreamingRun:
             self.summary.event(event)
             if self.jobs is not None:
                 self.jobs.stored(event)
+            if self.tenants is not None:
+                self.tenants.event(event)
 
     def arrival(self, task_id: str, time: float) -> None:
         """A user submitted task ``task_id`` at ``time``."""
         self.summary.arrival(task_id, time)
         if self.fleet is not None:
             self.fleet.arrival(task_id, time)
+        if self.tenants is not None:
+            self.tenants.arrival(task_id, time)
 
     def rejected(self, arrival: Any, worker: int) -> None:
         """``worker`` refused task ``arrival`` at the door (queue full, a cost no quota can grant)."""
         self.summary.rejected(arrival.task_id)
+        if self.tenants is not None:
+            self.tenants.rejected(arrival.task_id)
         if self.fleet is not None:
             self.fleet.rejected(
                 arrival.task_id, arrival.provider, arrival.time, arrival.cost_estimate, worker
@@ -134,4 +147,6 @@ class StreamingRun:
             summary.update(self.fleet.summary())
         if self.jobs is not None:
             summary.update(self.jobs.summary(sim_time_s))
+        if self.tenants is not None:
+            summary.update(self.tenants.summary())
         return summary

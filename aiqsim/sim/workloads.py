@@ -59,6 +59,8 @@ class Arrival:
     payload: dict
     cost_estimate: float
     action: str
+    tenant: str | None = None
+    """The workload's ``tenant``, submitted with the task (``None``: the scenario has no tenants)."""
 
 
 class WorkloadTooLargeError(ConfigurationError):
@@ -482,7 +484,11 @@ def workload_arrivals(
         )
     expanded = _expand_clicks(actions, clicks, workload.click_gap_s)
     arrivals = []
-    provider, priority = workload.target, workload.priority  # a route's name: the scheduler picks
+    provider, priority, tenant = (
+        workload.target,
+        workload.priority,
+        workload.tenant,
+    )  # a route: the scheduler picks
     for serial, (time, number, _click, action) in enumerate(expanded):
         payload = {
             "input": f"w{index}-input-{action.input_index:06d}",
@@ -499,6 +505,7 @@ def workload_arrivals(
                 payload,
                 float(action.prompt_units + action.output_units),
                 f"w{index}-a{number:06d}",
+                tenant,
             )
         )
     return arrivals

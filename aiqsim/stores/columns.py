@@ -25,8 +25,9 @@ COLUMNS = (
     "error",
     "deduped_from",
     "worker",
+    "tenant",
 )
-"""Columns of the ``tasks`` table, after ``seq``."""
+"""Columns of the ``tasks`` table, after ``seq`` (``tenant``: schema version 4 of the SQL stores)."""
 JSON_COLUMNS = frozenset({"payload", "result"})
 
 JOB_COLUMNS = (

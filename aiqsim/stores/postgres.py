@@ -20,6 +20,7 @@ Same contract as :class:`~aiqsim.stores.sqlite.SqliteStore`, on a server instead
   :class:`aiqsim.fleet.LeaseKeeper`.
 - Jobs (schema version 3): ``jobs`` and ``job_keys`` beside the task tables, the
   :class:`~aiqsim.stores.job_store.JobStore` methods claiming a job's key as tasks claim theirs.
+- Tenants (schema version 4): the tasks' ``tenant`` column (:mod:`aiqsim.scheduler.tenants`).
 - ``notify=True`` (default) sends ``NOTIFY aiqsim_task_done, '<schema>:<task id>'`` in the
   transaction that makes a task terminal, so a process waiting for a duplicate's owner on
   another host can wake on it instead of polling (see :meth:`wait_for_terminal`).
@@ -87,7 +88,7 @@ from aiqsim.stores.sql_records import (
     update_row,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_SCHEMA = "aiqsim"
 NOTIFY_CHANNEL = "aiqsim_task_done"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -138,7 +139,8 @@ CREATE TABLE {s}.tasks (
     result TEXT NOT NULL,
     error TEXT,
     deduped_from TEXT,
-    worker TEXT
+    worker TEXT,
+    tenant TEXT
 );
 CREATE INDEX tasks_by_status ON {s}.tasks (status, seq);
 CREATE TABLE {s}.keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL);
@@ -179,9 +181,13 @@ CREATE INDEX jobs_by_status ON {s}.jobs (status, seq);
 CREATE TABLE {s}.job_keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL);
 """
 
-MIGRATIONS: dict[int, str] = {1: _LEASES_SQL, 2: _JOBS_SQL}
+MIGRATIONS: dict[int, str] = {
+    1: _LEASES_SQL,
+    2: _JOBS_SQL,
+    3: "ALTER TABLE {s}.tasks ADD COLUMN tenant TEXT;",
+}
 """SQL that upgrades a store from the key's schema version to the next one: version 2 adds leases,
-version 3 the job tables."""
+version 3 the job tables, version 4 the tasks' ``tenant`` column."""
 
 _SERVER_NOW = "extract(epoch from clock_timestamp())"
 """The database server's clock: the one clock every worker on every host agrees on."""
@@ -199,8 +205,14 @@ _ADDED_IN_VERSION = {"leases": 2, "jobs": 3, "job_keys": 3}
 
 
 def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
-    """The tables of a store of schema ``version`` (leases arrived in version 2, jobs in 3)."""
-    return {name: cols for name, cols in EXPECTED_TABLES.items() if _ADDED_IN_VERSION.get(name, 1) <= version}
+    """The tables of a store of schema ``version`` (leases arrived in version 2, jobs in 3, the
+    tasks' ``tenant`` column in 4)."""
+    tables = {
+        name: cols for name, cols in EXPECTED_TABLES.items() if _ADDED_IN_VERSION.get(name, 1) <= version
+    }
+    if version < 4:
+        tables["tasks"] = tuple(name for name in tables["tasks"] if name != "tenant")
+    return tables
 
 
 T = TypeVar("T")

@@ -1,10 +1,11 @@
 """The default durable task store: one SQLite file, shareable between processes.
 
-Schema (version 3, kept in ``PRAGMA user_version``): ``tasks`` (one row per task, ``seq`` gives
+Schema (version 4, kept in ``PRAGMA user_version``): ``tasks`` (one row per task, ``seq`` gives
 insertion order, payload/result as JSON text, ``worker`` the scheduler instance holding the task),
 ``keys`` (idempotency key -> owning task id) and ``poison`` (keys whose input poisons the
-provider); version 3 adds ``jobs`` and ``job_keys``, the same pair for jobs (pipelines of tasks).
-A version-1 or -2 file is validated as it is and then upgraded in one transaction when opened;
+provider); version 3 adds ``jobs`` and ``job_keys``, the same pair for jobs (pipelines of tasks),
+and version 4 the tasks' ``tenant`` column (:mod:`aiqsim.scheduler.tenants`).
+A version-1, -2 or -3 file is validated as it is and then upgraded in one transaction when opened;
 a file from a newer aiqsim is refused.
 
 Concurrency: every write is one ``BEGIN IMMEDIATE`` transaction, so it takes SQLite's write lock
@@ -117,8 +118,8 @@ from aiqsim.stores.sql_records import (
 )
 from aiqsim.stores.sqlite_wal import wal_problem
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 """Schema versions this build opens; older ones are upgraded by :data:`MIGRATIONS` on open."""
 FILE_MODE = 0o600
 DEFAULT_BUSY_TIMEOUT_S = 30.0
@@ -128,7 +129,7 @@ SQLITE_HEADER_SIZE = 100
 _WAL_READS = 5
 """How often a ``-wal`` showing a problem is read again before it is left to its writer (``_check_wal``)."""
 
-_ADDED_IN_VERSION = {"worker": 2}
+_ADDED_IN_VERSION = {"worker": 2, "tenant": 4}
 """Columns that a store of an older schema version does not have yet (read as NULL there)."""
 _TRANSIENT_CODES = frozenset({5, 6, 7, 10, 13, 14})
 """Primary SQLite result codes that are not damage: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN."""
@@ -161,7 +162,8 @@ CREATE TABLE tasks (
     result TEXT NOT NULL,
     error TEXT,
     deduped_from TEXT,
-    worker TEXT
+    worker TEXT,
+    tenant TEXT
 );
 CREATE INDEX tasks_by_status ON tasks (status, seq);
 CREATE TABLE keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL) WITHOUT ROWID;
@@ -197,6 +199,7 @@ SCHEMA = SCHEMA + "".join(f"{statement};\n" for statement in JOB_SCHEMA)
 
 MIGRATIONS: dict[int, str | tuple[str, ...]] = {1: "ALTER TABLE tasks ADD COLUMN worker TEXT"}
 MIGRATIONS[2] = JOB_SCHEMA
+MIGRATIONS[3] = "ALTER TABLE tasks ADD COLUMN tenant TEXT"
 """SQL that upgrades a store from the key's schema version to the next one."""
 
 
@@ -242,11 +245,13 @@ _TEXT_COLUMNS_V1 = ("id", "key", "kind", "provider", "status", "payload", "resul
 def _suspect_rows(version: int) -> str:
     """Rows whose column types or values a valid record cannot have (checked in SQL, then decoded)."""
     extra = " OR typeof(worker) NOT IN ('text', 'null')" if version >= 2 else ""
+    if version >= 4:
+        extra += " OR typeof(tenant) NOT IN ('text', 'null')"
     return f"{_SUSPECT_ROWS_V1}{extra} ORDER BY seq"
 
 
 def _text_columns(version: int) -> tuple[str, ...]:
-    return _TEXT_COLUMNS_V1 + (("worker",) if version >= 2 else ())
+    return _TEXT_COLUMNS_V1 + (("worker",) if version >= 2 else ()) + (("tenant",) if version >= 4 else ())
 
 
 def _not_a_regular_file(path: Path) -> str | None:
