@@ -1,7 +1,7 @@
 """notebooks/12_routing_and_fairness.ipynb: the command its decision prints reproduces the figures it
 states for the scenario file's own seed (the run the command makes), exactly: the simulator is
 deterministic for a seed, so any difference is a notebook that reports one setting and recommends
-another."""
+another. Its noisy-tenant section shows the quiet tenant unharmed by fair sharing."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def test_the_recommended_command_reproduces_the_decisions_figures(tmp_path: Path
     assert command[:3] == ["aiqsim", "run", "scenarios/multi_deployment_tenants.toml"]
     assert "routes.gpt.policy=" in " ".join(command)
     assert re.search(r"\d+% of the traffic can go to the cheap deployment before the p99 SLO", text)
+    quiet = re.search(r"the quiet one's p99 (\S+) s with fair sharing, (\S+) s without", text)
+    assert quiet, "the noisy-tenant section states the quiet tenant's p99 with and without fair sharing"
+    assert 10 * float(quiet.group(1)) < float(quiet.group(2))  # its wait does not follow the noisy backlog
     stated_line = re.search(r"the command runs the file's seed (\d+): (.+)", text)
     assert stated_line, "the decision states the figures of the file's seed"
     stated = {key: float(value) for key, value in re.findall(r"(\w+)=(\S+)", stated_line.group(2))}
