@@ -159,3 +159,15 @@ def test_every_policy_runs_the_shipped_scenario() -> None:
         ).summary
         assert s["tasks_lost"] == 0 and s["tasks_succeeded"] > 200, policy
         assert s["deployment_fast_call_share"] + s["deployment_cheap_call_share"] == pytest.approx(1.0)
+
+
+def test_both_result_modes_report_the_deployment_keys() -> None:
+    full = simulate(SHIPPED, seed=5).summary
+    streamed = simulate(SHIPPED, seed=5, records="summary").summary
+    keys = [key for key in full if key.startswith("deployment_")]
+    assert len(keys) == 6 and keys == [key for key in streamed if key.startswith("deployment_")]
+    for key in keys:
+        if key.endswith("_p99_s"):  # within the streaming histogram's relative error (0.1%)
+            assert streamed[key] == pytest.approx(full[key], rel=0.005), key
+        else:  # counts and exactly rounded sums: the same to the last bit
+            assert streamed[key] == full[key], key
