@@ -302,3 +302,31 @@ def test_route_providers_must_be_distinct_names() -> None:
         Route(["a", "a"])
     with pytest.raises(RouteConfigError, match="at least one"):
         Route([])
+
+
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
+def test_a_routed_task_keeps_its_tenant_in_the_chosen_lane(runtime_name: str) -> None:
+    from aiqsim.scheduler import Tenant
+
+    async def body(runtime):
+        a, b = Deployment(runtime, "a"), Deployment(runtime, "b")
+        scheduler = _scheduler(
+            runtime,
+            [a, b],
+            Route(["a", "b"], policy="least_loaded"),
+            concurrency={"a": 1, "b": 1},
+            tenants={"acme": Tenant(weight=1), "globex": Tenant(weight=1)},
+        )
+        # acme queues four on each deployment first; globex's one call still starts second on its lane
+        handles = [scheduler.submit("gpt", {"input": f"n{i}"}, tenant="acme") for i in range(8)]
+        quiet = scheduler.submit("gpt", {"input": "q"}, tenant="globex")
+        record = await quiet.wait()
+        for handle in handles:
+            await handle.wait()
+        await scheduler.close()
+        return record, {"a": [name for name, _ in a.calls], "b": [name for name, _ in b.calls]}
+
+    record, calls = run_on(runtime_name, body)
+    assert record.status is TaskStatus.SUCCEEDED and record.tenant == "globex"
+    lane = calls[record.provider]
+    assert len(lane) == 5 and lane.index("q") == 1  # first come, first served it would be last
