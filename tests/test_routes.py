@@ -15,6 +15,7 @@ import pytest
 from aiqsim import (
     ConfigurationError,
     ExponentialBackoff,
+    NoBackoff,
     QuotaLimits,
     RetryPolicy,
     Route,
@@ -66,9 +67,8 @@ def _scheduler(runtime: Any, deployments: list[Deployment], route: Route, **kwar
         deployments,
         quotas={name: QuotaLimits(concurrency=c) for name, c in concurrency.items()},
         routes={"gpt": route},
-        retry=_retry(),
         rng=random.Random(11),
-        **kwargs,
+        **{"retry": _retry(), **kwargs},
     )
 
 
@@ -330,3 +330,50 @@ def test_a_routed_task_keeps_its_tenant_in_the_chosen_lane(runtime_name: str) ->
     assert record.status is TaskStatus.SUCCEEDED and record.tenant == "globex"
     lane = calls[record.provider]
     assert len(lane) == 5 and lane.index("q") == 1  # first come, first served it would be last
+
+
+@pytest.mark.parametrize("group_commit", [False, True])
+def test_the_move_is_committed_in_sqlite_before_the_call_reaches_the_new_deployment(
+    tmp_path: Any, group_commit: bool
+) -> None:
+    """What another process (a restart's recovery) reads when the moved call arrives: the row already
+    names the deployment that receives it, also when the store stages writes for a group commit."""
+    import sqlite3
+
+    from aiqsim.stores.sqlite import SqliteStore
+
+    path = tmp_path / "tasks.sqlite3"
+    seen: list[str | None] = []
+
+    def committed_provider() -> str | None:
+        with sqlite3.connect(path) as other:  # another connection sees only committed rows
+            row = other.execute("SELECT provider FROM tasks WHERE id = 'x'").fetchone()
+        return None if row is None else row[0]
+
+    class Checking(Deployment):
+        async def call(self, request: ProviderRequest) -> ProviderResponse:
+            seen.append(committed_provider())
+            return await Deployment.call(self, request)
+
+    async def body(runtime):
+        store = SqliteStore(path, group_commit=group_commit)
+        a = Checking(runtime, "a", fail=frozenset({"x"}))
+        b = Checking(runtime, "b")
+        no_wait = RetryPolicy(backoff=NoBackoff(), max_attempts=3, attempt_timeout_s=None)  # sent at once
+        scheduler = _scheduler(
+            runtime,
+            [a, b],
+            Route(["a", "b"], weights=[1000, 1]),
+            store=store,
+            commit_window_s=0.05,
+            retry=no_wait,
+        )
+        record = await scheduler.submit("gpt", {"input": "x"}, task_id="x").wait()
+        await scheduler.close()
+        store.close()
+        return record
+
+    runtime = SimPyRuntime()
+    record = runtime.run(body(runtime))
+    assert record.status is TaskStatus.SUCCEEDED and record.provider == "b"
+    assert seen == ["a", "b"]  # each call found its own deployment committed
