@@ -163,3 +163,8 @@ __all__ += ["JobRecord", "JobStatus", "derive_job_status"]
 from aiqsim.core.routing import ROUTE_POLICIES, Route, RouteConfigError
 
 __all__ += ["ROUTE_POLICIES", "Route", "RouteConfigError"]
+
+# Tenants: weighted fair sharing of each lane (aiqsim.scheduler.tenants), appended as one block too.
+from aiqsim.scheduler.tenants import Tenant
+
+__all__ += ["Tenant"]

@@ -33,7 +33,7 @@ from aiqsim.sim import simulate
 
 FIELDS = {
     TaskTransition: (
-        "time", "task_id", "key", "provider", "priority", "old", "new", "attempts", "cost_estimate",
+        "time", "task_id", "key", "provider", "priority", "old", "new", "attempts", "cost_estimate", "tenant",
     ),
     AttemptRecord: (
         "task_id", "key", "provider", "attempt", "start", "end", "outcome", "decision", "cost_estimate",

@@ -14,6 +14,7 @@ AIQSIM_NAMES = frozenset(
     {
         "AgingShortestJobFirstPolicy",
         "AiqsimError",
+        "Tenant",
         "AsyncioRuntime",
         "BackoffStrategy",
         "Cancelled",
@@ -92,6 +93,9 @@ AIQSIM_NAMES = frozenset(
 
 SCHEDULER_NAMES = frozenset(
     {
+        "DEFAULT_TENANT",
+        "Tenant",
+        "TenantQueue",
         "AdaptiveScopeRule",
         "AgingShortestJobFirstPolicy",
         "AttemptGate",

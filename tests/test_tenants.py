@@ -10,7 +10,13 @@ import pytest
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.token_bucket import QuotaLimits
 from aiqsim.runtime import SimPyRuntime
-from aiqsim.scheduler import QueueFullError, Scheduler, ShortestJobFirstPolicy, Tenant
+from aiqsim.scheduler import (
+    AgingShortestJobFirstPolicy,
+    QueueFullError,
+    Scheduler,
+    ShortestJobFirstPolicy,
+    Tenant,
+)
 from aiqsim.scheduler.dispatch import FifoPolicy, QueueItem
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
 from aiqsim.scheduler.tenants import TenantQueue
@@ -108,6 +114,30 @@ def test_a_tenant_that_was_idle_rejoins_at_the_virtual_time_without_credit() -> 
         queue.push(item(seq, "quiet"))
     # quiet was idle for six calls: it goes next, then the two alternate (no burst of three)
     assert drain(queue)[:6] == ["t10", "t6", "t11", "t7", "t12", "t8"]
+
+
+def test_aging_within_a_tenant_is_seen_through_the_tenant_queue() -> None:
+    queue = TenantQueue(AgingShortestJobFirstPolicy(max_wait_s=5.0), {"a": Tenant(), "b": Tenant()})
+    queue.push(item(1, "a", cost=50.0))
+    queue.push(item(2, "a", cost=1.0))
+    assert queue.peek(0.0).task_id == "t2" and queue.next_change(0.0) == 5.0
+    assert queue.peek(5.0).task_id == "t1"  # overdue: the oldest goes first within its tenant
+
+
+def test_a_tenant_whose_last_item_was_taken_out_rejoins_without_credit_later() -> None:
+    queue = TenantQueue(FifoPolicy(), {"noisy": Tenant(), "quiet": Tenant()})
+    for seq in range(10):
+        queue.push(item(seq, "noisy"))
+    early = item(100, "quiet")
+    queue.push(early)
+    queue.pop(queue.peek(0.0))  # noisy's first (equal passes: the order given)
+    queue.pop(early)  # quiet's only task is cancelled
+    for _ in range(5):
+        queue.pop(queue.peek(0.0))
+    for seq in range(101, 104):
+        queue.push(item(seq, "quiet"))
+    # quiet rejoins at the virtual time, not at the pass it had when its item was cancelled
+    assert drain(queue)[:6] == ["t101", "t6", "t102", "t7", "t103", "t8"]
 
 
 def test_a_task_of_an_unknown_tenant_is_queued_as_the_default_tenants() -> None:
@@ -269,3 +299,37 @@ def test_recovery_and_duplicates_keep_the_tenant(rt_name: str) -> None:
     assert sorted(calls, key=str) == sorted(
         [("acme", 1), ("acme", 3), ("acme", 5), ("globex", 0), ("globex", 2), ("globex", 4)], key=str
     )
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_a_restarted_process_on_a_file_store_queues_each_task_in_its_tenant(kind: str, tmp_path) -> None:
+    from aiqsim.stores import open_store
+
+    path = tmp_path / f"tasks.{kind}"
+    tenants = {"acme": Tenant(), "globex": Tenant(weight=3)}
+
+    async def first(rt):
+        store = open_store(kind, path)
+        scheduler = Scheduler(rt, [Recorder(rt)], store=store, tenants=tenants)
+        for n in range(8):
+            scheduler.submit("llm", n, tenant="acme" if n < 4 else "globex")
+        scheduler.crash()  # nothing ran
+        store.close()
+
+    async def second(rt):
+        store = open_store(kind, path)
+        provider = Recorder(rt)
+        scheduler = Scheduler(
+            rt, [provider], store=store, quotas={"llm": QuotaLimits(concurrency=1)}, tenants=tenants
+        )
+        await scheduler.recover()
+        async with scheduler:
+            await scheduler.join()
+        store.close()
+        return provider.calls
+
+    run_on("simpy", first)
+    calls = run_on("simpy", second)
+    # the stored tenants, shared 1:3 once the restarted process runs them
+    assert [tenant for tenant, _ in calls[:4]] == ["acme", "globex", "globex", "globex"]
+    assert sorted(payload for _, payload in calls) == list(range(8))

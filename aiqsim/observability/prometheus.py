@@ -428,7 +428,7 @@ class PrometheusMetrics:
             event = popleft()
             kind = type(event)
             if kind is TaskTransition:
-                time, task_id, _key, provider, priority, old, new, _attempts, _cost = event
+                time, task_id, _key, provider, priority, old, new, _attempts, _cost, _tenant = event
                 by_priority = lanes.get(provider)
                 lane = None if by_priority is None else by_priority.get(priority)
                 if lane is None:

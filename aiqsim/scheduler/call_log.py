@@ -177,7 +177,7 @@ class CallLog:
         for event in pending:
             kind = type(event)
             if kind is TaskTransition:
-                time, task_id, key, provider, priority, _old, new, attempts, cost_estimate = event
+                time, task_id, key, provider, priority, _old, new, attempts, cost_estimate, _tenant = event
                 row = open_rows.get(task_id)
                 if row is None:
                     row = [

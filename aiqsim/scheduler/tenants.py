@@ -168,7 +168,9 @@ class TenantQueue:
         return share if share is not None else self._shares[DEFAULT_TENANT]
 
     def push(self, item: QueueItem) -> None:
-        share = self._share(item.tenant)
+        share = self._shares.get(item.tenant)  # _share, inlined: once per queued task
+        if share is None:
+            share = self._shares[DEFAULT_TENANT]
         share.queue.push(item)
         self._size += 1
         if not share.in_line:
@@ -204,15 +206,24 @@ class TenantQueue:
             virtual = self._virtual = share.pass_
             cost = item.cost  # tenant_charge, inlined: once per start
             share.pass_ = new_pass = virtual + (cost if cost > 1.0 else 1.0) / share.weight
+            share.queue.pop(item)
             line = self._line
             top = line[0] if line else None
-            if top is not None and top[2] is share and top[0] == virtual:
-                heapreplace(line, (new_pass, share.order, share))  # the usual case: it was the top
+            on_top = top is not None and top[2] is share and top[0] == virtual  # the usual case
+            if len(share.queue):
+                if on_top:
+                    heapreplace(line, (new_pass, share.order, share))
+                else:
+                    heappush(line, (new_pass, share.order, share))  # the old entry is stale now
             else:
-                heappush(line, (new_pass, share.order, share))  # the old entry is stale now
-            share.queue.pop(item)
+                share.in_line = False  # it rejoins at the virtual time when work comes back
+                if on_top:
+                    heappop(line)
         else:
-            self._share(item.tenant).queue.pop(item)
+            share = self._share(item.tenant)
+            share.queue.pop(item)
+            if not len(share.queue):  # cancelled, or a depth-limit probe taken out: its last item
+                share.in_line = False
         self._size -= 1
 
     def __len__(self) -> int:
@@ -243,13 +254,11 @@ class TenantQueue:
                 heappush(line, (pass_ + tenant_charge(item.cost, weight), order, items, following, weight))
 
     def next_change(self, now: float) -> float:
-        soonest = inf
-        for share in self._shares.values():
-            if len(share.queue):
-                change = share.queue.next_change(now)
-                if change < soonest:
-                    soonest = change
-        return soonest
+        """When ``peek`` may change without a push or pop: when the chosen tenant's own head may
+        (aging). Which tenant is chosen depends on the passes only, which time does not move."""
+        self.peek(now)
+        head = self._head
+        return inf if head is None else head[1].queue.next_change(now)
 
 
 def _ordered(queue: TaskQueue, now: float) -> Iterator[QueueItem]:

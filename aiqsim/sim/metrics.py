@@ -257,6 +257,7 @@ def quota_utilization(scenario: Scenario, executions: Sequence[Any], records: Se
 TASK_COLUMNS = [
     "task_id", "key", "provider", "priority", "status", "cost_estimate", "attempts", "arrived_at",
     "created_at", "started_at", "finished_at", "wait_s", "latency_s", "error", "deduped_from", "worker",
+    "tenant",
 ]  # fmt: skip
 """Columns of the ``tasks`` DataFrame (present even when a run has no tasks)."""
 
@@ -267,7 +268,8 @@ def tasks_frame(
     arrivals: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
     """One row per task: ids, status, priority name, timestamps, attempts, wait and latency, and the
-    index of the fleet worker that held it (``worker``; 0 without a ``[fleet]``).
+    index of the fleet worker that held it (``worker``; 0 without a ``[fleet]``), and its ``tenant``
+    (empty without ``[tenants.NAME]`` tables, or for the default tenant).
 
     ``arrived_at`` is when the user submitted (``arrivals``, default ``created_at``); wait and latency
     count from it, so time spent while the process was down is not hidden.
@@ -297,6 +299,7 @@ def tasks_frame(
                 "error": r.error,
                 "deduped_from": r.deduped_from,
                 "worker": fleet_worker_index(r.worker),
+                "tenant": r.tenant,
             }
         )
     rows.extend(rejected)

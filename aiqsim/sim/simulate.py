@@ -895,6 +895,7 @@ class _Run:
                     "arrived_at": arrival.time,
                     "created_at": arrival.time,
                     "worker": worker,
+                    "tenant": arrival.tenant,
                 }
             )
         except SimulatedCrash:
