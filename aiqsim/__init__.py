@@ -159,6 +159,11 @@ from aiqsim.scheduler.jobs import *  # noqa: F403
 __all__ += _jobs.__all__
 __all__ += ["JobRecord", "JobStatus", "derive_job_status"]
 
+# Routes: one model across several deployments. Appended as one block, as jobs above.
+from aiqsim.core.routing import ROUTE_POLICIES, Route, RouteConfigError
+
+__all__ += ["ROUTE_POLICIES", "Route", "RouteConfigError"]
+
 # Tenants: weighted fair sharing of each lane (aiqsim.scheduler.tenants), appended as one block too.
 from aiqsim.scheduler.tenants import Tenant
 

@@ -128,6 +128,7 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
     from aiqsim.sim.fleet_metrics import fleet_key_meaning
     from aiqsim.sim.job_metrics import JOB_SUMMARY_KEYS
     from aiqsim.sim.metrics import SUMMARY_KEYS
+    from aiqsim.sim.route_metrics import deployment_key_meaning
     from aiqsim.sim.tenant_metrics import tenant_key_meaning
 
     width = max(len(k) for k in summary)
@@ -138,6 +139,7 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
                 SUMMARY_KEYS.get(key)
                 or JOB_SUMMARY_KEYS.get(key)
                 or fleet_key_meaning(key)
+                or deployment_key_meaning(key)
                 or tenant_key_meaning(key)
             )
             lines.append(f"{key:<{width}}  {_format_value(summary[key]):>12}  {meaning}")

@@ -9,6 +9,7 @@ Catch :class:`AiqsimError` for anything aiqsim raises on purpose, or one family:
     │   ├── TraceError, WorkloadTooLargeError, ReplayArrivalsError (a replay workload's arrivals CSV)
     │   ├── RecordsNotKeptError (+AttributeError)  a per-task table asked of a records="summary" run
     │   ├── QuotaConfigError               a quota that could never grant a request
+│   ├── RouteConfigError               a route that cannot be used (unknown provider, weight <= 0...)
     │   ├── FingerprintError (TypeError)   a payload that has no canonical form
     │   ├── PriorityError                  a priority that is not "interactive"/"background" (or the enum)
     │   ├── UnsupportedDataclassError (TypeError)  a record class fast_frozen_init cannot build
@@ -113,6 +114,7 @@ from aiqsim.core.failures import (
 )
 from aiqsim.core.fingerprint import FingerprintError
 from aiqsim.core.job import IllegalJobTransitionError
+from aiqsim.core.routing import RouteConfigError
 from aiqsim.core.slot_init import UnsupportedDataclassError
 from aiqsim.core.states import IllegalTransitionError
 from aiqsim.core.task import PriorityError
@@ -245,6 +247,7 @@ __all__ = [
     "ReplayArrivalsError",
     "ResponseDecodingError",
     "ResponseMismatchError",
+    "RouteConfigError",
     "RuntimeAlreadyRunningError",
     "ScenarioError",
     "ScenarioFailedError",

@@ -432,3 +432,23 @@ def test_the_optional_libraries_load_only_with_a_sink_that_needs_them() -> None:
             if isinstance(node, ast.Import | ast.ImportFrom) and getattr(node, "level", 0) == 0
         }
         assert not top_level & OBSERVABILITY_THIRD_PARTY, path
+
+
+# ------------------------------------------------------------------ routes across deployments
+ROUTING_RULES_MAY_IMPORT = {"aiqsim.core"}
+"""The routing policies (aiqsim/core/routing.py) are pure functions of a frozen snapshot: they
+import nothing above core (no lane, no runtime), and nothing heavy."""
+
+
+def test_the_routing_rules_are_pure_and_read_only_their_snapshot() -> None:
+    problems = []
+    for line, module, _ in _imports(PACKAGE / "core" / "routing.py"):
+        top = module.split(".")[0]
+        if top == "aiqsim" and ".".join(module.split(".")[:2]) not in ROUTING_RULES_MAY_IMPORT:
+            problems.append(f"routing.py:{line}: imports {module}")
+        if top in HEAVY | FORBIDDEN_MODULES:
+            problems.append(f"routing.py:{line}: imports {top}")
+    assert problems == []
+    # the scheduler's route table reads lanes only through their public fields, and no heavy library
+    heavy = [m for _, m, _ in _imports(PACKAGE / "scheduler" / "routes.py") if m.split(".")[0] in HEAVY]
+    assert heavy == []

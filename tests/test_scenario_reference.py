@@ -26,6 +26,7 @@ HEADERS = {
     "[jobs.stages.size]": job_config.StageSizeConfig,
     "[jobs.stages.fanout]": job_config.FanoutConfig,
     "[fleet]": config.FleetConfig,
+    "[[routes]]": config.RouteConfig,
     "[tenants.NAME]": config.TenantConfig,
     "[budget]": config.BudgetConfig,
 }

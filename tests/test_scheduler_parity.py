@@ -12,6 +12,7 @@ from aiqsim import (
     Priority,
     QuotaLimits,
     RetryPolicy,
+    Route,
     Scheduler,
     SimPyRuntime,
     TaskStatus,
@@ -161,3 +162,67 @@ def test_a_poison_key_is_remembered_and_not_sent_again() -> None:
     assert third.status is TaskStatus.SUCCEEDED and third.result == {"output": "fallback"}
     assert provider.calls_for("p") == 3
     assert len(fallback_calls) == 1
+
+
+# ---------------------------------------------------------------- routes across deployments
+ROUTE_SCALE = 0.05
+"""Under asyncio, one scheduler second lasts 50 ms in the route parity run (about 3 s in all)."""
+
+
+def run_route_parity(runtime):
+    """Every routing policy, one route each over the same two deployments, in two waves: each wave
+    submitted in one instant (the choices read the lanes as that instant left them), the second once
+    the first has finished (``lowest_latency`` has measured both). Input "r" fails once on east: its
+    retry moves to west. Returns (task id -> (status, attempts, provider)) and the calls per deployment."""
+    east = ScriptedProvider(runtime, name="east", latency_s=1.0, script={"r": ["500", "ok"]})
+    west = ScriptedProvider(runtime, name="west", latency_s=2.0)
+    routes = {
+        "weighted": Route(["east", "west"], policy="weighted", weights=[1, 3]),
+        "least_loaded": Route(["east", "west"], policy="least_loaded"),
+        "lowest_latency": Route(["east", "west"], policy="lowest_latency"),
+        "most_headroom": Route(["east", "west"], policy="most_headroom"),
+        "cheapest": Route(["east", "west"], policy="cheapest", prices=[1.0, 0.2]),
+    }
+    scheduler = Scheduler(
+        runtime,
+        [east, west],
+        quotas={"east": QuotaLimits(concurrency=4), "west": QuotaLimits(concurrency=2)},
+        routes=routes,
+        retry=RetryPolicy(
+            backoff=ExponentialBackoff(base_s=0.5, cap_s=0.5), max_attempts=3, attempt_timeout_s=None
+        ),
+        rng=random.Random(5),
+    )
+
+    async def main():
+        origin = runtime.now()
+        handles = {}
+        for wave, at in enumerate((0.0, 40.0)):
+            await runtime.sleep(at - (runtime.now() - origin))
+            for route in routes:
+                for n in range(5):
+                    task_id = f"{route}-{wave}-{n}"
+                    name = "r" if (route, wave, n) == ("least_loaded", 0, 0) else task_id
+                    handles[task_id] = scheduler.submit(route, {"input": name}, task_id=task_id)
+        records = {task_id: await handle.wait() for task_id, handle in handles.items()}
+        await scheduler.close()
+        return records
+
+    records = runtime.run(main())
+    outcomes = {task_id: (r.status, r.attempts, r.provider) for task_id, r in records.items()}
+    return outcomes, (len(east.calls), len(west.calls))
+
+
+def test_every_routing_policy_chooses_alike_on_both_clocks() -> None:
+    sim, sim_calls = run_route_parity(SimPyRuntime())
+    live, live_calls = run_route_parity(AsyncioRuntime(time_scale=ROUTE_SCALE))
+    assert live == sim
+    assert live_calls == sim_calls
+    assert sim["least_loaded-0-0"] == (TaskStatus.SUCCEEDED, 2, "west")  # failed on east, retried on west
+    assert all(status is TaskStatus.SUCCEEDED for status, _, _ in sim.values())
+    # the second wave of lowest_latency goes to east, measured faster (1 s against 2 s)
+    assert {sim[f"lowest_latency-1-{n}"][2] for n in range(5)} == {"east"}
+    # cheapest: no free slot on either (what waits takes them), so the least loaded per slot: west's
+    # 5 waiting / 2 slots against east's 15 / 4, until west's load passes east's
+    assert [sim[f"cheapest-0-{n}"][2] for n in range(5)] == ["west", "west", "west", "east", "east"]
+    assert sim_calls == (34, 17)  # 50 tasks and r's retry

@@ -146,3 +146,13 @@ def test_streaming_ttft_fails_cut_streams_rather_than_bill_them_twice() -> None:
     assert uncut["tasks_failed"] < s["tasks_failed"] / 4
     assert looked_up["tasks_failed"] <= uncut["tasks_failed"]  # completed from the provider's record
     assert s["duplicate_billed_calls"] <= uncut["duplicate_billed_calls"] + 2  # a cut is not re-sent
+
+
+def test_multi_deployment_the_cheap_deployment_saturates_past_its_share() -> None:
+    even = run("multi_deployment_tenants").summary
+    heavy = run("multi_deployment_tenants", **{"routes.gpt.weights.cheap": 3}).summary
+    assert 0.45 < even["deployment_cheap_call_share"] < 0.55
+    assert even["deployment_fast_success_latency_p99_s"] < even["deployment_cheap_success_latency_p99_s"]
+    assert heavy["cost_total"] < even["cost_total"]  # a third of the price per token
+    assert heavy["success_latency_p99_s"] > 3 * even["success_latency_p99_s"]  # 3 calls/s > its ~2.7/s
+    assert even["tasks_failed"] == 0  # a 5xx moved its retry to the other deployment

@@ -256,6 +256,7 @@ def test_the_field_orders_that_positional_hot_path_calls_rely_on() -> None:
     assert [f.name for f in dataclasses.fields(LiveTask)] == [
         "record", "future", "queue_item", "runner", "started", "cancel_requested", "waiting_on",
         "finishing", "lost", "retry", "outcome", "outcome_error", "in_call", "last_attempt", "stream",
+        "route",
     ]  # fmt: skip
 
 

@@ -116,6 +116,9 @@ def axis_label(key: str) -> str:
     """
     if key in AXIS_LABELS:
         return AXIS_LABELS[key]
+    route = _route_label(key)
+    if route is not None:
+        return route
     name = key.split(".")[-1]
     if key.startswith("quotas.") and name in _QUOTA_LABELS:
         return _QUOTA_LABELS[name]
@@ -123,6 +126,29 @@ def axis_label(key: str) -> str:
         if name.endswith(suffix):
             return f"{key} ({unit})"
     return key
+
+
+_DEPLOYMENT_LABELS = {
+    "call_share": "share of calls to {0} (fraction)",
+    "success_latency_p99_s": "p99 latency of tasks {0} answered (s)",
+    "cost": "cost billed by {0} ($)",
+}
+"""Labels for the per-deployment summary keys ``deployment_<provider>_<name>``."""
+
+
+def _route_label(key: str) -> str | None:
+    """Labels for a route's keys (``routes.NAME.policy``, ``routes.NAME.weights.PROVIDER``) and the
+    per-deployment summary keys; ``None`` for any other key."""
+    parts = key.split(".")
+    if parts[0] == "routes" and len(parts) == 3 and parts[2] == "policy":
+        return "routing policy (name)"
+    if parts[0] == "routes" and len(parts) == 4 and parts[2] == "weights":
+        return f"weight of {parts[3]} (relative)"
+    if key.startswith("deployment_"):
+        for suffix, label in _DEPLOYMENT_LABELS.items():
+            if key.endswith(f"_{suffix}"):
+                return label.format(key[len("deployment_") : -len(suffix) - 1])
+    return None
 
 
 def short_setting(key: str, value: object) -> str:

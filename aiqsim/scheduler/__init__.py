@@ -91,6 +91,11 @@ from aiqsim.scheduler.jobs import *  # noqa: F403
 __all__ += _jobs.__all__
 __all__ += ["JobTransition", "StageEvent"]
 
+# Routes across deployments, appended as one block.
+from aiqsim.core.routing import ROUTE_POLICIES, Route, RouteConfigError  # noqa: E402
+
+__all__ += ["ROUTE_POLICIES", "Route", "RouteConfigError"]
+
 # Tenants: weighted fair sharing of each lane (aiqsim.scheduler.tenants).
 from aiqsim.scheduler.tenants import DEFAULT_TENANT, Tenant, TenantQueue  # noqa: E402
 

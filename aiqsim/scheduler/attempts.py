@@ -230,6 +230,8 @@ class AttemptLoop:
                             self._emit_attempt(live, attempts, start, now, error, "retry", retry_after, delay)
                             previous_delay = delay
                             cause = error
+                            if live.route is not None:  # a routed task's retry may move (routes.py)
+                                lane = await self._reroute(lane, live)
                             if getattr(lane.quota, "paused_until", -math.inf) < now + delay:
                                 await runtime.sleep(delay)
                             # else the lane stays paused at least until this retry is due: it waits for
@@ -255,6 +257,8 @@ class AttemptLoop:
                 reservation = None
                 self._quota_returned(lane)
                 gates_owed = False
+                if self._routes is not None:  # the service time the lowest_latency policy reads
+                    self._routes.observe(lane.name, now - start, live.route)
                 if self.gates:
                     tell_gates(
                         self.gates, lane.name, is_retry, None, None, now, task_id=record.id, usage=usage
@@ -461,6 +465,34 @@ class AttemptLoop:
         )
         billed.first_token_s = getattr(cut, "first_token_s", None)  # type: ignore[attr-defined]
         return None, billed
+
+    async def _reroute(self, lane: Lane, live: LiveTask) -> Lane:
+        """The lane the next attempt of routed task ``live`` goes to, after a retryable failure on
+        ``lane``: chosen again by its route's policy among the other deployments when the route has
+        ``retry_elsewhere``, else ``lane``. A move is written to the store (the record's
+        ``provider``) and made durable before the call is sent, so a restart's recovery asks the
+        deployment that was called; a move that could not be persisted is not made."""
+        routes = self._routes
+        assert routes is not None and live.route is not None
+        if not routes.routes[live.route].retry_elsewhere:
+            return lane
+        runtime = self.runtime
+        chosen = routes.choose(live.route, self._lanes, runtime.now(), self.rng, exclude=lane.name)
+        if chosen is lane:
+            return lane
+        old = live.record
+        record = old.evolve(provider=chosen.name, updated_at=runtime.now())
+        try:
+            self._write(record, old)
+        except StoreWriteError:
+            return lane  # the store still names this deployment: the retry stays on it
+        live.record = record
+        if self._commit is not None:
+            lost = await self._commit.durable()
+            if lost is not None:
+                live.record = old
+                return lane
+        return chosen
 
     def _mark_running(self, lane: Lane, live: LiveTask, reservation: Reservation | None) -> bool:
         """Write ``queued -> running``; no call is sent before it is durable (with a group commit,

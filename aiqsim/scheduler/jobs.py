@@ -269,11 +269,11 @@ class Jobs:
                 f"a different JobSpec is already registered as {spec.name!r} version {spec.version!r}; "
                 "give the changed pipeline a new version"
             )
-        missing = spec.providers() - set(self.scheduler.providers)
+        missing = spec.providers() - set(self.scheduler.providers) - set(self.scheduler.routes)
         if missing:
             raise JobSpecError(
                 f"job {spec.name!r} uses provider(s) {sorted(missing)} that this scheduler lacks "
-                f"(it has {sorted(self.scheduler.providers)})"
+                f"(it has {sorted(self.scheduler.providers)}, routes {sorted(self.scheduler.routes)})"
             )
         self._specs[(spec.name, spec.version)] = spec
 

@@ -45,6 +45,9 @@ class LiveTask:
     stream: StreamChannel | None = None
     """Set for a task submitted with ``stream=True``: where its attempt hands chunks to the caller
     (:mod:`aiqsim.scheduler.streams`)."""
+    route: str | None = None
+    """The route this task was submitted through (its retries may move among the route's providers:
+    :mod:`aiqsim.scheduler.routes`); ``None`` for a task submitted to a provider."""
 
 
 new_live_task: Callable[..., LiveTask] = compile_builder(LiveTask)

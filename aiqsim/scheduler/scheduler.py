@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiqsim.core.errors import SchedulingError
 from aiqsim.core.fingerprint import fingerprint
+from aiqsim.core.routing import Route
 from aiqsim.core.states import transition
 from aiqsim.core.task import QUEUED, Priority, TaskRecord, TaskStatus, new_task_record, random_id
 from aiqsim.core.token_bucket import MultiQuota, QuotaLimits
@@ -86,6 +87,7 @@ from aiqsim.scheduler.retry import (
     check_retry_policy,
     split_gates,
 )
+from aiqsim.scheduler.routes import RouteTable
 from aiqsim.scheduler.store_writes import persist_change
 from aiqsim.scheduler.streams import StreamChannel, stream_chunks
 from aiqsim.scheduler.tenants import Tenant, TenantQueue, checked_tenants
@@ -257,8 +259,12 @@ class _SchedulerJobHost:
         return self._scheduler._promoted_call(task_id, priority)
 
     def new_call(self, provider: str, kind: str, payload: Any, cost: float | None) -> Call:
-        lane = self._scheduler._lanes[provider]
-        return (lane, self._scheduler._cost_estimate(lane, kind, payload, cost), None)
+        scheduler = self._scheduler
+        lane = scheduler._lanes.get(provider)
+        if lane is None:  # a route: its first deployment stands for it in the depth limit's trial
+            assert scheduler._routes is not None
+            lane = scheduler._lanes[scheduler._routes.routes[provider].providers[0]]
+        return (lane, scheduler._cost_estimate(lane, kind, payload, cost), None)
 
     def inherit_priority(self, task: LiveTask, priority: Priority) -> None:
         self._scheduler._inherit_priority(task, priority)
@@ -324,6 +330,12 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         commit_window_s: with a store that defers commits (``SqliteStore(path, group_commit=True)``),
             how long staged writes wait to share one flush (see :mod:`aiqsim.scheduler.commit`).
             Ignored by stores that commit every write.
+        routes: routes across deployments by name (``{"gpt-4o": Route(["east", "west"])}``):
+            ``submit("gpt-4o", ...)`` (or ``provider="gpt-4o"``) gives the task one of the route's
+            providers by the route's policy, at submission and again at each retry when the route
+            has ``retry_elsewhere`` (rules: :mod:`aiqsim.scheduler.routes`). A route naming an unknown
+            provider, mixing kinds or named like a provider raises
+            :class:`~aiqsim.core.routing.RouteConfigError` (a ``ConfigurationError``).
 
     Failed store writes. A store write that fails (disk full, read-only file, I/O error; a raw
     ``OSError`` or ``sqlite3`` error is wrapped) fails only the task it was for: its submission
@@ -373,7 +385,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         "_early_gates", "_late_gates", "_create_future", "_commit", "_tenants",
         # its lanes and tasks
         "_lanes", "_lane_heads", "_live", "_queued", "_seq", "_waiters", "_watchers", "_unpersisted",
-        "_healing", "_rewriter", "_idle", "_jobs", "_gate_held",
+        "_healing", "_rewriter", "_idle", "_jobs", "_gate_held", "_routes",
         # its lifecycle and what it counted
         "_started", "_closing", "_closed", "_crashed", "anomalies", "store_write_failures",
         # for users, empty unless they use it
@@ -398,6 +410,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         duplicate_poll_s: float = 0.5,
         worker_id: str | None = None,
         commit_window_s: float = DEFAULT_COMMIT_WINDOW_S,
+        routes: Mapping[str, Route] | None = None,
         tenants: Mapping[str, Tenant] | None = None,
     ) -> None:
         providers = checked_providers(providers)
@@ -500,6 +513,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         for lane in self._lanes.values():
             lane.pump = lane.head.pump
         report_quota_outages(self, self._lanes.values())  # a fleet quota's outage: QuotaUnavailable
+        self._routes: RouteTable | None = RouteTable(routes, self._lanes) if routes else None
+        """The routes across deployments, if any (:mod:`aiqsim.scheduler.routes`)."""
         self._live: dict[str, LiveTask] = {}
         self._waiters: dict[str, list[str]] = {}
         self._watchers: dict[str, TaskHandle[None]] = {}
@@ -583,6 +598,11 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
     def providers(self) -> list[str]:
         """Provider (lane) names."""
         return list(self._lanes)
+
+    @property
+    def routes(self) -> dict[str, Route]:
+        """The routes across deployments, by name (empty when none were given)."""
+        return {} if self._routes is None else dict(self._routes.routes)
 
     def quota(self, provider: str) -> MultiQuota:
         """The live client-side quota of ``provider`` (for inspection and header corrections).
@@ -681,6 +701,11 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             tenant_limit = self._check_tenant(tenant)
         lane_name = provider if provider is not None else kind
         lane = self._lanes.get(lane_name) if type(lane_name) is str else None
+        route_name = None
+        if lane is None and self._routes is not None and type(lane_name) is str and lane_name in self._routes:
+            route_name = lane_name  # the deployment is chosen now (aiqsim.scheduler.routes)
+            lane = self._routes.choose(lane_name, self._lanes, self.runtime.now(), self.rng)
+            lane_name = lane.name
         if lane is None:
             if type(lane_name) is not str:
                 raise SchedulerArgumentTypeError(
@@ -689,8 +714,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
                 )
             named_by = "provider" if provider is not None else "kind (no provider= given)"
             raise SchedulerArgumentError(
-                f"{named_by}: no provider named {lane_name!r}; this scheduler has {sorted(self._lanes)}. "
-                "Pass provider= one of them; nothing was queued or stored"
+                f"{named_by}: no provider named {lane_name!r}; this scheduler has {sorted(self._lanes)}"
+                + (f" and routes {sorted(self.routes)}" if self._routes is not None else "")
+                + ". Pass provider= one of them; nothing was queued or stored"
             )
         if type(priority) is not Priority:
             priority = Priority(priority)
@@ -742,6 +768,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         live = new_live_task(record, None, None, None, False, False, None, False, None, retry)
         if stream:
             live.stream = StreamChannel(self._create_future)
+        if route_name is not None:
+            live.route = route_name
         task_id = record.id
         self._live[task_id] = live
         try:

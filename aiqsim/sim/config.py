@@ -207,8 +207,31 @@ class WorkloadConfig:
     """A ``replay`` workload's arrivals CSV (a path relative to the scenario file)."""
     job: str | None = None
     """Name of a ``[[jobs]]`` template: each arrival submits one job instead of one call to ``provider``."""
+    route: str | None = None
+    """Name of a ``[[routes]]`` entry: each arrival is submitted to that route (instead of ``provider``),
+    which gives it one of its deployments by its policy."""
     tenant: str | None = None
     """Name of a ``[tenants.NAME]`` table: the tenant its calls are submitted for (``None``: the default)."""
+
+    @property
+    def target(self) -> str:
+        """What each arrival is submitted to: the route when the workload names one, else the provider."""
+        return self.route if self.route is not None else self.provider
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig:
+    """One model served by several deployments (``[[routes]]``): maps to :class:`aiqsim.core.routing.Route`.
+
+    ``weights`` (``weighted`` policy) maps each deployment to a weight > 0, equal when unset; with
+    ``retry_elsewhere`` a retryable failure moves the retry to another deployment of the route.
+    """
+
+    name: str
+    providers: tuple[str, ...]
+    policy: str = "weighted"
+    weights: dict[str, float] | None = None
+    retry_elsewhere: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,12 +359,21 @@ class Scenario:
     """Job templates (``[[jobs]]``) that ``job`` workloads submit."""
     fleet: FleetConfig = field(default_factory=FleetConfig)
     """How many scheduler instances run, how they share the quota, how arrivals reach them."""
+    routes: tuple[RouteConfig, ...] = ()
+    """Routes across deployments (``[[routes]]``) that workloads may submit to (``route =``)."""
     tenants: dict[str, TenantConfig] = field(default_factory=dict)
     """The tenants sharing each lane by weight (``[tenants.NAME]``); empty: no tenants."""
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     """The daily spend budget (``[budget]``), if any."""
     source: str | None = None
     """Path of the file it was loaded from, for error messages and reports."""
+
+    def route(self, name: str) -> RouteConfig:
+        """The route called ``name``; ``KeyError`` if there is none."""
+        for route in self.routes:
+            if route.name == name:
+                return route
+        raise KeyError(name)
 
     def provider(self, name: str) -> ProviderConfig:
         """The provider called ``name``; ``KeyError`` if there is none."""

@@ -59,6 +59,7 @@ from typing import Any
 from aiqsim.core.backoff import BACKOFF_STRATEGIES
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.numeric import LARGEST_WHOLE
+from aiqsim.core.routing import ROUTE_POLICIES
 from aiqsim.scheduler.dispatch import DISPATCH_POLICIES
 from aiqsim.sim.config import (
     LATENCY_DISTRIBUTIONS,
@@ -73,6 +74,7 @@ from aiqsim.sim.config import (
     OverloadConfig,
     ProviderConfig,
     RetryConfig,
+    RouteConfig,
     Scenario,
     StoreConfig,
     TenantConfig,
@@ -395,9 +397,10 @@ class _Array:
 
 @dataclass(frozen=True)
 class _Map:
-    """A table of tables keyed by provider name (``[quotas.llm]``), or by another ``key`` name."""
+    """A table of tables keyed by provider name (``[quotas.llm]``), or by another ``key`` name; or a
+    table of values (a route's weights)."""
 
-    item: _Table
+    item: Any
     expected: str = "a table of tables keyed by provider name ([quotas.NAME])"
     key: str = "a provider name"
 
@@ -514,7 +517,18 @@ _COST = _Table(
 )
 
 _WORKLOAD_COMMON = frozenset(
-    {"type", "provider", "priority", "start_s", "cost", "distinct_inputs", "poison_fraction", "job", "tenant"}
+    {
+        "type",
+        "provider",
+        "priority",
+        "start_s",
+        "cost",
+        "distinct_inputs",
+        "poison_fraction",
+        "job",
+        "route",
+        "tenant",
+    }
 )
 _WORKLOAD_KEYS = {
     "poisson": _WORKLOAD_COMMON | {"rate_per_s", "end_s", "count"},
@@ -545,6 +559,7 @@ _WORKLOAD = _Table(
         "speedup": _POSITIVE,
         "arrivals": _Text(non_empty=True),
         "job": _Text(name_like=True),
+        "route": _Text(name_like=True),
         "tenant": _Text(name_like=True),
     },
     required=frozenset({"type"}),
@@ -686,6 +701,18 @@ _FLEET = _Table(
     what="fleet",
 )
 
+_ROUTE = _Table(
+    {
+        "name": _Text(name_like=True),
+        "providers": _Names(),
+        "policy": _Choice(ROUTE_POLICIES),
+        "weights": _Map(_POSITIVE, "a table of numbers > 0 keyed by provider name (weights = { east = 3 })"),
+        "retry_elsewhere": _Boolean(),
+    },
+    required=frozenset({"name", "providers"}),
+    what="route",
+)
+
 _SCENARIO_SECTION = _Table(
     {
         "name": _Text(non_empty=True),
@@ -712,6 +739,7 @@ _FILE = _Table(
         "overload": _OVERLOAD,
         "jobs": _Array(_JOB, "[[jobs]]", named=True),
         "fleet": _FLEET,
+        "routes": _Array(_ROUTE, "[[routes]]", named=True),
         "tenants": _Map(_TENANT, "a table of tables keyed by tenant name ([tenants.NAME])", "a tenant name"),
         "budget": _BUDGET,
     },
@@ -736,6 +764,7 @@ SECTION_FIELDS: dict[type, _Table] = {
     StageSizeConfig: _STAGE_SIZE,
     FanoutConfig: _FANOUT,
     FleetConfig: _FLEET,
+    RouteConfig: _ROUTE,
     TenantConfig: _TENANT,
     BudgetConfig: _BUDGET,
 }
@@ -1055,6 +1084,7 @@ def _workload(
     duration_s: float,
     reader: _Reader,
     jobs: Mapping[str, JobConfig] | None = None,
+    routes: Mapping[str, RouteConfig] | None = None,
     tenants: Mapping[str, TenantConfig] | None = None,
 ) -> WorkloadConfig:
     tenants = tenants or {}
@@ -1065,11 +1095,15 @@ def _workload(
             f"expected the name of a [tenants.NAME] table ({declared}), got {describe(values['tenant'])}",
         )
     if "job" in values:
-        if "tenant" in values:
-            raise reader.error(
-                f"{path}.tenant", "does not apply to a job workload (a job's calls have no tenant)"
-            )
+        for key, why in (
+            ("route", "its stages name the providers"),
+            ("tenant", "a job's calls have no tenant"),
+        ):
+            if key in values:
+                raise reader.error(f"{path}.{key}", f"does not apply to a job workload ({why})")
         return _job_workload(values, path, jobs or {}, duration_s, reader)
+    if "route" in values:
+        return _route_workload(values, path, routes or {}, duration_s, reader)
     if "provider" not in values:
         raise reader.error(
             f"{path}.provider", "missing; expected a string (the provider to call), or job = a [[jobs]] name"
@@ -1102,6 +1136,88 @@ def _workload(
                 f"got {largest}",
             )
     return workload
+
+
+def _route_workload(
+    values: dict[str, Any], path: str, routes: Mapping[str, RouteConfig], duration_s: float, reader: _Reader
+) -> WorkloadConfig:
+    """A workload submitted to a ``[[routes]]`` entry: it names the route, not a provider."""
+    if "provider" in values:
+        raise reader.error(
+            f"{path}.provider",
+            f"does not apply with route = {values['route']!r} (the route's policy picks the provider); "
+            "give one of provider or route",
+        )
+    if values["route"] not in routes:
+        declared = ", ".join(routes) or "none declared"
+        raise reader.error(
+            f"{path}.route",
+            f"expected the name of a [[routes]] entry ({declared}), got {describe(values['route'])}",
+        )
+    kwargs = dict(values)
+    if "cost" in kwargs:
+        kwargs["cost"] = _cost(kwargs["cost"], f"{path}.cost", reader)
+    if "trace" in kwargs:
+        kwargs["trace"] = _resolve_trace(kwargs["trace"], f"{path}.trace", reader)
+    if "arrivals" in kwargs:
+        kwargs["arrivals"] = _resolve_replay_arrivals(kwargs["arrivals"], f"{path}.arrivals", reader)
+    workload = WorkloadConfig(**kwargs)
+    _check_arrivals(workload, values, path, duration_s, reader)
+    return workload
+
+
+def _routes(
+    raw: tuple[dict[str, Any], ...], providers: Mapping[str, ProviderConfig], reader: _Reader
+) -> tuple[RouteConfig, ...]:
+    """The ``[[routes]]`` entries, each checked against the declared providers."""
+    seen: dict[str, int] = {}
+    routes = []
+    for i, values in enumerate(raw):
+        path = f"routes[{i}]"
+        name = values["name"]
+        if name in seen:
+            raise reader.error(
+                f"{path}.name",
+                f"expected a unique route name, got {describe(name)} (also routes[{seen[name]}])",
+            )
+        if name in providers:
+            raise reader.error(
+                f"{path}.name",
+                "expected a name no provider has (a workload's target must mean one thing), "
+                f"got {describe(name)}",
+            )
+        seen[name] = i
+        names = values["providers"]
+        if not names:
+            raise reader.error(f"{path}.providers", "expected at least one provider name, got none")
+        for j, provider in enumerate(names):
+            if provider not in providers:
+                raise reader.error(
+                    f"{path}.providers[{j}]",
+                    f"expected the name of a declared provider ({', '.join(providers)}), "
+                    f"got {describe(provider)}",
+                )
+        kinds = {provider: providers[provider].kind for provider in names}
+        if len(set(kinds.values())) > 1:
+            listed = ", ".join(f"{p} is {k}" for p, k in kinds.items())
+            raise reader.error(f"{path}.providers", f"expected providers of one kind, got {listed}")
+        weights = values.get("weights")
+        if weights is not None:
+            for provider in weights:
+                if provider not in names:
+                    raise reader.error(
+                        f"{path}.weights.{provider}",
+                        f"expected a weight for one of the route's providers ({', '.join(names)})",
+                    )
+            missing = [provider for provider in names if provider not in weights]
+            if missing:
+                raise reader.error(
+                    f"{path}.weights.{missing[0]}",
+                    "missing; expected a number > 0 for each of the route's providers",
+                )
+            values = {**values, "weights": {provider: float(weights[provider]) for provider in names}}
+        routes.append(RouteConfig(**values))
+    return tuple(routes)
 
 
 _JOB_WORKLOAD_EXCLUDED = ("provider", "cost", "poison_fraction")
@@ -1386,10 +1502,21 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
     if not values["workloads"]:
         raise reader.error("workloads", "expected at least one [[workloads]] table, got none")
     jobs = _jobs(values.get("jobs", ()), by_name, quotas, reader)
+    routes = _routes(values.get("routes", ()), by_name, reader)
     tenants = _tenants(values.get("tenants", {}), reader)
     templates = {j.name: j for j in jobs}
     workloads = tuple(
-        _workload(item, f"workloads[{i}]", by_name, quotas, duration_s, reader, templates, tenants)
+        _workload(
+            item,
+            f"workloads[{i}]",
+            by_name,
+            quotas,
+            duration_s,
+            reader,
+            templates,
+            routes={r.name: r for r in routes},
+            tenants=tenants,
+        )
         for i, item in enumerate(values["workloads"])
     )
     crashes = tuple(
@@ -1407,6 +1534,7 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         overload=_overload(values.get("overload", {}), reader),
         jobs=jobs,
         fleet=_fleet(values.get("fleet", {}), quotas, workloads, crashes, reader),
+        routes=routes,
         tenants=tenants,
         budget=_budget(values.get("budget", {}), list(by_name), reader),
         source=source,
@@ -1714,6 +1842,7 @@ def _workload_dict(workload: WorkloadConfig) -> dict[str, Any]:
     """A workload's keys: a job workload has no provider, cost or poison share, a call workload no job."""
     values = _record_dict(workload, _WORKLOAD)
     dropped = _JOB_WORKLOAD_EXCLUDED if workload.job is not None else ("job",)
+    dropped += ("provider",) if workload.route is not None else ("route",)
     if workload.tenant is None:
         dropped = (*dropped, "tenant")
     return {key: value for key, value in values.items() if key not in dropped}
@@ -1736,9 +1865,21 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         "overload": _record_dict(scenario.overload, _OVERLOAD),
         "jobs": [_record_dict(job, _JOB) for job in scenario.jobs],
         "fleet": _fleet_dict(scenario.fleet),
+        "routes": [_route_dict(route) for route in scenario.routes],
         "tenants": {name: _record_dict(tenant, _TENANT) for name, tenant in scenario.tenants.items()},
         "budget": {**_record_dict(scenario.budget, _BUDGET), "prices": dict(scenario.budget.prices)},
     }
+
+
+def _route_dict(route: RouteConfig) -> dict[str, Any]:
+    """A route's keys (``providers`` as a list, no ``weights`` when unset)."""
+    values = _record_dict(route, _ROUTE)
+    values["providers"] = list(route.providers)
+    if route.weights is None:
+        del values["weights"]
+    else:
+        values["weights"] = dict(route.weights)
+    return values
 
 
 def _fleet_dict(fleet: FleetConfig) -> dict[str, Any]:

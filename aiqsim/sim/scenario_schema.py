@@ -105,7 +105,8 @@ def _node(spec: Any, default: Any = dataclasses.MISSING) -> dict[str, Any]:
     if isinstance(spec, _Array):
         return {"type": "array", "description": spec.expected, "items": _table(spec.item)}
     if isinstance(spec, _Map):
-        return {"type": "object", "description": spec.expected, "additionalProperties": _table(spec.item)}
+        item = _table(spec.item) if isinstance(spec.item, _Table) else _check(spec.item)
+        return {"type": "object", "description": spec.expected, "additionalProperties": item}
     node = _check(spec)
     node["description"] = f"expected {spec.expected}"
     if default is not dataclasses.MISSING:

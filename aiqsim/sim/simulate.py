@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from aiqsim.core.backoff import backoff_from_name
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import describe_error
+from aiqsim.core.routing import Route
 from aiqsim.core.task import Priority, TaskRecord
 from aiqsim.core.token_bucket import QuotaConfigError, QuotaLimits
 from aiqsim.observability.fanout import EventFanout
@@ -110,6 +111,10 @@ class SimulationResult:
             from aiqsim.sim.fleet_metrics import summarize_fleet
 
             self.summary.update(summarize_fleet(scenario, records, executions, rejected, self.arrival_times))
+        if scenario.routes:
+            from aiqsim.sim.route_metrics import summarize_deployments
+
+            self.summary.update(summarize_deployments(scenario, records, executions, self.arrival_times))
         if scenario.tenants:
             from aiqsim.sim.tenant_metrics import summarize_tenants
 
@@ -260,6 +265,19 @@ class StreamedSimulationResult(SimulationResult):
         """Not kept in streaming mode (it is read from the per-job rows): raises
         :class:`RecordsNotKeptError`; the summary's ``bottleneck_stage``/``bottleneck_share`` are kept."""
         raise self._not_kept("stage_breakdown")
+
+
+def scheduler_routes(scenario: Scenario) -> dict[str, Route]:
+    """The scheduler's routes from the scenario's ``[[routes]]`` entries (empty when it has none)."""
+    return {
+        route.name: Route(
+            list(route.providers),
+            policy=route.policy,
+            weights=route.weights,
+            retry_elsewhere=route.retry_elsewhere,
+        )
+        for route in scenario.routes
+    }
 
 
 def quota_limits(scenario: Scenario) -> dict[str, QuotaLimits]:
@@ -767,6 +785,7 @@ class _Run:
             gates=gates,
             commit_window_s=scenario.store.commit_window_s,
             worker_id=fleet_worker_id(worker) if fleet else None,
+            routes=scheduler_routes(scenario),
             tenants=scheduler_tenants(scenario),
         )
         if self.job_specs:  # registered before recover(), so it can re-drive the stored jobs

@@ -19,6 +19,7 @@ from aiqsim.core.errors import ConfigurationError
 from aiqsim.sim.config import Scenario
 from aiqsim.sim.fleet_stream import StreamingFleet
 from aiqsim.sim.job_stream import StreamingJobs
+from aiqsim.sim.route_metrics import StreamingDeployments
 from aiqsim.sim.streaming import DEFAULT_KEY_WINDOW_S, StreamingSummary, StreamingTimeline
 from aiqsim.sim.tenant_metrics import StreamingTenants
 from aiqsim.stores.retention import RetentionPolicy
@@ -52,6 +53,8 @@ class StreamingRun:
         """The job keys' accumulators (scenarios with job workloads only)."""
         self.tenants = StreamingTenants(scenario) if scenario.tenants else None
         """The per-tenant keys' accumulators (scenarios with ``[tenants.NAME]`` tables only)."""
+        self.deployments = StreamingDeployments(scenario) if scenario.routes else None
+        """The per-deployment keys' accumulators (scenarios with ``[[routes]]`` only)."""
         self.retention = RetentionPolicy(
             finished_ttl_s=window_s, keys_ttl_s=window_s, interval_s=window_s / 2
         )
@@ -67,6 +70,8 @@ class StreamingRun:
             self.jobs.event(event)
         if self.tenants is not None:
             self.tenants.event(event)
+        if self.deployments is not None:
+            self.deployments.event(event)
 
     def sink(self, worker: int) -> Callable[[Any], None]:
         """The event sink of fleet worker ``worker`` (the fleet keys need to know whose task it is)."""
@@ -82,6 +87,8 @@ class StreamingRun:
                 self.jobs.event(event)
             if self.tenants is not None:
                 self.tenants.event(event)
+            if self.deployments is not None:
+                self.deployments.event(event)
 
         return event
 
@@ -93,6 +100,8 @@ class StreamingRun:
             self.fleet.execution(execution)
         if self.jobs is not None:
             self.jobs.execution(execution)
+        if self.deployments is not None:
+            self.deployments.execution(execution)
 
     def reconcile(self, store: Any) -> None:
         """After a simulated crash, with the store the restarted process opens (before recovery):
@@ -110,6 +119,8 @@ class StreamingRun:
                 self.jobs.stored(event)
             if self.tenants is not None:
                 self.tenants.event(event)
+            if self.deployments is not None:
+                self.deployments.event(event)
 
     def arrival(self, task_id: str, time: float) -> None:
         """A user submitted task ``task_id`` at ``time``."""
@@ -118,12 +129,16 @@ class StreamingRun:
             self.fleet.arrival(task_id, time)
         if self.tenants is not None:
             self.tenants.arrival(task_id, time)
+        if self.deployments is not None:
+            self.deployments.arrival(task_id, time)
 
     def rejected(self, arrival: Any, worker: int) -> None:
         """``worker`` refused task ``arrival`` at the door (queue full, a cost no quota can grant)."""
         self.summary.rejected(arrival.task_id)
         if self.tenants is not None:
             self.tenants.rejected(arrival.task_id)
+        if self.deployments is not None:
+            self.deployments.rejected(arrival.task_id)
         if self.fleet is not None:
             self.fleet.rejected(
                 arrival.task_id, arrival.provider, arrival.time, arrival.cost_estimate, worker
@@ -147,6 +162,8 @@ class StreamingRun:
             summary.update(self.fleet.summary())
         if self.jobs is not None:
             summary.update(self.jobs.summary(sim_time_s))
+        if self.deployments is not None:
+            summary.update(self.deployments.summary())
         if self.tenants is not None:
             summary.update(self.tenants.summary())
         return summary

@@ -463,7 +463,10 @@ def workload_arrivals(
     Task ids read ``w{index}-{n:06d}`` (n counts this workload's arrivals in time order) and
     actions ``w{index}-a{n:06d}``; inputs are labelled ``w{index}-input-{k:06d}``.
     """
-    kind = scenario.provider(workload.provider).kind
+    deployment = (
+        scenario.route(workload.route).providers[0] if workload.route is not None else workload.provider
+    )
+    kind = scenario.provider(deployment).kind  # a route's deployments share one kind
     horizon = scenario.duration_s
     if workload.type == "trace":
         actions = _trace_actions(workload, kind, horizon, rng)
@@ -481,7 +484,11 @@ def workload_arrivals(
         )
     expanded = _expand_clicks(actions, clicks, workload.click_gap_s)
     arrivals = []
-    provider, priority, tenant = workload.provider, workload.priority, workload.tenant
+    provider, priority, tenant = (
+        workload.target,
+        workload.priority,
+        workload.tenant,
+    )  # a route: the scheduler picks
     for serial, (time, number, _click, action) in enumerate(expanded):
         payload = {
             "input": f"w{index}-input-{action.input_index:06d}",
