@@ -322,6 +322,7 @@ def _ignore_interrupts() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker may inherit a handler that would keep it
 
 
 def _stop_pool(pool: ProcessPoolExecutor) -> None:
@@ -332,9 +333,26 @@ def _stop_pool(pool: ProcessPoolExecutor) -> None:
     to end (14.5 s in the review's case; hours for long runs). No public way to stop them before
     Python 3.14."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown forgets it too
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.terminate()
+    for process in processes:
+        process.join(timeout=TERMINATE_GRACE_S)
+        if process.is_alive():  # SIGTERM can be caught (a forked worker inherits its parent's handlers)
+            process.kill()
+            process.join(timeout=STOP_TIMEOUT_S)
+    if manager is not None:
+        # Its end is waited for here: left running, it closed its wake-up pipe while the interpreter's
+        # exit hook wrote to it (CPython 3.11 does not lock the two), and a Ctrl-C printed
+        # "OSError: [Errno 9] Bad file descriptor" from concurrent.futures at exit under load.
+        manager.join(timeout=STOP_TIMEOUT_S)
+
+
+TERMINATE_GRACE_S = 5.0
+"""How long a terminated (SIGTERM) sweep worker is given to end before it is killed (SIGKILL)."""
+STOP_TIMEOUT_S = 30.0
+"""How long a Ctrl-C waits for each terminated worker and for the pool's manager thread to end."""
 
 
 def _run_on_dask(
