@@ -160,3 +160,14 @@ def shutdown() -> None:
     with _lock:
         if _pool is not None:
             _pool.shutdown(wait=True, cancel_futures=True)
+
+
+def printed(book: Any) -> str:
+    """Everything the executed notebook ``book`` printed (its code cells' stream outputs), in order."""
+    return "".join(
+        output.get("text", "")
+        for cell in book.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "stream"
+    )

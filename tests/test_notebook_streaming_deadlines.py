@@ -14,20 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from executed_notebooks import executed
+from executed_notebooks import executed, printed
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "11_streaming_deadlines.ipynb"
-
-
-def printed(book) -> str:
-    return "".join(
-        output.get("text", "")
-        for cell in book.cells
-        if cell.cell_type == "code"
-        for output in cell.get("outputs", [])
-        if output.get("output_type") == "stream"
-    )
 
 
 @pytest.mark.notebook

@@ -1114,15 +1114,7 @@ def _workload(
             f"expected the name of a declared provider ({', '.join(providers)}), "
             f"got {describe(values['provider'])}",
         )
-    kwargs = dict(values)
-    if "cost" in kwargs:
-        kwargs["cost"] = _cost(kwargs["cost"], f"{path}.cost", reader)
-    if "trace" in kwargs:
-        kwargs["trace"] = _resolve_trace(kwargs["trace"], f"{path}.trace", reader)
-    if "arrivals" in kwargs:
-        kwargs["arrivals"] = _resolve_replay_arrivals(kwargs["arrivals"], f"{path}.arrivals", reader)
-    workload = WorkloadConfig(**kwargs)
-    _check_arrivals(workload, values, path, duration_s, reader)
+    workload = _workload_config(values, path, duration_s, reader)
     quota = quotas.get(workload.provider)
     largest = _largest_fixed_units(workload.cost) if workload.type not in ("trace", "replay") else None
     if quota is not None and quota.units_per_min is not None and largest is not None:
@@ -1135,6 +1127,21 @@ def _workload(
                 f"can never grant more: quotas.{workload.provider}.unit_burst, or units_per_min when unset), "
                 f"got {largest}",
             )
+    return workload
+
+
+def _workload_config(values: dict[str, Any], path: str, duration_s: float, reader: _Reader) -> WorkloadConfig:
+    """A workload's record from its checked table: its cost, trace and replayed arrivals read, its
+    arrivals checked against the scenario's duration (for a provider's workload and a route's alike)."""
+    kwargs = dict(values)
+    if "cost" in kwargs:
+        kwargs["cost"] = _cost(kwargs["cost"], f"{path}.cost", reader)
+    if "trace" in kwargs:
+        kwargs["trace"] = _resolve_trace(kwargs["trace"], f"{path}.trace", reader)
+    if "arrivals" in kwargs:
+        kwargs["arrivals"] = _resolve_replay_arrivals(kwargs["arrivals"], f"{path}.arrivals", reader)
+    workload = WorkloadConfig(**kwargs)
+    _check_arrivals(workload, values, path, duration_s, reader)
     return workload
 
 
@@ -1154,15 +1161,7 @@ def _route_workload(
             f"{path}.route",
             f"expected the name of a [[routes]] entry ({declared}), got {describe(values['route'])}",
         )
-    kwargs = dict(values)
-    if "cost" in kwargs:
-        kwargs["cost"] = _cost(kwargs["cost"], f"{path}.cost", reader)
-    if "trace" in kwargs:
-        kwargs["trace"] = _resolve_trace(kwargs["trace"], f"{path}.trace", reader)
-    if "arrivals" in kwargs:
-        kwargs["arrivals"] = _resolve_replay_arrivals(kwargs["arrivals"], f"{path}.arrivals", reader)
-    workload = WorkloadConfig(**kwargs)
-    _check_arrivals(workload, values, path, duration_s, reader)
+    workload = _workload_config(values, path, duration_s, reader)
     return workload
 
 
