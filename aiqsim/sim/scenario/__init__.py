@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 from aiqsim.core.backoff import BACKOFF_STRATEGIES
-from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.numeric import LARGEST_WHOLE
 from aiqsim.core.routing import ROUTE_POLICIES
 from aiqsim.scheduler.dispatch import DISPATCH_POLICIES
@@ -81,13 +80,9 @@ from aiqsim.sim.config import (
     WorkloadConfig,
 )
 from aiqsim.sim.job_config import FanoutConfig, JobConfig, StageConfig, StageSizeConfig
-from aiqsim.sim.workloads import (
-    BUILTIN_TRACES,
-    TraceError,
-    arrival_overflow,
-    is_builtin_trace,
-    read_trace,
-)
+from aiqsim.sim.scenario.errors import ScenarioError, _fmt, _join
+from aiqsim.sim.scenario.errors import describe as describe
+from aiqsim.sim.workloads import BUILTIN_TRACES, TraceError, arrival_overflow, is_builtin_trace, read_trace
 
 __all__ = [
     "ScenarioError",
@@ -107,81 +102,6 @@ MAX_PRICE_PER_1K_UNITS = 1_000_000.0
 dollars), so a larger one is a typo or a unit mix-up. The bound also keeps the run's costs finite:
 ``price_per_1k_units = 1e308`` passed validation, the first call's cost overflowed to inf, and
 ``aiqsim run --out`` failed after the simulation, writing summary.json."""
-
-
-class ScenarioError(ConfigurationError):
-    """A scenario that cannot be used, with where (file, dotted key path) and what was expected.
-
-    ``str(error)`` reads ``scenarios/x.toml: retry.base_s: expected a number >= 0, got "fast"``.
-    ``key_path`` is empty for problems with the file as a whole (missing, not TOML); ``line``
-    is set for TOML syntax errors.
-    """
-
-    def __init__(self, file: str, key_path: str, message: str, *, line: int | None = None) -> None:
-        self.file = file
-        self.key_path = key_path
-        self.message = message
-        self.line = line
-        super().__init__(self._render())
-
-    def _render(self) -> str:
-        where = [self.file]
-        if self.key_path:
-            where.append(self.key_path)
-        return ": ".join([*where, self.message])
-
-    def __str__(self) -> str:
-        return self._render()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_scenario_error, (self.file, self.key_path, self.message, self.line))
-
-
-def _rebuild_scenario_error(file: str, key_path: str, message: str, line: int | None) -> ScenarioError:
-    return ScenarioError(file, key_path, message, line=line)
-
-
-# ---------------------------------------------------------------------------------------------
-# Describing values in messages
-
-
-def describe(value: Any) -> str:
-    """A value as it would be written in a scenario file (or what kind of thing it is)."""
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        text = json.dumps(value, ensure_ascii=False)
-        return text if len(text) <= 60 else text[:57] + '..."'
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "a table"
-    if isinstance(value, list | tuple):
-        return "an array"
-    if callable(getattr(value, "isoformat", None)):  # TOML dates and times
-        return f"the date/time {value.isoformat()}"
-    return f"a {type(value).__name__}"
-
-
-def _join(path: str, key: Any) -> str:
-    text = key if isinstance(key, str) else repr(key)
-    return f"{path}.{text}" if path else text
-
-
-def _fmt(number: float) -> str:
-    return f"{number:g}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Value checks: each returns the normalised value or raises _Invalid
 
 
 class _Invalid(Exception):
@@ -358,10 +278,6 @@ _SIZE_SIGMA = _Number(0.0, 20.0)
 sigma 1.4e154 overflowed sigma^2 at run time after validate said ok."""
 _SPREAD_SIGMA = _Number(0.0, 20.0)
 """A time's lognormal sigma (``ttft_sigma``): bounded as a size's, for the same overflow."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The layout of a scenario file
 
 
 @dataclass(frozen=True)
@@ -771,10 +687,6 @@ SECTION_FIELDS: dict[type, _Table] = {
 """Which file table describes which config record (tests check they list the same fields)."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Reading: raw mapping -> checked plain values (dicts, tuples), errors with key paths
-
-
 class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
@@ -845,10 +757,6 @@ class _Reader:
         if variant is not None:
             values[schema.variant_key] = variant
         return values
-
-
-# ---------------------------------------------------------------------------------------------
-# Building the records, with the checks that span several keys
 
 
 def _outage(values: dict[str, Any], path: str, reader: _Reader) -> OutageConfig:
@@ -1541,10 +1449,6 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Files and overrides
-
-
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 MAX_NESTING = 32
@@ -1814,10 +1718,6 @@ def parse_override(text: str) -> tuple[str, Any]:
     if _too_deep(value) is not None:
         raise _nesting_error("<override>", key)
     return key, value
-
-
-# ---------------------------------------------------------------------------------------------
-# Back to a mapping (for reports)
 
 
 def _record_dict(record: Any, schema: _Table) -> dict[str, Any]:
