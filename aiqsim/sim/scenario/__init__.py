@@ -77,6 +77,7 @@ from aiqsim.sim.scenario.errors import ScenarioError, _fmt, _join
 from aiqsim.sim.scenario.errors import describe as describe
 from aiqsim.sim.scenario.providers import _providers
 from aiqsim.sim.scenario.providers import provider_from_table as provider_from_table
+from aiqsim.sim.scenario.quotas import _quotas
 from aiqsim.sim.scenario.reader import _Reader
 from aiqsim.sim.scenario.spec import (
     _BUDGET,
@@ -120,34 +121,6 @@ MAX_TIMELINE_STEPS = 1_000_000
 
 MAX_FLEET_WORKERS = 1000
 """More scheduler instances than this in one simulation is a typo, not a fleet."""
-
-
-def _quotas(
-    raw: dict[str, dict[str, Any]], names: list[str], reader: _Reader
-) -> dict[str, ClientQuotaConfig]:
-    quotas = {}
-    for name, values in raw.items():
-        if name not in names:
-            raise reader.error(
-                f"quotas.{name}",
-                f"expected the name of a declared provider ({', '.join(names)}), got {describe(name)}",
-            )
-        quota = ClientQuotaConfig(**values)
-        for burst, rate in (("request_burst", "requests_per_min"), ("unit_burst", "units_per_min")):
-            if getattr(quota, burst) is not None and getattr(quota, rate) is None:
-                raise reader.error(
-                    f"quotas.{name}.{burst}", f"only applies together with {rate}, which is not set"
-                )
-        if quota.request_burst is None and quota.requests_per_min is not None and quota.requests_per_min < 1:
-            # the rule QuotaLimits applies when the run starts (request_burst itself is checked >= 1)
-            raise reader.error(
-                f"quotas.{name}.requests_per_min",
-                "a request burst (request_burst, else one minute of requests_per_min) of at least 1, got "
-                f"{quota.requests_per_min:g}: every call takes one request, so a smaller bucket never "
-                "grants one (set request_burst = 1)",
-            )
-        quotas[name] = quota
-    return quotas
 
 
 def _tenants(raw: dict[str, dict[str, Any]], reader: _Reader) -> dict[str, TenantConfig]:
