@@ -58,7 +58,6 @@ from typing import Any
 from aiqsim.sim.config import (
     BudgetConfig,
     ClientQuotaConfig,
-    CostConfig,
     CrashConfig,
     DispatchConfig,
     FleetConfig,
@@ -71,7 +70,7 @@ from aiqsim.sim.config import (
     TenantConfig,
     WorkloadConfig,
 )
-from aiqsim.sim.job_config import FanoutConfig, JobConfig, StageConfig, StageSizeConfig
+from aiqsim.sim.job_config import JobConfig, StageConfig
 from aiqsim.sim.scenario.checks import _NAME, _NON_NEGATIVE, _Invalid, _Text
 from aiqsim.sim.scenario.errors import ScenarioError, _fmt, _join
 from aiqsim.sim.scenario.errors import describe as describe
@@ -79,6 +78,7 @@ from aiqsim.sim.scenario.providers import _providers
 from aiqsim.sim.scenario.providers import provider_from_table as provider_from_table
 from aiqsim.sim.scenario.quotas import _quotas
 from aiqsim.sim.scenario.reader import _Reader
+from aiqsim.sim.scenario.sizes import _cost, _fanout, _largest_fixed_units, _stage_size
 from aiqsim.sim.scenario.spec import (
     _BUDGET,
     _CRASH,
@@ -158,29 +158,6 @@ def _store(values: dict[str, Any], reader: _Reader) -> StoreConfig:
     if store.group_commit and store.kind != "sqlite":
         raise reader.error("store.group_commit", 'needs store.kind = "sqlite" (the store with group commit)')
     return store
-
-
-def _uniform_bounds_checked(config: Any, values: dict[str, Any], path: str, reader: _Reader) -> Any:
-    """The one rule every ``dist = "uniform"`` table shares (costs, stage sizes, fan-out): ``high >= low``."""
-    if config.dist == "uniform" and not config.high >= config.low:
-        raise reader.error(
-            f"{path}.high",
-            f"expected a number >= low ({_fmt(config.low)}), got {describe(values.get('high', config.high))}",
-        )
-    return config
-
-
-def _cost(values: dict[str, Any], path: str, reader: _Reader) -> CostConfig:
-    return _uniform_bounds_checked(CostConfig(**values), values, path, reader)
-
-
-def _largest_fixed_units(cost: CostConfig) -> int | None:
-    """The largest task a bounded cost distribution can produce (None for unbounded ones)."""
-    if cost.dist == "fixed":
-        return max(1, round(cost.mean))
-    if cost.dist == "uniform":
-        return max(1, round(cost.high))
-    return None
 
 
 def _scenario_relative_file(value: str, path: str, reader: _Reader, expected: str) -> str:
@@ -428,14 +405,6 @@ def _check_arrivals(
             arrival_overflow(replace(workload, clicks=1), duration_s) is None
         )
         raise reader.error(f"{path}.clicks" if by_clicks else path, too_many)
-
-
-def _stage_size(values: dict[str, Any], path: str, reader: _Reader) -> StageSizeConfig:
-    return _uniform_bounds_checked(StageSizeConfig(**values), values, path, reader)
-
-
-def _fanout(values: dict[str, Any], path: str, reader: _Reader) -> FanoutConfig:
-    return _uniform_bounds_checked(FanoutConfig(**values), values, path, reader)
 
 
 def _stage(
