@@ -45,13 +45,11 @@ name (``providers.llm.timeout_prob``) or by index (``providers[0].timeout_prob``
 from __future__ import annotations
 
 import copy
-import json
 import math
 import re
 import stat
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +76,7 @@ from aiqsim.sim.scenario.providers import _providers
 from aiqsim.sim.scenario.providers import provider_from_table as provider_from_table
 from aiqsim.sim.scenario.quotas import _quotas
 from aiqsim.sim.scenario.reader import _Reader
-from aiqsim.sim.scenario.sizes import _cost, _fanout, _largest_fixed_units, _stage_size
+from aiqsim.sim.scenario.sizes import _fanout, _largest_fixed_units, _stage_size
 from aiqsim.sim.scenario.spec import (
     _BUDGET,
     _CRASH,
@@ -96,14 +94,13 @@ from aiqsim.sim.scenario.spec import (
     _STORE,
     _TENANT,
     _WORKLOAD,
-    _WORKLOAD_KEYS,
     _Array,
     _Map,
     _Table,
 )
 from aiqsim.sim.scenario.spec import MAX_PRICE_PER_1K_UNITS as MAX_PRICE_PER_1K_UNITS
 from aiqsim.sim.scenario.spec import SECTION_FIELDS as SECTION_FIELDS
-from aiqsim.sim.workloads import BUILTIN_TRACES, TraceError, arrival_overflow, is_builtin_trace, read_trace
+from aiqsim.sim.scenario.workloads import _workload
 
 __all__ = [
     "ScenarioError",
@@ -160,150 +157,6 @@ def _store(values: dict[str, Any], reader: _Reader) -> StoreConfig:
     return store
 
 
-def _scenario_relative_file(value: str, path: str, reader: _Reader, expected: str) -> str:
-    """The absolute path of the existing file ``value`` names (relative: from the scenario's folder)."""
-    try:
-        candidate = Path(value).expanduser()
-        source = Path(reader.source)
-        if not candidate.is_absolute() and source.is_file():
-            candidate = source.parent / candidate
-        found = candidate.is_file()
-        why = (
-            ""
-            if found
-            else "a directory"
-            if candidate.is_dir()
-            else "not a regular file"
-            if candidate.exists()
-            else ""
-        )
-    except (OSError, RuntimeError) as error:  # a name too long for the OS, ~user with no such user
-        raise reader.error(
-            path, f"expected {expected} (relative to the scenario file), got {describe(value)} ({error})"
-        ) from None
-    if not found:
-        why = why or "no such file"
-        raise reader.error(
-            path,
-            f"expected {expected} (relative to the scenario file), got {describe(value)} "
-            f"({why}: {candidate})",
-        )
-    return str(candidate.resolve())
-
-
-def _resolve_trace(value: str, path: str, reader: _Reader) -> str:
-    if is_builtin_trace(value):
-        return value
-    builtins = " or ".join(json.dumps(name) for name in BUILTIN_TRACES)
-    resolved = _scenario_relative_file(value, path, reader, f"{builtins} or the path of a CSV file")
-    try:
-        read_trace(resolved)  # every row, so `aiqsim validate` catches what `run` would trip on
-    except TraceError as exc:
-        raise reader.error(path, str(exc)) from None
-    return resolved
-
-
-def _resolve_replay_arrivals(value: str, path: str, reader: _Reader) -> str:
-    """A replay workload's arrivals file, resolved against the scenario's folder and read in full."""
-    from aiqsim.sim.replay_arrivals import ReplayArrivalsError, read_replay_arrivals
-
-    resolved = _scenario_relative_file(value, path, reader, "the path of a CSV file")
-    try:
-        read_replay_arrivals(resolved)
-    except ReplayArrivalsError as exc:
-        raise reader.error(path, str(exc)) from None
-    return resolved
-
-
-def _workload(
-    values: dict[str, Any],
-    path: str,
-    providers: dict[str, ProviderConfig],
-    quotas: dict[str, ClientQuotaConfig],
-    duration_s: float,
-    reader: _Reader,
-    jobs: Mapping[str, JobConfig] | None = None,
-    routes: Mapping[str, RouteConfig] | None = None,
-    tenants: Mapping[str, TenantConfig] | None = None,
-) -> WorkloadConfig:
-    tenants = tenants or {}
-    if "tenant" in values and values["tenant"] not in tenants:
-        declared = ", ".join(tenants) or "none declared"
-        raise reader.error(
-            f"{path}.tenant",
-            f"expected the name of a [tenants.NAME] table ({declared}), got {describe(values['tenant'])}",
-        )
-    if "job" in values:
-        for key, why in (
-            ("route", "its stages name the providers"),
-            ("tenant", "a job's calls have no tenant"),
-        ):
-            if key in values:
-                raise reader.error(f"{path}.{key}", f"does not apply to a job workload ({why})")
-        return _job_workload(values, path, jobs or {}, duration_s, reader)
-    if "route" in values:
-        return _route_workload(values, path, routes or {}, duration_s, reader)
-    if "provider" not in values:
-        raise reader.error(
-            f"{path}.provider", "missing; expected a string (the provider to call), or job = a [[jobs]] name"
-        )
-    if values["provider"] not in providers:
-        raise reader.error(
-            f"{path}.provider",
-            f"expected the name of a declared provider ({', '.join(providers)}), "
-            f"got {describe(values['provider'])}",
-        )
-    workload = _workload_config(values, path, duration_s, reader)
-    quota = quotas.get(workload.provider)
-    largest = _largest_fixed_units(workload.cost) if workload.type not in ("trace", "replay") else None
-    if quota is not None and quota.units_per_min is not None and largest is not None:
-        capacity = quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
-        if largest > capacity:
-            key = "mean" if workload.cost.dist == "fixed" else "high"
-            raise reader.error(
-                f"{path}.cost.{key}",
-                f"expected at most {_fmt(capacity)} units (the client quota of {workload.provider!r} "
-                f"can never grant more: quotas.{workload.provider}.unit_burst, or units_per_min when unset), "
-                f"got {largest}",
-            )
-    return workload
-
-
-def _workload_config(values: dict[str, Any], path: str, duration_s: float, reader: _Reader) -> WorkloadConfig:
-    """A workload's record from its checked table: its cost, trace and replayed arrivals read, its
-    arrivals checked against the scenario's duration (for a provider's workload and a route's alike)."""
-    kwargs = dict(values)
-    if "cost" in kwargs:
-        kwargs["cost"] = _cost(kwargs["cost"], f"{path}.cost", reader)
-    if "trace" in kwargs:
-        kwargs["trace"] = _resolve_trace(kwargs["trace"], f"{path}.trace", reader)
-    if "arrivals" in kwargs:
-        kwargs["arrivals"] = _resolve_replay_arrivals(kwargs["arrivals"], f"{path}.arrivals", reader)
-    workload = WorkloadConfig(**kwargs)
-    _check_arrivals(workload, values, path, duration_s, reader)
-    return workload
-
-
-def _route_workload(
-    values: dict[str, Any], path: str, routes: Mapping[str, RouteConfig], duration_s: float, reader: _Reader
-) -> WorkloadConfig:
-    """A workload submitted to a ``[[routes]]`` entry: it names the route, not a provider."""
-    if "provider" in values:
-        raise reader.error(
-            f"{path}.provider",
-            f"does not apply with route = {values['route']!r} (the route's policy picks the provider); "
-            "give one of provider or route",
-        )
-    if values["route"] not in routes:
-        declared = ", ".join(routes) or "none declared"
-        raise reader.error(
-            f"{path}.route",
-            f"expected the name of a [[routes]] entry ({declared}), got {describe(values['route'])}",
-        )
-    workload = _workload_config(values, path, duration_s, reader)
-    return workload
-
-
 def _routes(
     raw: tuple[dict[str, Any], ...], providers: Mapping[str, ProviderConfig], reader: _Reader
 ) -> tuple[RouteConfig, ...]:
@@ -356,55 +209,6 @@ def _routes(
             values = {**values, "weights": {provider: float(weights[provider]) for provider in names}}
         routes.append(RouteConfig(**values))
     return tuple(routes)
-
-
-def _job_workload(
-    values: dict[str, Any], path: str, jobs: Mapping[str, JobConfig], duration_s: float, reader: _Reader
-) -> WorkloadConfig:
-    for key in _JOB_WORKLOAD_EXCLUDED:
-        if key in values:
-            allowed = set(_WORKLOAD_KEYS[values["type"]]) - set(_JOB_WORKLOAD_EXCLUDED)
-            listed = ", ".join(k for k in _WORKLOAD.fields if k in allowed)
-            raise reader.error(
-                f"{path}.{key}",
-                "does not apply to a job workload (its stages name the providers and sizes); "
-                f"keys for a {values['type']} job workload: {listed}",
-            )
-    if values["job"] not in jobs:
-        declared = ", ".join(jobs) or "none declared"
-        raise reader.error(
-            f"{path}.job",
-            f"expected the name of a [[jobs]] template ({declared}), got {describe(values['job'])}",
-        )
-    workload = WorkloadConfig(**values)
-    _check_arrivals(workload, values, path, duration_s, reader)
-    return workload
-
-
-def _check_arrivals(
-    workload: WorkloadConfig, values: dict[str, Any], path: str, duration_s: float, reader: _Reader
-) -> None:
-    """The arrival window (start_s before duration_s, end_s after start_s) and the arrival count that
-    generation would refuse (:func:`~aiqsim.sim.workloads.arrival_overflow`), for task and job
-    workloads alike."""
-    if not workload.start_s < duration_s:
-        raise reader.error(
-            f"{path}.start_s",
-            f"expected a number < scenario.duration_s ({_fmt(duration_s)}), "
-            f"got {describe(values['start_s'])} (arrivals stop at duration_s)",
-        )
-    if workload.end_s is not None and not workload.end_s > workload.start_s:
-        raise reader.error(
-            f"{path}.end_s",
-            f"expected a number > start_s ({_fmt(workload.start_s)}), got {describe(workload.end_s)}",
-        )
-    too_many = arrival_overflow(workload, duration_s)
-    if too_many is not None:
-        # name clicks when the user actions alone would fit: it is the key to lower
-        by_clicks = workload.type == "double_click" and (
-            arrival_overflow(replace(workload, clicks=1), duration_s) is None
-        )
-        raise reader.error(f"{path}.clicks" if by_clicks else path, too_many)
 
 
 def _stage(
