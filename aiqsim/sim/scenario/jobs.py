@@ -1,0 +1,118 @@
+"""The ``[[jobs]]`` templates and their ``[[jobs.stages]]``: unique names, providers and fallbacks,
+stages that wait only for earlier ones, sizes from a stage waited for, calls a quota can grant."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from aiqsim.sim.config import ClientQuotaConfig, ProviderConfig
+from aiqsim.sim.job_config import JobConfig, StageConfig
+from aiqsim.sim.scenario.errors import _fmt, describe
+from aiqsim.sim.scenario.reader import _Reader
+from aiqsim.sim.scenario.sizes import _fanout, _stage_size
+
+
+def _stage(
+    values: dict[str, Any],
+    path: str,
+    earlier: list[str],
+    providers: Mapping[str, ProviderConfig],
+    quotas: Mapping[str, ClientQuotaConfig],
+    reader: _Reader,
+) -> StageConfig:
+    declared = ", ".join(providers)
+    if values["provider"] not in providers:
+        raise reader.error(
+            f"{path}.provider",
+            f"expected the name of a declared provider ({declared}), got {describe(values['provider'])}",
+        )
+    fallback = values.get("fallback")
+    if fallback is not None and fallback not in providers:
+        raise reader.error(
+            f"{path}.fallback",
+            f'expected the name of a declared provider ({declared}) or "none", got {describe(fallback)}',
+        )
+    if fallback is not None and fallback == values["provider"]:
+        raise reader.error(
+            f"{path}.fallback", f"expected a provider other than the stage's own ({values['provider']!r})"
+        )
+    before = ", ".join(earlier) or "none: this is the first stage"
+    for name in values.get("after", ()):
+        if name not in earlier:
+            raise reader.error(
+                f"{path}.after",
+                f"expected names of stages declared before this one ({before}), got {describe(name)}",
+            )
+    kwargs = dict(values)
+    if "size" in kwargs:
+        kwargs["size"] = _stage_size(kwargs["size"], f"{path}.size", reader)
+    if "fanout" in kwargs:
+        kwargs["fanout"] = _fanout(kwargs["fanout"], f"{path}.fanout", reader)
+    stage = StageConfig(**kwargs)
+    if stage.size.dist == "from_stage" and stage.size.stage not in stage.after:
+        listed = ", ".join(stage.after) or "none"
+        raise reader.error(
+            f"{path}.size.stage",
+            f"expected one of the stages this stage waits for (after = {listed}), "
+            f"got {describe(stage.size.stage)}",
+        )
+    largest = None
+    if stage.size.dist == "fixed":
+        largest = max(1, round(stage.size.mean))
+    elif stage.size.dist == "uniform":
+        largest = max(1, round(stage.size.high))
+    smallest_fanout = max(1, round(stage.fanout.mean if stage.fanout.dist == "fixed" else stage.fanout.low))
+    if stage.fanout.dist == "lognormal":
+        smallest_fanout = 1
+    for name in (stage.provider, stage.fallback):
+        quota = quotas.get(name) if name is not None else None
+        if largest is None or quota is None or quota.units_per_min is None:
+            continue
+        per_call = math.ceil(largest / smallest_fanout)
+        capacity = quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
+        if per_call > capacity:
+            key = "mean" if stage.size.dist == "fixed" else "high"
+            raise reader.error(
+                f"{path}.size.{key}",
+                f"expected calls of at most {_fmt(capacity)} units (the client quota of {name!r} can never "
+                f"grant more: quotas.{name}.unit_burst, or units_per_min when unset), "
+                f"got {per_call} per call",
+            )
+    return stage
+
+
+def _jobs(
+    raw: tuple[dict[str, Any], ...],
+    providers: Mapping[str, ProviderConfig],
+    quotas: Mapping[str, ClientQuotaConfig],
+    reader: _Reader,
+) -> tuple[JobConfig, ...]:
+    seen: dict[str, int] = {}
+    jobs = []
+    for i, values in enumerate(raw):
+        path = f"jobs[{i}]"
+        if values["name"] in seen:
+            first = seen[values["name"]]
+            raise reader.error(
+                f"{path}.name",
+                f"expected a unique job name, got {describe(values['name'])} (also jobs[{first}])",
+            )
+        seen[values["name"]] = i
+        if not values["stages"]:
+            raise reader.error(f"{path}.stages", "expected at least one [[jobs.stages]] table, got none")
+        stages: list[StageConfig] = []
+        names: list[str] = []
+        for j, stage_values in enumerate(values["stages"]):
+            stage_path = f"{path}.stages[{j}]"
+            if stage_values["name"] in names:
+                raise reader.error(
+                    f"{stage_path}.name",
+                    f"expected a stage name unique within the job, got {describe(stage_values['name'])} "
+                    f"(also stages[{names.index(stage_values['name'])}])",
+                )
+            stages.append(_stage(stage_values, stage_path, names, providers, quotas, reader))
+            names.append(stage_values["name"])
+        jobs.append(JobConfig(**{**values, "stages": tuple(stages)}))
+    return tuple(jobs)
