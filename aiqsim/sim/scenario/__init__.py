@@ -48,26 +48,23 @@ import copy
 import re
 import stat
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aiqsim.sim.config import (
-    BudgetConfig,
     ClientQuotaConfig,
     CrashConfig,
     DispatchConfig,
     FleetConfig,
     OverloadConfig,
-    ProviderConfig,
     RetryConfig,
     RouteConfig,
     Scenario,
     StoreConfig,
-    TenantConfig,
     WorkloadConfig,
 )
-from aiqsim.sim.scenario.checks import _NAME, _NON_NEGATIVE, _Invalid, _Text
+from aiqsim.sim.scenario.budget import _budget
 from aiqsim.sim.scenario.errors import ScenarioError, _fmt, _join
 from aiqsim.sim.scenario.errors import describe as describe
 from aiqsim.sim.scenario.jobs import _jobs
@@ -75,6 +72,7 @@ from aiqsim.sim.scenario.providers import _providers
 from aiqsim.sim.scenario.providers import provider_from_table as provider_from_table
 from aiqsim.sim.scenario.quotas import _quotas
 from aiqsim.sim.scenario.reader import _Reader
+from aiqsim.sim.scenario.routes import _routes
 from aiqsim.sim.scenario.sizes import _largest_fixed_units
 from aiqsim.sim.scenario.spec import (
     _BUDGET,
@@ -99,6 +97,7 @@ from aiqsim.sim.scenario.spec import (
 )
 from aiqsim.sim.scenario.spec import MAX_PRICE_PER_1K_UNITS as MAX_PRICE_PER_1K_UNITS
 from aiqsim.sim.scenario.spec import SECTION_FIELDS as SECTION_FIELDS
+from aiqsim.sim.scenario.tenants import _tenants
 from aiqsim.sim.scenario.workloads import _workload
 
 __all__ = [
@@ -117,18 +116,6 @@ MAX_TIMELINE_STEPS = 1_000_000
 
 MAX_FLEET_WORKERS = 1000
 """More scheduler instances than this in one simulation is a typo, not a fleet."""
-
-
-def _tenants(raw: dict[str, dict[str, Any]], reader: _Reader) -> dict[str, TenantConfig]:
-    """The ``[tenants.NAME]`` tables; a name must be a name (``tenants.NAME``: letters, digits...)."""
-    tenants = {}
-    for name, values in raw.items():
-        if not _NAME.fullmatch(name):
-            raise reader.error(
-                f"tenants.{name}", f"expected {_Text(name_like=True).expected}, got {describe(name)}"
-            )
-        tenants[name] = TenantConfig(**values)
-    return tenants
 
 
 def _retry(values: dict[str, Any], reader: _Reader) -> RetryConfig:
@@ -156,60 +143,6 @@ def _store(values: dict[str, Any], reader: _Reader) -> StoreConfig:
     return store
 
 
-def _routes(
-    raw: tuple[dict[str, Any], ...], providers: Mapping[str, ProviderConfig], reader: _Reader
-) -> tuple[RouteConfig, ...]:
-    """The ``[[routes]]`` entries, each checked against the declared providers."""
-    seen: dict[str, int] = {}
-    routes = []
-    for i, values in enumerate(raw):
-        path = f"routes[{i}]"
-        name = values["name"]
-        if name in seen:
-            raise reader.error(
-                f"{path}.name",
-                f"expected a unique route name, got {describe(name)} (also routes[{seen[name]}])",
-            )
-        if name in providers:
-            raise reader.error(
-                f"{path}.name",
-                "expected a name no provider has (a workload's target must mean one thing), "
-                f"got {describe(name)}",
-            )
-        seen[name] = i
-        names = values["providers"]
-        if not names:
-            raise reader.error(f"{path}.providers", "expected at least one provider name, got none")
-        for j, provider in enumerate(names):
-            if provider not in providers:
-                raise reader.error(
-                    f"{path}.providers[{j}]",
-                    f"expected the name of a declared provider ({', '.join(providers)}), "
-                    f"got {describe(provider)}",
-                )
-        kinds = {provider: providers[provider].kind for provider in names}
-        if len(set(kinds.values())) > 1:
-            listed = ", ".join(f"{p} is {k}" for p, k in kinds.items())
-            raise reader.error(f"{path}.providers", f"expected providers of one kind, got {listed}")
-        weights = values.get("weights")
-        if weights is not None:
-            for provider in weights:
-                if provider not in names:
-                    raise reader.error(
-                        f"{path}.weights.{provider}",
-                        f"expected a weight for one of the route's providers ({', '.join(names)})",
-                    )
-            missing = [provider for provider in names if provider not in weights]
-            if missing:
-                raise reader.error(
-                    f"{path}.weights.{missing[0]}",
-                    "missing; expected a number > 0 for each of the route's providers",
-                )
-            values = {**values, "weights": {provider: float(weights[provider]) for provider in names}}
-        routes.append(RouteConfig(**values))
-    return tuple(routes)
-
-
 def _crash(
     values: dict[str, Any], path: str, store: StoreConfig, horizon_s: float, reader: _Reader
 ) -> CrashConfig:
@@ -235,22 +168,6 @@ def _overload(values: dict[str, Any], reader: _Reader) -> OverloadConfig:
     if overload.budget_ratio <= 0 and overload.retry_budget == "ratio":
         raise reader.error("overload.budget_ratio", 'expected a number > 0 with retry_budget = "ratio"')
     return overload
-
-
-def _budget(values: dict[str, Any], providers: Sequence[str], reader: _Reader) -> BudgetConfig:
-    """The ``[budget]`` section: each price a number >= 0 for a declared provider (none given: the
-    providers' own ``price_per_1k_units``, see :func:`aiqsim.sim.simulate.budget_gate`)."""
-    prices: dict[str, float] = {}
-    for name, price in values.get("prices", {}).items():
-        path = _join("budget.prices", name)
-        if name not in providers:
-            raise reader.error(path, f"expected a declared provider's name (one of: {', '.join(providers)})")
-        try:
-            prices[name] = _NON_NEGATIVE(price)
-        except _Invalid:
-            raise reader.expected(path, f"{_NON_NEGATIVE.expected} (the price per unit)", price) from None
-    budget = BudgetConfig(**{**values, "prices": prices})
-    return budget
 
 
 def _fleet(
