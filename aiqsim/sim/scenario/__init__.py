@@ -57,11 +57,8 @@ from aiqsim.sim.config import (
     CrashConfig,
     DispatchConfig,
     FleetConfig,
-    OverloadConfig,
-    RetryConfig,
     RouteConfig,
     Scenario,
-    StoreConfig,
     WorkloadConfig,
 )
 from aiqsim.sim.scenario.budget import _budget
@@ -72,6 +69,7 @@ from aiqsim.sim.scenario.providers import _providers
 from aiqsim.sim.scenario.providers import provider_from_table as provider_from_table
 from aiqsim.sim.scenario.quotas import _quotas
 from aiqsim.sim.scenario.reader import _Reader
+from aiqsim.sim.scenario.retry import _overload, _retry
 from aiqsim.sim.scenario.routes import _routes
 from aiqsim.sim.scenario.sizes import _largest_fixed_units
 from aiqsim.sim.scenario.spec import (
@@ -97,6 +95,7 @@ from aiqsim.sim.scenario.spec import (
 )
 from aiqsim.sim.scenario.spec import MAX_PRICE_PER_1K_UNITS as MAX_PRICE_PER_1K_UNITS
 from aiqsim.sim.scenario.spec import SECTION_FIELDS as SECTION_FIELDS
+from aiqsim.sim.scenario.store import _crash, _store
 from aiqsim.sim.scenario.tenants import _tenants
 from aiqsim.sim.scenario.workloads import _workload
 
@@ -116,58 +115,6 @@ MAX_TIMELINE_STEPS = 1_000_000
 
 MAX_FLEET_WORKERS = 1000
 """More scheduler instances than this in one simulation is a typo, not a fleet."""
-
-
-def _retry(values: dict[str, Any], reader: _Reader) -> RetryConfig:
-    retry = RetryConfig(**values)
-    if not retry.cap_s >= retry.base_s:
-        raise reader.error(
-            "retry.cap_s" if "cap_s" in values else "retry.base_s",
-            f"expected cap_s >= base_s, got cap_s = {_fmt(retry.cap_s)} and base_s = {_fmt(retry.base_s)}",
-        )
-    return retry
-
-
-def _store(values: dict[str, Any], reader: _Reader) -> StoreConfig:
-    store = StoreConfig(**values)
-    if store.kind == "memory" and store.path is not None:
-        raise reader.error(
-            "store.path", 'does not apply to the memory store; set store.kind = "json" or "sqlite"'
-        )
-    if store.path is not None and "\0" in store.path:  # no file system takes it; open() raises ValueError
-        raise reader.error(
-            "store.path", f"expected a file path, got {describe(store.path)} (it holds a NUL character)"
-        )
-    if store.group_commit and store.kind != "sqlite":
-        raise reader.error("store.group_commit", 'needs store.kind = "sqlite" (the store with group commit)')
-    return store
-
-
-def _crash(
-    values: dict[str, Any], path: str, store: StoreConfig, horizon_s: float, reader: _Reader
-) -> CrashConfig:
-    crash = CrashConfig(**values)
-    if (crash.at_s is None) == (crash.after_writes is None):
-        got = "both" if crash.at_s is not None else "neither"
-        raise reader.error(path, f"expected exactly one of at_s or after_writes, got {got}")
-    if crash.at_s is not None and crash.at_s > horizon_s:
-        raise reader.error(
-            f"{path}.at_s",
-            f"expected a number <= duration_s + drain_s ({_fmt(horizon_s)}), got {describe(values['at_s'])} "
-            "(the run is over by then)",
-        )
-    if crash.torn_write and store.kind != "json":
-        raise reader.error(
-            f"{path}.torn_write", f'only applies to the json store, but store.kind is "{store.kind}"'
-        )
-    return crash
-
-
-def _overload(values: dict[str, Any], reader: _Reader) -> OverloadConfig:
-    overload = OverloadConfig(**values)
-    if overload.budget_ratio <= 0 and overload.retry_budget == "ratio":
-        raise reader.error("overload.budget_ratio", 'expected a number > 0 with retry_budget = "ratio"')
-    return overload
 
 
 def _fleet(
