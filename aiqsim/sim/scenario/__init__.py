@@ -52,18 +52,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aiqsim.sim.config import (
-    ClientQuotaConfig,
-    CrashConfig,
-    DispatchConfig,
-    FleetConfig,
-    RouteConfig,
-    Scenario,
-    WorkloadConfig,
-)
+from aiqsim.sim.config import DispatchConfig, FleetConfig, RouteConfig, Scenario, WorkloadConfig
 from aiqsim.sim.scenario.budget import _budget
 from aiqsim.sim.scenario.errors import ScenarioError, _fmt, _join
 from aiqsim.sim.scenario.errors import describe as describe
+from aiqsim.sim.scenario.fleet import MAX_FLEET_WORKERS as MAX_FLEET_WORKERS
+from aiqsim.sim.scenario.fleet import _fleet
 from aiqsim.sim.scenario.jobs import _jobs
 from aiqsim.sim.scenario.providers import _providers
 from aiqsim.sim.scenario.providers import provider_from_table as provider_from_table
@@ -71,7 +65,6 @@ from aiqsim.sim.scenario.quotas import _quotas
 from aiqsim.sim.scenario.reader import _Reader
 from aiqsim.sim.scenario.retry import _overload, _retry
 from aiqsim.sim.scenario.routes import _routes
-from aiqsim.sim.scenario.sizes import _largest_fixed_units
 from aiqsim.sim.scenario.spec import (
     _BUDGET,
     _CRASH,
@@ -111,56 +104,6 @@ __all__ = [
 
 MAX_TIMELINE_STEPS = 1_000_000
 """The timeline has one row per step and provider: more steps than this is a typo, not a wish."""
-
-
-MAX_FLEET_WORKERS = 1000
-"""More scheduler instances than this in one simulation is a typo, not a fleet."""
-
-
-def _fleet(
-    values: dict[str, Any],
-    quotas: Mapping[str, ClientQuotaConfig],
-    workloads: tuple[WorkloadConfig, ...],
-    crashes: tuple[CrashConfig, ...],
-    reader: _Reader,
-) -> FleetConfig:
-    """The ``[fleet]`` section, with the checks that span keys and sections."""
-    fleet = FleetConfig(**values)
-    if fleet.workers > MAX_FLEET_WORKERS:
-        raise reader.error(
-            "fleet.workers", f"expected at most {MAX_FLEET_WORKERS} workers, got {describe(fleet.workers)}"
-        )
-    if fleet.routing == "weighted" and len(fleet.weights) != fleet.workers:
-        got = f"{len(fleet.weights)} weight(s)" if "weights" in values else "none"
-        raise reader.error(
-            "fleet.weights",
-            f'expected one weight per worker ({fleet.workers}) with routing = "weighted", got {got}',
-        )
-    if fleet.workers > 1 and crashes:
-        raise reader.error(
-            "crashes",
-            f"crashes are not simulated in a fleet yet (fleet.workers = {fleet.workers}); "
-            "remove [[crashes]] or set fleet.workers = 1",
-        )
-    if fleet.quota == "split" and fleet.workers > 1:
-        for i, workload in enumerate(workloads):
-            quota = quotas.get(workload.provider)
-            if workload.job is not None or workload.type in ("trace", "replay") or quota is None:
-                continue
-            largest = _largest_fixed_units(workload.cost)
-            if quota.units_per_min is None or largest is None:
-                continue
-            capacity = (
-                quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
-            ) / fleet.workers
-            if largest > capacity:
-                raise reader.error(
-                    "fleet.quota",
-                    f"a split over {fleet.workers} workers leaves each {_fmt(capacity)} units of "
-                    f"{workload.provider!r} at once, less than workloads[{i}]'s tasks of {largest} units "
-                    '(they could never be granted); use quota = "shared" or fewer workers',
-                )
-    return fleet
 
 
 def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Scenario:
