@@ -8,6 +8,7 @@ from typing import Any
 
 from aiqsim.sim.config import ClientQuotaConfig, CrashConfig, FleetConfig, WorkloadConfig
 from aiqsim.sim.scenario.errors import _fmt, describe
+from aiqsim.sim.scenario.quotas import _unit_capacity
 from aiqsim.sim.scenario.reader import _Reader
 from aiqsim.sim.scenario.sizes import _largest_fixed_units
 
@@ -42,15 +43,13 @@ def _fleet(
         )
     if fleet.quota == "split" and fleet.workers > 1:
         for i, workload in enumerate(workloads):
-            quota = quotas.get(workload.provider)
-            if workload.job is not None or workload.type in ("trace", "replay") or quota is None:
+            if workload.job is not None or workload.type in ("trace", "replay"):
                 continue
             largest = _largest_fixed_units(workload.cost)
-            if quota.units_per_min is None or largest is None:
+            whole = _unit_capacity(quotas.get(workload.provider))
+            if whole is None or largest is None:
                 continue
-            capacity = (
-                quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
-            ) / fleet.workers
+            capacity = whole / fleet.workers
             if largest > capacity:
                 raise reader.error(
                     "fleet.quota",

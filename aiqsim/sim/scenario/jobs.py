@@ -10,8 +10,9 @@ from typing import Any
 from aiqsim.sim.config import ClientQuotaConfig, ProviderConfig
 from aiqsim.sim.job_config import JobConfig, StageConfig
 from aiqsim.sim.scenario.errors import _fmt, describe
+from aiqsim.sim.scenario.quotas import _unit_capacity
 from aiqsim.sim.scenario.reader import _Reader
-from aiqsim.sim.scenario.sizes import _fanout, _stage_size
+from aiqsim.sim.scenario.sizes import _fanout, _largest_fixed_units, _stage_size
 
 
 def _stage(
@@ -58,20 +59,15 @@ def _stage(
             f"expected one of the stages this stage waits for (after = {listed}), "
             f"got {describe(stage.size.stage)}",
         )
-    largest = None
-    if stage.size.dist == "fixed":
-        largest = max(1, round(stage.size.mean))
-    elif stage.size.dist == "uniform":
-        largest = max(1, round(stage.size.high))
+    largest = _largest_fixed_units(stage.size)
     smallest_fanout = max(1, round(stage.fanout.mean if stage.fanout.dist == "fixed" else stage.fanout.low))
     if stage.fanout.dist == "lognormal":
         smallest_fanout = 1
     for name in (stage.provider, stage.fallback):
-        quota = quotas.get(name) if name is not None else None
-        if largest is None or quota is None or quota.units_per_min is None:
+        capacity = _unit_capacity(quotas.get(name) if name is not None else None)
+        if largest is None or capacity is None:
             continue
         per_call = math.ceil(largest / smallest_fanout)
-        capacity = quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
         if per_call > capacity:
             key = "mean" if stage.size.dist == "fixed" else "high"
             raise reader.error(
@@ -93,13 +89,7 @@ def _jobs(
     jobs = []
     for i, values in enumerate(raw):
         path = f"jobs[{i}]"
-        if values["name"] in seen:
-            first = seen[values["name"]]
-            raise reader.error(
-                f"{path}.name",
-                f"expected a unique job name, got {describe(values['name'])} (also jobs[{first}])",
-            )
-        seen[values["name"]] = i
+        reader.unique_name(seen, "jobs", i, "job", values["name"])
         if not values["stages"]:
             raise reader.error(f"{path}.stages", "expected at least one [[jobs.stages]] table, got none")
         stages: list[StageConfig] = []

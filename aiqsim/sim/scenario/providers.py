@@ -27,13 +27,7 @@ def _providers(raw: tuple[dict[str, Any], ...], reader: _Reader) -> tuple[Provid
     providers = []
     for i, values in enumerate(raw):
         path = f"providers[{i}]"
-        name = values["name"]
-        if name in seen:
-            raise reader.error(
-                f"{path}.name",
-                f"expected a unique provider name, got {describe(name)} (also providers[{seen[name]}])",
-            )
-        seen[name] = i
+        reader.unique_name(seen, "providers", i, "provider", values["name"])
         if values.get("latency_dist") == "exponential" and values.get("latency_sigma", 0.0) != 0:
             raise reader.error(
                 f"{path}.latency_sigma",

@@ -35,3 +35,11 @@ def _quotas(
             )
         quotas[name] = quota
     return quotas
+
+
+def _unit_capacity(quota: ClientQuotaConfig | None) -> float | None:
+    """The most units a client quota can ever grant at once (``unit_burst``, else ``units_per_min``), or
+    None when it sets no unit rate: a larger call could never be granted."""
+    if quota is None or quota.units_per_min is None:
+        return None
+    return quota.unit_burst if quota.unit_burst is not None else quota.units_per_min

@@ -85,3 +85,13 @@ class _Reader:
         if variant is not None:
             values[schema.variant_key] = variant
         return values
+
+    def unique_name(self, seen: dict[str, int], section: str, index: int, what: str, name: str) -> None:
+        """Record ``name`` as the entry ``section[index]``'s, or raise naming the earlier entry that has
+        it: the entries of ``[[providers]]``, ``[[routes]]`` and ``[[jobs]]`` are addressed by name."""
+        if name in seen:
+            raise self.error(
+                f"{section}[{index}].name",
+                f"expected a unique {what} name, got {describe(name)} (also {section}[{seen[name]}])",
+            )
+        seen[name] = index

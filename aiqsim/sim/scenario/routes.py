@@ -20,18 +20,13 @@ def _routes(
     for i, values in enumerate(raw):
         path = f"routes[{i}]"
         name = values["name"]
-        if name in seen:
-            raise reader.error(
-                f"{path}.name",
-                f"expected a unique route name, got {describe(name)} (also routes[{seen[name]}])",
-            )
+        reader.unique_name(seen, "routes", i, "route", name)
         if name in providers:
             raise reader.error(
                 f"{path}.name",
                 "expected a name no provider has (a workload's target must mean one thing), "
                 f"got {describe(name)}",
             )
-        seen[name] = i
         names = values["providers"]
         if not names:
             raise reader.error(f"{path}.providers", "expected at least one provider name, got none")

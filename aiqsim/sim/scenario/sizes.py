@@ -25,8 +25,9 @@ def _cost(values: dict[str, Any], path: str, reader: _Reader) -> CostConfig:
     return _uniform_bounds_checked(CostConfig(**values), values, path, reader)
 
 
-def _largest_fixed_units(cost: CostConfig) -> int | None:
-    """The largest task a bounded cost distribution can produce (None for unbounded ones)."""
+def _largest_fixed_units(cost: CostConfig | StageSizeConfig) -> int | None:
+    """The largest task a bounded size distribution can produce (None for unbounded ones, and for a
+    stage's size taken from an earlier stage)."""
     if cost.dist == "fixed":
         return max(1, round(cost.mean))
     if cost.dist == "uniform":
