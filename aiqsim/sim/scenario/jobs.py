@@ -9,8 +9,8 @@ from typing import Any
 
 from aiqsim.sim.config import ClientQuotaConfig, ProviderConfig
 from aiqsim.sim.job_config import JobConfig, StageConfig
-from aiqsim.sim.scenario.errors import _fmt, describe
-from aiqsim.sim.scenario.quotas import _unit_capacity
+from aiqsim.sim.scenario.errors import describe
+from aiqsim.sim.scenario.quotas import _never_granted, _unit_capacity
 from aiqsim.sim.scenario.reader import _Reader
 from aiqsim.sim.scenario.sizes import _fanout, _largest_fixed_units, _stage_size
 
@@ -70,12 +70,7 @@ def _stage(
         per_call = math.ceil(largest / smallest_fanout)
         if per_call > capacity:
             key = "mean" if stage.size.dist == "fixed" else "high"
-            raise reader.error(
-                f"{path}.size.{key}",
-                f"expected calls of at most {_fmt(capacity)} units (the client quota of {name!r} can never "
-                f"grant more: quotas.{name}.unit_burst, or units_per_min when unset), "
-                f"got {per_call} per call",
-            )
+            raise _never_granted(reader, f"{path}.size.{key}", name, capacity, per_call, per_call=True)
     return stage
 
 

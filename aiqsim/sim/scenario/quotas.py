@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiqsim.sim.config import ClientQuotaConfig
-from aiqsim.sim.scenario.errors import describe
+from aiqsim.sim.scenario.errors import ScenarioError, _fmt, describe
 from aiqsim.sim.scenario.reader import _Reader
 
 
@@ -43,3 +43,16 @@ def _unit_capacity(quota: ClientQuotaConfig | None) -> float | None:
     if quota is None or quota.units_per_min is None:
         return None
     return quota.unit_burst if quota.unit_burst is not None else quota.units_per_min
+
+
+def _never_granted(
+    reader: _Reader, path: str, provider: str, capacity: float, got: int, *, per_call: bool = False
+) -> ScenarioError:
+    """The error for a size larger than ``provider``'s client quota can ever grant (see
+    :func:`_unit_capacity`); ``per_call``: a job stage's size, split over its fan-out's calls."""
+    expected, unit = ("calls of at most", " per call") if per_call else ("at most", "")
+    return reader.error(
+        path,
+        f"expected {expected} {_fmt(capacity)} units (the client quota of {provider!r} can never grant "
+        f"more: quotas.{provider}.unit_burst, or units_per_min when unset), got {got}{unit}",
+    )

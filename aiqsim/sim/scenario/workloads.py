@@ -10,7 +10,7 @@ from typing import Any
 from aiqsim.sim.config import ClientQuotaConfig, ProviderConfig, RouteConfig, TenantConfig, WorkloadConfig
 from aiqsim.sim.job_config import JobConfig
 from aiqsim.sim.scenario.errors import _fmt, describe
-from aiqsim.sim.scenario.quotas import _unit_capacity
+from aiqsim.sim.scenario.quotas import _never_granted, _unit_capacity
 from aiqsim.sim.scenario.reader import _Reader
 from aiqsim.sim.scenario.sizes import _cost, _largest_fixed_units
 from aiqsim.sim.scenario.spec import _JOB_WORKLOAD_EXCLUDED, _WORKLOAD, _WORKLOAD_KEYS
@@ -61,12 +61,7 @@ def _workload(
     largest = _largest_fixed_units(workload.cost) if workload.type not in ("trace", "replay") else None
     if capacity is not None and largest is not None and largest > capacity:
         key = "mean" if workload.cost.dist == "fixed" else "high"
-        raise reader.error(
-            f"{path}.cost.{key}",
-            f"expected at most {_fmt(capacity)} units (the client quota of {workload.provider!r} "
-            f"can never grant more: quotas.{workload.provider}.unit_burst, or units_per_min when unset), "
-            f"got {largest}",
-        )
+        raise _never_granted(reader, f"{path}.cost.{key}", workload.provider, capacity, largest)
     return workload
 
 
