@@ -40,6 +40,18 @@ Overrides (``load_scenario(path, overrides={"retry.base_s": 0.5})`` or the CLI's
 ``--set retry.base_s=0.5`` through :func:`parse_override`) are applied to the raw mapping
 before validation, so they are checked exactly like the file. Providers can be addressed by
 name (``providers.llm.timeout_prob``) or by index (``providers[0].timeout_prob``).
+
+Where each rule lives (this module only re-exports):
+
+- ``files``: reading a file (size, UTF-8, TOML errors with their line); ``nesting``: the depth bound;
+  ``overrides``: key paths and ``--set``; ``parse``: :func:`parse_scenario`, the sections in order;
+  ``to_dict``: a scenario back to the file layout.
+- ``spec``: every table, its keys and their value checks (``checks``), from which
+  :mod:`aiqsim.sim.scenario_schema` writes the JSON Schema; ``reader``: a mapping checked against them;
+  ``errors``: :class:`ScenarioError` and how values are written in messages.
+- One builder per section, with the checks that span keys: ``providers``, ``quotas``, ``workloads``
+  (and ``workload_files``), ``sizes``, ``jobs``, ``routes``, ``tenants``, ``budget``, ``retry``
+  (with ``[overload]``), ``store`` (with ``[[crashes]]``), ``fleet``.
 """
 
 from __future__ import annotations

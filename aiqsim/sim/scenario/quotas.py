@@ -1,4 +1,6 @@
-"""The ``[quotas.NAME]`` tables: a client-side quota for a declared provider, bursts only with their rate."""
+"""The ``[quotas.NAME]`` tables: a client-side quota for a declared provider, bursts only with their rate;
+and the most units a quota can ever grant at once, which workloads, job stages and a split fleet are
+checked against (a larger call would wait for ever)."""
 
 from __future__ import annotations
 

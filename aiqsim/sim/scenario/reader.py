@@ -2,7 +2,8 @@
 
 The result is plain checked values (dicts, tuples); every problem is a
 :class:`~aiqsim.sim.scenario.ScenarioError` naming the dotted key path. The section builders
-make records from these values and check what spans several keys.
+make records from these values and check what spans several keys; the reader also holds the one
+rule every array of named entries shares (a name at most once).
 """
 
 from __future__ import annotations
