@@ -1,9 +1,10 @@
 """The JSON Schema of scenario files, generated from the loader's own spec tables.
 
 :mod:`aiqsim.sim.scenario` validates files against one definition: the value checks (``_Number``,
-``_Integer``, ``_Choice``, ...) and the table specs (``_PROVIDER``, ``_RETRY``, ..., ``_FILE``) built
-from them. This module walks that definition and writes it as JSON Schema (draft 7, which VS Code,
-taplo / Even Better TOML and PyCharm all read), so editors complete keys and flag mistakes while
+``_Integer``, ``_Choice``, ... in :mod:`aiqsim.sim.scenario.checks`) and the table specs (``_PROVIDER``,
+``_RETRY``, ..., ``_FILE`` in :mod:`aiqsim.sim.scenario.spec`) built from them. This module walks
+that definition and writes it as JSON Schema (draft 7, which VS Code, taplo / Even Better TOML and
+PyCharm all read), so editors complete keys and flag mistakes while
 typing. There is no second copy of the rules: a new key, bound or choice added to a spec table is
 in the schema the next time it is generated (``aiqsim schema > scenarios/scenario.schema.json``;
 ``tests/test_schema.py`` checks the shipped file is up to date and that the schema and the loader
@@ -24,23 +25,19 @@ import math
 from typing import Any
 
 from aiqsim.core.numeric import LARGEST_WHOLE
-from aiqsim.sim.scenario import (
-    _FILE,
+from aiqsim.sim.scenario.checks import (
     _NAME,
-    SECTION_FIELDS,
-    _Array,
     _Boolean,
     _Choice,
     _Integer,
-    _Map,
     _Names,
     _Number,
     _Optional,
     _Prices,
-    _Table,
     _Text,
     _Weights,
 )
+from aiqsim.sim.scenario.spec import _FILE, SECTION_FIELDS, _Array, _Map, _Table
 
 __all__ = ["RULES_NOT_IN_SCHEMA", "SCHEMA_DIRECTIVE", "scenario_json_schema", "scenario_schema_text"]
 
