@@ -102,13 +102,14 @@ def test_seed_ranges_draw_no_bars_on_a_log_axis_and_mark_the_bound_and_the_choic
 def test_the_tuning_panel_writes_numbers_as_people_do() -> None:
     from aiqsim.lab.widgets import TuningPanel, make_control
 
-    panel = TuningPanel(SCENARIOS / "retry_storm_429.toml", {"quotas.llm.units_per_min": (200_000, 1_200_000)})
-    panel.controls["quotas.llm.units_per_min"].value = 800_000
+    key = "quotas.llm.units_per_min"
+    panel = TuningPanel(SCENARIOS / "retry_storm_429.toml", {key: (200_000, 1_200_000)})
+    panel.controls[key].value = 800_000
     assert panel.last_result.scenario.quotas["llm"].units_per_min == 800_000
     assert "<b>800,000</b>" in panel.table.value and "e+0" not in panel.table.value
     assert "800,000 tokens/min" in panel.chart_title.replace("\n", " ")
     # a float range's readout: fixed decimals with thousands separators, never exponent notation
-    quota = make_control("quotas.llm.units_per_min", (2e5, 1.2e6), 5e5)
+    quota = make_control(key, (2e5, 1.2e6), 5e5)
     base = make_control("retry.base_s", (0.1, 5.0), 0.5)
     assert format(800_000.0, quota.readout_format) == "800,000"
     assert format(2.0, base.readout_format) in ("2.0", "2.00")
