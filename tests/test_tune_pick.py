@@ -8,6 +8,7 @@ Small scenarios (the retry storm cut to 20 s of arrivals), a few trials, fixed s
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import tomllib
 from pathlib import Path
@@ -208,3 +209,30 @@ def test_the_best_file_is_a_scenario_aiqsim_run_accepts(
     assert simulate(best, seed=4).summary == expected.summary
     submitted = next(line for line in ran.splitlines() if line.startswith("tasks_submitted"))
     assert f"{expected.summary['tasks_submitted']:,}" in submitted
+
+
+def test_the_best_file_names_a_replays_arrivals_file_from_its_own_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scenario replaying an arrivals file, tuned with --out in another folder: the best file names
+    the arrivals relative to itself (as the loader resolves them), so it runs from any directory."""
+    source = tmp_path / "calibrated"
+    source.mkdir()
+    rows = "\n".join(f"{0.25 * i:g},{200 + 10 * i},{40 + i},input-{i}" for i in range(60))
+    (source / "arrivals.csv").write_text("offset_s,prompt_units,output_units,input\n" + rows + "\n")
+    replay = FLOOR.replace("RPM", "150").split("[[workloads]]")[0]
+    replay += '[[workloads]]\ntype = "replay"\nprovider = "llm"\narrivals = "arrivals.csv"\n'
+    (source / "replay.toml").write_text(replay)
+    out = tmp_path / "tuned" / "t.csv"
+    out.parent.mkdir()
+    assert main(["tune", str(source / "replay.toml"), "--param", "retry.base_s=0.2:2", "--trials", "2",
+                 "--seeds", "1", "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    best = tmp_path / "tuned" / "t.csv.best.toml"
+    (workload,) = tomllib.loads(best.read_text())["workloads"]
+    assert workload["arrivals"] == "../calibrated/arrivals.csv"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["run", str(best), "--seed", "1"]) == 0
+    assert re.search(r"^tasks_submitted +60 ", capsys.readouterr().out, re.MULTILINE)
