@@ -113,3 +113,23 @@ def test_the_tuning_panel_writes_numbers_as_people_do() -> None:
     base = make_control("retry.base_s", (0.1, 5.0), 0.5)
     assert format(800_000.0, quota.readout_format) == "800,000"
     assert format(2.0, base.readout_format) in ("2.0", "2.00")
+
+
+def test_a_setting_the_scenario_refuses_is_shown_in_the_panel_not_raised_from_its_callback() -> None:
+    """The quickstart's panel offers request_burst over the storm, whose request quota is unset: moving
+    the burst alone raised ScenarioError inside the widget callback, and the panel went on showing the
+    last run beside a burst slider that no longer matched it."""
+    from aiqsim.lab.widgets import TuningPanel
+
+    rpm, burst = "quotas.llm.requests_per_min", "quotas.llm.request_burst"
+    panel = TuningPanel(SCENARIOS / "retry_storm_429.toml", {rpm: (60, 240, 10), burst: (1, 120)})
+    before = panel.last_result
+    panel.controls[burst].value = 5
+    assert panel.runs == 1 and panel.last_result is before
+    assert panel.error is not None and "only applies together with requests_per_min" in panel.error
+    assert "Not run:" in panel.table.value and "still the last run's" in panel.table.value
+    assert "<b>unset</b>" in panel.table.value  # what did run is still said
+    panel.controls[rpm].value = 120  # now the burst applies
+    assert panel.error is None and panel.runs == 2 and "Not run" not in panel.table.value
+    quota = panel.last_result.scenario.quotas["llm"]
+    assert (quota.requests_per_min, quota.request_burst) == (120, 5)
