@@ -262,3 +262,22 @@ def test_a_pick_that_fails_on_fresh_seeds_or_rests_on_one_seed_is_warned_about(
     printed = capsys.readouterr()
     assert "no interval from one seed" in printed.out
     assert f"warning: {P99}<=1000 is judged on one seed" in printed.err and "--confirm-seeds" in printed.err
+
+
+def test_the_printed_set_line_is_quoted_for_a_shell_where_it_must_be() -> None:
+    """``--set workloads[0].rate_per_s=1.5`` unquoted: zsh globs the brackets ("no matches found")."""
+    import shlex
+
+    import pandas as pd
+
+    from aiqsim.lab.tune import TuneResult
+
+    params = {"workloads[0].rate_per_s": 1.5, "retry.base_s": 0.273168079, "dispatch.policy": "sjf"}
+    result = TuneResult(pd.DataFrame(), params, {}, ("cost_total",), ("minimize",), pd.DataFrame())
+    line = result.set_line()
+    assert line == "--set 'workloads[0].rate_per_s=1.5' --set retry.base_s=0.273168 --set dispatch.policy=sjf"
+    assert shlex.split(line)[1::2] == [
+        "workloads[0].rate_per_s=1.5",
+        "retry.base_s=0.273168",
+        "dispatch.policy=sjf",
+    ]
