@@ -117,12 +117,30 @@ def test_intervals_are_printed_written_as_comments_and_reported(
     text = out.read_text()
     assert "#   providers.llm.rate_limit_prob" in text and "Wilson score" in text
     assert "95% interval: latency_sigma" in report.read_text()
+    # every fitted parameter, not just the ones named above, in all three places
+    (workload,) = calibrate(log).workloads
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    shown = report.read_text()
+    for key in fit.intervals:
+        name = f"providers.llm.{key} "
+        assert any(name in line for line in printed.splitlines()), f"{key} not printed"
+        assert any(name in line for line in comments), f"{key} not in the scenario's comments"
+        assert f"95% interval: {key}" in shown, f"{key} not in the report"
+    for key in workload.intervals:
+        name = f"workload llm/background {key} "
+        assert any(name in line for line in printed.splitlines()), f"{key} not printed"
+        assert any(name in line for line in comments), f"{key} not in the scenario's comments"
+        assert f"{key} {workload.intervals[key]}" in shown, f"{key} not in the report"
 
 
 def test_interval_arithmetic_matches_its_definitions() -> None:
     # Wilson: 0 of 40 is not "exactly 0": the upper end is z^2 / (n + z^2)
     zero = wilson(0, 40)
     assert zero.low == 0 and zero.high == pytest.approx(1.959963984540054**2 / (40 + 1.959963984540054**2))
+    # none (or all) of n: the end is exactly 0 (or 1) for every n; 0 of 3 was [5.551e-17, 0.5615],
+    # an interval that left out its own estimate
+    for n in range(1, 300):
+        assert wilson(0, n).low == 0.0 and wilson(n, n).high == 1.0, n
     ten = wilson(10, 100)
     assert (ten.low, ten.high) == pytest.approx((0.0552, 0.1744), abs=5e-4)  # textbook values
     rate = poisson_rate(100, 20.0)
@@ -145,6 +163,8 @@ def test_a_three_row_log_is_flagged_and_its_intervals_are_wide(log: Path, tmp_pa
         "small sample" in flag and f"< {SMALL_SAMPLE}" in flag and "llm:" in flag for flag in result.flags
     )
     assert any("small sample: 3 submissions" in flag for flag in result.flags)
+    for interval in [*result.providers["llm"].intervals.values(), *result.workloads[0].intervals.values()]:
+        assert math.isnan(interval.value) or interval.low <= interval.value <= interval.high, interval
     big = calibrate(log).providers["llm"].intervals
     for key in ("latency_base_s", "server_error_prob"):
         interval = result.providers["llm"].intervals[key]

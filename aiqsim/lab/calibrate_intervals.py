@@ -91,7 +91,11 @@ def wilson(events: float, trials: float, value: float | None = None) -> Interval
     z2 = Z_975**2
     centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
     half = Z_975 * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials**2)) / (1 + z2 / trials)
-    return Interval(point, max(centre - half, 0.0), min(centre + half, 1.0), "Wilson score", round(trials))
+    # at p = 0 (or 1) the end is exactly 0 (or 1), but centre - half rounds to 5.6e-17 for some n
+    # (0 of 3): an interval printed as [5.551e-17, 0.56] that left out its own estimate 0
+    low = 0.0 if p <= 0.0 else max(centre - half, 0.0)
+    high = 1.0 if p >= 1.0 else min(centre + half, 1.0)
+    return Interval(point, low, high, "Wilson score", round(trials))
 
 
 def poisson_rate(count: int, exposure_s: float) -> Interval:

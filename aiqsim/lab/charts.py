@@ -482,17 +482,25 @@ def _same_line(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
 
 
 def cost_duplication(sweep: pd.DataFrame, x: str, *, hue: str | None = None) -> Figure:
-    """Duplicated cost against a parameter (backoff base, attempt timeout...), with seed bands."""
-    stats = sweep.groupby(x)["cost_duplicated"].mean()
-    finding = (
-        f"duplicated cost falls from ${stats.iloc[0]:.3g} to ${stats.iloc[-1]:.3g} as "
-        f"{axis_label(x).split(' (')[0]} goes {stats.index[0]:g} to {stats.index[-1]:g}"
-        if len(stats) > 1
-        else f"duplicated cost vs {axis_label(x)}"
-    )
-    if len(stats) > 1 and stats.iloc[-1] > stats.iloc[0]:
-        finding = finding.replace("falls", "rises")
-    return metric_vs_parameter(sweep, x, "cost_duplicated", hue=hue, title=finding)
+    """Duplicated cost against a parameter (backoff base, attempt timeout...), with seed bands.
+
+    The title says the cost falls (or rises) from the first ``x`` to the last only when their 95% seed
+    bands (of the mean over ``hue``, per seed) are apart; otherwise that no clear change shows.
+    """
+    y = "cost_duplicated"
+    per_seed = sweep.groupby([x, "seed"], as_index=False)[y].mean() if "seed" in sweep else sweep
+    stats = _mean_and_band(per_seed, x, y)
+    name = axis_label(x).split(" (")[0]
+    if len(stats) > 1:
+        first, last = stats.iloc[0], stats.iloc[-1]
+        span = f"${first['mean']:.3g} to ${last['mean']:.3g} as {name} goes {first[x]:g} to {last[x]:g}"
+        if first["low"] <= last["high"] and last["low"] <= first["high"]:
+            finding = f"duplicated cost: no clear change ({span}, within the 95% seed bands)"
+        else:
+            finding = f"duplicated cost {'rises' if last['mean'] > first['mean'] else 'falls'} from {span}"
+    else:
+        finding = f"duplicated cost vs {axis_label(x)}"
+    return metric_vs_parameter(sweep, x, y, hue=hue, title=finding)
 
 
 def heatmap(
@@ -626,7 +634,8 @@ def pareto(
 
     ``reference`` draws labelled horizontal lines (a latency target). With a ``decision`` the chosen
     setting is starred, the settings its constraints reject are crossed out and the title states its
-    rule instead of naming the cheapest point (which may break the target)."""
+    rule instead of naming the cheapest point (which may break the target); without one it names no
+    setting (notebook 12's title named a cheapest split its decision rejected for breaking the SLO)."""
     stats = sweep.groupby(list(params))[[latency, cost]].agg(["mean", "std"]).reset_index()
     flat = pd.DataFrame({p: stats[p] for p in params})
     flat["cost"] = stats[(cost, "mean")]
@@ -667,11 +676,7 @@ def pareto(
     _legend_outside(ax)
     if decision is not None:
         finding = f"chosen {_setting_text(chosen)}: {decision.rule}"
-    else:
-        best = front.iloc[0]
-        finding = (
-            f"{len(front)} of {len(flat)} settings on the frontier; cheapest "
-            f"{', '.join(short_setting(p, best[p]) for p in params)}"
-        )
+    else:  # no rule to judge by: name no setting (the cheapest may break the very target a decision sets)
+        finding = f"{len(front)} of {len(flat)} settings on the frontier, numbered by cost in the legend"
     _title(ax, title, finding)
     return fig

@@ -39,6 +39,7 @@ import json
 import math
 import os
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -223,8 +224,11 @@ class TuneResult:
     """The scenario that was tuned (for :meth:`best_scenario_toml`)."""
 
     def set_line(self) -> str:
-        """The best settings as ``--set`` arguments for ``aiqsim run``."""
-        return " ".join(f"--set {key}={_format(value)}" for key, value in self.best_params.items())
+        """The best settings as ``--set`` arguments for ``aiqsim run``, quoted for a shell where needed
+        (``'workloads[0].rate_per_s=1.5'``: zsh would glob the brackets and refuse the command)."""
+        return " ".join(
+            f"--set {shlex.quote(f'{key}={_format(value)}')}" for key, value in self.best_params.items()
+        )
 
     def toml_patch(self) -> str:
         """The best settings as a TOML document in the scenario file's layout (only the tuned keys)."""

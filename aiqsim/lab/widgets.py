@@ -13,6 +13,7 @@ widget's new value only flows from the kernel to the front end: nothing comes ba
 
 from __future__ import annotations
 
+import html
 import io
 import math
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.lab import charts
 from aiqsim.lab.chart_style import format_number, short_setting
 from aiqsim.sim.config import Scenario
@@ -173,6 +175,9 @@ class TuningPanel(widgets.VBox):
         self.table = widgets.HTML()
         self.plot = widgets.Image(format="png", layout={"max_width": "100%"})
         self.chart_title = ""
+        self._last_table = ""
+        self.error: str | None = None
+        """Why the last change could not run (the scenario refused the settings), else None."""
         self.runs = 0
         self.last_result: Any = None
         for key, control in self.controls.items():
@@ -220,10 +225,28 @@ class TuningPanel(widgets.VBox):
             self.rerun()
 
     def rerun(self) -> Any:
-        """Simulate with the current settings, refresh the table and the chart; returns the result."""
+        """Simulate with the current settings, refresh the table and the chart; returns the result.
+
+        Settings the scenario refuses are not run: :attr:`error` says why, the table shows it above the
+        last run's figures, and None is returned (the first run, of the file as written, raises).
+        """
         from aiqsim.sim.simulate import simulate
 
-        result = simulate(self.scenario, seed=self.seed_box.value, overrides=self.overrides())
+        try:
+            result = simulate(self.scenario, seed=self.seed_box.value, overrides=self.overrides())
+        except ConfigurationError as error:
+            # a combination the scenario refuses (the quickstart's burst slider moved while the request
+            # quota is unset): raised from a widget callback it only reached the kernel's log, and the
+            # panel kept showing the last run beside controls that no longer matched it
+            if self.last_result is None:
+                raise
+            self.error = str(error)
+            self.table.value = (
+                f"<p style='color:#D55E00'><b>Not run:</b> {html.escape(self.error)}. "
+                "The table and chart below are still the last run's.</p>" + self._last_table
+            )
+            return None
+        self.error = None
         self.runs += 1
         self.last_result = result
         settings = "".join(
@@ -234,7 +257,8 @@ class TuningPanel(widgets.VBox):
             f"<tr><td>{key}</td><td style='text-align:right'>{_fmt(result.summary.get(key))}</td></tr>"
             for key in self.shown
         )
-        self.table.value = f"<table>{settings}{rows}</table>"
+        self._last_table = f"<table>{settings}{rows}</table>"
+        self.table.value = self._last_table
         title = self.title(result)
         if self.chart == "latency_cdf":
             figure = charts.latency_cdf(result.tasks, title=title)
