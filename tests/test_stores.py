@@ -476,7 +476,7 @@ def test_sqlite_opens_a_version_1_store_and_upgrades_it_keeping_every_record(tmp
         assert store.poison_error("key-9") == "SchemaViolationError: bad"
         assert store.owner_of("key-2").id == "t2"  # type: ignore[union-attr]
         store.update(store.get("t1").evolve(worker="w-1"))  # type: ignore[union-attr]
-    assert sqlite_columns(path)[-2:] == ["worker", "tenant"]
+    assert sqlite_columns(path)[-3:] == ["worker", "tenant", "route"]
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

@@ -754,6 +754,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             None,  # deduped_from
             self.worker_id,  # worker
             tenant,
+            route_name,  # route
         )
         owner = persist_change(None, record, self.store.insert_and_claim)
         commit = self._commit  # _staged, inlined (as in Outcomes._write): once per submission
