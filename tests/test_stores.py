@@ -142,6 +142,17 @@ def test_the_tenant_is_kept_across_a_reopen_and_an_update(opener: Opener) -> Non
     assert store.owner_of("key-t").tenant == "acme"  # type: ignore[union-attr]
 
 
+def test_the_route_is_kept_across_a_reopen_and_an_update(opener: Opener) -> None:
+    store = opener.open()
+    store.insert_and_claim(task("t", route="gpt"))
+    store.update(moved(store.get("t"), TaskStatus.RUNNING, provider="west"))  # type: ignore[arg-type]
+    store = opener.reopen(store)
+    kept = store.get("t")
+    assert kept is not None and (kept.route, kept.provider) == ("gpt", "west")
+    assert kept.status is TaskStatus.RUNNING
+    assert store.owner_of("key-t").route == "gpt"  # type: ignore[union-attr]
+
+
 def test_record_round_trips_with_payload_and_result(opener: Opener) -> None:
     store = opener.open()
     assert store.insert_and_claim(RICH) == RICH

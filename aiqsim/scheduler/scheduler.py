@@ -971,6 +971,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         accepted = self._commit.durable() if self._commit is not None else None
         self._emit_transition(TaskStatus.FAILED, record)
         live = LiveTask(record=record)
+        if record.route is not None and self._routes is not None:  # its retries may move again
+            live.route = self._routes.route_of(record)
         self._live[record.id] = live
         self._ensure_started()
         self._claim_and_follow(live)
