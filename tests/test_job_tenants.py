@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from aiqsim import JobSpec, JobStatus, QuotaLimits, Scheduler, Stage
+from aiqsim import JobSpec, JobStatus, QueueFullError, QuotaLimits, Scheduler, Stage
 from aiqsim.scheduler import Tenant
 from aiqsim.scheduler.arguments import SchedulerArgumentError, SchedulerArgumentTypeError
 from aiqsim.scheduler.provider import ProviderRequest, ProviderResponse
@@ -109,6 +109,33 @@ def test_a_bad_tenant_is_refused_and_no_job_is_stored() -> None:
         await without.close()
 
     run_on("simpy", body)
+
+
+def test_a_tenants_max_queued_refuses_a_new_job_never_a_stage_of_a_running_one() -> None:
+    """A job's tasks count toward its tenant's ``max_queued`` as any of the tenant's tasks do; the
+    limit refuses a new job at the door (QueueFullError naming the tenant, nothing stored), and never
+    a stage of a job already running (that stage would fail the job half-way)."""
+
+    def pieces(inputs: Any, results: Any) -> Any:
+        return [{"piece": n} for n in range(3)]
+
+    spec = JobSpec("split", "1", [Stage("fan", "llm", build=pieces, fan_out=True)])
+    tenants = {"light": Tenant(max_queued=2), "heavy": Tenant()}
+
+    async def body(rt: Any) -> Any:
+        scheduler = Scheduler(rt, [Recorder(rt)], quotas={"llm": QuotaLimits(concurrency=1)}, tenants=tenants)
+        job = scheduler.submit_job(spec, {"n": 1}, tenant="light")  # a fan-out of 3 in a tenant of 2
+        with pytest.raises(QueueFullError, match=r"tenant 'light': 3 of its tasks.*no job was submitted"):
+            scheduler.submit_job(spec, {"n": 2}, tenant="light")
+        other = scheduler.submit_job(spec, {"n": 3}, tenant="heavy")
+        results = [await job.wait(), await other.wait()]
+        stored = len(scheduler.jobs.list())
+        await scheduler.close()
+        return results, stored
+
+    results, stored = run_on("simpy", body)
+    assert [job.status for job in results] == [JobStatus.SUCCEEDED] * 2
+    assert len(results[0].results["fan"]) == 3 and stored == 2
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])

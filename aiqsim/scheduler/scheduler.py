@@ -250,8 +250,8 @@ class _SchedulerJobHost:
     def depth_limit(self, priority: Priority) -> int | None:
         return self._scheduler._limits[priority]
 
-    def check_tenant(self, tenant: object) -> None:
-        self._scheduler._checked_tenant(tenant, "No job was submitted")
+    def check_tenant(self, tenant: object) -> int | None:
+        return self._scheduler._checked_tenant(tenant, "No job was submitted")
 
     def queued(self, priority: Priority) -> int:
         return self._scheduler._queued[priority]
@@ -739,7 +739,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             check_slot_lease(lane.name, lane.quota, retry, "nothing was queued or stored")
         if key is None:
             key = fingerprint(kind, payload, params=params, version=version)
-        if tenant_limit is not None:
+        if tenant_limit is not None and not job_stage:  # a job is refused at submit_job, not mid-way
             assert tenant is not None
             self._check_tenant_limit(tenant, tenant_limit, key)
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
