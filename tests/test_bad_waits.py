@@ -19,7 +19,7 @@ from aiqsim import QuotaLimits, RetryPolicy, Scheduler, TaskStatus
 from aiqsim.core.backoff import ExponentialBackoff
 from aiqsim.core.numeric import is_wait
 from aiqsim.core.token_bucket import MultiQuota
-from aiqsim.scheduler.events import TaskTransition
+from aiqsim.scheduler.events import QuotaUnavailable, TaskTransition
 from tests.fakes import ScriptedProvider
 from tests.runtimes import RUNTIMES, run_on
 
@@ -64,6 +64,8 @@ def test_a_bad_wait_from_a_quota_fails_the_task_naming_it_and_the_lanes_go_on(
         assert repr(bad) in refused.error and "'llm'" in refused.error
     failed = [e for e in events if isinstance(e, TaskTransition) and e.new == TaskStatus.FAILED]
     assert {e.task_id for e in failed} == {second.id, third.id}
+    told = [e for e in events if isinstance(e, QuotaUnavailable)]  # the sink hears what was wrong
+    assert [e.provider for e in told] == ["llm", "llm"] and all(repr(bad) in e.error for e in told)
 
 
 @pytest.mark.parametrize("rt_name", RUNTIMES)

@@ -284,7 +284,7 @@ class LaneDispatch:
                 if reservation is None:
                     wait = quota.time_until(candidate.cost, now)
                     if wait.__class__ is not float or not wait >= 0.0:  # one test on the hot path
-                        wait = checked_quota_wait(lane, candidate.cost, wait)
+                        wait = self._checked_wait(lane, candidate, wait)
             except QuotaConfigError as error:  # e.g. recovered from a process with a larger burst
                 if isinstance(candidate, QuotaTicket):  # a retry: its attempt loop fails the task
                     lane.retries[priority].popleft()  # (e.g. a shared quota's Redis refused the call)
@@ -326,6 +326,17 @@ class LaneDispatch:
             if sample is not None:
                 assert self.events is not None
                 self.events(sample)
+
+    def _checked_wait(self, lane: Lane, candidate: QuotaTicket | QueueItem, wait: object) -> float:
+        """:func:`checked_quota_wait`, and a bad wait also told to the event sink
+        (:class:`~aiqsim.scheduler.events.QuotaUnavailable` for the candidate's provider)."""
+        try:
+            return checked_quota_wait(lane, candidate.cost, wait)
+        except QuotaConfigError as error:
+            if self.events is not None:
+                provider = self._live[candidate.task_id].record.provider
+                _outage_reporter(weakref.ref(self), (provider,))(str(error))
+            raise
 
     async def _await_ticket(self, lane: Lane, live: LiveTask) -> Reservation:
         ticket = QuotaTicket(live.record.id, live.record.cost_estimate, self.runtime.create_future())
