@@ -140,6 +140,17 @@ def test_job_records_round_trip_through_dicts() -> None:
 
 
 # ---------------------------------------------------------------------------- the contract
+def test_a_jobs_tenant_is_kept_across_an_update_and_a_reopen(opener: Opener) -> None:
+    store = opener.open()
+    store.insert_and_claim_job(job("j1", tenant="acme"))
+    store.update_job(job_transition(store.get_job("j1"), JobStatus.RUNNING, 2.0, stage_tasks={"a": ["t1"]}))  # type: ignore[arg-type]
+    store = opener.reopen(store)
+    assert store.get_job("j1").tenant == "acme"  # type: ignore[union-attr]
+    assert store.job_owner_of("job-key").tenant == "acme"  # type: ignore[union-attr]
+    assert [j.tenant for j in store.list_jobs(JobStatus.RUNNING)] == ["acme"]
+    store.close()
+
+
 def test_insert_claim_update_get_list_and_reopen(opener: Opener) -> None:
     store = opener.open()
     assert isinstance(store, JobStore)
