@@ -194,12 +194,16 @@ def retry_delay(
     """
     delay = strategy.delay(retry, rng, previous)
     if delay.__class__ is not float or not 0.0 <= delay < math.inf:  # one test for the built-in ones
-        if not (is_wait(delay) and delay < math.inf):  # type: ignore[operator]
+        try:
+            seconds = float(delay) if is_wait(delay) else math.nan
+        except OverflowError:  # an int past any float (10**400)
+            seconds = math.inf
+        if not seconds < math.inf:
             raise ConfigurationError(
                 f"{type(strategy).__name__}.delay(retry={retry}) returned {delay!r}; a backoff "
                 "strategy must answer a finite number of seconds >= 0"
             )
-        delay = float(delay)
+        delay = seconds
     if retry_after_s is not None and retry_after_s > delay:
         return float(retry_after_s)
     return delay

@@ -189,7 +189,10 @@ def checked_quota_wait(lane: Lane, cost: float, wait: object) -> float:
     fails the task the lane was reserving for (as a quota that refuses a cost does), with this
     message, and the lane goes on with its next task; other lanes are not touched."""
     if is_wait(wait):
-        return float(wait)  # type: ignore[arg-type]
+        try:
+            return float(wait)  # type: ignore[arg-type]
+        except OverflowError:  # an int past any float (10**400): no number of seconds either
+            pass
     raise QuotaConfigError(
         f"provider {lane.name!r}: its quota {type(lane.quota).__name__}.time_until({cost!r}) returned "
         f"{wait!r}; a quota must answer a number of seconds >= 0 (inf: until a release frees a "
