@@ -140,6 +140,17 @@ def test_job_records_round_trip_through_dicts() -> None:
 
 
 # ---------------------------------------------------------------------------- the contract
+def test_a_jobs_tenant_is_kept_across_an_update_and_a_reopen(opener: Opener) -> None:
+    store = opener.open()
+    store.insert_and_claim_job(job("j1", tenant="acme"))
+    store.update_job(job_transition(store.get_job("j1"), JobStatus.RUNNING, 2.0, stage_tasks={"a": ["t1"]}))  # type: ignore[arg-type]
+    store = opener.reopen(store)
+    assert store.get_job("j1").tenant == "acme"  # type: ignore[union-attr]
+    assert store.job_owner_of("job-key").tenant == "acme"  # type: ignore[union-attr]
+    assert [j.tenant for j in store.list_jobs(JobStatus.RUNNING)] == ["acme"]
+    store.close()
+
+
 def test_insert_claim_update_get_list_and_reopen(opener: Opener) -> None:
     store = opener.open()
     assert isinstance(store, JobStore)
@@ -245,7 +256,7 @@ def test_sqlite_upgrades_a_version_1_store_to_one_with_job_tables(tmp_path: Path
         store.insert_and_claim_job(job("j1"))
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     finally:
         conn.close()
     with SqliteStore(path) as again:
@@ -259,7 +270,8 @@ def version_2_store(tmp_path: Path) -> Path:
         store.insert_and_claim(task("a"))
     conn = sqlite3.connect(path, isolation_level=None)
     conn.executescript(
-        "DROP TABLE jobs; DROP TABLE job_keys; ALTER TABLE tasks DROP COLUMN tenant; PRAGMA user_version = 2;"
+        "DROP TABLE jobs; DROP TABLE job_keys; ALTER TABLE tasks DROP COLUMN route; "
+        "ALTER TABLE tasks DROP COLUMN tenant; PRAGMA user_version = 2;"
     )
     conn.close()
     return path
@@ -275,16 +287,46 @@ def test_sqlite_upgrades_a_version_2_store_in_place(tmp_path: Path) -> None:
 
 def test_sqlite_upgrades_a_version_3_store_with_the_tenant_column(tmp_path: Path) -> None:
     path = version_2_store(tmp_path)
-    with SqliteStore(path) as store:  # to version 4, then back to what version 3 wrote
+    with SqliteStore(path) as store:  # to the current version, then back to what version 3 wrote
         pass
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.executescript("ALTER TABLE tasks DROP COLUMN tenant; PRAGMA user_version = 3;")
+    conn.executescript(
+        "ALTER TABLE tasks DROP COLUMN route; ALTER TABLE jobs DROP COLUMN tenant; "
+        "ALTER TABLE tasks DROP COLUMN tenant; PRAGMA user_version = 3;"
+    )
     conn.close()
     with SqliteStore(path) as store:
         assert store.get("a").tenant is None  # type: ignore[union-attr]
         store.insert_and_claim(TaskRecord(id="b", key="kb", kind="llm", provider="llm", tenant="acme"))
     with SqliteStore(path) as store:
         assert store.get("b").tenant == "acme"  # type: ignore[union-attr]
+
+
+def test_sqlite_upgrades_a_version_4_store_with_the_route_and_job_tenant_columns(tmp_path: Path) -> None:
+    """A file as version 4 wrote it (no tasks' route, no jobs' tenant), holding a job: opened, its
+    records read as before (route and tenant None), and the columns added for new writes."""
+    path = tmp_path / "v4.sqlite"
+    with SqliteStore(path) as store:
+        store.insert_and_claim(task("a"))
+        store.insert_and_claim_job(job("j1"))
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(
+        "ALTER TABLE tasks DROP COLUMN route; ALTER TABLE jobs DROP COLUMN tenant; PRAGMA user_version = 4;"
+    )
+    conn.close()
+    with SqliteStore(path) as store:
+        assert store.get("a").route is None  # type: ignore[union-attr]
+        assert store.get_job("j1") == job("j1") and store.get_job("j1").tenant is None  # type: ignore[union-attr]
+        store.insert_and_claim(TaskRecord(id="b", key="kb", kind="llm", provider="east", route="gpt"))
+        store.insert_and_claim_job(JobRecord(id="j2", key="k2", name="edit", version="1", tenant="acme"))
+    with SqliteStore(path) as store:
+        assert store.get("b").route == "gpt"  # type: ignore[union-attr]
+        assert store.get_job("j2").tenant == "acme"  # type: ignore[union-attr]
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    finally:
+        conn.close()
 
 
 def test_json_reads_a_version_1_snapshot_as_having_no_jobs_and_writes_version_2(tmp_path: Path) -> None:

@@ -301,3 +301,42 @@ def test_a_final_write_lost_to_a_database_restart_is_written_when_it_is_back(own
     assert (stored.status, stored.result) == (TaskStatus.SUCCEEDED, {"answer": "x"})
     assert (seen["duplicate"].status, seen["duplicate"].deduped_from) == (TaskStatus.DEDUPED, stored.id)
     print(f"duplicate returned {seen['waited_s']:.2f} s after the database came back")
+
+
+@pytest.mark.parametrize("rt_name", ["simpy", "asyncio"])
+def test_a_rewriter_started_while_the_cancelled_one_winds_down_is_not_forgotten(rt_name: str) -> None:
+    """The interleaving, step by step in one instant: the close's last try cancels the rewriter (it
+    ends only at its next step), a queued task's cancellation loses its outcome and starts a new
+    rewriter, then the old one's ``finally`` ran and forgot the new one. Forgotten, the new one was
+    never cancelled by the close: it went on retrying (and reporting) after the scheduler closed."""
+    from aiqsim import MemoryStore, Scheduler
+    from tests.failing_stores import FailingWrites
+    from tests.fakes import ScriptedProvider
+    from tests.runtimes import run_on
+
+    async def body(rt: Any) -> tuple[bool, bool, list[float], float]:
+        store = FailingWrites(MemoryStore(), fail_at={3})  # insert, running; then the outcome fails
+        events: list[Any] = []
+        scheduler = Scheduler(
+            rt, [ScriptedProvider(rt, "llm", latency_s=1.0)], store=store, events=events.append
+        )
+        with pytest.raises(Exception, match="store write failed"):
+            await scheduler.submit("llm", {"input": "a"}).wait()  # its outcome is lost: a rewriter starts
+        first = scheduler._rewriter
+        queued = scheduler.submit("llm", {"input": "b"})  # not dispatched before this instant ends
+        store.fail_from = store.writes + 1  # from now on every write fails
+        await scheduler._last_rewrite()  # what close() does: cancels the rewriter, one last try
+        scheduler.cancel(queued.id)  # its outcome is lost too: a second rewriter starts
+        second = scheduler._rewriter
+        await rt.sleep(0.01)  # the first ends (cancelled) and runs its finally
+        kept = scheduler._rewriter is second and second is not first
+        await scheduler.close()
+        closed_at = rt.now()
+        await rt.sleep(3 * REWRITE_MAX_S)
+        reports = [e.time - closed_at for e in events if isinstance(e, StoreWriteFailed)]
+        return kept, second.done(), reports, closed_at
+
+    kept, stopped, reports, _ = run_on(rt_name, body)
+    assert kept
+    assert stopped  # the close cancelled it
+    assert not [t for t in reports if t > 0]  # nothing retried (nor reported) after the close

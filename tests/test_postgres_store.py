@@ -339,7 +339,7 @@ def test_a_version_1_store_is_upgraded_keeping_its_records(postgres_dsn: str, sc
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # what version 1 left behind
         conn.execute(f"DROP TABLE {schema}.leases")
         conn.execute(f"DROP TABLE {schema}.jobs, {schema}.job_keys")  # version 3's
-        conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN tenant")  # version 4's
+        conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN tenant, DROP COLUMN route")  # versions 4, 5
         conn.execute(f"UPDATE {schema}.meta SET value = '1' WHERE name = 'schema_version'")
     with PostgresStore(postgres_dsn, schema=schema) as store:
         assert store.get("a") is not None and store.get("a").payload == {"x": 1}  # type: ignore[union-attr]
@@ -358,7 +358,7 @@ def test_a_version_2_store_is_upgraded_with_the_job_tables(postgres_dsn: str, sc
         store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm", payload={"x": 1}))
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # what version 2 left behind
         conn.execute(f"DROP TABLE {schema}.jobs, {schema}.job_keys")
-        conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN tenant")  # version 4's
+        conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN tenant, DROP COLUMN route")  # versions 4, 5
         conn.execute(f"UPDATE {schema}.meta SET value = '2' WHERE name = 'schema_version'")
     job = JobRecord(id="j", key="jk", name="edit", version="1", inputs={"clip": "a"})
     with PostgresStore(postgres_dsn, schema=schema) as store:
@@ -376,13 +376,42 @@ def test_a_version_3_store_is_upgraded_with_the_tenant_column(postgres_dsn: str,
     with PostgresStore(postgres_dsn, schema=schema) as store:
         store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm", payload={"x": 1}))
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # what version 3 left behind
-        conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN tenant")
+        conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN tenant, DROP COLUMN route")
+        conn.execute(f"ALTER TABLE {schema}.jobs DROP COLUMN tenant")
         conn.execute(f"UPDATE {schema}.meta SET value = '3' WHERE name = 'schema_version'")
     with PostgresStore(postgres_dsn, schema=schema) as store:
         assert store.get("a").tenant is None  # type: ignore[union-attr]
         store.insert_and_claim(TaskRecord(id="b", key="k2", kind="llm", provider="llm", tenant="acme"))
     with PostgresStore(postgres_dsn, schema=schema) as store:
         assert store.get("b").tenant == "acme"  # type: ignore[union-attr]
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute(f"SELECT value FROM {schema}.meta").fetchone() == (str(SCHEMA_VERSION),)
+
+
+def test_a_version_4_store_is_upgraded_with_the_route_and_job_tenant_columns(
+    postgres_dsn: str, schema: str
+) -> None:
+    import psycopg
+
+    from aiqsim.core.job import JobRecord
+    from aiqsim.stores.postgres import SCHEMA_VERSION, PostgresStore
+
+    old_job = JobRecord(id="j", key="jk", name="edit", version="1", inputs={"clip": "a"})
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm", payload={"x": 1}))
+        store.insert_and_claim_job(old_job)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # what version 4 left behind
+        conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN route")
+        conn.execute(f"ALTER TABLE {schema}.jobs DROP COLUMN tenant")
+        conn.execute(f"UPDATE {schema}.meta SET value = '4' WHERE name = 'schema_version'")
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        assert store.get("a").route is None  # type: ignore[union-attr]
+        assert store.get_job("j") == old_job
+        store.insert_and_claim(TaskRecord(id="b", key="k2", kind="llm", provider="east", route="gpt"))
+        store.insert_and_claim_job(JobRecord(id="j2", key="jk2", name="edit", version="1", tenant="acme"))
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        assert store.get("b").route == "gpt"  # type: ignore[union-attr]
+        assert store.get_job("j2").tenant == "acme"  # type: ignore[union-attr]
     with psycopg.connect(postgres_dsn) as conn:
         assert conn.execute(f"SELECT value FROM {schema}.meta").fetchone() == (str(SCHEMA_VERSION),)
 

@@ -314,6 +314,30 @@ def test_a_retry_whose_reservation_redis_refuses_fails_the_task(redis_url: str, 
     assert "WRONGTYPE" in record.error and provider.calls == 1
 
 
+@pytest.mark.parametrize("answer", ["nan", "-nan", "-1", "soon"])
+def test_a_bad_wait_redis_answers_fails_the_task_saying_so(redis_url: str, account: str, answer: str) -> None:
+    """A refusal whose wait is no number >= 0 (here a script on the real server answers it, as a
+    worker of another version or a hand-written key might): NaN went through ``max(wait, 1e-6)``
+    into the lane's timer and the lane stalled, the task queued for ever. It now fails, naming
+    what Redis answered."""
+    import redis
+
+    q = quota(redis_url, account, QuotaLimits(requests_per_min=6000))
+    client = redis.Redis.from_url(redis_url)
+    q._reserve = client.register_script(  # type: ignore[attr-defined]
+        f"local t = redis.call('TIME') return {{0, '{answer}', tostring(t[1])}}"
+    )
+
+    async def body() -> object:
+        scheduler = Scheduler(AsyncioRuntime(), [Reporting(None)], quotas={"llm": q})
+        async with scheduler:
+            return await asyncio.wait_for(scheduler.submit("llm", {"i": 1}).wait(), 10)
+
+    record = asyncio.run(body())
+    assert record.status == TaskStatus.FAILED
+    assert "QuotaConfigError" in record.error and f"answered a wait of '{answer}'" in record.error
+
+
 def test_an_unreachable_server_is_still_not_a_configuration_error() -> None:
     import redis
 

@@ -377,3 +377,82 @@ def test_the_move_is_committed_in_sqlite_before_the_call_reaches_the_new_deploym
     record = runtime.run(body(runtime))
     assert record.status is TaskStatus.SUCCEEDED and record.provider == "b"
     assert seen == ["a", "b"]  # each call found its own deployment committed
+
+
+@pytest.mark.parametrize("restart", ["recover", "retry"])
+def test_a_task_recovered_after_a_restart_still_moves_its_retry(tmp_path: Any, restart: str) -> None:
+    """The route is stored with the task (SQLite, closed and opened again by the next process): a
+    task that a restart's ``recover()`` resumes, or that is retried by hand after it failed, moves its
+    retry to another deployment as before. Kept in memory only, the recovered task retried on the
+    deployment it had, which failed it again (retry_elsewhere lost across the restart)."""
+    from aiqsim.stores.sqlite import SqliteStore
+
+    path = tmp_path / "tasks.sqlite3"
+
+    async def body(runtime: Any) -> Any:
+        store = SqliteStore(path)
+        first = [Deployment(runtime, "a", fail=frozenset({"x"})), Deployment(runtime, "b")]
+        before = _scheduler(runtime, first, Route(["a", "b"], weights=[1000, 1]), store=store)
+        if restart == "recover":
+            before.submit("gpt", {"input": "x"}, task_id="x")  # queued on a; nothing runs before the crash
+            before.crash()
+        else:
+            no_retry = RetryPolicy(max_attempts=1, attempt_timeout_s=None)
+            failed = await before.submit("gpt", {"input": "x"}, task_id="x", retry=no_retry).wait()
+            assert failed.status is TaskStatus.FAILED and failed.provider == "a"
+            await before.close()
+        stored = store.get("x")
+        store.close()
+        store = SqliteStore(path)  # the next process
+        a, b = Deployment(runtime, "a", fail=frozenset({"x"})), Deployment(runtime, "b")
+        after = _scheduler(runtime, [a, b], Route(["a", "b"], weights=[1000, 1]), store=store)
+        if restart == "recover":
+            await after.recover()
+            handle = after.submission("x")
+        else:
+            handle = after.retry_failed("x")
+        assert handle is not None
+        record = await handle.wait()
+        await after.close()
+        final = store.get("x")
+        store.close()
+        return stored, record, final, a.calls, b.calls
+
+    runtime = SimPyRuntime()
+    stored, record, final, a_calls, b_calls = runtime.run(body(runtime))
+    assert stored.route == "gpt" and stored.provider == "a"
+    assert record.status is TaskStatus.SUCCEEDED and record.result == {"output": "b:x"}
+    assert len(a_calls) == 1 and len(b_calls) == 1  # failed once on a, then moved to b
+    assert final.provider == "b" and final.route == "gpt"
+
+
+def test_a_recovered_task_whose_route_is_gone_stays_on_its_deployment(tmp_path: Any) -> None:
+    """The next process has no route of that name: the task keeps its deployment for its retries."""
+    from aiqsim.stores.sqlite import SqliteStore
+
+    path = tmp_path / "tasks.sqlite3"
+
+    async def body(runtime: Any) -> Any:
+        store = SqliteStore(path)
+        before = _scheduler(
+            runtime,
+            [Deployment(runtime, "a"), Deployment(runtime, "b")],
+            Route(["a", "b"], weights=[1000, 1]),
+            store=store,
+        )
+        before.submit("gpt", {"input": "x"}, task_id="x")
+        before.crash()
+        store.close()
+        store = SqliteStore(path)
+        a, b = Deployment(runtime, "a", fail=frozenset({"x"})), Deployment(runtime, "b")
+        after = Scheduler(runtime, [a, b], store=store, retry=_retry(), rng=random.Random(11))
+        await after.recover()
+        record = await after.submission("x").wait()  # type: ignore[union-attr]
+        await after.close()
+        store.close()
+        return record, a.calls, b.calls
+
+    runtime = SimPyRuntime()
+    record, a_calls, b_calls = runtime.run(body(runtime))
+    assert record.status is TaskStatus.FAILED and record.provider == "a"
+    assert len(a_calls) == 3 and b_calls == []

@@ -251,7 +251,7 @@ def test_the_field_orders_that_positional_hot_path_calls_rely_on() -> None:
     assert [f.name for f in dataclasses.fields(TaskRecord)] == [
         "id", "key", "kind", "provider", "priority", "status", "cost_estimate", "attempts",
         "created_at", "updated_at", "started_at", "finished_at", "payload", "result", "error",
-        "deduped_from", "worker", "tenant", "meta",
+        "deduped_from", "worker", "tenant", "route", "meta",
     ]  # fmt: skip
     assert [f.name for f in dataclasses.fields(LiveTask)] == [
         "record", "future", "queue_item", "runner", "started", "cancel_requested", "waiting_on",

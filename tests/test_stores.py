@@ -142,6 +142,17 @@ def test_the_tenant_is_kept_across_a_reopen_and_an_update(opener: Opener) -> Non
     assert store.owner_of("key-t").tenant == "acme"  # type: ignore[union-attr]
 
 
+def test_the_route_is_kept_across_a_reopen_and_an_update(opener: Opener) -> None:
+    store = opener.open()
+    store.insert_and_claim(task("t", route="gpt"))
+    store.update(moved(store.get("t"), TaskStatus.RUNNING, provider="west"))  # type: ignore[arg-type]
+    store = opener.reopen(store)
+    kept = store.get("t")
+    assert kept is not None and (kept.route, kept.provider) == ("gpt", "west")
+    assert kept.status is TaskStatus.RUNNING
+    assert store.owner_of("key-t").route == "gpt"  # type: ignore[union-attr]
+
+
 def test_record_round_trips_with_payload_and_result(opener: Opener) -> None:
     store = opener.open()
     assert store.insert_and_claim(RICH) == RICH
@@ -476,7 +487,7 @@ def test_sqlite_opens_a_version_1_store_and_upgrades_it_keeping_every_record(tmp
         assert store.poison_error("key-9") == "SchemaViolationError: bad"
         assert store.owner_of("key-2").id == "t2"  # type: ignore[union-attr]
         store.update(store.get("t1").evolve(worker="w-1"))  # type: ignore[union-attr]
-    assert sqlite_columns(path)[-2:] == ["worker", "tenant"]
+    assert sqlite_columns(path)[-3:] == ["worker", "tenant", "route"]
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

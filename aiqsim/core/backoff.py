@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from aiqsim.core.errors import ConfigurationError
-from aiqsim.core.numeric import is_whole
+from aiqsim.core.numeric import is_wait, is_whole
 
 
 @runtime_checkable
@@ -187,8 +187,23 @@ def retry_delay(
     """The delay before a retry: the strategy's delay, floored by the server's Retry-After.
 
     The server's word wins: a Retry-After is never shortened by jitter.
+
+    A strategy's delay that is no finite number >= 0 (a custom strategy's bug) raises
+    :class:`ConfigurationError` naming it: NaN slept as 0 (a retry storm, said nowhere) and
+    infinity held the task running for ever. The scheduler fails the task with that message.
     """
     delay = strategy.delay(retry, rng, previous)
+    if delay.__class__ is not float or not 0.0 <= delay < math.inf:  # one test for the built-in ones
+        try:
+            seconds = float(delay) if is_wait(delay) else math.nan
+        except OverflowError:  # an int past any float (10**400)
+            seconds = math.inf
+        if not seconds < math.inf:
+            raise ConfigurationError(
+                f"{type(strategy).__name__}.delay(retry={retry}) returned {delay!r}; a backoff "
+                "strategy must answer a finite number of seconds >= 0"
+            )
+        delay = seconds
     if retry_after_s is not None and retry_after_s > delay:
         return float(retry_after_s)
     return delay

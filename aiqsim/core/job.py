@@ -51,7 +51,9 @@ class JobRecord:
     stage). ``stage_tasks`` maps each started stage to the ids of the tasks that ran it (its
     fan-out elements, then any fallback tasks), so a job's stages can be found among the tasks.
     ``failed_stage`` and ``error`` say which stage stopped a failed job and why.
-    ``deduped_from`` names the job whose run a duplicate shared.
+    ``deduped_from`` names the job whose run a duplicate shared. ``tenant`` names the customer the
+    job is for (``submit_job(tenant=...)``): every task of every stage is queued in that tenant, so
+    weighted fair queuing between tenants counts jobs too (:mod:`aiqsim.scheduler.tenants`).
     """
 
     id: str
@@ -71,6 +73,7 @@ class JobRecord:
     error: str | None = None
     deduped_from: str | None = None
     worker: str | None = None
+    tenant: str | None = None
 
     def evolve(self, **changes: Any) -> JobRecord:
         """Return a copy with bookkeeping fields changed; status changes must use :func:`job_transition`."""
@@ -98,6 +101,7 @@ class JobRecord:
             "error": self.error,
             "deduped_from": self.deduped_from,
             "worker": self.worker,
+            "tenant": self.tenant,
         }
 
     @classmethod
@@ -121,6 +125,7 @@ class JobRecord:
             error=data.get("error"),
             deduped_from=data.get("deduped_from"),
             worker=data.get("worker"),
+            tenant=data.get("tenant"),
         )
 
 

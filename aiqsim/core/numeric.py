@@ -11,7 +11,7 @@ import numbers
 
 from aiqsim.core.errors import ConfigurationError
 
-__all__ = ["LARGEST_WHOLE", "check_time_scale", "is_positive_finite", "is_real", "is_whole"]
+__all__ = ["LARGEST_WHOLE", "check_time_scale", "is_positive_finite", "is_real", "is_wait", "is_whole"]
 
 LARGEST_WHOLE = 2**63
 """The largest whole number a setting takes: what a scenario file accepts for any integer, and what
@@ -35,6 +35,14 @@ def is_positive_finite(value: object) -> bool:
     """A real number > 0 and < infinity (a duration, a rate, a scale): infinity passes a plain
     ``> 0`` and then divides by zero or never wakes, NaN fails every comparison silently."""
     return is_real(value) and 0 < value < math.inf  # type: ignore[operator]
+
+
+def is_wait(value: object) -> bool:
+    """A real number of seconds >= 0, infinity included (a wait for something else to happen, as a
+    quota's "until a slot is released"): what an object may ask a sleeper to wait. NaN fails every
+    comparison silently (``max(nan, 0.0)`` is NaN, and a timer for NaN seconds never comes), and a
+    negative wait is no instant at all."""
+    return is_real(value) and value >= 0  # type: ignore[operator]
 
 
 def check_time_scale(time_scale: object) -> None:

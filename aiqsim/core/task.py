@@ -83,6 +83,10 @@ class TaskRecord:
     ``tenant`` names the customer the call is made for (``submit(tenant=...)``): the lane's queues
     share their service among tenants by weight (:mod:`aiqsim.scheduler.tenants`); ``None`` for a
     scheduler without tenants.
+    ``route`` names the route the task was submitted through (``submit("gpt-4o", ...)`` with
+    ``routes={"gpt-4o": Route(...)}``; :mod:`aiqsim.scheduler.routes`): ``provider`` is the
+    deployment it runs on now, and a retry may move it to another of the route's; kept in the store
+    so a task recovered after a restart may move too. ``None`` for a task submitted to a provider.
     """
 
     id: str
@@ -103,6 +107,7 @@ class TaskRecord:
     deduped_from: str | None = None
     worker: str | None = None
     tenant: str | None = None
+    route: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def evolve(self, **changes: Any) -> TaskRecord:
@@ -132,6 +137,7 @@ class TaskRecord:
             "deduped_from": self.deduped_from,
             "worker": self.worker,
             "tenant": self.tenant,
+            "route": self.route,
         }
 
     @classmethod
@@ -156,6 +162,7 @@ class TaskRecord:
             deduped_from=data.get("deduped_from"),
             worker=data.get("worker"),
             tenant=data.get("tenant"),
+            route=data.get("route"),
         )
 
 

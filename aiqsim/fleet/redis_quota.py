@@ -143,7 +143,7 @@ from typing import Any
 from aiqsim.core.dsn import redacted_dsn
 from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.fleet_quota import DEFAULT_SLOT_POLL_S, poll_full_pool
-from aiqsim.core.numeric import check_time_scale, is_positive_finite
+from aiqsim.core.numeric import check_time_scale, is_positive_finite, is_wait
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 
 logger = logging.getLogger(__name__)
@@ -706,7 +706,7 @@ class RedisQuota:
             raise self._disagreement(detail.decode() if isinstance(detail, bytes) else str(detail))
         if int(granted) != 1:
             full = detail in (b"slot", "slot")  # every shared slot is taken: poll (see poll_full_pool)
-            wall = poll_full_pool(math.inf if full else float(detail), DEFAULT_SLOT_POLL_S)
+            wall = poll_full_pool(math.inf if full else self._answered_wait(detail), DEFAULT_SLOT_POLL_S)
             self._last_wait = wall / self.time_scale
             return None
         self._local_slots += 1
@@ -715,6 +715,24 @@ class RedisQuota:
             tokens=tokens if self._shape.tokens is not None else 0.0,
             slots=1,
             member=member,
+        )
+
+    def _answered_wait(self, detail: object) -> float:
+        """The wait (seconds of Redis's clock) in a refusal's ``detail``, if it is a number >= 0;
+        else a :class:`QuotaConfigError` saying what Redis answered. A NaN passed ``max(wait, 1e-6)``
+        into the lane's timer, and the lane stalled with nothing said: the script never answers one,
+        so something else (another version's script, a hand-written key) speaks for the account."""
+        text = detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
+        try:
+            wait = float(text)
+        except ValueError:
+            wait = math.nan
+        if is_wait(wait):
+            return wait
+        raise QuotaConfigError(
+            f"RedisQuota {self.name!r}: Redis at {self._where()} answered a wait of {text!r} s for a "
+            f"reservation; expected a number of seconds >= 0. Check that every worker of the account "
+            f"runs this version of aiqsim and that nothing else writes {quota_key_prefix(self.name)}:*"
         )
 
     def _refuse_if_misconfigured(self, error: Exception | None) -> None:
@@ -750,9 +768,8 @@ class RedisQuota:
             return None
         local = self.fallback.try_reserve(tokens, now)
         if local is None:
-            self._last_wait = max(self.fallback.time_until(tokens, now), 0.0)
-            if math.isinf(self._last_wait):
-                self._last_wait = self.retry_s
+            wait = self.fallback.time_until(tokens, now)  # a MultiQuota: a number >= 0, or inf when full
+            self._last_wait = self.retry_s if math.isinf(wait) else wait
             return None
         return SharedReservation(local.requests, local.tokens, local.slots, member="", local=True)
 

@@ -183,6 +183,10 @@ class QuotaUnavailable(NamedTuple):
     :class:`aiqsim.fleet.RedisQuota` does). Sent once when an outage begins, not once per attempt
     that waits it out; the next
     :class:`QuotaSample` of the provider says the quota answers again.
+
+    Also emitted, once per answer, when a quota's ``time_until`` answers a wait that is no number of
+    seconds >= 0 (NaN, negative, not a number: a bug of the quota, or a bad number from a shared
+    one): ``error`` names the quota and the value, and the task it was asked for fails with it.
     """
 
     time: float

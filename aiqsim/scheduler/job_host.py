@@ -43,6 +43,11 @@ class JobHost(Protocol):
         """The queue depth limit of ``priority`` (``None``: unbounded)."""
         ...
 
+    def check_tenant(self, tenant: object) -> int | None:
+        """Refuse a job's ``tenant`` as ``submit(tenant=...)`` refuses a task's; return its
+        ``max_queued`` (``None``: unbounded, or the default tenant)."""
+        ...
+
     def queued(self, priority: Priority) -> int:
         """Tasks of ``priority`` waiting in a dispatch queue (stage tasks included)."""
         ...

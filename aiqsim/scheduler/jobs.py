@@ -50,6 +50,12 @@ stage tasks are never refused for depth. ``submit_job`` raises :class:`QueueFull
 priority is at its limit (plain tasks and jobs counted together); a plain ``submit`` sees the jobs
 the same way.
 
+Tenants: ``submit_job(tenant=...)`` (a tenant of the scheduler's ``tenants``) is stored with the job
+and given to every task of every stage, fallbacks included, so weighted fair queuing between tenants
+counts a job's calls as that tenant's (they went to the default tenant); a recovered job keeps it. A
+tenant's ``max_queued`` refuses a new job (:class:`QueueFullError`) when the tenant has that many
+tasks queued; a stage of a job already running is never refused for it (the job would fail half-way).
+
 Recovery: give the specs that may be in the store to :class:`Jobs` (``Jobs(scheduler, specs=...)``
 or :meth:`Jobs.register`; specs passed to ``submit_job`` are registered too). ``scheduler.recover()``
 first reconciles the tasks as always, then re-drives every unfinished job it adopts: stages whose
@@ -294,6 +300,7 @@ class Jobs:
         *,
         priority: Priority = Priority.BACKGROUND,
         job_id: str | None = None,
+        tenant: str | None = None,
     ) -> JobHandle:
         """Start a job (see :meth:`Scheduler.submit_job`)."""
         scheduler = self.scheduler
@@ -305,6 +312,7 @@ class Jobs:
             raise SchedulerArgumentTypeError(
                 f"job_id: expected a non-empty string or None, got {job_id!r}; no job was submitted"
             )
+        tenant_limit = self._host.check_tenant(tenant)
         self.register(spec)
         self._check_unchanged(spec)
         priority = Priority(priority)
@@ -325,6 +333,13 @@ class Jobs:
                 f"too many {priority.name.lower()} requests: {self.depth(priority)} already queued, jobs "
                 f"counted once (limit {limit}); try again later"
             )
+        if tenant_limit is not None and not is_duplicate:  # its stage tasks are never refused mid-way
+            queued = scheduler.queued_for(tenant)
+            if queued >= tenant_limit:
+                raise QueueFullError(
+                    f"tenant {tenant!r}: {queued} of its tasks already queued (its max_queued is "
+                    f"{tenant_limit}); no job was submitted. Retry later, or raise Tenant(max_queued=...)"
+                )
         now = scheduler.runtime.now()
         record = JobRecord(
             id=job_id if job_id is not None else self._new_job_id(),
@@ -336,6 +351,7 @@ class Jobs:
             updated_at=now,
             inputs=inputs,
             worker=scheduler.worker_id,
+            tenant=tenant,
         )
         owner = self.store.insert_and_claim_job(record)
         self._host.staged()
@@ -957,6 +973,7 @@ class Jobs:
                     payload,
                     provider=target.provider,
                     priority=run.record.priority,
+                    tenant=run.record.tenant,
                     cost_estimate=cost,
                     version=target.version,
                     key=stage_task_key(target, payload),

@@ -24,6 +24,7 @@ from math import isinf  # names, not math.x: one lookup fewer per call in the ho
 from typing import Any
 
 from aiqsim.core.failures import describe_error
+from aiqsim.core.numeric import is_wait
 from aiqsim.core.task import BACKGROUND, INTERACTIVE, Priority, TaskStatus
 from aiqsim.core.token_bucket import MultiQuota, QuotaConfigError, QuotaLimits, Reservation
 from aiqsim.runtime.protocol import Cancelled, Future
@@ -180,6 +181,25 @@ def check_slot_lease(lane_name: str, quota: Any, policy: Any, consequence: str) 
         )
 
 
+def checked_quota_wait(lane: Lane, cost: float, wait: object) -> float:
+    """``wait``, the quota's answer to ``time_until(cost, ...)``, as a float, if it is a number of
+    seconds >= 0 (infinity: until a release frees a slot); else a :class:`QuotaConfigError` naming
+    the provider, the quota and the value. NaN passed ``max(wait, 0.0)`` and made the lane's timer
+    NaN: the lane stalled with its tasks queued and nothing said. Raised inside the dispatch, it
+    fails the task the lane was reserving for (as a quota that refuses a cost does), with this
+    message, and the lane goes on with its next task; other lanes are not touched."""
+    if is_wait(wait):
+        try:
+            return float(wait)  # type: ignore[arg-type]
+        except OverflowError:  # an int past any float (10**400): no number of seconds either
+            pass
+    raise QuotaConfigError(
+        f"provider {lane.name!r}: its quota {type(lane.quota).__name__}.time_until({cost!r}) returned "
+        f"{wait!r}; a quota must answer a number of seconds >= 0 (inf: until a release frees a "
+        "slot). The task was failed rather than left waiting for a time that never comes"
+    )
+
+
 _QUOTA_METHODS = ("check_cost", "try_reserve", "time_until", "release", "cancel", "reconcile", "pause_until")
 
 
@@ -264,6 +284,10 @@ class LaneDispatch:
             candidate, priority = choice
             try:
                 reservation = quota.try_reserve(candidate.cost, now)
+                if reservation is None:
+                    wait = quota.time_until(candidate.cost, now)
+                    if wait.__class__ is not float or not wait >= 0.0:  # one test on the hot path
+                        wait = self._checked_wait(lane, candidate, wait)
             except QuotaConfigError as error:  # e.g. recovered from a process with a larger burst
                 if isinstance(candidate, QuotaTicket):  # a retry: its attempt loop fails the task
                     lane.retries[priority].popleft()  # (e.g. a shared quota's Redis refused the call)
@@ -281,7 +305,6 @@ class LaneDispatch:
                 self._finish(live, TaskStatus.FAILED, error=describe_error(error))
                 continue
             if reservation is None:
-                wait = quota.time_until(candidate.cost, now)
                 if isinstance(candidate, QueueItem):
                     wait = min(wait, lane.queues[priority].next_change(now) - now)
                 if isinf(wait):
@@ -306,6 +329,17 @@ class LaneDispatch:
             if sample is not None:
                 assert self.events is not None
                 self.events(sample)
+
+    def _checked_wait(self, lane: Lane, candidate: QuotaTicket | QueueItem, wait: object) -> float:
+        """:func:`checked_quota_wait`, and a bad wait also told to the event sink
+        (:class:`~aiqsim.scheduler.events.QuotaUnavailable` for the candidate's provider)."""
+        try:
+            return checked_quota_wait(lane, candidate.cost, wait)
+        except QuotaConfigError as error:
+            if self.events is not None:
+                provider = self._live[candidate.task_id].record.provider
+                _outage_reporter(weakref.ref(self), (provider,))(str(error))
+            raise
 
     async def _await_ticket(self, lane: Lane, live: LiveTask) -> Reservation:
         ticket = QuotaTicket(live.record.id, live.record.cost_estimate, self.runtime.create_future())

@@ -23,7 +23,7 @@ from typing import Any
 from aiqsim.core.failures import describe_error
 from aiqsim.core.states import transition_with
 from aiqsim.core.task import TaskRecord, TaskStatus
-from aiqsim.runtime.protocol import Cancelled, Future
+from aiqsim.runtime.protocol import Cancelled, Future, TaskHandle
 from aiqsim.scheduler.events import StoreWriteFailed, new_task_transition
 from aiqsim.scheduler.handles import outcome_known, resolve, resolve_with_error
 from aiqsim.scheduler.live import LiveTask, UnpersistedChange
@@ -194,19 +194,28 @@ class Outcomes:
     def _rewrite_later(self) -> None:
         """Make sure the coroutine that writes lost outcomes again is running (see the module docs)."""
         if self._rewriter is None and not self._crashed:
-            self._rewriter = self.runtime.spawn(self._rewrite_outcomes(), name="rewrite-outcomes")
+            own: list[TaskHandle[None]] = []  # the new rewriter's own handle: its ownership token
+            self._rewriter = self.runtime.spawn(self._rewrite_outcomes(own), name="rewrite-outcomes")
+            own.append(self._rewriter)  # before it first runs (spawned work starts once we yield)
 
-    async def _rewrite_outcomes(self) -> None:
+    async def _rewrite_outcomes(self, own: list[TaskHandle[None]]) -> None:
         """Write every lost terminal record again until none is left: a try after
         :data:`REWRITE_FIRST_S`, then twice as long after each try that failed, up to
-        :data:`REWRITE_MAX_S`; back to the first delay once a write went through."""
+        :data:`REWRITE_MAX_S`; back to the first delay once a write went through.
+
+        ``own`` holds this rewriter's handle: when it ends it forgets :attr:`_rewriter` only if
+        that is still itself. A rewriter cancelled by :meth:`_last_rewrite` ends later, at its next
+        step; a write lost in between starts a new one, which the old one's ``finally`` used to
+        forget: the new one then ran on unseen (never cancelled by the close, a second one started
+        beside it by the next loss)."""
         delay = REWRITE_FIRST_S
         try:
             while not self._crashed and self._outcomes_to_rewrite():
                 await self.runtime.sleep(delay)
                 delay = REWRITE_FIRST_S if await self._rewrite_pending() else min(REWRITE_MAX_S, 2 * delay)
         finally:
-            self._rewriter = None
+            if own and self._rewriter is own[0]:
+                self._rewriter = None
 
     def _outcomes_to_rewrite(self) -> list[str]:
         return [task_id for task_id, change in self._unpersisted.items() if change.outcome is not None]

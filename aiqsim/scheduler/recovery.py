@@ -177,6 +177,8 @@ class Recovery:
                 queued = queued.evolve(worker=me)
                 self._write(queued)
             live = LiveTask(record=queued)
+            if queued.route is not None and self._routes is not None:  # its retries may move again
+                live.route = self._routes.route_of(queued)
             ended = self.store.owner_of(queued.key)
             if ended is not None and ended.id != queued.id and ended.status in SHARED_ENDINGS:
                 # a duplicate that was waiting when the process stopped, on an owner whose run has

@@ -10,8 +10,10 @@ that runs (or last ran) the call, written to the store before the call is sent, 
 recovery asks that deployment about the task's idempotency key. The key itself never names a
 deployment: it is the same whichever one runs the call.
 
-The route a task came through is kept in memory only (:attr:`LiveTask.route`): a task resumed by
-``recover()`` stays on the deployment its record names.
+The route a task came through is kept with it (:attr:`LiveTask.route`, and the record's ``route``,
+stored): a task resumed by ``recover()`` (or retried by hand) starts on the deployment its record
+names, and its retries may move as before, when this scheduler has that route
+(:meth:`RouteTable.route_of`); without it, the task stays on its deployment.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from aiqsim.core.token_bucket import MultiQuota
 if TYPE_CHECKING:
     from random import Random
 
+    from aiqsim.core.task import TaskRecord
     from aiqsim.scheduler.lanes import Lane
 
 __all__ = ["RouteTable", "deployment_state", "quota_headroom"]
@@ -144,6 +147,15 @@ class RouteTable:
 
     def __contains__(self, name: object) -> bool:
         return name in self.routes
+
+    def route_of(self, record: TaskRecord) -> str | None:
+        """The route a stored task came through, for its retries to move as before (``None``: none,
+        or one this scheduler was not given, or one its deployment is no longer a member of: the task
+        then stays on the deployment its record names)."""
+        route = self.routes.get(record.route) if record.route is not None else None
+        if route is None or record.provider not in route.providers:
+            return None
+        return record.route
 
     def latency(self, lane_name: str) -> float | None:
         """The EWMA of ``lane_name``'s recent service times (``None`` before its first)."""

@@ -220,6 +220,10 @@ def _new_submission(
     return handle
 
 
+_NOTHING_QUEUED = "Nothing was queued or stored"
+"""How a refused ``submit`` argument ends its message."""
+
+
 class _SchedulerJobHost:
     """The :class:`~aiqsim.scheduler.job_host.JobHost` a scheduler gives its jobs orchestrator: each
     member a view of one of the scheduler's own rules or states, kept here, beside them."""
@@ -245,6 +249,9 @@ class _SchedulerJobHost:
 
     def depth_limit(self, priority: Priority) -> int | None:
         return self._scheduler._limits[priority]
+
+    def check_tenant(self, tenant: object) -> int | None:
+        return self._scheduler._checked_tenant(tenant, "No job was submitted")
 
     def queued(self, priority: Priority) -> int:
         return self._scheduler._queued[priority]
@@ -549,14 +556,14 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             return self.dispatch.new_queue()
         return TenantQueue(self.dispatch, self._tenants)
 
-    def _check_tenant(self, tenant: str | None) -> int | None:
+    def _check_tenant(self, tenant: str | None, consequence: str = _NOTHING_QUEUED) -> int | None:
         """Refuse a ``tenant`` this scheduler was not given; return its ``max_queued``."""
         tenants = self._tenants
         if tenants is None:
             raise SchedulerArgumentError(
                 f"tenant: this scheduler has no tenants, got tenant={tenant!r}; give "
                 "Scheduler(tenants={name: Tenant(...)}) or submit without tenant=. "
-                "Nothing was queued or stored"
+                f"{consequence}"
             )
         if tenant is None:
             return None  # the default tenant: no depth limit of its own
@@ -564,9 +571,21 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         if config is None:
             raise SchedulerArgumentError(
                 f"tenant: no tenant named {tenant!r}; this scheduler has {sorted(tenants)} "
-                "(or tenant=None, the default tenant). Nothing was queued or stored"
+                f"(or tenant=None, the default tenant). {consequence}"
             )
         return config.max_queued
+
+    def _checked_tenant(self, tenant: object, consequence: str = _NOTHING_QUEUED) -> int | None:
+        """Refuse a ``tenant=`` argument of ``submit`` or ``submit_job`` that is no tenant of this
+        scheduler (``None``, the default tenant, is one whenever there are tenants, and the only
+        one without); return its ``max_queued``."""
+        if tenant is None and self._tenants is None:
+            return None
+        if tenant is not None and type(tenant) is not str:
+            raise SchedulerArgumentTypeError(
+                f"tenant: expected a tenant's name (a string) or None, got {tenant!r}; {consequence.lower()}"
+            )
+        return self._check_tenant(tenant, consequence)
 
     def _check_tenant_limit(self, tenant: str, limit: int, key: str) -> None:
         """Refuse one more task of ``tenant`` at its ``max_queued``, unless it is a duplicate of a
@@ -693,12 +712,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             _refuse_names(kind, key, task_id)
         tenant_limit = None
         if tenant is not None or self._tenants is not None:
-            if tenant is not None and type(tenant) is not str:
-                raise SchedulerArgumentTypeError(
-                    f"tenant: expected a tenant's name (a string) or None, got {tenant!r}; "
-                    "nothing was queued or stored"
-                )
-            tenant_limit = self._check_tenant(tenant)
+            tenant_limit = self._checked_tenant(tenant)
         lane_name = provider if provider is not None else kind
         lane = self._lanes.get(lane_name) if type(lane_name) is str else None
         route_name = None
@@ -725,7 +739,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             check_slot_lease(lane.name, lane.quota, retry, "nothing was queued or stored")
         if key is None:
             key = fingerprint(kind, payload, params=params, version=version)
-        if tenant_limit is not None:
+        if tenant_limit is not None and not job_stage:  # a job is refused at submit_job, not mid-way
             assert tenant is not None
             self._check_tenant_limit(tenant, tenant_limit, key)
         # A duplicate enqueues nothing, unless it moves its queued owner into its own (higher) queue;
@@ -754,6 +768,7 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
             None,  # deduped_from
             self.worker_id,  # worker
             tenant,
+            route_name,  # route
         )
         owner = persist_change(None, record, self.store.insert_and_claim)
         commit = self._commit  # _staged, inlined (as in Outcomes._write): once per submission
@@ -799,13 +814,16 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         *,
         priority: Priority = Priority.BACKGROUND,
         job_id: str | None = None,
+        tenant: str | None = None,
     ) -> JobHandle:
         """Run a pipeline of calls (a :class:`~aiqsim.scheduler.job_spec.JobSpec`) on ``inputs``.
 
         Returns a :class:`~aiqsim.scheduler.jobs.JobHandle`: ``await`` it for ``{stage: result}``.
         Rules (idempotency, depth limit, failure, recovery): :mod:`aiqsim.scheduler.jobs`.
+        ``tenant`` (checked as ``submit(tenant=...)`` checks it) is the tenant of every task of every
+        stage, fallbacks included, and is stored with the job, so a recovered job keeps it.
         """
-        return self.jobs.submit(spec, inputs, priority=priority, job_id=job_id)
+        return self.jobs.submit(spec, inputs, priority=priority, job_id=job_id, tenant=tenant)
 
     @property
     def jobs(self) -> Jobs:
@@ -953,6 +971,8 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         accepted = self._commit.durable() if self._commit is not None else None
         self._emit_transition(TaskStatus.FAILED, record)
         live = LiveTask(record=record)
+        if record.route is not None and self._routes is not None:  # its retries may move again
+            live.route = self._routes.route_of(record)
         self._live[record.id] = live
         self._ensure_started()
         self._claim_and_follow(live)

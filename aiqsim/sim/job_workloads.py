@@ -42,7 +42,8 @@ class JobArrival:
 
     ``inputs`` is ``{"input": label, "units": {stage: units}, "fanout": {stage: calls}}`` (plain
     JSON data, so the scheduler can fingerprint and persist it). ``action`` names the user action:
-    the clicks of one double-click share it and carry identical inputs.
+    the clicks of one double-click share it and carry identical inputs. ``tenant``: the workload's
+    tenant, given to ``submit_job(tenant=...)`` (``None``: the default tenant).
     """
 
     time: float
@@ -51,6 +52,7 @@ class JobArrival:
     priority: str
     inputs: dict[str, Any]
     action: str
+    tenant: str | None = None
 
 
 def job_template(scenario: Scenario, name: str) -> JobConfig:
@@ -141,6 +143,7 @@ def iter_job_workload_arrivals(
                 priority=workload.priority,
                 inputs=inputs,
                 action=f"w{index}-a{number:06d}",
+                tenant=workload.tenant,
             )
             serial += 1
 

@@ -862,6 +862,7 @@ class _Run:
                 arrival.inputs,
                 priority=Priority.INTERACTIVE if arrival.priority == "interactive" else Priority.BACKGROUND,
                 job_id=arrival.job_id,
+                tenant=arrival.tenant,
             )
         except QueueFullError as refusal:
             if self.streaming is not None:

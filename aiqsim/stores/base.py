@@ -259,7 +259,7 @@ def count_by_status(records: Iterable[TaskRecord]) -> dict[TaskStatus, int]:
 _TEXT_FIELDS = ("id", "key", "kind", "provider")
 _NUMBER_FIELDS = ("cost_estimate", "created_at", "updated_at")
 _OPTIONAL_NUMBER_FIELDS = ("started_at", "finished_at")
-_OPTIONAL_TEXT_FIELDS = ("error", "deduped_from", "worker", "tenant")
+_OPTIONAL_TEXT_FIELDS = ("error", "deduped_from", "worker", "tenant", "route")
 _STATUS_VALUES = frozenset(status.value for status in TaskStatus)
 _PRIORITY_VALUES = frozenset(int(priority) for priority in Priority)
 

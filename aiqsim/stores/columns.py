@@ -26,8 +26,10 @@ COLUMNS = (
     "deduped_from",
     "worker",
     "tenant",
+    "route",
 )
-"""Columns of the ``tasks`` table, after ``seq`` (``tenant``: schema version 4 of the SQL stores)."""
+"""Columns of the ``tasks`` table, after ``seq`` (``tenant``: schema version 4 of the SQL stores;
+``route``: version 5)."""
 JSON_COLUMNS = frozenset({"payload", "result"})
 
 JOB_COLUMNS = (
@@ -48,6 +50,7 @@ JOB_COLUMNS = (
     "error",
     "deduped_from",
     "worker",
+    "tenant",
 )
-"""Columns of the ``jobs`` table (schema version 3, jobs), after ``seq``."""
+"""Columns of the ``jobs`` table (schema version 3, jobs), after ``seq`` (``tenant``: version 5)."""
 JOB_JSON_COLUMNS = frozenset({"inputs", "results", "stage_tasks"})

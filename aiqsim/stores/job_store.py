@@ -62,7 +62,7 @@ def claim_job_owner(current_owner: JobRecord | None, candidate: JobRecord) -> Jo
 _JOB_TEXT_FIELDS = ("id", "key", "name")
 _JOB_NUMBER_FIELDS = ("created_at", "updated_at")
 _JOB_OPTIONAL_NUMBER_FIELDS = ("started_at", "finished_at")
-_JOB_OPTIONAL_TEXT_FIELDS = ("failed_stage", "error", "deduped_from", "worker")
+_JOB_OPTIONAL_TEXT_FIELDS = ("failed_stage", "error", "deduped_from", "worker", "tenant")
 _STATUS_VALUES = frozenset(status.value for status in JobStatus)
 _PRIORITY_VALUES = frozenset(int(priority) for priority in Priority)
 

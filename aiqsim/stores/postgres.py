@@ -21,6 +21,8 @@ Same contract as :class:`~aiqsim.stores.sqlite.SqliteStore`, on a server instead
 - Jobs (schema version 3): ``jobs`` and ``job_keys`` beside the task tables, the
   :class:`~aiqsim.stores.job_store.JobStore` methods claiming a job's key as tasks claim theirs.
 - Tenants (schema version 4): the tasks' ``tenant`` column (:mod:`aiqsim.scheduler.tenants`).
+- Routes and job tenants (schema version 5): the tasks' ``route`` column (:mod:`aiqsim.scheduler.routes`)
+  and the jobs' ``tenant``.
 - ``notify=True`` (default) sends ``NOTIFY aiqsim_task_done, '<schema>:<task id>'`` in the
   transaction that makes a task terminal, so a process waiting for a duplicate's owner on
   another host can wake on it instead of polling (see :meth:`wait_for_terminal`).
@@ -88,7 +90,7 @@ from aiqsim.stores.sql_records import (
     update_row,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DEFAULT_SCHEMA = "aiqsim"
 NOTIFY_CHANNEL = "aiqsim_task_done"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -140,7 +142,8 @@ CREATE TABLE {s}.tasks (
     error TEXT,
     deduped_from TEXT,
     worker TEXT,
-    tenant TEXT
+    tenant TEXT,
+    route TEXT
 );
 CREATE INDEX tasks_by_status ON {s}.tasks (status, seq);
 CREATE TABLE {s}.keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL);
@@ -185,9 +188,11 @@ MIGRATIONS: dict[int, str] = {
     1: _LEASES_SQL,
     2: _JOBS_SQL,
     3: "ALTER TABLE {s}.tasks ADD COLUMN tenant TEXT;",
+    4: "ALTER TABLE {s}.tasks ADD COLUMN route TEXT; ALTER TABLE {s}.jobs ADD COLUMN tenant TEXT;",
 }
 """SQL that upgrades a store from the key's schema version to the next one: version 2 adds leases,
-version 3 the job tables, version 4 the tasks' ``tenant`` column."""
+version 3 the job tables, version 4 the tasks' ``tenant`` column, version 5 the tasks' ``route``
+and the jobs' ``tenant`` (after the job table's other columns: :data:`_JOBS_SQL` is version 3's)."""
 
 _SERVER_NOW = "extract(epoch from clock_timestamp())"
 """The database server's clock: the one clock every worker on every host agrees on."""
@@ -206,10 +211,14 @@ _ADDED_IN_VERSION = {"leases": 2, "jobs": 3, "job_keys": 3}
 
 def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
     """The tables of a store of schema ``version`` (leases arrived in version 2, jobs in 3, the
-    tasks' ``tenant`` column in 4)."""
+    tasks' ``tenant`` column in 4, the tasks' ``route`` and the jobs' ``tenant`` in 5)."""
     tables = {
         name: cols for name, cols in EXPECTED_TABLES.items() if _ADDED_IN_VERSION.get(name, 1) <= version
     }
+    if version < 5:
+        tables["tasks"] = tuple(name for name in tables["tasks"] if name != "route")
+        if "jobs" in tables:
+            tables["jobs"] = tuple(name for name in tables["jobs"] if name != "tenant")
     if version < 4:
         tables["tasks"] = tuple(name for name in tables["tasks"] if name != "tenant")
     return tables
@@ -368,7 +377,12 @@ class PostgresStore:
                 if exists is None:
                     self._check_empty_schema()
                     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-                    conn.execute(_SCHEMA_SQL.format(s=s) + _LEASES_SQL.format(s=s) + _JOBS_SQL.format(s=s))
+                    conn.execute(
+                        _SCHEMA_SQL.format(s=s)
+                        + _LEASES_SQL.format(s=s)
+                        + _JOBS_SQL.format(s=s)
+                        + f"ALTER TABLE {s}.jobs ADD COLUMN tenant TEXT;"
+                    )
                     conn.execute(
                         f"INSERT INTO {s}.meta (name, value) VALUES ('schema_version', %s)",
                         (str(SCHEMA_VERSION),),

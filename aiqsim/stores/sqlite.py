@@ -1,11 +1,12 @@
 """The default durable task store: one SQLite file, shareable between processes.
 
-Schema (version 4, kept in ``PRAGMA user_version``): ``tasks`` (one row per task, ``seq`` gives
+Schema (version 5, kept in ``PRAGMA user_version``): ``tasks`` (one row per task, ``seq`` gives
 insertion order, payload/result as JSON text, ``worker`` the scheduler instance holding the task),
 ``keys`` (idempotency key -> owning task id) and ``poison`` (keys whose input poisons the
 provider); version 3 adds ``jobs`` and ``job_keys``, the same pair for jobs (pipelines of tasks),
-and version 4 the tasks' ``tenant`` column (:mod:`aiqsim.scheduler.tenants`).
-A version-1, -2 or -3 file is validated as it is and then upgraded in one transaction when opened;
+version 4 the tasks' ``tenant`` column (:mod:`aiqsim.scheduler.tenants`), and version 5 the
+tasks' ``route`` column (:mod:`aiqsim.scheduler.routes`) and the jobs' ``tenant``.
+A version-1, -2, -3 or -4 file is validated as it is and then upgraded in one transaction when opened;
 a file from a newer aiqsim is refused.
 
 Concurrency: every write is one ``BEGIN IMMEDIATE`` transaction, so it takes SQLite's write lock
@@ -118,8 +119,8 @@ from aiqsim.stores.sql_records import (
 )
 from aiqsim.stores.sqlite_wal import wal_problem
 
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 """Schema versions this build opens; older ones are upgraded by :data:`MIGRATIONS` on open."""
 FILE_MODE = 0o600
 DEFAULT_BUSY_TIMEOUT_S = 30.0
@@ -129,7 +130,7 @@ SQLITE_HEADER_SIZE = 100
 _WAL_READS = 5
 """How often a ``-wal`` showing a problem is read again before it is left to its writer (``_check_wal``)."""
 
-_ADDED_IN_VERSION = {"worker": 2, "tenant": 4}
+_ADDED_IN_VERSION = {"worker": 2, "tenant": 4, "route": 5}
 """Columns that a store of an older schema version does not have yet (read as NULL there)."""
 _TRANSIENT_CODES = frozenset({5, 6, 7, 10, 13, 14})
 """Primary SQLite result codes that are not damage: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN."""
@@ -163,7 +164,8 @@ CREATE TABLE tasks (
     error TEXT,
     deduped_from TEXT,
     worker TEXT,
-    tenant TEXT
+    tenant TEXT,
+    route TEXT
 );
 CREATE INDEX tasks_by_status ON tasks (status, seq);
 CREATE TABLE keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL) WITHOUT ROWID;
@@ -194,12 +196,16 @@ JOB_SCHEMA = (
     "CREATE INDEX jobs_by_status ON jobs (status, seq)",
     "CREATE TABLE job_keys (key TEXT PRIMARY KEY, owner_id TEXT NOT NULL) WITHOUT ROWID",
 )
-"""The job tables, one statement each: created with a new store, added by the 2 -> 3 migration."""
-SCHEMA = SCHEMA + "".join(f"{statement};\n" for statement in JOB_SCHEMA)
+"""The job tables as version 3 made them, one statement each: added by the 2 -> 3 migration."""
+JOB_TENANT = "ALTER TABLE jobs ADD COLUMN tenant TEXT"
+"""The jobs' ``tenant`` column (version 5): added after the table's other columns, in a new store too,
+so that every store of one version has the same columns in the same order."""
+SCHEMA = SCHEMA + "".join(f"{statement};\n" for statement in (*JOB_SCHEMA, JOB_TENANT))
 
 MIGRATIONS: dict[int, str | tuple[str, ...]] = {1: "ALTER TABLE tasks ADD COLUMN worker TEXT"}
 MIGRATIONS[2] = JOB_SCHEMA
 MIGRATIONS[3] = "ALTER TABLE tasks ADD COLUMN tenant TEXT"
+MIGRATIONS[4] = ("ALTER TABLE tasks ADD COLUMN route TEXT", JOB_TENANT)
 """SQL that upgrades a store from the key's schema version to the next one."""
 
 
@@ -212,7 +218,8 @@ def expected_tables(version: int) -> dict[str, tuple[str, ...]]:
         "poison": ("key", "error", "recorded_at"),
     }
     if version >= 3:
-        tables.update(jobs=("seq", *JOB_COLUMNS), job_keys=("key", "owner_id"))
+        jobs = JOB_COLUMNS if version >= 5 else tuple(name for name in JOB_COLUMNS if name != "tenant")
+        tables.update(jobs=("seq", *jobs), job_keys=("key", "owner_id"))
     return tables
 
 
@@ -247,11 +254,14 @@ def _suspect_rows(version: int) -> str:
     extra = " OR typeof(worker) NOT IN ('text', 'null')" if version >= 2 else ""
     if version >= 4:
         extra += " OR typeof(tenant) NOT IN ('text', 'null')"
+    if version >= 5:
+        extra += " OR typeof(route) NOT IN ('text', 'null')"
     return f"{_SUSPECT_ROWS_V1}{extra} ORDER BY seq"
 
 
 def _text_columns(version: int) -> tuple[str, ...]:
-    return _TEXT_COLUMNS_V1 + (("worker",) if version >= 2 else ()) + (("tenant",) if version >= 4 else ())
+    later = tuple(name for name, added in _ADDED_IN_VERSION.items() if added <= version)
+    return _TEXT_COLUMNS_V1 + later
 
 
 def _not_a_regular_file(path: Path) -> str | None:
@@ -609,7 +619,7 @@ class SqliteStore:
             if bad_poison is not None:
                 raise self._corrupt(f"invalid poison row for key {bad_poison[0]!r}")
             if version >= 3:
-                self._validate_jobs(conn)
+                self._validate_jobs(conn, version)
         except sqlite3.DatabaseError as error:
             raise self._corrupt(f"unreadable database ({error})") from error
         return version
@@ -663,9 +673,10 @@ class SqliteStore:
                 conn.execute("ROLLBACK")
             raise
 
-    def _validate_jobs(self, conn: sqlite3.Connection) -> None:
+    def _validate_jobs(self, conn: sqlite3.Connection, version: int) -> None:
         """Decode every job row and check every job key's owner (jobs are few next to tasks)."""
-        for row in conn.execute(_JOBS.select).fetchall():
+        select = _JOBS.select if version >= 5 else select_sql(JOB_TABLE, SQLITE, {"tenant"})
+        for row in conn.execute(select).fetchall():
             self._decode_job(row)
         bad = conn.execute(
             "SELECT k.key, k.owner_id FROM job_keys k LEFT JOIN jobs j ON j.id = k.owner_id "
