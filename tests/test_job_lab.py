@@ -497,12 +497,8 @@ def test_compare_shows_the_job_numbers_of_both_runs() -> None:
 
 
 def test_a_job_workloads_tenant_reaches_every_task_of_its_jobs() -> None:
-    """The lab's job arrivals carry their workload's tenant to ``submit_job(tenant=...)``: two job
-    workloads weighted 1:3 share the lane 25/75 while both are backlogged. (The scenario parser does
-    not take ``tenant`` on a job workload yet, so the parsed scenario is given one directly and run
-    without being parsed again.)"""
-    import dataclasses
-
+    """A job workload's ``tenant`` goes to ``submit_job(tenant=...)``: two job workloads weighted 1:3
+    share the lane 25/75 while both are backlogged."""
     from aiqsim.sim.simulate import run_scenario
 
     mapping = scenario([{"name": "a", "provider": "p1"}], [provider("p1", 1.0)])
@@ -510,18 +506,10 @@ def test_a_job_workloads_tenant_reaches_every_task_of_its_jobs() -> None:
     mapping["quotas"] = {"p1": {"concurrency": 1}}
     mapping["tenants"] = {"acme": {"weight": 1}, "globex": {"weight": 3}}
     mapping["workloads"] = [
-        {"type": "burst", "job": "edit", "count": 40, "start_s": 1.0},
-        {"type": "burst", "job": "edit", "count": 40, "start_s": 1.0},
+        {"type": "burst", "job": "edit", "count": 40, "start_s": 1.0, "tenant": "acme"},
+        {"type": "burst", "job": "edit", "count": 40, "start_s": 1.0, "tenant": "globex"},
     ]
-    parsed = parse_scenario(mapping, source="case.toml")
-    tenants = ("acme", "globex")
-    parsed = dataclasses.replace(
-        parsed,
-        workloads=tuple(
-            dataclasses.replace(w, tenant=t) for w, t in zip(parsed.workloads, tenants, strict=True)
-        ),
-    )
-    result = run_scenario(parsed, 0)
+    result = run_scenario(parse_scenario(mapping, source="case.toml"), 0)
     tasks = result.tasks.sort_values("started_at")
     assert tasks["tenant"].value_counts().to_dict() == {"acme": 40, "globex": 40}
     window = list(tasks["tenant"][:40])  # both tenants backlogged all along

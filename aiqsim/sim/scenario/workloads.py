@@ -37,12 +37,10 @@ def _workload(
             f"expected the name of a [tenants.NAME] table ({declared}), got {describe(values['tenant'])}",
         )
     if "job" in values:
-        for key, why in (
-            ("route", "its stages name the providers"),
-            ("tenant", "a job's calls have no tenant"),
-        ):
-            if key in values:
-                raise reader.error(f"{path}.{key}", f"does not apply to a job workload ({why})")
+        if "route" in values:
+            raise reader.error(
+                f"{path}.route", "does not apply to a job workload (its stages name the providers)"
+            )
         return _job_workload(values, path, jobs or {}, duration_s, reader)
     if "route" in values:
         return _route_workload(values, path, routes or {}, duration_s, reader)
