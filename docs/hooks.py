@@ -165,7 +165,9 @@ def home_chart() -> bytes:
         **charts.run_references(result),
     )
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=80, metadata={"Software": None})
+    # at the notebooks' inline dpi: scaled to the page's column its text shows as on the notebook pages
+    # (aiqsim.lab.chart_style.PAGE_WIDTH_PX, tests/test_charts_page_width.py)
+    figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
     plt.close(figure)
     return buffer.getvalue()
 

@@ -24,9 +24,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from aiqsim.lab.chart_style import (
+    FIGURE_WIDTH_IN,
     OKABE_ITO,
     ROLE_COLOURS,
     SEQUENTIAL_CMAP,
+    TEXT_PT,
+    TITLE_PT,
     axis_label,
     format_number,
     printable,
@@ -42,7 +45,7 @@ SUCCESS = ("succeeded", "deduped")
 """Task statuses in which the user got a result (the tasks a latency of succeeded tasks counts)."""
 
 
-def _new_figure(width: float = 9.0, height: float = 4.5) -> tuple[Figure, Axes]:
+def _new_figure(width: float = FIGURE_WIDTH_IN, height: float = 4.5) -> tuple[Figure, Axes]:
     fig, ax = plt.subplots(figsize=(width, height), constrained_layout=True)
     _style(ax)
     return fig, ax
@@ -51,7 +54,9 @@ def _new_figure(width: float = 9.0, height: float = 4.5) -> tuple[Figure, Axes]:
 def _style(ax: Axes) -> None:
     ax.set_prop_cycle(color=list(OKABE_ITO))
     ax.grid(alpha=0.3)
-    ax.tick_params(labelsize=9)
+    ax.tick_params(labelsize=TEXT_PT)
+    ax.xaxis.label.set_size(TEXT_PT)
+    ax.yaxis.label.set_size(TEXT_PT)
 
 
 def _title(ax: Axes, prefix: str, finding: str) -> None:
@@ -61,7 +66,7 @@ def _title(ax: Axes, prefix: str, finding: str) -> None:
     width = max(30, int(ax.figure.get_figwidth() * 6))
     if len(text) > width:
         text = "\n".join(textwrap.wrap(text, width))
-    ax.set_title(_literal(printable(text)), fontsize=11)
+    ax.set_title(_literal(printable(text)), fontsize=TITLE_PT)
 
 
 def _legend_outside(
@@ -72,7 +77,7 @@ def _legend_outside(
         handles, labels = ax.get_legend_handles_labels()
     if handles:
         ax.legend(handles, [printable(str(label)) for label in labels or []], loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)  # fmt: skip
+                  bbox_to_anchor=(1.01, 1.0), fontsize=TEXT_PT, frameon=False)  # fmt: skip
 
 
 def _literal(text: str) -> str:
@@ -135,7 +140,7 @@ def retry_storm_timeline(
     series = [c for c in ("attempts", "rate_limited", "errors", "successes") if c in frame]
     counts = grouped[series].sum()
     step = float(np.diff(counts.index.to_numpy()[:2])[0]) if len(counts) > 1 else 1.0
-    fig, ax = _new_figure(10.0, 4.5)
+    fig, ax = _new_figure(FIGURE_WIDTH_IN, 4.5)
     names = {
         "attempts": "attempts/s",
         "rate_limited": "429s/s",
@@ -270,7 +275,7 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     split into first executions and duplicate executions of the same idempotency key, labelled inside the
     axes (the y range leaves room for the label, so it never reaches the title).
     """
-    fig, (calls_ax, cost_ax) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    fig, (calls_ax, cost_ax) = plt.subplots(1, 2, figsize=(FIGURE_WIDTH_IN, 4.2), constrained_layout=True)
     for ax in (calls_ax, cost_ax):
         _style(ax)
         ax.grid(axis="x", visible=False)
@@ -301,7 +306,7 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     calls_ax.set_ylabel("provider attempts (calls)")
     total_calls = int(bottom.sum())
     answered = int(categories["answered"].sum())
-    calls_ax.set_title(printable(f"{answered} of {total_calls} attempts answered"), fontsize=11)
+    calls_ax.set_title(printable(f"{answered} of {total_calls} attempts answered"), fontsize=TITLE_PT)
     _legend_outside(calls_ax)
 
     billed = calls[calls["billed"].astype(bool)].sort_values("start", kind="stable")
@@ -315,13 +320,13 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     for xi, first, dup in zip(x, first_cost, dup_cost, strict=True):
         share = dup / (first + dup) if first + dup > 0 else 0.0
         label = _literal(f"${first + dup:.3g} billed\n{share:.1%} duplicated")
-        cost_ax.annotate(label, (xi, first + dup), ha="center", va="bottom", fontsize=9, xytext=(0, 3),
+        cost_ax.annotate(label, (xi, first + dup), ha="center", va="bottom", fontsize=TEXT_PT, xytext=(0, 3),
                          textcoords="offset points")  # fmt: skip
     cost_ax.set_xticks(x, [printable(p) for p in providers])
     cost_ax.set_ylabel("billed cost ($)")
     total = float(first_cost.sum() + dup_cost.sum())
     share = float(dup_cost.sum()) / total if total > 0 else 0.0
-    cost_ax.set_title(_literal(f"{share:.1%} of ${total:.3g} billed twice"), fontsize=11)
+    cost_ax.set_title(_literal(f"{share:.1%} of ${total:.3g} billed twice"), fontsize=TITLE_PT)
     _legend_outside(cost_ax)
     if title:
         fig.suptitle(printable(title))
@@ -503,7 +508,8 @@ def heatmap(
     Each annotation is black or white by the luminance of its cell (readable on bright and dark cells).
     """
     table = sweep.pivot_table(index=y, columns=x, values=value, aggfunc="mean").sort_index()
-    fig, ax = _new_figure(2.4 + 1.1 * max(3, table.shape[1]), 1.4 + 0.7 * max(3, table.shape[0]))
+    width = min(FIGURE_WIDTH_IN, 2.4 + 1.1 * max(3, table.shape[1]))
+    fig, ax = _new_figure(width, 1.4 + 0.7 * max(3, table.shape[0]))
     ax.grid(False)
     data = table.to_numpy(dtype=float)
     image = ax.imshow(data, origin="lower", aspect="auto", cmap=SEQUENTIAL_CMAP)
@@ -519,7 +525,7 @@ def heatmap(
     for (row, col), v in np.ndenumerate(data):
         if not math.isnan(v):
             colour = text_colour_for(image.cmap(image.norm(v)))
-            ax.text(col, row, fmt.format(v), ha="center", va="center", color=colour, fontsize=9)
+            ax.text(col, row, fmt.format(v), ha="center", va="center", color=colour, fontsize=TEXT_PT)
     fig.colorbar(image, ax=ax, label=axis_label(value))
     if np.isfinite(data).any():
         low = np.unravel_index(np.nanargmin(data), data.shape)
@@ -557,8 +563,15 @@ def seed_ranges(
     keys = [by] if isinstance(by, str) else list(by)
     stats = runs.groupby(keys, sort=False)[list(metrics)].agg([centre, "min", "max"])
     names = [", ".join(str(v) for v in (i if isinstance(i, tuple) else (i,))) for i in stats.index]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics) + 1.6, 0.45 * len(names) + 1.8),
+    # two panels a row at most: more side by side would not fit the page width with readable text
+    columns = min(2, len(metrics))
+    rows = math.ceil(len(metrics) / columns)
+    height = rows * (0.45 * len(names) + 1.5) + 0.3
+    fig, grid = plt.subplots(rows, columns, figsize=(min(FIGURE_WIDTH_IN, 3.6 * columns + 1.6), height),
                              constrained_layout=True, squeeze=False)  # fmt: skip
+    for unused in grid.flat[len(metrics) :]:
+        unused.set_visible(False)
+    first_column = {id(row[0]) for row in grid}
     y = np.arange(len(names))
     chosen_at = None
     if chosen is not None:
@@ -569,7 +582,8 @@ def seed_ranges(
             if (index if isinstance(index, tuple) else (index,)) == wanted
         ]
         chosen_at = matches[0] if matches else None
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    panels = list(grid.flat[: len(metrics)])
+    for ax, metric in zip(panels, metrics, strict=True):
         _style(ax)
         mid, low, high = (stats[(metric, k)].to_numpy(dtype=float) for k in (centre, "min", "max"))
         ax.hlines(y, low, high, color=OKABE_ITO[0], lw=2.0, label="seed range (min-max)")
@@ -584,17 +598,18 @@ def seed_ranges(
         if metric in log:
             ax.set_xscale("log")
         ax.set_xlabel(printable(axis_label(metric)))
-        ax.set_yticks(y, [printable(n) for n in names] if ax is axes[0][0] else [""] * len(names))
+        ax.set_yticks(y, [printable(n) for n in names] if id(ax) in first_column else [""] * len(names))
         ax.invert_yaxis()
-        ax.set_title(printable(axis_label(metric).split(" (")[0]), fontsize=10)
-    axes[0][0].set_ylabel(printable(f"{', '.join(keys)} (setting)"))
+        ax.set_title(printable(axis_label(metric).split(" (")[0]), fontsize=TEXT_PT)
+    for row in grid:
+        row[0].set_ylabel(printable(f"{', '.join(keys)} (setting)"))
     handles: dict[str, Any] = {}
-    for ax in axes[0]:
+    for ax in panels:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-    _legend_outside(axes[0][-1], list(handles.values()), list(handles))
+    _legend_outside(grid[0][-1], list(handles.values()), list(handles))
     finding = title or (f"chosen: {names[chosen_at]}" if chosen_at is not None else f"{len(names)} settings")
-    fig.suptitle(_literal(printable(finding)), fontsize=11)
+    fig.suptitle(_literal(printable(finding)), fontsize=TITLE_PT)
     return fig
 
 
@@ -633,7 +648,7 @@ def pareto(
     flat["latency"] = stats[(latency, "mean")]
     flat["cost_std"] = stats[(cost, "std")].fillna(0.0)
     flat["latency_std"] = stats[(latency, "std")].fillna(0.0)
-    fig, ax = _new_figure(10.0, 4.8)
+    fig, ax = _new_figure(FIGURE_WIDTH_IN, 4.8)
     ax.errorbar(flat["cost"], flat["latency"], xerr=flat["cost_std"], yerr=flat["latency_std"], fmt="o",
                 color=OKABE_ITO[5], alpha=0.7, label="setting (mean, bars: seed s.d.)")  # fmt: skip
     front = pareto_front(flat, "cost", "latency")
@@ -645,7 +660,7 @@ def pareto(
             (row["cost"], row["latency"]),
             xytext=(6, 6),
             textcoords="offset points",
-            fontsize=10,
+            fontsize=TEXT_PT,
             fontweight="bold",
             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},
         )

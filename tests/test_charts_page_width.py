@@ -1,0 +1,155 @@
+"""Every lab chart is legible at the width the documentation site shows it.
+
+The site (Material for MkDocs) shows a notebook's chart in its content column, 688 CSS px wide on a
+desktop window (:data:`~aiqsim.lab.chart_style.PAGE_WIDTH_PX`, checked against the installed theme's
+stylesheet below); a wider PNG is scaled down to it. What a reader sees is then the text's height in
+the PNG times that scale, whatever the dpi: ``points x dpi / 72 x min(1, 688 / PNG width)``. The floor
+is :data:`~aiqsim.lab.chart_style.MIN_TEXT_PX`, 11 px: the smallest text the notebook pages set
+themselves (cell tags, JupyterLab's small UI font), against 16 px body text. Before the lab drew its
+charts 9 to 11 inches wide with 9 pt ticks and legends, which showed at 7.7 to 9.4 px.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+
+from aiqsim.lab import charts
+from aiqsim.lab.chart_style import (
+    FIGURE_WIDTH_IN,
+    MIN_TEXT_PX,
+    PAGE_WIDTH_PX,
+    displayed_text_px,
+    max_figure_width_in,
+)
+from aiqsim.sim.simulate import simulate
+from aiqsim.sim.sweep import sweep
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, object]:
+    storm = simulate(SCENARIOS / "retry_storm_429.toml", seed=1)
+    grid = sweep(
+        SCENARIOS / "timeout_duplicate_billing.toml",
+        {"retry.attempt_timeout_s": [2, 8, 30], "retry.base_s": [0.5, 2.0]},
+        seeds=[0, 1],
+        engine="serial",
+        progress=False,
+    )
+    return {"storm": storm, "grid": grid}
+
+
+TIMEOUT, BASE = "retry.attempt_timeout_s", "retry.base_s"
+CHARTS: dict[str, Callable[[dict[str, object]], Figure]] = {
+    "storm timeline": lambda r: charts.retry_storm_timeline(
+        r["storm"].timeline, title=r["storm"].scenario.name, **charts.run_references(r["storm"])
+    ),
+    "latency cdf": lambda r: charts.latency_cdf(r["storm"].tasks, by="priority"),
+    "cost breakdown": lambda r: charts.cost_breakdown(r["storm"].calls),
+    "metric vs parameter": lambda r: charts.metric_vs_parameter(
+        r["grid"], TIMEOUT, "success_latency_p99_s", hue=BASE
+    ),
+    "cost duplication": lambda r: charts.cost_duplication(r["grid"], TIMEOUT, hue=BASE),
+    "heatmap": lambda r: charts.heatmap(r["grid"], TIMEOUT, BASE, "success_latency_p99_s"),
+    "pareto": lambda r: charts.pareto(r["grid"], [TIMEOUT, BASE]),
+    "seed ranges, two metrics": lambda r: charts.seed_ranges(
+        r["grid"], TIMEOUT, ["cost_total", "success_latency_p99_s"]
+    ),
+    "seed ranges, three metrics": lambda r: charts.seed_ranges(
+        r["grid"],
+        [TIMEOUT, BASE],
+        ["cost_total", "success_latency_p99_s", "cost_duplicated"],
+        chosen=(8, 0.5),
+    ),
+}
+
+
+def png_width(fig: Figure, dpi: float) -> int:
+    """The pixel width of the PNG the notebook's inline backend would show (``bbox_inches="tight"``)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    data = buffer.getvalue()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">I", data[16:20])[0]
+
+
+def drawn_texts(fig: Figure) -> list[Text]:
+    """Every visible text with characters: titles, labels, ticks, legends, annotations, colour bars."""
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+@pytest.mark.parametrize("name", list(CHARTS))
+@pytest.mark.parametrize("dpi", [100, 200], ids=["inline dpi 100", "dpi 200"])
+def test_every_lab_chart_shows_its_smallest_text_at_the_floor_at_page_width(
+    runs: dict[str, object], name: str, dpi: float
+) -> None:
+    fig = CHARTS[name](runs)
+    try:
+        width = png_width(fig, dpi)
+        assert width / dpi <= max_figure_width_in() + 0.05, f"{name}: {width} px at {dpi} dpi is too wide"
+        smallest = min(drawn_texts(fig), key=lambda t: t.get_fontsize())
+        shown = displayed_text_px(smallest.get_fontsize(), dpi, width)
+        assert shown >= MIN_TEXT_PX, (
+            f"{name}: {smallest.get_text()!r} at {smallest.get_fontsize()} pt shows at {shown:.1f} px "
+            f"in a {width} px PNG on a {PAGE_WIDTH_PX:g} px page"
+        )
+    finally:
+        plt.close(fig)
+
+
+def test_the_floor_arithmetic() -> None:
+    """A figure twice the page's width halves its text; a narrower one is shown as drawn."""
+    assert displayed_text_px(10, 100, 2 * PAGE_WIDTH_PX) == pytest.approx(10 * 100 / 72 / 2)
+    assert displayed_text_px(10, 100, PAGE_WIDTH_PX / 2) == pytest.approx(10 * 100 / 72)
+    assert max_figure_width_in(10) == pytest.approx(10 / 72 * PAGE_WIDTH_PX / MIN_TEXT_PX)
+    assert max_figure_width_in() >= FIGURE_WIDTH_IN
+    # the lab's former style: 9 pt ticks on a 10 inch figure showed at 8.5 px
+    assert displayed_text_px(9, 100, 1011) < MIN_TEXT_PX
+
+
+def test_the_page_width_is_materials_content_column() -> None:
+    """:data:`PAGE_WIDTH_PX` is what the installed theme's stylesheet gives: the grid less two sidebars and
+    the content margins, in rem of the root font size (125 % of 16 px)."""
+    material = pytest.importorskip("material")
+    assets = Path(material.__file__).parent / "templates" / "assets" / "stylesheets"
+    sheets = list(assets.glob("main.*.min.css"))
+    assert sheets, "no Material stylesheet installed"
+    css = sheets[0].read_text(encoding="utf-8")
+
+    def rem(pattern: str) -> float:
+        found = re.search(pattern, css)
+        assert found is not None, pattern
+        return float(found.group(1))
+
+    grid = rem(r"\.md-grid\{max-width:([\d.]+)rem")
+    sidebar = rem(r"\.md-sidebar\{[^}]*width:([\d.]+)rem")
+    margin = rem(r"\.md-content__inner\{margin-left:([\d.]+)rem")
+    root = rem(r"html\{[^}]*font-size:([\d.]+)%") / 100 * 16
+    assert (grid - 2 * sidebar - 2 * margin) * root == pytest.approx(PAGE_WIDTH_PX)
+
+
+def test_seed_ranges_draws_one_panel_per_metric_two_a_row() -> None:
+    frame = pd.DataFrame({"x": [1, 1, 2, 2], "a": [1.0, 2.0, 3.0, 4.0], "b": [1.0, 1.5, 2.0, 2.5]})
+    frame["c"] = frame["a"] * 2
+    fig = charts.seed_ranges(frame, "x", ["a", "b", "c"])
+    try:
+        shown = [ax for ax in fig.axes if ax.get_visible()]
+        assert len(shown) == 3
+        assert len({round(ax.get_position().y0, 2) for ax in shown}) == 2, "not two rows"
+        assert fig.get_figwidth() <= FIGURE_WIDTH_IN
+    finally:
+        plt.close(fig)
