@@ -153,3 +153,14 @@ def test_seed_ranges_draws_one_panel_per_metric_two_a_row() -> None:
         assert fig.get_figwidth() <= FIGURE_WIDTH_IN
     finally:
         plt.close(fig)
+
+
+def test_a_long_finding_is_wrapped_not_widening_the_chart() -> None:
+    frame = pd.DataFrame({"x": [1, 1, 2, 2], "a": [1.0, 2.0, 3.0, 4.0], "b": [1.0, 1.5, 2.0, 2.5]})
+    title = "4 workers, one account of 120 requests/min, uneven load: a split wastes 31% of it, " * 2
+    fig = charts.seed_ranges(frame, "x", ["a", "b"], title=title)
+    try:
+        assert png_width(fig, 100) / 100 <= max_figure_width_in() + 0.05
+        assert fig._suptitle is not None and "\n" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)

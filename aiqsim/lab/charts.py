@@ -609,7 +609,9 @@ def seed_ranges(
             handles.setdefault(label, handle)
     _legend_outside(grid[0][-1], list(handles.values()), list(handles))
     finding = title or (f"chosen: {names[chosen_at]}" if chosen_at is not None else f"{len(names)} settings")
-    fig.suptitle(_literal(printable(finding)), fontsize=TITLE_PT)
+    # wrapped to the figure's width, as :func:`_title` does: a long finding would widen the saved PNG
+    wrapped = "\n".join(textwrap.wrap(finding, max(30, int(fig.get_figwidth() * 6))))
+    fig.suptitle(_literal(printable(wrapped)), fontsize=TITLE_PT)
     return fig
 
 
