@@ -24,7 +24,7 @@ Notebooks: before the build, every ``notebooks/*.ipynb`` is executed headless as
 nothing injected after its ``parameters`` cell; ``aiqsim.lab.notebook_runs``) into ``docs/notebooks/``
 (git-ignored; the ``notebooks`` folder of ``docs_dir``), which mkdocs-jupyter renders without executing
 again, so the decisions on the site are the ones a user gets by running the notebook. The whole set
-takes about two minutes on a 2-core machine. ``AIQSIM_DOCS_FAST=1`` (:data:`FAST_ENV`) asks for a quick
+takes about four minutes on a 2-core machine. ``AIQSIM_DOCS_FAST=1`` (:data:`FAST_ENV`) asks for a quick
 preview instead: ``FAST = True`` is injected (fewer seeds, a coarser grid, shorter runs) and every page
 warns that its decision can differ. When the environment names a folder of copies to render instead
 (``AIQSIM_DOCS_NOTEBOOKS``), nothing is executed: tests/test_docs.py passes copies that were never
