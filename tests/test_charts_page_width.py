@@ -34,10 +34,12 @@ from aiqsim.lab.chart_style import (
     displayed_text_px,
     max_figure_width_in,
 )
+from aiqsim.lab.decisions import best_setting
 from aiqsim.sim.simulate import simulate
 from aiqsim.sim.sweep import sweep
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+TIMEOUT, BASE = "retry.attempt_timeout_s", "retry.base_s"
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +52,12 @@ def runs() -> dict[str, object]:
         engine="serial",
         progress=False,
     )
-    return {"storm": storm, "grid": grid}
+    decision = best_setting(
+        grid, [TIMEOUT, BASE], "cost_total", constraints={"success_latency_p99_s": 60}, scenario_file="x.toml"
+    )
+    return {"storm": storm, "grid": grid, "decision": decision}
 
 
-TIMEOUT, BASE = "retry.attempt_timeout_s", "retry.base_s"
 CHARTS: dict[str, Callable[[dict[str, object]], Figure]] = {
     "storm timeline": lambda r: charts.retry_storm_timeline(
         r["storm"].timeline, title=r["storm"].scenario.name, **charts.run_references(r["storm"])
@@ -66,6 +70,9 @@ CHARTS: dict[str, Callable[[dict[str, object]], Figure]] = {
     "cost duplication": lambda r: charts.cost_duplication(r["grid"], TIMEOUT, hue=BASE),
     "heatmap": lambda r: charts.heatmap(r["grid"], TIMEOUT, BASE, "success_latency_p99_s"),
     "pareto": lambda r: charts.pareto(r["grid"], [TIMEOUT, BASE]),
+    "pareto with a decision": lambda r: charts.pareto(
+        r["grid"], [TIMEOUT, BASE], reference={"p99 target 60 s": 60}, decision=r["decision"]
+    ),
     "seed ranges, two metrics": lambda r: charts.seed_ranges(
         r["grid"], TIMEOUT, ["cost_total", "success_latency_p99_s"]
     ),
@@ -164,3 +171,22 @@ def test_a_long_finding_is_wrapped_not_widening_the_chart() -> None:
         assert fig._suptitle is not None and "\n" in fig._suptitle.get_text()
     finally:
         plt.close(fig)
+
+
+def test_a_legend_with_a_long_entry_goes_below_the_plot_and_the_figure_grows(runs: dict[str, object]) -> None:
+    """Beside the plot, "rejected by the decision (a seed breaks a constraint)" took most of a chart the
+    page's width; below the axis label it leaves the plot the whole width and its height."""
+    plain = charts.pareto(runs["grid"], [TIMEOUT, BASE])
+    fig = CHARTS["pareto with a decision"](runs)
+    try:
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        legend = ax.get_legend()
+        assert legend is not None and charts.REJECTED_LABEL in [t.get_text() for t in legend.get_texts()]
+        renderer = fig.canvas.get_renderer()
+        assert legend.get_window_extent(renderer).y1 < ax.xaxis.label.get_window_extent(renderer).y0
+        assert fig.get_figheight() > plain.get_figheight()
+        assert ax.get_position().width > 0.8, "the plot does not have the figure's width"
+    finally:
+        plt.close(fig)
+        plt.close(plain)

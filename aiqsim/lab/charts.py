@@ -72,12 +72,34 @@ def _title(ax: Axes, prefix: str, finding: str) -> None:
 def _legend_outside(
     ax: Axes, handles: Sequence[Any] | None = None, labels: Sequence[str] | None = None
 ) -> None:
-    """A legend to the right of the axes, where it cannot cover a line (constrained layout makes room)."""
+    """A legend outside the axes, where it cannot cover a line (constrained layout makes room): to the
+    right, or below the axis label when an entry is too long to leave the plot most of the width."""
     if handles is None:
         handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, [printable(str(label)) for label in labels or []], loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), fontsize=TEXT_PT, frameon=False)  # fmt: skip
+    if not handles:
+        return
+    texts = [printable(str(label)) for label in labels or []]
+    longest = max(map(len, texts))
+    if longest <= LONG_LEGEND_ENTRY:
+        ax.legend(handles, texts, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=TEXT_PT,
+                  frameon=False)  # fmt: skip
+        return
+    # anchored at the axes' bottom edge and pushed down by a pad in font sizes, so it clears the tick
+    # labels and the axis label at any figure height; two columns while two entries fit the width
+    columns = 2 if longest <= 44 else 1
+    ax.legend(handles, texts, loc="upper center", bbox_to_anchor=(0.5, 0.0), borderaxespad=3.6,
+              ncols=columns, fontsize=TEXT_PT, frameon=False)  # fmt: skip
+    # the figure grows by the legend's height (entries ~1.45 font sizes apart, the pad above), so the
+    # plot keeps its height
+    rows = math.ceil(len(texts) / columns)
+    fig = ax.get_figure()
+    if fig is not None:
+        fig.set_figheight(fig.get_figheight() + (rows * 1.45 + 3.6) * TEXT_PT / 72)
+
+
+LONG_LEGEND_ENTRY = 32
+"""Characters: a legend with a longer entry goes below the axes (beside them it would take more than a
+third of a chart :data:`~aiqsim.lab.chart_style.FIGURE_WIDTH_IN` wide)."""
 
 
 def _literal(text: str) -> str:
