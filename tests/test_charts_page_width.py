@@ -21,6 +21,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
@@ -92,6 +93,24 @@ def png_width(fig: Figure, dpi: float) -> int:
     data = buffer.getvalue()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     return struct.unpack(">I", data[16:20])[0]
+
+
+def assert_no_text_over_text(fig: Figure) -> None:
+    """No drawn text overlaps another (the readability suite's check, with figure legends and a
+    suptitle, which that suite's list of texts names twice)."""
+    from test_chart_readability import _texts
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = _texts(fig) + [t for legend in fig.legends for t in legend.get_texts()]
+    unique = list({id(t): t for t in texts}.values())
+    boxes = [(t.get_text(), t.get_window_extent(renderer).shrunk(0.98, 0.9)) for t in unique]
+    overlaps = [
+        (a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1 :] if box.overlaps(other)
+    ]
+    assert overlaps == [], overlaps[:3]
+    width = fig.bbox.width
+    assert all(box.x0 >= -1 and box.x1 <= width + 1 for _, box in boxes), "text drawn outside the figure"
 
 
 def drawn_texts(fig: Figure) -> list[Text]:
@@ -190,3 +209,44 @@ def test_a_legend_with_a_long_entry_goes_below_the_plot_and_the_figure_grows(run
     finally:
         plt.close(fig)
         plt.close(plain)
+
+
+def test_seed_ranges_with_long_labels_a_log_axis_and_four_panels_has_no_text_over_text() -> None:
+    """The shapes the notebooks draw: four policies' criteria with bounds and a star; three fleet metrics,
+    one on a log axis over less than a decade (whose default labels ran into each other)."""
+    rng = np.random.default_rng(0)
+    policies = ["no backoff", "backoff only", "retry token bucket", "retry ratio budget", "circuit breaker"]
+    metrics = ["amplification (attempts/task, outage)", "goodput shortfall (tasks/s)", "recovery time (s)"]
+    judged = pd.DataFrame(
+        [{"policy": p, **{m: rng.random() * 5 for m in metrics}} for p in policies for _ in "abc"]
+    )
+    judged["failed after the outage (tasks)"] = rng.random(len(judged)) * 200
+    fleet = pd.DataFrame(
+        [
+            {"quota": q, "routing": r, "fleet_utilization": 0.7 + 0.3 * rng.random(),
+             "wasted_capacity": 0.3 * rng.random(), "success_latency_p95_s": 90 + 360 * rng.random()}
+            for q in ("shared", "split") for r in ("weighted", "round_robin") for _ in range(5)
+        ]
+    )  # fmt: skip
+    figures = [
+        charts.seed_ranges(
+            judged, "policy", [*metrics, "failed after the outage (tasks)"], chosen="retry ratio budget",
+            limits={"goodput shortfall (tasks/s)": (0.3, "bound: 10% of backoff only's goodput"),
+                    "failed after the outage (tasks)": (0, "bound: none failed")},
+            title="chosen: retry ratio budget - fewest attempts per task during the outage, within bounds",
+        ),
+        charts.seed_ranges(
+            fleet, ["quota", "routing"], ["fleet_utilization", "wasted_capacity", "success_latency_p95_s"],
+            centre="median", limits={"fleet_utilization": (1.0, "the account's limit")},
+            log=["success_latency_p95_s"],
+        ),
+    ]  # fmt: skip
+    try:
+        for fig in figures:
+            assert_no_text_over_text(fig)
+            assert png_width(fig, 100) / 100 <= max_figure_width_in() + 0.05
+        ticks = [t.get_text() for t in figures[1].axes[2].get_xticklabels() if t.get_text()]
+        assert ticks and all(re.fullmatch(r"[\d,.]+", t) for t in ticks), ticks
+    finally:
+        for fig in figures:
+            plt.close(fig)

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from aiqsim.lab.chart_style import (
     FIGURE_WIDTH_IN,
@@ -588,12 +589,14 @@ def seed_ranges(
     # two panels a row at most: more side by side would not fit the page width with readable text
     columns = min(2, len(metrics))
     rows = math.ceil(len(metrics) / columns)
-    height = rows * (0.45 * len(names) + 1.5) + 0.3
-    fig, grid = plt.subplots(rows, columns, figsize=(min(FIGURE_WIDTH_IN, 3.6 * columns + 1.6), height),
+    width = min(FIGURE_WIDTH_IN, 3.6 * columns + 1.6)
+    fig, grid = plt.subplots(rows, columns, figsize=(width, rows * (0.45 * len(names) + 1.6) + 0.4),
                              constrained_layout=True, squeeze=False)  # fmt: skip
     for unused in grid.flat[len(metrics) :]:
         unused.set_visible(False)
     first_column = {id(row[0]) for row in grid}
+    # ~12 characters an inch at TEXT_PT, over a panel's share of the width left of the names
+    label_chars = max(20, int((width - 1.8) / columns * 11))
     y = np.arange(len(names))
     chosen_at = None
     if chosen is not None:
@@ -619,7 +622,12 @@ def seed_ranges(
             ax.axvline(value, color=ROLE_COLOURS["failed"], ls="--", lw=1.3, label=label)
         if metric in log:
             ax.set_xscale("log")
-        ax.set_xlabel(printable(axis_label(metric)))
+            # plain numbers at 1, 2 and 5 of each decade: the default labels every minor tick of a short
+            # range in scientific notation, side by side ("2x10^2 3x10^2 4x10^2")
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_number(v)))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(_wrapped_label(printable(axis_label(metric)), label_chars))
         ax.set_yticks(y, [printable(n) for n in names] if id(ax) in first_column else [""] * len(names))
         ax.invert_yaxis()
         ax.set_title(printable(axis_label(metric).split(" (")[0]), fontsize=TEXT_PT)
@@ -629,12 +637,26 @@ def seed_ranges(
     for ax in panels:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-    _legend_outside(grid[0][-1], list(handles.values()), list(handles))
+    # one legend for all panels, below them: beside the top row it would squeeze the panels' width
+    longest = max(map(len, handles))
+    across = min(len(handles), 3 if longest <= 26 else 2 if longest <= 44 else 1)
+    fig.legend(list(handles.values()), [printable(label) for label in handles], loc="outside lower center",
+               ncols=across, fontsize=TEXT_PT, frameon=False)  # fmt: skip
+    fig.set_figheight(fig.get_figheight() + math.ceil(len(handles) / across) * 1.45 * TEXT_PT / 72)
     finding = title or (f"chosen: {names[chosen_at]}" if chosen_at is not None else f"{len(names)} settings")
-    # wrapped to the figure's width, as :func:`_title` does: a long finding would widen the saved PNG
-    wrapped = "\n".join(textwrap.wrap(finding, max(30, int(fig.get_figwidth() * 6))))
+    # wrapped to the figure's width (~10 characters an inch at TITLE_PT): a long finding would widen the PNG
+    wrapped = "\n".join(textwrap.wrap(finding, max(30, int(fig.get_figwidth() * 10))))
     fig.suptitle(_literal(printable(wrapped)), fontsize=TITLE_PT)
     return fig
+
+
+def _wrapped_label(label: str, chars: int) -> str:
+    """``label`` on lines of at most ``chars``, its unit ``(...)`` kept whole on a line of its own."""
+    if len(label) <= chars:
+        return label
+    name, paren, unit = label.partition(" (")
+    lines = textwrap.wrap(name, chars)
+    return "\n".join(lines + ([paren.strip() + unit] if paren else []))
 
 
 def pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
