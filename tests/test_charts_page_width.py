@@ -1,12 +1,13 @@
 """Every lab chart is legible at the width the documentation site shows it.
 
-The site (Material for MkDocs) shows a notebook's chart in its content column, 688 CSS px wide on a
-desktop window (:data:`~aiqsim.lab.chart_style.PAGE_WIDTH_PX`, checked against the installed theme's
-stylesheet below); a wider PNG is scaled down to it. What a reader sees is then the text's height in
-the PNG times that scale, whatever the dpi: ``points x dpi / 72 x min(1, 688 / PNG width)``. The floor
-is :data:`~aiqsim.lab.chart_style.MIN_TEXT_PX`, 11 px: the smallest text the notebook pages set
-themselves (cell tags, JupyterLab's small UI font), against 16 px body text. Before the lab drew its
-charts 9 to 11 inches wide with 9 pt ticks and legends, which showed at 7.7 to 9.4 px.
+The site (Material for MkDocs with mkdocs-jupyter) shows a notebook's chart 658 CSS px wide on a desktop
+window (:data:`~aiqsim.lab.chart_style.PAGE_WIDTH_PX`: the content column less the notebook's and the
+cell's padding, checked against the installed stylesheets below); a wider PNG is scaled down to it.
+What a reader sees is then the text's height in the PNG times that scale, whatever the dpi:
+``points x dpi / 72 x min(1, 658 / PNG width)``. The floor is
+:data:`~aiqsim.lab.chart_style.MIN_TEXT_PX`, 11 px: the smallest text the notebook pages set themselves
+(cell tags, JupyterLab's small UI font), against 16 px body text. Before, the lab drew its charts 9 to
+11 inches wide with 9 pt ticks and legends, beside a 64 px output prompt: 6.7 to 8.1 px on the page.
 """
 
 from __future__ import annotations
@@ -143,29 +144,39 @@ def test_the_floor_arithmetic() -> None:
     assert displayed_text_px(10, 100, PAGE_WIDTH_PX / 2) == pytest.approx(10 * 100 / 72)
     assert max_figure_width_in(10) == pytest.approx(10 / 72 * PAGE_WIDTH_PX / MIN_TEXT_PX)
     assert max_figure_width_in() >= FIGURE_WIDTH_IN
-    # the lab's former style: 9 pt ticks on a 10 inch figure showed at 8.5 px
-    assert displayed_text_px(9, 100, 1011) < MIN_TEXT_PX
+    # the lab's former style: 9 pt ticks on a 10 inch figure, beside the output prompt, showed at 7.3 px
+    assert displayed_text_px(9, 100, 1011, PAGE_WIDTH_PX - 64) < MIN_TEXT_PX
 
 
-def test_the_page_width_is_materials_content_column() -> None:
-    """:data:`PAGE_WIDTH_PX` is what the installed theme's stylesheet gives: the grid less two sidebars and
-    the content margins, in rem of the root font size (125 % of 16 px)."""
+def test_the_page_width_is_materials_content_column_less_the_notebook_padding() -> None:
+    """:data:`PAGE_WIDTH_PX` is what the installed stylesheets give: Material's grid less two sidebars and
+    the content margins, in rem of the root font size (125 % of 16 px), less mkdocs-jupyter's notebook
+    and cell padding on each side (the output prompt beside an image is hidden by the site's extra.css,
+    tests/test_docs.py)."""
     material = pytest.importorskip("material")
+    jupyter = pytest.importorskip("mkdocs_jupyter")
     assets = Path(material.__file__).parent / "templates" / "assets" / "stylesheets"
     sheets = list(assets.glob("main.*.min.css"))
     assert sheets, "no Material stylesheet installed"
     css = sheets[0].read_text(encoding="utf-8")
+    notebook_css = (
+        Path(jupyter.__file__).parent / "templates" / "mkdocs_html" / "assets" / "index.css"
+    ).read_text(encoding="utf-8")
 
-    def rem(pattern: str) -> float:
-        found = re.search(pattern, css)
+    def number(pattern: str, text: str = css) -> float:
+        found = re.search(pattern, text)
         assert found is not None, pattern
         return float(found.group(1))
 
-    grid = rem(r"\.md-grid\{max-width:([\d.]+)rem")
-    sidebar = rem(r"\.md-sidebar\{[^}]*width:([\d.]+)rem")
-    margin = rem(r"\.md-content__inner\{margin-left:([\d.]+)rem")
-    root = rem(r"html\{[^}]*font-size:([\d.]+)%") / 100 * 16
-    assert (grid - 2 * sidebar - 2 * margin) * root == pytest.approx(PAGE_WIDTH_PX)
+    grid = number(r"\.md-grid\{max-width:([\d.]+)rem")
+    sidebar = number(r"\.md-sidebar\{[^}]*width:([\d.]+)rem")
+    margin = number(r"\.md-content__inner\{margin-left:([\d.]+)rem")
+    root = number(r"html\{[^}]*font-size:([\d.]+)%") / 100 * 16
+    column = (grid - 2 * sidebar - 2 * margin) * root
+    assert column == pytest.approx(688)
+    notebook = number(r"--jp-notebook-padding: ([\d.]+)px", notebook_css)
+    cell = number(r"--jp-cell-padding: ([\d.]+)px", notebook_css)
+    assert column - 2 * notebook - 2 * cell == pytest.approx(PAGE_WIDTH_PX)
 
 
 def test_seed_ranges_draws_one_panel_per_metric_two_a_row() -> None:

@@ -469,19 +469,27 @@ def test_the_default_build_executes_notebooks_as_shipped_and_fast_needs_the_opt_
     assert "Outputs computed in FAST mode." in fast.cells[1].source
 
 
-def test_printed_outputs_are_not_broken_mid_word(site: Path) -> None:
-    """mkdocs-jupyter's output blocks break long lines at any character (JupyterLab's ``word-break:
-    break-all``): the site's stylesheet keeps printed lines whole, by a rule that outranks it."""
+def site_rules(site: Path) -> dict[str, dict[str, str]]:
+    """The rules of the site's extra.css, after checking a notebook page links it: ``{selector:
+    {property: value}}``, one entry per selector of a comma-separated list."""
     raw = (site / "notebooks" / NOTEBOOK_PATHS[0].stem / "index.html").read_text(encoding="utf-8")
     assert re.search(r'<link[^>]+href="[./]*stylesheets/extra\.css"', raw), "extra.css is not on the page"
     css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
     css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
-    rules = {
-        " ".join(selector.split()): dict(
+    rules: dict[str, dict[str, str]] = {}
+    for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", css):
+        declarations = dict(
             (k.strip(), v.strip()) for k, v in (d.split(":", 1) for d in body.split(";") if ":" in d)
         )
-        for selector, body in re.findall(r"([^{}]+)\{([^}]*)\}", css)
-    }
+        for selector in selectors.split(","):
+            rules[" ".join(selector.split())] = declarations
+    return rules
+
+
+def test_printed_outputs_are_not_broken_mid_word(site: Path) -> None:
+    """mkdocs-jupyter's output blocks break long lines at any character (JupyterLab's ``word-break:
+    break-all``): the site's stylesheet keeps printed lines whole, by a rule that outranks it."""
+    rules = site_rules(site)
     ours = [(sel, rule) for sel, rule in rules.items() if sel.endswith(".jp-OutputArea-output pre")]
     assert ours, rules
     selector, rule = ours[0]
@@ -489,6 +497,25 @@ def test_printed_outputs_are_not_broken_mid_word(site: Path) -> None:
     assert rule.get("overflow-x") == "auto" and rule.get("overflow-wrap") == "normal", rule
     # JupyterLab's rule is ".jupyter-wrapper .jp-OutputArea-output pre": two classes and a type
     assert selector.count(".") > 2, f"{selector} does not outrank JupyterLab's rule"
+
+
+def test_a_chart_takes_the_outputs_whole_width(site: Path) -> None:
+    """The output prompt column beside an image is hidden, so a chart is scaled to the page's width less
+    the notebook's padding only (aiqsim.lab.chart_style.PAGE_WIDTH_PX, tests/test_charts_page_width.py)."""
+    rules = site_rules(site)
+    beside_image = [
+        rule
+        for sel, rule in rules.items()
+        if ":has(> .jp-RenderedImage)" in sel and sel.endswith(".jp-OutputPrompt")
+    ]
+    assert beside_image and beside_image[0].get("display") == "none", rules
+    raw = (site / "notebooks" / NOTEBOOK_PATHS[0].stem / "index.html").read_text(encoding="utf-8")
+    # the markup the selector expects: the prompt and the image output are children of one output child
+    assert re.search(
+        r'<div class="jp-OutputArea-child[^"]*">\s*<div class="jp-OutputPrompt[^"]*">[^<]*</div>\s*'
+        r'<div class="jp-RenderedImage',
+        raw,
+    ), "the notebook page's image output is not where the rule looks for it"
 
 
 @pytest.mark.notebook

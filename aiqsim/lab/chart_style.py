@@ -38,11 +38,13 @@ ROLE_COLOURS: dict[str, str] = {
 }
 """One colour per meaning, the same in every chart (429s are always vermillion, successes green)."""
 
-PAGE_WIDTH_PX = 688.0
-"""Width (CSS px) at which the documentation site shows a chart: Material for MkDocs' content column on
-a desktop window, its grid (61rem) less the two sidebars (12.1rem each) and the content margins (1.2rem
-each), 34.4rem at the theme's 20 px rem. A wider PNG is scaled down to it (``max-width: 100%``); the
-ratio of text to column stays the same at the theme's larger rem on wide screens."""
+PAGE_WIDTH_PX = 658.0
+"""Width (CSS px) at which the documentation site shows a notebook's chart on a desktop window: Material
+for MkDocs' content column, its grid (61rem) less the two sidebars (12.1rem each) and the content
+margins (1.2rem each), 34.4rem = 688 px at the theme's 20 px rem; less the notebook's and the cell's
+padding (2 x 10 and 2 x 5 px, mkdocs-jupyter's stylesheet). docs/stylesheets/extra.css hides the output
+prompt column beside an image, which would take another 64 px. A wider PNG is scaled down to this width
+(``max-width: 100%``)."""
 
 MIN_TEXT_PX = 11.0
 """The smallest text a chart may show at :data:`PAGE_WIDTH_PX` (CSS px). Material's body text is 16 px
@@ -55,10 +57,10 @@ TEXT_PT = 10.0
 TITLE_PT = 11.0
 """Titles (points)."""
 
-FIGURE_WIDTH_IN = 8.2
-"""The width of every lab chart (inches): the widest at which :data:`TEXT_PT` text still shows at
-:data:`MIN_TEXT_PX` or more once the PNG is scaled to the page (:func:`max_figure_width_in`: 8.69 in),
-with room for what ``bbox_inches="tight"`` adds around an outside legend."""
+FIGURE_WIDTH_IN = 7.8
+"""The width of every lab chart (inches): under the widest at which :data:`TEXT_PT` text still shows at
+:data:`MIN_TEXT_PX` once the PNG is scaled to the page (:func:`max_figure_width_in`: 8.3 in), with room
+for what ``bbox_inches="tight"`` adds around a legend or a title."""
 
 
 def displayed_text_px(
