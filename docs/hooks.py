@@ -20,19 +20,23 @@ An unknown marker fails the build. The home page's chart (``assets/retry_storm_t
 drawn when the site is built, from a run of ``scenarios/retry_storm_429.toml`` (about a second), and
 added to the site's files: nothing is written into docs/.
 
-Notebooks: before the build, every ``notebooks/*.ipynb`` is executed headless with ``FAST = True``
-(``aiqsim.lab.notebook_runs``) into ``docs/notebooks/`` (git-ignored; the ``notebooks`` folder of
-``docs_dir``), which mkdocs-jupyter renders without executing again. When the environment names a
-folder of copies to render instead (``AIQSIM_DOCS_NOTEBOOKS``), nothing is executed: tests/test_docs.py
-passes copies that were never executed (tests/test_notebooks.py executes them). A notebook that fails
-to execute fails the build. Executed copies are kept by the hash of their source, so ``mkdocs serve``
-does not re-execute unchanged notebooks on every rebuild. ``AIQSIM_DOCS_REPO`` names the repository
-when docs/ is built from a copy elsewhere.
+Notebooks: before the build, every ``notebooks/*.ipynb`` is executed headless as shipped (full mode:
+nothing injected after its ``parameters`` cell; ``aiqsim.lab.notebook_runs``) into ``docs/notebooks/``
+(git-ignored; the ``notebooks`` folder of ``docs_dir``), which mkdocs-jupyter renders without executing
+again, so the decisions on the site are the ones a user gets by running the notebook. The whole set
+takes about four minutes on a 2-core machine. ``AIQSIM_DOCS_FAST=1`` (:data:`FAST_ENV`) asks for a quick
+preview instead: ``FAST = True`` is injected (fewer seeds, a coarser grid, shorter runs) and every page
+warns that its decision can differ. When the environment names a folder of copies to render instead
+(``AIQSIM_DOCS_NOTEBOOKS``), nothing is executed: tests/test_docs.py passes copies that were never
+executed (tests/test_notebooks.py executes them). A notebook that fails to execute fails the build.
+Executed copies are kept by the hash of their source and the mode, so ``mkdocs serve`` does not
+re-execute unchanged notebooks on every rebuild. ``AIQSIM_DOCS_REPO`` names the repository when docs/
+is built from a copy elsewhere.
 
-Each page says how its outputs were computed (:func:`with_mode_note`): in FAST mode the sweeps are
-smaller (fewer seeds, a coarser grid, shorter runs), so a printed decision can differ from the one the
-notebook gives as shipped; the note says so above the outputs and how to get the full-mode decision.
-Absolute paths of the machine that built the site are written relative to the repository.
+Each page says how its outputs were computed (:func:`with_mode_note`): as shipped (full mode), with the
+date and commit of the run; or, in a FAST preview, that the sweeps were smaller and a printed decision
+can differ from the notebook's. Absolute paths of the machine that built the site (the repository, the
+Python environment) are written relative to them.
 """
 
 from __future__ import annotations
@@ -62,8 +66,10 @@ def on_pre_build(config: Any) -> None:
     rendered = Path(config["docs_dir"]) / "notebooks"
     rendered.mkdir(exist_ok=True)
     given = os.environ.get(EXECUTED_ENV)
+    fast = fast_build()
     for source in sorted(NOTEBOOKS.glob("*.ipynb")):
         digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+        key = f"{digest} {'fast' if fast else 'full'}"
         target = rendered / source.name
         stamp = rendered / f".{source.stem}.sha256"
         if given:
@@ -73,13 +79,57 @@ def on_pre_build(config: Any) -> None:
             _write_if_changed(target, with_mode_note(copy.read_text(encoding="utf-8"), source.name))
             stamp.unlink(missing_ok=True)  # not our execution: a later plain build executes its own
             continue
-        if not (target.is_file() and stamp.is_file() and stamp.read_text() == digest):
-            import nbformat
+        if not (target.is_file() and stamp.is_file() and stamp.read_text() == key):
+            _write_if_changed(target, execute(source, fast=fast))
+        _write_if_changed(stamp, key)
 
-            from aiqsim.lab.notebook_runs import run_notebook
 
-            _write_if_changed(target, with_mode_note(nbformat.writes(run_notebook(source)), source.name))
-        _write_if_changed(stamp, digest)
+FAST_ENV = "AIQSIM_DOCS_FAST"
+"""``AIQSIM_DOCS_FAST=1``: a quick preview build, notebooks executed with ``FAST = True``."""
+
+
+def fast_build(environ: Any = None) -> bool:
+    """Whether :data:`FAST_ENV` asks for a FAST preview (``1``, ``true``, ``yes``, ``on``); unset, empty,
+    ``0``, ``false``, ``no`` or ``off`` is the default full build. Anything else is refused, rather than
+    silently publishing the wrong mode."""
+    value = (os.environ if environ is None else environ).get(FAST_ENV, "").strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"", "0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"{FAST_ENV}={value!r}: use 1 for a FAST preview build, 0 or unset for full mode")
+
+
+def execute(source: Path, *, fast: bool) -> str:
+    """The notebook at ``source`` executed headless (as shipped, or with ``FAST = True`` injected), with
+    its mode note (:func:`with_mode_note`), as notebook JSON."""
+    import nbformat
+
+    from aiqsim.lab.notebook_runs import FAST_PARAMETERS, run_notebook
+
+    book = run_notebook(source, parameters=FAST_PARAMETERS if fast else "")
+    # as shipped: the runner's injected cell is empty; it is left off the page
+    book.cells = [c for c in book.cells if not (c.cell_type == "code" and not c.source.strip())]
+    return with_mode_note(nbformat.writes(book), source.name, computed=computed_at())
+
+
+def computed_at() -> str:
+    """``on YYYY-MM-DD (UTC) at commit abc1234`` (``, with local changes`` when the code or notebooks
+    differ from it); just the date when the repository is not a git checkout."""
+    import datetime
+    import subprocess
+
+    day = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return f"on {day} (UTC)"
+    dirty = git("status", "--porcelain", "--", "aiqsim", "notebooks", "scenarios")
+    return f"on {day} (UTC) at commit {commit}" + (", with local changes" if dirty else "")
 
 
 HOME_CHART = "assets/retry_storm_timeline.png"
@@ -115,7 +165,9 @@ def home_chart() -> bytes:
         **charts.run_references(result),
     )
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=80, metadata={"Software": None})
+    # at the notebooks' inline dpi: scaled to the page's column its text shows as on the notebook pages
+    # (aiqsim.lab.chart_style.PAGE_WIDTH_PX, tests/test_charts_page_width.py)
+    figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
     plt.close(figure)
     return buffer.getvalue()
 
@@ -137,25 +189,39 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 FAST_NOTE = (
     "> **Outputs computed in FAST mode.** The outputs on this page were computed with `FAST = True`\n"
     "> (the cell after the parameters): fewer seeds, a coarser grid and shorter runs than the notebook\n"
-    "> as shipped, to keep the site's build short. The charts and the decision below can differ from\n"
-    "> what you get: run `jupyter nbconvert --to notebook --execute notebooks/{name}` for the full-mode\n"
-    "> decision; its printed `check:` line reproduces it with `aiqsim run`."
+    "> as shipped, for a quick preview build (`AIQSIM_DOCS_FAST=1`). The charts and the decision below\n"
+    "> can differ from what you get: run `jupyter nbconvert --to notebook --execute notebooks/{name}`\n"
+    "> for the full-mode decision, or build the site without `AIQSIM_DOCS_FAST`."
 )
+FULL_NOTE = (
+    "> **Outputs of the notebook as shipped (full mode)**{computed}. The charts and decisions below\n"
+    "> are the ones `jupyter nbconvert --to notebook --execute notebooks/{name}` gives: the site's\n"
+    "> build executes every notebook unchanged."
+)
+NOTE_STARTS = ("> **Outputs computed in FAST mode.**", "> **Outputs of the notebook as shipped")
 
 
-def with_mode_note(text: str, name: str) -> str:
-    """The executed notebook ``text`` with a note above its outputs naming the mode they were computed in
-    (FAST when the injected ``FAST = True`` cell is there), and the build machine's paths made relative."""
+def with_mode_note(text: str, name: str, computed: str = "") -> str:
+    """The executed notebook ``text`` with a note above its outputs naming the mode they were computed
+    in: :data:`FAST_NOTE` when the injected ``FAST = True`` cell is there, :data:`FULL_NOTE` (saying
+    when: ``computed``, see :func:`computed_at`) otherwise; and the build machine's paths made relative."""
+    import sys
+
     import nbformat
 
     book = nbformat.reads(text, as_version=4)
     fast = any(cell.cell_type == "code" and cell.source.strip() == "FAST = True" for cell in book.cells)
-    if fast and not any("Outputs computed in FAST mode" in cell.source for cell in book.cells):
-        book.cells.insert(1, nbformat.v4.new_markdown_cell(FAST_NOTE.format(name=name)))
+    if not any(cell.source.startswith(NOTE_STARTS) for cell in book.cells):
+        note = FAST_NOTE if fast else FULL_NOTE
+        when = f", computed by the site's build {computed}" if computed else ""
+        book.cells.insert(1, nbformat.v4.new_markdown_cell(note.format(name=name, computed=when)))
     written = nbformat.writes(book)
-    for root in {str(ROOT), str(ROOT.resolve())}:
+    for root in sorted({str(ROOT), str(ROOT.resolve())}, key=len, reverse=True):
         written = written.replace(root + "/", "").replace(root, ".")
-    return written
+    for prefix in sorted({sys.prefix, sys.base_prefix, os.path.realpath(sys.prefix)}, key=len, reverse=True):
+        if len(prefix) > 1:  # the Python environment's files (a warning's source): named from its root
+            written = written.replace(prefix + "/", "")
+    return written.replace(sys.prefix, "<python environment>") if len(sys.prefix) > 1 else written
 
 
 def _write_if_changed(path: Path, text: str) -> None:

@@ -91,23 +91,11 @@ def build(
 
 
 def with_marker_chart(source: Path) -> str:
-    """The notebook at ``source``, not executed, with :data:`MARKER_PNG` as its first code cell's output
-    and the ``FAST = True`` cell a FAST run injects."""
+    """The notebook at ``source``, not executed, with :data:`MARKER_PNG` as its first code cell's output:
+    as a default build's executed copy is, the notebook as shipped (nothing injected)."""
     book = json.loads(source.read_text(encoding="utf-8"))
     cell = next(cell for cell in book["cells"] if cell["cell_type"] == "code")
     cell["outputs"] = [{"output_type": "display_data", "metadata": {}, "data": {"image/png": MARKER_PNG}}]
-    # the cell a FAST run injects after the parameters (aiqsim.lab.notebook_runs), as an executed copy has it
-    at = next(
-        i for i, c in enumerate(book["cells"]) if c["cell_type"] == "code" and "FAST" in "".join(c["source"])
-    )
-    fast = {
-        "cell_type": "code",
-        "metadata": {},
-        "execution_count": None,
-        "outputs": [],
-        "source": "FAST = True",
-    }
-    book["cells"].insert(at + 1, fast)
     return json.dumps(book)
 
 
@@ -379,15 +367,10 @@ def test_results_are_short_and_no_page_cites_working_notes_or_issue_numbers() ->
         assert not re.search(r"(?<![\w&])#\d+\b", text), path
 
 
-def test_a_notebook_page_says_when_its_outputs_were_computed_in_fast_mode(tmp_path: Path) -> None:
-    """The site shows FAST-mode runs, whose decisions can differ from full mode: the page must say so,
-    and must not show the paths of the machine that built it."""
-    sys.path.insert(0, str(ROOT / "docs"))
-    try:
-        from hooks import ROOT as HOOKS_ROOT
-        from hooks import with_mode_note
-    finally:
-        sys.path.remove(str(ROOT / "docs"))
+def test_a_notebook_page_says_which_mode_its_outputs_were_computed_in(tmp_path: Path) -> None:
+    """A copy with the injected ``FAST = True`` cell gets the FAST warning; any other copy says it is
+    the notebook as shipped; neither shows the paths of the machine that built it."""
+    docs = hooks()
     book = nbformat.v4.new_notebook()
     book.cells = [
         nbformat.v4.new_markdown_cell("# Title"),
@@ -395,19 +378,150 @@ def test_a_notebook_page_says_when_its_outputs_were_computed_in_fast_mode(tmp_pa
         nbformat.v4.new_code_cell("FAST = True"),
         nbformat.v4.new_code_cell("print(1)"),
     ]
-    book.cells[3].outputs = [nbformat.v4.new_output("stream", text=f"read {HOOKS_ROOT}/scenarios/x.toml\n")]
-    noted = nbformat.reads(with_mode_note(nbformat.writes(book), "x.ipynb"), as_version=4)
+    book.cells[3].outputs = [
+        nbformat.v4.new_output("stream", text=f"read {docs.ROOT}/scenarios/x.toml\n"),
+        nbformat.v4.new_output("stream", text=f"{sys.prefix}/lib/x.py:1: FutureWarning\n"),
+    ]
+    noted = nbformat.reads(docs.with_mode_note(nbformat.writes(book), "x.ipynb"), as_version=4)
     assert noted.cells[1].cell_type == "markdown" and "computed in FAST mode" in noted.cells[1].source
-    assert "notebooks/x.ipynb" in noted.cells[1].source
+    assert "notebooks/x.ipynb" in noted.cells[1].source and "AIQSIM_DOCS_FAST" in noted.cells[1].source
     assert noted.cells[-1].outputs[0]["text"] == "read scenarios/x.toml\n"
+    assert noted.cells[-1].outputs[1]["text"] == "lib/x.py:1: FutureWarning\n"
     full = nbformat.v4.new_notebook()
     full.cells = [nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("FAST = False")]
-    assert len(nbformat.reads(with_mode_note(nbformat.writes(full), "x.ipynb"), as_version=4).cells) == 2
+    when = "on 2026-01-02 (UTC) at commit abc1234"
+    noted = nbformat.reads(docs.with_mode_note(nbformat.writes(full), "x.ipynb", when), as_version=4)
+    assert len(noted.cells) == 3
+    assert "as shipped (full mode)" in noted.cells[1].source and when in noted.cells[1].source
+    assert "FAST" not in noted.cells[1].source
+    again = docs.with_mode_note(nbformat.writes(noted), "x.ipynb", when)
+    assert len(nbformat.reads(again, as_version=4).cells) == 3, "a second note was added"
+
+
+def test_only_the_opt_in_asks_for_a_fast_build() -> None:
+    docs = hooks()
+    assert docs.FAST_ENV == "AIQSIM_DOCS_FAST"
+    assert docs.fast_build({}) is False
+    for value in ("", "0", "false", "No", "off"):
+        assert docs.fast_build({docs.FAST_ENV: value}) is False, value
+    for value in ("1", "true", "YES", "on"):
+        assert docs.fast_build({docs.FAST_ENV: value}) is True, value
+    with pytest.raises(ValueError, match="AIQSIM_DOCS_FAST='maybe'"):
+        docs.fast_build({docs.FAST_ENV: "maybe"})
+
+
+PROBE = """import os, sys
+print("FAST is", FAST)
+print("ran in", os.getcwd())
+print("python in", sys.prefix)"""
+"""A notebook's code cell that shows the mode it ran in and the paths a page must not show."""
+
+
+def test_the_default_build_executes_notebooks_as_shipped_and_fast_needs_the_opt_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build's own pre-build step on a repository of one small notebook: by default the notebook
+    runs as shipped (``FAST = False``), its page says so and shows no absolute path, and an unchanged
+    notebook is not executed again; ``AIQSIM_DOCS_FAST=1`` runs it with ``FAST = True`` under the
+    FAST warning."""
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    book = nbformat.v4.new_notebook()
+    parameters = nbformat.v4.new_code_cell("FAST = False")
+    parameters.metadata["tags"] = ["parameters"]
+    book.cells = [nbformat.v4.new_markdown_cell("# Probe"), parameters, nbformat.v4.new_code_cell(PROBE)]
+    nbformat.write(book, repo / "notebooks" / "probe.ipynb")
+    monkeypatch.setenv("AIQSIM_DOCS_REPO", str(repo))
+    monkeypatch.delenv("AIQSIM_DOCS_NOTEBOOKS", raising=False)
+    monkeypatch.delenv("AIQSIM_DOCS_FAST", raising=False)
+    docs = hooks()
+    config = {"docs_dir": str(tmp_path / "docs")}
+    (tmp_path / "docs").mkdir()
+    rendered = tmp_path / "docs" / "notebooks" / "probe.ipynb"
+
+    docs.on_pre_build(config)
+    text = rendered.read_text(encoding="utf-8")
+    page = nbformat.reads(text, as_version=4)
+    printed = "".join(o.get("text", "") for c in page.cells if c.cell_type == "code" for o in c.outputs)
+    assert "FAST is False" in printed
+    assert [c.source for c in page.cells if c.cell_type == "code"] == ["FAST = False", PROBE]
+    assert "as shipped (full mode)" in page.cells[1].source and "FAST mode" not in text
+    assert re.search(r"computed by the site's build on \d{4}-\d\d-\d\d \(UTC\)", page.cells[1].source)
+    assert "ran in notebooks" in printed
+    for absolute in {str(repo), str(repo.resolve()), sys.prefix}:
+        assert absolute not in text, absolute
+
+    import aiqsim.lab.notebook_runs
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("an unchanged notebook was executed again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(aiqsim.lab.notebook_runs, "run_notebook", refuse)
+        docs.on_pre_build(config)  # the cached copy is kept
+    assert rendered.read_text(encoding="utf-8") == text
+
+    monkeypatch.setenv("AIQSIM_DOCS_FAST", "1")
+    docs.on_pre_build(config)
+    fast = nbformat.read(rendered, as_version=4)
+    printed = "".join(o.get("text", "") for c in fast.cells if c.cell_type == "code" for o in c.outputs)
+    assert "FAST is True" in printed
+    assert "Outputs computed in FAST mode." in fast.cells[1].source
+
+
+def site_rules(site: Path) -> dict[str, dict[str, str]]:
+    """The rules of the site's extra.css, after checking a notebook page links it: ``{selector:
+    {property: value}}``, one entry per selector of a comma-separated list."""
+    raw = (site / "notebooks" / NOTEBOOK_PATHS[0].stem / "index.html").read_text(encoding="utf-8")
+    assert re.search(r'<link[^>]+href="[./]*stylesheets/extra\.css"', raw), "extra.css is not on the page"
+    css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    rules: dict[str, dict[str, str]] = {}
+    for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", css):
+        declarations = dict(
+            (k.strip(), v.strip()) for k, v in (d.split(":", 1) for d in body.split(";") if ":" in d)
+        )
+        for selector in selectors.split(","):
+            rules[" ".join(selector.split())] = declarations
+    return rules
+
+
+def test_printed_outputs_are_not_broken_mid_word(site: Path) -> None:
+    """mkdocs-jupyter's output blocks break long lines at any character (JupyterLab's ``word-break:
+    break-all``): the site's stylesheet keeps printed lines whole, by a rule that outranks it."""
+    rules = site_rules(site)
+    ours = [(sel, rule) for sel, rule in rules.items() if sel.endswith(".jp-OutputArea-output pre")]
+    assert ours, rules
+    selector, rule = ours[0]
+    assert rule.get("white-space") == "pre" and rule.get("word-break") == "normal", rule
+    assert rule.get("overflow-x") == "auto" and rule.get("overflow-wrap") == "normal", rule
+    # JupyterLab's rule is ".jupyter-wrapper .jp-OutputArea-output pre": two classes and a type
+    assert selector.count(".") > 2, f"{selector} does not outrank JupyterLab's rule"
+
+
+def test_a_chart_takes_the_outputs_whole_width(site: Path) -> None:
+    """The output prompt column beside an image is hidden, so a chart is scaled to the page's width less
+    the notebook's padding only (aiqsim.lab.chart_style.PAGE_WIDTH_PX, tests/test_charts_page_width.py)."""
+    rules = site_rules(site)
+    beside_image = [
+        rule
+        for sel, rule in rules.items()
+        if ":has(> .jp-RenderedImage)" in sel and sel.endswith(".jp-OutputPrompt")
+    ]
+    assert beside_image and beside_image[0].get("display") == "none", rules
+    raw = (site / "notebooks" / NOTEBOOK_PATHS[0].stem / "index.html").read_text(encoding="utf-8")
+    # the markup the selector expects: the prompt and the image output are children of one output child
+    assert re.search(
+        r'<div class="jp-OutputArea-child[^"]*">\s*<div class="jp-OutputPrompt[^"]*">[^<]*</div>\s*'
+        r'<div class="jp-RenderedImage',
+        raw,
+    ), "the notebook page's image output is not where the rule looks for it"
 
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOK_PATHS, ids=lambda p: p.stem)
 def test_every_notebook_page_names_the_mode_of_its_outputs(site: Path, path: Path) -> None:
     page = text_of(site, f"notebooks/{path.stem}")
-    assert "Outputs computed in FAST mode." in page
+    assert "Outputs of the notebook as shipped (full mode)" in page
+    assert "Outputs computed in FAST mode" not in page
     assert str(ROOT) not in page

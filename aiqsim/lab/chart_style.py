@@ -38,6 +38,45 @@ ROLE_COLOURS: dict[str, str] = {
 }
 """One colour per meaning, the same in every chart (429s are always vermillion, successes green)."""
 
+PAGE_WIDTH_PX = 658.0
+"""Width (CSS px) at which the documentation site shows a notebook's chart on a desktop window: Material
+for MkDocs' content column, its grid (61rem) less the two sidebars (12.1rem each) and the content
+margins (1.2rem each), 34.4rem = 688 px at the theme's 20 px rem; less the notebook's and the cell's
+padding (2 x 10 and 2 x 5 px, mkdocs-jupyter's stylesheet). docs/stylesheets/extra.css hides the output
+prompt column beside an image, which would take another 64 px. A wider PNG is scaled down to this width
+(``max-width: 100%``)."""
+
+MIN_TEXT_PX = 11.0
+"""The smallest text a chart may show at :data:`PAGE_WIDTH_PX` (CSS px). Material's body text is 16 px
+and the smallest text the notebook pages set themselves (cell tags, JupyterLab's small UI font) is
+11 px; chart text below that, ticks and legends included, has to be zoomed to be read."""
+
+TEXT_PT = 10.0
+"""Tick labels, legends, annotations and axis labels (points)."""
+
+TITLE_PT = 11.0
+"""Titles (points)."""
+
+FIGURE_WIDTH_IN = 7.8
+"""The width of every lab chart (inches): under the widest at which :data:`TEXT_PT` text still shows at
+:data:`MIN_TEXT_PX` once the PNG is scaled to the page (:func:`max_figure_width_in`: 8.3 in), with room
+for what ``bbox_inches="tight"`` adds around a legend or a title."""
+
+
+def displayed_text_px(
+    size_pt: float, dpi: float, png_width_px: float, page_px: float = PAGE_WIDTH_PX
+) -> float:
+    """The height (CSS px) of ``size_pt`` text in a PNG drawn at ``dpi`` and ``png_width_px`` wide, shown
+    at most ``page_px`` wide (a wider image is scaled down to the page, a narrower one shown as it is)."""
+    return size_pt * dpi / 72.0 * min(1.0, page_px / png_width_px)
+
+
+def max_figure_width_in(size_pt: float = TEXT_PT) -> float:
+    """The widest figure (inches) whose ``size_pt`` text shows at :data:`MIN_TEXT_PX` on the page, at
+    any dpi (a figure wider than the page is scaled to it, so only the ratio of text to width counts)."""
+    return size_pt / 72.0 * PAGE_WIDTH_PX / MIN_TEXT_PX
+
+
 SEQUENTIAL_CMAP = "cividis"
 """Heatmap colour map: perceptually uniform and readable with colour-vision deficiencies."""
 

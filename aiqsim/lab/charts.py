@@ -22,11 +22,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from aiqsim.lab.chart_style import (
+    FIGURE_WIDTH_IN,
     OKABE_ITO,
     ROLE_COLOURS,
     SEQUENTIAL_CMAP,
+    TEXT_PT,
+    TITLE_PT,
     axis_label,
     format_number,
     printable,
@@ -42,7 +46,7 @@ SUCCESS = ("succeeded", "deduped")
 """Task statuses in which the user got a result (the tasks a latency of succeeded tasks counts)."""
 
 
-def _new_figure(width: float = 9.0, height: float = 4.5) -> tuple[Figure, Axes]:
+def _new_figure(width: float = FIGURE_WIDTH_IN, height: float = 4.5) -> tuple[Figure, Axes]:
     fig, ax = plt.subplots(figsize=(width, height), constrained_layout=True)
     _style(ax)
     return fig, ax
@@ -51,7 +55,9 @@ def _new_figure(width: float = 9.0, height: float = 4.5) -> tuple[Figure, Axes]:
 def _style(ax: Axes) -> None:
     ax.set_prop_cycle(color=list(OKABE_ITO))
     ax.grid(alpha=0.3)
-    ax.tick_params(labelsize=9)
+    ax.tick_params(labelsize=TEXT_PT)
+    ax.xaxis.label.set_size(TEXT_PT)
+    ax.yaxis.label.set_size(TEXT_PT)
 
 
 def _title(ax: Axes, prefix: str, finding: str) -> None:
@@ -61,18 +67,40 @@ def _title(ax: Axes, prefix: str, finding: str) -> None:
     width = max(30, int(ax.figure.get_figwidth() * 6))
     if len(text) > width:
         text = "\n".join(textwrap.wrap(text, width))
-    ax.set_title(_literal(printable(text)), fontsize=11)
+    ax.set_title(_literal(printable(text)), fontsize=TITLE_PT)
 
 
 def _legend_outside(
     ax: Axes, handles: Sequence[Any] | None = None, labels: Sequence[str] | None = None
 ) -> None:
-    """A legend to the right of the axes, where it cannot cover a line (constrained layout makes room)."""
+    """A legend outside the axes, where it cannot cover a line (constrained layout makes room): to the
+    right, or below the axis label when an entry is too long to leave the plot most of the width."""
     if handles is None:
         handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, [printable(str(label)) for label in labels or []], loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)  # fmt: skip
+    if not handles:
+        return
+    texts = [printable(str(label)) for label in labels or []]
+    longest = max(map(len, texts))
+    if longest <= LONG_LEGEND_ENTRY:
+        ax.legend(handles, texts, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=TEXT_PT,
+                  frameon=False)  # fmt: skip
+        return
+    # anchored at the axes' bottom edge and pushed down by a pad in font sizes, so it clears the tick
+    # labels and the axis label at any figure height; two columns while two entries fit the width
+    columns = 2 if longest <= 44 else 1
+    ax.legend(handles, texts, loc="upper center", bbox_to_anchor=(0.5, 0.0), borderaxespad=3.6,
+              ncols=columns, fontsize=TEXT_PT, frameon=False)  # fmt: skip
+    # the figure grows by the legend's height (entries ~1.45 font sizes apart, the pad above), so the
+    # plot keeps its height
+    rows = math.ceil(len(texts) / columns)
+    fig = ax.get_figure()
+    if fig is not None:
+        fig.set_figheight(fig.get_figheight() + (rows * 1.45 + 3.6) * TEXT_PT / 72)
+
+
+LONG_LEGEND_ENTRY = 32
+"""Characters: a legend with a longer entry goes below the axes (beside them it would take more than a
+third of a chart :data:`~aiqsim.lab.chart_style.FIGURE_WIDTH_IN` wide)."""
 
 
 def _literal(text: str) -> str:
@@ -135,7 +163,7 @@ def retry_storm_timeline(
     series = [c for c in ("attempts", "rate_limited", "errors", "successes") if c in frame]
     counts = grouped[series].sum()
     step = float(np.diff(counts.index.to_numpy()[:2])[0]) if len(counts) > 1 else 1.0
-    fig, ax = _new_figure(10.0, 4.5)
+    fig, ax = _new_figure(FIGURE_WIDTH_IN, 4.5)
     names = {
         "attempts": "attempts/s",
         "rate_limited": "429s/s",
@@ -270,7 +298,7 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     split into first executions and duplicate executions of the same idempotency key, labelled inside the
     axes (the y range leaves room for the label, so it never reaches the title).
     """
-    fig, (calls_ax, cost_ax) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    fig, (calls_ax, cost_ax) = plt.subplots(1, 2, figsize=(FIGURE_WIDTH_IN, 4.2), constrained_layout=True)
     for ax in (calls_ax, cost_ax):
         _style(ax)
         ax.grid(axis="x", visible=False)
@@ -301,7 +329,7 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     calls_ax.set_ylabel("provider attempts (calls)")
     total_calls = int(bottom.sum())
     answered = int(categories["answered"].sum())
-    calls_ax.set_title(printable(f"{answered} of {total_calls} attempts answered"), fontsize=11)
+    calls_ax.set_title(printable(f"{answered} of {total_calls} attempts answered"), fontsize=TITLE_PT)
     _legend_outside(calls_ax)
 
     billed = calls[calls["billed"].astype(bool)].sort_values("start", kind="stable")
@@ -315,13 +343,13 @@ def cost_breakdown(calls: pd.DataFrame, *, title: str = "") -> Figure:
     for xi, first, dup in zip(x, first_cost, dup_cost, strict=True):
         share = dup / (first + dup) if first + dup > 0 else 0.0
         label = _literal(f"${first + dup:.3g} billed\n{share:.1%} duplicated")
-        cost_ax.annotate(label, (xi, first + dup), ha="center", va="bottom", fontsize=9, xytext=(0, 3),
+        cost_ax.annotate(label, (xi, first + dup), ha="center", va="bottom", fontsize=TEXT_PT, xytext=(0, 3),
                          textcoords="offset points")  # fmt: skip
     cost_ax.set_xticks(x, [printable(p) for p in providers])
     cost_ax.set_ylabel("billed cost ($)")
     total = float(first_cost.sum() + dup_cost.sum())
     share = float(dup_cost.sum()) / total if total > 0 else 0.0
-    cost_ax.set_title(_literal(f"{share:.1%} of ${total:.3g} billed twice"), fontsize=11)
+    cost_ax.set_title(_literal(f"{share:.1%} of ${total:.3g} billed twice"), fontsize=TITLE_PT)
     _legend_outside(cost_ax)
     if title:
         fig.suptitle(printable(title))
@@ -511,7 +539,8 @@ def heatmap(
     Each annotation is black or white by the luminance of its cell (readable on bright and dark cells).
     """
     table = sweep.pivot_table(index=y, columns=x, values=value, aggfunc="mean").sort_index()
-    fig, ax = _new_figure(2.4 + 1.1 * max(3, table.shape[1]), 1.4 + 0.7 * max(3, table.shape[0]))
+    width = min(FIGURE_WIDTH_IN, 2.4 + 1.1 * max(3, table.shape[1]))
+    fig, ax = _new_figure(width, 1.4 + 0.7 * max(3, table.shape[0]))
     ax.grid(False)
     data = table.to_numpy(dtype=float)
     image = ax.imshow(data, origin="lower", aspect="auto", cmap=SEQUENTIAL_CMAP)
@@ -527,7 +556,7 @@ def heatmap(
     for (row, col), v in np.ndenumerate(data):
         if not math.isnan(v):
             colour = text_colour_for(image.cmap(image.norm(v)))
-            ax.text(col, row, fmt.format(v), ha="center", va="center", color=colour, fontsize=9)
+            ax.text(col, row, fmt.format(v), ha="center", va="center", color=colour, fontsize=TEXT_PT)
     fig.colorbar(image, ax=ax, label=axis_label(value))
     if np.isfinite(data).any():
         low = np.unravel_index(np.nanargmin(data), data.shape)
@@ -565,8 +594,17 @@ def seed_ranges(
     keys = [by] if isinstance(by, str) else list(by)
     stats = runs.groupby(keys, sort=False)[list(metrics)].agg([centre, "min", "max"])
     names = [", ".join(str(v) for v in (i if isinstance(i, tuple) else (i,))) for i in stats.index]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics) + 1.6, 0.45 * len(names) + 1.8),
+    # two panels a row at most: more side by side would not fit the page width with readable text
+    columns = min(2, len(metrics))
+    rows = math.ceil(len(metrics) / columns)
+    width = min(FIGURE_WIDTH_IN, 3.6 * columns + 1.6)
+    fig, grid = plt.subplots(rows, columns, figsize=(width, rows * (0.45 * len(names) + 1.6) + 0.4),
                              constrained_layout=True, squeeze=False)  # fmt: skip
+    for unused in grid.flat[len(metrics) :]:
+        unused.set_visible(False)
+    first_column = {id(row[0]) for row in grid}
+    # ~12 characters an inch at TEXT_PT, over a panel's share of the width left of the names
+    label_chars = max(20, int((width - 1.8) / columns * 11))
     y = np.arange(len(names))
     chosen_at = None
     if chosen is not None:
@@ -577,7 +615,8 @@ def seed_ranges(
             if (index if isinstance(index, tuple) else (index,)) == wanted
         ]
         chosen_at = matches[0] if matches else None
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    panels = list(grid.flat[: len(metrics)])
+    for ax, metric in zip(panels, metrics, strict=True):
         _style(ax)
         mid, low, high = (stats[(metric, k)].to_numpy(dtype=float) for k in (centre, "min", "max"))
         ax.hlines(y, low, high, color=OKABE_ITO[0], lw=2.0, label="seed range (min-max)")
@@ -591,19 +630,41 @@ def seed_ranges(
             ax.axvline(value, color=ROLE_COLOURS["failed"], ls="--", lw=1.3, label=label)
         if metric in log:
             ax.set_xscale("log")
-        ax.set_xlabel(printable(axis_label(metric)))
-        ax.set_yticks(y, [printable(n) for n in names] if ax is axes[0][0] else [""] * len(names))
+            # plain numbers at 1, 2 and 5 of each decade: the default labels every minor tick of a short
+            # range in scientific notation, side by side ("2x10^2 3x10^2 4x10^2")
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_number(v)))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(_wrapped_label(printable(axis_label(metric)), label_chars))
+        ax.set_yticks(y, [printable(n) for n in names] if id(ax) in first_column else [""] * len(names))
         ax.invert_yaxis()
-        ax.set_title(printable(axis_label(metric).split(" (")[0]), fontsize=10)
-    axes[0][0].set_ylabel(printable(f"{', '.join(keys)} (setting)"))
+        ax.set_title(printable(axis_label(metric).split(" (")[0]), fontsize=TEXT_PT)
+    for row in grid:
+        row[0].set_ylabel(printable(f"{', '.join(keys)} (setting)"))
     handles: dict[str, Any] = {}
-    for ax in axes[0]:
+    for ax in panels:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-    _legend_outside(axes[0][-1], list(handles.values()), list(handles))
+    # one legend for all panels, below them: beside the top row it would squeeze the panels' width
+    longest = max(map(len, handles))
+    across = min(len(handles), 3 if longest <= 26 else 2 if longest <= 44 else 1)
+    fig.legend(list(handles.values()), [printable(label) for label in handles], loc="outside lower center",
+               ncols=across, fontsize=TEXT_PT, frameon=False)  # fmt: skip
+    fig.set_figheight(fig.get_figheight() + math.ceil(len(handles) / across) * 1.45 * TEXT_PT / 72)
     finding = title or (f"chosen: {names[chosen_at]}" if chosen_at is not None else f"{len(names)} settings")
-    fig.suptitle(_literal(printable(finding)), fontsize=11)
+    # wrapped to the figure's width (~10 characters an inch at TITLE_PT): a long finding would widen the PNG
+    wrapped = "\n".join(textwrap.wrap(finding, max(30, int(fig.get_figwidth() * 10))))
+    fig.suptitle(_literal(printable(wrapped)), fontsize=TITLE_PT)
     return fig
+
+
+def _wrapped_label(label: str, chars: int) -> str:
+    """``label`` on lines of at most ``chars``, its unit ``(...)`` kept whole on a line of its own."""
+    if len(label) <= chars:
+        return label
+    name, paren, unit = label.partition(" (")
+    lines = textwrap.wrap(name, chars)
+    return "\n".join(lines + ([paren.strip() + unit] if paren else []))
 
 
 def pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
@@ -642,7 +703,7 @@ def pareto(
     flat["latency"] = stats[(latency, "mean")]
     flat["cost_std"] = stats[(cost, "std")].fillna(0.0)
     flat["latency_std"] = stats[(latency, "std")].fillna(0.0)
-    fig, ax = _new_figure(10.0, 4.8)
+    fig, ax = _new_figure(FIGURE_WIDTH_IN, 4.8)
     ax.errorbar(flat["cost"], flat["latency"], xerr=flat["cost_std"], yerr=flat["latency_std"], fmt="o",
                 color=OKABE_ITO[5], alpha=0.7, label="setting (mean, bars: seed s.d.)")  # fmt: skip
     front = pareto_front(flat, "cost", "latency")
@@ -654,7 +715,7 @@ def pareto(
             (row["cost"], row["latency"]),
             xytext=(6, 6),
             textcoords="offset points",
-            fontsize=10,
+            fontsize=TEXT_PT,
             fontweight="bold",
             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},
         )
