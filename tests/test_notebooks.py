@@ -25,7 +25,7 @@ EXECUTED_ELSEWHERE = {"backoff_jitter_study"}  # tests/test_validation.py runs i
 REPRODUCED = {
     "01_quickstart", "02_retry_storms_and_backoff", "03_bucket_sizing", "04_dispatch_policies",
     "05_crash_recovery", "06_azure_trace_replay", "07_overload_protection", "08_pipeline_bottlenecks",
-    "09_fleet_sizing", "backoff_jitter_study",
+    "09_fleet_sizing", "10_tune_from_production", "backoff_jitter_study",
 }  # fmt: skip
 """Notebooks whose every recommendation prints a ``check:`` line (Decision.check_line): the command on a
 seed it was computed from and the figures that run must print. Every other notebook's command still runs."""
@@ -131,11 +131,17 @@ def test_run_notebook_shuts_its_kernel_down(tmp_path: Path) -> None:
     path = tmp_path / "tiny.ipynb"
     nbformat.write(book, path)
     tag = str(uuid.uuid4())  # in the kernel's environment: tells our kernel from other tests' kernels
-    mark = f"AIQSIM_TEST_KERNEL={tag}".encode()
 
     executed = run_notebook(path, env={**os.environ, "AIQSIM_TEST_KERNEL": tag})
 
     assert executed.cells[2].outputs[0]["text"] == "fast True\n"
+    ours = _processes_tagged(tag)
+    assert ours == [], f"kernel process(es) {ours} still running after run_notebook returned"
+
+
+def _processes_tagged(tag: str) -> list[str]:
+    """The ids of the running processes whose environment has ``AIQSIM_TEST_KERNEL=tag``."""
+    mark = f"AIQSIM_TEST_KERNEL={tag}".encode()
     ours = []
     for entry in Path("/proc").iterdir():
         try:
@@ -143,37 +149,142 @@ def test_run_notebook_shuts_its_kernel_down(tmp_path: Path) -> None:
                 ours.append(entry.name)
         except OSError:  # gone meanwhile, or not ours to read
             continue
-    assert ours == [], f"kernel process(es) {ours} still running after run_notebook returned"
+    return ours
 
 
-@pytest.mark.notebook
-def test_a_tuning_panel_sends_nothing_back_from_a_headless_front_end(tmp_path: Path) -> None:
-    """A panel drawn into an ipywidgets Output made nbclient, which mimics the front end headless, send a
-    ``comm_msg`` back to the kernel for every output the Output captured, while still collecting the
-    cell's messages: the round trip the quickstart's intermittent headless hangs after its panel cell
-    were suspected of. A panel that draws into an Image needs none: count what the kernel receives."""
+def test_a_stuck_cell_fails_naming_the_notebook_and_the_cell(tmp_path: Path) -> None:
+    """A cell that never finishes fails the run after the per-cell limit, with nbclient's error and a
+    note saying which notebook and which cell, and the kernel is stopped: a run never stalls."""
+    import os
+    import time
+    import uuid
+
+    from nbclient.exceptions import CellTimeoutError
+
     from aiqsim.lab.notebook_runs import run_notebook
 
     book = nbformat.v4.new_notebook()
     book.cells = [
         nbformat.v4.new_code_cell("FAST = False"),
-        nbformat.v4.new_code_cell(
-            "kernel = get_ipython().kernel\n"
-            "received = []\n"
-            "original = kernel.shell_handlers['comm_msg']\n"
-            "def counting(*args, **kwargs):\n"
-            "    received.append(args[-1]['content']['data'].get('method'))\n"
-            "    return original(*args, **kwargs)\n"
-            "kernel.shell_handlers['comm_msg'] = counting"
-        ),
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_markdown_cell("stuck below"),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(900)"),
+        nbformat.v4.new_code_cell("print('never')"),
+    ]
+    book.cells[0].metadata["tags"] = ["parameters"]
+    path = tmp_path / "stuck.ipynb"
+    nbformat.write(book, path)
+
+    tag = str(uuid.uuid4())
+
+    started = time.monotonic()
+    with pytest.raises(CellTimeoutError) as caught:
+        run_notebook(path, timeout_s=3, env={**os.environ, "AIQSIM_TEST_KERNEL": tag})
+
+    assert time.monotonic() - started < 300, "the run waited for the cell, not for its limit"
+    assert caught.value.__notes__ == ["in stuck.ipynb, code cell 3 of 4 (`import time`)"]
+    assert _processes_tagged(tag) == [], "the stuck kernel was left running"
+
+
+def test_a_kernel_that_dies_fails_the_run_naming_the_cell(tmp_path: Path) -> None:
+    """A kernel killed in the middle of a cell (as the OOM killer would) fails the run within seconds
+    with nbclient's DeadKernelError, not a wait for output that will never come."""
+    import time
+
+    from nbclient.exceptions import DeadKernelError
+
+    from aiqsim.lab.notebook_runs import run_notebook
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [
+        nbformat.v4.new_code_cell("FAST = False"),
+        nbformat.v4.new_code_cell("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"),
+    ]
+    book.cells[0].metadata["tags"] = ["parameters"]
+    path = tmp_path / "killed.ipynb"
+    nbformat.write(book, path)
+
+    started = time.monotonic()
+    with pytest.raises(DeadKernelError) as caught:
+        run_notebook(path)  # the cell's limit (CELL_TIMEOUT_S) is not what ends it
+
+    waited = time.monotonic() - started
+    assert waited < 120, f"{waited:.0f} s: noticed by the cell's limit, not by the liveness check"
+    assert caught.value.__notes__ == ["in killed.ipynb, code cell 2 of 2 (`import os, signal`)"]
+
+
+KERNEL_RECORDER = """\
+import asyncio, threading
+import matplotlib.pyplot as plt
+kernel = get_ipython().kernel
+received = []  # comm messages the front end sent the kernel
+original = kernel.shell_handlers['comm_msg']
+def counting(*args, **kwargs):
+    received.append(args[-1]['content']['data'].get('method'))
+    return original(*args, **kwargs)
+kernel.shell_handlers['comm_msg'] = counting
+sent = []  # every message the kernel sends: (its request's id, type, busy/idle)
+session_send = kernel.session.send
+def recording(stream, msg_or_type, content=None, parent=None, *args, **kwargs):
+    if isinstance(msg_or_type, dict):
+        kind = msg_or_type['header']['msg_type']
+        head, body = msg_or_type.get('parent_header'), msg_or_type.get('content')
+    else:
+        kind, head, body = msg_or_type, parent, content
+    head = (head or {}).get('header', head or {})
+    state = body.get('execution_state') if isinstance(body, dict) else None
+    sent.append((head.get('msg_id'), kind, state))
+    return session_send(stream, msg_or_type, content, parent, *args, **kwargs)
+kernel.session.send = recording
+started = []  # every thread started from now on: (name, the module of its class)
+thread_start = threading.Thread.start
+def start_recording(self, *args, **kwargs):
+    started.append(f'{self.name} ({type(self).__module__})')
+    return thread_start(self, *args, **kwargs)
+threading.Thread.start = start_recording
+"""
+
+KERNEL_CHECK = """\
+await asyncio.sleep(1.5)  # a thread, timer or task the panel left would act by now
+idle = sent.index((driving, 'status', 'idle'))
+bookkeeping = ('status', 'execute_input', 'execute_reply')  # the check cell's own
+late = [kind for parent, kind, state in sent[idle + 1:] if kind not in bookkeeping]
+ours = [t.get_coro().__qualname__ for t in asyncio.all_tasks() if t is not asyncio.current_task()
+        and 'ipykernel' not in t.get_coro().cr_code.co_filename]
+threads = [name for name in started if 'zmq.utils.garbage' not in name]  # pyzmq's, for its zero-copy sends
+print(f'comm messages from the front end: {received}; sent after idle: {late}; '
+      f'threads started: {threads}; tasks: {ours}; open figures: {plt.get_fignums()}')
+"""
+
+
+@pytest.mark.notebook
+def test_a_tuning_panel_leaves_nothing_running_in_a_headless_kernel(tmp_path: Path) -> None:
+    """A cell that builds a panel and moves every kind of control finishes all of its output before the
+    kernel reports "idle" (a headless executor drops what comes later), leaves no thread, asyncio task
+    or open figure behind, and makes the front end send nothing back: a panel drawn into an ipywidgets
+    Output made nbclient, which mimics the front end, send a ``comm_msg`` to the kernel for every output
+    while still collecting the cell's messages, the round trip the quickstart's headless hangs after its
+    panel cell were first suspected of. The in-process twin is tests/test_panel_callbacks.py."""
+    from aiqsim.lab.notebook_runs import run_notebook
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [
+        nbformat.v4.new_code_cell("FAST = False"),
+        nbformat.v4.new_code_cell(KERNEL_RECORDER),
         nbformat.v4.new_code_cell(
             "from aiqsim.lab.widgets import TuningPanel\n"
+            "driving = get_ipython().parent_header['header']['msg_id']\n"
             f"panel = TuningPanel({str(NOTEBOOKS.parent / 'scenarios' / 'retry_storm_429.toml')!r},\n"
-            "                    {'retry.base_s': (0.1, 5.0)})\n"
+            "                    {'retry.base_s': (0.1, 5.0), 'retry.strategy': ['exponential', 'none'],\n"
+            "                     'quotas.llm.requests_per_min': (60, 240, 10)})\n"
             "panel.controls['retry.base_s'].value = 2.0\n"
+            "panel.controls['retry.strategy'].value = 'none'\n"
+            "panel.controls['quotas.llm.requests_per_min'].value = 120\n"
+            "panel.unset['quotas.llm.requests_per_min'].value = True\n"
+            "panel.seed_box.value = 3\n"
             "panel"
         ),
-        nbformat.v4.new_code_cell("print('front end sent', len(received), 'comm messages:', received)"),
+        nbformat.v4.new_code_cell(KERNEL_CHECK),
     ]
     book.cells[0].metadata["tags"] = ["parameters"]
     path = tmp_path / "panel.ipynb"
@@ -181,7 +292,11 @@ def test_a_tuning_panel_sends_nothing_back_from_a_headless_front_end(tmp_path: P
 
     executed = run_notebook(path, timeout_s=120)
 
-    assert executed.cells[-1].outputs[0]["text"] == "front end sent 0 comm messages: []\n"
+    assert executed.cells[-1].outputs[0]["text"] == (
+        "comm messages from the front end: []; sent after idle: []; threads started: []; tasks: []; "
+        "open figures: []\n"
+    )
+    assert executed.cells[3].outputs, "the panel cell showed nothing"
 
 
 def _decision_output(book: nbformat.NotebookNode) -> str:

@@ -9,6 +9,10 @@ output captured by an Output widget makes a headless executor (nbclient mimics t
 ``comm_msg`` back to the kernel for every output while it is still collecting the cell's messages,
 traffic that widget notebooks executed headless have been seen to hang on intermittently. An Image
 widget's new value only flows from the kernel to the front end: nothing comes back.
+
+Every callback finishes its work before it returns: the run, the table and the chart are done, and
+no thread, timer, asyncio task or open figure is left to send output after the cell (a headless
+executor drops what comes after the kernel's "idle"). tests/test_panel_callbacks.py holds it to that.
 """
 
 from __future__ import annotations
