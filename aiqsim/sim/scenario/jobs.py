@@ -90,9 +90,9 @@ def _target(
                 "give one of provider or route",
             )
         if values["route"] not in routes:
+            got = describe(values["route"])
             raise reader.error(
-                f"{path}.route",
-                f"expected the name of a [[routes]] entry ({declared_routes}), got {describe(values['route'])}",
+                f"{path}.route", f"expected the name of a [[routes]] entry ({declared_routes}), got {got}"
             )
         return routes[values["route"]].providers
     if "provider" not in values:
