@@ -2,9 +2,10 @@
 
 A job is a DAG of stages; each stage calls one provider, or one route over several deployments
 (``fanout`` times, e.g. one TTS call per paragraph) with a size drawn per job or derived from an
-earlier stage's output (script tokens driving TTS characters). The loader (:mod:`aiqsim.sim.scenario`) validates ``[[jobs]]``
-tables into these records; :mod:`aiqsim.sim.job_workloads` draws each job's inputs and
-:mod:`aiqsim.sim.job_templates` turns a template into the production scheduler's job spec.
+earlier stage's output (script tokens driving TTS characters). The loader
+(:mod:`aiqsim.sim.scenario`) validates ``[[jobs]]`` tables into these records;
+:mod:`aiqsim.sim.job_workloads` draws each job's inputs and :mod:`aiqsim.sim.job_templates` turns a
+template into the production scheduler's job spec.
 Units are the provider's (tokens for ``llm``, characters for ``tts``).
 """
 
