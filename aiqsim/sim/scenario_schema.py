@@ -169,6 +169,9 @@ def _table(spec: _Table, title: str = "") -> dict[str, Any]:
         node["allOf"] = [_variant(spec, variant) for variant in spec.variants]
     if spec.one_of:  # exactly one of them: both match two branches, neither matches none
         node["oneOf"] = [{"required": [key]} for key in spec.one_of]
+        for key in spec.one_of:
+            others = " or ".join(f"`{other}`" for other in spec.one_of if other != key)
+            node["properties"][key]["description"] += f" (required unless {others}; not both)"
     return node
 
 
