@@ -171,7 +171,7 @@ def _table(spec: _Table, title: str = "") -> dict[str, Any]:
         node["oneOf"] = [{"required": [key]} for key in spec.one_of]
         for key in spec.one_of:
             others = " or ".join(f"`{other}`" for other in spec.one_of if other != key)
-            node["properties"][key]["description"] += f" (required unless {others}; not both)"
+            node["properties"][key]["description"] += f" (or {others} instead: exactly one of them)"
     return node
 
 
