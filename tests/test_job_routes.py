@@ -102,6 +102,28 @@ def test_both_result_modes_count_the_routed_stage_calls() -> None:
         assert streamed[f"deployment_{name}_cost"] == pytest.approx(full[f"deployment_{name}_cost"])
 
 
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_crash_mid_run_leaves_every_routed_job_terminal_and_bills_no_call_twice(store: str) -> None:
+    # recovery re-drives the stored jobs through the same route: a resumed call keeps its deployment,
+    # a stage submitted again dedups on its key (the same on every deployment)
+    raw = mapping()
+    for provider in raw["providers"]:
+        provider["honours_idempotency"] = True
+    raw["jobs"][0]["stages"][1]["fanout"] = {"dist": "fixed", "mean": 3}
+    raw["store"] = {"kind": store}
+    raw["crashes"] = [{"at_s": 4.0, "restart_after_s": 2.0}]
+    raw["workloads"] = [{"type": "poisson", "job": "pipeline", "rate_per_s": 2.0, "count": 20}]
+    result = simulate(parse_scenario(raw), seed=3)
+    s = result.summary
+    assert s["crashes"] == 1 and s["jobs_submitted"] == 20
+    assert s["orphans_reconciled"] == 3  # the crash caught one job's 3 answer calls on west
+    assert s["jobs_lost"] == 0 and s["tasks_lost"] == 0
+    assert s["jobs_succeeded"] == 20
+    assert s["duplicate_billed_calls"] == 0
+    calls = result.calls[result.calls["billed"]]["provider"].value_counts().to_dict()
+    assert calls["writer"] == 20 and calls["east"] + calls["west"] == 60  # 3 answer calls per job
+
+
 def test_a_routed_stage_round_trips() -> None:
     scenario = parse_scenario(mapping(), source="job_routes.toml")
     written = scenario_to_dict(scenario)
