@@ -94,7 +94,8 @@ class StageBuilder:
 
 
 def _deployment(stage: StageConfig, scenario: Scenario) -> str:
-    """A provider the stage calls: its own, or its route's first deployment (a route's share one kind)."""
+    """A provider the stage calls, for its kind: its own, or its route's first deployment (a route's
+    deployments are all of one kind)."""
     return scenario.route(stage.route).providers[0] if stage.route is not None else stage.target
 
 
