@@ -55,6 +55,21 @@ JOB_BASE: dict[str, Any] = {
     "workloads": [{"type": "poisson", "job": "edit", "rate_per_s": 1}],
 }
 
+ROUTED_BASE: dict[str, Any] = {  # JOB_BASE with its script stage on a route over two llm deployments
+    **JOB_BASE,
+    "providers": [{"name": "east"}, {"name": "west"}, {"name": "tts", "kind": "tts"}],
+    "routes": [{"name": "gpt", "providers": ["east", "west"]}],
+    "jobs": [
+        {
+            "name": "edit",
+            "stages": [
+                {"name": "script", "route": "gpt"},
+                {"name": "speech", "provider": "tts", "after": ["script"]},
+            ],
+        }
+    ],
+}
+
 
 def variant(path: str, value: Any, base: dict[str, Any] = BASE) -> dict[str, Any]:
     """``base`` with the value at a dotted path (``providers.0.timeout_prob``) set, or removed for DROP."""
@@ -126,6 +141,9 @@ BAD: dict[str, dict[str, Any]] = {
     "stage after not an array": variant("jobs.0.stages.1.after", "script", JOB_BASE),
     "from_stage size without stage": variant("jobs.0.stages.1.size", {"dist": "from_stage"}, JOB_BASE),
     "fanout mean below 1": variant("jobs.0.stages.1.fanout", {"mean": 0.5}, JOB_BASE),
+    "stage with both provider and route": variant("jobs.0.stages.0.provider", "east", ROUTED_BASE),
+    "stage with neither provider nor route": variant("jobs.0.stages.0.route", DROP, ROUTED_BASE),
+    "stage route not a name": variant("jobs.0.stages.0.route", "1gpt", ROUTED_BASE),
     "token rate 0": variant("providers.0.tokens_per_s", 0),
     "ttft_sigma above 20": variant("providers.0.ttft_sigma", 25.0),
     "stream cut probability above 1": variant("providers.0.stream_cut_prob", 1.5),
@@ -146,6 +164,7 @@ LOADER_ONLY: dict[str, dict[str, Any]] = {
     "nan for a number": variant("retry.base_s", math.nan),
     "workload naming an unknown job": variant("workloads.0.job", "nope", JOB_BASE),
     "stage after a later stage": variant("jobs.0.stages.0.after", ["speech"], JOB_BASE),
+    "stage naming an unknown route": variant("jobs.0.stages.0.route", "nope", ROUTED_BASE),
     "ttft_s without tokens_per_s": variant("providers.0.ttft_s", 0.5),
     "stream cuts without the stream model": variant("providers.0.stream_cut_prob", 0.1),
 }
@@ -185,7 +204,7 @@ def test_aiqsim_schema_prints_the_shipped_schema() -> None:
 
 
 def test_the_base_documents_pass_both() -> None:
-    for document in (BASE, JOB_BASE):
+    for document in (BASE, JOB_BASE, ROUTED_BASE):
         assert not loader_refuses(document)
         assert schema_errors(document) == []
 

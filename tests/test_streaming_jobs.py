@@ -33,7 +33,11 @@ PERCENTILE_KEYS = {
 
 
 def is_percentile(key: str) -> bool:
-    return key in PERCENTILE_KEYS or (key.startswith("worker") and key.endswith("_latency_p95_s"))
+    return (
+        key in PERCENTILE_KEYS
+        or (key.startswith("worker") and key.endswith("_latency_p95_s"))
+        or (key.startswith("deployment_") and key.endswith("_latency_p99_s"))
+    )
 
 
 def assert_same_summary(full: dict[str, Any], streamed: dict[str, Any]) -> None:
@@ -194,6 +198,19 @@ def test_fleet_uneven_load_streams_the_same_fleet_summary(
     assert full.summary["fleet_utilization"] > 0.5
 
 
+@pytest.mark.parametrize(("seed", "window_s"), [(0, 3600.0), (1, 30.0)])
+def test_pipeline_over_deployments_streams_the_same_job_and_deployment_summary(
+    seed: int, window_s: float
+) -> None:
+    # a job stage on a route: its calls counted per deployment by both result modes alike
+    path = SCENARIOS / "pipeline_over_deployments.toml"
+    full = simulate(path, seed=seed)
+    streamed = simulate(path, seed=seed, records="summary", key_window_s=window_s)
+    assert_same_summary(full.summary, streamed.summary)
+    assert set(JOB_SUMMARY_KEYS) <= set(streamed.summary)
+    assert 0 < full.summary["deployment_east_call_share"] < full.summary["deployment_west_call_share"]
+
+
 def test_every_shipped_scenario_with_jobs_or_a_fleet_is_covered_here() -> None:
     # a new shipped scenario with jobs or a fleet must be added to the parametrisations above
     found = set()
@@ -201,7 +218,7 @@ def test_every_shipped_scenario_with_jobs_or_a_fleet_is_covered_here() -> None:
         scenario = load_scenario(path)
         if scenario.fleet.workers > 1 or any(w.job is not None for w in scenario.workloads):
             found.add(path.stem)
-    assert found == {"ai_edit_pipeline", "fleet_uneven_load"}
+    assert found == {"ai_edit_pipeline", "fleet_uneven_load", "pipeline_over_deployments"}
 
 
 def test_fleet_with_refusals_and_duplicates_streams_the_same_fleet_summary() -> None:

@@ -1,10 +1,11 @@
 """Job templates in scenario files: what one user action sets off, as frozen records.
 
-A job is a DAG of stages; each stage calls one provider (``fanout`` times, e.g. one TTS call
-per paragraph) with a size drawn per job or derived from an earlier stage's output (script
-tokens driving TTS characters). The loader (:mod:`aiqsim.sim.scenario`) validates ``[[jobs]]``
-tables into these records; :mod:`aiqsim.sim.job_workloads` draws each job's inputs and
-:mod:`aiqsim.sim.job_templates` turns a template into the production scheduler's job spec.
+A job is a DAG of stages; each stage calls one provider, or one route over several deployments
+(``fanout`` times, e.g. one TTS call per paragraph) with a size drawn per job or derived from an
+earlier stage's output (script tokens driving TTS characters). The loader
+(:mod:`aiqsim.sim.scenario`) validates ``[[jobs]]`` tables into these records;
+:mod:`aiqsim.sim.job_workloads` draws each job's inputs and :mod:`aiqsim.sim.job_templates` turns a
+template into the production scheduler's job spec.
 Units are the provider's (tokens for ``llm``, characters for ``tts``).
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from aiqsim.core.errors import ConfigurationError
 
 SizeDist = Literal["fixed", "lognormal", "uniform", "from_stage"]
 CountDist = Literal["fixed", "lognormal", "uniform"]
@@ -55,18 +58,37 @@ class FanoutConfig:
 
 @dataclass(frozen=True, slots=True)
 class StageConfig:
-    """One stage of a job template: a call to ``provider`` once the stages in ``after`` are done.
+    """One stage of a job template: calls to ``provider`` (or to ``route``: exactly one of the two is
+    set) once the stages in ``after`` are done.
 
-    ``fallback`` names a provider that takes the stage's calls when ``provider`` fails them
+    ``route`` names a ``[[routes]]`` entry: each of the stage's calls is submitted to that route, whose
+    policy gives it one of the route's deployments, as a production :class:`~aiqsim.scheduler.jobs.Stage`
+    naming a route does. ``fallback`` names a provider that takes the stage's calls when they fail
     (fatal error or retries exhausted).
     """
 
     name: str
-    provider: str
+    provider: str | None = None
     after: tuple[str, ...] = ()
     size: StageSizeConfig = field(default_factory=StageSizeConfig)
     fanout: FanoutConfig = field(default_factory=FanoutConfig)
     fallback: str | None = None
+    route: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.provider is None) == (self.route is None):
+            raise ConfigurationError(
+                f"stage {self.name!r}: expected exactly one of provider or route, "
+                f"got provider={self.provider!r}, route={self.route!r}"
+            )
+
+    @property
+    def target(self) -> str:
+        """What the stage's calls are submitted to: the route when the stage names one, else the provider."""
+        if self.route is not None:
+            return self.route
+        assert self.provider is not None  # __post_init__: exactly one of the two
+        return self.provider
 
 
 @dataclass(frozen=True, slots=True)

@@ -483,7 +483,7 @@ class JobTotals:
                 entry: dict[str, Any] = {
                     "job": template.name,
                     "stage": stage.name,
-                    "provider": stage.provider,
+                    "provider": stage.target,
                     "jobs_on_critical_path": on_path,
                     "critical_time_s": time.value,
                     "share": time.value / total if total > 0 else math.nan,

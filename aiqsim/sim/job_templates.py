@@ -93,18 +93,26 @@ class StageBuilder:
         return payloads if self.fan_out else payloads[0]
 
 
+def _deployment(stage: StageConfig, scenario: Scenario) -> str:
+    """A provider the stage calls, for its kind: its own, or its route's first deployment (a route's
+    deployments are all of one kind)."""
+    return scenario.route(stage.route).providers[0] if stage.route is not None else stage.target
+
+
 def job_spec(template: JobConfig, scenario: Scenario) -> JobSpec:
     """The production scheduler's :class:`~aiqsim.scheduler.job_spec.JobSpec` for a scenario's template.
 
     The spec's version is a digest of the template and of its providers' kinds: change the
-    template and its jobs get new keys (a build's code is known to the job key only by name).
+    template and its jobs get new keys (a build's code is known to the job key only by name). A stage
+    naming a route becomes a :class:`~aiqsim.scheduler.job_spec.Stage` whose ``provider`` is the route's
+    name, which the production scheduler resolves to one of the route's deployments per call.
     """
-    kinds = {stage.name: scenario.provider(stage.provider).kind for stage in template.stages}
+    kinds = {stage.name: scenario.provider(_deployment(stage, scenario)).kind for stage in template.stages}
     digest = hashlib.sha256(repr((template, sorted(kinds.items()))).encode("utf-8")).hexdigest()[:16]
     stages = tuple(
         Stage(
             name=stage.name,
-            provider=stage.provider,
+            provider=stage.target,  # a route's name: the scheduler's route picks each call's deployment
             after=stage.after,
             build=StageBuilder(stage, kinds[stage.name], fans_out(stage)),
             fan_out=fans_out(stage),

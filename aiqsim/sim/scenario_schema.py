@@ -50,7 +50,8 @@ RULES_NOT_IN_SCHEMA: tuple[str, ...] = (
     "at least one [[providers]], one [[workloads]] and, per [[jobs]], one [[jobs.stages]]",
     "provider names, job names and stage names within a job are unique",
     "[quotas.NAME], workloads' provider, stages' provider and fallback name a declared provider; "
-    "a workload's job names a [[jobs]] template; a stage's after names earlier stages",
+    "a workload's job names a [[jobs]] template; a stage's after names earlier stages; "
+    "a workload's or a stage's route names a [[routes]] entry",
     "a workload names exactly one of provider or job; a job workload has no cost or distinct_inputs",
     "a provider's ttft_s and tokens_per_s are set together (the stream model); ttft_per_prompt_unit_s, "
     "ttft_sigma and stream_cut_prob need them; latency_per_unit_s stays unset with them",
@@ -166,6 +167,11 @@ def _table(spec: _Table, title: str = "") -> dict[str, Any]:
         node["required"] = [key for key in spec.fields if key in spec.required]
     if spec.variant_key is not None:
         node["allOf"] = [_variant(spec, variant) for variant in spec.variants]
+    if spec.one_of:  # exactly one of them: both match two branches, neither matches none
+        node["oneOf"] = [{"required": [key]} for key in spec.one_of]
+        for key in spec.one_of:
+            others = " or ".join(f"`{other}`" for other in spec.one_of if other != key)
+            node["properties"][key]["description"] += f" (or {others} instead: exactly one of them)"
     return node
 
 

@@ -155,15 +155,15 @@ class StreamingRun:
             self.jobs.rejected(job_id)
 
     def summary_keys(self, sim_time_s: float, recoveries: Any) -> dict[str, Any]:
-        """The run's whole summary: the task keys, then the fleet's and the jobs' when present (the
-        full-record mode's order)."""
+        """The run's whole summary: the task keys, then the fleet's, the deployments', the tenants' and
+        the jobs' when present (the order of :class:`~aiqsim.sim.simulate.SimulationResult`)."""
         summary: dict[str, Any] = self.summary.summary(sim_time_s=sim_time_s, recoveries=recoveries)
         if self.fleet is not None:
             summary.update(self.fleet.summary())
-        if self.jobs is not None:
-            summary.update(self.jobs.summary(sim_time_s))
         if self.deployments is not None:
             summary.update(self.deployments.summary())
         if self.tenants is not None:
             summary.update(self.tenants.summary())
+        if self.jobs is not None:
+            summary.update(self.jobs.summary(sim_time_s))
         return summary

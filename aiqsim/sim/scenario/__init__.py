@@ -23,7 +23,7 @@ A scenario file looks like this (units are in the key names)::
     provider = "llm"
     [[crashes]]               # CrashConfig: exactly one of at_s / after_writes
     [[jobs]]                  # JobConfig (aiqsim/sim/job_config.py): a template of stages
-      [[jobs.stages]]         # StageConfig: name, provider, after, size, fanout, fallback
+      [[jobs.stages]]         # StageConfig: name, provider or route, after, size, fanout, fallback
     [[workloads]]             # a job workload names a template instead of a provider
     type = "poisson"
     job = "edit"

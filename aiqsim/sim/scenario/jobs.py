@@ -1,5 +1,6 @@
-"""The ``[[jobs]]`` templates and their ``[[jobs.stages]]``: unique names, providers and fallbacks,
-stages that wait only for earlier ones, sizes from a stage waited for, calls a quota can grant."""
+"""The ``[[jobs]]`` templates and their ``[[jobs.stages]]``: unique names, a provider or a route (exactly
+one) and fallbacks, stages that wait only for earlier ones, sizes from a stage waited for, calls the
+client quota of every provider the stage may call can grant."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from aiqsim.sim.config import ClientQuotaConfig, ProviderConfig
+from aiqsim.sim.config import ClientQuotaConfig, ProviderConfig, RouteConfig
 from aiqsim.sim.job_config import JobConfig, StageConfig
 from aiqsim.sim.scenario.errors import describe
 from aiqsim.sim.scenario.quotas import _never_granted, _unit_capacity
@@ -22,20 +23,17 @@ def _stage(
     providers: Mapping[str, ProviderConfig],
     quotas: Mapping[str, ClientQuotaConfig],
     reader: _Reader,
+    routes: Mapping[str, RouteConfig],
 ) -> StageConfig:
     declared = ", ".join(providers)
-    if values["provider"] not in providers:
-        raise reader.error(
-            f"{path}.provider",
-            f"expected the name of a declared provider ({declared}), got {describe(values['provider'])}",
-        )
+    deployments = _target(values, path, providers, routes, reader)
     fallback = values.get("fallback")
     if fallback is not None and fallback not in providers:
         raise reader.error(
             f"{path}.fallback",
             f'expected the name of a declared provider ({declared}) or "none", got {describe(fallback)}',
         )
-    if fallback is not None and fallback == values["provider"]:
+    if fallback is not None and fallback == values.get("provider"):
         raise reader.error(
             f"{path}.fallback", f"expected a provider other than the stage's own ({values['provider']!r})"
         )
@@ -63,7 +61,7 @@ def _stage(
     smallest_fanout = max(1, round(stage.fanout.mean if stage.fanout.dist == "fixed" else stage.fanout.low))
     if stage.fanout.dist == "lognormal":
         smallest_fanout = 1
-    for name in (stage.provider, stage.fallback):
+    for name in (*deployments, stage.fallback):  # any of a route's deployments may get a call
         capacity = _unit_capacity(quotas.get(name) if name is not None else None)
         if largest is None or capacity is None:
             continue
@@ -74,11 +72,50 @@ def _stage(
     return stage
 
 
+def _target(
+    values: dict[str, Any],
+    path: str,
+    providers: Mapping[str, ProviderConfig],
+    routes: Mapping[str, RouteConfig],
+    reader: _Reader,
+) -> tuple[str, ...]:
+    """Check that the stage names exactly one of a declared provider or a ``[[routes]]`` entry; return
+    the providers its calls may go to (the provider, or every deployment of the route)."""
+    declared_routes = ", ".join(routes) or "none declared"
+    if "route" in values:
+        if "provider" in values:
+            raise reader.error(
+                f"{path}.provider",
+                f"does not apply with route = {values['route']!r} (the route's policy picks the provider); "
+                "give one of provider or route",
+            )
+        if values["route"] not in routes:
+            got = describe(values["route"])
+            raise reader.error(
+                f"{path}.route", f"expected the name of a [[routes]] entry ({declared_routes}), got {got}"
+            )
+        return routes[values["route"]].providers
+    if "provider" not in values:
+        raise reader.error(
+            f"{path}.provider",
+            f"missing; expected the name of a declared provider ({', '.join(providers)}), "
+            f"or route = the name of a [[routes]] entry ({declared_routes})",
+        )
+    if values["provider"] not in providers:
+        raise reader.error(
+            f"{path}.provider",
+            f"expected the name of a declared provider ({', '.join(providers)}), "
+            f"got {describe(values['provider'])}",
+        )
+    return (values["provider"],)
+
+
 def _jobs(
     raw: tuple[dict[str, Any], ...],
     providers: Mapping[str, ProviderConfig],
     quotas: Mapping[str, ClientQuotaConfig],
     reader: _Reader,
+    routes: Mapping[str, RouteConfig] | None = None,
 ) -> tuple[JobConfig, ...]:
     seen: dict[str, int] = {}
     jobs = []
@@ -97,7 +134,7 @@ def _jobs(
                     f"expected a stage name unique within the job, got {describe(stage_values['name'])} "
                     f"(also stages[{names.index(stage_values['name'])}])",
                 )
-            stages.append(_stage(stage_values, stage_path, names, providers, quotas, reader))
+            stages.append(_stage(stage_values, stage_path, names, providers, quotas, reader, routes or {}))
             names.append(stage_values["name"])
         jobs.append(JobConfig(**{**values, "stages": tuple(stages)}))
     return tuple(jobs)

@@ -53,8 +53,8 @@ def parse_scenario(mapping: Mapping[str, Any], source: str = "<scenario>") -> Sc
         )
     if not values["workloads"]:
         raise reader.error("workloads", "expected at least one [[workloads]] table, got none")
-    jobs = _jobs(values.get("jobs", ()), by_name, quotas, reader)
     routes = _routes(values.get("routes", ()), by_name, reader)
+    jobs = _jobs(values.get("jobs", ()), by_name, quotas, reader, {r.name: r for r in routes})
     tenants = _tenants(values.get("tenants", {}), reader)
     templates = {j.name: j for j in jobs}
     workloads = tuple(

@@ -64,6 +64,8 @@ class _Table:
 
     With ``variant_key`` (``type`` of a workload, ``dist`` of a cost) only the keys listed in
     ``variants[value]`` apply; ``required_by_variant`` names the keys a variant cannot do without.
+    ``one_of``: keys of which a table sets exactly one (a stage's ``provider`` or ``route``); the
+    section builder refuses both or neither with a message naming what each may be.
     """
 
     fields: Mapping[str, Any]
@@ -74,6 +76,7 @@ class _Table:
     variants: Mapping[str, frozenset[str]] = field(default_factory=dict)
     required_by_variant: Mapping[str, frozenset[str]] = field(default_factory=dict)
     expected: str = "a table"
+    one_of: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -319,9 +322,11 @@ _STAGE = _Table(
         "size": _STAGE_SIZE,
         "fanout": _FANOUT,
         "fallback": _Optional(_Text()),
+        "route": _Text(name_like=True),
     },
-    required=frozenset({"name", "provider"}),
+    required=frozenset({"name"}),
     what="stage",
+    one_of=("provider", "route"),
 )
 
 _JOB = _Table(

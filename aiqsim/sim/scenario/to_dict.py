@@ -41,6 +41,9 @@ def _record_dict(record: Any, schema: _Table) -> dict[str, Any]:
         elif isinstance(sub, _Array):
             value = [_record_dict(item, sub.item) for item in value]
         values[key] = value
+    for key in schema.one_of:  # only the one set (a stage's provider or route) is written
+        if values.get(key) is None:
+            values.pop(key, None)
     return values
 
 
