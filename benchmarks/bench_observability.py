@@ -41,6 +41,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import prometheus_client
+from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
@@ -70,6 +72,7 @@ MODES = {
     "nop": "a sink that drops every event (what building the events costs)",
     "prometheus": "PrometheusMetrics",
     "otel": "OpenTelemetryTracing (SDK, batch processor, spans dropped)",
+    "floor": "OTel SDK floor: 2 bare start_span(attributes).end() per call, no aiqsim sink",
     "both": "fan_out(PrometheusMetrics, OpenTelemetryTracing)",
     "sampled": "both, traces sampled at 10% (ParentBased(TraceIdRatioBased(0.1)))",
 }
@@ -96,18 +99,59 @@ def _drop(event: object) -> None:
     """A sink that drops everything: what building the events costs the scheduler."""
 
 
+def traced(sampler: Any = None) -> TracerProvider:
+    """The SDK's tracer provider, its batch processor in front of an exporter that drops spans."""
+    traces = TracerProvider(sampler=sampler)
+    traces.add_span_processor(BatchSpanProcessor(DroppingExporter(), max_queue_size=65536))
+    return traces
+
+
+def sdk_floor(tracer: Any, calls: int) -> None:
+    """What the OTel SDK alone costs for ``calls`` calls: per call, the spans aiqsim records (a
+    task span and its attempt's child) with the same attributes, started and ended bare."""
+    root = Context()
+    for index in range(calls):
+        task = tracer.start_span(
+            "aiqsim.task",
+            attributes={
+                "aiqsim.task_id": f"{index:016x}",
+                "aiqsim.key": f"call-{index}",
+                "aiqsim.provider": "noop",
+                "aiqsim.priority": "background",
+                "aiqsim.cost_estimate": 1.0,
+                "aiqsim.status": "succeeded",
+                "aiqsim.attempts": 1,
+            },
+        )
+        tracer.start_span(
+            "aiqsim.attempt",
+            context=trace_api.set_span_in_context(task, root),
+            attributes={
+                "aiqsim.provider": "noop",
+                "aiqsim.attempt": 1,
+                "aiqsim.outcome": "ok",
+                "aiqsim.outcome_class": "ok",
+                "aiqsim.decision": "done",
+                "aiqsim.usage": 1.0,
+                "aiqsim.output_units": 1.0,
+            },
+        ).end()
+        task.end()
+
+
 def sinks(mode: str) -> tuple[Any, Any]:
     """(the scheduler's sink, the tracer provider to shut down afterwards) for ``mode``."""
     if mode == "nop":
         return _drop, None
+    if mode == "floor":
+        return None, traced()
     with_metrics = mode in ("prometheus", "both", "sampled")
     metrics = PrometheusMetrics(prometheus_client.CollectorRegistry()) if with_metrics else None
     traces = None
     tracing = None
     if mode in ("otel", "both", "sampled"):
         sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
-        traces = TracerProvider(sampler=sampler)
-        traces.add_span_processor(BatchSpanProcessor(DroppingExporter(), max_queue_size=65536))
+        traces = traced(sampler)
         tracing = OpenTelemetryTracing(traces)
     chosen = [sink for sink in (metrics, tracing) if sink is not None]
     if not chosen:
@@ -128,20 +172,10 @@ def run(mode: str, url: str | None = None) -> float:
     async def submit_all_and_join() -> None:
         if url is not None:
             await over_http(url, runtime, events)
-            return
-        scheduler = Scheduler(
-            runtime,
-            [NoopProvider()],
-            quotas={"noop": QuotaLimits(requests_per_min=1e9, concurrency=64)},
-            store=MemoryStore(),
-            rng=random.Random(0),
-            events=events,
-            background_limit=CALLS,
-        )
-        for index in range(CALLS):
-            scheduler.submit("noop", {"n": index}, key=f"call-{index}", cost_estimate=1.0)
-        await scheduler.join()
-        await scheduler.close()
+        else:
+            await no_op_calls(runtime, events)
+        if mode == "floor":  # the scheduler without a sink, plus the SDK's own work for its calls
+            sdk_floor(traces.get_tracer("floor"), calls)
 
     gc.collect()
     cpu_start = time.process_time()
@@ -157,6 +191,23 @@ def run(mode: str, url: str | None = None) -> float:
     if traces is not None:
         traces.shutdown()  # flushes the batch processor's queue: outside the timed part
     return calls / served
+
+
+async def no_op_calls(runtime: AsyncioRuntime, events: Any) -> None:
+    """``CALLS`` calls to the no-op provider through the scheduler, ``events`` its sink."""
+    scheduler = Scheduler(
+        runtime,
+        [NoopProvider()],
+        quotas={"noop": QuotaLimits(requests_per_min=1e9, concurrency=64)},
+        store=MemoryStore(),
+        rng=random.Random(0),
+        events=events,
+        background_limit=CALLS,
+    )
+    for index in range(CALLS):
+        scheduler.submit("noop", {"n": index}, key=f"call-{index}", cost_estimate=1.0)
+    await scheduler.join()
+    await scheduler.close()
 
 
 async def over_http(url: str, runtime: AsyncioRuntime, events: Any) -> None:
