@@ -1,11 +1,18 @@
 """OpenTelemetry traces from the scheduler's events: one span per task, a child per attempt.
 
 ``Scheduler(events=OpenTelemetryTracing())`` opens a ``aiqsim.task`` span when a task is
-submitted and ends it when the task ends; every provider attempt becomes an ``aiqsim.attempt``
-child (provider, outcome, Retry-After, tokens and cost as attributes). A job is an ``aiqsim.job``
-span with an ``aiqsim.stage`` child per stage. Give :meth:`OpenTelemetryTracing.headers_for` to
-``HttpProvider(request_headers=...)`` and each HTTP request carries the W3C ``traceparent`` of its
-attempt's span, so the provider's side of the call joins the same trace.
+submitted and ends it when the task ends (attributes, all named ``aiqsim.*``: ``task_id``,
+``key``, ``provider``, ``priority``, ``cost_estimate``, then ``status`` and ``attempts``; each bill
+the provider reports is an ``aiqsim.billed`` event with its cost); every provider attempt becomes
+an ``aiqsim.attempt`` child (``provider``, ``attempt``, ``outcome``, ``outcome_class``,
+``decision``, and when known ``usage``, ``output_units``, ``retry_after_s``, ``delay_s``,
+``first_token_s``; the task's own attributes are on its span, not repeated). A job is an
+``aiqsim.job`` span with an ``aiqsim.stage`` child per stage. A task its tracer provider's sampler
+drops costs one unrecorded span: its attempts, bills and end record nothing.
+
+Give :meth:`OpenTelemetryTracing.headers_for` to ``HttpProvider(request_headers=...)`` and each
+HTTP request carries the W3C ``traceparent`` of its attempt's span, so the provider's side of the
+call joins the same trace.
 
 Times: the events carry the scheduler's clock (seconds since its runtime started; virtual under
 SimPy). Span times are Unix nanoseconds: ``time_origin_ns`` maps scheduler time 0 to a Unix time;
