@@ -26,19 +26,22 @@ round starting one mode later) so machine load hits them alike:
 Goal: the sinks on cost at most 10% of the scheduler's throughput (``both`` >= 0.9x the calls/s of
 ``off``, the ratio paired within a round; min and median of 5 rounds).
 
-Which configuration meets it (measured 2026-12-06 on a shared 2-core machine, load 3-5; the figures
-move by a few hundredths from run to run):
+Which configuration meets it (measured 2026-12-06 on a shared 2-core machine, load 3-5; over HTTP
+a single round moves by tens of percent with the load, the medians by a few hundredths):
 
-- over HTTP to the local provider server (``--http 0``, and ``--http 50`` for a 50 ms answer, still
-  far quicker than a real model's), every configuration, both sinks included: the sinks' tens of
-  microseconds per call vanish against a call's own milliseconds of client work and latency;
-- on the no-op provider, the worst case where the scheduler's own ~26 µs of CPU per call is all
+- over HTTP to the local provider server, both sinks on, the medians do: ``--http 0`` (the server
+  answers at once, ~2.6 ms of client CPU per call) 0.96x wall and 0.94x CPU, ``--http 50`` (a 50 ms
+  answer, still far quicker than a real model's) 1.00x wall and 0.95x CPU; the sinks' ~0.1-0.2 ms
+  of CPU per call vanish against a call's own client work and latency. Sampled at 10%: 0.95x/0.96x
+  and 0.98x/0.92x. The worst round does not always (0 ms: 0.66x wall, 0.92x CPU): one loaded round;
+- on the no-op provider, the worst case where the scheduler's own ~25 µs of CPU per call is all
   there is, none does, and none can by tuning aiqsim's code alone: building the five records costs
-  ~3 µs per call (``nop`` ~0.89x); PrometheusMetrics counts them in ~2.5 µs more (~0.82x: it only
-  appends each event, and counts them in one loop per 256 into plain dicts, no ``prometheus_client``
-  object on the event path); tracing is ~0.29x because the OpenTelemetry SDK needs ~39 µs for the two
-  spans in a tight loop (``floor``) and ~55 µs where the scheduler pays it (``bare``), while the
-  tracing sink's own code is ~4 µs of its ~60. A ratio sampler at 10% brings ``both`` to ~0.5x.
+  ~3 µs per call (``nop`` ~0.89x CPU); PrometheusMetrics counts them in ~2.5 µs more (~0.82x: it
+  only appends each event, and counts them in one loop per 256 into plain dicts, no
+  ``prometheus_client`` object on the event path); tracing is ~0.29x because the OpenTelemetry SDK
+  needs ~36 µs for the two spans in a tight loop (``floor``, 0.41x alone) and ~55 µs where the
+  scheduler pays it (``bare``), while the tracing sink's own code is ~1-4 µs of its ~58. Both:
+  ~0.29x; with a ratio sampler at 10%, ~0.52x.
 
 Run: ``python benchmarks/bench_observability.py [ROUNDS]`` (5 rounds by default). Prints a markdown
 table with min and median calls/s, each mode's paired ratio to the ``off`` run of the same round
