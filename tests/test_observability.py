@@ -250,19 +250,23 @@ def test_spans_one_per_task_a_child_per_attempt_and_jobs_with_their_stages() -> 
     result = simulate(SCENARIO, sinks=[OpenTelemetryTracing(provider)], overrides=OVERRIDES)
     spans = exporter.get_finished_spans()
     tasks = {s.attributes["aiqsim.task_id"]: s for s in spans if s.name == "aiqsim.task"}
+    by_span_id = {s.context.span_id: s for s in tasks.values()}
     attempts = [s for s in spans if s.name == "aiqsim.attempt"]
     assert len(tasks) == result.summary["tasks_submitted"]
     assert len(attempts) == result.summary["attempts"]
     for attempt in attempts:
-        parent = tasks[attempt.attributes["aiqsim.task_id"]]
-        assert attempt.parent.span_id == parent.context.span_id
+        # the task's id and cost estimate are on its span, not repeated on each attempt
+        assert "aiqsim.task_id" not in attempt.attributes and "aiqsim.cost_estimate" not in attempt.attributes
+        parent = by_span_id[attempt.parent.span_id]
+        assert attempt.attributes["aiqsim.provider"] == parent.attributes["aiqsim.provider"]
         assert attempt.context.trace_id == parent.context.trace_id
         assert parent.start_time <= attempt.start_time <= attempt.end_time <= parent.end_time
     limited = [a for a in attempts if a.attributes["aiqsim.outcome_class"] == "rate_limited"]
     assert len(limited) == result.summary["rate_limited"]
     assert all(a.attributes["aiqsim.retry_after_s"] >= 1.0 for a in limited)  # the server's Retry-After
     ok = [a for a in attempts if a.attributes["aiqsim.outcome"] == "ok"]
-    assert ok and all(a.attributes["aiqsim.usage"] > 0 and "aiqsim.cost_estimate" in a.attributes for a in ok)
+    assert ok and all(a.attributes["aiqsim.usage"] > 0 for a in ok)
+    assert all("aiqsim.cost_estimate" in s.attributes for s in tasks.values())
     billed = sum(len([e for e in s.events if e.name == "aiqsim.billed"]) for s in tasks.values())
     assert billed > 0  # bills that arrived while their task was open are events on its span
     assert {s.attributes["aiqsim.status"] for s in tasks.values()} <= {"succeeded", "failed"}
@@ -321,6 +325,44 @@ def test_http_requests_carry_the_attempts_traceparent() -> None:
         assert attempt.parent.span_id == task.context.span_id
     with pytest.raises(ConfigurationError, match="request_headers"):
         HttpProvider("llm", "http://127.0.0.1:9", request_headers="traceparent")  # type: ignore[arg-type]
+
+
+def test_a_task_sampled_out_records_no_attempt_and_tells_the_provider_so() -> None:
+    """A sampler that keeps no trace: the attempts open no span, yet every request carries the
+    task's trace context flagged not sampled (the provider's side records nothing either)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = OpenTelemetryTracing(provider)
+    seen: list[HttpRequest] = []
+    body = completion_json("c1", "m", "hi", prompt=3, output=4, created=0)
+
+    async def handle(request: HttpRequest) -> HttpReply:
+        seen.append(request)
+        if len(seen) == 1:
+            return HttpReply.json(429, {"error": {"message": "slow"}}, {"retry-after": "0"})
+        return HttpReply.json(200, body)
+
+    runtime = AsyncioRuntime()
+
+    async def main(url: str) -> Any:
+        http = HttpProvider("llm", url, request_headers=tracing.headers_for, timeout=5.0)
+        scheduler = Scheduler(runtime, [http], retry=RetryPolicy(max_attempts=3), events=tracing)
+        record = await scheduler.submit("llm", "q", cost_estimate=1).wait()
+        await scheduler.close()
+        await http.aclose()
+        return record
+
+    with LoopbackHttpServer(handle, name="unsampled") as server:
+        record = runtime.run(main(server.url))
+    assert record.status is TaskStatus.SUCCEEDED and len(seen) == 2
+    assert exporter.get_finished_spans() == ()
+    parents = {request.headers["traceparent"] for request in seen}
+    assert len(parents) == 1  # both attempts name the task's own (unrecorded) span
+    version, trace_id, span_id, flags = parents.pop().split("-")
+    assert version == "00" and int(trace_id, 16) and int(span_id, 16) and not int(flags, 16) & 1
 
 
 def test_tracing_refuses_what_is_not_a_tracer_provider() -> None:

@@ -365,11 +365,12 @@ class PrometheusMetrics:
         """Job id -> (submit time, spec name), for jobs not yet ended."""
         self._stages_open: dict[tuple[str, str], float] = {}
         """(job id, stage) -> when the stage's tasks were submitted."""
+        self._quota_labels: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {}
+        """provider -> its (provider, "requests") and (provider, "tokens") labels."""
         self._pending: deque[Any] = deque()
         """Events received and not counted yet (see :meth:`__call__`)."""
         self._lock = state.count_lock
         self._handlers = {
-            QuotaSample: self._sample,
             CallBilled: self._bill,
             JobTransition: self._job,
             StageEvent: self._stage,
@@ -430,6 +431,10 @@ class PrometheusMetrics:
         terminal = _TERMINAL_INDEX
         successes = _SUCCESS_INDEXES
         bounds = self.buckets
+        levels = self._gauges.levels
+        capacity = self._gauges.capacity
+        fixed = self._fixed_capacity
+        quota_labels = self._quota_labels
         for _ in range(len(pending)):  # the event loop may append meanwhile: those wait for next time
             event = popleft()
             kind = type(event)
@@ -473,6 +478,23 @@ class PrometheusMetrics:
                 attempts[labels] = attempts.get(labels, 0) + 1
                 if outcome == "RateLimitError":
                     limited[(provider,)] = limited.get((provider,), 0) + 1
+            elif kind is QuotaSample:  # one per grant: the levels at the last one, the highest seen
+                provider = event.provider
+                pair = quota_labels.get(provider)
+                if pair is None:
+                    pair = quota_labels[provider] = ((provider, "requests"), (provider, "tokens"))
+                level = event.requests_level
+                if level == level:  # nan: no bucket in that dimension
+                    labels = pair[0]
+                    levels[labels] = level
+                    if level > capacity.get(labels, 0.0) and labels not in fixed:
+                        capacity[labels] = level
+                level = event.tokens_level
+                if level == level:
+                    labels = pair[1]
+                    levels[labels] = level
+                    if level > capacity.get(labels, 0.0) and labels not in fixed:
+                        capacity[labels] = level
             else:
                 handler = handlers.get(kind)
                 if handler is not None:
@@ -490,17 +512,6 @@ class PrometheusMetrics:
         lane = (counts, gauge, histogram)
         self._lane_cache.setdefault(provider, {})[priority] = lane
         return lane
-
-    def _sample(self, event: QuotaSample) -> None:
-        provider = event.provider
-        gauges = self._gauges
-        for dimension, level in (("requests", event.requests_level), ("tokens", event.tokens_level)):
-            if level != level:  # nan: no bucket in that dimension
-                continue
-            labels = (provider, dimension)
-            gauges.levels[labels] = level
-            if labels not in self._fixed_capacity and level > gauges.capacity.get(labels, 0.0):
-                gauges.capacity[labels] = level
 
     def _bill(self, event: CallBilled) -> None:
         counters = self._state.counters

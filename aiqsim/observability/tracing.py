@@ -1,11 +1,18 @@
 """OpenTelemetry traces from the scheduler's events: one span per task, a child per attempt.
 
 ``Scheduler(events=OpenTelemetryTracing())`` opens a ``aiqsim.task`` span when a task is
-submitted and ends it when the task ends; every provider attempt becomes an ``aiqsim.attempt``
-child (provider, outcome, Retry-After, tokens and cost as attributes). A job is an ``aiqsim.job``
-span with an ``aiqsim.stage`` child per stage. Give :meth:`OpenTelemetryTracing.headers_for` to
-``HttpProvider(request_headers=...)`` and each HTTP request carries the W3C ``traceparent`` of its
-attempt's span, so the provider's side of the call joins the same trace.
+submitted and ends it when the task ends (attributes, all named ``aiqsim.*``: ``task_id``,
+``key``, ``provider``, ``priority``, ``cost_estimate``, then ``status`` and ``attempts``; each bill
+the provider reports is an ``aiqsim.billed`` event with its cost); every provider attempt becomes
+an ``aiqsim.attempt`` child (``provider``, ``attempt``, ``outcome``, ``outcome_class``,
+``decision``, and when known ``usage``, ``output_units``, ``retry_after_s``, ``delay_s``,
+``first_token_s``; the task's own attributes are on its span, not repeated). A job is an
+``aiqsim.job`` span with an ``aiqsim.stage`` child per stage. A task its tracer provider's sampler
+drops costs one unrecorded span: its attempts, bills and end record nothing.
+
+Give :meth:`OpenTelemetryTracing.headers_for` to ``HttpProvider(request_headers=...)`` and each
+HTTP request carries the W3C ``traceparent`` of its attempt's span, so the provider's side of the
+call joins the same trace.
 
 Times: the events carry the scheduler's clock (seconds since its runtime started; virtual under
 SimPy). Span times are Unix nanoseconds: ``time_origin_ns`` maps scheduler time 0 to a Unix time;
@@ -33,9 +40,10 @@ class TracingError(ConfigurationError):
     """OpenTelemetry is not installed, or the tracer provider given is not one."""
 
 
-def _otel() -> tuple[Any, Any, Any]:
+def _otel() -> tuple[Any, Any, Any, Any]:
     try:
         from opentelemetry import trace
+        from opentelemetry.context import Context
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
         from opentelemetry.trace.status import Status, StatusCode
     except ImportError as error:
@@ -43,7 +51,7 @@ def _otel() -> tuple[Any, Any, Any]:
             "aiqsim's OpenTelemetry tracing needs opentelemetry-api (and an SDK to export): "
             "pip install 'aiqsim[otel]'"
         ) from error
-    return trace, TraceContextTextMapPropagator(), (Status, StatusCode)
+    return trace, TraceContextTextMapPropagator(), (Status, StatusCode), Context()
 
 
 class OpenTelemetryTracing:
@@ -58,7 +66,10 @@ class OpenTelemetryTracing:
     """Quota samples make no spans."""
 
     def __init__(self, tracer_provider: Any = None, *, time_origin_ns: int | None = None) -> None:
-        trace, self._propagator, (self._status, self._code) = _otel()
+        trace, self._propagator, (self._status, self._code), self._root = _otel()
+        """``_root``: the empty context. A parent span is set in it rather than in the current
+        context: the parent is the task's (or job's) span whatever context the event arrived in,
+        and no context-variable lookup is paid per child."""
         self._trace = trace
         provider = trace.get_tracer_provider() if tracer_provider is None else tracer_provider
         if not callable(getattr(provider, "get_tracer", None)):
@@ -103,28 +114,30 @@ class OpenTelemetryTracing:
             handler(event)
 
     def _task(self, event: TaskTransition) -> None:
-        span = self._tasks.get(event.task_id)
+        task_id = event.task_id
+        span = self._tasks.get(task_id)
         if span is None:  # submitted here, or first seen after a restart
-            span = self.tracer.start_span(
-                "aiqsim.task",
-                start_time=self._ns(event.time),
-                attributes={
-                    "aiqsim.task_id": event.task_id,
-                    "aiqsim.key": event.key,
-                    "aiqsim.provider": event.provider,
-                    "aiqsim.priority": priority_label(event.priority),
-                    **({} if event.cost_estimate is None else {"aiqsim.cost_estimate": event.cost_estimate}),
-                },
-            )
-            self._tasks[event.task_id] = span
-        if event.new in TERMINAL_STATUSES:
-            del self._tasks[event.task_id]
+            attributes = {
+                "aiqsim.task_id": task_id,
+                "aiqsim.key": event.key,
+                "aiqsim.provider": event.provider,
+                "aiqsim.priority": priority_label(event.priority),
+            }
+            if event.cost_estimate is not None:
+                attributes["aiqsim.cost_estimate"] = event.cost_estimate
+            start = self._ns(event.time)
+            span = self.tracer.start_span("aiqsim.task", start_time=start, attributes=attributes)
+            self._tasks[task_id] = span
+        new = event.new
+        if new in TERMINAL_STATUSES:
+            del self._tasks[task_id]
             if self._attempts:  # an attempt headers_for opened that no AttemptRecord ended
                 self._end_open_attempts(event)
-            span.set_attributes({"aiqsim.status": event.new, "aiqsim.attempts": event.attempts})
-            if event.new == "failed":
-                span.set_status(self._status(self._code.ERROR, "task failed"))
-            span.end(end_time=self._ns(event.time))
+            if span.is_recording():  # a task sampled out ends at no further cost
+                span.set_attributes({"aiqsim.status": new, "aiqsim.attempts": event.attempts})
+                if new == "failed":
+                    span.set_status(self._status(self._code.ERROR, "task failed"))
+                span.end(end_time=self._ns(event.time))
 
     def _end_open_attempts(self, event: TaskTransition) -> None:
         """End the attempt spans of ``event``'s task still open at its end: a call cancelled in
@@ -138,42 +151,46 @@ class OpenTelemetryTracing:
             span.end(end_time=max(end, getattr(span, "start_time", None) or 0))
 
     def _attempt(self, event: AttemptRecord) -> None:
-        span = self._attempts.pop((event.task_id, event.attempt), None)
+        # the task's id, key and cost estimate are on the parent span: not repeated here
+        opened = self._attempts.pop((event.task_id, event.attempt), None) if self._attempts else None
         parent = None
-        if span is None:
+        if opened is None:
             parent = self._tasks.get(event.task_id)
             if parent is not None and not parent.is_recording():
                 return  # its task was sampled out (a ratio sampler): so is the attempt, at no cost
+        outcome = event.outcome
         attributes: dict[str, Any] = {
-            "aiqsim.task_id": event.task_id,
             "aiqsim.provider": event.provider,
             "aiqsim.attempt": event.attempt,
-            "aiqsim.outcome": event.outcome,
-            "aiqsim.outcome_class": OUTCOME_CLASSES.get(event.outcome, "other"),
+            "aiqsim.outcome": outcome,
+            "aiqsim.outcome_class": OUTCOME_CLASSES.get(outcome, "other"),
             "aiqsim.decision": event.decision,
-            "aiqsim.cost_estimate": event.cost_estimate,
         }
-        for name, value in (
-            ("aiqsim.usage", event.usage),
-            ("aiqsim.output_units", event.output_units),
-            ("aiqsim.retry_after_s", event.retry_after_s),
-            ("aiqsim.delay_s", event.delay_s),
-            ("aiqsim.first_token_s", event.first_token_s),
-        ):
-            if value is not None:
-                attributes[name] = value
-        if span is None:  # one call: the attributes go in with the span
+        if event.usage is not None:
+            attributes["aiqsim.usage"] = event.usage
+        if event.output_units is not None:
+            attributes["aiqsim.output_units"] = event.output_units
+        if event.retry_after_s is not None:
+            attributes["aiqsim.retry_after_s"] = event.retry_after_s
+        if event.delay_s is not None:
+            attributes["aiqsim.delay_s"] = event.delay_s
+        if event.first_token_s is not None:
+            attributes["aiqsim.first_token_s"] = event.first_token_s
+        if opened is None:  # one call: the attributes go in with the span
             span = self.tracer.start_span(
                 "aiqsim.attempt",
-                context=None if parent is None else self._trace.set_span_in_context(parent),
+                context=None if parent is None else self._trace.set_span_in_context(parent, self._root),
                 start_time=self._ns(event.start),
                 attributes=attributes,
             )
-        else:
+            end = self._ns(event.end)
+        else:  # opened on the wall clock by headers_for: never end it before it started
+            span = opened
             span.set_attributes(attributes)
-        if event.outcome != "ok":
-            span.set_status(self._status(self._code.ERROR, event.outcome))
-        span.end(end_time=max(self._ns(event.end), getattr(span, "start_time", None) or 0))
+            end = max(self._ns(event.end), getattr(span, "start_time", None) or 0)
+        if outcome != "ok":
+            span.set_status(self._status(self._code.ERROR, outcome))
+        span.end(end_time=end)
 
     def _job(self, event: JobTransition) -> None:
         span = self._jobs.get(event.job_id)
@@ -209,7 +226,7 @@ class OpenTelemetryTracing:
             job = self._jobs.get(event.job_id)
             self._stages[key] = self.tracer.start_span(
                 "aiqsim.stage",
-                context=None if job is None else self._trace.set_span_in_context(job),
+                context=None if job is None else self._trace.set_span_in_context(job, self._root),
                 start_time=self._ns(event.time),
                 attributes={
                     "aiqsim.stage": event.stage,
@@ -227,7 +244,7 @@ class OpenTelemetryTracing:
 
     def _bill(self, event: CallBilled) -> None:
         span = self._tasks.get(event.task_id)
-        if span is not None:
+        if span is not None and span.is_recording():
             span.add_event(
                 "aiqsim.billed",
                 {
@@ -250,7 +267,7 @@ class OpenTelemetryTracing:
 
     def _paused(self, event: LanePaused) -> None:
         span = self._tasks.get(event.task_id)
-        if span is not None:
+        if span is not None and span.is_recording():
             span.add_event(
                 "aiqsim.lane_paused",
                 {
@@ -265,18 +282,25 @@ class OpenTelemetryTracing:
     def headers_for(self, request: ProviderRequest) -> dict[str, str]:
         """The W3C trace headers (``traceparent``) for one provider request: opens the attempt's span
         now, as a child of its task's, and the attempt's event ends it. Pass this method as
-        ``HttpProvider(request_headers=...)``. A task this sink never saw gets no header."""
+        ``HttpProvider(request_headers=...)``. A task this sink never saw gets no header; a task
+        sampled out opens no attempt span and sends its own context (flagged not sampled), so the
+        provider's side does not record it either."""
         parent = self._tasks.get(request.task_id)
         if parent is None:
             return {}
-        key = (request.task_id, request.attempt)
-        span = self._attempts.get(key)
-        if span is None:
-            span = self._attempts[key] = self.tracer.start_span(
-                "aiqsim.attempt", context=self._trace.set_span_in_context(parent), start_time=_wall.time_ns()
-            )
+        root = self._root
+        set_span = self._trace.set_span_in_context
+        if parent.is_recording():
+            key = (request.task_id, request.attempt)
+            span = self._attempts.get(key)
+            if span is None:
+                span = self._attempts[key] = self.tracer.start_span(
+                    "aiqsim.attempt", context=set_span(parent, root), start_time=_wall.time_ns()
+                )
+        else:
+            span = parent
         carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, context=self._trace.set_span_in_context(span))
+        self._propagator.inject(carrier, context=set_span(span, root))
         return carrier
 
     def __repr__(self) -> str:
