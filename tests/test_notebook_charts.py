@@ -140,3 +140,39 @@ def test_an_executed_notebooks_charts_show_their_smallest_text_at_the_floor(
             f"{chart['titles']}: {chart['smallest']!r} at {chart['smallest_pt']} pt shows at {px:.1f} px "
             f"in a {chart['png_width']} px PNG on a {PAGE_WIDTH_PX:g} px page"
         )
+
+
+def test_the_notebooks_helpers_keep_a_long_title_and_two_rows_within_the_page() -> None:
+    """``chart_style.subplots`` and ``chart_style.set_title``, what the notebooks draw with: a title
+    longer than the figure is wrapped at ``TITLE_PT`` (``ax.set_title`` alone gives 12 pt on one line,
+    and ``bbox_inches="tight"`` widens the PNG to hold it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from test_charts_page_width import drawn_texts, png_width
+
+    from aiqsim.lab import chart_style
+
+    title = (
+        "Each second of bound adds 0.53 s to the big job's wait and takes it from the small jobs' queue "
+        "(mean over 5 seeds)"
+    )
+    fig, (top, bottom) = chart_style.subplots(2, 1, height_in=6)
+    plain, ax = plt.subplots(figsize=(FIGURE_WIDTH_IN, 4))
+    try:
+        assert fig.get_figwidth() == FIGURE_WIDTH_IN
+        for axis in (top, bottom):
+            axis.plot([0, 1], [0, 1], label="a line")
+            axis.set(xlabel="x (s)", ylabel="y (s)")
+        chart_style.set_title(top, title)
+        assert "\n" in top.get_title() and top.title.get_fontsize() == chart_style.TITLE_PT
+        assert top.get_position().y0 > bottom.get_position().y1, "not one above the other"
+        assert png_width(fig, 100) / 100 <= max_figure_width_in() + 0.05
+        assert min(t.get_fontsize() for t in drawn_texts(fig)) >= TEXT_PT
+        assert [line.get_color() for line in top.get_lines()] == [chart_style.OKABE_ITO[0]]
+        ax.set_title(title)  # what the notebooks did: one 12 pt line past the figure's edges
+        assert png_width(plain, 100) / 100 > max_figure_width_in()
+    finally:
+        plt.close(fig)
+        plt.close(plain)
