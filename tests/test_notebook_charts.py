@@ -4,9 +4,11 @@ tests/test_charts_page_width.py holds the lab's chart functions to the floor: th
 at :data:`~aiqsim.lab.chart_style.MIN_TEXT_PX` once the PNG is scaled to the page's
 :data:`~aiqsim.lab.chart_style.PAGE_WIDTH_PX`. A notebook that calls ``plt.subplots(figsize=(13, 4))``
 and sets ``fontsize=9`` escapes that test: such charts showed their text at 5 to 9.6 px. Here every
-notebook's code is read for a figure wider than :data:`~aiqsim.lab.chart_style.FIGURE_WIDTH_IN` or
-text set below :data:`~aiqsim.lab.chart_style.TEXT_PT`, and two notebooks that draw their own charts
-are executed with every PNG their inline backend shows measured the way the page shows it.
+notebook's code is read for a figure wider than :data:`~aiqsim.lab.chart_style.FIGURE_WIDTH_IN`, text
+set below :data:`~aiqsim.lab.chart_style.TEXT_PT`, or a figure made outside
+:func:`~aiqsim.lab.chart_style.subplots` (the style's width, text and colours), and two notebooks
+that draw their own charts are executed with every PNG their inline backend shows measured the way
+the page shows it.
 """
 
 from __future__ import annotations
@@ -30,17 +32,22 @@ from aiqsim.lab.chart_style import (
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
-FIXED_ELSEWHERE = {"10_tune_from_production": "its calibration chart is 10 inches wide"}
+FIXED_ELSEWHERE = {"10_tune_from_production": "plt.subplots: one chart 10 inches wide, matplotlib's colours"}
 """Notebooks another change brings to the style: expected to fail (strictly: once fixed, drop the entry)."""
 
 _WIDTH = re.compile(r"(?:figsize\s*=\s*\(|set_size_inches\(\s*)\s*([0-9]*\.?[0-9]+)")
 _SIZE = re.compile(r"\b(?:fontsize|labelsize|title_fontsize)\s*=\s*([0-9]*\.?[0-9]+|[\"'][a-z-]+[\"'])")
 _SMALLER_NAMES = {"xx-small", "x-small", "small", "smaller"}  # below "medium", matplotlib's 10 pt default
+_BARE_FIGURE = re.compile(r"\b(?:plt|pyplot)\.(?:subplots|figure|subplot)\(")
 
 
-def too_small_for_the_page(source: str) -> list[str]:
-    """What in ``source`` (a notebook's code) draws a chart too wide for the page or text too small."""
-    found = []
+def chart_problems(source: str) -> list[str]:
+    """What in ``source`` (a notebook's code) draws a chart too wide for the page, text too small, or a
+    figure outside the style (``plt.subplots``: matplotlib's colours and 12 pt titles, any width)."""
+    found = [
+        f"{match.group(0)}...: a figure outside the style (chart_style.subplots)"
+        for match in _BARE_FIGURE.finditer(source)
+    ]
     for match in _WIDTH.finditer(source):
         if float(match.group(1)) > FIGURE_WIDTH_IN:
             found.append(f"{match.group(0)}...: wider than {FIGURE_WIDTH_IN} in (chart_style.subplots)")
@@ -71,8 +78,8 @@ def notebooks() -> list[object]:
 
 
 @pytest.mark.parametrize("path", notebooks())
-def test_no_notebook_draws_a_chart_wider_than_the_page_or_with_smaller_text(path: Path) -> None:
-    assert too_small_for_the_page(code(path)) == []
+def test_every_notebook_draws_its_charts_in_the_style_within_the_page(path: Path) -> None:
+    assert chart_problems(code(path)) == []
 
 
 def test_the_check_refuses_what_the_notebooks_drew_before() -> None:
@@ -82,13 +89,13 @@ def test_the_check_refuses_what_the_notebooks_drew_before() -> None:
         'ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)\n'
         "ax.text(j, i, label, fontsize=8)\nfig.set_size_inches(9.0, 3)\nax.tick_params(labelsize='small')"
     )
-    assert len(too_small_for_the_page(before)) == 5
+    assert len(chart_problems(before)) == 6
     now = (
-        "fig, ax = chart_style.subplots(height_in=4.6)\nfig, ax = plt.subplots(figsize=(7.8, 4))\n"
+        "fig, ax = chart_style.subplots(height_in=4.6)\nfig.set_size_inches(7.8, 4)\n"
         "ax.text(j, i, label, fontsize=chart_style.TEXT_PT)\nax.legend(fontsize=10)\n"
         "ax.set_title(t, fontsize=11)"
     )
-    assert too_small_for_the_page(now) == []
+    assert chart_problems(now) == []
 
 
 SPY = """
