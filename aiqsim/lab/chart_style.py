@@ -4,6 +4,8 @@ Every chart in :mod:`aiqsim.lab.charts` draws through these helpers so the figur
 Okabe-Ito colours (distinguishable with the common colour-vision deficiencies), a unit on every axis,
 text the installed fonts can draw (no "Glyph missing" warnings and empty boxes for a scenario name in
 a script the font lacks), and heatmap annotations whose colour follows the cell's luminance.
+A notebook that draws a chart of its own takes the same style through :func:`subplots` and
+:func:`set_title` (tests/test_notebook_charts.py refuses a notebook figure made any other way).
 """
 
 from __future__ import annotations
@@ -88,11 +90,10 @@ def style_axes(ax: Axes) -> None:
     axis labels, a :data:`TITLE_PT` title (what :mod:`aiqsim.lab.charts` does to every axis it draws)."""
     ax.set_prop_cycle(color=list(OKABE_ITO))
     ax.grid(alpha=0.3)
-    # a title set later through ax.set_title takes matplotlib's size again: set it with set_title
     ax.tick_params(labelsize=TEXT_PT)
     ax.xaxis.label.set_size(TEXT_PT)
     ax.yaxis.label.set_size(TEXT_PT)
-    ax.title.set_size(TITLE_PT)
+    ax.title.set_size(TITLE_PT)  # a title set later by ax.set_title takes matplotlib's 12 pt: use set_title
 
 
 def subplots(nrows: int = 1, ncols: int = 1, *, height_in: float = 4.5, **kwargs: Any) -> tuple[Figure, Any]:
