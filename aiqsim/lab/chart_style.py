@@ -4,17 +4,25 @@ Every chart in :mod:`aiqsim.lab.charts` draws through these helpers so the figur
 Okabe-Ito colours (distinguishable with the common colour-vision deficiencies), a unit on every axis,
 text the installed fonts can draw (no "Glyph missing" warnings and empty boxes for a scenario name in
 a script the font lacks), and heatmap annotations whose colour follows the cell's luminance.
+A notebook that draws a chart of its own takes the same style through :func:`subplots` and
+:func:`set_title` (tests/test_notebook_charts.py refuses a notebook figure made any other way).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import textwrap
 import unicodedata
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from matplotlib import font_manager
 from matplotlib.colors import to_rgb
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 OKABE_ITO: tuple[str, ...] = (
     "#0072B2",  # blue
@@ -75,6 +83,47 @@ def max_figure_width_in(size_pt: float = TEXT_PT) -> float:
     """The widest figure (inches) whose ``size_pt`` text shows at :data:`MIN_TEXT_PX` on the page, at
     any dpi (a figure wider than the page is scaled to it, so only the ratio of text to width counts)."""
     return size_pt / 72.0 * PAGE_WIDTH_PX / MIN_TEXT_PX
+
+
+def style_axes(ax: Axes) -> None:
+    """Give an axis the lab's look: the Okabe-Ito colour cycle, a light grid, :data:`TEXT_PT` ticks and
+    axis labels, a :data:`TITLE_PT` title (what :mod:`aiqsim.lab.charts` does to every axis it draws)."""
+    ax.set_prop_cycle(color=list(OKABE_ITO))
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=TEXT_PT)
+    ax.xaxis.label.set_size(TEXT_PT)
+    ax.yaxis.label.set_size(TEXT_PT)
+    ax.title.set_size(TITLE_PT)  # a title set later by ax.set_title takes matplotlib's 12 pt: use set_title
+
+
+def subplots(nrows: int = 1, ncols: int = 1, *, height_in: float = 4.5, **kwargs: Any) -> tuple[Figure, Any]:
+    """``plt.subplots`` for a chart drawn in a notebook: :data:`FIGURE_WIDTH_IN` wide, constrained
+    layout, every axis through :func:`style_axes`, so its text shows at :data:`MIN_TEXT_PX` on the
+    documentation site. Two panels side by side leave each ~3.5 inches: put panels with long titles
+    or tick labels in rows instead (``nrows=2``) and give the figure the height they need."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(FIGURE_WIDTH_IN, height_in), constrained_layout=True, **kwargs
+    )
+    for ax in fig.axes:
+        style_axes(ax)
+    return fig, axes
+
+
+def set_title(ax: Axes, text: str, width_in: float | None = None) -> None:
+    """``text`` as ``ax``'s title at :data:`TITLE_PT`, wrapped to ``width_in`` inches (default: the
+    figure's width). ``ax.set_title`` alone would reset the size to matplotlib's 12 pt and let a long
+    title run past the figure."""
+    width = ax.figure.get_figwidth() if width_in is None else width_in
+    ax.set_title(wrap(printable(text), width), fontsize=TITLE_PT)
+
+
+def wrap(text: str, width_in: float = FIGURE_WIDTH_IN, size_pt: float = TITLE_PT) -> str:
+    """``text`` broken into lines that fit ``width_in`` inches at ``size_pt`` (~110 / size_pt characters
+    an inch, the width of an average DejaVu Sans character with some room): a title longer than its
+    axes would otherwise widen the PNG (``bbox_inches="tight"``) and shrink all its text on the page."""
+    return "\n".join(textwrap.wrap(text, max(20, int(width_in * 110 / size_pt))))
 
 
 SEQUENTIAL_CMAP = "cividis"

@@ -35,6 +35,7 @@ from aiqsim.lab.chart_style import (
     format_number,
     printable,
     short_setting,
+    style_axes,
     text_colour_for,
 )
 from aiqsim.validation import t_quantile_975
@@ -53,11 +54,7 @@ def _new_figure(width: float = FIGURE_WIDTH_IN, height: float = 4.5) -> tuple[Fi
 
 
 def _style(ax: Axes) -> None:
-    ax.set_prop_cycle(color=list(OKABE_ITO))
-    ax.grid(alpha=0.3)
-    ax.tick_params(labelsize=TEXT_PT)
-    ax.xaxis.label.set_size(TEXT_PT)
-    ax.yaxis.label.set_size(TEXT_PT)
+    style_axes(ax)
 
 
 def _title(ax: Axes, prefix: str, finding: str) -> None:
