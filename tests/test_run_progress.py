@@ -45,3 +45,38 @@ def test_the_users_own_bars_keep_their_monitor() -> None:
     bar.close()
     assert tqdm.monitor_interval == 10
     assert isinstance(bar._bar, tqdm) and type(bar._bar).monitor_interval == 0
+
+
+@pytest.mark.notebook
+def test_a_sweep_in_a_jupyter_kernel_leaves_no_thread_after_its_cell(tmp_path: Path) -> None:
+    """In Jupyter ``tqdm.auto`` gives the widget bar; the cell that runs a sweep leaves no thread behind."""
+    import nbformat
+
+    from aiqsim.lab.notebook_runs import run_notebook
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [
+        nbformat.v4.new_code_cell("FAST = False"),
+        nbformat.v4.new_code_cell(
+            "import threading\n"
+            "from aiqsim.sim.sweep import RunProgress, sweep\n"
+            "before = {t.ident for t in threading.enumerate()}\n"
+            f"scenario = {str(SCENARIO)!r}\n"
+            "rows = sweep(scenario, {'retry.base_s': [0.5]}, seeds=[0, 1], engine='serial', progress=True)\n"
+            "bar = RunProgress(1, label='kind', enabled=True)\n"
+            "widget = any(c.__module__ == 'tqdm.notebook' for c in type(bar._bar).__mro__)\n"
+            "bar.close()"
+        ),
+        nbformat.v4.new_code_cell(
+            "left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]\n"
+            "print(f'{len(rows)} rows; widget bar: {widget}; threads left: {left}')"
+        ),
+    ]
+    book.cells[0].metadata["tags"] = ["parameters"]
+    path = tmp_path / "sweep.ipynb"
+    nbformat.write(book, path)
+
+    executed = run_notebook(path, timeout_s=120)
+
+    text = executed.cells[-1].outputs[0]["text"]
+    assert text == "2 rows; widget bar: True; threads left: []\n"  # tqdm.auto picked the widget bar
