@@ -29,13 +29,25 @@ DASK_CONNECT_TIMEOUT_S = 10.0
 default is 30 s, which left a mistyped address looking like a hang)."""
 
 
+class _RunBar(tqdm):  # tqdm.auto's class is picked at import (a widget in Jupyter)
+    """``tqdm.auto``'s bar without tqdm's monitor thread, for our bars only (tqdm's own class is untouched).
+
+    tqdm starts a ``tqdm_monitor`` thread with a bar and stops it only when the last registered bar
+    closes; a disabled bar unregisters at once and never stops it, so a sweep run with
+    ``progress=False`` left it polling for the rest of the process (in Jupyter, outliving the cell).
+    Our bars are advanced by the batch itself and need no monitor to refresh them.
+    """
+
+    monitor_interval = 0
+
+
 class RunProgress:
     """Progress of a batch of runs (a sweep, a tuning study): ``tqdm.auto`` (a widget in Jupyter, a
     bar on stderr elsewhere) that also shows how many runs failed so far; silent when not ``enabled``."""
 
     def __init__(self, total: int, *, label: str, enabled: bool) -> None:
         self.failed = 0
-        self._bar = tqdm(total=total, desc=label, unit="run", disable=not enabled or total == 0)
+        self._bar = _RunBar(total=total, desc=label, unit="run", disable=not enabled or total == 0)
 
     def advance(self, *, failed: bool = False) -> None:
         """Record one finished run (``failed`` ones are counted and shown as ``failed=N``)."""
