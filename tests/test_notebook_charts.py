@@ -32,7 +32,7 @@ from aiqsim.lab.chart_style import (
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
-FIXED_ELSEWHERE = {"10_tune_from_production": "plt.subplots: one chart 10 inches wide, matplotlib's colours"}
+FIXED_ELSEWHERE: dict[str, str] = {}
 """Notebooks another change brings to the style: expected to fail (strictly: once fixed, drop the entry)."""
 
 _WIDTH = re.compile(r"(?:figsize\s*=\s*\(|set_size_inches\(\s*)\s*([0-9]*\.?[0-9]+)")
