@@ -185,3 +185,36 @@ def test_a_jobs_tenant_survives_a_crash_and_recover(kind: str, tmp_path: Any) ->
     window = [tenant for tenant, _ in calls[:16]]  # both tenants backlogged all along
     assert window.count("light") == 4 and window.count("heavy") == 12
     assert len(calls) == 32  # each draft again (requeued), then each polish
+
+
+@pytest.mark.parametrize("tenants_after", [{"heavy": Tenant(weight=3)}, None], ids=["one-removed", "none"])
+def test_a_recovered_job_whose_tenant_was_removed_runs_on_in_the_default_tenant(tenants_after: Any) -> None:
+    """A job recovered by a process not given its tenant (taken out of the config, or tenants no
+    longer used) runs its next stages as a recovered task of an unknown tenant does: in the default
+    tenant, its records keeping the tenant's name. Before, every next stage's submission was refused
+    ("no tenant named 'light'") and a job half done failed for a configuration change."""
+    memory = MemoryStore()
+
+    async def body(rt: Any) -> Any:
+        before = Scheduler(rt, [Recorder(rt)], store=memory, tenants=TENANTS)
+        ids = [before.submit_job(SPEC, {"n": f"{t}-{n}"}, tenant=t).id for n in range(2) for t in TENANTS]
+        await rt.sleep(0.5)  # every draft call out: no polish task exists yet
+        before.crash()
+        provider = Recorder(rt)
+        after = Scheduler(rt, [provider], store=memory, tenants=tenants_after)
+        after.jobs.register(SPEC)
+        await after.recover(requeue_interrupted=True)
+        async with after:
+            await after.join()
+        jobs = [after.jobs.get(job_id) for job_id in ids]
+        tenants = [
+            [getattr(memory.get(t), "tenant", "-") for v in job.stage_tasks.values() for t in v]
+            for job in jobs
+        ]
+        return provider.calls, jobs, tenants
+
+    calls, jobs, tenants = run_on("simpy", body)
+    assert [(job.status, job.error) for job in jobs] == [(JobStatus.SUCCEEDED, None)] * 4
+    assert [job.tenant for job in jobs] == ["light", "heavy"] * 2
+    assert all(set(kept) == {job.tenant} for job, kept in zip(jobs, tenants, strict=True))
+    assert len(calls) == 8  # each draft again (requeued), then each polish

@@ -711,7 +711,9 @@ class Scheduler(Recovery, ClaimRules, DepthLimit, LaneDispatch, AttemptLoop, Out
         ):
             _refuse_names(kind, key, task_id)
         tenant_limit = None
-        if tenant is not None or self._tenants is not None:
+        # a job stage's tenant is the job's, checked by submit_job: a recovered job's tenant that this
+        # process lacks is queued as the default tenant's, as a recovered task's is (tenants.py)
+        if not job_stage and (tenant is not None or self._tenants is not None):
             tenant_limit = self._checked_tenant(tenant)
         lane_name = provider if provider is not None else kind
         lane = self._lanes.get(lane_name) if type(lane_name) is str else None

@@ -33,7 +33,8 @@ Decisions, documented here once:
   tenant's queue (:mod:`aiqsim.scheduler.depth_limit`).
 - A duplicate (a second submission of a live task's idempotency key) shares the owner's run,
   whichever tenant submitted it: the run stays the owner's tenant's, and so does its service.
-- A job's stage tasks (fallbacks too) are its tenant's: ``submit_job(tenant=...)``.
+- A job's stage tasks (fallbacks too) are its tenant's: ``submit_job(tenant=...)``. A recovered
+  job of a tenant this process lacks runs its next stages as the default tenant's (records keep it).
 - A queued task cancelled while it is the head its lane's dispatcher last looked at is charged to
   its tenant as if it started (the queue cannot tell the two apart); the error is one task's share.
 - Without ``tenants`` the lanes use the policy's queues as they are: nothing here runs.
