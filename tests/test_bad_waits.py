@@ -19,7 +19,7 @@ from aiqsim import QuotaLimits, RetryPolicy, Scheduler, TaskStatus
 from aiqsim.core.backoff import ExponentialBackoff
 from aiqsim.core.numeric import is_wait
 from aiqsim.core.token_bucket import MultiQuota
-from aiqsim.scheduler.events import QuotaUnavailable, TaskTransition
+from aiqsim.scheduler.events import AttemptRecord, QuotaUnavailable, TaskTransition
 from tests.fakes import ScriptedProvider
 from tests.runtimes import RUNTIMES, run_on
 
@@ -137,3 +137,30 @@ def test_a_bad_delay_from_a_backoff_strategy_fails_the_task_naming_it(rt_name: s
     assert record.status is TaskStatus.FAILED and calls == 1
     assert f"BadBackoff.delay(retry=0) returned {bad!r}" in record.error
     assert other.status is TaskStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+def test_the_attempt_a_bad_backoff_delay_ended_is_reported(rt_name: str) -> None:
+    """The call that failed before the bad delay was asked is an attempt like any other: its
+    :class:`AttemptRecord` (the provider's error, decision ``fatal``: no retry follows) comes before
+    the task's failure. Before, the task failed with ``attempts=1`` and no attempt was ever reported
+    (a trace without the call, metrics one attempt short)."""
+    retry = RetryPolicy(max_attempts=3, backoff=BadBackoff(math.nan))  # type: ignore[arg-type]
+
+    async def body(rt: Any) -> Any:
+        events: list[Any] = []
+        provider = ScriptedProvider(rt, script={"a": ["500", "ok"]})
+        scheduler = Scheduler(rt, [provider], retry=retry, events=events.append)
+        record = await scheduler.submit("llm", {"input": "a"}).wait()
+        await scheduler.close()
+        return record, events
+
+    record, events = run_on(rt_name, body)
+    assert record.status is TaskStatus.FAILED and record.attempts == 1
+    assert "BadBackoff.delay(retry=0) returned nan" in record.error
+    attempts = [e for e in events if isinstance(e, AttemptRecord)]
+    assert [(e.attempt, e.outcome, e.decision, e.delay_s) for e in attempts] == [
+        (1, "ServerError", "fatal", None)
+    ]
+    ended = [i for i, e in enumerate(events) if isinstance(e, TaskTransition) and e.new == TaskStatus.FAILED]
+    assert events.index(attempts[0]) < ended[0]

@@ -15,6 +15,7 @@ from types import CoroutineType
 from typing import Any
 
 from aiqsim.core.backoff import retry_delay
+from aiqsim.core.errors import ConfigurationError
 from aiqsim.core.failures import (
     POISON,
     RETRYABLE,
@@ -199,13 +200,21 @@ class AttemptLoop:
                             self._finish(live, FAILED, attempts=attempts, error=message)
                             return
                         if failure is RETRYABLE and tries < policy.max_attempts:
-                            delay = retry_delay(
-                                policy.backoff,
-                                tries - 1,
-                                self.rng,
-                                previous=previous_delay,
-                                retry_after_s=retry_after if policy.honour_retry_after else None,
-                            )
+                            try:
+                                delay = retry_delay(
+                                    policy.backoff,
+                                    tries - 1,
+                                    self.rng,
+                                    previous=previous_delay,
+                                    retry_after_s=retry_after if policy.honour_retry_after else None,
+                                )
+                            except ConfigurationError as bad_delay:  # a custom strategy's NaN, inf...
+                                # the call that failed is reported as every attempt is; no retry follows
+                                self._emit_attempt(
+                                    live, attempts, start, now, error, "fatal", retry_after, None
+                                )
+                                self._finish(live, FAILED, attempts=attempts, error=describe_error(bad_delay))
+                                return
                             if self._early_gates:
                                 # A retry quota is asked when the retry is decided, before the backoff:
                                 # refused (AWS: no retry quota), the task fails now, with no delay. The
