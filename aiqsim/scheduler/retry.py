@@ -266,12 +266,18 @@ def gate_wait_s(gate: Any, provider: str, is_retry: bool, now: float) -> float:
         return 0.0
     wait = query(provider, is_retry, now)
     # a gate's bug must not hold a slot for ever (inf) or spin (NaN): the attempt fails, naming it
-    if not is_real(wait) or not wait < math.inf:
+    seconds = math.nan
+    if is_real(wait):
+        try:
+            seconds = float(wait)  # type: ignore[arg-type]
+        except OverflowError:  # an int past any float (10**400): no finite wait either
+            pass
+    if not seconds < math.inf:
         raise ConfigurationError(
             f"{type(gate).__name__}.seconds_until_attempt({provider!r}) returned {wait!r}; "
             "expected a finite number of seconds (0 or less: no wait)"
         )
-    return max(0.0, float(wait))
+    return max(0.0, seconds)
 
 
 def ask_gates(
