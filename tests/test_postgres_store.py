@@ -416,6 +416,43 @@ def test_a_version_4_store_is_upgraded_with_the_route_and_job_tenant_columns(
         assert conn.execute(f"SELECT value FROM {schema}.meta").fetchone() == (str(SCHEMA_VERSION),)
 
 
+def test_workers_opening_a_version_4_store_at_once_upgrade_it_once(postgres_dsn: str, schema: str) -> None:
+    """Four workers open the same version-4 schema at the same moment: the advisory lock lets one
+    migrate, the others then find version 5 (none fails on a column already added)."""
+    import threading
+
+    import psycopg
+
+    from aiqsim.stores.postgres import SCHEMA_VERSION, PostgresStore
+
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        store.insert_and_claim(TaskRecord(id="a", key="k", kind="llm", provider="llm"))
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # what version 4 left behind
+        conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN route")
+        conn.execute(f"ALTER TABLE {schema}.jobs DROP COLUMN tenant")
+        conn.execute(f"UPDATE {schema}.meta SET value = '4' WHERE name = 'schema_version'")
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        start.wait(timeout=60)
+        try:
+            PostgresStore(postgres_dsn, schema=schema).close()
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    workers = [threading.Thread(target=open_it) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert errors == [] and not any(worker.is_alive() for worker in workers)
+    with PostgresStore(postgres_dsn, schema=schema) as store:
+        assert store.get("a").route is None  # type: ignore[union-attr]
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute(f"SELECT value FROM {schema}.meta").fetchone() == (str(SCHEMA_VERSION),)
+
+
 def test_leases_expire_and_are_adopted_by_exactly_one_worker(postgres_dsn: str, schema: str) -> None:
     import time
 
