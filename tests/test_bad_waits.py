@@ -164,3 +164,52 @@ def test_the_attempt_a_bad_backoff_delay_ended_is_reported(rt_name: str) -> None
     ]
     ended = [i for i, e in enumerate(events) if isinstance(e, TaskTransition) and e.new == TaskStatus.FAILED]
     assert events.index(attempts[0]) < ended[0]
+
+
+class RaisingQuota(MultiQuota):
+    """One request a minute (burst 1), whose ``method`` raises (a quota's bug) once it refuses."""
+
+    def __init__(self, method: str, now: float = 0.0) -> None:
+        super().__init__(QuotaLimits(requests_per_min=1, request_burst=1), now=now)
+        self.method = method
+        self.granted = 0
+
+    def try_reserve(self, tokens: float, now: float) -> Any:
+        if self.method == "try_reserve" and self.granted:
+            raise ValueError("broken bucket")
+        reservation = super().try_reserve(tokens, now)
+        self.granted += reservation is not None
+        return reservation
+
+    def time_until(self, tokens: float, now: float) -> float:
+        if self.method == "time_until":
+            raise ValueError("broken bucket")
+        return super().time_until(tokens, now)
+
+
+@pytest.mark.parametrize("rt_name", RUNTIMES)
+@pytest.mark.parametrize("method", ["try_reserve", "time_until"])
+def test_a_quota_that_raises_fails_the_task_naming_it_and_the_lane_goes_on(rt_name: str, method: str) -> None:
+    """A quota whose ``try_reserve`` or ``time_until`` raises (not a QuotaConfigError): the task it was
+    asked for fails naming the quota and the error, and the lane dispatches its next task. Before,
+    the exception left the lane's dispatcher (a callback: logged at best) with no timer set, and the
+    lane's queued tasks waited for ever."""
+
+    async def body(rt: Any) -> Any:
+        scheduler = Scheduler(
+            rt,
+            [ScriptedProvider(rt), ScriptedProvider(rt, name="other")],
+            quotas={"llm": RaisingQuota(method)},
+        )
+        handles = [scheduler.submit("llm", {"input": n}) for n in ("a", "b", "c")]
+        other = scheduler.submit("other", {"input": "d"})
+        records = [await rt.wait_for(h.wait(), 120) for h in (*handles, other)]
+        await scheduler.close()
+        return records
+
+    first, second, third, other = run_on(rt_name, body)
+    assert first.status is TaskStatus.SUCCEEDED and other.status is TaskStatus.SUCCEEDED
+    for refused in (second, third):
+        assert refused.status is TaskStatus.FAILED
+        assert "QuotaConfigError" in refused.error and f"RaisingQuota.{method}" in refused.error
+        assert "ValueError: broken bucket" in refused.error and "'llm'" in refused.error

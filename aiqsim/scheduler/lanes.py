@@ -200,6 +200,17 @@ def checked_quota_wait(lane: Lane, cost: float, wait: object) -> float:
     )
 
 
+def quota_raised(lane: Lane, method: str, error: Exception) -> QuotaConfigError:
+    """A :class:`QuotaConfigError` naming the provider, the quota and what its ``try_reserve`` or
+    ``time_until`` raised (a quota's bug). It fails the task the lane was reserving for, as a refused
+    cost does, and the lane goes on; raised out of the dispatch, it left the lane without a timer and
+    its queued tasks waited for ever."""
+    return QuotaConfigError(
+        f"provider {lane.name!r}: its quota {type(lane.quota).__name__}.{method} raised "
+        f"{describe_error(error)}; the task was failed"
+    )
+
+
 _QUOTA_METHODS = ("check_cost", "try_reserve", "time_until", "release", "cancel", "reconcile", "pause_until")
 
 
@@ -282,13 +293,16 @@ class LaneDispatch:
             if choice is None:
                 return None
             candidate, priority = choice
+            asked = "try_reserve"  # for the error of a quota that raises (quota_raised)
             try:
                 reservation = quota.try_reserve(candidate.cost, now)
                 if reservation is None:
+                    asked = "time_until"
                     wait = quota.time_until(candidate.cost, now)
                     if wait.__class__ is not float or not wait >= 0.0:  # one test on the hot path
                         wait = self._checked_wait(lane, candidate, wait)
-            except QuotaConfigError as error:  # e.g. recovered from a process with a larger burst
+            except Exception as raised:  # e.g. recovered from a process with a larger burst
+                error = raised if isinstance(raised, QuotaConfigError) else quota_raised(lane, asked, raised)
                 if isinstance(candidate, QuotaTicket):  # a retry: its attempt loop fails the task
                     lane.retries[priority].popleft()  # (e.g. a shared quota's Redis refused the call)
                     candidate.future.set_exception(error)
