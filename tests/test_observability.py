@@ -566,3 +566,42 @@ def test_an_attempt_cancelled_in_flight_ends_its_span_with_its_task() -> None:
     (attempt,) = [s for s in spans if s.name == "aiqsim.attempt"]
     assert attempt.attributes["aiqsim.outcome"] == "cancelled"
     assert tracing._attempts == {}
+
+
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "sampled-out"])
+def test_a_task_lost_to_a_failed_store_write_ends_its_span(sampled: bool) -> None:
+    """A task whose change could not be stored leaves this process (StoreWriteFailed; recover()
+    reconciles it after a restart): no transition of it follows here. Before, its span stayed in the
+    sink for ever (never ended, never exported; sampled out too: one entry per lost task)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    from aiqsim.stores.base import StoreWriteError
+    from aiqsim.stores.memory import MemoryStore
+    from tests.failing_stores import FailingWrites
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider() if sampled else TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = OpenTelemetryTracing(provider, time_origin_ns=10**18)
+
+    async def body(rt: Any) -> Any:
+        store = FailingWrites(MemoryStore(), fail_at={2})  # 1: its insert, 2: queued -> running
+        scheduler = Scheduler(rt, [ScriptedProvider(rt)], store=store, events=tracing)
+        with pytest.raises(StoreWriteError):
+            await scheduler.submit("llm", {"input": "a"}).wait()
+        done = await scheduler.submit("llm", {"input": "b"}).wait()
+        await scheduler.close()
+        return done
+
+    from tests.runtimes import run_on
+
+    assert run_on("simpy", body).status is TaskStatus.SUCCEEDED
+    assert tracing._tasks == {} and tracing._attempts == {}
+    spans = [s for s in exporter.get_finished_spans() if s.name == "aiqsim.task"]
+    if not sampled:
+        assert spans == []
+        return
+    assert sorted(str(s.attributes.get("aiqsim.status")) for s in spans) == ["None", "succeeded"]
+    (lost,) = [s for s in spans if "aiqsim.status" not in s.attributes]
+    assert not lost.status.is_ok and [e.name for e in lost.events] == ["aiqsim.store_write_failed"]
+    assert lost.events[0].attributes["aiqsim.lost"].endswith("queued -> running")

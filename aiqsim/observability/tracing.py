@@ -8,7 +8,8 @@ an ``aiqsim.attempt`` child (``provider``, ``attempt``, ``outcome``, ``outcome_c
 ``decision``, and when known ``usage``, ``output_units``, ``retry_after_s``, ``delay_s``,
 ``first_token_s``; the task's own attributes are on its span, not repeated). A job is an
 ``aiqsim.job`` span with an ``aiqsim.stage`` child per stage. A task its tracer provider's sampler
-drops costs one unrecorded span: its attempts, bills and end record nothing.
+drops costs one unrecorded span: its attempts, bills and end record nothing. A task whose change
+could not be stored (:class:`~aiqsim.scheduler.events.StoreWriteFailed`) ends its span there, in error.
 
 Give :meth:`OpenTelemetryTracing.headers_for` to ``HttpProvider(request_headers=...)`` and each
 HTTP request carries the W3C ``traceparent`` of its attempt's span, so the provider's side of the
@@ -29,7 +30,13 @@ from aiqsim.core.errors import ConfigurationError
 from aiqsim.observability.definitions import TERMINAL_STATUSES, priority_label
 from aiqsim.observability.records import CallBilled
 from aiqsim.scheduler.call_log import OUTCOME_CLASSES
-from aiqsim.scheduler.events import AttemptRecord, LanePaused, QuotaUnavailable, TaskTransition
+from aiqsim.scheduler.events import (
+    AttemptRecord,
+    LanePaused,
+    QuotaUnavailable,
+    StoreWriteFailed,
+    TaskTransition,
+)
 from aiqsim.scheduler.job_events import JobTransition, StageEvent
 from aiqsim.scheduler.provider import ProviderRequest
 
@@ -97,6 +104,7 @@ class OpenTelemetryTracing:
             CallBilled: self._bill,
             QuotaUnavailable: self._unavailable,
             LanePaused: self._paused,
+            StoreWriteFailed: self._lost,
         }
 
     # ------------------------------------------------------------------ time
@@ -139,15 +147,37 @@ class OpenTelemetryTracing:
                     span.set_status(self._status(self._code.ERROR, "task failed"))
                 span.end(end_time=self._ns(event.time))
 
-    def _end_open_attempts(self, event: TaskTransition) -> None:
+    def _lost(self, event: StoreWriteFailed) -> None:
+        """A task whose change could not be stored leaves this process (no transition of it follows
+        here; ``recover()`` reconciles it after a restart): its span ends now, in error, with an
+        ``aiqsim.store_write_failed`` event naming the change lost, and the sink lets it go (it was
+        held for ever). Should its outcome be written again later, that transition makes a span of
+        its own, as a task first seen after a restart does."""
+        span = self._tasks.pop(event.task_id, None)
+        if span is None:  # a lost outcome's rewrite failing again, or a task this sink never saw
+            return
+        if self._attempts:
+            self._end_open_attempts(event, "lost")
+        if span.is_recording():
+            span.add_event(
+                "aiqsim.store_write_failed",
+                {"aiqsim.lost": event.lost, "aiqsim.error": event.error},
+                timestamp=self._ns(event.time),
+            )
+            span.set_status(self._status(self._code.ERROR, "store write failed"))
+            span.end(end_time=self._ns(event.time))
+
+    def _end_open_attempts(self, event: TaskTransition | StoreWriteFailed, ended: str | None = None) -> None:
         """End the attempt spans of ``event``'s task still open at its end: a call cancelled in
         flight (the task cancelled, its job ended) emits no :class:`AttemptRecord`, and its span,
-        opened by :meth:`headers_for`, would otherwise stay open and held for ever."""
+        opened by :meth:`headers_for`, would otherwise stay open and held for ever. ``ended``: how
+        the task ended (default: the transition's new status)."""
         end = self._ns(event.time)
+        how = ended if ended is not None else event.new  # type: ignore[union-attr]
         for key in [key for key in self._attempts if key[0] == event.task_id]:
             span = self._attempts.pop(key)
-            span.set_attributes({"aiqsim.outcome": event.new, "aiqsim.decision": event.new})
-            span.set_status(self._status(self._code.ERROR, f"task {event.new} during the call"))
+            span.set_attributes({"aiqsim.outcome": how, "aiqsim.decision": how})
+            span.set_status(self._status(self._code.ERROR, f"task {how} during the call"))
             span.end(end_time=max(end, getattr(span, "start_time", None) or 0))
 
     def _attempt(self, event: AttemptRecord) -> None:
