@@ -196,6 +196,64 @@ def test_gauges_follow_the_tasks_status_and_the_quota_level() -> None:
         metrics.value("aiqsim_nothing")
 
 
+def test_a_task_lost_to_a_failed_store_write_leaves_the_gauges() -> None:
+    """A task whose change could not be stored leaves this process (StoreWriteFailed): no transition
+    of it follows here, so it leaves the queue-depth and in-flight gauges now. Before, it stayed
+    counted as queued or running for ever (and held in the sink); an outcome written again later is
+    counted as a task first seen after a restart is."""
+    from aiqsim.scheduler.events import StoreWriteFailed
+
+    metrics = PrometheusMetrics(prometheus_client.CollectorRegistry())
+
+    def move(task: str, old: str | None, new: str) -> None:
+        metrics(TaskTransition(1.0, task, "k" + task, "llm", 1, old, new, 1))
+
+    def lose(task: str, lost: str) -> None:
+        metrics(StoreWriteFailed(2.0, task, "k" + task, "llm", lost, "StoreWriteError: disk full"))
+
+    move("a", None, "queued")
+    move("b", None, "queued")
+    move("b", "queued", "running")
+    lose("a", "queued -> running")
+    lose("b", "running -> succeeded")
+    lose("b", "running -> succeeded (written again later)")  # a rewrite failing again: no change
+    assert metrics.value("aiqsim_queue_depth", provider="llm") == 0
+    assert metrics.value("aiqsim_in_flight", provider="llm") == 0
+    assert metrics.value("aiqsim_store_write_failures_total", provider="llm") == 3
+    move("b", "running", "succeeded")  # the outcome written again
+    assert metrics.value("aiqsim_in_flight", provider="llm") == 0
+    assert metrics.value("aiqsim_tasks_total", status="succeeded") == 1
+    assert metrics._live == {}
+
+
+def test_a_routed_task_moved_by_its_retry_leaves_the_gauge_it_was_counted_in() -> None:
+    """A retry of a routed task moves it to another deployment (another provider's lane) while it
+    runs: its end is reported on the new provider. Before, the end took it out of the new provider's
+    in-flight gauge (-1 for ever) and left it in the old one's (+1 for ever)."""
+    from aiqsim.core.backoff import ExponentialBackoff
+    from aiqsim.runtime.simpy_runtime import SimPyRuntime
+    from aiqsim.scheduler.routes import Route
+    from tests.test_routes import Deployment
+
+    metrics = PrometheusMetrics(prometheus_client.CollectorRegistry())
+
+    async def body(rt: Any) -> Any:
+        a, b = Deployment(rt, "a", fail=frozenset({"x"})), Deployment(rt, "b")
+        retry = RetryPolicy(backoff=ExponentialBackoff(base_s=1.0, cap_s=1.0), max_attempts=3)
+        routes = {"gpt": Route(["a", "b"], weights=[1000, 1])}  # a first; its retry moves to b
+        scheduler = Scheduler(rt, [a, b], routes=routes, retry=retry, rng=random.Random(11), events=metrics)
+        record = await scheduler.submit("gpt", {"input": "x"}, task_id="x").wait()
+        await scheduler.close()
+        return record, a.calls
+
+    runtime = SimPyRuntime()
+    record, a_calls = runtime.run(body(runtime))
+    assert record.status is TaskStatus.SUCCEEDED and record.provider == "b" and len(a_calls) == 1
+    for provider in ("a", "b"):
+        assert metrics.value("aiqsim_in_flight", provider=provider) == 0
+        assert metrics.value("aiqsim_queue_depth", provider=provider) == 0
+
+
 def test_a_dropped_sink_leaves_its_gauges_out_of_the_scrape() -> None:
     registry = prometheus_client.CollectorRegistry()
     kept = PrometheusMetrics(registry)

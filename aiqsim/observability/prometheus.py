@@ -358,9 +358,10 @@ class PrometheusMetrics:
         self._task_latency = state.histograms["aiqsim_task_latency_seconds"]
         self._job_latency = state.histograms["aiqsim_job_latency_seconds"]
         self._stage_time = state.histograms["aiqsim_job_stage_seconds"]
-        self._live: dict[str, tuple[float | None, str]] = {}
-        """Task id -> (submit time if seen, status), for tasks not yet ended: the queue depth and
-        in-flight gauges count these by status, exactly and current (not as of the last grant)."""
+        self._live: dict[str, tuple[float | None, str, list[int]]] = {}
+        """Task id -> (submit time if seen, status, its lane's [queued, running] gauge), for tasks
+        not yet ended: the queue depth and in-flight gauges count these by status, exactly and
+        current (not as of the last grant)."""
         self._jobs_open: dict[str, tuple[float, str]] = {}
         """Job id -> (submit time, spec name), for jobs not yet ended."""
         self._stages_open: dict[tuple[str, str], float] = {}
@@ -446,12 +447,12 @@ class PrometheusMetrics:
                     lane = self._lane(provider, priority)
                 counts, gauge, histogram = lane
                 previous = live.get(task_id)
-                if previous is not None:
-                    started, was = previous
+                if previous is not None:  # it leaves the gauge it was counted in: a routed task's
+                    started, was, counted = previous  # retry moves it to another provider's lane
                     if was == "queued":
-                        gauge[0] -= 1
+                        counted[0] -= 1
                     elif was == "running":
-                        gauge[1] -= 1
+                        counted[1] -= 1
                 else:  # submitted now, or first seen after a restart (its submit time is unknown here)
                     started = time if old is None else None
                 if old is None:
@@ -466,7 +467,7 @@ class PrometheusMetrics:
                         histogram.counts[bisect_left(bounds, elapsed)] += 1
                         histogram.sum += elapsed
                 else:
-                    live[task_id] = (started, new)
+                    live[task_id] = (started, new, gauge)
                     if new == "queued":
                         gauge[0] += 1
                     elif new == "running":
@@ -576,7 +577,17 @@ class PrometheusMetrics:
         self._count("aiqsim_budget_refused_total", (event.budget,))
 
     def _write_failed(self, event: StoreWriteFailed) -> None:
+        """Count the failure; the task leaves this process (no transition of it follows here), so it
+        leaves the queue-depth and in-flight gauges now: it was counted queued or running for ever.
+        An outcome written again later is counted as a task first seen after a restart is."""
         self._count("aiqsim_store_write_failures_total", (event.provider,))
+        previous = self._live.pop(event.task_id, None)
+        if previous is not None:
+            _, was, gauge = previous
+            if was == "queued":
+                gauge[0] -= 1
+            elif was == "running":
+                gauge[1] -= 1
 
     def _anomaly(self, event: UsageAnomaly) -> None:
         self._count("aiqsim_usage_anomalies_total", (event.provider,))
