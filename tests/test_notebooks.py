@@ -401,6 +401,31 @@ def test_tuning_ships_only_settings_whose_every_fresh_seed_meets_the_slo() -> No
     assert "**every** fresh seed" in rule and "cut" in rule
 
 
+def test_a_long_temporary_folder_does_not_stop_the_kernel_from_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's Unix sockets have a path of at most ~104 bytes (the OS's ``sun_path``): under a
+    temporary folder of a long path (a CI's or a sandbox's ``TMPDIR``) the run failed at once with
+    pyzmq's ``ZMQError: File name too long``. The sockets go to a shorter folder then."""
+    import tempfile
+
+    from aiqsim.lab.notebook_runs import run_notebook
+
+    deep = tmp_path / ("t" * max(1, 90 - len(str(tmp_path))))
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    book = nbformat.v4.new_notebook()
+    book.cells = [nbformat.v4.new_code_cell("FAST = False"), nbformat.v4.new_code_cell("print('fast', FAST)")]
+    book.cells[0].metadata["tags"] = ["parameters"]
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(book, path)
+
+    executed = run_notebook(path)
+
+    assert executed.cells[2].outputs[0]["text"] == "fast True\n"
+    assert list(deep.iterdir()) == []
+
+
 INTERRUPTED_RUN = """\
 import sys
 from aiqsim.lab.notebook_runs import run_notebook

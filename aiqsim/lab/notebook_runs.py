@@ -15,6 +15,7 @@ Needs ``nbclient`` (installed by the ``test`` and ``docs`` extras); imported onl
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -86,7 +87,7 @@ def run_notebook(
     # wait block the whole loop. Its output reader then sat in a poll without a timeout until the next
     # message, so the cell timeout and the dead-kernel check never ran: a kernel that died, a cell that
     # never finished or an "idle" that never came hung the run for good instead of failing it.
-    with tempfile.TemporaryDirectory(prefix="aiqsim-kernel-") as sockets:
+    with tempfile.TemporaryDirectory(prefix="aiqsim-kernel-", dir=_socket_parent()) as sockets:
         manager = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
         client = _interruptible_client_class()(
             book,
@@ -114,6 +115,33 @@ def run_notebook(
     if client.signalled:
         raise KeyboardInterrupt(f"{path.name}: run stopped by a signal (Ctrl-C)")
     return book
+
+
+SOCKET_PATH_MAX = 100
+"""Longest path in bytes of a kernel's socket: the OS keeps a Unix socket's path in ``sun_path`` (108
+bytes on Linux, 104 on macOS, the final NUL included); a longer one fails the run at once with pyzmq's
+``ZMQError: File name too long``."""
+
+_SOCKET_NAME = "/aiqsim-kernel-xxxxxxxx/kernel-99"  # a socket's path below its parent, at its longest
+
+
+def _socket_parent() -> str | None:
+    """Where the folder of the kernel's sockets goes: the temporary folder (``None``) when its path
+    leaves room for them, else ``/tmp`` (a CI's or a sandbox's ``TMPDIR`` can be a long path)."""
+    fits = [
+        folder
+        for folder in (tempfile.gettempdir(), "/tmp")
+        if len(os.fsencode(folder + _SOCKET_NAME)) <= SOCKET_PATH_MAX
+        and os.path.isdir(folder)
+        and os.access(folder, os.W_OK | os.X_OK)
+    ]
+    if not fits:
+        raise ConfigurationError(
+            f"no folder for the kernel's sockets: the temporary folder {tempfile.gettempdir()} is too long a "
+            f"path (a socket's may have {SOCKET_PATH_MAX} bytes) and /tmp is not writable; set TMPDIR to a "
+            "shorter one"
+        )
+    return None if fits[0] == tempfile.gettempdir() else fits[0]
 
 
 def _interruptible_client_class() -> type:
