@@ -66,7 +66,12 @@ def on_pre_build(config: Any) -> None:
     rendered = Path(config["docs_dir"]) / "notebooks"
     rendered.mkdir(exist_ok=True)
     given = os.environ.get(EXECUTED_ENV)
-    fast = fast_build()
+    try:
+        fast = fast_build()
+    except ValueError as error:  # mkdocs says a PluginError in one line; anything else as a traceback
+        from mkdocs.exceptions import PluginError
+
+        raise PluginError(str(error)) from None
     for source in sorted(NOTEBOOKS.glob("*.ipynb")):
         digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
         key = f"{digest} {'fast' if fast else 'full'}"

@@ -343,6 +343,18 @@ def test_a_broken_link_or_an_unresolved_api_reference_fails_the_strict_build(tmp
     assert "no_such_module" in done.stdout + done.stderr
 
 
+def test_a_mistyped_fast_setting_fails_the_build_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AIQSIM_DOCS_FAST=maybe`` stops the build before anything runs, with mkdocs' own one-line error
+    naming the variable and the values it takes, not a Python traceback out of the hook."""
+    monkeypatch.setenv("AIQSIM_DOCS_FAST", "maybe")
+    done = build(tmp_path, NOTEBOOKS, nav=["index.md"], pages={"index.md": "# Home\n"})
+    assert done.returncode == 1
+    assert "AIQSIM_DOCS_FAST='maybe': use 1 for a FAST preview build" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 def test_every_room_with_public_names_is_in_the_api_reference() -> None:
     """A new room (a package of aiqsim with an ``__all__``) needs a page: docs/reference/ROOM.md with
     ``::: aiqsim.ROOM`` and ``<!-- aiqsim:api-lazy-ROOM -->``, and its name in ``ROOMS`` of docs/hooks.py."""

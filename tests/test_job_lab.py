@@ -449,6 +449,23 @@ def test_job_mistakes_name_the_key_path_and_what_was_expected(key_path, mutation
         assert fragment in str(caught.value), (fragment, str(caught.value))
 
 
+def test_a_job_workloads_listed_keys_are_only_those_it_takes() -> None:
+    """The keys a refused one lists for a job workload are each accepted there: ``route`` is refused
+    on a job workload (its stages name the providers) and was listed all the same; ``tenant`` is taken."""
+    mapping = scenario(copy.deepcopy(BASE_STAGES), THREE)
+    mapping["workloads"][0].update(provider="p1")
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(mapping, source="case.toml")
+    listed = str(caught.value).split("keys for a burst job workload: ")[1].split(", ")
+    assert "route" not in listed and "provider" not in listed and "tenant" in listed, listed
+    for key in listed:  # each listed key is refused by nothing but its own value's checks
+        trial = scenario(copy.deepcopy(BASE_STAGES), THREE)
+        trial["workloads"][0][key] = "x"
+        with pytest.raises(ScenarioError) as refused:
+            parse_scenario(trial, source="case.toml")
+        assert "does not apply" not in str(refused.value), (key, str(refused.value))
+
+
 def test_job_scenarios_round_trip_and_take_overrides_by_name() -> None:
     parsed = parse_scenario(scenario(copy.deepcopy(BASE_STAGES), THREE), source="case.toml")
     assert parse_scenario(scenario_to_dict(parsed), source="case.toml") == parsed

@@ -399,3 +399,88 @@ def test_tuning_ships_only_settings_whose_every_fresh_seed_meets_the_slo() -> No
     assert f"seeds with p99 <= {trade['slo']} s (of {seeds})" in printed and "worst seed" in printed
     rule = book.cells[_decision_index(book)].source
     assert "**every** fresh seed" in rule and "cut" in rule
+
+
+def test_a_long_temporary_folder_does_not_stop_the_kernel_from_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's Unix sockets have a path of at most ~104 bytes (the OS's ``sun_path``): under a
+    temporary folder of a long path (a CI's or a sandbox's ``TMPDIR``) the run failed at once with
+    pyzmq's ``ZMQError: File name too long``. The sockets go to a shorter folder then."""
+    import tempfile
+
+    from aiqsim.lab.notebook_runs import run_notebook
+
+    deep = tmp_path / ("t" * max(1, 90 - len(str(tmp_path))))
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    book = nbformat.v4.new_notebook()
+    book.cells = [nbformat.v4.new_code_cell("FAST = False"), nbformat.v4.new_code_cell("print('fast', FAST)")]
+    book.cells[0].metadata["tags"] = ["parameters"]
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(book, path)
+
+    executed = run_notebook(path)
+
+    assert executed.cells[2].outputs[0]["text"] == "fast True\n"
+    assert list(deep.iterdir()) == []
+
+
+INTERRUPTED_RUN = """\
+import sys
+from aiqsim.lab.notebook_runs import run_notebook
+try:
+    run_notebook(sys.argv[1])
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+    sys.exit(130)
+except BaseException as error:
+    print(type(error).__name__)
+    sys.exit(1)
+"""
+
+
+def test_ctrl_c_stops_a_notebook_run_as_an_interrupt_and_stops_its_kernel(tmp_path: Path) -> None:
+    """Ctrl-C at a terminal (SIGINT to the process group) during a cell ends the run with
+    ``KeyboardInterrupt``, so pytest or ``mkdocs build`` stops, and no kernel is left running.
+
+    nbclient catches SIGINT itself to shut its kernel down; the cell then saw a dead kernel and its
+    second clean-up failed on an ``assert``: the run ended in a bare ``AssertionError`` (exit 1), and a
+    test session went on to the next notebook instead of stopping."""
+    import signal
+    import time
+    import uuid
+
+    marker = tmp_path / "cell-started"
+    book = nbformat.v4.new_notebook()
+    book.cells = [
+        nbformat.v4.new_code_cell("FAST = False"),
+        nbformat.v4.new_code_cell(
+            f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(900)"
+        ),
+    ]
+    book.cells[0].metadata["tags"] = ["parameters"]
+    path = tmp_path / "interrupted.ipynb"
+    nbformat.write(book, path)
+    tag = str(uuid.uuid4())
+    run = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_RUN, str(path)],
+        env={**os.environ, "AIQSIM_TEST_KERNEL": tag},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), "the cell never started"
+        os.killpg(run.pid, signal.SIGINT)
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert (out.strip(), run.returncode) == ("KeyboardInterrupt", 130)
+    assert _processes_tagged(tag) == [], "the interrupted run left its kernel running"

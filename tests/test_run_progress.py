@@ -9,6 +9,7 @@ need no monitor.
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -80,3 +81,32 @@ def test_a_sweep_in_a_jupyter_kernel_leaves_no_thread_after_its_cell(tmp_path: P
 
     text = executed.cells[-1].outputs[0]["text"]
     assert text == "2 rows; widget bar: True; threads left: []\n"  # tqdm.auto picked the widget bar
+
+
+def _shown(text: str, total: int) -> int:
+    """The count the bar drew last (``N/total`` in its latest line)."""
+    counts = re.findall(rf"(\d+)/{total}\b", text)
+    assert counts, text
+    return int(counts[-1])
+
+
+def test_the_bar_shows_each_finished_run_even_after_a_burst_of_quick_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With no monitor thread nothing else redraws the bar: each advance must draw it.
+
+    tqdm's automatic ``miniters`` grows in a burst of quick runs (failures, a pool's workers finishing
+    together) to ~10; without the monitor, which reset it after 10 s, slow runs that followed left the
+    bar frozen for ten of them (minutes to hours of a real sweep). Driven by a clock of our own.
+    """
+    bar = RunProgress(40, label="burst", enabled=True)
+    now = [bar._bar.last_print_t]
+    bar._bar._time = lambda: now[0]  # tqdm reads its clock through this attribute
+    for _ in range(30):  # a burst: a run every 10 ms
+        now[0] += 0.01
+        bar.advance()
+    for done in range(31, 40):  # then a run every 90 s
+        now[0] += 90.0
+        bar.advance()
+        assert _shown(capsys.readouterr().err, 40) == done
+    bar.close()

@@ -267,3 +267,19 @@ def test_every_key_the_loader_accepts_is_in_the_schema() -> None:
 
     in_schema = keys_of(scenario_json_schema())
     assert all(set(table.fields) <= in_schema for table in SECTION_FIELDS.values())
+
+
+def test_the_job_workload_rule_names_exactly_the_keys_the_loader_refuses_there() -> None:
+    """The listed rule on job workloads is the loader's: it named distinct_inputs (which a job workload
+    takes) and left out poison_fraction and route (which it refuses)."""
+    rule = next(rule for rule in RULES_NOT_IN_SCHEMA if "job workload" in rule)
+    values = {
+        "provider": "llm",
+        "cost": {"mean": 10},
+        "poison_fraction": 0.1,
+        "route": "gpt",
+        "distinct_inputs": 3,
+    }
+    for key, value in values.items():
+        refused = loader_refuses(variant(f"workloads.0.{key}", value, ROUTED_BASE))
+        assert refused == (key in rule), (key, refused, rule)

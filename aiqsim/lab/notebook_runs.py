@@ -15,6 +15,7 @@ Needs ``nbclient`` (installed by the ``test`` and ``docs`` extras); imported onl
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -62,10 +63,10 @@ def run_notebook(
     failing cell and its traceback) if a cell raises, ``CellTimeoutError`` if a cell or its output
     outlasts its limit and ``DeadKernelError`` if the kernel dies. Each of these carries a note
     naming the notebook and the cell (its number among the code cells and its first line).
+    ``KeyboardInterrupt`` if the run is stopped by Ctrl-C (or SIGTERM), its kernel shut down.
     """
     import nbformat
     from jupyter_client.manager import AsyncKernelManager
-    from nbclient import NotebookClient
 
     path = Path(path)
     book = nbformat.read(path, as_version=4)
@@ -86,9 +87,9 @@ def run_notebook(
     # wait block the whole loop. Its output reader then sat in a poll without a timeout until the next
     # message, so the cell timeout and the dead-kernel check never ran: a kernel that died, a cell that
     # never finished or an "idle" that never came hung the run for good instead of failing it.
-    with tempfile.TemporaryDirectory(prefix="aiqsim-kernel-") as sockets:
+    with tempfile.TemporaryDirectory(prefix="aiqsim-kernel-", dir=_socket_parent()) as sockets:
         manager = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
-        client = NotebookClient(
+        client = _interruptible_client_class()(
             book,
             km=manager,
             timeout=timeout_s,
@@ -106,8 +107,75 @@ def run_notebook(
         except Exception as error:
             if running:
                 error.add_note(_where(path, book, running[0], tagged[0] + 1))
+            if client.signalled:  # the kernel was shut down for a Ctrl-C: its death is not the news
+                interrupt = KeyboardInterrupt(f"{path.name}: run stopped by a signal (Ctrl-C)")
+                interrupt.__notes__ = getattr(error, "__notes__", [])
+                raise interrupt from error
             raise
+    if client.signalled:
+        raise KeyboardInterrupt(f"{path.name}: run stopped by a signal (Ctrl-C)")
     return book
+
+
+SOCKET_PATH_MAX = 100
+"""Longest path in bytes of a kernel's socket: the OS keeps a Unix socket's path in ``sun_path`` (108
+bytes on Linux, 104 on macOS, the final NUL included); a longer one fails the run at once with pyzmq's
+``ZMQError: File name too long``."""
+
+_SOCKET_NAME = "/aiqsim-kernel-xxxxxxxx/kernel-99"  # a socket's path below its parent, at its longest
+
+
+def _socket_parent() -> str | None:
+    """Where the folder of the kernel's sockets goes: the temporary folder (``None``) when its path
+    leaves room for them, else ``/tmp`` (a CI's or a sandbox's ``TMPDIR`` can be a long path)."""
+    fits = [
+        folder
+        for folder in (tempfile.gettempdir(), "/tmp")
+        if len(os.fsencode(folder + _SOCKET_NAME)) <= SOCKET_PATH_MAX
+        and os.path.isdir(folder)
+        and os.access(folder, os.W_OK | os.X_OK)
+    ]
+    if not fits:
+        raise ConfigurationError(
+            f"no folder for the kernel's sockets: the temporary folder {tempfile.gettempdir()} is too long a "
+            f"path (a socket's may have {SOCKET_PATH_MAX} bytes) and /tmp is not writable; set TMPDIR to a "
+            "shorter one"
+        )
+    return None if fits[0] == tempfile.gettempdir() else fits[0]
+
+
+def _interruptible_client_class() -> type:
+    """nbclient's ``NotebookClient``, safe to stop with Ctrl-C.
+
+    nbclient handles SIGINT and SIGTERM itself, on its event loop: it shuts the kernel down and goes
+    on, so the running cell then fails with ``DeadKernelError`` and the run's own clean-up, a second
+    one, failed on nbclient's ``assert self.km is not None``. The run ended in a bare
+    ``AssertionError``, and a test session or a docs build went on to the next notebook. Here the
+    clean-up runs once however often it is asked for, and :attr:`signalled` tells
+    :func:`run_notebook` to raise ``KeyboardInterrupt``.
+    """
+    import asyncio
+
+    from nbclient import NotebookClient
+
+    class _InterruptibleClient(NotebookClient):
+        signalled = False
+        _cleanup: Any = None
+
+        @property
+        def _async_cleanup_kernel_future(self) -> Any:  # set by nbclient's signal handler only
+            return self._cleanup
+
+        @_async_cleanup_kernel_future.setter
+        def _async_cleanup_kernel_future(self, future: Any) -> None:
+            self.signalled = True
+
+        async def _async_cleanup_kernel(self) -> None:
+            if self._cleanup is None:
+                self._cleanup = asyncio.ensure_future(super()._async_cleanup_kernel())
+            await self._cleanup
+
+    return _InterruptibleClient
 
 
 def _where(path: Path, book: Any, index: int, injected: int) -> str:

@@ -51,8 +51,9 @@ RULES_NOT_IN_SCHEMA: tuple[str, ...] = (
     "provider names, job names and stage names within a job are unique",
     "[quotas.NAME], workloads' provider, stages' provider and fallback name a declared provider; "
     "a workload's job names a [[jobs]] template; a stage's after names earlier stages; "
-    "a workload's or a stage's route names a [[routes]] entry",
-    "a workload names exactly one of provider or job; a job workload has no cost or distinct_inputs",
+    "a workload's or a stage's route names a [[routes]] entry; "
+    "a workload's tenant names a [tenants.NAME] table",
+    "a workload names exactly one of provider or job; a job workload has no cost, poison_fraction or route",
     "a provider's ttft_s and tokens_per_s are set together (the stream model); ttft_per_prompt_unit_s, "
     "ttft_sigma and stream_cut_prob need them; latency_per_unit_s stays unset with them",
     "end_s > start_s (outages, workloads); high >= low (cost, size, fanout); retry.cap_s >= retry.base_s",

@@ -35,7 +35,10 @@ class _RunBar(tqdm):  # tqdm.auto's class is picked at import (a widget in Jupyt
     tqdm starts a ``tqdm_monitor`` thread with a bar and stops it only when the last registered bar
     closes; a disabled bar unregisters at once and never stops it, so a sweep run with
     ``progress=False`` left it polling for the rest of the process (in Jupyter, outliving the cell).
-    Our bars are advanced by the batch itself and need no monitor to refresh them.
+    Our bars are advanced by the batch itself and need no monitor to refresh them, provided every
+    advance draws them (``miniters=1, mininterval=0`` in :class:`RunProgress`): tqdm's automatic
+    ``miniters`` grows in a burst of quick runs and, with no monitor to reset it, then held the bar
+    still through as many slow runs.
     """
 
     monitor_interval = 0
@@ -47,7 +50,14 @@ class RunProgress:
 
     def __init__(self, total: int, *, label: str, enabled: bool) -> None:
         self.failed = 0
-        self._bar = _RunBar(total=total, desc=label, unit="run", disable=not enabled or total == 0)
+        self._bar = _RunBar(
+            total=total,
+            desc=label,
+            unit="run",
+            disable=not enabled or total == 0,
+            miniters=1,  # draw at every finished run: no monitor thread redraws a bar left behind
+            mininterval=0,
+        )
 
     def advance(self, *, failed: bool = False) -> None:
         """Record one finished run (``failed`` ones are counted and shown as ``failed=N``)."""

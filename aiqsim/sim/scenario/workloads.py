@@ -103,7 +103,8 @@ def _job_workload(
 ) -> WorkloadConfig:
     for key in _JOB_WORKLOAD_EXCLUDED:
         if key in values:
-            allowed = set(_WORKLOAD_KEYS[values["type"]]) - set(_JOB_WORKLOAD_EXCLUDED)
+            # route is refused on a job workload too (by _workload, before this)
+            allowed = set(_WORKLOAD_KEYS[values["type"]]) - {*_JOB_WORKLOAD_EXCLUDED, "route"}
             listed = ", ".join(k for k in _WORKLOAD.fields if k in allowed)
             raise reader.error(
                 f"{path}.{key}",
