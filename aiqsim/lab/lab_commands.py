@@ -146,6 +146,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from aiqsim.lab.output_files import check_targets, replaced_atomically
     from aiqsim.lab.tune import parse_constraint, parse_param, parse_tie_break, tune
     from aiqsim.lab.tune_checks import format_checks
+    from aiqsim.sim.scenario import load_scenario
+    from aiqsim.sim.simulate import checked_scenario_path
     from aiqsim.sim.sweep import check_dask_address
 
     if not args.param:
@@ -157,8 +159,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.address is not None:
         check_dask_address(args.address, label="--address")
     specs = [parse_param(text) for text in args.param]
-    constraints = [parse_constraint(text) for text in args.constraint]
-    parse_tie_break(args.tie_break)
+    scenario = load_scenario(checked_scenario_path(args.scenario))  # its summary keys name the metrics
+    constraints = [parse_constraint(text, scenario) for text in args.constraint]
+    parse_tie_break(args.tie_break, scenario)
     if args.confirm_seeds < 0:
         raise ConfigurationError(f"--confirm-seeds {args.confirm_seeds}: expected an integer >= 0")
     _writable(args.out, "--out")
@@ -167,7 +170,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     check_targets(args.out.parent, [args.out.name, patch.name, storage.name])  # before any trial runs
     objectives = args.objective or ["cost_total"]
     result = tune(
-        args.scenario,
+        scenario,
         specs,
         objective=objectives,
         directions="maximize" if args.maximize else "minimize",

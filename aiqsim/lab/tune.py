@@ -58,6 +58,7 @@ __all__ = [
     "ParamSpec",
     "TuneError",
     "TuneResult",
+    "metric_keys",
     "parse_constraint",
     "parse_param",
     "parse_tie_break",
@@ -154,16 +155,40 @@ def parse_param(text: str) -> ParamSpec:
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=)\s*(\S+)\s*$")
 
 
-def parse_constraint(text: str) -> Constraint:
-    """``METRIC<=BOUND`` or ``METRIC>=BOUND`` (``METRIC`` a summary key) as a :class:`Constraint`."""
-    from aiqsim.sim.metrics import SUMMARY_KEYS
+def metric_keys(scenario: Scenario | None = None) -> tuple[str, ...]:
+    """The summary keys a tuning run of ``scenario`` can optimise, bound or break ties on: every numeric
+    key its summary has (job, fleet, per-deployment and per-tenant keys included when it has them,
+    :func:`~aiqsim.sim.streaming_run.scenario_metric_keys`); without a scenario, the task keys."""
+    if scenario is None:
+        from aiqsim.sim.metrics import SUMMARY_KEYS
 
+        return tuple(SUMMARY_KEYS)
+    from aiqsim.sim.streaming_run import scenario_metric_keys
+
+    return scenario_metric_keys(scenario)
+
+
+def _offered(metrics: Sequence[str], scenario: Scenario | None, metric: str) -> str:
+    """What the message refusing ``metric`` says the scenario offers instead."""
+    from aiqsim.sim.job_metrics import JOB_SUMMARY_KEYS
+
+    whose = "the task summary" if scenario is None else f"scenario {scenario.name!r}"
+    hint = " (job keys need a job workload)" if metric in JOB_SUMMARY_KEYS else ""
+    return f"{whose} has no such key{hint}; it offers: {', '.join(metrics)}"
+
+
+def parse_constraint(text: str, scenario: Scenario | None = None) -> Constraint:
+    """``METRIC<=BOUND`` or ``METRIC>=BOUND`` as a :class:`Constraint`; ``METRIC`` one of
+    :func:`metric_keys` of ``scenario`` (the task keys when no scenario is given)."""
     match = _CONSTRAINT.match(text)
     if match is None:
         raise ConfigurationError(f"--constraint {text!r}: expected METRIC<=BOUND or METRIC>=BOUND")
     metric, op, bound_text = match.groups()
-    if metric not in SUMMARY_KEYS:
-        raise ConfigurationError(f"--constraint {text!r}: unknown metric {metric!r}; see `aiqsim run` output")
+    metrics = metric_keys(scenario)
+    if metric not in metrics:
+        raise ConfigurationError(
+            f"--constraint {text!r}: unknown metric {metric!r}: {_offered(metrics, scenario, metric)}"
+        )
     try:
         bound = float(bound_text)
     except ValueError:
@@ -178,19 +203,19 @@ DEFAULT_TIE_BREAK = "success_latency_p99_s"
 often sits at a floor many settings reach), the one whose successful tasks finish soonest."""
 
 
-def parse_tie_break(text: str | None) -> tuple[str, str] | None:
-    """``METRIC``, ``METRIC:min`` or ``METRIC:max`` (a summary key) as ``(metric, direction)``;
-    ``None`` or ``"none"``: ties go to the earliest trial. Raises :class:`ConfigurationError`."""
-    from aiqsim.sim.metrics import SUMMARY_KEYS
-
+def parse_tie_break(text: str | None, scenario: Scenario | None = None) -> tuple[str, str] | None:
+    """``METRIC``, ``METRIC:min`` or ``METRIC:max`` (one of :func:`metric_keys` of ``scenario``) as
+    ``(metric, direction)``; ``None`` or ``"none"``: ties go to the earliest trial. Raises
+    :class:`ConfigurationError`."""
     if text is None or text.strip().lower() == "none":
         return None
     metric, _, way = text.strip().partition(":")
     way = way.strip().lower() or "min"
-    if metric not in SUMMARY_KEYS or way not in ("min", "max"):
+    metrics = metric_keys(scenario)
+    if metric not in metrics or way not in ("min", "max"):
         raise ConfigurationError(
             f"tie-break {text!r}: expected a summary key, optionally :min or :max (e.g. "
-            f"{DEFAULT_TIE_BREAK}), or none; summary keys: {', '.join(SUMMARY_KEYS)}"
+            f"{DEFAULT_TIE_BREAK}), or none; {_offered(metrics, scenario, metric)}"
         )
     return metric, way
 
@@ -548,7 +573,6 @@ def tune(
     ``seeds + confirm_seeds - 1``, none of which the search used) and report its constraints there
     (:attr:`TuneResult.confirmation`). Bad input raises :class:`ConfigurationError` before any simulation.
     """
-    from aiqsim.sim.metrics import SUMMARY_KEYS
     from aiqsim.sim.simulate import checked_scenario_path
     from aiqsim.sim.sweep import RunProgress
 
@@ -562,18 +586,25 @@ def tune(
     objectives = (objective,) if isinstance(objective, str) else tuple(objective)
     if not objectives:
         raise ConfigurationError("objective: give at least one summary key")
+    metrics = metric_keys(scenario)
     for name in objectives:
-        if name not in SUMMARY_KEYS:
+        if name not in metrics:
             raise ConfigurationError(
-                f"objective {name!r}: unknown summary key; one of {', '.join(SUMMARY_KEYS)}"
+                f"objective {name!r}: unknown summary key: {_offered(metrics, scenario, name)}"
             )
     dirs = (directions,) * len(objectives) if isinstance(directions, str) else tuple(directions)
     if len(dirs) != len(objectives) or any(d not in ("minimize", "maximize") for d in dirs):
         raise ConfigurationError(
             f"directions: expected 'minimize' or 'maximize' per objective, got {directions!r}"
         )
-    limits = [c if isinstance(c, Constraint) else parse_constraint(c) for c in constraints]
-    tie = parse_tie_break(tie_break)
+    limits = [c if isinstance(c, Constraint) else parse_constraint(c, scenario) for c in constraints]
+    for limit in limits:  # a Constraint built by hand is checked as the text is
+        if limit.metric not in metrics:
+            raise ConfigurationError(
+                f"constraint {limit}: unknown metric {limit.metric!r}: "
+                f"{_offered(metrics, scenario, limit.metric)}"
+            )
+    tie = parse_tie_break(tie_break, scenario)
     for name, value, least in (
         ("trials", trials, 1), ("seeds", seeds, 1), ("seed", seed, 0), ("confirm_seeds", confirm_seeds, 0)
     ):  # fmt: skip
@@ -682,14 +713,14 @@ def tune(
                 _constrain(trial, [math.inf] * len(limits))
                 raise _TrialFailed(errors[0])
             frame = pd.DataFrame([row for row, _ in rows])
-            means = {key: float(frame[key].mean()) for key in SUMMARY_KEYS if key in frame}
-            violations = [c.violation(means[c.metric]) for c in limits]
+            means = {key: float(frame[key].mean()) for key in metrics if key in frame}
+            violations = [c.violation(means.get(c.metric, math.nan)) for c in limits]
             per_seed = {key: [float(v) for v in frame[key]] for key in tracked if key in frame}
             evaluated[seen] = means, violations, per_seed
         trial.set_user_attr("means", means)
         trial.set_user_attr("per_seed", per_seed)
         _constrain(trial, violations)
-        values = [means[name] for name in objectives]
+        values = [means.get(name, math.nan) for name in objectives]
         if any(math.isnan(v) for v in values):
             raise _TrialFailed(f"objective is NaN at {point}")
         return values[0] if len(values) == 1 else values
@@ -743,8 +774,6 @@ def _per_seed_runs(
     address: str | None,
 ) -> dict[str, list[float]]:
     """Every summary key's value per seed for ``point`` run on ``seeds``."""
-    from aiqsim.sim.metrics import SUMMARY_KEYS
-
     runner = _Runner(scenario, engine, workers, address)
     try:
         rows = runner.run(point, list(seeds))
@@ -754,7 +783,7 @@ def _per_seed_runs(
     if errors:
         raise TuneError(f"re-running the pick {point} failed: {errors[0]}")
     frames = [row for row, _ in rows if row is not None]
-    return {key: [float(row[key]) for row in frames] for key in SUMMARY_KEYS if key in frames[0]}
+    return {key: [float(row[key]) for row in frames] for key in metric_keys(scenario) if key in frames[0]}
 
 
 class _TrialFailed(Exception):

@@ -167,3 +167,23 @@ class StreamingRun:
         if self.jobs is not None:
             summary.update(self.jobs.summary(sim_time_s))
         return summary
+
+
+def scenario_metric_keys(scenario: Scenario) -> tuple[str, ...]:
+    """The numeric summary keys a run of ``scenario`` reports, in the summary's order, without running it.
+
+    Derived from the same accumulators a run sums into (:meth:`StreamingRun.summary_keys`, which both
+    record modes share, then the budget figures), left empty: the task keys always; the fleet's,
+    the deployments', the tenants' and the jobs' only when the scenario has them, named after its
+    workers, providers and tenants. A text key (``bottleneck_stage``) is left out: it cannot be
+    minimised or bounded. What :mod:`aiqsim.lab.tune` checks an objective or a constraint against.
+    """
+    from aiqsim.sim.metrics import budget_figures
+
+    summary = StreamingRun(scenario).summary_keys(0.0, [])
+    summary.update(budget_figures(()))
+    return tuple(
+        key
+        for key, value in summary.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    )
