@@ -49,7 +49,9 @@ def add_lab_parsers(commands: Any) -> None:
     )  # fmt: skip
     tune.add_argument(
         "--objective", action="append", default=[], metavar="METRIC",
-        help="summary key to minimise (default cost_total); twice or more: a Pareto front (NSGA-II)",
+        help="summary key to minimise (default cost_total): any numeric key `aiqsim run` reports for this "
+        "scenario, e.g. job_latency_p99_s, deployment_NAME_success_latency_p99_s; twice or more: a Pareto "
+        "front (NSGA-II)",
     )  # fmt: skip
     tune.add_argument("--maximize", action="store_true", help="maximise the objective(s) instead")
     tune.add_argument(

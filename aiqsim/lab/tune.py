@@ -11,6 +11,9 @@ arrivals and the same per-request fates, so the difference is the settings', not
   see benchmarks/RESULTS.md for what the choice does on a known grid). ``group`` (for conditional
   spaces) and ``constant_liar`` (for trials sampled while others run) do not apply: the searched space
   is fixed and the trials run one after the other;
+- objectives, constraints and the tie-break name any numeric summary key the scenario reports
+  (:func:`metric_keys`: its job, fleet, per-deployment and per-tenant keys too); another key is
+  refused before any trial, naming the keys this scenario offers;
 - constraints (``success_latency_p99_s<=30``) are passed to the sampler (``constraints_func``), so it learns
   where the feasible region is; the best trial is the best *feasible* one;
 - ties: feasible trials equal on the (first) objective are told apart by a stated secondary objective
