@@ -343,10 +343,11 @@ def test_spans_one_per_task_a_child_per_attempt_and_jobs_with_their_stages() -> 
     assert job.attributes["aiqsim.status"] == "succeeded"
 
 
-def test_http_requests_carry_the_attempts_traceparent() -> None:
-    """W3C trace context: the provider's side sees the attempt span's ids in ``traceparent``."""
-    provider, exporter = tracer()
-    tracing = OpenTelemetryTracing(provider)
+def _a_429_then_an_answer_over_http(
+    tracing: OpenTelemetryTracing, name: str
+) -> tuple[Any, list[HttpRequest]]:
+    """One task through a real HttpProvider carrying ``tracing``'s headers, against a loopback server
+    answering 429 (Retry-After 0) then 200: the task's record and the two requests the server saw."""
     seen: list[HttpRequest] = []
     body = completion_json("c1", "m", "hi", prompt=3, output=4, created=0)
 
@@ -366,8 +367,15 @@ def test_http_requests_carry_the_attempts_traceparent() -> None:
         await http.aclose()
         return record
 
-    with LoopbackHttpServer(handle, name="traced") as server:
-        record = runtime.run(main(server.url))
+    with LoopbackHttpServer(handle, name=name) as server:
+        return runtime.run(main(server.url)), seen
+
+
+def test_http_requests_carry_the_attempts_traceparent() -> None:
+    """W3C trace context: the provider's side sees the attempt span's ids in ``traceparent``."""
+    provider, exporter = tracer()
+    tracing = OpenTelemetryTracing(provider)
+    record, seen = _a_429_then_an_answer_over_http(tracing, "traced")
     assert record.status is TaskStatus.SUCCEEDED and len(seen) == 2
     spans = exporter.get_finished_spans()
     (task,) = [s for s in spans if s.name == "aiqsim.task"]
@@ -394,27 +402,7 @@ def test_a_task_sampled_out_records_no_attempt_and_tells_the_provider_so() -> No
     provider = TracerProvider(sampler=ALWAYS_OFF)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing = OpenTelemetryTracing(provider)
-    seen: list[HttpRequest] = []
-    body = completion_json("c1", "m", "hi", prompt=3, output=4, created=0)
-
-    async def handle(request: HttpRequest) -> HttpReply:
-        seen.append(request)
-        if len(seen) == 1:
-            return HttpReply.json(429, {"error": {"message": "slow"}}, {"retry-after": "0"})
-        return HttpReply.json(200, body)
-
-    runtime = AsyncioRuntime()
-
-    async def main(url: str) -> Any:
-        http = HttpProvider("llm", url, request_headers=tracing.headers_for, timeout=5.0)
-        scheduler = Scheduler(runtime, [http], retry=RetryPolicy(max_attempts=3), events=tracing)
-        record = await scheduler.submit("llm", "q", cost_estimate=1).wait()
-        await scheduler.close()
-        await http.aclose()
-        return record
-
-    with LoopbackHttpServer(handle, name="unsampled") as server:
-        record = runtime.run(main(server.url))
+    record, seen = _a_429_then_an_answer_over_http(tracing, "unsampled")
     assert record.status is TaskStatus.SUCCEEDED and len(seen) == 2
     assert exporter.get_finished_spans() == ()
     parents = {request.headers["traceparent"] for request in seen}

@@ -13,6 +13,7 @@ from aiqsim.sim.job_config import JobConfig, StageConfig
 from aiqsim.sim.scenario.errors import describe
 from aiqsim.sim.scenario.quotas import _never_granted, _unit_capacity
 from aiqsim.sim.scenario.reader import _Reader
+from aiqsim.sim.scenario.routes import _route_named
 from aiqsim.sim.scenario.sizes import _fanout, _largest_fixed_units, _stage_size
 
 
@@ -81,20 +82,9 @@ def _target(
 ) -> tuple[str, ...]:
     """Check that the stage names exactly one of a declared provider or a ``[[routes]]`` entry; return
     the providers its calls may go to (the provider, or every deployment of the route)."""
-    declared_routes = ", ".join(routes) or "none declared"
     if "route" in values:
-        if "provider" in values:
-            raise reader.error(
-                f"{path}.provider",
-                f"does not apply with route = {values['route']!r} (the route's policy picks the provider); "
-                "give one of provider or route",
-            )
-        if values["route"] not in routes:
-            got = describe(values["route"])
-            raise reader.error(
-                f"{path}.route", f"expected the name of a [[routes]] entry ({declared_routes}), got {got}"
-            )
-        return routes[values["route"]].providers
+        return _route_named(values, path, routes, reader).providers
+    declared_routes = ", ".join(routes) or "none declared"
     if "provider" not in values:
         raise reader.error(
             f"{path}.provider",

@@ -58,3 +58,23 @@ def _routes(
             values = {**values, "weights": {provider: float(weights[provider]) for provider in names}}
         routes.append(RouteConfig(**values))
     return tuple(routes)
+
+
+def _route_named(
+    values: dict[str, Any], path: str, routes: Mapping[str, RouteConfig], reader: _Reader
+) -> RouteConfig:
+    """The ``[[routes]]`` entry a workload or a job stage names with ``route =`` (which then takes no
+    ``provider``: the route's policy picks it), refused naming the declared routes if there is none."""
+    if "provider" in values:
+        raise reader.error(
+            f"{path}.provider",
+            f"does not apply with route = {values['route']!r} (the route's policy picks the provider); "
+            "give one of provider or route",
+        )
+    if values["route"] not in routes:
+        declared = ", ".join(routes) or "none declared"
+        raise reader.error(
+            f"{path}.route",
+            f"expected the name of a [[routes]] entry ({declared}), got {describe(values['route'])}",
+        )
+    return routes[values["route"]]

@@ -12,6 +12,7 @@ from aiqsim.sim.job_config import JobConfig
 from aiqsim.sim.scenario.errors import _fmt, describe
 from aiqsim.sim.scenario.quotas import _never_granted, _unit_capacity
 from aiqsim.sim.scenario.reader import _Reader
+from aiqsim.sim.scenario.routes import _route_named
 from aiqsim.sim.scenario.sizes import _cost, _largest_fixed_units
 from aiqsim.sim.scenario.spec import _JOB_WORKLOAD_EXCLUDED, _WORKLOAD, _WORKLOAD_KEYS
 from aiqsim.sim.scenario.workload_files import _resolve_replay_arrivals, _resolve_trace
@@ -82,18 +83,7 @@ def _route_workload(
     values: dict[str, Any], path: str, routes: Mapping[str, RouteConfig], duration_s: float, reader: _Reader
 ) -> WorkloadConfig:
     """A workload submitted to a ``[[routes]]`` entry: it names the route, not a provider."""
-    if "provider" in values:
-        raise reader.error(
-            f"{path}.provider",
-            f"does not apply with route = {values['route']!r} (the route's policy picks the provider); "
-            "give one of provider or route",
-        )
-    if values["route"] not in routes:
-        declared = ", ".join(routes) or "none declared"
-        raise reader.error(
-            f"{path}.route",
-            f"expected the name of a [[routes]] entry ({declared}), got {describe(values['route'])}",
-        )
+    _route_named(values, path, routes, reader)
     workload = _workload_config(values, path, duration_s, reader)
     return workload
 
